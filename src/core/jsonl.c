@@ -1,0 +1,446 @@
+/* JSON Lines building blocks: buffer, escaping writer, buffered output file.
+ * See include/amqptap/jsonl.h. */
+#include "amqptap/jsonl.h"
+
+#include "amqptap/status.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+void tap_buf_init(struct tap_buf *b)
+{
+	memset(b, 0, sizeof *b);
+}
+
+void tap_buf_deinit(struct tap_buf *b)
+{
+	free(b->data);
+	memset(b, 0, sizeof *b);
+}
+
+void tap_buf_reset(struct tap_buf *b)
+{
+	b->len = 0;
+	b->oom = false;
+}
+
+static bool buf_reserve(struct tap_buf *b, size_t extra)
+{
+	if (b->oom)
+		return false;
+	if (extra <= b->cap - b->len)
+		return true;
+	size_t cap = b->cap ? b->cap : 256;
+	while (cap - b->len < extra) {
+		if (cap > SIZE_MAX / 2) {
+			b->oom = true;
+			return false;
+		}
+		cap *= 2;
+	}
+	char *p = realloc(b->data, cap);
+	if (!p) {
+		b->oom = true;
+		return false;
+	}
+	b->data = p;
+	b->cap = cap;
+	return true;
+}
+
+void tap_buf_append(struct tap_buf *b, const void *data, size_t len)
+{
+	if (len == 0 || !buf_reserve(b, len))
+		return;
+	memcpy(b->data + b->len, data, len);
+	b->len += len;
+}
+
+void tap_buf_putc(struct tap_buf *b, char c)
+{
+	if (!buf_reserve(b, 1))
+		return;
+	b->data[b->len++] = c;
+}
+
+void tap_buf_puts(struct tap_buf *b, const char *s)
+{
+	tap_buf_append(b, s, strlen(s));
+}
+
+void tap_buf_printf(struct tap_buf *b, const char *fmt, ...)
+{
+	char small[128];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(small, sizeof small, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if ((size_t)n < sizeof small) {
+		tap_buf_append(b, small, (size_t)n);
+		return;
+	}
+	if (!buf_reserve(b, (size_t)n + 1))
+		return;
+	va_start(ap, fmt);
+	vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	b->len += (size_t)n;
+}
+
+/* ---- JSON writer ---- */
+
+void tap_json_init(struct tap_json *j, struct tap_buf *b)
+{
+	memset(j, 0, sizeof *j);
+	j->b = b;
+	j->first = 1;
+}
+
+static void json_sep(struct tap_json *j)
+{
+	if (j->after_key) {
+		j->after_key = false;
+		return;
+	}
+	if (j->depth < TAP_JSON_MAX_DEPTH) {
+		uint64_t bit = UINT64_C(1) << j->depth;
+		if (j->first & bit) {
+			j->first &= ~bit;
+			return;
+		}
+	} else if (j->first & (UINT64_C(1) << (TAP_JSON_MAX_DEPTH - 1))) {
+		/* beyond tracked depth: every value after the opener gets a comma */
+	}
+	tap_buf_putc(j->b, ',');
+}
+
+static void json_open(struct tap_json *j, char c)
+{
+	json_sep(j);
+	tap_buf_putc(j->b, c);
+	j->depth++;
+	if (j->depth < TAP_JSON_MAX_DEPTH)
+		j->first |= UINT64_C(1) << j->depth;
+}
+
+static void json_close(struct tap_json *j, char c)
+{
+	if (j->depth > 0)
+		j->depth--;
+	tap_buf_putc(j->b, c);
+}
+
+void tap_json_obj_begin(struct tap_json *j) { json_open(j, '{'); }
+void tap_json_obj_end(struct tap_json *j) { json_close(j, '}'); }
+void tap_json_arr_begin(struct tap_json *j) { json_open(j, '['); }
+void tap_json_arr_end(struct tap_json *j) { json_close(j, ']'); }
+
+void tap_json_key(struct tap_json *j, const char *key)
+{
+	json_sep(j);
+	tap_json_escape(j->b, key, strlen(key));
+	tap_buf_putc(j->b, ':');
+	j->after_key = true;
+}
+
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 if invalid. */
+static size_t utf8_seq_len(const unsigned char *s, size_t avail)
+{
+	unsigned char c = s[0];
+	size_t n;
+	uint32_t cp;
+	if (c < 0x80)
+		return 1;
+	if (c >= 0xC2 && c <= 0xDF) {
+		n = 2;
+		cp = c & 0x1F;
+	} else if (c >= 0xE0 && c <= 0xEF) {
+		n = 3;
+		cp = c & 0x0F;
+	} else if (c >= 0xF0 && c <= 0xF4) {
+		n = 4;
+		cp = c & 0x07;
+	} else {
+		return 0;
+	}
+	if (avail < n)
+		return 0;
+	for (size_t i = 1; i < n; i++) {
+		if ((s[i] & 0xC0) != 0x80)
+			return 0;
+		cp = (cp << 6) | (s[i] & 0x3F);
+	}
+	if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+		return 0;
+	return n;
+}
+
+void tap_json_escape(struct tap_buf *b, const void *data, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	const unsigned char *s = data;
+	size_t i = 0, run = 0;
+	tap_buf_putc(b, '"');
+	while (i < len) {
+		unsigned char c = s[i];
+		size_t n;
+		if (c >= 0x20 && c != '"' && c != '\\' && c < 0x7F) {
+			i++;
+			continue;
+		}
+		if (c >= 0x80 && (n = utf8_seq_len(s + i, len - i)) > 0) {
+			i += n;
+			continue;
+		}
+		tap_buf_append(b, s + run, i - run);
+		char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+		switch (c) {
+		case '"': tap_buf_append(b, "\\\"", 2); break;
+		case '\\': tap_buf_append(b, "\\\\", 2); break;
+		case '\n': tap_buf_append(b, "\\n", 2); break;
+		case '\r': tap_buf_append(b, "\\r", 2); break;
+		case '\t': tap_buf_append(b, "\\t", 2); break;
+		default: tap_buf_append(b, esc, 6); break;
+		}
+		i++;
+		run = i;
+	}
+	tap_buf_append(b, s + run, len - run);
+	tap_buf_putc(b, '"');
+}
+
+void tap_json_str(struct tap_json *j, const char *s)
+{
+	if (!s) {
+		tap_json_null(j);
+		return;
+	}
+	tap_json_strn(j, s, strlen(s));
+}
+
+void tap_json_strn(struct tap_json *j, const void *s, size_t len)
+{
+	json_sep(j);
+	tap_json_escape(j->b, s, len);
+}
+
+void tap_json_int(struct tap_json *j, int64_t v)
+{
+	json_sep(j);
+	tap_buf_printf(j->b, "%" PRId64, v);
+}
+
+void tap_json_uint(struct tap_json *j, uint64_t v)
+{
+	json_sep(j);
+	tap_buf_printf(j->b, "%" PRIu64, v);
+}
+
+void tap_json_double(struct tap_json *j, double v)
+{
+	json_sep(j);
+	if (!isfinite(v)) { /* JSON has no NaN/Inf */
+		tap_buf_puts(j->b, isnan(v) ? "\"NaN\"" : (v > 0 ? "\"Infinity\"" : "\"-Infinity\""));
+		return;
+	}
+	tap_buf_printf(j->b, "%.17g", v);
+}
+
+void tap_json_bool(struct tap_json *j, bool v)
+{
+	json_sep(j);
+	tap_buf_puts(j->b, v ? "true" : "false");
+}
+
+void tap_json_null(struct tap_json *j)
+{
+	json_sep(j);
+	tap_buf_puts(j->b, "null");
+}
+
+void tap_json_hex(struct tap_json *j, const void *data, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	const unsigned char *s = data;
+	json_sep(j);
+	tap_buf_putc(j->b, '"');
+	for (size_t i = 0; i < len; i++) {
+		char pair[2] = {hex[s[i] >> 4], hex[s[i] & 15]};
+		tap_buf_append(j->b, pair, 2);
+	}
+	tap_buf_putc(j->b, '"');
+}
+
+void tap_format_ts(char out[32], int64_t unix_us)
+{
+	int64_t secs = unix_us / 1000000;
+	int64_t us = unix_us % 1000000;
+	if (us < 0) {
+		us += 1000000;
+		secs--;
+	}
+	time_t t = (time_t)secs;
+	struct tm tm;
+	if (!gmtime_r(&t, &tm)) {
+		snprintf(out, 32, "1970-01-01T00:00:00.000000Z");
+		return;
+	}
+	/* tm fields are range-checked by gmtime_r; clamp the year so the
+	 * compiler can see the result fits in 27 bytes. */
+	int year = tm.tm_year + 1900;
+	if (year < 0 || year > 9999)
+		year = year < 0 ? 0 : 9999;
+	snprintf(out, 32, "%04u-%02u-%02uT%02u:%02u:%02u.%06uZ", (unsigned)year, (unsigned)(tm.tm_mon + 1) % 100u,
+		 (unsigned)tm.tm_mday % 100u, (unsigned)tm.tm_hour % 100u, (unsigned)tm.tm_min % 100u,
+		 (unsigned)tm.tm_sec % 100u, (unsigned)us % 1000000u);
+}
+
+void tap_json_ts(struct tap_json *j, int64_t unix_us)
+{
+	char ts[32];
+	tap_format_ts(ts, unix_us);
+	json_sep(j);
+	tap_buf_putc(j->b, '"');
+	tap_buf_puts(j->b, ts);
+	tap_buf_putc(j->b, '"');
+}
+
+void tap_json_raw(struct tap_json *j, const char *json, size_t len)
+{
+	json_sep(j);
+	tap_buf_append(j->b, json, len);
+}
+
+void tap_json_kv_str(struct tap_json *j, const char *key, const char *s)
+{
+	tap_json_key(j, key);
+	tap_json_str(j, s);
+}
+
+void tap_json_kv_strn(struct tap_json *j, const char *key, const void *s, size_t len)
+{
+	tap_json_key(j, key);
+	tap_json_strn(j, s, len);
+}
+
+void tap_json_kv_int(struct tap_json *j, const char *key, int64_t v)
+{
+	tap_json_key(j, key);
+	tap_json_int(j, v);
+}
+
+void tap_json_kv_uint(struct tap_json *j, const char *key, uint64_t v)
+{
+	tap_json_key(j, key);
+	tap_json_uint(j, v);
+}
+
+void tap_json_kv_bool(struct tap_json *j, const char *key, bool v)
+{
+	tap_json_key(j, key);
+	tap_json_bool(j, v);
+}
+
+void tap_json_kv_null(struct tap_json *j, const char *key)
+{
+	tap_json_key(j, key);
+	tap_json_null(j);
+}
+
+void tap_json_kv_ts(struct tap_json *j, const char *key, int64_t unix_us)
+{
+	tap_json_key(j, key);
+	tap_json_ts(j, unix_us);
+}
+
+/* ---- buffered output file ---- */
+
+static int out_open_fd(const char *path)
+{
+	return open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+}
+
+int tap_out_open(struct tap_out *o, const char *path)
+{
+	memset(o, 0, sizeof *o);
+	tap_buf_init(&o->pending);
+	if (!path || strcmp(path, "-") == 0) {
+		o->fd = STDOUT_FILENO;
+		return TAP_OK;
+	}
+	o->path = strdup(path);
+	if (!o->path)
+		return TAP_E_NOMEM;
+	o->fd = out_open_fd(path);
+	if (o->fd < 0) {
+		int saved = errno;
+		free(o->path);
+		o->path = NULL;
+		errno = saved;
+		return TAP_E_IO;
+	}
+	return TAP_OK;
+}
+
+int tap_out_flush(struct tap_out *o)
+{
+	size_t off = 0;
+	int rc = TAP_OK;
+	while (off < o->pending.len && o->fd >= 0) {
+		ssize_t n = write(o->fd, o->pending.data + off, o->pending.len - off);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			o->write_errors++;
+			rc = TAP_E_IO;
+			break;
+		}
+		off += (size_t)n;
+	}
+	tap_buf_reset(&o->pending);
+	return rc;
+}
+
+void tap_out_line(struct tap_out *o, const char *data, size_t len)
+{
+	tap_buf_append(&o->pending, data, len);
+	tap_buf_putc(&o->pending, '\n');
+	o->lines++;
+	if (o->pending.len >= TAP_OUT_FLUSH_BYTES || o->pending.oom)
+		tap_out_flush(o);
+}
+
+int tap_out_reopen(struct tap_out *o)
+{
+	int rc = tap_out_flush(o);
+	if (!o->path)
+		return rc;
+	int fd = out_open_fd(o->path);
+	if (fd < 0)
+		return TAP_E_IO;
+	if (o->fd >= 0)
+		close(o->fd);
+	o->fd = fd;
+	return rc;
+}
+
+void tap_out_close(struct tap_out *o)
+{
+	tap_out_flush(o);
+	if (o->path && o->fd >= 0)
+		close(o->fd);
+	free(o->path);
+	tap_buf_deinit(&o->pending);
+	memset(o, 0, sizeof *o);
+	o->fd = -1;
+}
