@@ -1,1 +1,204 @@
-int main(void){return 0;}
+/* amqptap: wiring of configuration, the forwarding engine, the decoders and
+ * the verdict tracker, signals and the event loop. */
+#include "amqptap/conf.h"
+#include "amqptap/jsonl.h"
+#include "amqptap/proxy.h"
+#include "amqptap/status.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+struct app {
+	const struct tap_conf *conf;
+	struct event_base *base;
+	struct tap_proxy *proxy;
+	struct event *sig_int, *sig_term, *sig_hup, *sig_usr1;
+	struct event *grace_timer;
+	bool stopping;
+	int exit_code;
+};
+
+static int resolve(const struct tap_conf_addr *a, bool passive, struct sockaddr_storage *out, int *out_len,
+		   char *err, size_t cap)
+{
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_protocol = IPPROTO_TCP};
+	if (passive)
+		hints.ai_flags = AI_PASSIVE;
+	char port[8];
+	snprintf(port, sizeof port, "%u", a->port);
+	struct addrinfo *res = NULL;
+	int rc = getaddrinfo(a->host, port, &hints, &res);
+	if (rc != 0 || !res) {
+		snprintf(err, cap, "cannot resolve '%s': %s", a->host, gai_strerror(rc));
+		return -1;
+	}
+	memcpy(out, res->ai_addr, res->ai_addrlen);
+	*out_len = (int)res->ai_addrlen;
+	freeaddrinfo(res);
+	return 0;
+}
+
+/* 1,000 clients need 2,000 descriptors: lift the soft limit to the hard one. */
+static void raise_fd_limit(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+static void on_idle(void *arg)
+{
+	struct app *app = arg;
+	if (app->stopping)
+		event_base_loopexit(app->base, NULL);
+}
+
+static void on_grace_over(evutil_socket_t fd, short what, void *arg)
+{
+	struct app *app = arg;
+	(void)fd;
+	(void)what;
+	tap_proxy_close_all(app->proxy);
+	event_base_loopexit(app->base, NULL);
+}
+
+static void begin_shutdown(struct app *app)
+{
+	if (app->stopping) { /* a second signal: close everything now */
+		on_grace_over(-1, 0, app);
+		return;
+	}
+	app->stopping = true;
+	tap_proxy_stop_accepting(app->proxy);
+	if (tap_proxy_active(app->proxy) == 0) {
+		event_base_loopexit(app->base, NULL);
+		return;
+	}
+	fprintf(stderr, "amqptap: stopping; %zu session(s) get %u ms to finish\n", tap_proxy_active(app->proxy),
+		app->conf->grace_ms);
+	struct timeval tv = {app->conf->grace_ms / 1000, (app->conf->grace_ms % 1000) * 1000};
+	app->grace_timer = evtimer_new(app->base, on_grace_over, app);
+	if (app->grace_timer)
+		evtimer_add(app->grace_timer, &tv);
+	else
+		on_grace_over(-1, 0, app);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	struct app *app = arg;
+	(void)what;
+	switch (sig) {
+	case SIGINT:
+	case SIGTERM:
+		begin_shutdown(app);
+		break;
+	case SIGHUP:
+		break;
+	case SIGUSR1: {
+		struct tap_proxy_stats st;
+		tap_proxy_get_stats(app->proxy, &st);
+		fprintf(stderr, "amqptap: %llu connections accepted, %llu active, %llu unreachable, %llu bytes c2s, %llu s2c\n",
+			(unsigned long long)st.accepted, (unsigned long long)st.active, (unsigned long long)st.unreachable,
+			(unsigned long long)st.bytes_c2s, (unsigned long long)st.bytes_s2c);
+		break;
+	}
+	}
+}
+
+static int run_proxy(const struct tap_conf *conf)
+{
+	char err[300];
+	struct sockaddr_storage up, lis;
+	int up_len, lis_len;
+	if (resolve(&conf->upstream, false, &up, &up_len, err, sizeof err) < 0) {
+		fprintf(stderr, "amqptap: --upstream: %s\n", err);
+		return 2;
+	}
+	if (resolve(&conf->listen, true, &lis, &lis_len, err, sizeof err) < 0) {
+		fprintf(stderr, "amqptap: --listen: %s\n", err);
+		return 2;
+	}
+	raise_fd_limit();
+	signal(SIGPIPE, SIG_IGN);
+
+	struct app app = {.conf = conf, .exit_code = 0};
+	app.base = event_base_new();
+	if (!app.base) {
+		fprintf(stderr, "amqptap: cannot create the event loop\n");
+		return 1;
+	}
+	char upstream_name[300];
+	tap_conf_addr_format(&conf->upstream, upstream_name, sizeof upstream_name);
+	struct tap_proxy_hooks hooks = {0};
+	app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up, up_len, upstream_name, &hooks);
+	if (!app.proxy) {
+		fprintf(stderr, "amqptap: %s\n", strerror(errno));
+		event_base_free(app.base);
+		return 1;
+	}
+	tap_proxy_on_idle(app.proxy, on_idle, &app);
+	char bound[80];
+	if (tap_proxy_listen(app.proxy, (struct sockaddr *)&lis, lis_len, bound, sizeof bound) < 0) {
+		char shown[300];
+		tap_conf_addr_format(&conf->listen, shown, sizeof shown);
+		fprintf(stderr, "amqptap: --listen %s: %s\n", shown, strerror(errno));
+		tap_proxy_free(app.proxy);
+		event_base_free(app.base);
+		return 1;
+	}
+	app.sig_int = evsignal_new(app.base, SIGINT, on_signal, &app);
+	app.sig_term = evsignal_new(app.base, SIGTERM, on_signal, &app);
+	app.sig_hup = evsignal_new(app.base, SIGHUP, on_signal, &app);
+	app.sig_usr1 = evsignal_new(app.base, SIGUSR1, on_signal, &app);
+	struct event *sigs[] = {app.sig_int, app.sig_term, app.sig_hup, app.sig_usr1};
+	for (size_t i = 0; i < 4; i++)
+		if (sigs[i])
+			evsignal_add(sigs[i], NULL);
+	fprintf(stderr, "amqptap: listening on %s, forwarding to %s\n", bound, upstream_name);
+
+	event_base_dispatch(app.base);
+
+	tap_proxy_free(app.proxy);
+	for (size_t i = 0; i < 4; i++)
+		if (sigs[i])
+			event_free(sigs[i]);
+	if (app.grace_timer)
+		event_free(app.grace_timer);
+	event_base_free(app.base);
+	return app.exit_code;
+}
+
+int main(int argc, char **argv)
+{
+	struct tap_conf conf;
+	char err[400];
+	tap_conf_defaults(&conf);
+	if (tap_conf_parse(&conf, argc, argv, err, sizeof err) != TAP_OK) {
+		fprintf(stderr, "amqptap: %s\n", err);
+		return 2;
+	}
+	switch (conf.mode) {
+	case TAP_MODE_HELP: {
+		char usage[4096];
+		tap_conf_usage(usage, sizeof usage);
+		fputs(usage, stdout);
+		return 0;
+	}
+	case TAP_MODE_VERSION:
+		printf("amqptap %s\n", TAP_VERSION);
+		return 0;
+	case TAP_MODE_PROXY:
+		break;
+	}
+	return run_proxy(&conf);
+}

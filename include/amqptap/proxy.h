@@ -1,0 +1,71 @@
+/* The forwarding engine (io layer, libevent): accepts clients, opens one
+ * upstream connection per client and relays bytes both ways unchanged, with
+ * watermark backpressure and drain-then-close. Decoding is an observer: the
+ * hooks see a copy of every chunk as it is forwarded and can never delay or
+ * alter it. */
+#ifndef AMQPTAP_PROXY_H
+#define AMQPTAP_PROXY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct event_base;
+struct sockaddr;
+struct tap_proxy;
+
+/* Why a session ended, as passed to tap_proxy_hooks.close. */
+enum tap_proxy_end {
+	TAP_END_CLIENT_EOF,
+	TAP_END_BROKER_EOF,
+	TAP_END_CLIENT_RESET,
+	TAP_END_BROKER_RESET,
+	TAP_END_UNREACHABLE, /* the upstream connection could not be made */
+	TAP_END_SHUTDOWN,    /* the tap closed it (grace period over) */
+};
+
+const char *tap_proxy_end_name(enum tap_proxy_end why);
+
+/* Observer callbacks, all optional. `open` returns the observer's per-session
+ * state, handed back to `data` and `close`. `data` sees every chunk in the
+ * order it is forwarded (c2s: client to broker); the slice is valid only
+ * during the call. `close` is called exactly once per opened session. */
+struct tap_proxy_hooks {
+	void *ctx;
+	void *(*open)(void *ctx, uint64_t conn_id, const char *client, const char *upstream, int64_t now_us);
+	void (*data)(void *ctx, void *sess, bool c2s, const uint8_t *data, size_t len, int64_t now_us);
+	void (*close)(void *ctx, void *sess, enum tap_proxy_end why, const char *detail, int64_t now_us);
+};
+
+struct tap_proxy_stats {
+	uint64_t accepted;
+	uint64_t active;
+	uint64_t unreachable;
+	uint64_t bytes_c2s;
+	uint64_t bytes_s2c;
+};
+
+/* Watermark: a side's output buffer above this stops reading the other side. */
+#define TAP_PROXY_HIGH_WATER (1024 * 1024)
+
+/* Creates a proxy that forwards to upstream (resolved by the caller).
+ * Returns NULL with errno set on failure. */
+struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *upstream, int upstream_len,
+				const char *upstream_name, const struct tap_proxy_hooks *hooks);
+/* Starts listening on addr; returns 0 or -1 with errno. Writes the bound
+ * address ("127.0.0.1:5673") into bound. */
+int tap_proxy_listen(struct tap_proxy *p, const struct sockaddr *addr, int addr_len, char *bound, size_t bound_cap);
+/* Stops accepting new clients; live sessions go on. */
+void tap_proxy_stop_accepting(struct tap_proxy *p);
+/* Closes every live session now (each gets close(TAP_END_SHUTDOWN)). */
+void tap_proxy_close_all(struct tap_proxy *p);
+size_t tap_proxy_active(const struct tap_proxy *p);
+void tap_proxy_get_stats(const struct tap_proxy *p, struct tap_proxy_stats *s);
+/* Called when the last session ends after tap_proxy_stop_accepting. */
+void tap_proxy_on_idle(struct tap_proxy *p, void (*cb)(void *arg), void *arg);
+void tap_proxy_free(struct tap_proxy *p);
+
+/* Current time in Unix microseconds (CLOCK_REALTIME). */
+int64_t tap_now_us(void);
+
+#endif

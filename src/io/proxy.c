@@ -1,0 +1,420 @@
+/* The forwarding engine: one upstream connection per accepted client, bytes
+ * relayed both ways the moment they arrive (evbuffer_add_buffer moves the
+ * chains, nothing is copied), observers fed a peek of each chunk first.
+ * Backpressure and drain-then-close follow libevent's sample/le-proxy.c. */
+#include "amqptap/proxy.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/util.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+#include <time.h>
+
+enum side { SIDE_CLIENT = 0, SIDE_UPSTREAM = 1 };
+
+/* Buffers, per direction (client -> broker shown; the other is symmetric):
+ *
+ *   client socket -> bev[CLIENT].input --add_buffer--> bev[UPSTREAM].output -> broker socket
+ *                          ^ peeked by the observer first
+ *
+ * Invariant: a side's input is empty after every read callback; all queued
+ * bytes live in the other side's output. When that output passes
+ * TAP_PROXY_HIGH_WATER, reading from the side that fills it stops until the
+ * output drains to half.
+ *
+ * Close: a FIN from one side is passed on as a FIN (shutdown(SHUT_WR)) once
+ * everything before it was written, and the other direction keeps flowing
+ * until it ends too. A reset or error on one side drains what is queued
+ * for the other side, then closes it. */
+struct tap_session {
+	TAILQ_ENTRY(tap_session) link;
+	struct tap_proxy *px;
+	uint64_t id;
+	struct bufferevent *bev[2];
+	bool connected;    /* the upstream connect completed */
+	bool eof[2];       /* that side sent FIN: nothing more to read from it */
+	bool shut_wr[2];   /* we sent FIN to that side */
+	bool closing;      /* one side is gone (reset): drain the other, then close it */
+	enum tap_proxy_end why;
+	char detail[160];
+	void *obs;
+};
+
+TAILQ_HEAD(session_list, tap_session);
+
+struct tap_proxy {
+	struct event_base *base;
+	struct evconnlistener *listener;
+	struct sockaddr_storage upstream;
+	int upstream_len;
+	char upstream_name[300];
+	struct tap_proxy_hooks hooks;
+	struct session_list sessions;
+	uint64_t next_id;
+	struct tap_proxy_stats stats;
+	bool stopped;
+	void (*idle_cb)(void *);
+	void *idle_arg;
+};
+
+static const char *const end_names[] = {
+	[TAP_END_CLIENT_EOF] = "client_eof",     [TAP_END_BROKER_EOF] = "broker_eof",
+	[TAP_END_CLIENT_RESET] = "client_reset", [TAP_END_BROKER_RESET] = "broker_reset",
+	[TAP_END_UNREACHABLE] = "unreachable",   [TAP_END_SHUTDOWN] = "shutdown",
+};
+
+const char *tap_proxy_end_name(enum tap_proxy_end why)
+{
+	return (unsigned)why < sizeof end_names / sizeof end_names[0] ? end_names[why] : "unknown";
+}
+
+int64_t tap_now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void format_sockaddr(const struct sockaddr *sa, char *out, size_t cap)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+	unsigned port = 0;
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)sa;
+		inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+		port = ntohs(in->sin_port);
+		snprintf(out, cap, "%s:%u", host, port);
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)(const void *)sa;
+		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+		port = ntohs(in6->sin6_port);
+		snprintf(out, cap, "[%s]:%u", host, port);
+	} else {
+		snprintf(out, cap, "unknown");
+	}
+}
+
+static void set_nodelay(evutil_socket_t fd)
+{
+	int one = 1;
+	if (fd >= 0)
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+static void session_end(struct tap_session *s)
+{
+	struct tap_proxy *px = s->px;
+	TAILQ_REMOVE(&px->sessions, s, link);
+	px->stats.active--;
+	if (px->hooks.close)
+		px->hooks.close(px->hooks.ctx, s->obs, s->why, s->detail[0] ? s->detail : NULL, tap_now_us());
+	for (int i = 0; i < 2; i++)
+		if (s->bev[i])
+			bufferevent_free(s->bev[i]);
+	free(s);
+	if (px->stopped && px->stats.active == 0 && px->idle_cb)
+		px->idle_cb(px->idle_arg);
+}
+
+/* Hands every byte of `in` to the observer, in order, without consuming it. */
+static void observe(struct tap_session *s, enum side from, struct evbuffer *in)
+{
+	struct tap_proxy *px = s->px;
+	size_t left = evbuffer_get_length(in);
+	if (!px->hooks.data || left == 0)
+		return;
+	int64_t now = tap_now_us();
+	struct evbuffer_ptr pos;
+	evbuffer_ptr_set(in, &pos, 0, EVBUFFER_PTR_SET);
+	while (left > 0) {
+		struct evbuffer_iovec v[16];
+		int n = evbuffer_peek(in, (ev_ssize_t)left, &pos, v, 16);
+		if (n <= 0)
+			break;
+		if (n > 16)
+			n = 16;
+		size_t done = 0;
+		for (int i = 0; i < n && left > 0; i++) {
+			size_t len = v[i].iov_len < left ? v[i].iov_len : left;
+			px->hooks.data(px->hooks.ctx, s->obs, from == SIDE_CLIENT, v[i].iov_base, len, now);
+			left -= len;
+			done += len;
+		}
+		if (left > 0 && evbuffer_ptr_set(in, &pos, done, EVBUFFER_PTR_ADD) < 0)
+			break;
+	}
+}
+
+/* Moves what `from` has read into the other side's output. */
+static void relay(struct tap_session *s, enum side from)
+{
+	struct bufferevent *src = s->bev[from], *dst = s->bev[!from];
+	struct evbuffer *in = bufferevent_get_input(src);
+	size_t len = evbuffer_get_length(in);
+	if (len == 0)
+		return;
+	observe(s, from, in);
+	if (from == SIDE_CLIENT)
+		s->px->stats.bytes_c2s += len;
+	else
+		s->px->stats.bytes_s2c += len;
+	if (!dst) {
+		evbuffer_drain(in, len);
+		return;
+	}
+	struct evbuffer *out = bufferevent_get_output(dst);
+	evbuffer_add_buffer(out, in);
+	if (evbuffer_get_length(out) >= TAP_PROXY_HIGH_WATER) {
+		bufferevent_disable(src, EV_READ);
+		bufferevent_setwatermark(dst, EV_WRITE, TAP_PROXY_HIGH_WATER / 2, 0);
+	}
+}
+
+static enum side side_of(const struct tap_session *s, const struct bufferevent *bev)
+{
+	return bev == s->bev[SIDE_CLIENT] ? SIDE_CLIENT : SIDE_UPSTREAM;
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+	struct tap_session *s = arg;
+	relay(s, side_of(s, bev));
+}
+
+static bool drained(const struct tap_session *s, enum side side)
+{
+	return !s->bev[side] || evbuffer_get_length(bufferevent_get_output(s->bev[side])) == 0;
+}
+
+/* Passes a FIN on to `side` once its output is empty; ends the session when
+ * both directions are finished. Returns true if the session was freed. */
+static bool settle(struct tap_session *s)
+{
+	for (int side = 0; side < 2; side++) {
+		if (s->eof[!side] && !s->shut_wr[side] && s->bev[side] && drained(s, (enum side)side) &&
+		    (side == SIDE_CLIENT || s->connected)) {
+			shutdown(bufferevent_getfd(s->bev[side]), SHUT_WR);
+			s->shut_wr[side] = true;
+		}
+	}
+	if ((s->closing && drained(s, SIDE_CLIENT) && drained(s, SIDE_UPSTREAM)) ||
+	    (s->eof[SIDE_CLIENT] && s->eof[SIDE_UPSTREAM] && s->shut_wr[SIDE_CLIENT] && s->shut_wr[SIDE_UPSTREAM])) {
+		session_end(s);
+		return true;
+	}
+	return false;
+}
+
+/* Called when a side's output fell to its low watermark. */
+static void on_write(struct bufferevent *bev, void *arg)
+{
+	struct tap_session *s = arg;
+	enum side side = side_of(s, bev);
+	if (s->closing || s->eof[!side]) {
+		settle(s);
+		return;
+	}
+	struct bufferevent *other = s->bev[!side];
+	bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
+	if (other)
+		bufferevent_enable(other, EV_READ);
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+	struct tap_session *s = arg;
+	enum side side = side_of(s, bev);
+	if (what & BEV_EVENT_CONNECTED) {
+		s->connected = true;
+		set_nodelay(bufferevent_getfd(bev));
+		settle(s);
+		return;
+	}
+	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)))
+		return;
+	int err = EVUTIL_SOCKET_ERROR();
+	if (side == SIDE_UPSTREAM && !s->connected) {
+		s->why = TAP_END_UNREACHABLE;
+		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(err));
+		s->px->stats.unreachable++;
+		fprintf(stderr, "amqptap: conn %llu: upstream %s unreachable: %s\n", (unsigned long long)s->id,
+			s->px->upstream_name, s->detail);
+		session_end(s);
+		return;
+	}
+	if (s->closing) { /* the side we were draining into went away too */
+		session_end(s);
+		return;
+	}
+	relay(s, side); /* whatever arrived with the EOF */
+	bool eof = (what & BEV_EVENT_EOF) != 0;
+	if (!s->eof[!side]) /* the first side to go names the reason */
+		s->why = side == SIDE_CLIENT ? (eof ? TAP_END_CLIENT_EOF : TAP_END_CLIENT_RESET)
+					     : (eof ? TAP_END_BROKER_EOF : TAP_END_BROKER_RESET);
+	struct bufferevent *other = s->bev[!side];
+	if (eof) {
+		s->eof[side] = true;
+		bufferevent_disable(bev, EV_READ);
+		if (other)
+			bufferevent_setwatermark(other, EV_WRITE, 0, 0);
+		settle(s);
+		return;
+	}
+	if (!s->eof[!side])
+		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(err));
+	bufferevent_free(bev);
+	s->bev[side] = NULL;
+	s->closing = true;
+	if (other) {
+		bufferevent_disable(other, EV_READ);
+		bufferevent_setwatermark(other, EV_WRITE, 0, 0);
+	}
+	settle(s);
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
+{
+	struct tap_proxy *px = arg;
+	(void)l;
+	(void)salen;
+	struct tap_session *s = calloc(1, sizeof *s);
+	if (!s) {
+		evutil_closesocket(fd);
+		return;
+	}
+	s->px = px;
+	s->id = ++px->next_id;
+	set_nodelay(fd);
+	int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
+	s->bev[SIDE_CLIENT] = bufferevent_socket_new(px->base, fd, opts);
+	s->bev[SIDE_UPSTREAM] = bufferevent_socket_new(px->base, -1, opts);
+	if (!s->bev[SIDE_CLIENT] || !s->bev[SIDE_UPSTREAM]) {
+		if (s->bev[SIDE_CLIENT])
+			bufferevent_free(s->bev[SIDE_CLIENT]);
+		else
+			evutil_closesocket(fd);
+		if (s->bev[SIDE_UPSTREAM])
+			bufferevent_free(s->bev[SIDE_UPSTREAM]);
+		free(s);
+		return;
+	}
+	TAILQ_INSERT_TAIL(&px->sessions, s, link);
+	px->stats.accepted++;
+	px->stats.active++;
+	char client[80];
+	format_sockaddr(sa, client, sizeof client);
+	if (px->hooks.open)
+		s->obs = px->hooks.open(px->hooks.ctx, s->id, client, px->upstream_name, tap_now_us());
+	for (int i = 0; i < 2; i++) {
+		bufferevent_setcb(s->bev[i], on_read, on_write, on_event, s);
+		bufferevent_enable(s->bev[i], EV_READ | EV_WRITE);
+	}
+	if (bufferevent_socket_connect(s->bev[SIDE_UPSTREAM], (struct sockaddr *)&px->upstream, px->upstream_len) < 0) {
+		s->why = TAP_END_UNREACHABLE;
+		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+		px->stats.unreachable++;
+		fprintf(stderr, "amqptap: conn %llu: upstream %s unreachable: %s\n", (unsigned long long)s->id,
+			px->upstream_name, s->detail);
+		session_end(s);
+	}
+}
+
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+	(void)l;
+	(void)arg;
+	int err = EVUTIL_SOCKET_ERROR();
+	fprintf(stderr, "amqptap: accept failed: %s\n", evutil_socket_error_to_string(err));
+}
+
+struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *upstream, int upstream_len,
+				const char *upstream_name, const struct tap_proxy_hooks *hooks)
+{
+	if (upstream_len <= 0 || (size_t)upstream_len > sizeof(struct sockaddr_storage)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct tap_proxy *px = calloc(1, sizeof *px);
+	if (!px)
+		return NULL;
+	px->base = base;
+	memcpy(&px->upstream, upstream, (size_t)upstream_len);
+	px->upstream_len = upstream_len;
+	snprintf(px->upstream_name, sizeof px->upstream_name, "%s", upstream_name);
+	if (hooks)
+		px->hooks = *hooks;
+	TAILQ_INIT(&px->sessions);
+	return px;
+}
+
+int tap_proxy_listen(struct tap_proxy *px, const struct sockaddr *addr, int addr_len, char *bound, size_t bound_cap)
+{
+	unsigned flags = LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC;
+	px->listener = evconnlistener_new_bind(px->base, on_accept, px, flags, 1024, addr, addr_len);
+	if (!px->listener)
+		return -1;
+	evconnlistener_set_error_cb(px->listener, on_accept_error);
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	if (getsockname(evconnlistener_get_fd(px->listener), (struct sockaddr *)&ss, &len) == 0)
+		format_sockaddr((struct sockaddr *)&ss, bound, bound_cap);
+	else
+		snprintf(bound, bound_cap, "?");
+	return 0;
+}
+
+void tap_proxy_stop_accepting(struct tap_proxy *px)
+{
+	px->stopped = true;
+	if (px->listener) {
+		evconnlistener_free(px->listener);
+		px->listener = NULL;
+	}
+}
+
+void tap_proxy_close_all(struct tap_proxy *px)
+{
+	struct tap_session *s;
+	while ((s = TAILQ_FIRST(&px->sessions)) != NULL) {
+		/* flush what is already queued towards each side, best effort */
+		s->why = TAP_END_SHUTDOWN;
+		s->detail[0] = '\0';
+		session_end(s);
+	}
+}
+
+size_t tap_proxy_active(const struct tap_proxy *px)
+{
+	return (size_t)px->stats.active;
+}
+
+void tap_proxy_get_stats(const struct tap_proxy *px, struct tap_proxy_stats *st)
+{
+	*st = px->stats;
+}
+
+void tap_proxy_on_idle(struct tap_proxy *px, void (*cb)(void *arg), void *arg)
+{
+	px->idle_cb = cb;
+	px->idle_arg = arg;
+}
+
+void tap_proxy_free(struct tap_proxy *px)
+{
+	if (!px)
+		return;
+	px->idle_cb = NULL;
+	tap_proxy_stop_accepting(px);
+	tap_proxy_close_all(px);
+	free(px);
+}
