@@ -1,0 +1,124 @@
+/* JSON building blocks: commas, escaping of control bytes and invalid UTF-8,
+ * timestamps, and the buffered output file. */
+#include "amqptap/jsonl.h"
+
+#include <check.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char *render(void (*fill)(struct tap_json *))
+{
+	static char out[1024];
+	struct tap_buf b;
+	struct tap_json j;
+	tap_buf_init(&b);
+	tap_json_init(&j, &b);
+	fill(&j);
+	ck_assert(!b.oom);
+	ck_assert_uint_lt(b.len, sizeof out);
+	memcpy(out, b.data, b.len);
+	out[b.len] = '\0';
+	tap_buf_deinit(&b);
+	return out;
+}
+
+static void fill_nested(struct tap_json *j)
+{
+	tap_json_obj_begin(j);
+	tap_json_kv_str(j, "type", "publish");
+	tap_json_kv_int(j, "n", -3);
+	tap_json_key(j, "a");
+	tap_json_arr_begin(j);
+	tap_json_uint(j, 1);
+	tap_json_obj_begin(j);
+	tap_json_obj_end(j);
+	tap_json_null(j);
+	tap_json_arr_end(j);
+	tap_json_kv_bool(j, "m", true);
+	tap_json_kv_null(j, "z");
+	tap_json_obj_end(j);
+}
+
+START_TEST(commas_and_nesting)
+{
+	ck_assert_str_eq(render(fill_nested), "{\"type\":\"publish\",\"n\":-3,\"a\":[1,{},null],\"m\":true,\"z\":null}");
+}
+END_TEST
+
+static void fill_escapes(struct tap_json *j)
+{
+	static const char raw[] = "q\"b\\n\n\x01\x7f" "\xc3\xa9" "\xff" "\xe2\x82";
+	tap_json_strn(j, raw, sizeof raw - 1);
+}
+
+START_TEST(escapes_control_and_invalid_utf8)
+{
+	/* é stays UTF-8; 0xff and a truncated sequence become \u00XX */
+	ck_assert_str_eq(render(fill_escapes), "\"q\\\"b\\\\n\\n\\u0001\\u007f\xc3\xa9\\u00ff\\u00e2\\u0082\"");
+}
+END_TEST
+
+START_TEST(timestamps)
+{
+	char ts[32];
+	tap_format_ts(ts, INT64_C(1795947302000412));
+	ck_assert_str_eq(ts, "2026-11-29T10:15:02.000412Z");
+	tap_format_ts(ts, 0);
+	ck_assert_str_eq(ts, "1970-01-01T00:00:00.000000Z");
+}
+END_TEST
+
+START_TEST(out_buffers_and_reopens)
+{
+	char path[] = "/tmp/tap_jsonl_XXXXXX";
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	struct tap_out o;
+	ck_assert_int_eq(tap_out_open(&o, path), 0);
+	tap_out_line(&o, "{\"a\":1}", 7);
+	FILE *f = fopen(path, "r");
+	char line[64] = "";
+	ck_assert_ptr_null(fgets(line, sizeof line, f)); /* still buffered */
+	fclose(f);
+	ck_assert_int_eq(tap_out_flush(&o), 0);
+	char moved[64];
+	snprintf(moved, sizeof moved, "%s.1", path);
+	ck_assert_int_eq(rename(path, moved), 0);
+	tap_out_line(&o, "{\"b\":2}", 7);
+	ck_assert_int_eq(tap_out_reopen(&o), 0); /* pending line goes to the old file */
+	tap_out_line(&o, "{\"c\":3}", 7);
+	tap_out_close(&o);
+	f = fopen(moved, "r");
+	ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+	ck_assert_str_eq(line, "{\"a\":1}\n");
+	ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+	ck_assert_str_eq(line, "{\"b\":2}\n");
+	fclose(f);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+	ck_assert_str_eq(line, "{\"c\":3}\n");
+	fclose(f);
+	unlink(path);
+	unlink(moved);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("jsonl");
+	TCase *tc = tcase_create("json");
+	tcase_add_test(tc, commas_and_nesting);
+	tcase_add_test(tc, escapes_control_and_invalid_utf8);
+	tcase_add_test(tc, timestamps);
+	tcase_add_test(tc, out_buffers_and_reopens);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
