@@ -1,9 +1,11 @@
 /* amqptap: wiring of configuration, the forwarding engine, the decoders and
  * the verdict tracker, signals and the event loop. */
 #include "amqptap/conf.h"
+#include "amqptap/conn.h"
 #include "amqptap/jsonl.h"
 #include "amqptap/proxy.h"
 #include "amqptap/status.h"
+#include "amqptap/track.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -21,6 +23,12 @@ struct app {
 	struct tap_proxy *proxy;
 	struct event *sig_int, *sig_term, *sig_hup, *sig_usr1;
 	struct event *grace_timer;
+	struct event *tick_timer;
+	struct tap_out verdicts;
+	struct tap_out frames;
+	bool frames_on;
+	struct tap_track *track;
+	struct tap_observer observer;
 	bool stopping;
 	int exit_code;
 };
@@ -53,6 +61,67 @@ static void raise_fd_limit(void)
 		rl.rlim_cur = rl.rlim_max;
 		setrlimit(RLIMIT_NOFILE, &rl);
 	}
+}
+
+static void emit_record(void *ctx, const char *json, size_t len)
+{
+	struct app *app = ctx;
+	tap_out_line(&app->verdicts, json, len);
+}
+
+static void *hook_open(void *ctx, uint64_t conn_id, const char *client, const char *upstream, int64_t now_us)
+{
+	struct app *app = ctx;
+	return tap_conn_new(&app->observer, conn_id, client, upstream, now_us);
+}
+
+static void hook_data(void *ctx, void *sess, bool c2s, const uint8_t *data, size_t len, int64_t now_us)
+{
+	(void)ctx;
+	if (sess)
+		tap_conn_feed(sess, c2s, data, len, now_us);
+}
+
+static void hook_close(void *ctx, void *sess, enum tap_proxy_end why, const char *detail, int64_t now_us)
+{
+	(void)ctx;
+	(void)detail;
+	tap_conn_end(sess, tap_proxy_end_name(why), now_us);
+}
+
+static void flush_outputs(struct app *app)
+{
+	tap_out_flush(&app->verdicts);
+	if (app->frames_on)
+		tap_out_flush(&app->frames);
+}
+
+/* Return windows, late-return holds, and the 10 ms flush of the outputs. */
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+	struct app *app = arg;
+	(void)fd;
+	(void)what;
+	tap_track_tick(app->track, tap_now_us());
+	flush_outputs(app);
+}
+
+static void print_summary(struct app *app)
+{
+	struct tap_buf b;
+	tap_buf_init(&b);
+	tap_track_summary(app->track, &b);
+	if (b.len)
+		fwrite(b.data, 1, b.len, stderr);
+	tap_buf_deinit(&b);
+}
+
+static void reopen_outputs(struct app *app)
+{
+	if (tap_out_reopen(&app->verdicts) != TAP_OK)
+		fprintf(stderr, "amqptap: --verdicts: cannot reopen: %s\n", strerror(errno));
+	if (app->frames_on && tap_out_reopen(&app->frames) != TAP_OK)
+		fprintf(stderr, "amqptap: --frames: cannot reopen: %s\n", strerror(errno));
 }
 
 static void on_idle(void *arg)
@@ -103,6 +172,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 		begin_shutdown(app);
 		break;
 	case SIGHUP:
+		reopen_outputs(app);
 		break;
 	case SIGUSR1: {
 		struct tap_proxy_stats st;
@@ -110,6 +180,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 		fprintf(stderr, "amqptap: %llu connections accepted, %llu active, %llu unreachable, %llu bytes c2s, %llu s2c\n",
 			(unsigned long long)st.accepted, (unsigned long long)st.active, (unsigned long long)st.unreachable,
 			(unsigned long long)st.bytes_c2s, (unsigned long long)st.bytes_s2c);
+		print_summary(app);
 		break;
 	}
 	}
@@ -132,14 +203,34 @@ static int run_proxy(const struct tap_conf *conf)
 	signal(SIGPIPE, SIG_IGN);
 
 	struct app app = {.conf = conf, .exit_code = 0};
+	if (tap_out_open(&app.verdicts, conf->verdicts) != TAP_OK) {
+		fprintf(stderr, "amqptap: --verdicts %s: %s\n", conf->verdicts, strerror(errno));
+		return 2;
+	}
+	if (conf->frames) {
+		if (tap_out_open(&app.frames, conf->frames) != TAP_OK) {
+			fprintf(stderr, "amqptap: --frames %s: %s\n", conf->frames, strerror(errno));
+			tap_out_close(&app.verdicts);
+			return 2;
+		}
+		app.frames_on = true;
+	}
+	struct tap_track_conf tconf = {
+		.return_window_us = (int64_t)conf->return_window_ms * 1000,
+		.late_return_us = (int64_t)conf->late_return_ms * 1000,
+		.max_outstanding = conf->max_outstanding,
+	};
+	app.track = tap_track_new(&tconf, emit_record, &app);
 	app.base = event_base_new();
-	if (!app.base) {
-		fprintf(stderr, "amqptap: cannot create the event loop\n");
+	if (!app.base || !app.track) {
+		fprintf(stderr, "amqptap: out of memory at start\n");
 		return 1;
 	}
+	tap_observer_init(&app.observer, app.track, emit_record, &app, app.frames_on ? &app.frames : NULL,
+			  conf->body_bytes);
 	char upstream_name[300];
 	tap_conf_addr_format(&conf->upstream, upstream_name, sizeof upstream_name);
-	struct tap_proxy_hooks hooks = {0};
+	struct tap_proxy_hooks hooks = {.ctx = &app, .open = hook_open, .data = hook_data, .close = hook_close};
 	app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up, up_len, upstream_name, &hooks);
 	if (!app.proxy) {
 		fprintf(stderr, "amqptap: %s\n", strerror(errno));
@@ -164,11 +255,24 @@ static int run_proxy(const struct tap_conf *conf)
 	for (size_t i = 0; i < 4; i++)
 		if (sigs[i])
 			evsignal_add(sigs[i], NULL);
+	app.tick_timer = event_new(app.base, -1, EV_PERSIST, on_tick, &app);
+	struct timeval tick = {0, 10000};
+	if (app.tick_timer)
+		evtimer_add(app.tick_timer, &tick);
 	fprintf(stderr, "amqptap: listening on %s, forwarding to %s\n", bound, upstream_name);
 
 	event_base_dispatch(app.base);
 
-	tap_proxy_free(app.proxy);
+	tap_proxy_free(app.proxy); /* ends what is left: reason "shutdown" */
+	tap_track_shutdown(app.track, tap_now_us());
+	print_summary(&app);
+	tap_track_free(app.track);
+	tap_observer_deinit(&app.observer);
+	tap_out_close(&app.verdicts);
+	if (app.frames_on)
+		tap_out_close(&app.frames);
+	if (app.tick_timer)
+		event_free(app.tick_timer);
 	for (size_t i = 0; i < 4; i++)
 		if (sigs[i])
 			event_free(sigs[i]);

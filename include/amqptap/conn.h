@@ -1,0 +1,43 @@
+/* The per-connection observer: two push decoders (client->broker and
+ * broker->client) fed a copy of the forwarded bytes, content assembly per
+ * channel (publish and return: method + header + body), and the mapping of
+ * decoded methods onto the verdict tracker and the frame trace. Pure core:
+ * the caller gives the bytes and the time. */
+#ifndef AMQPTAP_CONN_H
+#define AMQPTAP_CONN_H
+
+#include "amqptap/jsonl.h"
+#include "amqptap/track.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Shared by every connection of one tap process (or one replay). */
+struct tap_observer {
+	struct tap_track *track;
+	tap_track_emit_fn emit; /* for decode_error records (the tracker's sink) */
+	void *emit_ctx;
+	struct tap_out *frames; /* NULL: no frame trace */
+	uint32_t body_bytes;    /* body prefix length in the frame trace */
+	struct tap_buf scratch; /* one record being built */
+};
+
+void tap_observer_init(struct tap_observer *o, struct tap_track *track, tap_track_emit_fn emit, void *emit_ctx,
+		       struct tap_out *frames, uint32_t body_bytes);
+void tap_observer_deinit(struct tap_observer *o);
+
+struct tap_conn;
+
+/* Returns NULL when out of memory (the bytes still flow; they are just not
+ * decoded). Addresses are copied. */
+struct tap_conn *tap_conn_new(struct tap_observer *o, uint64_t id, const char *client, const char *upstream,
+			      int64_t now_us);
+/* Bytes forwarded at now_us, in order, for one direction. The slice is only
+ * read during the call. */
+void tap_conn_feed(struct tap_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t now_us);
+/* The TCP connection is gone: every outstanding publish is written with
+ * {"by": reason_by} unless a close method said more; frees c. */
+void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us);
+
+#endif

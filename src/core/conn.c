@@ -1,0 +1,517 @@
+/* Per-connection observer: decode both directions, assemble publish and
+ * return content (0-9-1 §4.2.6: method, header, body frames on one channel),
+ * and turn methods into tracker events and frame-trace lines. */
+#include "amqptap/conn.h"
+
+#include "amqptap/frame.h"
+#include "amqptap/frames.h"
+#include "amqptap/props.h"
+#include "amqptap/spec.h"
+#include "amqptap/status.h"
+#include "amqptap/table.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Content being assembled on one channel in one direction. */
+enum pending_kind { PENDING_NONE, PENDING_PUBLISH, PENDING_RETURN };
+
+/* Strings of the pending method and its header, copied into `store`
+ * because the decoder's buffers are only valid until the next feed. */
+struct pending {
+	enum pending_kind kind;
+	bool have_header;
+	bool mandatory;
+	uint16_t reply_code;
+	uint64_t body_size, body_got;
+	struct tap_buf store;
+	/* offsets into store */
+	struct span {
+		uint32_t off, len;
+	} exchange, routing_key, reply_text, message_id, correlation_id, content_type, type, app_id;
+	uint32_t header_keys_off, n_header_keys;
+	bool has_message_id, has_correlation_id, has_delivery_mode, has_timestamp;
+	uint8_t delivery_mode;
+	uint64_t timestamp;
+};
+
+struct channel {
+	uint16_t number;
+	bool used;
+	struct pending dir[2]; /* [1] client->broker, [0] broker->client */
+};
+
+struct direction {
+	struct tap_frame_dec dec;
+	bool stopped;
+	struct tap_buf body_prefix; /* first body_bytes of the current body frame, for the trace */
+};
+
+#define MAX_HEADER_KEYS 64
+
+struct tap_conn {
+	struct tap_observer *o;
+	uint64_t id;
+	struct tap_track_conn *tc;
+	struct direction dir[2]; /* [1] c2s, [0] s2c */
+	struct channel *chans;
+	size_t n_chans, cap_chans;
+	size_t last_chan;
+	char vhost[256];
+	size_t vhost_len;
+};
+
+void tap_observer_init(struct tap_observer *o, struct tap_track *track, tap_track_emit_fn emit, void *emit_ctx,
+		       struct tap_out *frames, uint32_t body_bytes)
+{
+	memset(o, 0, sizeof *o);
+	o->track = track;
+	o->emit = emit;
+	o->emit_ctx = emit_ctx;
+	o->frames = frames;
+	o->body_bytes = body_bytes;
+	tap_buf_init(&o->scratch);
+}
+
+void tap_observer_deinit(struct tap_observer *o)
+{
+	tap_buf_deinit(&o->scratch);
+}
+
+struct tap_conn *tap_conn_new(struct tap_observer *o, uint64_t id, const char *client, const char *upstream,
+			      int64_t now_us)
+{
+	struct tap_conn *c = calloc(1, sizeof *c);
+	if (!c)
+		return NULL;
+	c->o = o;
+	c->id = id;
+	c->tc = tap_track_conn_new(o->track, id, client, upstream, now_us);
+	if (!c->tc) {
+		free(c);
+		return NULL;
+	}
+	tap_frame_dec_init(&c->dir[0].dec);
+	tap_frame_dec_init_client(&c->dir[1].dec);
+	for (int d = 0; d < 2; d++)
+		tap_buf_init(&c->dir[d].body_prefix);
+	return c;
+}
+
+void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
+{
+	if (!c)
+		return;
+	tap_track_conn_end(c->tc, reason_by, now_us);
+	for (int d = 0; d < 2; d++) {
+		tap_frame_dec_deinit(&c->dir[d].dec);
+		tap_buf_deinit(&c->dir[d].body_prefix);
+	}
+	for (size_t i = 0; i < c->n_chans; i++)
+		for (int d = 0; d < 2; d++)
+			tap_buf_deinit(&c->chans[i].dir[d].store);
+	free(c->chans);
+	free(c);
+}
+
+/* Channel state, created on first use. NULL only when out of memory. */
+static struct channel *channel_get(struct tap_conn *c, uint16_t number)
+{
+	if (c->last_chan < c->n_chans && c->chans[c->last_chan].number == number)
+		return &c->chans[c->last_chan];
+	for (size_t i = 0; i < c->n_chans; i++) {
+		if (c->chans[i].number == number) {
+			c->last_chan = i;
+			return &c->chans[i];
+		}
+	}
+	if (c->n_chans == c->cap_chans) {
+		size_t cap = c->cap_chans ? c->cap_chans * 2 : 4;
+		struct channel *p = realloc(c->chans, cap * sizeof *p);
+		if (!p)
+			return NULL;
+		c->chans = p;
+		c->cap_chans = cap;
+	}
+	struct channel *ch = &c->chans[c->n_chans];
+	memset(ch, 0, sizeof *ch);
+	ch->number = number;
+	tap_buf_init(&ch->dir[0].store);
+	tap_buf_init(&ch->dir[1].store);
+	c->last_chan = c->n_chans++;
+	return ch;
+}
+
+static struct tap_slice arg_slice(const struct tap_method *m, int idx)
+{
+	return (struct tap_slice){m->args[idx].ptr, m->args[idx].len};
+}
+
+static struct span keep(struct pending *p, const uint8_t *s, size_t len)
+{
+	struct span sp = {(uint32_t)p->store.len, (uint32_t)len};
+	tap_buf_append(&p->store, s, len);
+	return sp;
+}
+
+static struct tap_slice span_slice(const struct pending *p, struct span sp)
+{
+	if (p->store.oom)
+		return (struct tap_slice){(const uint8_t *)"", 0};
+	return (struct tap_slice){(const uint8_t *)p->store.data + sp.off, sp.len};
+}
+
+static void pending_reset(struct pending *p, enum pending_kind kind)
+{
+	struct tap_buf store = p->store;
+	tap_buf_reset(&store);
+	memset(p, 0, sizeof *p);
+	p->store = store;
+	p->kind = kind;
+}
+
+static void pending_complete(struct tap_conn *c, uint16_t channel, struct pending *p, int64_t now_us)
+{
+	if (p->kind == PENDING_PUBLISH) {
+		struct tap_slice keys[MAX_HEADER_KEYS];
+		size_t n = p->n_header_keys;
+		const uint8_t *kp = (const uint8_t *)p->store.data + p->header_keys_off;
+		for (size_t i = 0; i < n && !p->store.oom; i++) { /* stored as u8 length + bytes */
+			keys[i] = (struct tap_slice){kp + 1, kp[0]};
+			kp += 1 + kp[0];
+		}
+		struct tap_publish pub = {
+			.exchange = span_slice(p, p->exchange),
+			.routing_key = span_slice(p, p->routing_key),
+			.message_id = span_slice(p, p->message_id),
+			.correlation_id = span_slice(p, p->correlation_id),
+			.content_type = span_slice(p, p->content_type),
+			.type = span_slice(p, p->type),
+			.app_id = span_slice(p, p->app_id),
+			.mandatory = p->mandatory,
+			.has_message_id = p->has_message_id,
+			.has_correlation_id = p->has_correlation_id,
+			.has_delivery_mode = p->has_delivery_mode,
+			.has_timestamp = p->has_timestamp,
+			.delivery_mode = p->delivery_mode,
+			.timestamp = p->timestamp,
+			.body_size = p->body_size,
+			.header_keys = keys,
+			.n_header_keys = p->store.oom ? 0 : n,
+		};
+		tap_track_publish(c->tc, channel, &pub, now_us);
+	} else if (p->kind == PENDING_RETURN) {
+		struct tap_return r = {
+			.reply_code = p->reply_code,
+			.reply_text = span_slice(p, p->reply_text),
+			.exchange = span_slice(p, p->exchange),
+			.routing_key = span_slice(p, p->routing_key),
+			.message_id = span_slice(p, p->message_id),
+			.has_message_id = p->has_message_id,
+			.body_size = p->body_size,
+		};
+		tap_track_return(c->tc, channel, &r, now_us);
+	}
+	pending_reset(p, PENDING_NONE);
+}
+
+static void on_header(struct tap_conn *c, bool c2s, const struct tap_frame_ev *ev, int64_t now_us)
+{
+	struct channel *ch = channel_get(c, ev->channel);
+	if (!ch)
+		return;
+	struct pending *p = &ch->dir[c2s];
+	if (p->kind == PENDING_NONE || p->have_header)
+		return; /* content of a deliver/get-ok, or out of sequence: not ours to track */
+	struct tap_props props;
+	int rc = tap_props_decode(ev->data, ev->len, &props);
+	p->have_header = true;
+	p->body_size = props.body_size;
+	if (rc == TAP_OK) {
+		if (props.flags & TAP_PROP_MESSAGE_ID) {
+			p->has_message_id = true;
+			p->message_id = keep(p, props.message_id.ptr, props.message_id.len);
+		}
+		if (props.flags & TAP_PROP_CORRELATION_ID) {
+			p->has_correlation_id = true;
+			p->correlation_id = keep(p, props.correlation_id.ptr, props.correlation_id.len);
+		}
+		if (props.flags & TAP_PROP_CONTENT_TYPE)
+			p->content_type = keep(p, props.content_type.ptr, props.content_type.len);
+		if (props.flags & TAP_PROP_TYPE)
+			p->type = keep(p, props.type.ptr, props.type.len);
+		if (props.flags & TAP_PROP_APP_ID)
+			p->app_id = keep(p, props.app_id.ptr, props.app_id.len);
+		p->has_delivery_mode = (props.flags & TAP_PROP_DELIVERY_MODE) != 0;
+		p->delivery_mode = props.delivery_mode;
+		p->has_timestamp = (props.flags & TAP_PROP_TIMESTAMP) != 0;
+		p->timestamp = props.timestamp;
+		if (props.flags & TAP_PROP_HEADERS) {
+			struct tap_table_it it;
+			struct tap_field f;
+			p->header_keys_off = (uint32_t)p->store.len;
+			tap_table_it_init(&it, props.headers.ptr, props.headers.len);
+			while (p->n_header_keys < MAX_HEADER_KEYS && tap_table_next(&it, &f) > 0) {
+				tap_buf_putc(&p->store, (char)f.name_len);
+				tap_buf_append(&p->store, f.name, f.name_len);
+				p->n_header_keys++;
+			}
+		}
+	}
+	if (p->body_size == 0)
+		pending_complete(c, ev->channel, p, now_us);
+}
+
+static void on_body(struct tap_conn *c, bool c2s, const struct tap_frame_ev *ev, int64_t now_us)
+{
+	struct channel *ch = channel_get(c, ev->channel);
+	if (!ch)
+		return;
+	struct pending *p = &ch->dir[c2s];
+	if (p->kind == PENDING_NONE || !p->have_header)
+		return;
+	p->body_got += ev->len;
+	if (ev->frame_end && p->body_got >= p->body_size)
+		pending_complete(c, ev->channel, p, now_us);
+}
+
+static void set_frame_max(struct tap_conn *c, uint32_t frame_max)
+{
+	tap_frame_dec_set_frame_max(&c->dir[0].dec, frame_max);
+	tap_frame_dec_set_frame_max(&c->dir[1].dec, frame_max);
+}
+
+static void on_start_ok(struct tap_conn *c, const struct tap_method *m)
+{
+	struct tap_slice props = arg_slice(m, TAP_ARG_CONNECTION_START_OK_CLIENT_PROPERTIES);
+	struct tap_field product = {0}, version = {0}, platform = {0};
+	tap_table_find(props.ptr, props.len, "product", &product);
+	tap_table_find(props.ptr, props.len, "version", &version);
+	tap_table_find(props.ptr, props.len, "platform", &platform);
+	tap_track_conn_client_props(c->tc, (struct tap_slice){product.ptr, product.ptr ? product.len : 0},
+				    (struct tap_slice){version.ptr, version.ptr ? version.len : 0},
+				    (struct tap_slice){platform.ptr, platform.ptr ? platform.len : 0});
+	struct tap_slice mech = arg_slice(m, TAP_ARG_CONNECTION_START_OK_MECHANISM);
+	struct tap_slice resp = arg_slice(m, TAP_ARG_CONNECTION_START_OK_RESPONSE);
+	char user[256];
+	if (tap_sasl_user(mech.ptr, mech.len, resp.ptr, resp.len, user, sizeof user))
+		tap_track_conn_user(c->tc, (struct tap_slice){(const uint8_t *)user, strlen(user)});
+}
+
+/* Client -> broker methods (0-9-1 §4.2.4 and the class sections). */
+static void on_client_method(struct tap_conn *c, uint16_t channel, const struct tap_method *m, int64_t now_us)
+{
+	struct tap_track_conn *tc = c->tc;
+	switch (m->def->id) {
+	case TAP_CONNECTION_START_OK:
+		on_start_ok(c, m);
+		break;
+	case TAP_CONNECTION_TUNE_OK:
+		tap_track_conn_tune(tc, (uint16_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_CHANNEL_MAX].u,
+				    (uint32_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_FRAME_MAX].u,
+				    (uint16_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_HEARTBEAT].u);
+		set_frame_max(c, (uint32_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_FRAME_MAX].u);
+		break;
+	case TAP_CONNECTION_OPEN: {
+		struct tap_slice v = arg_slice(m, TAP_ARG_CONNECTION_OPEN_VIRTUAL_HOST);
+		c->vhost_len = v.len < sizeof c->vhost ? v.len : sizeof c->vhost;
+		memcpy(c->vhost, v.ptr, c->vhost_len);
+		break;
+	}
+	case TAP_CONNECTION_CLOSE:
+		tap_track_conn_close(tc, false, (uint16_t)m->args[TAP_ARG_CONNECTION_CLOSE_REPLY_CODE].u,
+				     arg_slice(m, TAP_ARG_CONNECTION_CLOSE_REPLY_TEXT), now_us);
+		break;
+	case TAP_CHANNEL_OPEN:
+		tap_track_channel_open(tc, channel, now_us);
+		break;
+	case TAP_CHANNEL_CLOSE:
+		tap_track_channel_close(tc, channel, false, (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
+					arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
+		break;
+	case TAP_CHANNEL_CLOSE_OK:
+		tap_track_channel_close_ok(tc, channel, now_us);
+		break;
+	case TAP_CONFIRM_SELECT:
+		tap_track_confirm_select(tc, channel, now_us);
+		break;
+	case TAP_TX_SELECT:
+		tap_track_tx_select(tc, channel, now_us);
+		break;
+	case TAP_BASIC_PUBLISH: {
+		struct channel *ch = channel_get(c, channel);
+		if (!ch)
+			break;
+		struct pending *p = &ch->dir[1];
+		pending_reset(p, PENDING_PUBLISH);
+		struct tap_slice x = arg_slice(m, TAP_ARG_BASIC_PUBLISH_EXCHANGE);
+		struct tap_slice rk = arg_slice(m, TAP_ARG_BASIC_PUBLISH_ROUTING_KEY);
+		p->exchange = keep(p, x.ptr, x.len);
+		p->routing_key = keep(p, rk.ptr, rk.len);
+		p->mandatory = m->args[TAP_ARG_BASIC_PUBLISH_MANDATORY].u != 0;
+		break;
+	}
+	default:
+		break;
+	}
+}
+
+/* Broker -> client methods. */
+static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct tap_method *m, int64_t now_us)
+{
+	struct tap_track_conn *tc = c->tc;
+	switch (m->def->id) {
+	case TAP_CONNECTION_OPEN_OK:
+		tap_track_conn_open(tc, (struct tap_slice){(const uint8_t *)c->vhost, c->vhost_len}, now_us);
+		break;
+	case TAP_CONNECTION_CLOSE:
+		tap_track_conn_close(tc, true, (uint16_t)m->args[TAP_ARG_CONNECTION_CLOSE_REPLY_CODE].u,
+				     arg_slice(m, TAP_ARG_CONNECTION_CLOSE_REPLY_TEXT), now_us);
+		break;
+	case TAP_CONNECTION_BLOCKED:
+		tap_track_conn_blocked(tc, true, arg_slice(m, TAP_ARG_CONNECTION_BLOCKED_REASON), now_us);
+		break;
+	case TAP_CONNECTION_UNBLOCKED:
+		tap_track_conn_blocked(tc, false, (struct tap_slice){NULL, 0}, now_us);
+		break;
+	case TAP_CHANNEL_CLOSE:
+		tap_track_channel_close(tc, channel, true, (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
+					arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
+		break;
+	case TAP_CHANNEL_CLOSE_OK:
+		tap_track_channel_close_ok(tc, channel, now_us);
+		break;
+	case TAP_BASIC_ACK:
+		tap_track_confirm(tc, channel, m->args[TAP_ARG_BASIC_ACK_DELIVERY_TAG].u,
+				  m->args[TAP_ARG_BASIC_ACK_MULTIPLE].u != 0, false, now_us);
+		break;
+	case TAP_BASIC_NACK:
+		tap_track_confirm(tc, channel, m->args[TAP_ARG_BASIC_NACK_DELIVERY_TAG].u,
+				  m->args[TAP_ARG_BASIC_NACK_MULTIPLE].u != 0, true, now_us);
+		break;
+	case TAP_BASIC_RETURN: {
+		struct channel *ch = channel_get(c, channel);
+		if (!ch)
+			break;
+		struct pending *p = &ch->dir[0];
+		pending_reset(p, PENDING_RETURN);
+		struct tap_slice text = arg_slice(m, TAP_ARG_BASIC_RETURN_REPLY_TEXT);
+		struct tap_slice x = arg_slice(m, TAP_ARG_BASIC_RETURN_EXCHANGE);
+		struct tap_slice rk = arg_slice(m, TAP_ARG_BASIC_RETURN_ROUTING_KEY);
+		p->reply_code = (uint16_t)m->args[TAP_ARG_BASIC_RETURN_REPLY_CODE].u;
+		p->reply_text = keep(p, text.ptr, text.len);
+		p->exchange = keep(p, x.ptr, x.len);
+		p->routing_key = keep(p, rk.ptr, rk.len);
+		break;
+	}
+	default:
+		break;
+	}
+}
+
+static void on_method(struct tap_conn *c, bool c2s, const struct tap_frame_ev *ev, int64_t now_us)
+{
+	struct tap_method m;
+	if (tap_method_decode(ev->data, ev->len, &m) != TAP_OK || !m.def)
+		return; /* the frame trace shows the error; tracking has nothing to act on */
+	if (ev->channel != 0) {
+		struct channel *ch = channel_get(c, ev->channel);
+		if (ch && ch->dir[c2s].kind != PENDING_NONE)
+			pending_reset(&ch->dir[c2s], PENDING_NONE); /* a method ends any unfinished content */
+	}
+	if (c2s)
+		on_client_method(c, ev->channel, &m, now_us);
+	else
+		on_broker_method(c, ev->channel, &m, now_us);
+}
+
+static void trace_frame(struct tap_conn *c, bool c2s, const struct tap_frame_ev *ev, int64_t now_us)
+{
+	struct tap_observer *o = c->o;
+	struct direction *d = &c->dir[c2s];
+	if (!o->frames)
+		return;
+	if (ev->kind == TAP_EV_BODY) {
+		if (d->body_prefix.len < o->body_bytes) {
+			size_t want = o->body_bytes - d->body_prefix.len;
+			tap_buf_append(&d->body_prefix, ev->data, ev->len < want ? ev->len : want);
+		}
+		if (!ev->frame_end)
+			return;
+	}
+	tap_buf_reset(&o->scratch);
+	tap_frames_line(&o->scratch, c->id, c2s, now_us, ev, (const uint8_t *)d->body_prefix.data,
+			d->body_prefix.len);
+	tap_out_line(o->frames, o->scratch.data, o->scratch.len);
+	tap_buf_reset(&d->body_prefix);
+}
+
+/* The record names the stream offset of the error and shows the bytes from
+ * there (from the chunk start when the error lies in an earlier chunk). */
+static void decode_error(struct tap_conn *c, bool c2s, int status, const uint8_t *chunk, size_t chunk_len,
+			 uint64_t chunk_offset, int64_t now_us)
+{
+	struct tap_observer *o = c->o;
+	uint64_t at = tap_frame_dec_error_offset(&c->dir[c2s].dec);
+	const uint8_t *data = chunk;
+	size_t len = chunk_len;
+	if (at >= chunk_offset && at - chunk_offset < chunk_len) {
+		data += at - chunk_offset;
+		len -= (size_t)(at - chunk_offset);
+	}
+	struct tap_json j;
+	tap_buf_reset(&o->scratch);
+	tap_json_init(&j, &o->scratch);
+	tap_json_obj_begin(&j);
+	tap_json_kv_str(&j, "type", "decode_error");
+	tap_json_kv_ts(&j, "ts", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_str(&j, "dir", c2s ? "c2s" : "s2c");
+	tap_json_kv_uint(&j, "offset", at);
+	tap_json_kv_str(&j, "reason", tap_strerror(status));
+	tap_json_kv_str(&j, "status", tap_status_name(status));
+	tap_json_key(&j, "hex");
+	tap_json_hex(&j, data, len < 32 ? len : 32);
+	tap_json_obj_end(&j);
+	if (o->emit)
+		o->emit(o->emit_ctx, o->scratch.data, o->scratch.len);
+}
+
+void tap_conn_feed(struct tap_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t now_us)
+{
+	struct direction *d = &c->dir[c2s];
+	const uint8_t *chunk = data;
+	size_t chunk_len = len;
+	uint64_t chunk_offset = tap_frame_dec_offset(&d->dec);
+	while (len > 0 && !d->stopped) {
+		struct tap_frame_ev ev;
+		ssize_t n = tap_frame_feed(&d->dec, data, len, &ev);
+		if (n < 0) {
+			d->stopped = true;
+			decode_error(c, c2s, (int)n, chunk, chunk_len, chunk_offset, now_us);
+			return;
+		}
+		data += n;
+		len -= (size_t)n;
+		switch (ev.kind) {
+		case TAP_EV_METHOD:
+			trace_frame(c, c2s, &ev, now_us);
+			on_method(c, c2s, &ev, now_us);
+			break;
+		case TAP_EV_HEADER:
+			trace_frame(c, c2s, &ev, now_us);
+			on_header(c, c2s, &ev, now_us);
+			break;
+		case TAP_EV_BODY:
+			trace_frame(c, c2s, &ev, now_us);
+			on_body(c, c2s, &ev, now_us);
+			break;
+		case TAP_EV_PROTOCOL_HEADER:
+		case TAP_EV_HEARTBEAT:
+			trace_frame(c, c2s, &ev, now_us);
+			break;
+		case TAP_EV_NONE:
+			break;
+		}
+	}
+}
