@@ -1,0 +1,133 @@
+/* The per-publish verdict tracker: fed with decoded AMQP events of both directions of every connection, it pairs
+ * each basic.publish with the broker's Basic.Ack/Nack/Return (or the end of its channel) and writes exactly one
+ * `publish` record per publish, plus connection/channel/blocked/warning records (DESIGN §3-§4, PROTOCOL §7-§11).
+ * Pure core: no I/O, never reads the clock; every call takes now_us (Unix time in microseconds). */
+#ifndef AMQPTAP_TRACK_H
+#define AMQPTAP_TRACK_H
+
+#include "amqptap/jsonl.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__has_include)
+#if __has_include("amqptap/props.h")
+#include "amqptap/props.h" /* defines struct tap_slice */
+#define TAP_TRACK_SLICE_FROM_PROPS 1
+#endif
+#endif
+#ifndef TAP_TRACK_SLICE_FROM_PROPS
+struct tap_slice {
+	const uint8_t *ptr;
+	size_t len;
+};
+#endif
+
+#define TAP_TRACK_RETURN_WINDOW_US_DEFAULT 2000000
+#define TAP_TRACK_LATE_RETURN_US_DEFAULT 50000
+#define TAP_TRACK_MAX_OUTSTANDING_DEFAULT 1000000u
+
+/* Zero fields take the defaults above. */
+struct tap_track_conf {
+	int64_t return_window_us; /* non-confirm mandatory publishes wait this long for a Return */
+	int64_t late_return_us;   /* an ack of a mandatory publish is held this long for a late Return */
+	uint32_t max_outstanding; /* per connection; beyond it the oldest is written as evicted */
+};
+
+/* One record, without its newline; json is valid only during the call. */
+typedef void (*tap_track_emit_fn)(void *ctx, const char *json, size_t len);
+
+struct tap_track;
+struct tap_track_conn;
+
+/* Returns NULL when out of memory. */
+struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emit_fn emit, void *ctx);
+/* Frees every connection still open without writing anything (call tap_track_shutdown first to write them). */
+void tap_track_free(struct tap_track *t);
+
+/* Addresses are copied. Returns NULL when out of memory. */
+struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id, const char *client_addr,
+					  const char *upstream_addr, int64_t now_us);
+/* Connection facts as they are seen on the wire; each optional; slices are copied. */
+void tap_track_conn_client_props(struct tap_track_conn *c, struct tap_slice product, struct tap_slice version,
+				 struct tap_slice platform);
+void tap_track_conn_user(struct tap_track_conn *c, struct tap_slice user); /* never a password */
+void tap_track_conn_tune(struct tap_track_conn *c, uint16_t channel_max, uint32_t frame_max, uint16_t heartbeat);
+/* connection.open (or open-ok): writes the `connection` open record, once. */
+void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64_t now_us);
+void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_slice reason, int64_t now_us);
+/* connection.close from either side: remembered (the first one wins) as the reason given to every publish still
+ * outstanding when the connection ends. */
+void tap_track_conn_close(struct tap_track_conn *c, bool by_broker, uint16_t code, struct tap_slice text,
+			  int64_t now_us);
+/* The TCP connection is gone: every outstanding publish gets its record (reason: the channel.close or
+ * connection.close seen earlier, else {"by":reason_by}), channel close records and the `connection` close record
+ * are written, and c is freed. */
+void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t now_us);
+
+void tap_track_channel_open(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
+void tap_track_confirm_select(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
+void tap_track_tx_select(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
+void tap_track_channel_close(struct tap_track_conn *c, uint16_t ch, bool by_broker, uint16_t code,
+			     struct tap_slice text, int64_t now_us);
+/* channel.close-ok from either side: the channel is gone; its outstanding publishes end with the close's reason. */
+void tap_track_channel_close_ok(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
+
+/* Slices are valid only during the call; the tracker copies what it keeps. */
+struct tap_publish {
+	struct tap_slice exchange, routing_key, message_id, correlation_id, content_type, type, app_id;
+	bool mandatory, has_message_id, has_correlation_id, has_delivery_mode, has_timestamp;
+	uint8_t delivery_mode;
+	uint64_t timestamp;
+	uint64_t body_size;
+	const struct tap_slice *header_keys;
+	size_t n_header_keys;
+};
+
+/* A publish is complete: its last frame was forwarded to the broker at now_us. */
+void tap_track_publish(struct tap_track_conn *c, uint16_t ch, const struct tap_publish *p, int64_t now_us);
+/* basic.ack / basic.nack from the broker (never the client's consumer acks). */
+void tap_track_confirm(struct tap_track_conn *c, uint16_t ch, uint64_t tag, bool multiple, bool nack,
+		       int64_t now_us);
+
+struct tap_return {
+	uint16_t reply_code;
+	struct tap_slice reply_text, exchange, routing_key, message_id;
+	bool has_message_id;
+	uint64_t body_size;
+};
+/* basic.return with its content header complete. */
+void tap_track_return(struct tap_track_conn *c, uint16_t ch, const struct tap_return *r, int64_t now_us);
+
+/* Writes the records whose return window or late-return hold has passed. Returns the time of the next deadline,
+ * or INT64_MAX when nothing waits. Call it periodically (e.g. every 10 ms). */
+int64_t tap_track_tick(struct tap_track *t, int64_t now_us);
+/* Every pending publish of every connection is written (reason {"by":"shutdown"}; acked but held ones keep their
+ * real verdict), connections are closed and freed. */
+void tap_track_shutdown(struct tap_track *t, int64_t now_us);
+/* Appends a human summary: per live connection and in total. */
+void tap_track_summary(struct tap_track *t, struct tap_buf *out);
+
+struct tap_track_stats {
+	uint64_t publishes;       /* tap_track_publish calls */
+	uint64_t publish_records; /* `publish` records written: equals publishes once nothing is outstanding */
+	uint64_t routed, returned, unproven, unknown;
+	uint64_t acked, nacked, confirm_none, confirm_unknown;
+	uint64_t evicted;
+	uint64_t outstanding;      /* publishes not yet written (including acked ones held for a late Return) */
+	uint64_t held;             /* of which acked and held */
+	uint64_t stray_confirms;   /* acks/nacks for a tag never published or already answered */
+	uint64_t unmatched_returns;
+	uint64_t records;          /* every record of every type */
+	uint64_t warnings;
+	uint64_t connections_open, connections_total;
+	uint64_t oom;              /* records lost or truncated for lack of memory */
+};
+void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s);
+
+/* Confirm latency quantile (0..1) over every acked/nacked publish, in microseconds; 0 when none. Log-linear
+ * histogram: within 1/16 (6.25 %) of the true value. */
+uint64_t tap_track_confirm_quantile(const struct tap_track *t, double q);
+
+#endif

@@ -1,0 +1,278 @@
+/* AMQP 0-9-1 push frame decoder, see frame.h. Input is consumed by a small state machine; when a whole
+ * frame sits in the caller's input it is reported in place without copying (the common case). */
+#include "amqptap/frame.h"
+
+#include "amqptap/status.h"
+#include "rd.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const uint8_t proto_091[8] = {'A', 'M', 'Q', 'P', 0, 0, 9, 1};
+static const uint8_t proto_091_alt[8] = {'A', 'M', 'Q', 'P', 1, 1, 0, 9}; /* PROTOCOL.md §1 */
+
+void tap_frame_dec_init(struct tap_frame_dec *d)
+{
+	memset(d, 0, sizeof *d);
+	d->state = TAP_FRAME_ST_HEADER;
+	d->frame_max = TAP_FRAME_MAX_DEFAULT;
+}
+
+void tap_frame_dec_init_client(struct tap_frame_dec *d)
+{
+	tap_frame_dec_init(d);
+	d->client = true;
+	d->state = TAP_FRAME_ST_PROTOCOL;
+}
+
+void tap_frame_dec_deinit(struct tap_frame_dec *d)
+{
+	free(d->buf);
+	d->buf = NULL;
+	d->cap = 0;
+}
+
+void tap_frame_dec_set_frame_max(struct tap_frame_dec *d, uint32_t frame_max)
+{
+	d->frame_max = frame_max;
+}
+
+int tap_frame_dec_error(const struct tap_frame_dec *d)
+{
+	return d->error;
+}
+
+uint64_t tap_frame_dec_error_offset(const struct tap_frame_dec *d)
+{
+	return d->error_offset;
+}
+
+uint64_t tap_frame_dec_offset(const struct tap_frame_dec *d)
+{
+	return d->offset;
+}
+
+static ssize_t fail(struct tap_frame_dec *d, int status, uint64_t offset)
+{
+	d->state = TAP_FRAME_ST_STOPPED;
+	d->error = status;
+	d->error_offset = offset;
+	return status;
+}
+
+static uint32_t max_payload(const struct tap_frame_dec *d)
+{
+	if (d->frame_max == 0)
+		return UINT32_MAX;
+	return d->frame_max > TAP_FRAME_OVERHEAD ? d->frame_max - TAP_FRAME_OVERHEAD : 0;
+}
+
+/* §4.2.3: type, channel, size; checks the type and the size bound before anything is buffered. */
+static int check_header(struct tap_frame_dec *d, const uint8_t h[7])
+{
+	d->type = h[0];
+	d->channel = tap_be16(h + 1);
+	d->size = tap_be32(h + 3);
+	d->got = 0;
+	switch (d->type) {
+	case TAP_FRAME_METHOD:
+	case TAP_FRAME_HEADER:
+	case TAP_FRAME_BODY:
+		break;
+	case TAP_FRAME_HEARTBEAT: /* §4.2.7: channel 0, no payload */
+		if (d->channel != 0 || d->size != 0)
+			return TAP_E_BAD_HEARTBEAT;
+		break;
+	default:
+		return TAP_E_BAD_FRAME_TYPE;
+	}
+	if (d->size > max_payload(d))
+		return TAP_E_FRAME_TOO_LARGE;
+	if (d->type != TAP_FRAME_BODY && d->frame_max == 0 && d->size > TAP_FRAME_BUFFER_UNLIMITED)
+		return TAP_E_FRAME_TOO_LARGE;
+	return TAP_OK;
+}
+
+static bool reserve(struct tap_frame_dec *d, uint32_t size)
+{
+	if (size <= d->cap)
+		return true;
+	size_t cap = d->cap ? d->cap : 4096;
+	while (cap < size)
+		cap *= 2;
+	if (cap > max_payload(d))
+		cap = size;
+	uint8_t *p = realloc(d->buf, cap);
+	if (!p)
+		return false;
+	d->buf = p;
+	d->cap = cap;
+	return true;
+}
+
+static void set_event(struct tap_frame_dec *d, struct tap_frame_ev *ev, const uint8_t *data, size_t len)
+{
+	static const enum tap_frame_ev_kind kinds[9] = {
+		[TAP_FRAME_METHOD] = TAP_EV_METHOD,
+		[TAP_FRAME_HEADER] = TAP_EV_HEADER,
+		[TAP_FRAME_BODY] = TAP_EV_BODY,
+		[TAP_FRAME_HEARTBEAT] = TAP_EV_HEARTBEAT,
+	};
+	ev->kind = kinds[d->type];
+	ev->channel = d->channel;
+	ev->type = d->type;
+	ev->size = d->size;
+	ev->offset = d->frame_offset;
+	ev->data = data;
+	ev->len = len;
+	ev->frame_end = false;
+}
+
+/* §4.2.2: collect the protocol header; reject as soon as the prefix matches no accepted header. */
+static ssize_t feed_protocol(struct tap_frame_dec *d, const uint8_t *buf, size_t len, struct tap_frame_ev *ev)
+{
+	size_t n = 0;
+	while (n < len && d->hdr_len < 8) {
+		uint8_t c = buf[n];
+		unsigned i = d->hdr_len;
+		bool ok = d->client ? (memcmp(d->hdr, proto_091, i) == 0 && c == proto_091[i]) ||
+					      (memcmp(d->hdr, proto_091_alt, i) == 0 && c == proto_091_alt[i])
+				    : i >= 4 || c == proto_091[i];
+		if (!ok)
+			return fail(d, TAP_E_BAD_PROTOCOL_HEADER, d->offset + n);
+		d->hdr[d->hdr_len++] = c;
+		n++;
+	}
+	d->offset += n;
+	if (d->hdr_len == 8) {
+		ev->kind = TAP_EV_PROTOCOL_HEADER;
+		ev->channel = 0;
+		ev->type = 0;
+		ev->size = 8;
+		ev->offset = d->offset - 8;
+		ev->data = d->hdr;
+		ev->len = 8;
+		ev->frame_end = false;
+		d->hdr_len = 0;
+		d->state = TAP_FRAME_ST_HEADER;
+	}
+	return (ssize_t)n;
+}
+
+ssize_t tap_frame_feed(struct tap_frame_dec *d, const uint8_t *buf, size_t len, struct tap_frame_ev *ev)
+{
+	size_t pos = 0;
+	int rc;
+	ev->kind = TAP_EV_NONE;
+	if (d->state == TAP_FRAME_ST_STOPPED)
+		return TAP_E_DECODER_STOPPED;
+	while (pos < len && ev->kind == TAP_EV_NONE) {
+		const uint8_t *in = buf + pos;
+		size_t avail = len - pos;
+		switch (d->state) {
+		case TAP_FRAME_ST_PROTOCOL: {
+			ssize_t n = feed_protocol(d, in, avail, ev);
+			if (n < 0)
+				return n;
+			pos += (size_t)n;
+			break;
+		}
+		case TAP_FRAME_ST_HEADER:
+			if (d->offset == 0 && d->hdr_len == 0 && in[0] == 'A') {
+				d->state = TAP_FRAME_ST_PROTOCOL; /* the broker answering with its own header */
+				break;
+			}
+			d->frame_offset = d->offset;
+			if (d->hdr_len == 0 && avail >= TAP_FRAME_HEADER_SIZE) {
+				if ((rc = check_header(d, in)) < 0)
+					return fail(d, rc, d->frame_offset);
+				size_t whole = (size_t)TAP_FRAME_OVERHEAD + d->size;
+				if (avail >= whole) { /* the whole frame is here: report it in place */
+					if (in[whole - 1] != TAP_FRAME_END)
+						return fail(d, TAP_E_BAD_FRAME_END, d->offset + whole - 1);
+					set_event(d, ev, in + TAP_FRAME_HEADER_SIZE, d->size);
+					ev->frame_end = true;
+					d->offset += whole;
+					pos += whole;
+					break;
+				}
+				pos += TAP_FRAME_HEADER_SIZE;
+				d->offset += TAP_FRAME_HEADER_SIZE;
+			} else {
+				size_t n = TAP_FRAME_HEADER_SIZE - d->hdr_len;
+				if (n > avail)
+					n = avail;
+				memcpy(d->hdr + d->hdr_len, in, n);
+				d->hdr_len = (uint8_t)(d->hdr_len + n);
+				pos += n;
+				d->offset += n;
+				if (d->hdr_len < TAP_FRAME_HEADER_SIZE)
+					break;
+				d->hdr_len = 0;
+				if ((rc = check_header(d, d->hdr)) < 0)
+					return fail(d, rc, d->frame_offset);
+			}
+			if (d->type == TAP_FRAME_BODY) {
+				d->state = TAP_FRAME_ST_BODY;
+			} else if (d->size == 0) {
+				d->state = TAP_FRAME_ST_END;
+			} else {
+				if (!reserve(d, d->size))
+					return fail(d, TAP_E_NOMEM, d->frame_offset);
+				d->state = TAP_FRAME_ST_PAYLOAD;
+			}
+			break;
+		case TAP_FRAME_ST_PAYLOAD: {
+			size_t n = d->size - d->got;
+			if (n > avail)
+				n = avail;
+			memcpy(d->buf + d->got, in, n);
+			d->got += (uint32_t)n;
+			pos += n;
+			d->offset += n;
+			if (d->got == d->size)
+				d->state = TAP_FRAME_ST_END;
+			break;
+		}
+		case TAP_FRAME_ST_BODY: {
+			size_t n = d->size - d->got;
+			if (n > avail)
+				n = avail;
+			d->got += (uint32_t)n;
+			bool done = d->got == d->size;
+			if (done && avail > n) {
+				if (in[n] != TAP_FRAME_END)
+					return fail(d, TAP_E_BAD_FRAME_END, d->offset + n);
+				set_event(d, ev, in, n);
+				ev->frame_end = true;
+				pos += n + 1;
+				d->offset += n + 1;
+				d->state = TAP_FRAME_ST_HEADER;
+				break;
+			}
+			if (n > 0)
+				set_event(d, ev, in, n);
+			pos += n;
+			d->offset += n;
+			if (done)
+				d->state = TAP_FRAME_ST_END;
+			break;
+		}
+		case TAP_FRAME_ST_END:
+			if (in[0] != TAP_FRAME_END)
+				return fail(d, TAP_E_BAD_FRAME_END, d->offset);
+			if (d->type == TAP_FRAME_BODY)
+				set_event(d, ev, in, 0);
+			else
+				set_event(d, ev, d->size ? d->buf : d->hdr, d->size);
+			ev->frame_end = true;
+			pos++;
+			d->offset++;
+			d->state = TAP_FRAME_ST_HEADER;
+			break;
+		case TAP_FRAME_ST_STOPPED:
+			return TAP_E_DECODER_STOPPED;
+		}
+	}
+	return (ssize_t)pos;
+}

@@ -1,0 +1,345 @@
+# Shared helpers for amqptap's integration tests: start the tap binary on a free port, stand-in TCP peers,
+# the throwaway broker's address, JSON Lines readers, /proc sampling, and a unittest main that prints
+# "N passed, M failed" and exits non-zero on failure. Python 3 stdlib only (pika is imported by the tests).
+
+import hashlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+SOURCE_DIR = os.environ.get("TAP_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+AMQPTAP_BIN = os.environ.get("AMQPTAP_BIN", os.path.join(SOURCE_DIR, "build", "amqptap"))
+CLIENTS_DIR = os.environ.get("TAP_CLIENTS_DIR", os.path.join(os.path.dirname(AMQPTAP_BIN), "clients"))
+BROKER_HOST = "127.0.0.1"
+BROKER_PORT = int(os.environ.get("TAP_BROKER_PORT", "5690"))
+AMQP_091_HEADER = b"AMQP\x00\x00\x09\x01"
+MIB = 1024 * 1024
+
+
+def free_port():
+    """A loopback TCP port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def is_asan_build(path=AMQPTAP_BIN):
+    """True when the binary was built with AddressSanitizer (memory figures are inflated there)."""
+    try:
+        with open(path, "rb") as f:
+            return b"__asan_init" in f.read()
+    except OSError:
+        return False
+
+
+def read_records(path):
+    """Every JSON Lines record in path (a missing file has none); a malformed line raises ValueError."""
+    if not path or not os.path.exists(path):
+        return []
+    out = []
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line.decode("utf-8")))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ValueError(f"{path}:{n}: not a JSON line ({e}): {line[:200]!r}") from e
+    return out
+
+
+def rss_kb(pid):
+    """Resident set size (VmRSS) of pid in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def fd_count(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def wait_for(pred, timeout, interval=0.02):
+    """Polls pred until it is true or timeout seconds pass; returns its last value."""
+    end = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() >= end:
+            return v
+        time.sleep(interval)
+
+
+def broker_reachable():
+    try:
+        with socket.create_connection((BROKER_HOST, BROKER_PORT), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def require_broker(testcase):
+    """Fails (or skips when TAP_BROKER_OPTIONAL=1) a test that needs the throwaway broker."""
+    if broker_reachable():
+        return
+    msg = f"no broker on {BROKER_HOST}:{BROKER_PORT}; run scripts/broker.sh start (or scripts/test.sh)"
+    if os.environ.get("TAP_BROKER_OPTIONAL") == "1":
+        testcase.skipTest(msg)
+    testcase.fail(msg)
+
+
+class Tap:
+    """A running amqptap process. Output files live in a private temp dir removed by stop()."""
+
+    def __init__(self, upstream_port, extra_args=(), upstream_host="127.0.0.1", frames=True, env=None,
+                 ready_timeout=10.0):
+        self.dir = tempfile.mkdtemp(prefix="amqptap-it-")
+        self.port = free_port()
+        self.upstream = (upstream_host, upstream_port)
+        self.verdicts = os.path.join(self.dir, "verdicts.jsonl")
+        self.frames = os.path.join(self.dir, "frames.jsonl") if frames else None
+        self.stderr_path = os.path.join(self.dir, "stderr.txt")
+        args = [AMQPTAP_BIN, "--listen", f"127.0.0.1:{self.port}", "--upstream", f"{upstream_host}:{upstream_port}",
+                "--verdicts", self.verdicts]
+        if self.frames:
+            args += ["--frames", self.frames]
+        args += list(extra_args)
+        self.args = args
+        full_env = dict(os.environ)
+        full_env.setdefault("ASAN_OPTIONS", "abort_on_error=0:detect_leaks=1")
+        if env:
+            full_env.update(env)
+        self._err = open(self.stderr_path, "wb")
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._err,
+                                     env=full_env)
+        self.returncode = None
+        if not wait_for(lambda: self.proc.poll() is not None or "listening on" in self.stderr(), ready_timeout):
+            self.kill()
+            raise RuntimeError(f"amqptap did not report listening within {ready_timeout}s: {self.stderr()!r}")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"amqptap exited {self.proc.returncode} at startup: {self.stderr()!r}")
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def stderr(self):
+        try:
+            with open(self.stderr_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def connect(self, timeout=10.0):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return s
+
+    def records(self, kind=None):
+        recs = read_records(self.verdicts)
+        return [r for r in recs if kind is None or r.get("type") == kind]
+
+    def stop(self, sig=signal.SIGTERM, timeout=15.0):
+        """Signals the tap, waits, and returns its exit code (killed after timeout: returns -9)."""
+        if self.returncode is not None:
+            return self.returncode
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                self.returncode = -9
+        if self.returncode is None:
+            self.returncode = self.proc.returncode
+        self._err.close()
+        return self.returncode
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._err.close()
+
+    def cleanup(self):
+        """Removes the temp dir (after stop); kept when TAP_KEEP_OUTPUT=1 for debugging."""
+        if self.proc.poll() is None:
+            self.kill()
+        if os.environ.get("TAP_KEEP_OUTPUT") == "1":
+            print(f"kept tap output in {self.dir}", file=sys.stderr)
+            return
+        for name in os.listdir(self.dir):
+            os.unlink(os.path.join(self.dir, name))
+        os.rmdir(self.dir)
+
+
+def start_tap(extra_args=(), upstream_port=None, **kw):
+    """Starts amqptap in front of upstream_port (default: the throwaway broker); returns a Tap."""
+    return Tap(BROKER_PORT if upstream_port is None else upstream_port, extra_args, **kw)
+
+
+class TapTestCase(unittest.TestCase):
+    """Stops the taps a test started and checks that each exited 0; prints their stderr on failure."""
+
+    def setUp(self):
+        self._taps = []
+
+    def start_tap(self, extra_args=(), upstream_port=None, **kw):
+        tap = start_tap(extra_args, upstream_port, **kw)
+        self._taps.append(tap)
+        return tap
+
+    def tearDown(self):
+        for tap in self._taps:
+            rc = tap.stop()
+            err = tap.stderr()
+            tap.cleanup()
+            if rc != 0 or "Sanitizer" in err or "runtime error:" in err:
+                sys.stderr.write(f"--- amqptap stderr (exit {rc}) ---\n{err[-4000:]}\n")
+            self.assertEqual(rc, 0, f"amqptap exited {rc} on SIGTERM")
+            self.assertNotIn("Sanitizer", err)
+            self.assertNotIn("runtime error:", err)
+
+
+class Peer:
+    """A TCP server standing in for the broker on a free loopback port. handler(sock, index) runs in its own
+    thread for every accepted connection; the socket is closed when it returns."""
+
+    def __init__(self, handler, port=None):
+        self.handler = handler
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port or 0))
+        self.sock.listen(512)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.errors = []
+        self.threads = []
+        self._closed = False
+        self._t = threading.Thread(target=self._accept_loop, daemon=True)
+        self._t.start()
+
+    def _accept_loop(self):
+        while not self._closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            idx = self.accepted
+            self.accepted += 1
+            t = threading.Thread(target=self._run, args=(conn, idx), daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _run(self, conn, idx):
+        try:
+            self.handler(conn, idx)
+        except Exception as e:  # reported by the test through .errors
+            self.errors.append(repr(e))
+        finally:
+            conn.close()
+
+    def join(self, timeout=30.0):
+        end = time.monotonic() + timeout
+        for t in list(self.threads):
+            t.join(max(0.0, end - time.monotonic()))
+
+    def close(self):
+        self._closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def echo_handler(conn, _idx):
+    while True:
+        data = conn.recv(65536)
+        if not data:
+            return
+        conn.sendall(data)
+
+
+def recv_exact_hash(sock, n, chunk=MIB):
+    """Reads exactly n bytes; returns (sha256 hexdigest, bytes read) — fewer bytes when EOF came first."""
+    h = hashlib.sha256()
+    got = 0
+    while got < n:
+        data = sock.recv(min(chunk, n - got))
+        if not data:
+            break
+        h.update(data)
+        got += len(data)
+    return h.hexdigest(), got
+
+
+def random_chunks(rng, total, min_chunk=1, max_chunk=MIB):
+    """Chunk sizes summing to total, log-uniform between min_chunk and max_chunk (many small, some huge)."""
+    sizes = []
+    left = total
+    lo, hi = min_chunk.bit_length(), max_chunk.bit_length()
+    while left > 0:
+        k = rng.randint(lo, hi)
+        n = rng.randint(1 << (k - 1), (1 << k) - 1)
+        n = max(min_chunk, min(n, max_chunk, left))
+        sizes.append(n)
+        left -= n
+    return sizes
+
+
+def send_chunks(sock, data, sizes):
+    """Sends data in chunks of the given sizes; returns its sha256 hexdigest."""
+    h = hashlib.sha256()
+    off = 0
+    for n in sizes:
+        piece = data[off:off + n]
+        sock.sendall(piece)
+        h.update(piece)
+        off += n
+    assert off == len(data)
+    return h.hexdigest()
+
+
+def rand_bytes(rng, n):
+    return rng.randbytes(n)
+
+
+class _CountingResult(unittest.TextTestResult):
+    pass
+
+
+def main():
+    """unittest main for one test file: verbose run, a final "N passed, M failed" line, exit 1 on failure."""
+    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules["__main__"])
+    runner = unittest.TextTestRunner(verbosity=2, stream=sys.stdout, resultclass=_CountingResult)
+    result = runner.run(suite)
+    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
+    skipped = len(result.skipped)
+    passed = result.testsRun - failed - skipped
+    line = f"{passed} passed, {failed} failed"
+    if skipped:
+        line += f", {skipped} skipped"
+    print(line)
+    sys.stdout.flush()
+    sys.exit(1 if failed or result.testsRun == 0 else 0)
+
+
+__all__ = ["AMQPTAP_BIN", "AMQP_091_HEADER", "BROKER_HOST", "BROKER_PORT", "CLIENTS_DIR", "MIB", "Peer", "SOURCE_DIR",
+           "Tap", "TapTestCase", "broker_reachable", "echo_handler", "fd_count", "free_port", "is_asan_build", "main",
+           "rand_bytes", "random_chunks", "read_records", "recv_exact_hash", "require_broker", "rss_kb", "send_chunks",
+           "start_tap", "wait_for", "random"]
