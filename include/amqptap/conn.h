@@ -13,6 +13,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Receives the plaintext stream of every connection (for the pcapng
+ * capture) with secrets overwritten in place (same lengths; see redact.h).
+ * Client bytes inside an unfinished channel-0 method frame are held back
+ * until the frame is complete, so a secret split across reads is still
+ * covered; everything else is passed on in the call that saw it. */
+struct tap_capture_sink {
+	void *ctx;
+	void *(*open)(void *ctx, uint64_t conn, const char *client, const char *server, int64_t ts_us);
+	void (*data)(void *ctx, void *sc, bool c2s, const uint8_t *data, size_t len, int64_t ts_us);
+	void (*close)(void *ctx, void *sc, int64_t ts_us);
+};
+
 /* Shared by every connection of one tap process (or one replay). */
 struct tap_observer {
 	struct tap_track *track;
@@ -21,6 +33,7 @@ struct tap_observer {
 	struct tap_out *frames; /* NULL: no frame trace */
 	uint32_t body_bytes;    /* body prefix length in the frame trace */
 	struct tap_buf scratch; /* one record being built */
+	const struct tap_capture_sink *capture; /* NULL: no capture */
 };
 
 void tap_observer_init(struct tap_observer *o, struct tap_track *track, tap_track_emit_fn emit, void *emit_ctx,

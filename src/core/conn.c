@@ -6,6 +6,7 @@
 #include "amqptap/frame.h"
 #include "amqptap/frames.h"
 #include "amqptap/props.h"
+#include "amqptap/redact.h"
 #include "amqptap/spec.h"
 #include "amqptap/status.h"
 #include "amqptap/table.h"
@@ -44,6 +45,7 @@ struct channel {
 struct direction {
 	struct tap_frame_dec dec;
 	bool stopped;
+	uint64_t fed; /* bytes fed so far: the stream offset of the next chunk */
 	struct tap_buf body_prefix; /* first body_bytes of the current body frame, for the trace */
 };
 
@@ -59,6 +61,12 @@ struct tap_conn {
 	size_t last_chan;
 	char vhost[256];
 	size_t vhost_len;
+	/* capture copy of the client stream: held bytes start at held_offset */
+	void *capture;
+	struct tap_buf held;
+	uint64_t held_offset;
+	struct tap_range redact[4]; /* stream offsets found while decoding the current chunk */
+	size_t n_redact;
 };
 
 void tap_observer_init(struct tap_observer *o, struct tap_track *track, tap_track_emit_fn emit, void *emit_ctx,
@@ -95,6 +103,9 @@ struct tap_conn *tap_conn_new(struct tap_observer *o, uint64_t id, const char *c
 	tap_frame_dec_init_client(&c->dir[1].dec);
 	for (int d = 0; d < 2; d++)
 		tap_buf_init(&c->dir[d].body_prefix);
+	tap_buf_init(&c->held);
+	if (o->capture && o->capture->open)
+		c->capture = o->capture->open(o->capture->ctx, id, client, upstream, now_us);
 	return c;
 }
 
@@ -103,6 +114,13 @@ void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 	if (!c)
 		return;
 	tap_track_conn_end(c->tc, reason_by, now_us);
+	const struct tap_capture_sink *cap = c->o->capture;
+	if (c->capture) {
+		if (c->held.len) /* an unfinished frame: pass it on as it is, it holds no complete secret */
+			cap->data(cap->ctx, c->capture, true, (const uint8_t *)c->held.data, c->held.len, now_us);
+		cap->close(cap->ctx, c->capture, now_us);
+	}
+	tap_buf_deinit(&c->held);
 	for (int d = 0; d < 2; d++) {
 		tap_frame_dec_deinit(&c->dir[d].dec);
 		tap_buf_deinit(&c->dir[d].body_prefix);
@@ -414,6 +432,13 @@ static void on_method(struct tap_conn *c, bool c2s, const struct tap_frame_ev *e
 	struct tap_method m;
 	if (tap_method_decode(ev->data, ev->len, &m) != TAP_OK || !m.def)
 		return; /* the frame trace shows the error; tracking has nothing to act on */
+	if (c2s && c->capture && ev->channel == 0) {
+		struct tap_range r[2];
+		size_t n = tap_redact_ranges(&m, ev->data, r);
+		for (size_t i = 0; i < n && c->n_redact < sizeof c->redact / sizeof c->redact[0]; i++)
+			c->redact[c->n_redact++] = (struct tap_range){
+				(size_t)(ev->offset + TAP_FRAME_HEADER_SIZE + r[i].off), r[i].len};
+	}
 	if (ev->channel != 0) {
 		struct channel *ch = channel_get(c, ev->channel);
 		if (ch && ch->dir[c2s].kind != PENDING_NONE)
@@ -424,6 +449,8 @@ static void on_method(struct tap_conn *c, bool c2s, const struct tap_frame_ev *e
 	else
 		on_broker_method(c, ev->channel, &m, now_us);
 }
+
+static void conn_decode(struct tap_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t now_us);
 
 static void trace_frame(struct tap_conn *c, bool c2s, const struct tap_frame_ev *ev, int64_t now_us)
 {
@@ -477,12 +504,77 @@ static void decode_error(struct tap_conn *c, bool c2s, int status, const uint8_t
 		o->emit(o->emit_ctx, o->scratch.data, o->scratch.len);
 }
 
+/* Where the client bytes that must still be held start: the first byte of
+ * an unfinished frame that may be a channel-0 method, else the end of what
+ * was decoded. */
+static uint64_t hold_from(const struct tap_frame_dec *d)
+{
+	if (d->state == TAP_FRAME_ST_HEADER && d->hdr_len > 0)
+		return d->frame_offset;
+	if ((d->state == TAP_FRAME_ST_PAYLOAD || d->state == TAP_FRAME_ST_END) && d->type == TAP_FRAME_METHOD &&
+	    d->channel == 0)
+		return d->frame_offset;
+	return d->offset;
+}
+
+static void capture_chunk(struct tap_conn *c, bool c2s, const uint8_t *data, size_t len, uint64_t chunk_offset,
+			  int64_t now_us)
+{
+	const struct tap_capture_sink *cap = c->o->capture;
+	if (!c2s) {
+		cap->data(cap->ctx, c->capture, false, data, len, now_us);
+		return;
+	}
+	const struct direction *d = &c->dir[1];
+	uint64_t end = chunk_offset + len;
+	uint64_t release = d->stopped ? end : hold_from(&d->dec);
+	if (release > end)
+		release = end;
+	if (c->held.len == 0 && c->n_redact == 0 && release == end) {
+		cap->data(cap->ctx, c->capture, true, data, len, now_us); /* the common case: no copy */
+		return;
+	}
+	if (c->held.len == 0)
+		c->held_offset = chunk_offset;
+	tap_buf_append(&c->held, data, len);
+	if (c->held.oom) { /* cannot hold: leave a gap in the capture rather than risk a secret */
+		tap_buf_reset(&c->held);
+		c->n_redact = 0;
+		return;
+	}
+	for (size_t i = 0; i < c->n_redact; i++) {
+		const struct tap_range *r = &c->redact[i];
+		for (size_t k = 0; k < r->len; k++) {
+			uint64_t at = r->off + k;
+			if (at >= c->held_offset && at < c->held_offset + c->held.len)
+				c->held.data[at - c->held_offset] = TAP_REDACT_FILL;
+		}
+	}
+	c->n_redact = 0;
+	size_t out = release > c->held_offset ? (size_t)(release - c->held_offset) : 0;
+	if (out > 0) {
+		cap->data(cap->ctx, c->capture, true, (const uint8_t *)c->held.data, out, now_us);
+		memmove(c->held.data, c->held.data + out, c->held.len - out);
+		c->held.len -= out;
+		c->held_offset += out;
+	}
+}
+
 void tap_conn_feed(struct tap_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t now_us)
+{
+	uint64_t chunk_offset = c->dir[c2s].fed;
+	c->dir[c2s].fed += len;
+	conn_decode(c, c2s, data, len, now_us);
+	if (c->capture)
+		capture_chunk(c, c2s, data, len, chunk_offset, now_us);
+}
+
+static void conn_decode(struct tap_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t now_us)
 {
 	struct direction *d = &c->dir[c2s];
 	const uint8_t *chunk = data;
 	size_t chunk_len = len;
-	uint64_t chunk_offset = tap_frame_dec_offset(&d->dec);
+	uint64_t chunk_offset = d->fed - len;
 	while (len > 0 && !d->stopped) {
 		struct tap_frame_ev ev;
 		ssize_t n = tap_frame_feed(&d->dec, data, len, &ev);

@@ -57,7 +57,8 @@ struct tap_proxy {
 	struct evconnlistener *listener;
 	struct sockaddr_storage upstream;
 	int upstream_len;
-	char upstream_name[300];
+	char upstream_name[300]; /* as configured, for messages */
+	char upstream_addr[80];  /* numeric, for observers */
 	struct tap_proxy_hooks hooks;
 	struct session_list sessions;
 	uint64_t next_id;
@@ -314,7 +315,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	char client[80];
 	format_sockaddr(sa, client, sizeof client);
 	if (px->hooks.open)
-		s->obs = px->hooks.open(px->hooks.ctx, s->id, client, px->upstream_name, tap_now_us());
+		s->obs = px->hooks.open(px->hooks.ctx, s->id, client, px->upstream_addr, tap_now_us());
 	for (int i = 0; i < 2; i++) {
 		bufferevent_setcb(s->bev[i], on_read, on_write, on_event, s);
 		bufferevent_enable(s->bev[i], EV_READ | EV_WRITE);
@@ -351,6 +352,7 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 	memcpy(&px->upstream, upstream, (size_t)upstream_len);
 	px->upstream_len = upstream_len;
 	snprintf(px->upstream_name, sizeof px->upstream_name, "%s", upstream_name);
+	format_sockaddr(upstream, px->upstream_addr, sizeof px->upstream_addr);
 	if (hooks)
 		px->hooks = *hooks;
 	TAILQ_INIT(&px->sessions);
