@@ -5,6 +5,7 @@
 #include "amqptap/jsonl.h"
 #include "amqptap/proxy.h"
 #include "amqptap/status.h"
+#include "amqptap/tls.h"
 #include "amqptap/track.h"
 
 #include <errno.h>
@@ -28,6 +29,7 @@ struct app {
 	struct tap_out frames;
 	bool frames_on;
 	struct tap_track *track;
+	struct tap_tls *tls;
 	struct tap_observer observer;
 	bool stopping;
 	int exit_code;
@@ -188,7 +190,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 
 static int run_proxy(const struct tap_conf *conf)
 {
-	char err[300];
+	char err[700];
 	struct sockaddr_storage up, lis;
 	int up_len, lis_len;
 	if (resolve(&conf->upstream, false, &up, &up_len, err, sizeof err) < 0) {
@@ -203,6 +205,15 @@ static int run_proxy(const struct tap_conf *conf)
 	signal(SIGPIPE, SIG_IGN);
 
 	struct app app = {.conf = conf, .exit_code = 0};
+	int code = 0;
+	app.tls = tap_tls_new(conf, err, sizeof err, &code);
+	if (!app.tls) {
+		fprintf(stderr, "amqptap: %s\n", err);
+		return code;
+	}
+	if (conf->upstream_insecure)
+		fprintf(stderr, "amqptap: WARNING: --upstream-insecure: the broker's certificate is NOT verified; "
+				"anyone on the path can read and change this traffic\n");
 	if (tap_out_open(&app.verdicts, conf->verdicts) != TAP_OK) {
 		fprintf(stderr, "amqptap: --verdicts %s: %s\n", conf->verdicts, strerror(errno));
 		return 2;
@@ -231,7 +242,7 @@ static int run_proxy(const struct tap_conf *conf)
 	char upstream_name[300];
 	tap_conf_addr_format(&conf->upstream, upstream_name, sizeof upstream_name);
 	struct tap_proxy_hooks hooks = {.ctx = &app, .open = hook_open, .data = hook_data, .close = hook_close};
-	app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up, up_len, upstream_name, &hooks);
+	app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up, up_len, upstream_name, app.tls, &hooks);
 	if (!app.proxy) {
 		fprintf(stderr, "amqptap: %s\n", strerror(errno));
 		event_base_free(app.base);
@@ -273,6 +284,7 @@ static int run_proxy(const struct tap_conf *conf)
 		tap_out_close(&app.frames);
 	if (app.tick_timer)
 		event_free(app.tick_timer);
+	tap_tls_free(app.tls);
 	for (size_t i = 0; i < 4; i++)
 		if (sigs[i])
 			event_free(sigs[i]);

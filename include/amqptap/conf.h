@@ -32,6 +32,12 @@ struct tap_conf {
 	uint32_t late_return_ms;
 	uint32_t max_outstanding;
 	uint32_t grace_ms;
+	/* TLS towards clients (listener) */
+	const char *tls_cert, *tls_key, *tls_client_ca;
+	/* TLS towards the broker */
+	bool upstream_tls, upstream_insecure;
+	const char *upstream_ca, *upstream_sni, *upstream_cert, *upstream_key;
+	const char *keylog; /* NULL: $SSLKEYLOGFILE if set (main decides) */
 };
 
 /* Fills c with the defaults of DESIGN §1. */

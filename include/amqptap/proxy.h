@@ -13,6 +13,7 @@
 struct event_base;
 struct sockaddr;
 struct tap_proxy;
+struct tap_tls;
 
 /* Why a session ended, as passed to tap_proxy_hooks.close. */
 enum tap_proxy_end {
@@ -22,6 +23,8 @@ enum tap_proxy_end {
 	TAP_END_BROKER_RESET,
 	TAP_END_UNREACHABLE, /* the upstream connection could not be made */
 	TAP_END_SHUTDOWN,    /* the tap closed it (grace period over) */
+	TAP_END_CLIENT_TLS,  /* TLS failure with the client (handshake, plaintext client, bad certificate) */
+	TAP_END_BROKER_TLS,  /* TLS failure with the broker (verification, handshake) */
 };
 
 const char *tap_proxy_end_name(enum tap_proxy_end why);
@@ -48,10 +51,11 @@ struct tap_proxy_stats {
 /* Watermark: a side's output buffer above this stops reading the other side. */
 #define TAP_PROXY_HIGH_WATER (1024 * 1024)
 
-/* Creates a proxy that forwards to upstream (resolved by the caller).
- * Returns NULL with errno set on failure. */
+/* Creates a proxy that forwards to upstream (resolved by the caller), with
+ * TLS on the legs `tls` asks for (NULL: plain TCP both ways; borrowed, must
+ * outlive the proxy). Returns NULL with errno set on failure. */
 struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *upstream, int upstream_len,
-				const char *upstream_name, const struct tap_proxy_hooks *hooks);
+				const char *upstream_name, struct tap_tls *tls, const struct tap_proxy_hooks *hooks);
 /* Starts listening on addr; returns 0 or -1 with errno. Writes the bound
  * address ("127.0.0.1:5673") into bound. */
 int tap_proxy_listen(struct tap_proxy *p, const struct sockaddr *addr, int addr_len, char *bound, size_t bound_cap);

@@ -16,6 +16,7 @@ enum opt_kind {
 	OPT_ADDR,          /* HOST:PORT */
 	OPT_PATH,          /* a file name */
 	OPT_U32,           /* a non-negative integer */
+	OPT_FLAG,          /* a bool set to true */
 	OPT_HELP,
 	OPT_VERSION,
 };
@@ -48,6 +49,20 @@ static const struct opt_def options[] = {
 	 "tracked publishes per connection before the oldest is evicted (default 1000000)"},
 	{"grace", 0, OPT_U32, FIELD(grace_ms), 3600u * 1000u, "MS",
 	 "on SIGINT/SIGTERM, how long live sessions may finish before they are closed (default 1000)"},
+	{"tls-cert", 0, OPT_PATH, FIELD(tls_cert), 0, "FILE", "accept TLS from clients with this certificate (PEM chain)"},
+	{"tls-key", 0, OPT_PATH, FIELD(tls_key), 0, "FILE", "private key of --tls-cert (PEM)"},
+	{"tls-client-ca", 0, OPT_PATH, FIELD(tls_client_ca), 0, "FILE",
+	 "require client certificates signed by this CA (PEM)"},
+	{"upstream-tls", 0, OPT_FLAG, FIELD(upstream_tls), 0, NULL, "speak TLS to the broker (verification on)"},
+	{"upstream-ca", 0, OPT_PATH, FIELD(upstream_ca), 0, "FILE", "CA bundle for the broker (default: system store)"},
+	{"upstream-sni", 0, OPT_PATH, FIELD(upstream_sni), 0, "NAME",
+	 "server name sent and checked (default: the --upstream host)"},
+	{"upstream-cert", 0, OPT_PATH, FIELD(upstream_cert), 0, "FILE", "client certificate for the broker (mTLS)"},
+	{"upstream-key", 0, OPT_PATH, FIELD(upstream_key), 0, "FILE", "private key of --upstream-cert"},
+	{"upstream-insecure", 0, OPT_FLAG, FIELD(upstream_insecure), 0, NULL,
+	 "do not verify the broker's certificate (logged loudly)"},
+	{"keylog", 0, OPT_PATH, FIELD(keylog), 0, "FILE",
+	 "NSS key log of both TLS legs, mode 0600 (default: $SSLKEYLOGFILE)"},
 	{"help", 'h', OPT_HELP, 0, 0, NULL, "show this help and exit"},
 	{"version", 'V', OPT_VERSION, 0, 0, NULL, "show the version and exit"},
 };
@@ -143,7 +158,7 @@ static const struct opt_def *find_short(char c)
 
 static bool opt_takes_value(const struct opt_def *o)
 {
-	return o->kind != OPT_HELP && o->kind != OPT_VERSION;
+	return o->kind != OPT_HELP && o->kind != OPT_VERSION && o->kind != OPT_FLAG;
 }
 
 static int apply(struct tap_conf *c, const struct opt_def *o, const char *value, char *err, size_t cap)
@@ -171,6 +186,9 @@ static int apply(struct tap_conf *c, const struct opt_def *o, const char *value,
 		*(uint32_t *)(void *)field = (uint32_t)v;
 		return TAP_OK;
 	}
+	case OPT_FLAG:
+		*(bool *)(void *)field = true;
+		return TAP_OK;
 	case OPT_HELP:
 		c->mode = TAP_MODE_HELP;
 		return TAP_OK;
@@ -179,6 +197,26 @@ static int apply(struct tap_conf *c, const struct opt_def *o, const char *value,
 		return TAP_OK;
 	}
 	return TAP_E_USAGE;
+}
+
+/* Options that only make sense together. */
+static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
+{
+	if (!c->tls_cert != !c->tls_key)
+		return usage_error(err, cap, "%s: --tls-cert and --tls-key go together", c->tls_cert ? "--tls-cert" : "--tls-key");
+	if (c->tls_client_ca && !c->tls_cert)
+		return usage_error(err, cap, "--tls-client-ca: needs --tls-cert and --tls-key");
+	if (!c->upstream_cert != !c->upstream_key)
+		return usage_error(err, cap, "%s: --upstream-cert and --upstream-key go together",
+				   c->upstream_cert ? "--upstream-cert" : "--upstream-key");
+	const char *needs_tls = c->upstream_ca ? "--upstream-ca"
+				: c->upstream_sni ? "--upstream-sni"
+				: c->upstream_cert ? "--upstream-cert"
+				: c->upstream_insecure ? "--upstream-insecure"
+				: NULL;
+	if (needs_tls && !c->upstream_tls)
+		return usage_error(err, cap, "%s: needs --upstream-tls", needs_tls);
+	return TAP_OK;
 }
 
 int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t cap)
@@ -220,7 +258,7 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 		if (c->mode == TAP_MODE_HELP || c->mode == TAP_MODE_VERSION)
 			return TAP_OK;
 	}
-	return TAP_OK;
+	return check_combinations(c, err, cap);
 }
 
 void tap_conf_usage(char *out, size_t cap)

@@ -4,15 +4,19 @@
  * Backpressure and drain-then-close follow libevent's sample/le-proxy.c. */
 #include "amqptap/proxy.h"
 
+#include "amqptap/tls.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/listener.h>
 #include <event2/util.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/ssl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +48,8 @@ struct tap_session {
 	bool connected;    /* the upstream connect completed */
 	bool eof[2];       /* that side sent FIN: nothing more to read from it */
 	bool shut_wr[2];   /* we sent FIN to that side */
+	bool tls[2];       /* that leg is TLS: no half-close, a FIN ends the session after draining */
+	bool handshaken[2]; /* TLS leg: handshake complete (plain upstream: connected) */
 	bool closing;      /* one side is gone (reset): drain the other, then close it */
 	enum tap_proxy_end why;
 	char detail[160];
@@ -60,6 +66,7 @@ struct tap_proxy {
 	char upstream_name[300]; /* as configured, for messages */
 	char upstream_addr[80];  /* numeric, for observers */
 	struct tap_proxy_hooks hooks;
+	struct tap_tls *tls;
 	struct session_list sessions;
 	uint64_t next_id;
 	struct tap_proxy_stats stats;
@@ -72,6 +79,7 @@ static const char *const end_names[] = {
 	[TAP_END_CLIENT_EOF] = "client_eof",     [TAP_END_BROKER_EOF] = "broker_eof",
 	[TAP_END_CLIENT_RESET] = "client_reset", [TAP_END_BROKER_RESET] = "broker_reset",
 	[TAP_END_UNREACHABLE] = "unreachable",   [TAP_END_SHUTDOWN] = "shutdown",
+	[TAP_END_CLIENT_TLS] = "client_tls_error", [TAP_END_BROKER_TLS] = "broker_tls_error",
 };
 
 const char *tap_proxy_end_name(enum tap_proxy_end why)
@@ -202,10 +210,13 @@ static bool drained(const struct tap_session *s, enum side side)
 static bool settle(struct tap_session *s)
 {
 	for (int side = 0; side < 2; side++) {
-		if (s->eof[!side] && !s->shut_wr[side] && s->bev[side] && drained(s, (enum side)side) &&
-		    (side == SIDE_CLIENT || s->connected)) {
-			shutdown(bufferevent_getfd(s->bev[side]), SHUT_WR);
-			s->shut_wr[side] = true;
+		if (s->eof[!side] && !s->shut_wr[side] && s->bev[side] && (side == SIDE_CLIENT || s->connected)) {
+			if (s->tls[side] || s->tls[!side]) {
+				s->closing = true; /* TLS has no half-close: drain, then close */
+			} else if (drained(s, (enum side)side)) {
+				shutdown(bufferevent_getfd(s->bev[side]), SHUT_WR);
+				s->shut_wr[side] = true;
+			}
 		}
 	}
 	if ((s->closing && drained(s, SIDE_CLIENT) && drained(s, SIDE_UPSTREAM)) ||
@@ -235,18 +246,30 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct tap_session *s = arg;
 	enum side side = side_of(s, bev);
-	if (what & BEV_EVENT_CONNECTED) {
-		s->connected = true;
-		set_nodelay(bufferevent_getfd(bev));
-		settle(s);
+	if (what & BEV_EVENT_CONNECTED) { /* TCP connect done, or a TLS handshake done (either leg) */
+		s->handshaken[side] = true;
+		if (side == SIDE_UPSTREAM) {
+			s->connected = true;
+			set_nodelay(bufferevent_getfd(bev));
+			settle(s);
+		}
 		return;
 	}
 	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)))
 		return;
 	int err = EVUTIL_SOCKET_ERROR();
+	if (s->tls[side] && !s->handshaken[side] && (what & BEV_EVENT_ERROR)) {
+		/* a handshake or record-layer failure: say why, close, touch no other session */
+		s->why = side == SIDE_CLIENT ? TAP_END_CLIENT_TLS : TAP_END_BROKER_TLS;
+		tap_tls_error(bev, s->detail, sizeof s->detail);
+		fprintf(stderr, "amqptap: conn %llu: TLS with the %s failed: %s\n", (unsigned long long)s->id,
+			side == SIDE_CLIENT ? "client" : "broker", s->detail);
+		session_end(s);
+		return;
+	}
 	if (side == SIDE_UPSTREAM && !s->connected) {
 		s->why = TAP_END_UNREACHABLE;
-		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(err));
+		snprintf(s->detail, sizeof s->detail, "%s", err ? evutil_socket_error_to_string(err) : "connection closed");
 		s->px->stats.unreachable++;
 		fprintf(stderr, "amqptap: conn %llu: upstream %s unreachable: %s\n", (unsigned long long)s->id,
 			s->px->upstream_name, s->detail);
@@ -283,6 +306,25 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 	settle(s);
 }
 
+/* A socket bufferevent, or an OpenSSL one over the socket when tls. */
+static struct bufferevent *new_bev(struct tap_proxy *px, evutil_socket_t fd, bool tls, enum bufferevent_ssl_state st)
+{
+	int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
+	if (!tls)
+		return bufferevent_socket_new(px->base, fd, opts);
+	SSL *ssl = st == BUFFEREVENT_SSL_ACCEPTING ? tap_tls_accept_ssl(px->tls) : tap_tls_connect_ssl(px->tls);
+	if (!ssl)
+		return NULL;
+	struct bufferevent *bev = bufferevent_openssl_socket_new(px->base, fd, ssl, st, opts);
+	if (!bev) {
+		SSL_free(ssl);
+		return NULL;
+	}
+	/* a peer that closes TCP without close_notify is an EOF, not an error */
+	bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+	return bev;
+}
+
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
 	struct tap_proxy *px = arg;
@@ -296,9 +338,10 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	s->px = px;
 	s->id = ++px->next_id;
 	set_nodelay(fd);
-	int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
-	s->bev[SIDE_CLIENT] = bufferevent_socket_new(px->base, fd, opts);
-	s->bev[SIDE_UPSTREAM] = bufferevent_socket_new(px->base, -1, opts);
+	s->tls[SIDE_CLIENT] = tap_tls_listener(px->tls);
+	s->tls[SIDE_UPSTREAM] = tap_tls_upstream(px->tls);
+	s->bev[SIDE_CLIENT] = new_bev(px, fd, s->tls[SIDE_CLIENT], BUFFEREVENT_SSL_ACCEPTING);
+	s->bev[SIDE_UPSTREAM] = new_bev(px, -1, s->tls[SIDE_UPSTREAM], BUFFEREVENT_SSL_CONNECTING);
 	if (!s->bev[SIDE_CLIENT] || !s->bev[SIDE_UPSTREAM]) {
 		if (s->bev[SIDE_CLIENT])
 			bufferevent_free(s->bev[SIDE_CLIENT]);
@@ -339,7 +382,7 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
 }
 
 struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *upstream, int upstream_len,
-				const char *upstream_name, const struct tap_proxy_hooks *hooks)
+				const char *upstream_name, struct tap_tls *tls, const struct tap_proxy_hooks *hooks)
 {
 	if (upstream_len <= 0 || (size_t)upstream_len > sizeof(struct sockaddr_storage)) {
 		errno = EINVAL;
@@ -349,6 +392,7 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 	if (!px)
 		return NULL;
 	px->base = base;
+	px->tls = tls;
 	memcpy(&px->upstream, upstream, (size_t)upstream_len);
 	px->upstream_len = upstream_len;
 	snprintf(px->upstream_name, sizeof px->upstream_name, "%s", upstream_name);

@@ -1,0 +1,258 @@
+/* OpenSSL contexts for both legs and the key log. Verification follows
+ * libevent's sample/https-client.c: SSL_VERIFY_PEER with the system store
+ * or --upstream-ca, host name via SSL_set1_host (or the IP), SNI when the
+ * name is not an address literal. */
+#include "amqptap/tls.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <fcntl.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct tap_tls {
+	SSL_CTX *server;
+	SSL_CTX *client;
+	char expect_name[256]; /* SNI / host name check for the broker */
+	bool expect_ip;
+	int keylog_fd;
+};
+
+/* The oldest queued OpenSSL error as text, queue drained. */
+static void drain_errors(char *out, size_t cap)
+{
+	unsigned long e, first = 0;
+	while ((e = ERR_get_error()) != 0)
+		if (!first)
+			first = e;
+	if (first)
+		ERR_error_string_n(first, out, cap);
+	else
+		snprintf(out, cap, "unknown TLS error");
+}
+
+static struct tap_tls *fail(struct tap_tls *t, char *err, size_t cap, int *exit_code, int code, const char *fmt, ...)
+	__attribute__((format(printf, 6, 7)));
+
+static struct tap_tls *fail(struct tap_tls *t, char *err, size_t cap, int *exit_code, int code, const char *fmt, ...)
+{
+	char why[256] = "";
+	if (ERR_peek_error() != 0)
+		drain_errors(why, sizeof why);
+	char what[300];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof what, fmt, ap);
+	va_end(ap);
+	snprintf(err, cap, "%s%s%s", what, why[0] ? ": " : "", why);
+	*exit_code = code;
+	tap_tls_free(t);
+	return NULL;
+}
+
+static void keylog_line(const SSL *ssl, const char *line)
+{
+	struct tap_tls *t = SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl));
+	if (!t || t->keylog_fd < 0)
+		return;
+	size_t n = strlen(line);
+	char buf[1024];
+	if (n + 1 > sizeof buf)
+		return;
+	memcpy(buf, line, n);
+	buf[n] = '\n';
+	/* one write per line on an O_APPEND file: lines from both legs never interleave */
+	if (write(t->keylog_fd, buf, n + 1) < 0)
+		return;
+}
+
+static bool readable(const char *path)
+{
+	return access(path, R_OK) == 0;
+}
+
+static SSL_CTX *new_ctx(struct tap_tls *t, const SSL_METHOD *method)
+{
+	SSL_CTX *ctx = SSL_CTX_new(method);
+	if (!ctx)
+		return NULL;
+	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	SSL_CTX_set_app_data(ctx, t);
+	SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE);
+	if (t->keylog_fd >= 0)
+		SSL_CTX_set_keylog_callback(ctx, keylog_line);
+	return ctx;
+}
+
+/* Loads a certificate chain and its key into ctx, naming the options on failure. */
+static bool load_pair(SSL_CTX *ctx, const char *cert_opt, const char *cert, const char *key_opt, const char *key,
+		      char *what, size_t cap)
+{
+	if (!readable(cert)) {
+		snprintf(what, cap, "%s %s: cannot read (%s)", cert_opt, cert, strerror(errno));
+		return false;
+	}
+	if (!readable(key)) {
+		snprintf(what, cap, "%s %s: cannot read (%s)", key_opt, key, strerror(errno));
+		return false;
+	}
+	if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
+		snprintf(what, cap, "%s %s: not a PEM certificate", cert_opt, cert);
+		return false;
+	}
+	if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1) {
+		snprintf(what, cap, "%s %s: not a PEM private key", key_opt, key);
+		return false;
+	}
+	if (SSL_CTX_check_private_key(ctx) != 1) {
+		snprintf(what, cap, "%s %s: does not match %s %s", key_opt, key, cert_opt, cert);
+		return false;
+	}
+	return true;
+}
+
+static bool is_ip_literal(const char *s)
+{
+	unsigned char buf[16];
+	return inet_pton(AF_INET, s, buf) == 1 || inet_pton(AF_INET6, s, buf) == 1;
+}
+
+struct tap_tls *tap_tls_new(const struct tap_conf *conf, char *err, size_t cap, int *exit_code)
+{
+	char what[600];
+	struct tap_tls *t = calloc(1, sizeof *t);
+	if (!t) {
+		snprintf(err, cap, "out of memory");
+		*exit_code = 1;
+		return NULL;
+	}
+	t->keylog_fd = -1;
+	const char *keylog = conf->keylog ? conf->keylog : getenv("SSLKEYLOGFILE");
+	bool any_tls = conf->tls_cert || conf->upstream_tls;
+	if (keylog && *keylog && any_tls) {
+		t->keylog_fd = open(keylog, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		if (t->keylog_fd < 0 || fchmod(t->keylog_fd, 0600) < 0) {
+			snprintf(err, cap, "--keylog %s: %s", keylog, strerror(errno));
+			*exit_code = 2;
+			tap_tls_free(t);
+			return NULL;
+		}
+	}
+	if (conf->tls_cert) {
+		t->server = new_ctx(t, TLS_server_method());
+		if (!t->server)
+			return fail(t, err, cap, exit_code, 1, "TLS server context");
+		if (!load_pair(t->server, "--tls-cert", conf->tls_cert, "--tls-key", conf->tls_key, what, sizeof what))
+			return fail(t, err, cap, exit_code, 2, "%s", what);
+		if (conf->tls_client_ca) {
+			STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(conf->tls_client_ca);
+			if (!readable(conf->tls_client_ca) || !names ||
+			    SSL_CTX_load_verify_locations(t->server, conf->tls_client_ca, NULL) != 1) {
+				if (names)
+					sk_X509_NAME_pop_free(names, X509_NAME_free);
+				return fail(t, err, cap, exit_code, 2, "--tls-client-ca %s: cannot load", conf->tls_client_ca);
+			}
+			SSL_CTX_set_client_CA_list(t->server, names);
+			SSL_CTX_set_verify(t->server, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+		}
+	}
+	if (conf->upstream_tls) {
+		t->client = new_ctx(t, TLS_client_method());
+		if (!t->client)
+			return fail(t, err, cap, exit_code, 1, "TLS client context");
+		if (conf->upstream_insecure) {
+			SSL_CTX_set_verify(t->client, SSL_VERIFY_NONE, NULL);
+		} else {
+			SSL_CTX_set_verify(t->client, SSL_VERIFY_PEER, NULL);
+			if (conf->upstream_ca) {
+				if (!readable(conf->upstream_ca) ||
+				    SSL_CTX_load_verify_locations(t->client, conf->upstream_ca, NULL) != 1)
+					return fail(t, err, cap, exit_code, 2, "--upstream-ca %s: cannot load",
+						    conf->upstream_ca);
+			} else if (SSL_CTX_set_default_verify_paths(t->client) != 1) {
+				return fail(t, err, cap, exit_code, 1, "system CA store");
+			}
+		}
+		if (conf->upstream_cert &&
+		    !load_pair(t->client, "--upstream-cert", conf->upstream_cert, "--upstream-key", conf->upstream_key,
+			       what, sizeof what))
+			return fail(t, err, cap, exit_code, 2, "%s", what);
+		snprintf(t->expect_name, sizeof t->expect_name, "%s",
+			 conf->upstream_sni ? conf->upstream_sni : conf->upstream.host);
+		t->expect_ip = is_ip_literal(t->expect_name);
+	}
+	return t;
+}
+
+void tap_tls_free(struct tap_tls *t)
+{
+	if (!t)
+		return;
+	SSL_CTX_free(t->server);
+	SSL_CTX_free(t->client);
+	if (t->keylog_fd >= 0)
+		close(t->keylog_fd);
+	free(t);
+}
+
+bool tap_tls_listener(const struct tap_tls *t)
+{
+	return t && t->server;
+}
+
+bool tap_tls_upstream(const struct tap_tls *t)
+{
+	return t && t->client;
+}
+
+SSL *tap_tls_accept_ssl(struct tap_tls *t)
+{
+	return SSL_new(t->server);
+}
+
+SSL *tap_tls_connect_ssl(struct tap_tls *t)
+{
+	SSL *ssl = SSL_new(t->client);
+	if (!ssl)
+		return NULL;
+	if (t->expect_ip) {
+		X509_VERIFY_PARAM *param = SSL_get0_param(ssl);
+		X509_VERIFY_PARAM_set1_ip_asc(param, t->expect_name);
+	} else {
+		SSL_set_tlsext_host_name(ssl, t->expect_name);
+		SSL_set_hostflags(ssl, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+		SSL_set1_host(ssl, t->expect_name);
+	}
+	return ssl;
+}
+
+void tap_tls_error(struct bufferevent *bev, char *out, size_t cap)
+{
+	/* libevent queues SSL_get_error()'s code (a small number, no library)
+	 * before OpenSSL's own errors: keep the first real one. */
+	unsigned long e, first = 0;
+	while ((e = bufferevent_get_openssl_error(bev)) != 0)
+		if (!first && ERR_GET_LIB(e) != 0)
+			first = e;
+	while ((e = ERR_get_error()) != 0)
+		if (!first && ERR_GET_LIB(e) != 0)
+			first = e;
+	char reason[256] = "TLS connection failed";
+	if (first)
+		ERR_error_string_n(first, reason, sizeof reason);
+	SSL *ssl = bufferevent_openssl_get_ssl(bev);
+	long vr = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
+	if (vr != X509_V_OK)
+		snprintf(out, cap, "%s (%s)", reason, X509_verify_cert_error_string(vr));
+	else
+		snprintf(out, cap, "%s", reason);
+}
