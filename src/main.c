@@ -3,7 +3,9 @@
 #include "amqptap/conf.h"
 #include "amqptap/conn.h"
 #include "amqptap/jsonl.h"
+#include "amqptap/pcapng.h"
 #include "amqptap/proxy.h"
+#include "amqptap/replay.h"
 #include "amqptap/status.h"
 #include "amqptap/tls.h"
 #include "amqptap/track.h"
@@ -26,8 +28,14 @@ struct app {
 	struct event *grace_timer;
 	struct event *tick_timer;
 	struct tap_out verdicts;
+	bool verdicts_on;
 	struct tap_out frames;
 	bool frames_on;
+	struct tap_out pcap_out;
+	bool pcap_on;
+	struct tap_pcapng *pcap;
+	struct tap_capture_sink pcap_sink;
+	bool outputs_ready;
 	struct tap_track *track;
 	struct tap_tls *tls;
 	struct tap_observer observer;
@@ -96,6 +104,8 @@ static void flush_outputs(struct app *app)
 	tap_out_flush(&app->verdicts);
 	if (app->frames_on)
 		tap_out_flush(&app->frames);
+	if (app->pcap_on)
+		tap_out_flush(&app->pcap_out);
 }
 
 /* Return windows, late-return holds, and the 10 ms flush of the outputs. */
@@ -124,6 +134,7 @@ static void reopen_outputs(struct app *app)
 		fprintf(stderr, "amqptap: --verdicts: cannot reopen: %s\n", strerror(errno));
 	if (app->frames_on && tap_out_reopen(&app->frames) != TAP_OK)
 		fprintf(stderr, "amqptap: --frames: cannot reopen: %s\n", strerror(errno));
+	/* --pcap is not reopened: a pcapng file cannot continue without its header blocks */
 }
 
 static void on_idle(void *arg)
@@ -188,6 +199,111 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	}
 }
 
+/* ---- outputs shared by the live proxy and replay ---- */
+
+static void *pcap_open(void *ctx, uint64_t conn, const char *client, const char *server, int64_t ts_us)
+{
+	struct app *app = ctx;
+	(void)conn;
+	return tap_pcapng_conn_open(app->pcap, client, server, ts_us);
+}
+
+static void pcap_data(void *ctx, void *sc, bool c2s, const uint8_t *data, size_t len, int64_t ts_us)
+{
+	(void)ctx;
+	tap_pcapng_conn_data(sc, c2s, data, len, ts_us);
+}
+
+static void pcap_close(void *ctx, void *sc, int64_t ts_us)
+{
+	(void)ctx;
+	tap_pcapng_conn_close(sc, ts_us);
+}
+
+/* Opens --verdicts, --frames and --pcap, creates the tracker and the
+ * observer. Returns 0, or an exit code after printing why. */
+static int outputs_open(struct app *app)
+{
+	const struct tap_conf *conf = app->conf;
+	if (tap_out_open(&app->verdicts, conf->verdicts) != TAP_OK) {
+		fprintf(stderr, "amqptap: --verdicts %s: %s\n", conf->verdicts, strerror(errno));
+		return 2;
+	}
+	app->verdicts_on = true;
+	if (conf->frames) {
+		if (tap_out_open(&app->frames, conf->frames) != TAP_OK) {
+			fprintf(stderr, "amqptap: --frames %s: %s\n", conf->frames, strerror(errno));
+			return 2;
+		}
+		app->frames_on = true;
+	}
+	if (conf->pcap) {
+		if (tap_out_open(&app->pcap_out, conf->pcap) != TAP_OK) {
+			fprintf(stderr, "amqptap: --pcap %s: %s\n", conf->pcap, strerror(errno));
+			return 2;
+		}
+		app->pcap_on = true;
+		app->pcap = tap_pcapng_new(&app->pcap_out);
+		if (!app->pcap) {
+			fprintf(stderr, "amqptap: out of memory at start\n");
+			return 1;
+		}
+		app->pcap_sink = (struct tap_capture_sink){app, pcap_open, pcap_data, pcap_close};
+	}
+	struct tap_track_conf tconf = {
+		.return_window_us = (int64_t)conf->return_window_ms * 1000,
+		.late_return_us = (int64_t)conf->late_return_ms * 1000,
+		.max_outstanding = conf->max_outstanding,
+	};
+	app->track = tap_track_new(&tconf, emit_record, app);
+	if (!app->track) {
+		fprintf(stderr, "amqptap: out of memory at start\n");
+		return 1;
+	}
+	tap_observer_init(&app->observer, app->track, emit_record, app, app->frames_on ? &app->frames : NULL,
+			  conf->body_bytes);
+	if (app->pcap)
+		app->observer.capture = &app->pcap_sink;
+	app->outputs_ready = true;
+	return 0;
+}
+
+/* Flushes and closes every output; the tracker must be shut down first. */
+static void outputs_close(struct app *app)
+{
+	if (app->outputs_ready) {
+		print_summary(app);
+		tap_observer_deinit(&app->observer);
+	}
+	tap_track_free(app->track);
+	app->track = NULL;
+	tap_pcapng_free(app->pcap);
+	app->pcap = NULL;
+	if (app->pcap_on)
+		tap_out_close(&app->pcap_out);
+	if (app->frames_on)
+		tap_out_close(&app->frames);
+	if (app->verdicts_on)
+		tap_out_close(&app->verdicts);
+}
+
+static int run_replay(const struct tap_conf *conf)
+{
+	struct app app = {.conf = conf};
+	int code = outputs_open(&app);
+	if (code == 0) {
+		char err[512];
+		int rc = tap_replay_run(conf->replay_file, (uint16_t)conf->replay_port, &app.observer, app.track, err,
+					sizeof err);
+		if (rc != TAP_OK) {
+			fprintf(stderr, "amqptap: replay %s\n", err);
+			code = 1;
+		}
+	}
+	outputs_close(&app);
+	return code;
+}
+
 static int run_proxy(const struct tap_conf *conf)
 {
 	char err[700];
@@ -214,49 +330,32 @@ static int run_proxy(const struct tap_conf *conf)
 	if (conf->upstream_insecure)
 		fprintf(stderr, "amqptap: WARNING: --upstream-insecure: the broker's certificate is NOT verified; "
 				"anyone on the path can read and change this traffic\n");
-	if (tap_out_open(&app.verdicts, conf->verdicts) != TAP_OK) {
-		fprintf(stderr, "amqptap: --verdicts %s: %s\n", conf->verdicts, strerror(errno));
-		return 2;
-	}
-	if (conf->frames) {
-		if (tap_out_open(&app.frames, conf->frames) != TAP_OK) {
-			fprintf(stderr, "amqptap: --frames %s: %s\n", conf->frames, strerror(errno));
-			tap_out_close(&app.verdicts);
-			return 2;
-		}
-		app.frames_on = true;
-	}
-	struct tap_track_conf tconf = {
-		.return_window_us = (int64_t)conf->return_window_ms * 1000,
-		.late_return_us = (int64_t)conf->late_return_ms * 1000,
-		.max_outstanding = conf->max_outstanding,
-	};
-	app.track = tap_track_new(&tconf, emit_record, &app);
-	app.base = event_base_new();
-	if (!app.base || !app.track) {
-		fprintf(stderr, "amqptap: out of memory at start\n");
-		return 1;
-	}
-	tap_observer_init(&app.observer, app.track, emit_record, &app, app.frames_on ? &app.frames : NULL,
-			  conf->body_bytes);
+	code = outputs_open(&app);
+	app.base = code ? NULL : event_base_new();
 	char upstream_name[300];
 	tap_conf_addr_format(&conf->upstream, upstream_name, sizeof upstream_name);
 	struct tap_proxy_hooks hooks = {.ctx = &app, .open = hook_open, .data = hook_data, .close = hook_close};
-	app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up, up_len, upstream_name, app.tls, &hooks);
-	if (!app.proxy) {
-		fprintf(stderr, "amqptap: %s\n", strerror(errno));
-		event_base_free(app.base);
-		return 1;
-	}
-	tap_proxy_on_idle(app.proxy, on_idle, &app);
+	if (app.base)
+		app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up, up_len, upstream_name, app.tls, &hooks);
+	if (app.proxy)
+		tap_proxy_on_idle(app.proxy, on_idle, &app);
 	char bound[80];
-	if (tap_proxy_listen(app.proxy, (struct sockaddr *)&lis, lis_len, bound, sizeof bound) < 0) {
+	if (!code && !app.proxy) {
+		fprintf(stderr, "amqptap: cannot start: %s\n", strerror(errno));
+		code = 1;
+	} else if (!code && tap_proxy_listen(app.proxy, (struct sockaddr *)&lis, lis_len, bound, sizeof bound) < 0) {
 		char shown[300];
 		tap_conf_addr_format(&conf->listen, shown, sizeof shown);
 		fprintf(stderr, "amqptap: --listen %s: %s\n", shown, strerror(errno));
+		code = 1;
+	}
+	if (code) {
 		tap_proxy_free(app.proxy);
-		event_base_free(app.base);
-		return 1;
+		outputs_close(&app);
+		if (app.base)
+			event_base_free(app.base);
+		tap_tls_free(app.tls);
+		return code;
 	}
 	app.sig_int = evsignal_new(app.base, SIGINT, on_signal, &app);
 	app.sig_term = evsignal_new(app.base, SIGTERM, on_signal, &app);
@@ -270,27 +369,23 @@ static int run_proxy(const struct tap_conf *conf)
 	struct timeval tick = {0, 10000};
 	if (app.tick_timer)
 		evtimer_add(app.tick_timer, &tick);
-	fprintf(stderr, "amqptap: listening on %s, forwarding to %s\n", bound, upstream_name);
+	fprintf(stderr, "amqptap: listening on %s, forwarding to %s%s%s\n", bound, upstream_name,
+		tap_tls_listener(app.tls) ? " (TLS from clients)" : "", tap_tls_upstream(app.tls) ? " (TLS to broker)" : "");
 
 	event_base_dispatch(app.base);
 
 	tap_proxy_free(app.proxy); /* ends what is left: reason "shutdown" */
 	tap_track_shutdown(app.track, tap_now_us());
-	print_summary(&app);
-	tap_track_free(app.track);
-	tap_observer_deinit(&app.observer);
-	tap_out_close(&app.verdicts);
-	if (app.frames_on)
-		tap_out_close(&app.frames);
-	if (app.tick_timer)
-		event_free(app.tick_timer);
-	tap_tls_free(app.tls);
+	outputs_close(&app);
 	for (size_t i = 0; i < 4; i++)
 		if (sigs[i])
 			event_free(sigs[i]);
 	if (app.grace_timer)
 		event_free(app.grace_timer);
+	if (app.tick_timer)
+		event_free(app.tick_timer);
 	event_base_free(app.base);
+	tap_tls_free(app.tls);
 	return app.exit_code;
 }
 
@@ -313,6 +408,8 @@ int main(int argc, char **argv)
 	case TAP_MODE_VERSION:
 		printf("amqptap %s\n", TAP_VERSION);
 		return 0;
+	case TAP_MODE_REPLAY:
+		return run_replay(&conf);
 	case TAP_MODE_PROXY:
 		break;
 	}

@@ -17,6 +17,7 @@ struct tap_conf_addr {
 
 enum tap_conf_mode {
 	TAP_MODE_PROXY,
+	TAP_MODE_REPLAY,
 	TAP_MODE_HELP,
 	TAP_MODE_VERSION,
 };
@@ -27,6 +28,9 @@ struct tap_conf {
 	struct tap_conf_addr upstream;
 	const char *verdicts;       /* "-" = stdout */
 	const char *frames;         /* NULL = off */
+	const char *pcap;           /* NULL = off */
+	const char *replay_file;    /* replay mode: the capture */
+	uint32_t replay_port;       /* replay mode: the broker's TCP port in the capture */
 	uint32_t body_bytes;
 	uint32_t return_window_ms;
 	uint32_t late_return_ms;

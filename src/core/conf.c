@@ -39,6 +39,8 @@ static const struct opt_def options[] = {
 	{"upstream", 'u', OPT_ADDR, FIELD(upstream), 0, "HOST:PORT", "the real broker (default 127.0.0.1:5672)"},
 	{"verdicts", 'o', OPT_PATH, FIELD(verdicts), 0, "FILE|-", "verdict and event records, JSON Lines (default -)"},
 	{"frames", 'f', OPT_PATH, FIELD(frames), 0, "FILE", "one JSON line per decoded frame (default off)"},
+	{"pcap", 0, OPT_PATH, FIELD(pcap), 0, "FILE", "the plaintext AMQP streams as pcapng for Wireshark (default off)"},
+	{"port", 0, OPT_U32, FIELD(replay_port), 65535, "N", "replay: the broker's TCP port in the capture (default 5672)"},
 	{"body-bytes", 0, OPT_U32, FIELD(body_bytes), 1u << 20, "N",
 	 "include the first N body bytes in --frames (default 0)"},
 	{"return-window", 0, OPT_U32, FIELD(return_window_ms), 3600u * 1000u, "MS",
@@ -82,6 +84,7 @@ void tap_conf_defaults(struct tap_conf *c)
 	c->late_return_ms = 50;
 	c->max_outstanding = 1000000;
 	c->grace_ms = 1000;
+	c->replay_port = 5672;
 }
 
 int tap_conf_parse_addr(const char *s, bool allow_port0, struct tap_conf_addr *out)
@@ -221,7 +224,9 @@ static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
 
 int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t cap)
 {
-	for (int i = 1; i < argc; i++) {
+	bool replay = argc > 1 && strcmp(argv[1], "replay") == 0;
+	bool port_given = false;
+	for (int i = replay ? 2 : 1; i < argc; i++) {
 		const char *a = argv[i];
 		const struct opt_def *o;
 		const char *value = NULL;
@@ -240,9 +245,14 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 			if (!o)
 				return usage_error(err, cap, "%s: unknown option (see --help)", a);
 			snprintf(shown, sizeof shown, "--%s", o->name);
+		} else if (replay && !c->replay_file) {
+			c->replay_file = a;
+			continue;
 		} else {
 			return usage_error(err, cap, "'%s': unexpected argument (see --help)", a);
 		}
+		if (o->offset == FIELD(replay_port) && o->kind == OPT_U32)
+			port_given = true;
 		if (opt_takes_value(o)) {
 			if (!value) {
 				if (i + 1 >= argc)
@@ -258,6 +268,15 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 		if (c->mode == TAP_MODE_HELP || c->mode == TAP_MODE_VERSION)
 			return TAP_OK;
 	}
+	if (port_given && !replay)
+		return usage_error(err, cap, "--port: only for 'amqptap replay'");
+	if (replay) {
+		c->mode = TAP_MODE_REPLAY;
+		if (!c->replay_file)
+			return usage_error(err, cap, "replay: missing the CAPTURE file (amqptap replay CAPTURE [--port N])");
+		if (c->replay_port == 0)
+			return usage_error(err, cap, "--port: expected 1-65535");
+	}
 	return check_combinations(c, err, cap);
 }
 
@@ -265,7 +284,8 @@ void tap_conf_usage(char *out, size_t cap)
 {
 	size_t off = 0;
 	int n = snprintf(out, cap,
-			 "usage: amqptap [options]            transparent AMQP 0-9-1 wire-tap proxy\n"
+			 "usage: amqptap [options]                     transparent AMQP 0-9-1 wire-tap proxy\n"
+			 "       amqptap replay CAPTURE [options]      the same records from a pcap/pcapng capture\n"
 			 "       amqptap --help | --version\n\noptions:\n");
 	for (size_t i = 0; n >= 0 && i < N_OPTIONS; i++) {
 		off += (size_t)n;
