@@ -184,37 +184,39 @@ def gen_source(classes, xml_path):
                 ident(c["name"]), ident(m["name"]), c["index"], m["index"], c["name"], m["name"],
                 "true" if m["content"] else "false", len(m["fields"]), args))
     out.append("};\n\n")
-    out.append("static const struct {\n\tuint16_t id;\n\tuint8_t first, count;\n\tconst char *name;\n} classes[] = {\n")
-    first = 0
+    # O(1) lookup: class id -> slot, (slot, method id) -> 1 + index into tap_spec_methods (0 = unknown)
+    max_class = max(c["index"] for c in classes)
+    max_method = max(m["index"] for c in classes for m in c["methods"])
+    out.append("static const char *const class_names[TAP_SPEC_NUM_CLASSES] = {")
+    out.append("\n\t" + ", ".join('"%s"' % c["name"] for c in classes) + ",\n")
+    out.append("};\n\n")
+    out.append("static const uint8_t class_slot[%d] = {" % (max_class + 1))
+    out.append(", ".join("[%d] = %d" % (c["index"], k + 1) for k, c in enumerate(classes)))
+    out.append("};\n\n")
+    out.append("static const uint8_t method_slot[TAP_SPEC_NUM_CLASSES][%d] = {\n" % (max_method + 1))
+    k = 0
     for c in classes:
-        out.append('\t{%d, %d, %d, "%s"},\n' % (c["index"], first, len(c["methods"]), c["name"]))
-        first += len(c["methods"])
-    out.append("""};
-
-static int class_find(uint16_t class_id)
-{
-	for (unsigned i = 0; i < sizeof classes / sizeof classes[0]; i++)
-		if (classes[i].id == class_id)
-			return (int)i;
-	return -1;
-}
-
+        cells = []
+        for m in c["methods"]:
+            k += 1
+            cells.append("[%d] = %d" % (m["index"], k))
+        rows = [", ".join(cells[i:i + 8]) for i in range(0, len(cells), 8)]
+        out.append("\t{%s},\n" % ",\n\t ".join(rows))
+    out.append("};\n")
+    out.append("""
 const struct tap_method_def *tap_spec_method(uint16_t class_id, uint16_t method_id)
 {
-	int c = class_find(class_id);
-	if (c < 0)
+	if (class_id >= sizeof class_slot || method_id >= sizeof method_slot[0] || !class_slot[class_id])
 		return NULL;
-	const struct tap_method_def *m = &tap_spec_methods[classes[c].first];
-	for (unsigned i = 0; i < classes[c].count; i++)
-		if (m[i].method_id == method_id)
-			return &m[i];
-	return NULL;
+	uint8_t k = method_slot[class_slot[class_id] - 1][method_id];
+	return k ? &tap_spec_methods[k - 1] : NULL;
 }
 
 const char *tap_spec_class_name(uint16_t class_id)
 {
-	int c = class_find(class_id);
-	return c < 0 ? NULL : classes[c].name;
+	if (class_id >= sizeof class_slot || !class_slot[class_id])
+		return NULL;
+	return class_names[class_slot[class_id] - 1];
 }
 """)
     return "".join(out)

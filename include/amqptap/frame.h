@@ -16,6 +16,7 @@
 #define TAP_FRAME_END 0xCE
 #define TAP_FRAME_HEADER_SIZE 7          /* type, channel, size */
 #define TAP_FRAME_OVERHEAD 8             /* header + end octet: frame_max counts them */
+#define TAP_FRAME_SIZE_FUDGE 8           /* RabbitMQ's tolerance above frame_max (PROTOCOL.md §3) */
 #define TAP_FRAME_MAX_DEFAULT 131072     /* until tune-ok says otherwise */
 #define TAP_FRAME_BUFFER_UNLIMITED (16u << 20) /* buffered-payload cap when frame_max is 0 (unlimited) */
 
@@ -79,7 +80,7 @@ void tap_frame_dec_init(struct tap_frame_dec *d);
 void tap_frame_dec_init_client(struct tap_frame_dec *d);
 void tap_frame_dec_deinit(struct tap_frame_dec *d);
 /* From tune-ok; 0 = unlimited (bodies unbounded, buffered payloads capped at TAP_FRAME_BUFFER_UNLIMITED). A
- * frame whose payload exceeds frame_max - 8 is TAP_E_FRAME_TOO_LARGE. */
+ * frame whose payload exceeds frame_max - 8 + TAP_FRAME_SIZE_FUDGE is TAP_E_FRAME_TOO_LARGE. */
 void tap_frame_dec_set_frame_max(struct tap_frame_dec *d, uint32_t frame_max);
 
 /* Consumes a prefix of buf. Returns bytes consumed (>= 0) and sets ev->kind (TAP_EV_NONE when no event

@@ -91,6 +91,9 @@ int tap_out_open(struct tap_out *o, const char *path);
 /* Appends one record (without its newline, which is added) and writes when
  * the buffer is large. */
 void tap_out_line(struct tap_out *o, const char *data, size_t len);
+/* Appends raw bytes (no newline, not counted as a line), written like lines; a binary record appended in one
+ * call is never split across a flush. */
+void tap_out_write(struct tap_out *o, const void *data, size_t len);
 int tap_out_flush(struct tap_out *o);
 /* Flushes, closes and opens the same path again (SIGHUP). stdout stays. */
 int tap_out_reopen(struct tap_out *o);

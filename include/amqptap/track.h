@@ -6,23 +6,11 @@
 #define AMQPTAP_TRACK_H
 
 #include "amqptap/jsonl.h"
+#include "amqptap/props.h" /* struct tap_slice */
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#if defined(__has_include)
-#if __has_include("amqptap/props.h")
-#include "amqptap/props.h" /* defines struct tap_slice */
-#define TAP_TRACK_SLICE_FROM_PROPS 1
-#endif
-#endif
-#ifndef TAP_TRACK_SLICE_FROM_PROPS
-struct tap_slice {
-	const uint8_t *ptr;
-	size_t len;
-};
-#endif
 
 #define TAP_TRACK_RETURN_WINDOW_US_DEFAULT 2000000
 #define TAP_TRACK_LATE_RETURN_US_DEFAULT 50000
@@ -48,10 +36,10 @@ void tap_track_free(struct tap_track *t);
 
 /* Addresses are copied. Returns NULL when out of memory. */
 struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id, const char *client_addr,
-					  const char *upstream_addr, int64_t now_us);
+                                          const char *upstream_addr, int64_t now_us);
 /* Connection facts as they are seen on the wire; each optional; slices are copied. */
 void tap_track_conn_client_props(struct tap_track_conn *c, struct tap_slice product, struct tap_slice version,
-				 struct tap_slice platform);
+                                 struct tap_slice platform);
 void tap_track_conn_user(struct tap_track_conn *c, struct tap_slice user); /* never a password */
 void tap_track_conn_tune(struct tap_track_conn *c, uint16_t channel_max, uint32_t frame_max, uint16_t heartbeat);
 /* connection.open (or open-ok): writes the `connection` open record, once. */
@@ -60,7 +48,7 @@ void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_s
 /* connection.close from either side: remembered (the first one wins) as the reason given to every publish still
  * outstanding when the connection ends. */
 void tap_track_conn_close(struct tap_track_conn *c, bool by_broker, uint16_t code, struct tap_slice text,
-			  int64_t now_us);
+                          int64_t now_us);
 /* The TCP connection is gone: every outstanding publish gets its record (reason: the channel.close or
  * connection.close seen earlier, else {"by":reason_by}), channel close records and the `connection` close record
  * are written, and c is freed. */
@@ -70,7 +58,7 @@ void tap_track_channel_open(struct tap_track_conn *c, uint16_t ch, int64_t now_u
 void tap_track_confirm_select(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 void tap_track_tx_select(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 void tap_track_channel_close(struct tap_track_conn *c, uint16_t ch, bool by_broker, uint16_t code,
-			     struct tap_slice text, int64_t now_us);
+                             struct tap_slice text, int64_t now_us);
 /* channel.close-ok from either side: the channel is gone; its outstanding publishes end with the close's reason. */
 void tap_track_channel_close_ok(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 
@@ -88,8 +76,7 @@ struct tap_publish {
 /* A publish is complete: its last frame was forwarded to the broker at now_us. */
 void tap_track_publish(struct tap_track_conn *c, uint16_t ch, const struct tap_publish *p, int64_t now_us);
 /* basic.ack / basic.nack from the broker (never the client's consumer acks). */
-void tap_track_confirm(struct tap_track_conn *c, uint16_t ch, uint64_t tag, bool multiple, bool nack,
-		       int64_t now_us);
+void tap_track_confirm(struct tap_track_conn *c, uint16_t ch, uint64_t tag, bool multiple, bool nack, int64_t now_us);
 
 struct tap_return {
 	uint16_t reply_code;
@@ -115,14 +102,14 @@ struct tap_track_stats {
 	uint64_t routed, returned, unproven, unknown;
 	uint64_t acked, nacked, confirm_none, confirm_unknown;
 	uint64_t evicted;
-	uint64_t outstanding;      /* publishes not yet written (including acked ones held for a late Return) */
-	uint64_t held;             /* of which acked and held */
-	uint64_t stray_confirms;   /* acks/nacks for a tag never published or already answered */
+	uint64_t outstanding;    /* publishes not yet written (including acked ones held for a late Return) */
+	uint64_t held;           /* of which acked and held */
+	uint64_t stray_confirms; /* acks/nacks for a tag never published or already answered */
 	uint64_t unmatched_returns;
-	uint64_t records;          /* every record of every type */
+	uint64_t records; /* every record of every type */
 	uint64_t warnings;
 	uint64_t connections_open, connections_total;
-	uint64_t oom;              /* records lost or truncated for lack of memory */
+	uint64_t oom; /* records lost or truncated for lack of memory */
 };
 void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s);
 

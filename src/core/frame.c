@@ -60,11 +60,15 @@ static ssize_t fail(struct tap_frame_dec *d, int status, uint64_t offset)
 	return status;
 }
 
+/* frame_max counts the 8 bytes of header and end octet, so the payload may
+ * be frame_max - 8; RabbitMQ accepts 8 bytes more (FRAME_SIZE_FUDGE,
+ * PROTOCOL.md §3) and so does the tap: it must not stop decoding a stream
+ * the broker accepts. */
 static uint32_t max_payload(const struct tap_frame_dec *d)
 {
 	if (d->frame_max == 0)
 		return UINT32_MAX;
-	return d->frame_max > TAP_FRAME_OVERHEAD ? d->frame_max - TAP_FRAME_OVERHEAD : 0;
+	return d->frame_max - TAP_FRAME_OVERHEAD + TAP_FRAME_SIZE_FUDGE;
 }
 
 /* §4.2.3: type, channel, size; checks the type and the size bound before anything is buffered. */
@@ -159,7 +163,9 @@ static ssize_t feed_protocol(struct tap_frame_dec *d, const uint8_t *buf, size_t
 	return (ssize_t)n;
 }
 
-ssize_t tap_frame_feed(struct tap_frame_dec *d, const uint8_t *buf, size_t len, struct tap_frame_ev *ev)
+/* Everything but a whole frame at the start of the input: partial frames, protocol headers, heartbeats, errors. */
+__attribute__((noinline)) static ssize_t feed_slow(struct tap_frame_dec *d, const uint8_t *buf, size_t len,
+						  struct tap_frame_ev *ev)
 {
 	size_t pos = 0;
 	int rc;
@@ -182,7 +188,8 @@ ssize_t tap_frame_feed(struct tap_frame_dec *d, const uint8_t *buf, size_t len, 
 				d->state = TAP_FRAME_ST_PROTOCOL; /* the broker answering with its own header */
 				break;
 			}
-			d->frame_offset = d->offset;
+			if (d->hdr_len == 0)
+				d->frame_offset = d->offset;
 			if (d->hdr_len == 0 && avail >= TAP_FRAME_HEADER_SIZE) {
 				if ((rc = check_header(d, in)) < 0)
 					return fail(d, rc, d->frame_offset);
@@ -275,4 +282,28 @@ ssize_t tap_frame_feed(struct tap_frame_dec *d, const uint8_t *buf, size_t len, 
 		}
 	}
 	return (ssize_t)pos;
+}
+
+ssize_t tap_frame_feed(struct tap_frame_dec *d, const uint8_t *buf, size_t len, struct tap_frame_ev *ev)
+{
+	/* Fast path: a whole method, header or body frame at the start of buf (§4.2.3). */
+	if (d->state == TAP_FRAME_ST_HEADER && d->hdr_len == 0 && len >= TAP_FRAME_OVERHEAD && d->offset != 0) {
+		uint8_t type = buf[0];
+		uint32_t size = tap_be32(buf + 3);
+		if (type >= TAP_FRAME_METHOD && type <= TAP_FRAME_BODY && size <= len - TAP_FRAME_OVERHEAD &&
+		    size <= max_payload(d) && buf[TAP_FRAME_HEADER_SIZE + size] == TAP_FRAME_END) {
+			static const enum tap_frame_ev_kind kinds[4] = {TAP_EV_NONE, TAP_EV_METHOD, TAP_EV_HEADER, TAP_EV_BODY};
+			ev->kind = kinds[type];
+			ev->channel = d->channel = tap_be16(buf + 1);
+			ev->type = d->type = type;
+			ev->size = d->size = size;
+			ev->offset = d->frame_offset = d->offset;
+			ev->data = buf + TAP_FRAME_HEADER_SIZE;
+			ev->len = size;
+			ev->frame_end = true;
+			d->offset += (size_t)TAP_FRAME_OVERHEAD + size;
+			return (ssize_t)(TAP_FRAME_OVERHEAD + size);
+		}
+	}
+	return feed_slow(d, buf, len, ev);
 }

@@ -420,6 +420,13 @@ void tap_out_line(struct tap_out *o, const char *data, size_t len)
 		tap_out_flush(o);
 }
 
+void tap_out_write(struct tap_out *o, const void *data, size_t len)
+{
+	tap_buf_append(&o->pending, data, len);
+	if (o->pending.len >= TAP_OUT_FLUSH_BYTES || o->pending.oom)
+		tap_out_flush(o);
+}
+
 int tap_out_reopen(struct tap_out *o)
 {
 	int rc = tap_out_flush(o);

@@ -302,42 +302,37 @@ const struct tap_method_def tap_spec_methods[TAP_SPEC_NUM_METHODS] = {
 	{TAP_TX_ROLLBACK_OK, 90, 31, "tx.rollback-ok", false, 0, NULL},
 };
 
-static const struct {
-	uint16_t id;
-	uint8_t first, count;
-	const char *name;
-} classes[] = {
-	{10, 0, 14, "connection"},
-	{20, 14, 6, "channel"},
-	{40, 20, 8, "exchange"},
-	{50, 28, 10, "queue"},
-	{60, 38, 18, "basic"},
-	{85, 56, 2, "confirm"},
-	{90, 58, 6, "tx"},
+static const char *const class_names[TAP_SPEC_NUM_CLASSES] = {
+	"connection", "channel", "exchange", "queue", "basic", "confirm", "tx",
 };
 
-static int class_find(uint16_t class_id)
-{
-	for (unsigned i = 0; i < sizeof classes / sizeof classes[0]; i++)
-		if (classes[i].id == class_id)
-			return (int)i;
-	return -1;
-}
+static const uint8_t class_slot[91] = {[10] = 1, [20] = 2, [40] = 3, [50] = 4, [60] = 5, [85] = 6, [90] = 7};
+
+static const uint8_t method_slot[TAP_SPEC_NUM_CLASSES][121] = {
+	{[10] = 1, [11] = 2, [20] = 3, [21] = 4, [30] = 5, [31] = 6, [40] = 7, [41] = 8,
+	 [50] = 9, [51] = 10, [60] = 11, [61] = 12, [70] = 13, [71] = 14},
+	{[10] = 15, [11] = 16, [20] = 17, [21] = 18, [40] = 19, [41] = 20},
+	{[10] = 21, [11] = 22, [20] = 23, [21] = 24, [30] = 25, [31] = 26, [40] = 27, [51] = 28},
+	{[10] = 29, [11] = 30, [20] = 31, [21] = 32, [30] = 33, [31] = 34, [40] = 35, [41] = 36,
+	 [50] = 37, [51] = 38},
+	{[10] = 39, [11] = 40, [20] = 41, [21] = 42, [30] = 43, [31] = 44, [40] = 45, [50] = 46,
+	 [60] = 47, [70] = 48, [71] = 49, [72] = 50, [80] = 51, [90] = 52, [100] = 53, [110] = 54,
+	 [111] = 55, [120] = 56},
+	{[10] = 57, [11] = 58},
+	{[10] = 59, [11] = 60, [20] = 61, [21] = 62, [30] = 63, [31] = 64},
+};
 
 const struct tap_method_def *tap_spec_method(uint16_t class_id, uint16_t method_id)
 {
-	int c = class_find(class_id);
-	if (c < 0)
+	if (class_id >= sizeof class_slot || method_id >= sizeof method_slot[0] || !class_slot[class_id])
 		return NULL;
-	const struct tap_method_def *m = &tap_spec_methods[classes[c].first];
-	for (unsigned i = 0; i < classes[c].count; i++)
-		if (m[i].method_id == method_id)
-			return &m[i];
-	return NULL;
+	uint8_t k = method_slot[class_slot[class_id] - 1][method_id];
+	return k ? &tap_spec_methods[k - 1] : NULL;
 }
 
 const char *tap_spec_class_name(uint16_t class_id)
 {
-	int c = class_find(class_id);
-	return c < 0 ? NULL : classes[c].name;
+	if (class_id >= sizeof class_slot || !class_slot[class_id])
+		return NULL;
+	return class_names[class_slot[class_id] - 1];
 }

@@ -73,7 +73,7 @@ static uint64_t hist_quantile(const struct trk_hist *h, double q)
 
 /* ---- per-connection intern table of (exchange, routing key) pairs and reply texts ---- */
 
-enum { KEY_ROUTE = 0, KEY_TEXT = 1 };
+enum { KEY_ROUTE = 0, KEY_TEXT = 1, KEY_EXTRA = 2 };
 
 struct trk_key {
 	uint8_t *data; /* a bytes then b bytes; NULL: slot free */
@@ -108,7 +108,7 @@ static uint32_t key_hash(uint8_t kind, const uint8_t *a, size_t alen, const uint
 }
 
 static bool key_eq(const struct trk_key *k, uint32_t hash, uint8_t kind, const uint8_t *a, size_t alen,
-		   const uint8_t *b, size_t blen)
+                   const uint8_t *b, size_t blen)
 {
 	return k->data && k->hash == hash && k->kind == kind && k->alen == alen && k->blen == blen &&
 	       (alen == 0 || memcmp(k->data, a, alen) == 0) && (blen == 0 || memcmp(k->data + alen, b, blen) == 0);
@@ -133,8 +133,8 @@ static bool intern_rehash(struct trk_intern *in, uint32_t cap)
 	return true;
 }
 
-static uint32_t intern_find(const struct trk_intern *in, uint32_t hash, uint8_t kind, const uint8_t *a,
-			    size_t alen, const uint8_t *b, size_t blen)
+static uint32_t intern_find(const struct trk_intern *in, uint32_t hash, uint8_t kind, const uint8_t *a, size_t alen,
+                            const uint8_t *b, size_t blen)
 {
 	if (!in->index_cap)
 		return NO_KEY;
@@ -149,7 +149,7 @@ static uint32_t intern_find(const struct trk_intern *in, uint32_t hash, uint8_t 
 }
 
 static uint32_t intern_lookup(const struct trk_intern *in, uint8_t kind, const uint8_t *a, size_t alen,
-			      const uint8_t *b, size_t blen)
+                              const uint8_t *b, size_t blen)
 {
 	return intern_find(in, key_hash(kind, a, alen, b, blen), kind, a, alen, b, blen);
 }
@@ -174,7 +174,7 @@ static void intern_sweep(struct trk_intern *in)
 
 /* Returns the id with one more reference, or NO_KEY when out of memory. Strings longer than 65535 are cut. */
 static uint32_t intern_get(struct trk_intern *in, uint8_t kind, const uint8_t *a, size_t alen, const uint8_t *b,
-			   size_t blen)
+                           size_t blen)
 {
 	if (alen > UINT16_MAX)
 		alen = UINT16_MAX;
@@ -213,8 +213,8 @@ static uint32_t intern_get(struct trk_intern *in, uint8_t kind, const uint8_t *a
 		memcpy(data + alen, b, blen);
 	id = in->n_free ? in->free_ids[--in->n_free] : in->n_keys++;
 	struct trk_key *k = &in->keys[id];
-	*k = (struct trk_key){.data = data, .hash = hash, .refs = 1, .alen = (uint16_t)alen, .blen = (uint16_t)blen,
-			      .kind = kind};
+	*k = (struct trk_key){
+	    .data = data, .hash = hash, .refs = 1, .alen = (uint16_t)alen, .blen = (uint16_t)blen, .kind = kind};
 	uint32_t s = hash & (in->index_cap - 1);
 	while (in->index[s])
 		s = (s + 1) & (in->index_cap - 1);
@@ -304,8 +304,8 @@ static uint64_t arena_alloc(struct trk_arena *a, uint64_t n)
 				return start;
 			}
 		}
-		/* growing keeps offsets, but a blob must not straddle the new end either: ask for enough room */
-		if (!arena_grow(a, (a->tail - a->head + n) * 2))
+		/* growing keeps offsets; room for n more covers the padding before a wrap */
+		if (!arena_grow(a, a->tail - a->head + 2 * n))
 			return UINT64_MAX;
 	}
 }
@@ -330,22 +330,25 @@ enum {
 	PF_MULTIPLE = 1 << 7,
 	PF_NACK = 1 << 8,
 	PF_BLOB_OOM = 1 << 9,
+	PF_HAS_TS = 1 << 10,
 };
 
-/* One outstanding publish. Strings: blob = message_id | correlation_id | pre-rendered optional JSON members. */
+/* One outstanding publish (64 bytes). Its blob in the channel arena: [timestamp, 8 bytes, when present] then
+ * message_id then correlation_id. Repeating strings are interned per connection. */
 struct trk_pub {
 	int64_t t_pub, t_ret, t_ack;
 	uint64_t body_size;
 	uint64_t blob;
-	uint32_t extra_len;
 	uint32_t key;   /* KEY_ROUTE id */
 	uint32_t reply; /* KEY_TEXT id of the Return's reply text */
+	uint32_t extra; /* KEY_EXTRA id of the pre-rendered optional members, or NO_KEY */
 	uint16_t reply_code;
 	uint16_t flags;
 	uint8_t mid_len, cid_len;
 	uint8_t state;
 	uint8_t delivery_mode;
 };
+_Static_assert(sizeof(struct trk_pub) == 64, "keep outstanding publishes compact");
 
 struct trk_fifo {
 	uint64_t *v;
@@ -404,6 +407,7 @@ struct tap_track_conn {
 	struct trk_intern keys;
 	struct trk_counts counts;
 	struct trk_hist hist;
+	struct tap_buf prefix; /* "conn":..,"client":..,"vhost":..,"user":.. of publish records; empty: stale */
 };
 
 struct tap_track {
@@ -415,6 +419,8 @@ struct tap_track {
 	struct tap_track_stats st;
 	struct trk_counts closed_counts; /* of connections already ended */
 	struct trk_hist hist;
+	int64_t ts_sec; /* second of ts_str, INT64_MIN: none */
+	char ts_str[32];
 };
 
 /* ---- small helpers ---- */
@@ -485,13 +491,60 @@ static void str_or_null(struct tap_json *j, const char *key, const char *s)
 		tap_json_kv_null(j, key);
 }
 
+/* Integers and timestamps are formatted here rather than through printf: they are most of a publish record. */
+static void kv_u64(struct tap_json *j, const char *key, uint64_t v)
+{
+	char tmp[24], *end = tmp + sizeof tmp, *q = end;
+	do
+		*--q = (char)('0' + v % 10);
+	while (v /= 10);
+	tap_json_key(j, key);
+	tap_json_raw(j, q, (size_t)(end - q));
+}
+
+static void kv_i64(struct tap_json *j, const char *key, int64_t v)
+{
+	if (v >= 0) {
+		kv_u64(j, key, (uint64_t)v);
+		return;
+	}
+	tap_json_kv_int(j, key, v);
+}
+
+/* "ts" as tap_json_kv_ts writes it; the date part is formatted once per second. */
+static void kv_ts(struct tap_track *t, struct tap_json *j, int64_t now_us)
+{
+	int64_t sec = now_us / 1000000, us = now_us % 1000000;
+	if (us < 0) {
+		us += 1000000;
+		sec--;
+	}
+	if (sec != t->ts_sec) {
+		tap_format_ts(t->ts_str, sec * 1000000);
+		t->ts_sec = sec;
+	}
+	char q[34];
+	size_t len = strlen(t->ts_str);
+	if (len != 27 || t->ts_str[19] != '.') {
+		tap_json_kv_ts(j, "ts", now_us);
+		return;
+	}
+	q[0] = '"';
+	memcpy(q + 1, t->ts_str, len);
+	for (int i = 6; i > 0; i--, us /= 10)
+		q[20 + i] = (char)('0' + us % 10);
+	q[len + 1] = '"';
+	tap_json_key(j, "ts");
+	tap_json_raw(j, q, len + 2);
+}
+
 static void rec_begin(struct tap_track *t, struct tap_json *j, const char *type, int64_t now_us)
 {
 	tap_buf_reset(&t->rec);
 	tap_json_init(j, &t->rec);
 	tap_json_obj_begin(j);
 	tap_json_kv_str(j, "type", type);
-	tap_json_kv_ts(j, "ts", now_us);
+	kv_ts(t, j, now_us);
 }
 
 static void rec_end(struct tap_track *t, struct tap_json *j)
@@ -518,7 +571,7 @@ static void write_reason(struct tap_json *j, const struct trk_reason *r)
 }
 
 static void write_warning(struct tap_track_conn *c, uint16_t ch, const char *rule, bool has_seq, uint64_t seq,
-			  int64_t now_us)
+                          int64_t now_us)
 {
 	struct tap_track *t = c->t;
 	struct tap_json j;
@@ -543,9 +596,9 @@ static const char *const confirm_names[] = {"ack", "nack", "none", "unknown"};
 struct trk_view {
 	const uint8_t *x, *rk, *mid, *cid, *extra;
 	size_t xlen, rklen, mid_len, cid_len, extra_len;
-	bool mandatory, has_mid, has_cid, has_dm, confirm_mode, tx;
+	bool mandatory, has_mid, has_cid, has_dm, has_ts, confirm_mode, tx;
 	uint8_t dm;
-	uint64_t body_size, seq;
+	uint64_t body_size, seq, timestamp;
 	int64_t t_pub;
 };
 
@@ -560,19 +613,26 @@ struct trk_verdict {
 	const struct trk_reason *reason;
 };
 
-static void write_publish(struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
-			  const struct trk_verdict *vd, int64_t now_us)
+static void write_publish(struct tap_track_conn *c, uint16_t ch, const struct trk_view *v, const struct trk_verdict *vd,
+                          int64_t now_us)
 {
 	struct tap_track *t = c->t;
 	struct tap_json j;
 	rec_begin(t, &j, "publish", now_us);
-	tap_json_kv_uint(&j, "conn", c->id);
-	str_or_null(&j, "client", c->client);
-	str_or_null(&j, "vhost", c->vhost);
-	str_or_null(&j, "user", c->user);
-	tap_json_kv_uint(&j, "channel", ch);
+	if (!c->prefix.len) {
+		struct tap_json pj;
+		tap_json_init(&pj, &c->prefix);
+		tap_json_obj_begin(&pj);
+		kv_u64(&pj, "conn", c->id);
+		str_or_null(&pj, "client", c->client);
+		str_or_null(&pj, "vhost", c->vhost);
+		str_or_null(&pj, "user", c->user);
+	}
+	if (c->prefix.len > 1 && !c->prefix.oom)
+		tap_json_raw(&j, c->prefix.data + 1, c->prefix.len - 1);
+	kv_u64(&j, "channel", ch);
 	if (v->confirm_mode)
-		tap_json_kv_uint(&j, "seq", v->seq);
+		kv_u64(&j, "seq", v->seq);
 	else
 		tap_json_kv_null(&j, "seq");
 	tap_json_kv_strn(&j, "exchange", v->x, v->xlen);
@@ -587,21 +647,23 @@ static void write_publish(struct tap_track_conn *c, uint16_t ch, const struct tr
 	else
 		tap_json_kv_null(&j, "correlation_id");
 	if (v->has_dm)
-		tap_json_kv_uint(&j, "delivery_mode", v->dm);
+		kv_u64(&j, "delivery_mode", v->dm);
 	else
 		tap_json_kv_null(&j, "delivery_mode");
 	if (v->extra_len)
 		tap_json_raw(&j, (const char *)v->extra, v->extra_len);
-	tap_json_kv_uint(&j, "body_size", v->body_size);
+	if (v->has_ts)
+		kv_u64(&j, "timestamp", v->timestamp);
+	kv_u64(&j, "body_size", v->body_size);
 	tap_json_kv_str(&j, "route", route_names[vd->route]);
 	if (vd->route == ROUTE_RETURNED) {
-		tap_json_kv_uint(&j, "reply_code", vd->reply_code);
+		kv_u64(&j, "reply_code", vd->reply_code);
 		tap_json_kv_strn(&j, "reply_text", vd->reply_text, vd->reply_text_len);
-		tap_json_kv_int(&j, "return_us", vd->t_ret - v->t_pub);
+		kv_i64(&j, "return_us", vd->t_ret - v->t_pub);
 	}
 	tap_json_kv_str(&j, "confirm", confirm_names[vd->confirm]);
 	if (vd->confirm == CONF_ACK || vd->confirm == CONF_NACK) {
-		tap_json_kv_int(&j, "confirm_us", vd->t_ack - v->t_pub);
+		kv_i64(&j, "confirm_us", vd->t_ack - v->t_pub);
 		tap_json_kv_bool(&j, "multiple", vd->multiple);
 	}
 	if (vd->route == ROUTE_RETURNED && (vd->confirm == CONF_ACK || vd->confirm == CONF_NACK))
@@ -657,7 +719,7 @@ static void write_publish(struct tap_track_conn *c, uint16_t ch, const struct tr
 }
 
 /* Optional members rendered once at publish time: content_type, message_type (the AMQP `type` property; the
- * record's own "type" key is taken), app_id, timestamp, headers (the keys of the headers table). */
+ * record's own "type" key is taken), app_id, headers (the keys of the headers table). */
 static void render_extra(struct tap_buf *b, const struct tap_publish *p)
 {
 	struct tap_json j;
@@ -670,8 +732,6 @@ static void render_extra(struct tap_buf *b, const struct tap_publish *p)
 		tap_json_kv_strn(&j, "message_type", p->type.ptr, p->type.len);
 	if (p->app_id.len)
 		tap_json_kv_strn(&j, "app_id", p->app_id.ptr, p->app_id.len);
-	if (p->has_timestamp)
-		tap_json_kv_uint(&j, "timestamp", p->timestamp);
 	if (p->n_header_keys) {
 		tap_json_key(&j, "headers");
 		tap_json_arr_begin(&j);
@@ -688,22 +748,24 @@ static void render_extra(struct tap_buf *b, const struct tap_publish *p)
 static void view_of_publish(struct trk_view *v, const struct tap_publish *p, const struct tap_buf *extra)
 {
 	*v = (struct trk_view){
-		.x = p->exchange.ptr,
-		.xlen = p->exchange.len,
-		.rk = p->routing_key.ptr,
-		.rklen = p->routing_key.len,
-		.mid = p->message_id.ptr,
-		.mid_len = p->message_id.len,
-		.cid = p->correlation_id.ptr,
-		.cid_len = p->correlation_id.len,
-		.extra = (const uint8_t *)extra->data,
-		.extra_len = extra->len,
-		.mandatory = p->mandatory,
-		.has_mid = p->has_message_id,
-		.has_cid = p->has_correlation_id,
-		.has_dm = p->has_delivery_mode,
-		.dm = p->delivery_mode,
-		.body_size = p->body_size,
+	    .x = p->exchange.ptr,
+	    .xlen = p->exchange.len,
+	    .rk = p->routing_key.ptr,
+	    .rklen = p->routing_key.len,
+	    .mid = p->message_id.ptr,
+	    .mid_len = p->message_id.len,
+	    .cid = p->correlation_id.ptr,
+	    .cid_len = p->correlation_id.len,
+	    .extra = (const uint8_t *)extra->data,
+	    .extra_len = extra->len,
+	    .mandatory = p->mandatory,
+	    .has_mid = p->has_message_id,
+	    .has_cid = p->has_correlation_id,
+	    .has_dm = p->has_delivery_mode,
+	    .has_ts = p->has_timestamp,
+	    .dm = p->delivery_mode,
+	    .body_size = p->body_size,
+	    .timestamp = p->timestamp,
 	};
 }
 
@@ -711,28 +773,36 @@ static void view_of_slot(struct trk_view *v, struct tap_track_conn *c, struct tr
 {
 	const struct trk_pub *e = slot(ch, n);
 	const struct trk_key *k = e->key != NO_KEY ? &c->keys.keys[e->key] : NULL;
+	const struct trk_key *x = e->extra != NO_KEY ? &c->keys.keys[e->extra] : NULL;
 	const uint8_t *blob = (e->flags & PF_BLOB_OOM) || !ch->arena.cap ? NULL : arena_ptr(&ch->arena, e->blob);
+	uint64_t ts = 0;
+	if (blob && (e->flags & PF_HAS_TS)) {
+		memcpy(&ts, blob, sizeof ts);
+		blob += sizeof ts;
+	}
 	*v = (struct trk_view){
-		.x = k ? k->data : NULL,
-		.xlen = k ? k->alen : 0,
-		.rk = k ? k->data + k->alen : NULL,
-		.rklen = k ? k->blen : 0,
-		.mid = blob,
-		.mid_len = blob ? e->mid_len : 0,
-		.cid = blob ? blob + e->mid_len : NULL,
-		.cid_len = blob ? e->cid_len : 0,
-		.extra = blob ? blob + e->mid_len + e->cid_len : NULL,
-		.extra_len = blob ? e->extra_len : 0,
-		.mandatory = e->flags & PF_MANDATORY,
-		.has_mid = e->flags & PF_HAS_MID,
-		.has_cid = e->flags & PF_HAS_CID,
-		.has_dm = e->flags & PF_HAS_DM,
-		.confirm_mode = e->flags & PF_CONFIRM,
-		.tx = e->flags & PF_TX,
-		.dm = e->delivery_mode,
-		.body_size = e->body_size,
-		.seq = n - ch->sel_off,
-		.t_pub = e->t_pub,
+	    .x = k ? k->data : NULL,
+	    .xlen = k ? k->alen : 0,
+	    .rk = k ? k->data + k->alen : NULL,
+	    .rklen = k ? k->blen : 0,
+	    .mid = blob,
+	    .mid_len = blob ? e->mid_len : 0,
+	    .cid = blob ? blob + e->mid_len : NULL,
+	    .cid_len = blob ? e->cid_len : 0,
+	    .extra = x ? x->data : NULL,
+	    .extra_len = x ? x->alen : 0,
+	    .mandatory = e->flags & PF_MANDATORY,
+	    .has_mid = e->flags & PF_HAS_MID,
+	    .has_cid = e->flags & PF_HAS_CID,
+	    .has_dm = e->flags & PF_HAS_DM,
+	    .has_ts = blob && (e->flags & PF_HAS_TS),
+	    .timestamp = ts,
+	    .confirm_mode = e->flags & PF_CONFIRM,
+	    .tx = e->flags & PF_TX,
+	    .dm = e->delivery_mode,
+	    .body_size = e->body_size,
+	    .seq = n - ch->sel_off,
+	    .t_pub = e->t_pub,
 	};
 }
 
@@ -826,6 +896,7 @@ static void slot_done(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n)
 		c->t->st.held--;
 	e->state = PUB_DONE;
 	intern_put(&c->keys, e->key);
+	intern_put(&c->keys, e->extra);
 	if (e->flags & PF_RETURNED)
 		intern_put(&c->keys, e->reply);
 	ch->live--;
@@ -856,7 +927,7 @@ static void reply_of_slot(const struct tap_track_conn *c, const struct trk_pub *
 
 /* Writes the record of slot n and releases it. For a slot still waiting, `reason` says why it ends now. */
 static void slot_finish(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, const struct trk_reason *reason,
-			int64_t now_us)
+                        int64_t now_us)
 {
 	struct trk_pub *e = slot(ch, n);
 	struct trk_view v;
@@ -884,20 +955,20 @@ static void slot_finish(struct tap_track_conn *c, struct trk_chan *ch, uint64_t 
 static void chan_reason(const struct trk_chan *ch, struct trk_reason *r)
 {
 	*r = (struct trk_reason){.by = ch->close_by_broker ? "broker" : "client",
-				 .has_code = true,
-				 .code = ch->close_code,
-				 .text = (const uint8_t *)ch->close_text,
-				 .text_len = ch->close_text_len};
+	                         .has_code = true,
+	                         .code = ch->close_code,
+	                         .text = (const uint8_t *)ch->close_text,
+	                         .text_len = ch->close_text_len};
 }
 
 static void conn_reason(const struct tap_track_conn *c, const char *reason_by, struct trk_reason *r)
 {
 	if (c->closed)
 		*r = (struct trk_reason){.by = c->close_by_broker ? "broker" : "client",
-					 .has_code = true,
-					 .code = c->close_code,
-					 .text = (const uint8_t *)c->close_text,
-					 .text_len = c->close_text_len};
+		                         .has_code = true,
+		                         .code = c->close_code,
+		                         .text = (const uint8_t *)c->close_text,
+		                         .text_len = c->close_text_len};
 	else
 		*r = (struct trk_reason){.by = reason_by ? reason_by : "eof"};
 }
@@ -968,6 +1039,7 @@ struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emi
 		t->conf.max_outstanding = TAP_TRACK_MAX_OUTSTANDING_DEFAULT;
 	t->emit = emit;
 	t->ctx = ctx;
+	t->ts_sec = INT64_MIN;
 	tap_buf_init(&t->rec);
 	tap_buf_init(&t->scratch);
 	return t;
@@ -999,6 +1071,7 @@ static void conn_free(struct tap_track_conn *c)
 		c->next->prev = c->prev;
 	t->st.connections_open--;
 	intern_deinit(&c->keys);
+	tap_buf_deinit(&c->prefix);
 	free(c->active);
 	free(c->client);
 	free(c->upstream);
@@ -1023,7 +1096,7 @@ void tap_track_free(struct tap_track *t)
 }
 
 struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id, const char *client_addr,
-					  const char *upstream_addr, int64_t now_us)
+                                          const char *upstream_addr, int64_t now_us)
 {
 	struct tap_track_conn *c = calloc(1, sizeof *c);
 	if (!c)
@@ -1043,7 +1116,7 @@ struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id,
 }
 
 void tap_track_conn_client_props(struct tap_track_conn *c, struct tap_slice product, struct tap_slice version,
-				 struct tap_slice platform)
+                                 struct tap_slice platform)
 {
 	if (product.ptr)
 		set_str(&c->product, product);
@@ -1056,6 +1129,7 @@ void tap_track_conn_client_props(struct tap_track_conn *c, struct tap_slice prod
 void tap_track_conn_user(struct tap_track_conn *c, struct tap_slice user)
 {
 	set_str(&c->user, user);
+	tap_buf_reset(&c->prefix);
 }
 
 void tap_track_conn_tune(struct tap_track_conn *c, uint16_t channel_max, uint32_t frame_max, uint16_t heartbeat)
@@ -1072,6 +1146,7 @@ void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64
 		return;
 	c->opened = true;
 	set_str(&c->vhost, vhost);
+	tap_buf_reset(&c->prefix);
 	struct tap_track *t = c->t;
 	struct tap_json j;
 	rec_begin(t, &j, "connection", now_us);
@@ -1114,7 +1189,7 @@ void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_s
 }
 
 void tap_track_conn_close(struct tap_track_conn *c, bool by_broker, uint16_t code, struct tap_slice text,
-			  int64_t now_us)
+                          int64_t now_us)
 {
 	(void)now_us;
 	if (c->closed)
@@ -1210,7 +1285,7 @@ void tap_track_tx_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 }
 
 void tap_track_channel_close(struct tap_track_conn *c, uint16_t id, bool by_broker, uint16_t code,
-			     struct tap_slice text, int64_t now_us)
+                             struct tap_slice text, int64_t now_us)
 {
 	(void)now_us;
 	struct trk_chan *ch = chan_get(c, id);
@@ -1259,19 +1334,29 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 	render_extra(&t->scratch, p);
 	bool confirm = ch && ch->mode == MODE_CONFIRM;
 	bool tx = ch && ch->mode == MODE_TX;
-
-	if (!ch || (!confirm && !p->mandatory) || !ring_reserve(ch)) {
+	/* a publish after a channel.close is dropped by the broker: it waits for close-ok like the others */
+	bool want = confirm || p->mandatory || (ch && ch->closing);
+	bool wait = want && ch;
+	struct trk_reason oom = {.by = "no_memory"};
+	if (wait) {
+		while (!ring_reserve(ch) && ch->base < ch->next) {
+			t->st.oom++;
+			slot_finish(c, ch, ch->base, &oom, now_us);
+		}
+		wait = ch->next - ch->base < ch->cap;
+	}
+	if (!wait) {
 		/* written at once: not in confirm mode and nothing to wait for, or no memory to wait */
 		struct trk_view v;
 		view_of_publish(&v, p, &t->scratch);
 		v.confirm_mode = confirm;
 		v.tx = tx;
-		v.seq = confirm ? ch->next - ch->sel_off : 0;
-		if (confirm)
-			ch->next++, ch->base = ch->base == ch->next - 1 ? ch->next : ch->base;
 		struct trk_verdict vd = {.route = ROUTE_UNPROVEN, .confirm = CONF_NONE};
-		struct trk_reason oom = {.by = "no_memory"};
-		if (confirm || (p->mandatory && ch)) {
+		if (confirm) {
+			v.seq = ch->next - ch->sel_off;
+			ch->base = ++ch->next; /* the ring is empty here */
+		}
+		if (want) {
 			vd.route = ROUTE_UNKNOWN;
 			vd.confirm = confirm ? CONF_UNKNOWN : CONF_NONE;
 			vd.reason = &oom;
@@ -1285,35 +1370,38 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 	struct trk_pub *e = slot(ch, n);
 	size_t mid_len = p->has_message_id ? (p->message_id.len > 255 ? 255 : p->message_id.len) : 0;
 	size_t cid_len = p->has_correlation_id ? (p->correlation_id.len > 255 ? 255 : p->correlation_id.len) : 0;
-	uint64_t blob_len = mid_len + cid_len + t->scratch.len;
+	size_t ts_len = p->has_timestamp ? sizeof p->timestamp : 0;
+	uint64_t blob_len = ts_len + mid_len + cid_len;
 	*e = (struct trk_pub){
-		.t_pub = now_us,
-		.body_size = p->body_size,
-		.extra_len = (uint32_t)t->scratch.len,
-		.reply = NO_KEY,
-		.mid_len = (uint8_t)mid_len,
-		.cid_len = (uint8_t)cid_len,
-		.state = PUB_WAIT,
-		.delivery_mode = p->delivery_mode,
+	    .t_pub = now_us,
+	    .body_size = p->body_size,
+	    .reply = NO_KEY,
+	    .extra = NO_KEY,
+	    .mid_len = (uint8_t)mid_len,
+	    .cid_len = (uint8_t)cid_len,
+	    .state = PUB_WAIT,
+	    .delivery_mode = p->delivery_mode,
 	};
 	e->flags = (p->mandatory ? PF_MANDATORY : 0) | (confirm ? PF_CONFIRM : 0) | (tx ? PF_TX : 0) |
-		   (p->has_message_id ? PF_HAS_MID : 0) | (p->has_correlation_id ? PF_HAS_CID : 0) |
-		   (p->has_delivery_mode ? PF_HAS_DM : 0);
+	           (p->has_message_id ? PF_HAS_MID : 0) | (p->has_correlation_id ? PF_HAS_CID : 0) |
+	           (p->has_delivery_mode ? PF_HAS_DM : 0) | (p->has_timestamp ? PF_HAS_TS : 0);
 	e->blob = arena_alloc(&ch->arena, blob_len);
 	if (e->blob == UINT64_MAX) {
 		e->flags |= PF_BLOB_OOM;
 		t->st.oom++;
 	} else if (blob_len) {
 		uint8_t *b = arena_ptr(&ch->arena, e->blob);
+		if (ts_len)
+			memcpy(b, &p->timestamp, ts_len);
 		if (mid_len)
-			memcpy(b, p->message_id.ptr, mid_len);
+			memcpy(b + ts_len, p->message_id.ptr, mid_len);
 		if (cid_len)
-			memcpy(b + mid_len, p->correlation_id.ptr, cid_len);
-		if (t->scratch.len)
-			memcpy(b + mid_len + cid_len, t->scratch.data, t->scratch.len);
+			memcpy(b + ts_len + mid_len, p->correlation_id.ptr, cid_len);
 	}
-	e->key = intern_get(&c->keys, KEY_ROUTE, p->exchange.ptr, p->exchange.len, p->routing_key.ptr,
-			    p->routing_key.len);
+	if (t->scratch.len)
+		e->extra = intern_get(&c->keys, KEY_EXTRA, (const uint8_t *)t->scratch.data, t->scratch.len, NULL, 0);
+	e->key =
+	    intern_get(&c->keys, KEY_ROUTE, p->exchange.ptr, p->exchange.len, p->routing_key.ptr, p->routing_key.len);
 	if (ch->live++ == 0) {
 		active_add(c, ch);
 		if (!(e->flags & PF_BLOB_OOM))
@@ -1321,7 +1409,7 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 	}
 	c->outstanding++;
 	t->st.outstanding++;
-	if (!confirm && !fifo_push(&ch->win_q, n))
+	if (!confirm && p->mandatory && !ch->closing && !fifo_push(&ch->win_q, n))
 		t->st.oom++; /* written when the channel ends instead of at the window's end */
 
 	if (c->outstanding > t->conf.max_outstanding)
@@ -1332,7 +1420,7 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 
 /* An ack or nack reached outstanding slot n. */
 static void slot_answer(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, bool multiple, bool nack,
-			int64_t now_us)
+                        int64_t now_us)
 {
 	struct tap_track *t = c->t;
 	struct trk_pub *e = slot(ch, n);
@@ -1366,8 +1454,7 @@ static void slot_answer(struct tap_track_conn *c, struct trk_chan *ch, uint64_t 
 	}
 }
 
-void tap_track_confirm(struct tap_track_conn *c, uint16_t id, uint64_t tag, bool multiple, bool nack,
-		       int64_t now_us)
+void tap_track_confirm(struct tap_track_conn *c, uint16_t id, uint64_t tag, bool multiple, bool nack, int64_t now_us)
 {
 	struct trk_chan *ch = chan_find(c, id);
 	if (!ch || ch->mode != MODE_CONFIRM || (tag == 0 && !multiple) || tag > UINT64_MAX - ch->sel_off) {
@@ -1381,7 +1468,11 @@ void tap_track_confirm(struct tap_track_conn *c, uint16_t id, uint64_t tag, bool
 	if (hi >= ch->next)
 		hi = ch->next - 1;
 	uint64_t answered = 0;
-	for (uint64_t n = lo; n <= hi && n >= ch->base && n < ch->next; n++) {
+	for (uint64_t n = lo; n <= hi; n++) {
+		if (n < ch->base)
+			n = ch->base; /* answering the head moved it past slots answered earlier */
+		if (n > hi || n >= ch->next)
+			break;
 		struct trk_pub *e = slot(ch, n);
 		if (e->state != PUB_WAIT || !(e->flags & PF_CONFIRM))
 			continue;
@@ -1392,8 +1483,7 @@ void tap_track_confirm(struct tap_track_conn *c, uint16_t id, uint64_t tag, bool
 		c->t->st.stray_confirms++;
 }
 
-static void write_unmatched_return(struct tap_track_conn *c, uint16_t ch, const struct tap_return *r,
-				   int64_t now_us)
+static void write_unmatched_return(struct tap_track_conn *c, uint16_t ch, const struct tap_return *r, int64_t now_us)
 {
 	struct tap_track *t = c->t;
 	struct tap_json j;
@@ -1421,7 +1511,7 @@ void tap_track_return(struct tap_track_conn *c, uint16_t id, const struct tap_re
 	uint32_t key = NO_KEY;
 	if (ch && ch->live)
 		key = intern_lookup(&c->keys, KEY_ROUTE, r->exchange.ptr, r->exchange.len, r->routing_key.ptr,
-				    r->routing_key.len);
+		                    r->routing_key.len);
 	uint64_t n = 0;
 	bool found = false;
 	if (key != NO_KEY) {
@@ -1432,7 +1522,8 @@ void tap_track_return(struct tap_track_conn *c, uint16_t id, const struct tap_re
 				continue;
 			if (r->has_message_id &&
 			    (!(e->flags & PF_HAS_MID) || (e->flags & PF_BLOB_OOM) || e->mid_len != r->message_id.len ||
-			     (e->mid_len && memcmp(arena_ptr(&ch->arena, e->blob), r->message_id.ptr, e->mid_len))))
+			     (e->mid_len && memcmp(arena_ptr(&ch->arena, e->blob) + ((e->flags & PF_HAS_TS) ? 8 : 0),
+			                           r->message_id.ptr, e->mid_len))))
 				continue;
 			found = true;
 			break;
@@ -1543,18 +1634,18 @@ void tap_track_shutdown(struct tap_track *t, int64_t now_us)
 static void summary_line(struct tap_buf *out, const struct trk_counts *k, const struct trk_hist *h)
 {
 	tap_buf_printf(out,
-		       " publishes=%" PRIu64 " routed=%" PRIu64 " returned=%" PRIu64 " unproven=%" PRIu64
-		       " unknown=%" PRIu64 " acked=%" PRIu64 " nacked=%" PRIu64,
-		       k->publishes, k->routed, k->returned, k->unproven, k->unknown, k->acked, k->nacked);
+	               " publishes=%" PRIu64 " routed=%" PRIu64 " returned=%" PRIu64 " unproven=%" PRIu64
+	               " unknown=%" PRIu64 " acked=%" PRIu64 " nacked=%" PRIu64,
+	               k->publishes, k->routed, k->returned, k->unproven, k->unknown, k->acked, k->nacked);
 	tap_buf_printf(out, " confirm_us p50=%" PRIu64 " p99=%" PRIu64 " max=%" PRIu64 "\n", hist_quantile(h, 0.5),
-		       hist_quantile(h, 0.99), h->max);
+	               hist_quantile(h, 0.99), h->max);
 }
 
 void tap_track_summary(struct tap_track *t, struct tap_buf *out)
 {
 	struct trk_counts total = t->closed_counts;
 	tap_buf_printf(out, "amqptap summary: %" PRIu64 " connections open, %" PRIu64 " in total\n",
-		       t->st.connections_open, t->st.connections_total);
+	               t->st.connections_open, t->st.connections_total);
 	for (struct tap_track_conn *c = t->conns; c; c = c->next) {
 		tap_buf_printf(out, "conn %" PRIu64 " %s", c->id, c->client ? c->client : "-");
 		tap_buf_printf(out, " outstanding=%" PRIu64, c->outstanding);

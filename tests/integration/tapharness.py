@@ -325,7 +325,10 @@ class _CountingResult(unittest.TextTestResult):
 
 def main():
     """unittest main for one test file: verbose run, a final "N passed, M failed" line, exit 1 on failure."""
-    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules["__main__"])
+    module = sys.modules["__main__"]
+    names = sys.argv[1:]
+    loader = unittest.defaultTestLoader
+    suite = loader.loadTestsFromNames(names, module) if names else loader.loadTestsFromModule(module)
     runner = unittest.TextTestRunner(verbosity=2, stream=sys.stdout, resultclass=_CountingResult)
     result = runner.run(suite)
     failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)

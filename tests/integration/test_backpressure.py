@@ -111,7 +111,7 @@ class BackpressureTest(TapTestCase):
         baseline = rss_kb(tap.pid)
         sampler = Sampler(tap.pid)
         sampler.start()
-        c = tap.connect(timeout=120)
+        c = tap.connect(timeout=30)
         writer = Writer(c)
         writer.start()
         stalled_at = self.wait_stalled(writer)
@@ -126,6 +126,9 @@ class BackpressureTest(TapTestCase):
 
         def handler(conn, _idx):
             conn.settimeout(120)
+            # Read the client's "go" first: closing a socket with unread input sends RST, which would
+            # discard what is still in flight towards the client.
+            self.assertEqual(conn.recv(2), b"go")
             w = Writer(conn)
             writers.append(w)
             w.run()
@@ -136,7 +139,7 @@ class BackpressureTest(TapTestCase):
         baseline = rss_kb(tap.pid)
         sampler = Sampler(tap.pid)
         sampler.start()
-        c = tap.connect(timeout=120)
+        c = tap.connect(timeout=30)
         c.sendall(b"go")
         for _ in range(500):
             if writers:
@@ -144,7 +147,11 @@ class BackpressureTest(TapTestCase):
             time.sleep(0.01)
         self.assertTrue(writers, "the peer got no connection")
         stalled_at = self.wait_stalled(writers[0])
-        result = read_all(c, TOTAL)
+        try:
+            result = read_all(c, TOTAL)
+        except OSError as e:
+            self.fail(f"reading from the tap failed ({e}); peer writer sent {writers[0].sent} bytes, "
+                      f"error {writers[0].error!r}")
         peer.join(120)
         c.close()
         self.check("broker->client", tap, baseline, sampler, stalled_at, writers[0], result)

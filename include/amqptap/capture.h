@@ -1,0 +1,87 @@
+/* Capture reader: classic pcap (both byte orders, µs and ns) and pcapng files, Ethernet/raw IP/Linux cooked/BSD
+ * loopback link layers, IPv4 and IPv6, and TCP reassembly into ordered byte streams per direction for the
+ * connections of one server port. Pure core: reads a file or a memory buffer, never a socket or the clock. */
+#ifndef AMQPTAP_CAPTURE_H
+#define AMQPTAP_CAPTURE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Link types (https://www.tcpdump.org/linktypes.html) the reader understands. */
+#define TAP_CAPTURE_LINK_NULL 0
+#define TAP_CAPTURE_LINK_ETHERNET 1
+#define TAP_CAPTURE_LINK_RAW 101
+#define TAP_CAPTURE_LINK_LOOP 108
+#define TAP_CAPTURE_LINK_LINUX_SLL 113
+#define TAP_CAPTURE_LINK_IPV4 228
+#define TAP_CAPTURE_LINK_IPV6 229
+#define TAP_CAPTURE_LINK_LINUX_SLL2 276
+
+/* Bounds: a block or record larger than this is a corrupt file; out-of-order data buffered per direction. */
+#define TAP_CAPTURE_MAX_BLOCK (16u << 20)
+#define TAP_CAPTURE_MAX_OOO_BYTES (4u << 20)
+#define TAP_CAPTURE_MAX_OOO_SEGS 4096u
+
+/* How a stream ended. */
+enum tap_capture_end {
+	TAP_CAPTURE_END_CLIENT_FIN,  /* the client sent the first FIN; the stream ended at the second FIN, at a RST
+					after the FIN, or at the end of the capture */
+	TAP_CAPTURE_END_SERVER_FIN,
+	TAP_CAPTURE_END_CLIENT_RST,  /* a RST before any FIN */
+	TAP_CAPTURE_END_SERVER_RST,
+	TAP_CAPTURE_END_CAPTURE,     /* still open at the end of the capture (or at a read error) */
+};
+
+/* Callbacks of tap_capture_run; any may be NULL. `ctx` is passed to each, `user` is what open returned for the
+ * stream. Address text is "ip:port" or "[v6]:port", valid only during the call. Data slices are valid only during
+ * the call and arrive in order per direction, each byte once; ts_us is the Unix time (µs) of the packet that made
+ * them deliverable. */
+struct tap_capture_cb {
+	void *ctx;
+	/* Every packet of the capture, before anything it delivers (lets a caller advance its clock). */
+	void (*packet)(void *ctx, int64_t ts_us);
+	/* A new stream (stream numbers count from 1). midstream: no SYN was seen, so the bytes start wherever the
+	 * capture started, possibly inside a frame. */
+	void *(*open)(void *ctx, uint64_t stream, const char *client, const char *server, bool midstream,
+		      int64_t ts_us);
+	void (*data)(void *ctx, void *user, bool c2s, const uint8_t *data, size_t len, int64_t ts_us);
+	/* Bytes of one direction were lost (out-of-order buffer bound exceeded): later data follows a hole. */
+	void (*gap)(void *ctx, void *user, bool c2s, uint64_t missing, int64_t ts_us);
+	/* The stream is over; user is not used again. */
+	void (*close)(void *ctx, void *user, enum tap_capture_end how, int64_t ts_us);
+};
+
+struct tap_capture_stats {
+	uint64_t packets;       /* records/EPBs read */
+	uint64_t tcp_packets;   /* TCP segments of the chosen port */
+	uint64_t skipped;       /* packets not parsed: other link types, non-IP, non-TCP, fragments, truncated */
+	uint64_t streams;
+	uint64_t bytes;         /* stream bytes delivered */
+	uint64_t retransmitted; /* segments (or parts) dropped as already delivered */
+	uint64_t out_of_order;  /* segments buffered ahead of a hole */
+	uint64_t gaps;          /* holes given up on */
+	uint64_t file_bytes;    /* bytes of the file consumed */
+};
+
+struct tap_capture;
+
+/* Opens a capture file and reads its header. Returns 0 or a negative status (TAP_E_IO, TAP_E_BAD_CAPTURE,
+ * TAP_E_NOMEM) with a message in err. */
+int tap_capture_open(struct tap_capture **c, const char *path, char *err, size_t cap);
+/* The same over a memory buffer, borrowed until tap_capture_free; name is used in messages. */
+int tap_capture_open_mem(struct tap_capture **c, const void *data, size_t len, const char *name, char *err,
+			 size_t cap);
+void tap_capture_free(struct tap_capture *c);
+
+/* Reads the whole capture, reassembling the TCP streams whose server port is `port` (the side with that port is
+ * the broker; when both have it, the side that received the SYN, else the destination of the first segment).
+ * Out-of-order segments are buffered (bounded), retransmissions and overlaps dropped. Streams end at RST, at the
+ * second FIN, or at the end of the capture. Returns 0, or a negative status (TAP_E_BAD_CAPTURE with the file
+ * offset in err, TAP_E_IO, TAP_E_NOMEM) after delivering everything before the fault and closing every open
+ * stream. Call once per tap_capture. */
+int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_capture_cb *cb, char *err, size_t cap);
+
+void tap_capture_get_stats(const struct tap_capture *c, struct tap_capture_stats *s);
+
+#endif

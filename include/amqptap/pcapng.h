@@ -1,0 +1,36 @@
+/* pcapng writer for --pcap: the plaintext AMQP byte stream of every connection as synthetic Ethernet + IPv4/IPv6
+ * + TCP packets between the real client and broker addresses, with valid checksums and TCP sequence numbers, so
+ * Wireshark and tshark follow the streams (draft-ietf-opsawg-pcapng §4.1 SHB, §4.2 IDB, §4.3 EPB). */
+#ifndef AMQPTAP_PCAPNG_H
+#define AMQPTAP_PCAPNG_H
+
+#include "amqptap/jsonl.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* TCP payload per packet: larger chunks are split so every packet fits an IPv4/IPv6 length field. */
+#define TAP_PCAPNG_MAX_SEGMENT 65000u
+
+struct tap_pcapng;
+struct tap_pcapng_conn;
+
+/* Writes the Section Header Block and one Interface Description Block (LINKTYPE_ETHERNET, if_tsresol 6) to out,
+ * which stays owned by the caller and must outlive the writer. Every block is appended whole to out, so a file cut
+ * at a flush is readable up to its last block. Returns NULL when out of memory. */
+struct tap_pcapng *tap_pcapng_new(struct tap_out *out);
+/* Does not free the connections still open. */
+void tap_pcapng_free(struct tap_pcapng *p);
+
+/* One synthetic TCP connection: SYN, SYN-ACK, ACK at ts_us. Addresses are "ip:port" or "[v6]:port"; text that is
+ * not a numeric address is written as 192.0.2.1 (client) / 192.0.2.2 (server); a v4/v6 mix uses IPv4-mapped IPv6.
+ * Returns NULL when out of memory; the other calls accept NULL and do nothing. */
+struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *client, const char *server,
+					     int64_t ts_us);
+/* One packet per call (several when len > TAP_PCAPNG_MAX_SEGMENT); len 0 writes nothing. */
+void tap_pcapng_conn_data(struct tap_pcapng_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t ts_us);
+/* FIN from the client, ACK, FIN from the broker, ACK; frees c. */
+void tap_pcapng_conn_close(struct tap_pcapng_conn *c, int64_t ts_us);
+
+#endif

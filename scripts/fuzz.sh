@@ -1,0 +1,26 @@
+#!/bin/sh
+# Builds the libFuzzer harnesses (tests/fuzz/fuzz_*.c) with clang in build-fuzz and runs each for N seconds
+# (default 30) on a scratch copy of its seed corpus. Exits non-zero if any harness finds a crash.
+# Usage: scripts/fuzz.sh [seconds] [build-dir]
+set -eu
+secs=${1:-30}
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${2:-$root/build-fuzz}
+CC=clang cmake -B "$build" -S "$root" -DTAP_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build" -j2 >/dev/null
+status=0
+for h in "$build"/fuzz/fuzz_*; do
+	name=$(basename "$h")
+	corpus="$build/fuzz-corpus/${name#fuzz_}"
+	mkdir -p "$corpus"
+	seeds="$root/tests/fuzz/corpus/${name#fuzz_}"
+	[ -d "$seeds" ] && cp -n "$seeds"/* "$corpus"/ 2>/dev/null || true
+	if "$h" -max_total_time="$secs" -max_len=70000 -rss_limit_mb=1024 -artifact_prefix="$build/$name-" \
+		-print_final_stats=1 "$corpus" >"$build/$name.log" 2>&1; then
+		echo "$name: ok ($(grep -m1 'stat::number_of_executed_units' "$build/$name.log" | awk '{print $2}') runs)"
+	else
+		echo "$name: FAILED, see $build/$name.log"
+		status=1
+	fi
+done
+exit $status

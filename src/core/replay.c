@@ -1,0 +1,194 @@
+/* Offline replay (DESIGN §6): TCP streams from a capture drive one tap_conn each, with capture time as the clock.
+ * Streams seen without their SYN are resynchronised on the first plausible AMQP frame (0-9-1 §4.2.3) of each
+ * direction; the client side then gets a synthetic protocol header so its decoder starts in frame state. */
+#include "amqptap/replay.h"
+
+#include "amqptap/capture.h"
+#include "amqptap/frame.h"
+#include "amqptap/status.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define RESYNC_HOLD_MAX (1u << 20)
+#define RESYNC_FRAME_MAX (TAP_FRAME_MAX_DEFAULT - TAP_FRAME_OVERHEAD)
+
+struct rp_dir {
+	bool synced;
+	bool dead; /* bytes were lost: the decoder cannot follow any more */
+	struct tap_buf hold;
+};
+
+struct rp_stream {
+	struct tap_conn *conn;
+	struct rp_dir d[2]; /* [1] c2s */
+};
+
+struct replay {
+	struct tap_observer *obs;
+	struct tap_track *track;
+	int64_t now;
+	bool started;
+};
+
+static void on_packet(void *ctx, int64_t ts)
+{
+	struct replay *r = ctx;
+	if (!r->started || ts > r->now)
+		r->now = ts;
+	r->started = true;
+	tap_track_tick(r->track, r->now);
+}
+
+static void *on_open(void *ctx, uint64_t id, const char *client, const char *server, bool midstream, int64_t ts)
+{
+	struct replay *r = ctx;
+	(void)ts;
+	struct rp_stream *s = calloc(1, sizeof *s);
+	if (!s)
+		return NULL;
+	s->conn = tap_conn_new(r->obs, id, client, server, r->now);
+	for (int d = 0; d < 2; d++) {
+		s->d[d].synced = !midstream;
+		tap_buf_init(&s->d[d].hold);
+	}
+	return s;
+}
+
+static bool known_class(uint16_t cls)
+{
+	return cls == 10 || cls == 20 || cls == 40 || cls == 50 || cls == 60 || cls == 85 || cls == 90;
+}
+
+/* Offset of the first plausible frame start (§4.2.3: a method frame of a known class, or a heartbeat, whose end
+ * octet is in place and whose successor, when already here, has a valid type); -1 when none is certain yet. */
+static long find_frame(const uint8_t *p, size_t len, bool c2s, size_t *keep_from)
+{
+	if (c2s && len >= 4 && memcmp(p, "AMQP", 4) == 0)
+		return 0;
+	size_t i;
+	for (i = 0; i + TAP_FRAME_HEADER_SIZE <= len; i++) {
+		uint8_t type = p[i];
+		uint16_t ch = (uint16_t)(p[i + 1] << 8 | p[i + 2]);
+		uint32_t size = (uint32_t)p[i + 3] << 24 | (uint32_t)p[i + 4] << 16 | (uint32_t)p[i + 5] << 8 | p[i + 6];
+		if (type == TAP_FRAME_HEARTBEAT) {
+			if (ch != 0 || size != 0)
+				continue;
+		} else if (type != TAP_FRAME_METHOD || size < 4 || size > RESYNC_FRAME_MAX) {
+			continue;
+		}
+		size_t end = i + TAP_FRAME_HEADER_SIZE + size;
+		if (end >= len)
+			break; /* a candidate we cannot check yet */
+		if (type == TAP_FRAME_METHOD && !known_class((uint16_t)(p[i + 7] << 8 | p[i + 8])))
+			continue;
+		if (p[end] != TAP_FRAME_END)
+			continue;
+		if (end + 1 < len) {
+			uint8_t next = p[end + 1];
+			if (next != TAP_FRAME_METHOD && next != TAP_FRAME_HEADER && next != TAP_FRAME_BODY &&
+			    next != TAP_FRAME_HEARTBEAT)
+				continue;
+		}
+		return (long)i;
+	}
+	*keep_from = i;
+	return -1;
+}
+
+static void resync(struct rp_stream *s, bool c2s, const uint8_t *data, size_t len, int64_t now)
+{
+	struct rp_dir *d = &s->d[c2s];
+	tap_buf_append(&d->hold, data, len);
+	size_t keep_from = 0;
+	long at = find_frame((const uint8_t *)d->hold.data, d->hold.len, c2s, &keep_from);
+	if (at < 0) {
+		if (d->hold.len > RESYNC_HOLD_MAX || d->hold.oom)
+			keep_from = d->hold.len; /* nothing plausible in a megabyte: drop it and keep looking */
+		memmove(d->hold.data, d->hold.data + keep_from, d->hold.len - keep_from);
+		d->hold.len -= keep_from;
+		d->hold.oom = false;
+		return;
+	}
+	d->synced = true;
+	const uint8_t *p = (const uint8_t *)d->hold.data + at;
+	size_t n = d->hold.len - (size_t)at;
+	if (c2s && (n < 4 || memcmp(p, "AMQP", 4) != 0))
+		tap_conn_feed(s->conn, true, (const uint8_t *)"AMQP\0\0\x09\x01", 8, now);
+	tap_conn_feed(s->conn, c2s, p, n, now);
+	tap_buf_deinit(&d->hold);
+}
+
+static void on_data(void *ctx, void *user, bool c2s, const uint8_t *data, size_t len, int64_t ts)
+{
+	struct replay *r = ctx;
+	struct rp_stream *s = user;
+	(void)ts;
+	if (!s || !s->conn || s->d[c2s].dead)
+		return;
+	if (s->d[c2s].synced)
+		tap_conn_feed(s->conn, c2s, data, len, r->now);
+	else
+		resync(s, c2s, data, len, r->now);
+}
+
+static void on_gap(void *ctx, void *user, bool c2s, uint64_t missing, int64_t ts)
+{
+	struct rp_stream *s = user;
+	(void)ctx, (void)missing, (void)ts;
+	if (s)
+		s->d[c2s].dead = true;
+}
+
+static void on_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts)
+{
+	static const char *const reason[] = {
+		[TAP_CAPTURE_END_CLIENT_FIN] = "client_eof",   [TAP_CAPTURE_END_SERVER_FIN] = "broker_eof",
+		[TAP_CAPTURE_END_CLIENT_RST] = "client_reset", [TAP_CAPTURE_END_SERVER_RST] = "broker_reset",
+		[TAP_CAPTURE_END_CAPTURE] = "capture_end",
+	};
+	struct replay *r = ctx;
+	struct rp_stream *s = user;
+	(void)ts;
+	if (!s)
+		return;
+	if (s->conn)
+		tap_conn_end(s->conn, reason[how], r->now);
+	for (int d = 0; d < 2; d++)
+		tap_buf_deinit(&s->d[d].hold);
+	free(s);
+}
+
+static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs, struct tap_track *track, char *err,
+		  size_t cap)
+{
+	struct replay r = {.obs = obs, .track = track};
+	struct tap_capture_cb cb = {
+		.ctx = &r, .packet = on_packet, .open = on_open, .data = on_data, .gap = on_gap, .close = on_close,
+	};
+	int rc = tap_capture_run(c, port, &cb, err, cap);
+	tap_track_tick(track, r.now);
+	tap_track_shutdown(track, r.now);
+	tap_capture_free(c);
+	return rc;
+}
+
+int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track, char *err,
+		   size_t cap)
+{
+	struct tap_capture *c;
+	int rc = tap_capture_open(&c, path, err, cap);
+	if (rc < 0)
+		return rc;
+	return replay(c, port, obs, track, err, cap);
+}
+
+int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t port, struct tap_observer *obs,
+		       struct tap_track *track, char *err, size_t cap)
+{
+	struct tap_capture *c;
+	int rc = tap_capture_open_mem(&c, data, len, name, err, cap);
+	if (rc < 0)
+		return rc;
+	return replay(c, port, obs, track, err, cap);
+}

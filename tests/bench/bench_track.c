@@ -1,0 +1,126 @@
+/* Tracker cost: 1,000,000 confirm-mode publishes with 10,000 outstanding, acked with multiple=true every 100;
+ * then memory per outstanding publish with 1,000,000 left outstanding. Records go to a byte-counting sink. */
+#include "amqptap/track.h"
+
+#include <inttypes.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+static uint64_t sink_bytes, sink_records;
+
+static void sink(void *ctx, const char *json, size_t len)
+{
+	(void)ctx;
+	(void)json;
+	sink_bytes += len + 1;
+	sink_records++;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static long maxrss_kb(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_maxrss;
+}
+
+static struct tap_slice S(const char *s) {
+	return (struct tap_slice){(const uint8_t *)s, strlen(s)};
+}
+
+int main(int argc, char **argv)
+{
+	uint64_t total = argc > 1 ? strtoull(argv[1], NULL, 10) : 1000000;
+	uint64_t window = argc > 2 ? strtoull(argv[2], NULL, 10) : 10000;
+	uint64_t batch = 100;
+	static const char *const rks[] = {"orders.created", "orders.paid", "orders.shipped", "audit"};
+	char mid[48];
+	int64_t t_us = 1795947302000000LL;
+
+	struct tap_track *t = tap_track_new(NULL, sink, NULL);
+	struct tap_track_conn *c = tap_track_conn_new(t, 1, "127.0.0.1:40000", "127.0.0.1:5672", t_us);
+	tap_track_conn_user(c, S("guest"));
+	tap_track_conn_open(c, S("/"), t_us);
+	tap_track_channel_open(c, 1, t_us);
+	tap_track_confirm_select(c, 1, t_us);
+
+	struct tap_publish p = {.exchange = S("events"),
+	                        .has_message_id = true,
+	                        .has_delivery_mode = true,
+	                        .delivery_mode = 2,
+	                        .body_size = 256,
+	                        .content_type = S("application/json")};
+	/* phase 1: steady state, `window` outstanding, one multiple ack per `batch` publishes */
+	double t0 = now_s();
+	uint64_t acked = 0;
+	for (uint64_t i = 1; i <= total; i++) {
+		snprintf(mid, sizeof mid, "6f1c2a4e-0b7d-4c11-9a3e-%012" PRIx64, i);
+		p.message_id = S(mid);
+		p.routing_key = S(rks[i & 3]);
+		tap_track_publish(c, 1, &p, t_us);
+		t_us += 1;
+		if (i >= window && (i - window) % batch == 0 && i - window > acked) {
+			acked = i - window;
+			tap_track_confirm(c, 1, acked, true, false, t_us);
+		}
+	}
+	tap_track_confirm(c, 1, total, true, false, t_us);
+	double t1 = now_s();
+	struct tap_track_stats s;
+	tap_track_get_stats(t, &s);
+	printf("phase 1: %" PRIu64 " publishes, %" PRIu64 " outstanding, multiple ack every %" PRIu64 "\n", total,
+	       window, batch);
+	printf("  %.1f ns per publish (publish + its share of acks + record rendering, mid snprintf included)\n",
+	       (t1 - t0) * 1e9 / (double)total);
+	printf("  records %" PRIu64 " (%" PRIu64 " publish), %.1f MB of JSON, %.0f B per record\n", sink_records,
+	       s.publish_records, (double)sink_bytes / 1e6, (double)sink_bytes / (double)sink_records);
+	printf("  peak RSS %ld kB\n", maxrss_kb());
+	if (s.publish_records != total || s.outstanding != 0) {
+		fprintf(stderr, "invariant broken: %" PRIu64 " records for %" PRIu64 " publishes\n", s.publish_records,
+		        total);
+		return 1;
+	}
+
+	/* phase 2: memory per outstanding publish (same strings: 36-byte message_id, content_type) */
+	uint64_t hold = total;
+	tap_track_channel_open(c, 2, t_us);
+	tap_track_confirm_select(c, 2, t_us);
+	struct mallinfo2 m0 = mallinfo2();
+	long rss0 = maxrss_kb();
+	double t2 = now_s();
+	for (uint64_t i = 1; i <= hold; i++) {
+		snprintf(mid, sizeof mid, "6f1c2a4e-0b7d-4c11-9a3e-%012" PRIx64, i);
+		p.message_id = S(mid);
+		p.routing_key = S(rks[i & 3]);
+		tap_track_publish(c, 2, &p, t_us);
+	}
+	double t3 = now_s();
+	struct mallinfo2 m1 = mallinfo2();
+	long rss1 = maxrss_kb();
+	tap_track_get_stats(t, &s);
+	printf("phase 2: %" PRIu64 " outstanding (no acks): %.1f ns per publish\n", s.outstanding,
+	       (t3 - t2) * 1e9 / (double)hold);
+	printf("  heap %.1f B per outstanding publish (allocated, incl. power-of-two slack); peak RSS %ld kB (+%.1f B "
+	       "per publish)\n",
+	       (double)(m1.uordblks + m1.hblkhd - m0.uordblks - m0.hblkhd) / (double)s.outstanding, rss1,
+	       (double)(rss1 - rss0) * 1024.0 / (double)s.outstanding);
+	double t4 = now_s();
+	tap_track_shutdown(t, t_us + 1);
+	double t5 = now_s();
+	tap_track_get_stats(t, &s);
+	printf("  shutdown wrote %" PRIu64 " records in %.0f ms; publishes %" PRIu64 " == publish records %" PRIu64
+	       "\n",
+	       hold, (t5 - t4) * 1e3, s.publishes, s.publish_records);
+	tap_track_free(t);
+	return s.publishes == s.publish_records ? 0 : 1;
+}

@@ -1,0 +1,762 @@
+/* Capture reader: every file format variant and link type, TCP reassembly (out of order, retransmissions,
+ * overlaps, mid-connection start, RST, bounded buffering), truncated and corrupt files, and a real loopback
+ * recording from tests/data/capture/. */
+#include "amqptap/capture.h"
+#include "amqptap/jsonl.h"
+#include "amqptap/status.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- packet and file builders ---- */
+
+#define F_FIN 0x01
+#define F_SYN 0x02
+#define F_RST 0x04
+#define F_PSH 0x08
+#define F_ACK 0x10
+
+struct pkt {
+	uint8_t data[70000];
+	size_t len;
+	int64_t ts;
+};
+
+struct ep {
+	bool v6;
+	uint8_t addr[16];
+	uint16_t port;
+};
+
+static void be16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)(v >> 8);
+	p[1] = (uint8_t)v;
+}
+
+static void be32(uint8_t *p, uint32_t v)
+{
+	be16(p, (uint16_t)(v >> 16));
+	be16(p + 2, (uint16_t)v);
+}
+
+/* An IP packet (with optional IPv4 options / one IPv6 destination-options header) carrying one TCP segment. */
+static size_t ip_tcp(uint8_t *out, const struct ep *src, const struct ep *dst, uint32_t seq, uint32_t ack,
+		     uint8_t flags, const void *payload, size_t len, bool extra)
+{
+	size_t off;
+	if (src->v6) {
+		memset(out, 0, 40);
+		out[0] = 0x60;
+		out[6] = extra ? 60 : 6;
+		out[7] = 64;
+		memcpy(out + 8, src->addr, 16);
+		memcpy(out + 24, dst->addr, 16);
+		off = 40;
+		if (extra) {
+			memset(out + off, 0, 16);
+			out[off] = 6;
+			out[off + 1] = 1; /* (1+1)*8 = 16 bytes */
+			off += 16;
+		}
+		be16(out + 4, (uint16_t)(off - 40 + 20 + len));
+	} else {
+		size_t ihl = extra ? 24 : 20;
+		memset(out, 0, ihl);
+		out[0] = (uint8_t)(0x40 | ihl / 4);
+		be16(out + 2, (uint16_t)(ihl + 20 + len));
+		out[8] = 64;
+		out[9] = 6;
+		memcpy(out + 12, src->addr, 4);
+		memcpy(out + 16, dst->addr, 4);
+		if (extra)
+			out[20] = 1; /* NOP options */
+		off = ihl;
+	}
+	uint8_t *t = out + off;
+	memset(t, 0, 20);
+	be16(t, src->port);
+	be16(t + 2, dst->port);
+	be32(t + 4, seq);
+	be32(t + 8, ack);
+	t[12] = 5 << 4;
+	t[13] = flags;
+	be16(t + 14, 65535);
+	if (len)
+		memcpy(t + 20, payload, len);
+	return off + 20 + len;
+}
+
+/* Wraps an IP packet in a link-layer header. */
+static size_t link_wrap(uint8_t *out, uint32_t linktype, const uint8_t *ip, size_t len, bool v6, bool vlan)
+{
+	size_t h = 0;
+	uint16_t et = v6 ? 0x86DD : 0x0800;
+	switch (linktype) {
+	case 1:
+		memset(out, 0xAA, 12);
+		h = 12;
+		if (vlan) {
+			be16(out + h, 0x8100);
+			be16(out + h + 2, 7);
+			h += 4;
+		}
+		be16(out + h, et);
+		h += 2;
+		break;
+	case 0: /* host byte order family */
+	{
+		uint32_t fam = v6 ? 30 : 2;
+		memcpy(out, &fam, 4);
+		h = 4;
+		break;
+	}
+	case 108:
+		be32(out, v6 ? 24 : 2);
+		h = 4;
+		break;
+	case 113:
+		memset(out, 0, 16);
+		be16(out + 14, et);
+		h = 16;
+		break;
+	case 276:
+		memset(out, 0, 20);
+		be16(out, et);
+		h = 20;
+		break;
+	default:
+		break;
+	}
+	memcpy(out + h, ip, len);
+	return h + len;
+}
+
+/* A scripted TCP conversation: client c, server s, with the current sequence numbers of both. */
+struct conv {
+	struct ep c, s;
+	uint32_t cseq, sseq;
+	struct pkt *pkts;
+	size_t n;
+	int64_t ts;
+	bool extra;
+};
+
+static void conv_init(struct conv *v, bool v6, uint16_t cport, uint16_t sport, struct pkt *pkts)
+{
+	memset(v, 0, sizeof *v);
+	v->c.v6 = v->s.v6 = v6;
+	if (v6) {
+		v->c.addr[15] = 1;
+		v->s.addr[0] = 0x20;
+		v->s.addr[1] = 0x01;
+		v->s.addr[15] = 2;
+	} else {
+		memcpy(v->c.addr, "\x0a\x00\x00\x01", 4);
+		memcpy(v->s.addr, "\x0a\x00\x00\x02", 4);
+	}
+	v->c.port = cport;
+	v->s.port = sport;
+	v->cseq = 0xFFFFFF00u; /* wraps inside the test data */
+	v->sseq = 1000;
+	v->pkts = pkts;
+	v->ts = 1700000000000000;
+}
+
+/* Appends a packet; seq taken from (and advanced in) the conversation unless `seq` is given. */
+static void conv_raw(struct conv *v, bool c2s, uint32_t seq, uint8_t flags, const void *data, size_t len)
+{
+	struct pkt *p = &v->pkts[v->n++];
+	p->ts = v->ts;
+	v->ts += 1000;
+	p->len = ip_tcp(p->data, c2s ? &v->c : &v->s, c2s ? &v->s : &v->c, seq, c2s ? v->sseq : v->cseq, flags,
+			data, len, v->extra);
+}
+
+static void conv_send(struct conv *v, bool c2s, uint8_t flags, const void *data, size_t len)
+{
+	uint32_t *seq = c2s ? &v->cseq : &v->sseq;
+	conv_raw(v, c2s, *seq, flags, data, len);
+	*seq += (uint32_t)len + ((flags & (F_SYN | F_FIN)) ? 1 : 0);
+}
+
+static void conv_open(struct conv *v)
+{
+	conv_send(v, true, F_SYN, NULL, 0);
+	conv_send(v, false, F_SYN | F_ACK, NULL, 0);
+	conv_send(v, true, F_ACK, NULL, 0);
+}
+
+static void conv_close(struct conv *v)
+{
+	conv_send(v, true, F_FIN | F_ACK, NULL, 0);
+	conv_send(v, false, F_ACK, NULL, 0);
+	conv_send(v, false, F_FIN | F_ACK, NULL, 0);
+	conv_send(v, true, F_ACK, NULL, 0);
+}
+
+static void put32le(struct tap_buf *b, uint32_t v, bool swap)
+{
+	if (swap)
+		v = __builtin_bswap32(v);
+	tap_buf_append(b, &v, 4);
+}
+
+static void put16le(struct tap_buf *b, uint16_t v, bool swap)
+{
+	if (swap)
+		v = __builtin_bswap16(v);
+	tap_buf_append(b, &v, 2);
+}
+
+static void write_pcap(struct tap_buf *b, const struct pkt *pkts, size_t n, uint32_t linktype, bool swap, bool ns,
+		       bool v6)
+{
+	put32le(b, ns ? 0xA1B23C4D : 0xA1B2C3D4, swap);
+	put16le(b, 2, swap);
+	put16le(b, 4, swap);
+	put32le(b, 0, swap);
+	put32le(b, 0, swap);
+	put32le(b, 262144, swap);
+	put32le(b, linktype, swap);
+	static uint8_t frame[70100];
+	for (size_t i = 0; i < n; i++) {
+		size_t len = link_wrap(frame, linktype, pkts[i].data, pkts[i].len, v6, false);
+		put32le(b, (uint32_t)(pkts[i].ts / 1000000), swap);
+		put32le(b, (uint32_t)(pkts[i].ts % 1000000) * (ns ? 1000 : 1), swap);
+		put32le(b, (uint32_t)len, swap);
+		put32le(b, (uint32_t)len, swap);
+		tap_buf_append(b, frame, len);
+	}
+}
+
+static void ng_block(struct tap_buf *b, uint32_t type, const struct tap_buf *body, bool swap)
+{
+	uint32_t total = (uint32_t)(12 + ((body->len + 3) & ~(size_t)3));
+	put32le(b, type, swap);
+	put32le(b, total, swap);
+	tap_buf_append(b, body->data, body->len);
+	static const uint8_t zero[4];
+	tap_buf_append(b, zero, (4 - (body->len & 3)) & 3);
+	put32le(b, total, swap);
+}
+
+static void ng_shb(struct tap_buf *b, bool swap)
+{
+	struct tap_buf body;
+	tap_buf_init(&body);
+	put32le(&body, 0x1A2B3C4D, swap);
+	put16le(&body, 1, swap);
+	put16le(&body, 0, swap);
+	put32le(&body, 0xFFFFFFFF, swap);
+	put32le(&body, 0xFFFFFFFF, swap);
+	ng_block(b, 0x0A0D0D0A, &body, swap);
+	tap_buf_deinit(&body);
+}
+
+/* tsresol: the raw option byte (0x06 µs, 0x09 ns, 0x94 2^-20 s); 0 writes no option. */
+static void ng_idb(struct tap_buf *b, uint16_t linktype, uint8_t tsresol, bool swap)
+{
+	struct tap_buf body;
+	tap_buf_init(&body);
+	put16le(&body, linktype, swap);
+	put16le(&body, 0, swap);
+	put32le(&body, 0, swap);
+	if (tsresol) {
+		put16le(&body, 9, swap);
+		put16le(&body, 1, swap);
+		tap_buf_append(&body, &tsresol, 1);
+		tap_buf_append(&body, "\0\0\0", 3);
+	}
+	put32le(&body, 0, swap);
+	ng_block(b, 1, &body, swap);
+	tap_buf_deinit(&body);
+}
+
+static void ng_epb(struct tap_buf *b, uint32_t ifid, uint64_t units, const uint8_t *data, size_t len, bool swap)
+{
+	struct tap_buf body;
+	tap_buf_init(&body);
+	put32le(&body, ifid, swap);
+	put32le(&body, (uint32_t)(units >> 32), swap);
+	put32le(&body, (uint32_t)units, swap);
+	put32le(&body, (uint32_t)len, swap);
+	put32le(&body, (uint32_t)len, swap);
+	tap_buf_append(&body, data, len);
+	ng_block(b, 6, &body, swap);
+	tap_buf_deinit(&body);
+}
+
+/* ---- collecting callbacks ---- */
+
+struct got_stream {
+	uint64_t id;
+	char client[64], server[64];
+	bool midstream, closed;
+	enum tap_capture_end how;
+	struct tap_buf bytes[2];
+	int64_t first_ts[2], open_ts, close_ts;
+	uint64_t gaps;
+};
+
+struct got {
+	struct got_stream s[16];
+	size_t n;
+	uint64_t packets;
+};
+
+static void *g_open(void *ctx, uint64_t id, const char *client, const char *server, bool midstream, int64_t ts)
+{
+	struct got *g = ctx;
+	ck_assert_uint_lt(g->n, 16);
+	struct got_stream *s = &g->s[g->n++];
+	memset(s, 0, sizeof *s);
+	s->id = id;
+	snprintf(s->client, sizeof s->client, "%s", client);
+	snprintf(s->server, sizeof s->server, "%s", server);
+	s->midstream = midstream;
+	s->open_ts = ts;
+	tap_buf_init(&s->bytes[0]);
+	tap_buf_init(&s->bytes[1]);
+	return s;
+}
+
+static void g_data(void *ctx, void *user, bool c2s, const uint8_t *data, size_t len, int64_t ts)
+{
+	(void)ctx;
+	struct got_stream *s = user;
+	ck_assert(!s->closed);
+	if (s->bytes[c2s].len == 0)
+		s->first_ts[c2s] = ts;
+	tap_buf_append(&s->bytes[c2s], data, len);
+}
+
+static void g_gap(void *ctx, void *user, bool c2s, uint64_t missing, int64_t ts)
+{
+	(void)ctx, (void)c2s, (void)missing, (void)ts;
+	((struct got_stream *)user)->gaps++;
+}
+
+static void g_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts)
+{
+	(void)ctx;
+	struct got_stream *s = user;
+	ck_assert(!s->closed);
+	s->closed = true;
+	s->how = how;
+	s->close_ts = ts;
+}
+
+static void g_packet(void *ctx, int64_t ts)
+{
+	(void)ts;
+	((struct got *)ctx)->packets++;
+}
+
+static void got_free(struct got *g)
+{
+	for (size_t i = 0; i < g->n; i++) {
+		tap_buf_deinit(&g->s[i].bytes[0]);
+		tap_buf_deinit(&g->s[i].bytes[1]);
+	}
+}
+
+static int run_mem(const void *data, size_t len, uint16_t port, struct got *g, char *err, size_t cap)
+{
+	memset(g, 0, sizeof *g);
+	struct tap_capture_cb cb = {.ctx = g, .packet = g_packet, .open = g_open, .data = g_data, .gap = g_gap,
+				    .close = g_close};
+	struct tap_capture *c;
+	int rc = tap_capture_open_mem(&c, data, len, "mem.cap", err, cap);
+	if (rc < 0)
+		return rc;
+	rc = tap_capture_run(c, port, &cb, err, cap);
+	tap_capture_free(c);
+	return rc;
+}
+
+static void assert_bytes(const struct tap_buf *b, const char *want)
+{
+	ck_assert_uint_eq(b->len, strlen(want));
+	ck_assert(memcmp(b->data, want, b->len) == 0);
+}
+
+#define MAX_PKTS 128
+static struct pkt pk[MAX_PKTS];
+
+/* A complete conversation: handshake, two requests, two answers, FIN from the client first. */
+static size_t basic_conv(bool v6, bool extra)
+{
+	struct conv v;
+	conv_init(&v, v6, 40000, 5672, pk);
+	v.extra = extra;
+	conv_open(&v);
+	conv_send(&v, true, F_PSH | F_ACK, "AMQP\0\0\x09\x01", 8);
+	conv_send(&v, false, F_PSH | F_ACK, "start", 5);
+	conv_send(&v, true, F_PSH | F_ACK, "hello-", 6);
+	conv_send(&v, true, F_PSH | F_ACK, "world", 5);
+	conv_send(&v, false, F_PSH | F_ACK, "-ok", 3);
+	conv_close(&v);
+	return v.n;
+}
+
+static void check_stream(const struct got_stream *s, bool v6)
+{
+	ck_assert_uint_eq(s->id, 1);
+	ck_assert_str_eq(s->client, v6 ? "[::1]:40000" : "10.0.0.1:40000");
+	ck_assert_str_eq(s->server, v6 ? "[2001::2]:5672" : "10.0.0.2:5672");
+	ck_assert(!s->midstream);
+	ck_assert(s->closed);
+	ck_assert_int_eq(s->how, TAP_CAPTURE_END_CLIENT_FIN);
+	ck_assert_uint_eq(s->bytes[1].len, 19);
+	ck_assert(memcmp(s->bytes[1].data, "AMQP\0\0\x09\x01hello-world", 19) == 0);
+	assert_bytes(&s->bytes[0], "start-ok");
+	ck_assert_int_eq(s->open_ts, 1700000000000000);
+	ck_assert_int_eq(s->first_ts[0], 1700000000004000);
+}
+
+static void check_basic(const struct got *g, bool v6)
+{
+	ck_assert_uint_eq(g->n, 1);
+	check_stream(&g->s[0], v6);
+}
+
+START_TEST(pcap_every_variant_and_link_type)
+{
+	static const uint32_t links[] = {0, 1, 101, 108, 113, 228, 229, 276};
+	for (int v6 = 0; v6 < 2; v6++) {
+		size_t n = basic_conv(v6, v6);
+		for (size_t l = 0; l < sizeof links / sizeof links[0]; l++) {
+			if ((links[l] == 228 && v6) || (links[l] == 229 && !v6))
+				continue;
+			for (int variant = 0; variant < 4; variant++) {
+				struct tap_buf b;
+				tap_buf_init(&b);
+				write_pcap(&b, pk, n, links[l], variant & 1, variant & 2, v6);
+				struct got g;
+				char err[256] = "";
+				int rc = run_mem(b.data, b.len, 5672, &g, err, sizeof err);
+				ck_assert_msg(rc == 0, "link %u variant %d: %s", links[l], variant, err);
+				check_basic(&g, v6);
+				ck_assert_uint_eq(g.packets, n);
+				got_free(&g);
+				tap_buf_deinit(&b);
+			}
+		}
+	}
+}
+END_TEST
+
+START_TEST(pcapng_interfaces_and_resolutions)
+{
+	size_t n = basic_conv(false, true);
+	for (int swap = 0; swap < 2; swap++) {
+		struct tap_buf b;
+		tap_buf_init(&b);
+		ng_shb(&b, swap);
+		ng_idb(&b, 1, 0, swap);     /* default µs */
+		ng_idb(&b, 101, 0x09, swap); /* ns */
+		ng_idb(&b, 113, 0x94, swap); /* 2^-20 s */
+		static uint8_t frame[70100];
+		for (size_t i = 0; i < n; i++) {
+			uint32_t ifid = (uint32_t)(i % 3);
+			static const uint32_t lt[] = {1, 101, 113};
+			size_t len = link_wrap(frame, lt[ifid], pk[i].data, pk[i].len, false, ifid == 0);
+			uint64_t units = (uint64_t)pk[i].ts;
+			if (ifid == 1)
+				units *= 1000;
+			else if (ifid == 2)
+				units = (uint64_t)(((unsigned __int128)(uint64_t)pk[i].ts << 20) / 1000000) + 1;
+			ng_epb(&b, ifid, units, frame, len, swap);
+		}
+		struct got g;
+		char err[256] = "";
+		ck_assert_msg(run_mem(b.data, b.len, 5672, &g, err, sizeof err) == 0, "%s", err);
+		check_basic(&g, false);
+		got_free(&g);
+		tap_buf_deinit(&b);
+	}
+}
+END_TEST
+
+static int run_pkts(size_t n, const size_t *order, struct got *g)
+{
+	struct tap_buf b;
+	tap_buf_init(&b);
+	static struct pkt tmp[MAX_PKTS];
+	for (size_t i = 0; i < n; i++)
+		tmp[i] = pk[order ? order[i] : i];
+	write_pcap(&b, tmp, n, 101, false, false, false);
+	char err[256] = "";
+	int rc = run_mem(b.data, b.len, 5672, g, err, sizeof err);
+	tap_buf_deinit(&b);
+	return rc;
+}
+
+START_TEST(out_of_order_retransmit_overlap)
+{
+	struct conv v;
+	conv_init(&v, false, 40001, 5672, pk);
+	conv_open(&v);                                     /* 0 1 2 */
+	uint32_t base = v.cseq;
+	conv_send(&v, true, F_PSH | F_ACK, "aaaa", 4);     /* 3 */
+	conv_send(&v, true, F_PSH | F_ACK, "bbbb", 4);     /* 4 */
+	conv_send(&v, true, F_PSH | F_ACK, "cccc", 4);     /* 5 */
+	conv_raw(&v, true, base + 4, F_PSH | F_ACK, "bbbb", 4);    /* 6: exact retransmission */
+	conv_raw(&v, true, base + 2, F_PSH | F_ACK, "aabbbbcc", 8); /* 7: overlap, nothing new */
+	conv_raw(&v, true, base + 10, F_PSH | F_ACK, "ccdd", 4);    /* 8: overlap with 2 new bytes */
+	conv_send(&v, false, F_PSH | F_ACK, "xy", 2);      /* 9 */
+	conv_close(&v);                                    /* 10..13 */
+	v.cseq += 2;
+	/* deliver 5 before 4 before 3, 8 before its predecessor, and 9 twice */
+	size_t order[] = {0, 1, 2, 5, 4, 6, 3, 7, 8, 9, 9, 10, 11, 12, 13};
+	/* the FIN (10) was built with cseq before the two extra bytes; rebuild it at the right seq */
+	v.n = 10;
+	v.cseq = base + 14;
+	conv_close(&v);
+	struct got g;
+	ck_assert_int_eq(run_pkts(sizeof order / sizeof order[0], order, &g), 0);
+	ck_assert_uint_eq(g.n, 1);
+	assert_bytes(&g.s[0].bytes[1], "aaaabbbbccccdd");
+	assert_bytes(&g.s[0].bytes[0], "xy");
+	ck_assert(g.s[0].closed);
+	ck_assert_int_eq(g.s[0].how, TAP_CAPTURE_END_CLIENT_FIN);
+	ck_assert_uint_eq(g.s[0].gaps, 0);
+	/* 'bbbb' and 'cccc' became deliverable when 'aaaa' (packet 3, the 7th record) arrived */
+	ck_assert_int_eq(g.s[0].first_ts[1], pk[3].ts);
+	got_free(&g);
+}
+END_TEST
+
+START_TEST(mid_connection_start)
+{
+	struct conv v;
+	conv_init(&v, false, 40002, 5672, pk);
+	conv_open(&v);
+	conv_send(&v, true, F_PSH | F_ACK, "lost", 4);
+	conv_send(&v, false, F_ACK, NULL, 0);
+	conv_send(&v, true, F_PSH | F_ACK, "seen", 4);
+	conv_send(&v, false, F_PSH | F_ACK, "back", 4);
+	conv_send(&v, true, F_RST | F_ACK, NULL, 0);
+	struct got g;
+	size_t order[] = {4, 5, 6, 7}; /* starts with a pure ACK, which must not open a stream */
+	ck_assert_int_eq(run_pkts(4, order, &g), 0);
+	ck_assert_uint_eq(g.n, 1);
+	ck_assert(g.s[0].midstream);
+	assert_bytes(&g.s[0].bytes[1], "seen");
+	assert_bytes(&g.s[0].bytes[0], "back");
+	ck_assert_int_eq(g.s[0].how, TAP_CAPTURE_END_CLIENT_RST);
+	got_free(&g);
+}
+END_TEST
+
+START_TEST(reset_by_server_and_capture_end_and_port_filter)
+{
+	struct conv a, b2;
+	static struct pkt pb[32];
+	conv_init(&a, false, 40003, 5672, pk);
+	conv_open(&a);
+	conv_send(&a, true, F_PSH | F_ACK, "one", 3);
+	conv_send(&a, false, F_RST, NULL, 0);
+	conv_send(&a, true, F_PSH | F_ACK, "late", 4); /* after the reset: ignored */
+	conv_init(&b2, false, 40004, 5672, pb);
+	conv_open(&b2);
+	conv_send(&b2, true, F_PSH | F_ACK, "two", 3);
+	conv_send(&b2, true, F_FIN | F_ACK, NULL, 0); /* half-closed at the end of the capture */
+	conv_init(&b2, false, 40005, 80, pb + b2.n);    /* another port: ignored */
+	conv_open(&b2);
+	size_t nb = 5 + 3;
+	for (size_t i = 0; i < nb; i++)
+		pk[a.n + i] = pb[i];
+	struct got g;
+	ck_assert_int_eq(run_pkts(a.n + nb, NULL, &g), 0);
+	ck_assert_uint_eq(g.n, 2);
+	assert_bytes(&g.s[0].bytes[1], "one");
+	ck_assert_int_eq(g.s[0].how, TAP_CAPTURE_END_SERVER_RST);
+	assert_bytes(&g.s[1].bytes[1], "two");
+	ck_assert_uint_eq(g.s[1].id, 2);
+	ck_assert_int_eq(g.s[1].how, TAP_CAPTURE_END_CLIENT_FIN);
+	got_free(&g);
+}
+END_TEST
+
+START_TEST(out_of_order_bound_gives_a_gap)
+{
+	struct conv v;
+	conv_init(&v, false, 40006, 5672, pk);
+	conv_open(&v);
+	static char big[60000];
+	memset(big, 'z', sizeof big);
+	conv_send(&v, true, F_PSH | F_ACK, "hole", 4); /* 3: never delivered */
+	for (int i = 0; i < 40; i++)                     /* 2.4 MB ... */
+		conv_send(&v, true, F_ACK, big, sizeof big);
+	size_t order[MAX_PKTS];
+	size_t n = 0;
+	for (size_t i = 0; i < v.n; i++)
+		if (i != 3)
+			order[n++] = i;
+	struct got g;
+	ck_assert_int_eq(run_pkts(n, order, &g), 0);
+	/* 2.4 MB fits the 4 MB bound: still buffered, delivered at the end only if the hole fills: it never does */
+	ck_assert_uint_eq(g.s[0].bytes[1].len, 0);
+	got_free(&g);
+	for (int i = 0; i < 40; i++) /* ... 4.8 MB exceeds the bound: the hole is given up */
+		conv_send(&v, true, F_ACK, big, sizeof big);
+	n = 0;
+	for (size_t i = 0; i < v.n; i++)
+		if (i != 3)
+			order[n++] = i;
+	ck_assert_int_eq(run_pkts(n, order, &g), 0);
+	ck_assert_uint_eq(g.s[0].gaps, 1);
+	ck_assert_uint_eq(g.s[0].bytes[1].len, 80u * sizeof big);
+	got_free(&g);
+}
+END_TEST
+
+START_TEST(truncated_file_keeps_earlier_streams)
+{
+	size_t n = basic_conv(false, false);
+	struct tap_buf b;
+	tap_buf_init(&b);
+	write_pcap(&b, pk, n, 1, false, false, false);
+	size_t whole = b.len;
+	struct conv v;
+	conv_init(&v, false, 40007, 5672, pk);
+	conv_open(&v);
+	conv_send(&v, true, F_PSH | F_ACK, "partial", 7);
+	struct tap_buf b2;
+	tap_buf_init(&b2);
+	write_pcap(&b2, pk, v.n, 1, false, false, false);
+	tap_buf_append(&b, b2.data + 24, b2.len - 24 - 5); /* the last record loses 5 bytes */
+	size_t last_rec = b.len - (16 + 14 + 20 + 20 + 7 - 5);
+	struct got g;
+	char err[256] = "";
+	ck_assert_int_eq(run_mem(b.data, b.len, 5672, &g, err, sizeof err), TAP_E_BAD_CAPTURE);
+	char want[64];
+	snprintf(want, sizeof want, "truncated record at offset %zu", last_rec);
+	ck_assert_msg(strstr(err, want) && strstr(err, "mem.cap"), "%s (want %s)", err, want);
+	ck_assert_uint_eq(g.n, 2);
+	check_stream(&g.s[0], false);
+	ck_assert(g.s[1].closed);
+	ck_assert_int_eq(g.s[1].how, TAP_CAPTURE_END_CAPTURE);
+	got_free(&g);
+	(void)whole;
+	/* cut inside a record header */
+	ck_assert_int_eq(run_mem(b.data, whole + 10, 5672, &g, err, sizeof err), TAP_E_BAD_CAPTURE);
+	snprintf(want, sizeof want, "truncated record header at offset %zu", whole);
+	ck_assert_msg(strstr(err, want), "%s", err);
+	got_free(&g);
+	tap_buf_deinit(&b);
+	tap_buf_deinit(&b2);
+}
+END_TEST
+
+START_TEST(corrupt_pcapng_block_length)
+{
+	size_t n = basic_conv(true, false);
+	struct tap_buf b;
+	tap_buf_init(&b);
+	ng_shb(&b, false);
+	ng_idb(&b, 229, 0, false);
+	for (size_t i = 0; i < n; i++)
+		ng_epb(&b, 0, (uint64_t)pk[i].ts, pk[i].data, pk[i].len, false);
+	size_t at = b.len;
+	ng_epb(&b, 0, 1, pk[0].data, pk[0].len, false);
+	struct got g;
+	char err[256] = "";
+	uint32_t bad = 13; /* not a multiple of 4 */
+	memcpy(b.data + at + 4, &bad, 4);
+	ck_assert_int_eq(run_mem(b.data, b.len, 5672, &g, err, sizeof err), TAP_E_BAD_CAPTURE);
+	char want[64];
+	snprintf(want, sizeof want, "corrupt block length 13 at offset %zu", at);
+	ck_assert_msg(strstr(err, want), "%s", err);
+	check_basic(&g, true);
+	got_free(&g);
+	bad = 0x7FFFFFF0; /* huge */
+	memcpy(b.data + at + 4, &bad, 4);
+	ck_assert_int_eq(run_mem(b.data, b.len, 5672, &g, err, sizeof err), TAP_E_BAD_CAPTURE);
+	got_free(&g);
+	bad = 64; /* trailer mismatch */
+	memcpy(b.data + at + 4, &bad, 4);
+	ck_assert_int_eq(run_mem(b.data, b.len, 5672, &g, err, sizeof err), TAP_E_BAD_CAPTURE);
+	ck_assert_msg(strstr(err, "offset"), "%s", err);
+	got_free(&g);
+	/* not a capture at all */
+	struct tap_capture *c;
+	ck_assert_int_eq(tap_capture_open_mem(&c, "hello world, not pcap", 21, "x", err, sizeof err),
+			 TAP_E_BAD_CAPTURE);
+	ck_assert_ptr_null(c);
+	ck_assert_int_eq(tap_capture_open(&c, "/nonexistent/file.pcap", err, sizeof err), TAP_E_IO);
+	tap_buf_deinit(&b);
+}
+END_TEST
+
+/* tests/data/capture/loopback-amqp.pcapng: tshark -i lo of scripts' Python peers (see README there). */
+START_TEST(real_loopback_capture)
+{
+	char path[512], exp[512];
+	snprintf(path, sizeof path, "%s/tests/data/capture/loopback-amqp.pcapng", TAP_SOURCE_DIR);
+	snprintf(exp, sizeof exp, "%s/tests/data/capture/loopback-amqp.streams", TAP_SOURCE_DIR);
+	struct got g;
+	memset(&g, 0, sizeof g);
+	struct tap_capture_cb cb = {.ctx = &g, .packet = g_packet, .open = g_open, .data = g_data, .gap = g_gap,
+				    .close = g_close};
+	struct tap_capture *c;
+	char err[256] = "";
+	ck_assert_msg(tap_capture_open(&c, path, err, sizeof err) == 0, "%s", err);
+	ck_assert_msg(tap_capture_run(c, 5699, &cb, err, sizeof err) == 0, "%s", err);
+	struct tap_capture_stats st;
+	tap_capture_get_stats(c, &st);
+	tap_capture_free(c);
+	/* expected: one line per stream: "<c2s bytes> <s2c bytes> <fnv1a64 c2s> <fnv1a64 s2c> <how>" */
+	FILE *f = fopen(exp, "r");
+	ck_assert_ptr_nonnull(f);
+	size_t i = 0;
+	unsigned long long cl, sl, ch, sh;
+	int how;
+	while (fscanf(f, "%llu %llu %llx %llx %d", &cl, &sl, &ch, &sh, &how) == 5) {
+		ck_assert_uint_lt(i, g.n);
+		const struct got_stream *s = &g.s[i];
+		ck_assert_uint_eq(s->bytes[1].len, cl);
+		ck_assert_uint_eq(s->bytes[0].len, sl);
+		for (int d = 0; d < 2; d++) {
+			uint64_t h = 1469598103934665603ull;
+			for (size_t k = 0; k < s->bytes[d].len; k++)
+				h = (h ^ (uint8_t)s->bytes[d].data[k]) * 1099511628211ull;
+			ck_assert_uint_eq(h, d ? ch : sh);
+		}
+		ck_assert_int_eq(s->how, how);
+		ck_assert(!s->midstream);
+		ck_assert(memcmp(s->bytes[1].data, "AMQP\0\0\x09\x01", 8) == 0);
+		i++;
+	}
+	fclose(f);
+	ck_assert_uint_eq(i, g.n);
+	ck_assert_uint_ge(g.n, 2);
+	got_free(&g);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("capture");
+	TCase *tc = tcase_create("core");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, pcap_every_variant_and_link_type);
+	tcase_add_test(tc, pcapng_interfaces_and_resolutions);
+	tcase_add_test(tc, out_of_order_retransmit_overlap);
+	tcase_add_test(tc, mid_connection_start);
+	tcase_add_test(tc, reset_by_server_and_capture_end_and_port_filter);
+	tcase_add_test(tc, out_of_order_bound_gives_a_gap);
+	tcase_add_test(tc, truncated_file_keeps_earlier_streams);
+	tcase_add_test(tc, corrupt_pcapng_block_length);
+	tcase_add_test(tc, real_loopback_capture);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,329 @@
+/* pcapng writer: a synthetic two-connection AMQP exchange (IPv4 and IPv6, a body split over several packets) is
+ * read back with the capture reader byte for byte, and tshark must decode every AMQP frame with good checksums. */
+#include "amqptap/capture.h"
+#include "amqptap/jsonl.h"
+#include "amqptap/pcapng.h"
+#include "amqptap/status.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void be16(struct tap_buf *b, uint16_t v)
+{
+	uint8_t p[2] = {(uint8_t)(v >> 8), (uint8_t)v};
+	tap_buf_append(b, p, 2);
+}
+
+static void be32(struct tap_buf *b, uint32_t v)
+{
+	be16(b, (uint16_t)(v >> 16));
+	be16(b, (uint16_t)v);
+}
+
+static void shortstr(struct tap_buf *b, const char *s)
+{
+	tap_buf_putc(b, (char)strlen(s));
+	tap_buf_puts(b, s);
+}
+
+/* 0-9-1 §4.2.3 frame around a payload. */
+static void frame(struct tap_buf *out, uint8_t type, uint16_t ch, const struct tap_buf *payload)
+{
+	tap_buf_putc(out, (char)type);
+	be16(out, ch);
+	be32(out, (uint32_t)payload->len);
+	tap_buf_append(out, payload->data, payload->len);
+	tap_buf_putc(out, (char)0xCE);
+}
+
+static void method(struct tap_buf *out, uint16_t ch, uint16_t cls, uint16_t mid, const void *args, size_t len)
+{
+	struct tap_buf p;
+	tap_buf_init(&p);
+	be16(&p, cls);
+	be16(&p, mid);
+	tap_buf_append(&p, args, len);
+	frame(out, 1, ch, &p);
+	tap_buf_deinit(&p);
+}
+
+/* channel.open, confirm.select, basic.publish + header + body (client); the answers and basic.ack (broker). */
+static void exchange(struct tap_buf *c2s, struct tap_buf *s2c, size_t body_len)
+{
+	struct tap_buf a, p;
+	tap_buf_init(&a);
+	tap_buf_init(&p);
+	tap_buf_append(c2s, "AMQP\0\0\x09\x01", 8);
+	method(c2s, 1, 20, 10, "\0", 1);
+	method(s2c, 1, 20, 11, "\0\0\0\0", 4);
+	method(c2s, 1, 85, 10, "\0", 1);
+	method(s2c, 1, 85, 11, NULL, 0);
+	be16(&a, 0);
+	shortstr(&a, "");
+	shortstr(&a, "q");
+	tap_buf_putc(&a, 1);
+	method(c2s, 1, 60, 40, a.data, a.len);
+	be16(&p, 60);
+	be16(&p, 0);
+	be32(&p, 0);
+	be32(&p, (uint32_t)body_len);
+	be16(&p, 0);
+	frame(c2s, 2, 1, &p);
+	tap_buf_reset(&p);
+	for (size_t i = 0; i < body_len; i++)
+		tap_buf_putc(&p, (char)('a' + i % 26));
+	frame(c2s, 3, 1, &p);
+	tap_buf_reset(&a);
+	be32(&a, 0);
+	be32(&a, 1);
+	tap_buf_putc(&a, 0);
+	method(s2c, 1, 60, 80, a.data, a.len);
+	tap_buf_deinit(&a);
+	tap_buf_deinit(&p);
+}
+
+struct rb {
+	struct tap_buf bytes[4][2];
+	char addr[4][2][64];
+	int how[4];
+	bool mid[4];
+	size_t n;
+};
+
+static void *r_open(void *ctx, uint64_t id, const char *client, const char *server, bool midstream, int64_t ts)
+{
+	struct rb *r = ctx;
+	(void)ts;
+	ck_assert_uint_eq(id, r->n + 1);
+	ck_assert_uint_lt(r->n, 4);
+	size_t i = r->n++;
+	snprintf(r->addr[i][1], 64, "%s", client);
+	snprintf(r->addr[i][0], 64, "%s", server);
+	r->mid[i] = midstream;
+	r->how[i] = -1;
+	return (void *)(uintptr_t)(i + 1);
+}
+
+static void r_data(void *ctx, void *user, bool c2s, const uint8_t *data, size_t len, int64_t ts)
+{
+	struct rb *r = ctx;
+	(void)ts;
+	tap_buf_append(&r->bytes[(uintptr_t)user - 1][c2s], data, len);
+}
+
+static void r_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts)
+{
+	struct rb *r = ctx;
+	(void)ts;
+	r->how[(uintptr_t)user - 1] = (int)how;
+}
+
+static int read_back(const char *path, struct rb *r, char *err, size_t cap)
+{
+	memset(r, 0, sizeof *r);
+	struct tap_capture_cb cb = {.ctx = r, .open = r_open, .data = r_data, .close = r_close};
+	struct tap_capture *c;
+	int rc = tap_capture_open(&c, path, err, cap);
+	if (rc < 0)
+		return rc;
+	rc = tap_capture_run(c, 5672, &cb, err, cap);
+	tap_capture_free(c);
+	return rc;
+}
+
+static void rb_free(struct rb *r)
+{
+	for (int i = 0; i < 4; i++)
+		for (int d = 0; d < 2; d++)
+			tap_buf_deinit(&r->bytes[i][d]);
+}
+
+static char tmpdir[64];
+
+static void write_two(const char *path, struct tap_buf want[2][2])
+{
+	struct tap_out out;
+	ck_assert_int_eq(tap_out_open(&out, path), 0);
+	struct tap_pcapng *p = tap_pcapng_new(&out);
+	ck_assert_ptr_nonnull(p);
+	int64_t t = 1764411302000000;
+	struct tap_pcapng_conn *a = tap_pcapng_conn_open(p, "127.0.0.1:40000", "127.0.0.2:5672", t);
+	struct tap_pcapng_conn *b = tap_pcapng_conn_open(p, "[::1]:50000", "[2001:db8::2]:5672", t + 5);
+	ck_assert_ptr_nonnull(a);
+	ck_assert_ptr_nonnull(b);
+	for (int i = 0; i < 2; i++) {
+		tap_buf_init(&want[i][0]);
+		tap_buf_init(&want[i][1]);
+	}
+	exchange(&want[0][1], &want[0][0], 12);
+	exchange(&want[1][1], &want[1][0], 150000); /* > TAP_PCAPNG_MAX_SEGMENT: split */
+	/* Interleave the two connections, each direction in a few chunks cut at odd places. */
+	size_t off[2][2] = {{0, 0}, {0, 0}};
+	for (int step = 0; step < 6; step++) {
+		for (int k = 0; k < 2; k++) {
+			struct tap_pcapng_conn *cc = k ? b : a;
+			for (int d = 1; d >= 0; d--) {
+				struct tap_buf *w = &want[k][d];
+				size_t n = step == 5 ? w->len - off[k][d] : (w->len / 5 + 3 * (size_t)step);
+				if (off[k][d] + n > w->len)
+					n = w->len - off[k][d];
+				t += 100;
+				tap_pcapng_conn_data(cc, d, (const uint8_t *)w->data + off[k][d], n, t);
+				off[k][d] += n;
+			}
+		}
+	}
+	tap_pcapng_conn_close(a, t + 10);
+	tap_pcapng_conn_close(b, t + 20);
+	tap_pcapng_free(p);
+	tap_out_close(&out);
+}
+
+START_TEST(round_trip_through_the_reader)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/two.pcapng", tmpdir);
+	struct tap_buf want[2][2];
+	write_two(path, want);
+	struct rb r;
+	char err[256] = "";
+	ck_assert_msg(read_back(path, &r, err, sizeof err) == 0, "%s", err);
+	ck_assert_uint_eq(r.n, 2);
+	ck_assert_str_eq(r.addr[0][1], "127.0.0.1:40000");
+	ck_assert_str_eq(r.addr[0][0], "127.0.0.2:5672");
+	ck_assert_str_eq(r.addr[1][1], "[::1]:50000");
+	ck_assert_str_eq(r.addr[1][0], "[2001:db8::2]:5672");
+	for (int k = 0; k < 2; k++) {
+		ck_assert(!r.mid[k]);
+		ck_assert_int_eq(r.how[k], TAP_CAPTURE_END_CLIENT_FIN);
+		for (int d = 0; d < 2; d++) {
+			ck_assert_uint_eq(r.bytes[k][d].len, want[k][d].len);
+			ck_assert(memcmp(r.bytes[k][d].data, want[k][d].data, want[k][d].len) == 0);
+			tap_buf_deinit(&want[k][d]);
+		}
+	}
+	rb_free(&r);
+	unlink(path);
+}
+END_TEST
+
+/* A process killed after a flush leaves whole blocks only: the file reads cleanly up to there. */
+START_TEST(flushed_prefix_is_readable)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/cut.pcapng", tmpdir);
+	struct tap_out out;
+	ck_assert_int_eq(tap_out_open(&out, path), 0);
+	struct tap_pcapng *p = tap_pcapng_new(&out);
+	struct tap_pcapng_conn *a = tap_pcapng_conn_open(p, "10.1.1.1:1234", "10.1.1.2:5672", 1000000);
+	tap_pcapng_conn_data(a, true, (const uint8_t *)"AMQP\0\0\x09\x01", 8, 1000001);
+	tap_out_flush(&out);
+	struct stat st;
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_int_gt(st.st_size, 0);
+	struct rb r;
+	char err[256] = "";
+	ck_assert_msg(read_back(path, &r, err, sizeof err) == 0, "%s", err);
+	ck_assert_uint_eq(r.n, 1);
+	ck_assert_uint_eq(r.bytes[0][1].len, 8);
+	ck_assert_int_eq(r.how[0], TAP_CAPTURE_END_CAPTURE);
+	rb_free(&r);
+	tap_pcapng_conn_close(a, 1000002);
+	tap_pcapng_free(p);
+	tap_out_close(&out);
+	/* unparsable addresses fall back to documentation addresses, still a valid stream */
+	unlink(path);
+	ck_assert_int_eq(tap_out_open(&out, path), 0);
+	p = tap_pcapng_new(&out);
+	a = tap_pcapng_conn_open(p, "unix-socket", "rabbit.example:5672", 1000000);
+	tap_pcapng_conn_data(a, false, (const uint8_t *)"x", 1, 1000001);
+	tap_pcapng_conn_close(a, 1000002);
+	tap_pcapng_free(p);
+	tap_out_close(&out);
+	ck_assert_msg(read_back(path, &r, err, sizeof err) == 0, "%s", err);
+	ck_assert_uint_eq(r.n, 1);
+	ck_assert_str_eq(r.addr[0][1], "192.0.2.1:0");
+	ck_assert_str_eq(r.addr[0][0], "192.0.2.2:5672");
+	rb_free(&r);
+	unlink(path);
+}
+END_TEST
+
+static bool have_tshark(void)
+{
+	return access("/usr/bin/tshark", X_OK) == 0;
+}
+
+START_TEST(tshark_decodes_every_frame)
+{
+	if (!have_tshark()) {
+		fprintf(stderr, "tshark missing: skipping the tshark cross-check\n");
+		return;
+	}
+	char path[128], cmd[512];
+	snprintf(path, sizeof path, "%s/ts.pcapng", tmpdir);
+	struct tap_buf want[2][2];
+	write_two(path, want);
+	for (int k = 0; k < 2; k++)
+		for (int d = 0; d < 2; d++)
+			tap_buf_deinit(&want[k][d]);
+	/* Method names per frame, plus checksum verdicts (1 good, 0 bad) and any malformed-packet marker. */
+	snprintf(cmd, sizeof cmd,
+		 "tshark -r %s -d tcp.port==5672,amqp -o tcp.check_checksum:TRUE -o ip.check_checksum:TRUE "
+		 "-T fields -e amqp.method.method -e tcp.checksum.status -e ip.checksum.status -e _ws.malformed "
+		 "-e _ws.expert.severity 2>&1",
+		 path);
+	FILE *f = popen(cmd, "r");
+	ck_assert_ptr_nonnull(f);
+	char line[512];
+	int publish = 0, ack = 0, open = 0, select = 0, bad = 0, lines = 0;
+	while (fgets(line, sizeof line, f)) {
+		lines++;
+		char *fields[5] = {0};
+		char *s = line;
+		for (int i = 0; i < 5; i++) {
+			fields[i] = strsep(&s, "\t\n");
+			if (!fields[i])
+				fields[i] = "";
+		}
+		publish += strstr(fields[0], "Publish") != NULL;
+		ack += strstr(fields[0], "Ack") != NULL;
+		open += strstr(fields[0], "Open") != NULL;
+		select += strstr(fields[0], "Select") != NULL;
+		if (strcmp(fields[1], "0") == 0 || strcmp(fields[2], "0") == 0 || fields[3][0])
+			bad++, fprintf(stderr, "tshark: %s|%s|%s|%s\n", fields[0], fields[1], fields[2], fields[3]);
+	}
+	ck_assert_int_eq(pclose(f), 0);
+	ck_assert_int_eq(bad, 0);
+	ck_assert_int_eq(publish, 2);
+	ck_assert_int_eq(ack, 2);
+	ck_assert_int_ge(open, 4);
+	ck_assert_int_ge(select, 4);
+	ck_assert_int_ge(lines, 20);
+	/*DBG*/
+}
+END_TEST
+
+int main(void)
+{
+	snprintf(tmpdir, sizeof tmpdir, "/tmp/test_pcapng.XXXXXX");
+	if (!mkdtemp(tmpdir))
+		return EXIT_FAILURE;
+	Suite *s = suite_create("pcapng");
+	TCase *tc = tcase_create("core");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, round_trip_through_the_reader);
+	tcase_add_test(tc, flushed_prefix_is_readable);
+	tcase_add_test(tc, tshark_decodes_every_frame);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	rmdir(tmpdir);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,190 @@
+/* Content headers: all 14 basic properties as rabbitmq-c encodes them (amqp_encode_properties), every
+ * subset of flags, truncation at every offset, continuation words, bad flags, other classes. */
+#include "amqptap/props.h"
+#include "amqptap/status.h"
+#include "amqptap/table.h"
+
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef TAP_HAVE_RABBITMQ
+#include <amqp.h>
+#include <amqp_framing.h>
+#endif
+
+static size_t head(uint8_t *out, uint16_t class_id, uint64_t body_size)
+{
+	out[0] = (uint8_t)(class_id >> 8);
+	out[1] = (uint8_t)class_id;
+	out[2] = out[3] = 0;
+	for (int i = 0; i < 8; i++)
+		out[4 + i] = (uint8_t)(body_size >> (56 - 8 * i));
+	return 12;
+}
+
+static bool slice_is(struct tap_slice s, const char *v)
+{
+	return s.len == strlen(v) && memcmp(s.ptr, v, s.len) == 0;
+}
+
+START_TEST(minimal_and_malformed)
+{
+	uint8_t b[64];
+	struct tap_props p;
+	size_t n = head(b, 60, 0x0102030405060708ull);
+	b[n++] = 0;
+	b[n++] = 0;
+	ck_assert_int_eq(tap_props_decode(b, n, &p), 0);
+	ck_assert_uint_eq(p.body_size, 0x0102030405060708ull);
+	ck_assert_uint_eq(p.flags, 0);
+	for (size_t cut = 0; cut < n; cut++)
+		ck_assert_int_eq(tap_props_decode(b, cut, &p), TAP_E_TRUNCATED);
+	/* delivery-mode only */
+	b[12] = 0x10, b[13] = 0, b[14] = 2;
+	ck_assert_int_eq(tap_props_decode(b, 15, &p), 0);
+	ck_assert_uint_eq(p.flags, TAP_PROP_DELIVERY_MODE);
+	ck_assert_uint_eq(p.delivery_mode, 2);
+	ck_assert_int_eq(tap_props_decode(b, 14, &p), TAP_E_TRUNCATED);
+	/* flag bit 1 has no property */
+	b[12] = 0, b[13] = 0x02;
+	ck_assert_int_eq(tap_props_decode(b, 14, &p), TAP_E_BAD_PROPERTY_FLAGS);
+	/* continuation word, empty: accepted; with bits: rejected; missing: truncated */
+	b[12] = 0x10, b[13] = 0x01, b[14] = 0, b[15] = 0, b[16] = 1;
+	ck_assert_int_eq(tap_props_decode(b, 17, &p), 0);
+	ck_assert_uint_eq(p.delivery_mode, 1);
+	ck_assert_uint_eq(p.flags, TAP_PROP_DELIVERY_MODE);
+	ck_assert_int_eq(tap_props_decode(b, 15, &p), TAP_E_TRUNCATED);
+	b[14] = 0x80;
+	ck_assert_int_eq(tap_props_decode(b, 17, &p), TAP_E_BAD_PROPERTY_FLAGS);
+	/* another class */
+	head(b, 10, 5);
+	b[12] = b[13] = 0;
+	ck_assert_int_eq(tap_props_decode(b, 14, &p), TAP_E_UNKNOWN_CLASS);
+	ck_assert_uint_eq(p.class_id, 10);
+	ck_assert_uint_eq(p.body_size, 5);
+	/* headers with a bad type letter */
+	n = head(b, 60, 1);
+	b[n++] = 0x20, b[n++] = 0;
+	const uint8_t tab[] = {0, 0, 0, 3, 1, 'k', '!'};
+	memcpy(b + n, tab, sizeof tab);
+	ck_assert_int_eq(tap_props_decode(b, n + sizeof tab, &p), TAP_E_BAD_FIELD_TYPE);
+}
+END_TEST
+
+#ifdef TAP_HAVE_RABBITMQ
+static amqp_table_entry_t hdr_entries[2];
+
+static void full_props(amqp_basic_properties_t *bp)
+{
+	memset(bp, 0, sizeof *bp);
+	hdr_entries[0] = (amqp_table_entry_t){amqp_cstring_bytes("x-retry"), {.kind = 'I', .value.i32 = 3}};
+	hdr_entries[1] =
+		(amqp_table_entry_t){amqp_cstring_bytes("trace"), {.kind = 'S', .value.bytes = amqp_cstring_bytes("abc")}};
+	bp->_flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_CONTENT_ENCODING_FLAG | AMQP_BASIC_HEADERS_FLAG |
+		     AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_PRIORITY_FLAG | AMQP_BASIC_CORRELATION_ID_FLAG |
+		     AMQP_BASIC_REPLY_TO_FLAG | AMQP_BASIC_EXPIRATION_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG |
+		     AMQP_BASIC_TIMESTAMP_FLAG | AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_USER_ID_FLAG | AMQP_BASIC_APP_ID_FLAG |
+		     AMQP_BASIC_CLUSTER_ID_FLAG;
+	bp->content_type = amqp_cstring_bytes("application/json");
+	bp->content_encoding = amqp_cstring_bytes("gzip");
+	bp->headers = (amqp_table_t){2, hdr_entries};
+	bp->delivery_mode = 2;
+	bp->priority = 9;
+	bp->correlation_id = amqp_cstring_bytes("corr-1");
+	bp->reply_to = amqp_cstring_bytes("amq.rabbitmq.reply-to");
+	bp->expiration = amqp_cstring_bytes("60000");
+	bp->message_id = amqp_cstring_bytes("id-42");
+	bp->timestamp = 1700000000123ull;
+	bp->type = amqp_cstring_bytes("order.created");
+	bp->user_id = amqp_cstring_bytes("guest");
+	bp->app_id = amqp_cstring_bytes("billing");
+	bp->cluster_id = amqp_cstring_bytes("c1");
+}
+
+/* Every subset of the 14 properties (2^14 headers), encoded by rabbitmq-c. */
+START_TEST(all_subsets_against_rabbitmq_c)
+{
+	static const amqp_flags_t rc_flags[14] = {
+		AMQP_BASIC_CONTENT_TYPE_FLAG, AMQP_BASIC_CONTENT_ENCODING_FLAG, AMQP_BASIC_HEADERS_FLAG,
+		AMQP_BASIC_DELIVERY_MODE_FLAG, AMQP_BASIC_PRIORITY_FLAG, AMQP_BASIC_CORRELATION_ID_FLAG,
+		AMQP_BASIC_REPLY_TO_FLAG, AMQP_BASIC_EXPIRATION_FLAG, AMQP_BASIC_MESSAGE_ID_FLAG,
+		AMQP_BASIC_TIMESTAMP_FLAG, AMQP_BASIC_TYPE_FLAG, AMQP_BASIC_USER_ID_FLAG, AMQP_BASIC_APP_ID_FLAG,
+		AMQP_BASIC_CLUSTER_ID_FLAG};
+	amqp_basic_properties_t all;
+	full_props(&all);
+	uint8_t b[1024];
+	for (unsigned mask = 0; mask < (1u << 14); mask++) {
+		amqp_basic_properties_t bp = all;
+		bp._flags = 0;
+		uint16_t want = 0;
+		for (int i = 0; i < 14; i++)
+			if (mask & (1u << i)) {
+				bp._flags |= rc_flags[i];
+				want |= (uint16_t)(1u << (15 - i));
+			}
+		size_t n = head(b, 60, mask * 1000ull);
+		int enc = amqp_encode_properties(60, &bp, (amqp_bytes_t){sizeof b - n, b + n});
+		ck_assert_int_ge(enc, 2);
+		n += (size_t)enc;
+		struct tap_props p;
+		ck_assert_int_eq(tap_props_decode(b, n, &p), 0);
+		ck_assert_uint_eq(p.flags, want);
+		ck_assert_uint_eq(p.body_size, mask * 1000ull);
+		if (want & TAP_PROP_CONTENT_TYPE)
+			ck_assert(slice_is(p.content_type, "application/json"));
+		if (want & TAP_PROP_CONTENT_ENCODING)
+			ck_assert(slice_is(p.content_encoding, "gzip"));
+		if (want & TAP_PROP_HEADERS) {
+			struct tap_field f;
+			ck_assert(tap_table_find(p.headers.ptr, p.headers.len, "x-retry", &f));
+			ck_assert_int_eq(f.i, 3);
+			ck_assert(tap_table_find(p.headers.ptr, p.headers.len, "trace", &f));
+			ck_assert_mem_eq(f.ptr, "abc", 3);
+		} else {
+			ck_assert_uint_eq(p.headers.len, 0);
+		}
+		ck_assert_uint_eq(p.delivery_mode, (want & TAP_PROP_DELIVERY_MODE) ? 2 : 0);
+		ck_assert_uint_eq(p.priority, (want & TAP_PROP_PRIORITY) ? 9 : 0);
+		if (want & TAP_PROP_CORRELATION_ID)
+			ck_assert(slice_is(p.correlation_id, "corr-1"));
+		if (want & TAP_PROP_REPLY_TO)
+			ck_assert(slice_is(p.reply_to, "amq.rabbitmq.reply-to"));
+		if (want & TAP_PROP_EXPIRATION)
+			ck_assert(slice_is(p.expiration, "60000"));
+		if (want & TAP_PROP_MESSAGE_ID)
+			ck_assert(slice_is(p.message_id, "id-42"));
+		else
+			ck_assert_uint_eq(p.message_id.len, 0);
+		ck_assert_uint_eq(p.timestamp, (want & TAP_PROP_TIMESTAMP) ? 1700000000123ull : 0);
+		if (want & TAP_PROP_TYPE)
+			ck_assert(slice_is(p.type, "order.created"));
+		if (want & TAP_PROP_USER_ID)
+			ck_assert(slice_is(p.user_id, "guest"));
+		if (want & TAP_PROP_APP_ID)
+			ck_assert(slice_is(p.app_id, "billing"));
+		if (want & TAP_PROP_CLUSTER_ID)
+			ck_assert(slice_is(p.cluster_id, "c1"));
+		if (mask == (1u << 14) - 1)
+			for (size_t cut = 0; cut < n; cut++)
+				ck_assert_msg(tap_props_decode(b, cut, &p) == TAP_E_TRUNCATED, "cut %zu", cut);
+	}
+}
+END_TEST
+#endif
+
+int main(void)
+{
+	Suite *s = suite_create("props");
+	TCase *tc = tcase_create("core");
+	tcase_add_test(tc, minimal_and_malformed);
+#ifdef TAP_HAVE_RABBITMQ
+	tcase_add_test(tc, all_subsets_against_rabbitmq_c);
+#endif
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

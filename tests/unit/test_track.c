@@ -1,0 +1,1077 @@
+/* The verdict tracker driven with synthetic AMQP events: every record it writes is captured, parsed and checked
+ * against DESIGN §3-§4, and a randomized run checks the invariant (one `publish` record per publish). */
+#include "amqptap/track.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- captured records and a minimal JSON reader for their top-level members ---- */
+
+#define MAX_RECS 200000
+
+static char **recs;
+static size_t n_recs;
+
+static void capture(void *ctx, const char *json, size_t len)
+{
+	(void)ctx;
+	ck_assert_uint_lt(n_recs, MAX_RECS);
+	ck_assert_ptr_null(memchr(json, '\n', len));
+	char *r = malloc(len + 1);
+	memcpy(r, json, len);
+	r[len] = '\0';
+	recs[n_recs++] = r;
+}
+
+static void reset_recs(void)
+{
+	for (size_t i = 0; i < n_recs; i++)
+		free(recs[i]);
+	n_recs = 0;
+}
+
+static const char *skip_ws(const char *p)
+{
+	while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r')
+		p++;
+	return p;
+}
+
+/* Returns the end of the JSON value at p, or NULL when it is malformed. */
+static const char *skip_value(const char *p)
+{
+	p = skip_ws(p);
+	if (*p == '"') {
+		for (p++; *p && *p != '"'; p++) {
+			if ((unsigned char)*p < 0x20)
+				return NULL;
+			if (*p == '\\' && !*++p)
+				return NULL;
+		}
+		return *p == '"' ? p + 1 : NULL;
+	}
+	if (*p == '{' || *p == '[') {
+		char close = *p == '{' ? '}' : ']';
+		bool obj = *p == '{';
+		p = skip_ws(p + 1);
+		if (*p == close)
+			return p + 1;
+		for (;;) {
+			if (obj) {
+				p = skip_value(p);
+				if (!p || *(p = skip_ws(p)) != ':')
+					return NULL;
+				p++;
+			}
+			p = skip_value(p);
+			if (!p)
+				return NULL;
+			p = skip_ws(p);
+			if (*p == ',') {
+				p++;
+				continue;
+			}
+			return *p == close ? p + 1 : NULL;
+		}
+	}
+	if (!strncmp(p, "true", 4))
+		return p + 4;
+	if (!strncmp(p, "false", 5))
+		return p + 5;
+	if (!strncmp(p, "null", 4))
+		return p + 4;
+	const char *s = p;
+	if (*p == '-')
+		p++;
+	while ((*p >= '0' && *p <= '9') || *p == '.' || *p == 'e' || *p == 'E' || *p == '+' || *p == '-')
+		p++;
+	return p > s ? p : NULL;
+}
+
+static bool valid_json_object(const char *r)
+{
+	const char *e = skip_value(r);
+	return r[0] == '{' && e && *skip_ws(e) == '\0';
+}
+
+/* The raw text of member `key` of the top-level object (strings keep their quotes), or NULL. Duplicate keys fail
+ * the test. Result is in a rotating static buffer. */
+static const char *get(const char *rec, const char *key)
+{
+	static char out[8][4096];
+	static int k;
+	const char *found = NULL;
+	size_t found_len = 0;
+	const char *p = skip_ws(rec);
+	ck_assert_int_eq(*p, '{');
+	p = skip_ws(p + 1);
+	while (*p && *p != '}') {
+		const char *ks = p;
+		const char *ke = skip_value(p);
+		ck_assert_ptr_nonnull(ke);
+		p = skip_ws(ke);
+		ck_assert_int_eq(*p, ':');
+		const char *vs = skip_ws(p + 1);
+		const char *ve = skip_value(vs);
+		ck_assert_ptr_nonnull(ve);
+		if ((size_t)(ke - ks) == strlen(key) + 2 && !strncmp(ks + 1, key, strlen(key))) {
+			ck_assert_msg(!found, "duplicate key %s in %s", key, rec);
+			found = vs;
+			found_len = (size_t)(ve - vs);
+		}
+		p = skip_ws(ve);
+		if (*p == ',')
+			p = skip_ws(p + 1);
+	}
+	if (!found)
+		return NULL;
+	char *o = out[k++ & 7];
+	if (found_len >= sizeof out[0])
+		found_len = sizeof out[0] - 1;
+	memcpy(o, found, found_len);
+	o[found_len] = '\0';
+	return o;
+}
+
+static void assert_field(const char *rec, const char *key, const char *want)
+{
+	const char *v = get(rec, key);
+	ck_assert_msg(v != NULL, "no %s in %s", key, rec);
+	ck_assert_msg(!strcmp(v, want), "%s is %s, want %s in %s", key, v, want, rec);
+}
+
+static bool is_type(const char *rec, const char *type)
+{
+	char q[64];
+	snprintf(q, sizeof q, "\"%s\"", type);
+	const char *v = get(rec, "type");
+	return v && !strcmp(v, q);
+}
+
+static size_t count_type(const char *type)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < n_recs; i++)
+		n += is_type(recs[i], type);
+	return n;
+}
+
+/* The k-th (0-based) record of a type, or fails. */
+static const char *nth(const char *type, size_t k)
+{
+	for (size_t i = 0; i < n_recs; i++)
+		if (is_type(recs[i], type) && k-- == 0)
+			return recs[i];
+	ck_abort_msg("no record %s #%zu", type, k);
+	return NULL;
+}
+
+/* The publish record with this seq, or fails. */
+static const char *pub_seq(uint64_t seq)
+{
+	char want[32];
+	snprintf(want, sizeof want, "%llu", (unsigned long long)seq);
+	const char *hit = NULL;
+	for (size_t i = 0; i < n_recs; i++) {
+		if (!is_type(recs[i], "publish"))
+			continue;
+		const char *s = get(recs[i], "seq");
+		if (s && !strcmp(s, want)) {
+			ck_assert_msg(!hit, "two records for seq %s", want);
+			hit = recs[i];
+		}
+	}
+	ck_assert_msg(hit != NULL, "no record for seq %s", want);
+	return hit;
+}
+
+/* ---- fixture ---- */
+
+#define T0 1795947302000000LL /* 2026-11-29T10:15:02Z */
+
+static struct tap_track *t;
+static struct tap_track_conn *c;
+
+static struct tap_slice S(const char *s) {
+	return (struct tap_slice){(const uint8_t *)s, strlen(s)};
+}
+
+static void
+setup_conf(const struct tap_track_conf *conf)
+{
+	if (!recs)
+		recs = calloc(MAX_RECS, sizeof *recs);
+	reset_recs();
+	t = tap_track_new(conf, capture, NULL);
+	ck_assert_ptr_nonnull(t);
+	c = tap_track_conn_new(t, 3, "127.0.0.1:51234", "127.0.0.1:5672", T0);
+	tap_track_conn_user(c, S("guest"));
+	tap_track_conn_client_props(c, S("pika"), S("1.2.0"), S("Python 3.11"));
+	tap_track_conn_tune(c, 2047, 131072, 60);
+	tap_track_conn_open(c, S("/"), T0);
+}
+
+static void setup(void)
+{
+	struct tap_track_conf conf = {0};
+	setup_conf(&conf);
+}
+
+static void teardown(void)
+{
+	tap_track_free(t);
+	t = NULL;
+	c = NULL;
+	reset_recs();
+}
+
+static struct tap_publish pub(const char *x, const char *rk, bool mandatory)
+{
+	return (struct tap_publish){.exchange = S(x), .routing_key = S(rk), .mandatory = mandatory, .body_size = 12};
+}
+
+static struct tap_return ret(const char *x, const char *rk)
+{
+	return (struct tap_return){
+	    .reply_code = 312, .reply_text = S("NO_ROUTE"), .exchange = S(x), .routing_key = S(rk), .body_size = 12};
+}
+
+static void confirm_channel(uint16_t ch)
+{
+	tap_track_channel_open(c, ch, T0);
+	tap_track_confirm_select(c, ch, T0);
+}
+
+static struct tap_track_stats stats(void)
+{
+	struct tap_track_stats s;
+	tap_track_get_stats(t, &s);
+	return s;
+}
+
+/* ---- tests ---- */
+
+START_TEST(connection_open_record)
+{
+	ck_assert_uint_eq(n_recs, 1);
+	const char *r = recs[0];
+	ck_assert(valid_json_object(r));
+	assert_field(r, "type", "\"connection\"");
+	assert_field(r, "event", "\"open\"");
+	assert_field(r, "ts", "\"2026-11-29T10:15:02.000000Z\"");
+	assert_field(r, "conn", "3");
+	assert_field(r, "client", "\"127.0.0.1:51234\"");
+	assert_field(r, "user", "\"guest\"");
+	assert_field(r, "vhost", "\"/\"");
+	assert_field(r, "product", "\"pika\"");
+	assert_field(r, "version", "\"1.2.0\"");
+	assert_field(r, "platform", "\"Python 3.11\"");
+	assert_field(r, "frame_max", "131072");
+	assert_field(r, "heartbeat", "60");
+	assert_field(r, "channel_max", "2047");
+	tap_track_conn_open(c, S("/"), T0); /* once */
+	ck_assert_uint_eq(n_recs, 1);
+}
+END_TEST
+
+START_TEST(routed_after_late_return_window)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x.d", "match", true);
+	p.has_message_id = true;
+	p.message_id = S("id-42");
+	p.has_delivery_mode = true;
+	p.delivery_mode = 2;
+	tap_track_publish(c, 1, &p, T0 + 100);
+	tap_track_confirm(c, 1, 1, false, false, T0 + 630);
+	ck_assert_uint_eq(count_type("publish"), 0); /* held for a late Return */
+	ck_assert_uint_eq(stats().held, 1);
+	int64_t next = tap_track_tick(t, T0 + 700);
+	ck_assert_int_eq(next, T0 + 630 + TAP_TRACK_LATE_RETURN_US_DEFAULT);
+	ck_assert_uint_eq(count_type("publish"), 0);
+	ck_assert_int_eq(tap_track_tick(t, next), INT64_MAX);
+	const char *r = nth("publish", 0);
+	ck_assert(valid_json_object(r));
+	assert_field(r, "conn", "3");
+	assert_field(r, "client", "\"127.0.0.1:51234\"");
+	assert_field(r, "vhost", "\"/\"");
+	assert_field(r, "user", "\"guest\"");
+	assert_field(r, "channel", "1");
+	assert_field(r, "seq", "1");
+	assert_field(r, "exchange", "\"x.d\"");
+	assert_field(r, "routing_key", "\"match\"");
+	assert_field(r, "mandatory", "true");
+	assert_field(r, "message_id", "\"id-42\"");
+	assert_field(r, "correlation_id", "null");
+	assert_field(r, "delivery_mode", "2");
+	assert_field(r, "body_size", "12");
+	assert_field(r, "route", "\"routed\"");
+	assert_field(r, "confirm", "\"ack\"");
+	assert_field(r, "confirm_us", "530");
+	assert_field(r, "multiple", "false");
+	assert_field(r, "order", "null");
+	ck_assert_ptr_null(get(r, "reason"));
+	ck_assert_ptr_null(get(r, "tx"));
+	ck_assert_ptr_null(get(r, "reply_code"));
+	ck_assert_ptr_null(get(r, "content_type"));
+	struct tap_track_stats s = stats();
+	ck_assert_uint_eq(s.routed, 1);
+	ck_assert_uint_eq(s.acked, 1);
+	ck_assert_uint_eq(s.outstanding, 0);
+	ck_assert_uint_eq(s.held, 0);
+}
+END_TEST
+
+START_TEST(returned_before_ack)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x.d", "nomatch", true);
+	tap_track_publish(c, 1, &p, T0);
+	struct tap_return r = ret("x.d", "nomatch");
+	tap_track_return(c, 1, &r, T0 + 410);
+	ck_assert_uint_eq(count_type("publish"), 0);
+	tap_track_confirm(c, 1, 1, false, false, T0 + 530);
+	const char *rec = nth("publish", 0);
+	assert_field(rec, "route", "\"returned\"");
+	assert_field(rec, "reply_code", "312");
+	assert_field(rec, "reply_text", "\"NO_ROUTE\"");
+	assert_field(rec, "return_us", "410");
+	assert_field(rec, "confirm", "\"ack\"");
+	assert_field(rec, "confirm_us", "530");
+	assert_field(rec, "order", "\"return_before_ack\"");
+	assert_field(rec, "ts", "\"2026-11-29T10:15:02.000530Z\"");
+	ck_assert_uint_eq(count_type("warning"), 0);
+	ck_assert_uint_eq(stats().returned, 1);
+}
+END_TEST
+
+START_TEST(nacked)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("", "q.full", true);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_confirm(c, 1, 1, false, true, T0 + 50);
+	const char *rec = nth("publish", 0);
+	assert_field(rec, "confirm", "\"nack\"");
+	assert_field(rec, "route", "\"unproven\"");
+	assert_field(rec, "exchange", "\"\"");
+	assert_field(rec, "confirm_us", "50");
+	ck_assert_uint_eq(stats().nacked, 1);
+}
+END_TEST
+
+START_TEST(confirm_without_mandatory_warns_once)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x.d", "nomatch", false);
+	for (int i = 0; i < 3; i++)
+		tap_track_publish(c, 1, &p, T0);
+	for (int i = 1; i <= 3; i++)
+		tap_track_confirm(c, 1, (uint64_t)i, false, false, T0 + 10);
+	ck_assert_uint_eq(count_type("publish"), 3);
+	for (int i = 1; i <= 3; i++) {
+		assert_field(pub_seq((uint64_t)i), "route", "\"unproven\"");
+		assert_field(pub_seq((uint64_t)i), "confirm", "\"ack\"");
+	}
+	ck_assert_uint_eq(count_type("warning"), 1);
+	const char *w = nth("warning", 0);
+	assert_field(w, "rule", "\"confirm_without_mandatory\"");
+	assert_field(w, "channel", "1");
+	assert_field(w, "conn", "3");
+}
+END_TEST
+
+START_TEST(multiple_ack_covers_range)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", false);
+	for (int i = 0; i < 10; i++)
+		tap_track_publish(c, 1, &p, T0 + i);
+	tap_track_confirm(c, 1, 7, true, false, T0 + 100);
+	ck_assert_uint_eq(count_type("publish"), 7);
+	for (uint64_t s = 1; s <= 7; s++) {
+		assert_field(pub_seq(s), "multiple", "true");
+		char want[16];
+		snprintf(want, sizeof want, "%llu", (unsigned long long)(100 - (s - 1)));
+		assert_field(pub_seq(s), "confirm_us", want);
+	}
+	tap_track_confirm(c, 1, 9, false, false, T0 + 200);
+	assert_field(pub_seq(9), "multiple", "false");
+	tap_track_confirm(c, 1, 10, true, false, T0 + 300);
+	ck_assert_uint_eq(count_type("publish"), 10);
+	assert_field(pub_seq(8), "multiple", "true");
+	ck_assert_uint_eq(stats().stray_confirms, 0);
+	tap_track_confirm(c, 1, 10, true, false, T0 + 300);
+	ck_assert_uint_eq(stats().stray_confirms, 1);
+}
+END_TEST
+
+START_TEST(out_of_order_acks)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", false);
+	for (int i = 0; i < 5; i++)
+		tap_track_publish(c, 1, &p, T0);
+	const uint64_t order[] = {3, 1, 5, 2, 4};
+	for (int i = 0; i < 5; i++) {
+		tap_track_confirm(c, 1, order[i], false, false, T0 + 10 * (i + 1));
+		ck_assert_uint_eq(count_type("publish"), (size_t)i + 1);
+	}
+	assert_field(pub_seq(3), "confirm_us", "10");
+	assert_field(pub_seq(4), "confirm_us", "50");
+	tap_track_confirm(c, 1, 3, false, false, T0 + 99);  /* already answered */
+	tap_track_confirm(c, 1, 77, false, false, T0 + 99); /* never published */
+	tap_track_confirm(c, 1, 0, false, false, T0 + 99);
+	ck_assert_uint_eq(count_type("publish"), 5);
+	ck_assert_uint_eq(stats().stray_confirms, 3);
+	ck_assert_uint_eq(stats().outstanding, 0);
+}
+END_TEST
+
+START_TEST(multiple_ack_spanning_nack)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", false);
+	for (int i = 0; i < 5; i++)
+		tap_track_publish(c, 1, &p, T0);
+	tap_track_confirm(c, 1, 3, false, true, T0 + 5);
+	tap_track_confirm(c, 1, 5, true, false, T0 + 9);
+	ck_assert_uint_eq(count_type("publish"), 5);
+	assert_field(pub_seq(3), "confirm", "\"nack\"");
+	assert_field(pub_seq(3), "multiple", "false");
+	for (uint64_t s = 1; s <= 5; s++)
+		if (s != 3)
+			assert_field(pub_seq(s), "confirm", "\"ack\"");
+	ck_assert_uint_eq(stats().acked, 4);
+	ck_assert_uint_eq(stats().nacked, 1);
+}
+END_TEST
+
+START_TEST(multiple_tag_zero_means_all)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", false);
+	for (int i = 0; i < 4; i++)
+		tap_track_publish(c, 1, &p, T0);
+	tap_track_confirm(c, 1, 0, true, false, T0 + 5);
+	ck_assert_uint_eq(count_type("publish"), 4);
+}
+END_TEST
+
+START_TEST(ack_before_return)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x.d", "nomatch", true);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_confirm(c, 1, 2, true, false, T0 + 100);
+	struct tap_return r = ret("x.d", "nomatch");
+	tap_track_return(c, 1, &r, T0 + 120);
+	tap_track_return(c, 1, &r, T0 + 130);
+	ck_assert_uint_eq(count_type("publish"), 2);
+	const char *a = pub_seq(1);
+	assert_field(a, "route", "\"returned\"");
+	assert_field(a, "order", "\"ack_before_return\"");
+	assert_field(a, "confirm", "\"ack\"");
+	assert_field(a, "confirm_us", "100");
+	assert_field(a, "return_us", "120");
+	assert_field(a, "multiple", "true");
+	assert_field(pub_seq(2), "order", "\"ack_before_return\"");
+	ck_assert_uint_eq(count_type("warning"), 1);
+	assert_field(nth("warning", 0), "rule", "\"ack_before_return\"");
+	assert_field(nth("warning", 0), "seq", "1");
+	ck_assert_int_eq(tap_track_tick(t, T0 + 10000000), INT64_MAX);
+	ck_assert_uint_eq(count_type("publish"), 2);
+}
+END_TEST
+
+START_TEST(unmatched_return)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x.d", "a", true);
+	tap_track_publish(c, 1, &p, T0);
+	struct tap_return r = ret("x.d", "b");
+	tap_track_return(c, 1, &r, T0 + 1);
+	r = ret("x.d", "a");
+	r.body_size = 13; /* same key, other size */
+	tap_track_return(c, 1, &r, T0 + 2);
+	r = ret("x.d", "a");
+	tap_track_return(c, 9, &r, T0 + 3); /* channel never seen */
+	ck_assert_uint_eq(count_type("publish"), 0);
+	ck_assert_uint_eq(count_type("warning"), 3);
+	const char *w = nth("warning", 0);
+	assert_field(w, "rule", "\"unmatched_return\"");
+	assert_field(w, "routing_key", "\"b\"");
+	assert_field(w, "reply_code", "312");
+	ck_assert_uint_eq(stats().unmatched_returns, 3);
+	tap_track_confirm(c, 1, 1, false, false, T0 + 10);
+	tap_track_tick(t, T0 + 1000000);
+	assert_field(pub_seq(1), "route", "\"routed\"");
+}
+END_TEST
+
+START_TEST(return_pairs_earliest_match_with_message_id)
+{
+	tap_track_channel_open(c, 1, T0);
+	struct tap_publish p = pub("x", "k", true);
+	p.has_timestamp = true; /* stored before the message_id */
+	p.timestamp = 1795947302;
+	p.has_message_id = true;
+	p.message_id = S("m1");
+	tap_track_publish(c, 1, &p, T0 + 1);
+	p.message_id = S("m2");
+	tap_track_publish(c, 1, &p, T0 + 2);
+	p.message_id = S("m3");
+	tap_track_publish(c, 1, &p, T0 + 3);
+	struct tap_return r = ret("x", "k");
+	r.has_message_id = true;
+	r.message_id = S("m2");
+	tap_track_return(c, 1, &r, T0 + 10);
+	ck_assert_uint_eq(count_type("publish"), 1);
+	const char *rec = nth("publish", 0);
+	assert_field(rec, "message_id", "\"m2\"");
+	assert_field(rec, "route", "\"returned\"");
+	assert_field(rec, "confirm", "\"none\"");
+	assert_field(rec, "seq", "null");
+	assert_field(rec, "order", "null");
+	r.has_message_id = false;
+	tap_track_return(c, 1, &r, T0 + 11);
+	assert_field(nth("publish", 1), "message_id", "\"m1\"");
+	assert_field(nth("publish", 1), "timestamp", "1795947302");
+	tap_track_tick(t, T0 + 3 + TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
+	assert_field(nth("publish", 2), "message_id", "\"m3\"");
+	assert_field(nth("publish", 2), "route", "\"unproven\"");
+}
+END_TEST
+
+START_TEST(channel_closed_by_broker_404)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x.d", "k", true);
+	for (int i = 0; i < 3; i++)
+		tap_track_publish(c, 1, &p, T0);
+	tap_track_confirm(c, 1, 1, false, false, T0 + 5);
+	struct tap_publish bad = pub("nope", "k", false);
+	tap_track_publish(c, 1, &bad, T0 + 6);
+	const char *text = "NOT_FOUND - no exchange 'nope' in vhost '/'";
+	tap_track_channel_close(c, 1, true, 404, S(text), T0 + 7);
+	tap_track_publish(c, 1, &bad, T0 + 8); /* sent before the client saw the close */
+	ck_assert_uint_eq(count_type("publish"), 0);
+	tap_track_channel_close_ok(c, 1, T0 + 9);
+	ck_assert_uint_eq(count_type("publish"), 5);
+	assert_field(pub_seq(1), "route", "\"routed\""); /* held ack keeps its verdict */
+	for (uint64_t s = 2; s <= 5; s++) {
+		const char *r = pub_seq(s);
+		assert_field(r, "route", "\"unknown\"");
+		assert_field(r, "confirm", "\"unknown\"");
+		assert_field(
+		    r, "reason",
+		    "{\"by\":\"broker\",\"code\":404,\"text\":\"NOT_FOUND - no exchange 'nope' in vhost '/'\"}");
+		ck_assert_ptr_null(get(r, "confirm_us"));
+	}
+	const char *ch = nth("channel", 2);
+	assert_field(ch, "event", "\"close\"");
+	assert_field(ch, "by", "\"broker\"");
+	assert_field(ch, "code", "404");
+	assert_field(ch, "unconfirmed", "4");
+	ck_assert_uint_eq(stats().outstanding, 0);
+	tap_track_confirm(c, 1, 2, false, false, T0 + 10); /* channel gone */
+	ck_assert_uint_eq(count_type("publish"), 5);
+}
+END_TEST
+
+START_TEST(channel_close_by_client)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", false);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_channel_close(c, 1, false, 200, S("Normal shutdown"), T0 + 1);
+	tap_track_confirm(c, 1, 1, false, false, T0 + 2); /* still arrives before close-ok */
+	tap_track_channel_close_ok(c, 1, T0 + 3);
+	assert_field(pub_seq(1), "confirm", "\"ack\"");
+	assert_field(pub_seq(2), "reason", "{\"by\":\"client\",\"code\":200,\"text\":\"Normal shutdown\"}");
+	assert_field(nth("channel", 2), "unconfirmed", "1");
+}
+END_TEST
+
+START_TEST(reopened_channel_restarts_at_one)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", false);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_confirm(c, 1, 2, true, false, T0 + 1);
+	tap_track_channel_close(c, 1, false, 200, S(""), T0 + 2);
+	tap_track_channel_close_ok(c, 1, T0 + 3);
+	confirm_channel(1);
+	tap_track_publish(c, 1, &p, T0 + 4);
+	tap_track_confirm(c, 1, 1, false, false, T0 + 5);
+	ck_assert_uint_eq(count_type("publish"), 3);
+	assert_field(nth("publish", 2), "seq", "1");
+	assert_field(nth("publish", 2), "confirm_us", "1");
+	assert_field(nth("channel", 0), "event", "\"open\"");
+	assert_field(nth("channel", 1), "event", "\"confirm_select\"");
+}
+END_TEST
+
+START_TEST(reselect_does_not_reset)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", false);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_confirm_select(c, 1, T0);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_confirm(c, 1, 3, false, false, T0 + 1);
+	assert_field(nth("publish", 0), "seq", "3");
+}
+END_TEST
+
+START_TEST(non_confirm_publishes_before_select)
+{
+	tap_track_channel_open(c, 1, T0);
+	struct tap_publish m = pub("x", "k", true);
+	tap_track_publish(c, 1, &m, T0); /* waits for a Return, no seq */
+	tap_track_confirm_select(c, 1, T0 + 1);
+	tap_track_publish(c, 1, &m, T0 + 2);
+	tap_track_confirm(c, 1, 1, true, false, T0 + 3);
+	tap_track_tick(t, T0 + 3 + TAP_TRACK_LATE_RETURN_US_DEFAULT);
+	ck_assert_uint_eq(count_type("publish"), 1);
+	assert_field(nth("publish", 0), "seq", "1");
+	tap_track_tick(t, T0 + TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
+	assert_field(nth("publish", 1), "seq", "null");
+	assert_field(nth("publish", 1), "route", "\"unproven\"");
+}
+END_TEST
+
+START_TEST(tx_channel)
+{
+	tap_track_channel_open(c, 2, T0);
+	tap_track_tx_select(c, 2, T0);
+	struct tap_publish p = pub("x", "k", false);
+	tap_track_publish(c, 2, &p, T0 + 1);
+	ck_assert_uint_eq(count_type("publish"), 1);
+	const char *r = nth("publish", 0);
+	assert_field(r, "seq", "null");
+	assert_field(r, "confirm", "\"none\"");
+	assert_field(r, "route", "\"unproven\"");
+	assert_field(r, "tx", "true");
+	tap_track_confirm_select(c, 2, T0 + 2); /* the broker refuses (406); tracking stays tx */
+	tap_track_publish(c, 2, &p, T0 + 3);
+	assert_field(nth("publish", 1), "tx", "true");
+	assert_field(nth("channel", 1), "event", "\"tx_select\"");
+}
+END_TEST
+
+START_TEST(non_confirm_mandatory_window)
+{
+	struct tap_track_conf conf = {.return_window_us = 1000};
+	teardown();
+	setup_conf(&conf);
+	tap_track_channel_open(c, 1, T0);
+	struct tap_publish p = pub("x", "gone", true);
+	tap_track_publish(c, 1, &p, T0);
+	p.routing_key = S("back");
+	tap_track_publish(c, 1, &p, T0 + 10);
+	struct tap_publish q = pub("x", "other", false);
+	tap_track_publish(c, 1, &q, T0 + 20);
+	ck_assert_uint_eq(count_type("publish"), 1); /* not mandatory: at once */
+	assert_field(nth("publish", 0), "route", "\"unproven\"");
+	struct tap_return r = ret("x", "back");
+	tap_track_return(c, 1, &r, T0 + 30);
+	ck_assert_uint_eq(count_type("publish"), 2);
+	assert_field(nth("publish", 1), "route", "\"returned\"");
+	assert_field(nth("publish", 1), "return_us", "20");
+	assert_field(nth("publish", 1), "confirm", "\"none\"");
+	ck_assert_int_eq(tap_track_tick(t, T0 + 999), T0 + 1000);
+	ck_assert_uint_eq(count_type("publish"), 2);
+	ck_assert_int_eq(tap_track_tick(t, T0 + 1000), INT64_MAX);
+	ck_assert_uint_eq(count_type("publish"), 3);
+	const char *w = nth("publish", 2);
+	assert_field(w, "routing_key", "\"gone\"");
+	assert_field(w, "route", "\"unproven\"");
+	assert_field(w, "confirm", "\"none\"");
+	assert_field(w, "ts", "\"2026-11-29T10:15:02.001000Z\"");
+}
+END_TEST
+
+START_TEST(eviction_at_max_outstanding)
+{
+	struct tap_track_conf conf = {.max_outstanding = 3};
+	teardown();
+	setup_conf(&conf);
+	confirm_channel(1);
+	confirm_channel(2);
+	struct tap_publish p = pub("x", "k", false);
+	tap_track_publish(c, 1, &p, T0 + 1);
+	tap_track_publish(c, 2, &p, T0 + 2);
+	tap_track_publish(c, 1, &p, T0 + 3);
+	ck_assert_uint_eq(count_type("publish"), 0);
+	tap_track_publish(c, 2, &p, T0 + 4);
+	tap_track_publish(c, 2, &p, T0 + 5);
+	ck_assert_uint_eq(count_type("publish"), 2);
+	const char *a = nth("publish", 0), *b = nth("publish", 1);
+	assert_field(a, "channel", "1");
+	assert_field(a, "seq", "1");
+	assert_field(a, "route", "\"unknown\"");
+	assert_field(a, "confirm", "\"unknown\"");
+	assert_field(a, "reason", "{\"by\":\"evicted\"}");
+	assert_field(b, "channel", "2");
+	assert_field(b, "seq", "1");
+	ck_assert_uint_eq(stats().evicted, 2);
+	ck_assert_uint_eq(stats().outstanding, 3);
+	tap_track_confirm(c, 2, 3, true, false, T0 + 6);
+	ck_assert_uint_eq(count_type("publish"), 4);
+	ck_assert_uint_eq(stats().stray_confirms, 0);
+}
+END_TEST
+
+START_TEST(conn_end_with_outstanding)
+{
+	confirm_channel(1);
+	tap_track_channel_open(c, 5, T0);
+	struct tap_publish p = pub("x", "k", true);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_publish(c, 5, &p, T0); /* non-confirm, in its return window */
+	tap_track_confirm(c, 1, 1, false, false, T0 + 1);
+	tap_track_conn_end(c, "eof", T0 + 2);
+	c = NULL;
+	ck_assert_uint_eq(count_type("publish"), 3);
+	assert_field(pub_seq(1), "route", "\"routed\"");
+	assert_field(pub_seq(2), "route", "\"unknown\"");
+	assert_field(pub_seq(2), "reason", "{\"by\":\"eof\"}");
+	const char *nc = nth("publish", 2);
+	assert_field(nc, "channel", "5");
+	assert_field(nc, "route", "\"unknown\"");
+	assert_field(nc, "confirm", "\"none\"");
+	ck_assert_uint_eq(count_type("channel"), 5); /* open, select, open, close, close */
+	const char *cc = nth("connection", 1);
+	assert_field(cc, "event", "\"close\"");
+	assert_field(cc, "by", "\"eof\"");
+	assert_field(cc, "publishes", "3");
+	assert_field(cc, "routed", "1");
+	assert_field(cc, "unknown", "2");
+	assert_field(cc, "acked", "1");
+	struct tap_track_stats s = stats();
+	ck_assert_uint_eq(s.connections_open, 0);
+	ck_assert_uint_eq(s.publishes, s.publish_records);
+}
+END_TEST
+
+START_TEST(conn_end_after_connection_close)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", false);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_conn_close(c, true, 320, S("CONNECTION_FORCED - broker forced connection closure"), T0 + 1);
+	tap_track_conn_end(c, "eof", T0 + 2);
+	c = NULL;
+	assert_field(
+	    pub_seq(1), "reason",
+	    "{\"by\":\"broker\",\"code\":320,\"text\":\"CONNECTION_FORCED - broker forced connection closure\"}");
+	assert_field(nth("connection", 1), "code", "320");
+}
+END_TEST
+
+START_TEST(shutdown_writes_everything)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", true);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_confirm(c, 1, 1, false, false, T0 + 1);
+	struct tap_track_conn *c2 = tap_track_conn_new(t, 4, "127.0.0.1:2", "127.0.0.1:5672", T0);
+	tap_track_channel_open(c2, 1, T0);
+	tap_track_publish(c2, 1, &p, T0);
+	tap_track_shutdown(t, T0 + 5);
+	c = NULL;
+	struct tap_track_stats s = stats();
+	ck_assert_uint_eq(s.publishes, 3);
+	ck_assert_uint_eq(s.publish_records, 3);
+	ck_assert_uint_eq(s.outstanding, 0);
+	ck_assert_uint_eq(s.connections_open, 0);
+	assert_field(pub_seq(1), "route", "\"routed\"");
+	assert_field(pub_seq(1), "confirm", "\"ack\"");
+	assert_field(pub_seq(2), "reason", "{\"by\":\"shutdown\"}");
+	ck_assert_uint_eq(count_type("connection"), 3);
+}
+END_TEST
+
+START_TEST(consumer_side_does_not_confuse)
+{
+	/* channel 1 consumes (no confirm mode): consumer acks never reach tap_track_confirm, but even if a tag
+	 * shows up on a non-confirm channel it confirms nothing */
+	tap_track_channel_open(c, 1, T0);
+	confirm_channel(2);
+	struct tap_publish p = pub("x", "k", false);
+	tap_track_publish(c, 2, &p, T0);
+	tap_track_confirm(c, 1, 1, false, false, T0 + 1);
+	tap_track_confirm(c, 1, 5, true, false, T0 + 1);
+	ck_assert_uint_eq(count_type("publish"), 0);
+	ck_assert_uint_eq(stats().stray_confirms, 2);
+	tap_track_confirm(c, 2, 1, false, false, T0 + 2);
+	assert_field(nth("publish", 0), "channel", "2");
+	assert_field(nth("publish", 0), "confirm_us", "2");
+}
+END_TEST
+
+START_TEST(optional_properties_and_escaping)
+{
+	confirm_channel(1);
+	struct tap_slice keys[] = {S("x-retry"), S("trace\"id")};
+	struct tap_publish p = pub("x\n", "k\xff", false);
+	p.content_type = S("application/json");
+	p.type = S("order.created");
+	p.app_id = S("shop");
+	p.has_timestamp = true;
+	p.timestamp = 1795947302;
+	p.header_keys = keys;
+	p.n_header_keys = 2;
+	p.has_correlation_id = true;
+	p.correlation_id = S("c-1");
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_confirm(c, 1, 1, false, false, T0 + 1);
+	const char *r = nth("publish", 0);
+	ck_assert(valid_json_object(r));
+	assert_field(r, "type", "\"publish\"");
+	assert_field(r, "exchange", "\"x\\n\"");
+	assert_field(r, "routing_key", "\"k\\u00ff\"");
+	assert_field(r, "content_type", "\"application/json\"");
+	assert_field(r, "message_type", "\"order.created\"");
+	assert_field(r, "app_id", "\"shop\"");
+	assert_field(r, "timestamp", "1795947302");
+	assert_field(r, "headers", "[\"x-retry\",\"trace\\\"id\"]");
+	assert_field(r, "correlation_id", "\"c-1\"");
+	assert_field(r, "delivery_mode", "null");
+}
+END_TEST
+
+START_TEST(blocked_and_unblocked)
+{
+	tap_track_conn_blocked(c, true, S("low on memory"), T0 + 10);
+	tap_track_conn_blocked(c, false, S(""), T0 + 510);
+	assert_field(nth("blocked", 0), "reason", "\"low on memory\"");
+	assert_field(nth("unblocked", 0), "blocked_us", "500");
+	assert_field(nth("unblocked", 0), "conn", "3");
+}
+END_TEST
+
+START_TEST(summary_and_latency)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", false);
+	for (int i = 0; i < 100; i++)
+		tap_track_publish(c, 1, &p, T0);
+	for (int i = 1; i <= 100; i++)
+		tap_track_confirm(c, 1, (uint64_t)i, false, false, T0 + i * 10);
+	uint64_t p50 = tap_track_confirm_quantile(t, 0.5);
+	ck_assert_uint_ge(p50, 500 - 500 / 16);
+	ck_assert_uint_le(p50, 500 + 500 / 16);
+	ck_assert_uint_eq(tap_track_confirm_quantile(t, 1.0), 1000);
+	struct tap_buf b;
+	tap_buf_init(&b);
+	tap_track_summary(t, &b);
+	tap_buf_putc(&b, '\0');
+	ck_assert_ptr_nonnull(strstr(b.data, "conn 3 127.0.0.1:51234"));
+	ck_assert_ptr_nonnull(strstr(b.data, "publishes=100 routed=0 returned=0 unproven=100 unknown=0 acked=100"));
+	ck_assert_ptr_nonnull(strstr(b.data, "max=1000"));
+	tap_buf_deinit(&b);
+}
+END_TEST
+
+START_TEST(every_record_has_type_and_ts)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", true);
+	tap_track_publish(c, 1, &p, T0);
+	struct tap_return r = ret("y", "k");
+	tap_track_return(c, 1, &r, T0);
+	tap_track_conn_blocked(c, true, S("disk"), T0);
+	tap_track_shutdown(t, T0 + 1);
+	c = NULL;
+	ck_assert_uint_eq(stats().records, n_recs);
+	for (size_t i = 0; i < n_recs; i++) {
+		ck_assert_msg(valid_json_object(recs[i]), "bad json %s", recs[i]);
+		ck_assert_ptr_nonnull(get(recs[i], "type"));
+		ck_assert_ptr_nonnull(get(recs[i], "ts"));
+	}
+}
+END_TEST
+
+/* ---- randomized property: one publish record per publish, whatever happens ---- */
+
+static uint64_t rng_state;
+static uint32_t rnd(uint32_t n)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return (uint32_t)(rng_state % n);
+}
+
+START_TEST(random_interleavings)
+{
+	static const char *const rks[] = {"a", "b", "c"};
+	struct tap_track_stats sum = {0};
+	for (int round = 0; round < 40; round++) {
+		rng_state = 0x9E3779B97F4A7C15ull + (uint64_t)round * 7919;
+		struct tap_track_conf conf = {.return_window_us = 1 + rnd(3000),
+		                              .late_return_us = 1 + rnd(200),
+		                              .max_outstanding = round % 3 == 0 ? 1 + rnd(40) : 0};
+		teardown();
+		setup_conf(&conf);
+		struct tap_track_conn *conns[2] = {c, tap_track_conn_new(t, 4, "b", "u", T0)};
+		uint64_t seq[2][4] = {{0}};
+		uint64_t published = 0;
+		int64_t now = T0;
+		for (int step = 0; step < 3000; step++) {
+			int ci = (int)rnd(2);
+			struct tap_track_conn *cc = conns[ci];
+			if (!cc) {
+				conns[ci] = tap_track_conn_new(t, 10 + (uint64_t)step, "n", "u", now);
+				memset(seq[ci], 0, sizeof seq[ci]);
+				continue;
+			}
+			uint16_t ch = (uint16_t)(1 + rnd(3));
+			now += rnd(50);
+			uint32_t op = rnd(100);
+			if (op < 40) {
+				char mid[32];
+				snprintf(mid, sizeof mid, "m%llu", (unsigned long long)published++);
+				struct tap_publish p = pub("x", rks[rnd(3)], rnd(2));
+				p.body_size = rnd(3);
+				p.has_message_id = true;
+				p.message_id = S(mid);
+				tap_track_publish(cc, ch, &p, now);
+				seq[ci][ch]++;
+			} else if (op < 60) {
+				uint64_t tag = seq[ci][ch] ? 1 + rnd((uint32_t)seq[ci][ch] + 2) : rnd(3);
+				tap_track_confirm(cc, ch, tag, rnd(3) == 0, rnd(8) == 0, now);
+			} else if (op < 72) {
+				struct tap_return r = ret("x", rks[rnd(3)]);
+				r.body_size = rnd(3);
+				tap_track_return(cc, ch, &r, now);
+			} else if (op < 76) {
+				tap_track_channel_close(cc, ch, rnd(2), 404, S("NOT_FOUND"), now);
+			} else if (op < 80) {
+				tap_track_channel_close_ok(cc, ch, now);
+			} else if (op < 84) {
+				tap_track_channel_open(cc, ch, now);
+				seq[ci][ch] = 0;
+			} else if (op < 89) {
+				tap_track_confirm_select(cc, ch, now);
+			} else if (op < 90) {
+				tap_track_tx_select(cc, ch, now);
+			} else if (op < 98) {
+				tap_track_tick(t, now);
+			} else if (op < 99) {
+				tap_track_conn_close(cc, rnd(2), 320, S("forced"), now);
+			} else {
+				tap_track_conn_end(cc, "reset", now);
+				conns[ci] = NULL;
+			}
+			struct tap_track_stats s = stats();
+			ck_assert_uint_eq(s.publish_records + s.outstanding, s.publishes);
+		}
+		tap_track_shutdown(t, now + 1);
+		c = NULL;
+		struct tap_track_stats s = stats();
+		ck_assert_uint_eq(s.publishes, published);
+		ck_assert_uint_eq(s.publish_records, published);
+		ck_assert_uint_eq(s.outstanding, 0);
+		ck_assert_uint_eq(s.held, 0);
+		ck_assert_uint_eq(s.routed + s.returned + s.unproven + s.unknown, published);
+		ck_assert_uint_eq(s.acked + s.nacked + s.confirm_none + s.confirm_unknown, published);
+		ck_assert_uint_eq(s.records, n_recs);
+		unsigned char *seen = calloc(published ? published : 1, 1);
+		for (size_t i = 0; i < n_recs; i++) {
+			ck_assert(valid_json_object(recs[i]));
+			if (!is_type(recs[i], "publish"))
+				continue;
+			const char *m = get(recs[i], "message_id");
+			ck_assert_ptr_nonnull(m);
+			unsigned long long k = strtoull(m + 2, NULL, 10);
+			ck_assert_uint_lt(k, published);
+			ck_assert_msg(!seen[k], "publish m%llu written twice", k);
+			seen[k] = 1;
+		}
+		for (uint64_t k = 0; k < published; k++)
+			ck_assert_msg(seen[k], "publish m%llu never written", (unsigned long long)k);
+		free(seen);
+		sum.routed += s.routed;
+		sum.returned += s.returned;
+		sum.unproven += s.unproven;
+		sum.unknown += s.unknown;
+		sum.nacked += s.nacked;
+		sum.evicted += s.evicted;
+		sum.stray_confirms += s.stray_confirms;
+		sum.unmatched_returns += s.unmatched_returns;
+		sum.publishes += s.publishes;
+	}
+	/* the walk reached every kind of ending */
+	fprintf(stderr,
+	        "random: %llu publishes: routed %llu returned %llu unproven %llu unknown %llu nacked %llu "
+	        "evicted %llu stray %llu unmatched %llu\n",
+	        (unsigned long long)sum.publishes, (unsigned long long)sum.routed, (unsigned long long)sum.returned,
+	        (unsigned long long)sum.unproven, (unsigned long long)sum.unknown, (unsigned long long)sum.nacked,
+	        (unsigned long long)sum.evicted, (unsigned long long)sum.stray_confirms,
+	        (unsigned long long)sum.unmatched_returns);
+	ck_assert_uint_gt(sum.routed, 0);
+	ck_assert_uint_gt(sum.returned, 0);
+	ck_assert_uint_gt(sum.unproven, 0);
+	ck_assert_uint_gt(sum.unknown, 0);
+	ck_assert_uint_gt(sum.nacked, 0);
+	ck_assert_uint_gt(sum.evicted, 0);
+	ck_assert_uint_gt(sum.unmatched_returns, 0);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("track");
+	TCase *tc = tcase_create("core");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, connection_open_record);
+	tcase_add_test(tc, routed_after_late_return_window);
+	tcase_add_test(tc, returned_before_ack);
+	tcase_add_test(tc, nacked);
+	tcase_add_test(tc, confirm_without_mandatory_warns_once);
+	tcase_add_test(tc, multiple_ack_covers_range);
+	tcase_add_test(tc, out_of_order_acks);
+	tcase_add_test(tc, multiple_ack_spanning_nack);
+	tcase_add_test(tc, multiple_tag_zero_means_all);
+	tcase_add_test(tc, ack_before_return);
+	tcase_add_test(tc, unmatched_return);
+	tcase_add_test(tc, return_pairs_earliest_match_with_message_id);
+	tcase_add_test(tc, channel_closed_by_broker_404);
+	tcase_add_test(tc, channel_close_by_client);
+	tcase_add_test(tc, reopened_channel_restarts_at_one);
+	tcase_add_test(tc, reselect_does_not_reset);
+	tcase_add_test(tc, non_confirm_publishes_before_select);
+	tcase_add_test(tc, tx_channel);
+	tcase_add_test(tc, non_confirm_mandatory_window);
+	tcase_add_test(tc, eviction_at_max_outstanding);
+	tcase_add_test(tc, conn_end_with_outstanding);
+	tcase_add_test(tc, conn_end_after_connection_close);
+	tcase_add_test(tc, shutdown_writes_everything);
+	tcase_add_test(tc, consumer_side_does_not_confuse);
+	tcase_add_test(tc, optional_properties_and_escaping);
+	tcase_add_test(tc, blocked_and_unblocked);
+	tcase_add_test(tc, summary_and_latency);
+	tcase_add_test(tc, every_record_has_type_and_ts);
+	tcase_add_test(tc, random_interleavings);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	for (size_t i = 0; i < n_recs; i++)
+		free(recs[i]);
+	free(recs);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
