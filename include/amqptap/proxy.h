@@ -50,6 +50,8 @@ struct tap_proxy_stats {
 
 /* Watermark: a side's output buffer above this stops reading the other side. */
 #define TAP_PROXY_HIGH_WATER (1024 * 1024)
+/* After one side is gone, how long the other may take to read what is left. */
+#define TAP_PROXY_DRAIN_SECONDS 10
 
 /* Creates a proxy that forwards to upstream (resolved by the caller), with
  * TLS on the legs `tls` asks for (NULL: plain TCP both ways; borrowed, must

@@ -109,10 +109,15 @@ struct tap_conn *tap_conn_new(struct tap_observer *o, uint64_t id, const char *c
 	return c;
 }
 
+static void pending_cut(struct tap_conn *c, uint16_t channel, struct pending *p, int64_t now_us);
+
 void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 {
 	if (!c)
 		return;
+	for (size_t i = 0; i < c->n_chans; i++)
+		if (c->chans[i].dir[1].kind == PENDING_PUBLISH)
+			pending_cut(c, c->chans[i].number, &c->chans[i].dir[1], now_us);
 	tap_track_conn_end(c->tc, reason_by, now_us);
 	const struct tap_capture_sink *cap = c->o->capture;
 	if (c->capture) {
@@ -231,6 +236,18 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 		tap_track_return(c->tc, channel, &r, now_us);
 	}
 	pending_reset(p, PENDING_NONE);
+}
+
+/* Content that will never be finished (another method on its channel, or
+ * the connection ended). A publish still counts: the client sent its
+ * basic.publish, so it gets its record (the broker cannot have taken it,
+ * and the connection or channel end will say so). A return is dropped. */
+static void pending_cut(struct tap_conn *c, uint16_t channel, struct pending *p, int64_t now_us)
+{
+	if (p->kind == PENDING_PUBLISH)
+		pending_complete(c, channel, p, now_us);
+	else
+		pending_reset(p, PENDING_NONE);
 }
 
 static void on_header(struct tap_conn *c, bool c2s, const struct tap_frame_ev *ev, int64_t now_us)
@@ -442,7 +459,7 @@ static void on_method(struct tap_conn *c, bool c2s, const struct tap_frame_ev *e
 	if (ev->channel != 0) {
 		struct channel *ch = channel_get(c, ev->channel);
 		if (ch && ch->dir[c2s].kind != PENDING_NONE)
-			pending_reset(&ch->dir[c2s], PENDING_NONE); /* a method ends any unfinished content */
+			pending_cut(c, ev->channel, &ch->dir[c2s], now_us); /* a method ends any unfinished content */
 	}
 	if (c2s)
 		on_client_method(c, ev->channel, &m, now_us);

@@ -205,6 +205,24 @@ static bool drained(const struct tap_session *s, enum side side)
 	return !s->bev[side] || evbuffer_get_length(bufferevent_get_output(s->bev[side])) == 0;
 }
 
+/* One side is gone: what is queued for the other is written, then it is
+ * closed. The survivor is still read (and observed: a client may go on
+ * publishing into a dead connection, and each publish needs its record) so
+ * that a peer blocked in a write can make progress and read what is left;
+ * a peer that reads nothing for TAP_PROXY_DRAIN_SECONDS is cut off. */
+static void begin_closing(struct tap_session *s)
+{
+	s->closing = true;
+	for (int i = 0; i < 2; i++) {
+		if (!s->bev[i])
+			continue;
+		struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
+		bufferevent_setwatermark(s->bev[i], EV_WRITE, 0, 0);
+		bufferevent_set_timeouts(s->bev[i], NULL, &drain);
+		bufferevent_enable(s->bev[i], EV_READ);
+	}
+}
+
 /* Passes a FIN on to `side` once its output is empty; ends the session when
  * both directions are finished. Returns true if the session was freed. */
 static bool settle(struct tap_session *s)
@@ -212,7 +230,8 @@ static bool settle(struct tap_session *s)
 	for (int side = 0; side < 2; side++) {
 		if (s->eof[!side] && !s->shut_wr[side] && s->bev[side] && (side == SIDE_CLIENT || s->connected)) {
 			if (s->tls[side] || s->tls[!side]) {
-				s->closing = true; /* TLS has no half-close: drain, then close */
+				if (!s->closing)
+					begin_closing(s); /* TLS has no half-close: drain, then close */
 			} else if (drained(s, (enum side)side)) {
 				shutdown(bufferevent_getfd(s->bev[side]), SHUT_WR);
 				s->shut_wr[side] = true;
@@ -253,6 +272,10 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 			set_nodelay(bufferevent_getfd(bev));
 			settle(s);
 		}
+		return;
+	}
+	if (what & BEV_EVENT_TIMEOUT) { /* only armed while draining */
+		session_end(s);
 		return;
 	}
 	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)))
@@ -298,11 +321,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(err));
 	bufferevent_free(bev);
 	s->bev[side] = NULL;
-	s->closing = true;
-	if (other) {
-		bufferevent_disable(other, EV_READ);
-		bufferevent_setwatermark(other, EV_WRITE, 0, 0);
-	}
+	begin_closing(s);
 	settle(s);
 }
 
@@ -432,9 +451,10 @@ void tap_proxy_close_all(struct tap_proxy *px)
 {
 	struct tap_session *s;
 	while ((s = TAILQ_FIRST(&px->sessions)) != NULL) {
-		/* flush what is already queued towards each side, best effort */
-		s->why = TAP_END_SHUTDOWN;
-		s->detail[0] = '\0';
+		if (!s->closing && !s->eof[SIDE_CLIENT] && !s->eof[SIDE_UPSTREAM]) {
+			s->why = TAP_END_SHUTDOWN; /* a session already ending keeps its own reason */
+			s->detail[0] = '\0';
+		}
 		session_end(s);
 	}
 }

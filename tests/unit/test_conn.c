@@ -297,6 +297,44 @@ START_TEST(foreign_protocol_is_a_decode_error_and_still_captured)
 }
 END_TEST
 
+/* Every basic.publish whose method frame got through gets exactly one
+ * record, even when the connection ends inside its content. */
+START_TEST(cut_content_still_gets_its_record)
+{
+	static struct bytes cl;
+	cl.n = 0;
+	client_stream(&cl);
+	size_t publish_ends[8], n_publish = 0;
+	for (size_t off = 8; off < cl.n;) { /* walk the frames */
+		uint32_t size = (uint32_t)cl.d[off + 3] << 24 | (uint32_t)cl.d[off + 4] << 16 |
+				(uint32_t)cl.d[off + 5] << 8 | cl.d[off + 6];
+		size_t end = off + 8 + size;
+		if (cl.d[off] == 1 && cl.d[off + 7] == 0 && cl.d[off + 8] == 60 && cl.d[off + 9] == 0 &&
+		    cl.d[off + 10] == 40)
+			publish_ends[n_publish++] = end;
+		off = end;
+	}
+	ck_assert_uint_eq(n_publish, 2);
+	for (size_t cut = 0; cut <= cl.n; cut++) {
+		static struct sink s;
+		memset(&s, 0, sizeof s);
+		struct tap_track_conf tc = {0};
+		struct tap_track *t = tap_track_new(&tc, emit, &s);
+		struct tap_observer o;
+		tap_observer_init(&o, t, emit, &s, NULL, 0);
+		struct tap_conn *c = tap_conn_new(&o, 1, "127.0.0.1:1", "127.0.0.1:2", 1);
+		tap_conn_feed(c, true, cl.d, cut, 2);
+		tap_conn_end(c, "client_eof", 3);
+		tap_track_free(t);
+		tap_observer_deinit(&o);
+		size_t expect = (cut >= publish_ends[0]) + (cut >= publish_ends[1]);
+		ck_assert_msg(count(s.records, "\"type\":\"publish\"") == expect, "cut at %zu: %zu records, want %zu", cut,
+			      count(s.records, "\"type\":\"publish\""), expect);
+		ck_assert_uint_eq(count(s.records, "\"route\":\"unknown\""), expect);
+	}
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("conn");
@@ -306,6 +344,7 @@ int main(void)
 	tcase_add_test(tc, capture_overwrites_only_the_password);
 	tcase_add_test(tc, any_split_gives_the_same_result);
 	tcase_add_test(tc, foreign_protocol_is_a_decode_error_and_still_captured);
+	tcase_add_test(tc, cut_content_still_gets_its_record);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
