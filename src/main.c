@@ -95,7 +95,8 @@ static void hook_data(void *ctx, void *sess, bool c2s, const uint8_t *data, size
 static void hook_close(void *ctx, void *sess, enum tap_proxy_end why, const char *detail, int64_t now_us)
 {
 	(void)ctx;
-	(void)detail;
+	if (detail)
+		tap_conn_note(sess, detail);
 	tap_conn_end(sess, tap_proxy_end_name(why), now_us);
 }
 

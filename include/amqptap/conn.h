@@ -49,6 +49,9 @@ struct tap_conn *tap_conn_new(struct tap_observer *o, uint64_t id, const char *c
 /* Bytes forwarded at now_us, in order, for one direction. The slice is only
  * read during the call. */
 void tap_conn_feed(struct tap_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t now_us);
+/* Why the connection failed below AMQP (unreachable broker, TLS error),
+ * for the connection record; call before tap_conn_end. */
+void tap_conn_note(struct tap_conn *c, const char *detail);
 /* The TCP connection is gone: every outstanding publish is written with
  * {"by": reason_by} unless a close method said more; frees c. */
 void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us);

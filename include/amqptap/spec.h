@@ -29,6 +29,16 @@ struct tap_arg_def {
 	bool reserved;         /* a "reserved-N" field of 0-9-1 */
 };
 
+#define TAP_SPEC_MAX_ARGS 9
+#define TAP_SPEC_NUM_METHODS 64
+#define TAP_SPEC_NUM_CLASSES 7
+
+/* tap_method_def.wire: how tap_method_decode reads one argument. Bits 0-3: its enum tap_arg_type; for a
+ * bit, bits 4-6: its position in the packed octet and TAP_WIRE_NEW_OCTET when it opens one (0-9-1 §4.2.5.2). */
+#define TAP_WIRE_TYPE_MASK 0x0f
+#define TAP_WIRE_BIT_SHIFT 4
+#define TAP_WIRE_NEW_OCTET 0x80
+
 struct tap_method_def {
 	uint32_t id;
 	uint16_t class_id, method_id;
@@ -36,11 +46,8 @@ struct tap_method_def {
 	bool has_content;
 	uint8_t nargs;
 	const struct tap_arg_def *args;
+	uint8_t wire[TAP_SPEC_MAX_ARGS]; /* per argument, see TAP_WIRE_*; precomputed from args */
 };
-
-#define TAP_SPEC_MAX_ARGS 9
-#define TAP_SPEC_NUM_METHODS 64
-#define TAP_SPEC_NUM_CLASSES 7
 
 enum {
 	TAP_CLASS_CONNECTION = 10,

@@ -49,6 +49,12 @@ void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_s
  * outstanding when the connection ends. */
 void tap_track_conn_close(struct tap_track_conn *c, bool by_broker, uint16_t code, struct tap_slice text,
                           int64_t now_us);
+/* Why the TCP or TLS connection failed (e.g. "certificate verify failed"), shown as the `text` of the reason
+ * when no close method gave one. Copied. */
+void tap_track_conn_detail(struct tap_track_conn *c, const char *detail);
+/* connection.close-ok from the broker to the client's connection.close: the broker said all it had to say, so
+ * publishes still in their return window when the connection ends got no Return (unproven). */
+void tap_track_conn_close_ok(struct tap_track_conn *c, int64_t now_us);
 /* The TCP connection is gone: every outstanding publish gets its record (reason: the channel.close or
  * connection.close seen earlier, else {"by":reason_by}), channel close records and the `connection` close record
  * are written, and c is freed. */
@@ -59,6 +65,8 @@ void tap_track_confirm_select(struct tap_track_conn *c, uint16_t ch, int64_t now
 void tap_track_tx_select(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 void tap_track_channel_close(struct tap_track_conn *c, uint16_t ch, bool by_broker, uint16_t code,
                              struct tap_slice text, int64_t now_us);
+/* tx.commit-ok from the broker: the channel's publishes still waiting for a Return got none (unproven). */
+void tap_track_tx_commit_ok(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 /* channel.close-ok from either side: the channel is gone; its outstanding publishes end with the close's reason. */
 void tap_track_channel_close_ok(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 

@@ -109,6 +109,12 @@ struct tap_conn *tap_conn_new(struct tap_observer *o, uint64_t id, const char *c
 	return c;
 }
 
+void tap_conn_note(struct tap_conn *c, const char *detail)
+{
+	if (c)
+		tap_track_conn_detail(c->tc, detail);
+}
+
 static void pending_cut(struct tap_conn *c, uint16_t channel, struct pending *p, int64_t now_us);
 
 void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
@@ -399,6 +405,9 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 	case TAP_CONNECTION_OPEN_OK:
 		tap_track_conn_open(tc, (struct tap_slice){(const uint8_t *)c->vhost, c->vhost_len}, now_us);
 		break;
+	case TAP_CONNECTION_CLOSE_OK:
+		tap_track_conn_close_ok(tc, now_us);
+		break;
 	case TAP_CONNECTION_CLOSE:
 		tap_track_conn_close(tc, true, (uint16_t)m->args[TAP_ARG_CONNECTION_CLOSE_REPLY_CODE].u,
 				     arg_slice(m, TAP_ARG_CONNECTION_CLOSE_REPLY_TEXT), now_us);
@@ -415,6 +424,9 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		break;
 	case TAP_CHANNEL_CLOSE_OK:
 		tap_track_channel_close_ok(tc, channel, now_us);
+		break;
+	case TAP_TX_COMMIT_OK:
+		tap_track_tx_commit_ok(tc, channel, now_us);
 		break;
 	case TAP_BASIC_ACK:
 		tap_track_confirm(tc, channel, m->args[TAP_ARG_BASIC_ACK_DELIVERY_TAG].u,

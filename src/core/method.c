@@ -1,4 +1,4 @@
-/* Method frame payload decoding driven by the generated argument tables of spec.c
+/* Method frame payload decoding driven by the generated per-method wire programs of spec.c
  * (0-9-1 §4.2.4 method payload, §4.2.5 field types, §4.2.5.2 bit packing). */
 #include "amqptap/spec.h"
 
@@ -6,80 +6,107 @@
 #include "amqptap/table.h"
 #include "rd.h"
 
+/* One argument per iteration, each field of *a written exactly once. The bounds checks compare the bytes
+ * left (end - p) with what the field needs, so nothing is read past end; on a short read the failing
+ * argument is left as {type, 0, NULL, 0} and those before it are filled in. */
 int tap_method_decode(const uint8_t *payload, size_t len, struct tap_method *m)
 {
-	struct tap_rd r;
-	tap_rd_init(&r, payload, len);
 	m->def = NULL;
-	m->class_id = m->method_id = 0;
-	if (!tap_rd_u16(&r, &m->class_id) || !tap_rd_u16(&r, &m->method_id))
+	if (len < 4) {
+		m->class_id = len >= 2 ? tap_be16(payload) : 0;
+		m->method_id = 0;
 		return TAP_E_TRUNCATED;
+	}
+	m->class_id = tap_be16(payload);
+	m->method_id = tap_be16(payload + 2);
 	const struct tap_method_def *def = tap_spec_method(m->class_id, m->method_id);
 	if (!def)
 		return TAP_E_UNKNOWN_METHOD;
-	unsigned bitpos = 8; /* 8: no open octet of packed bits */
-	uint8_t bits = 0;
-	for (unsigned i = 0; i < def->nargs; i++) {
-		struct tap_arg *a = &m->args[i];
-		enum tap_arg_type t = def->args[i].type;
+	const uint8_t *p = payload + 4, *end = payload + len;
+	struct tap_arg *a = m->args;
+	unsigned bits = 0;
+	for (unsigned i = 0; i < def->nargs; i++, a++) {
+		uint8_t w = def->wire[i];
+		size_t left = (size_t)(end - p);
+		enum tap_arg_type t = (enum tap_arg_type)(w & TAP_WIRE_TYPE_MASK);
 		a->type = t;
-		a->u = 0;
-		a->ptr = NULL;
-		a->len = 0;
 		if (t == TAP_ARG_BIT) {
-			if (bitpos == 8) {
-				if (!tap_rd_u8(&r, &bits))
-					return TAP_E_TRUNCATED;
-				bitpos = 0;
+			if (w & TAP_WIRE_NEW_OCTET) {
+				if (left < 1)
+					goto truncated;
+				bits = *p++;
 			}
-			a->u = (bits >> bitpos++) & 1;
+			a->u = (bits >> ((w >> TAP_WIRE_BIT_SHIFT) & 7)) & 1;
+			a->ptr = NULL;
+			a->len = 0;
 			continue;
 		}
-		bitpos = 8;
-		bool ok;
 		switch (t) {
-		case TAP_ARG_OCTET: {
-			uint8_t v = 0;
-			ok = tap_rd_u8(&r, &v);
-			a->u = v;
+		case TAP_ARG_SHORTSTR: /* §4.2.5.3 */
+			if (left < 1 || left - 1 < *p)
+				goto truncated;
+			a->u = 0;
+			a->len = *p;
+			a->ptr = p + 1;
+			p += 1 + (size_t)*p;
 			break;
-		}
-		case TAP_ARG_SHORT: {
-			uint16_t v = 0;
-			ok = tap_rd_u16(&r, &v);
-			a->u = v;
+		case TAP_ARG_SHORT:
+			if (left < 2)
+				goto truncated;
+			a->u = tap_be16(p);
+			a->ptr = NULL;
+			a->len = 0;
+			p += 2;
 			break;
-		}
-		case TAP_ARG_LONG: {
-			uint32_t v = 0;
-			ok = tap_rd_u32(&r, &v);
-			a->u = v;
+		case TAP_ARG_OCTET:
+			if (left < 1)
+				goto truncated;
+			a->u = *p++;
+			a->ptr = NULL;
+			a->len = 0;
 			break;
-		}
+		case TAP_ARG_LONG:
+			if (left < 4)
+				goto truncated;
+			a->u = tap_be32(p);
+			a->ptr = NULL;
+			a->len = 0;
+			p += 4;
+			break;
 		case TAP_ARG_LONGLONG:
 		case TAP_ARG_TIMESTAMP:
-			ok = tap_rd_u64(&r, &a->u);
-			break;
-		case TAP_ARG_SHORTSTR:
-			ok = tap_rd_shortstr(&r, &a->ptr, &a->len);
+			if (left < 8)
+				goto truncated;
+			a->u = tap_be64(p);
+			a->ptr = NULL;
+			a->len = 0;
+			p += 8;
 			break;
 		case TAP_ARG_LONGSTR:
-			ok = tap_rd_longstr(&r, &a->ptr, &a->len);
-			break;
 		case TAP_ARG_TABLE: {
-			ok = tap_rd_longstr(&r, &a->ptr, &a->len);
-			int rc = ok ? tap_table_validate(a->ptr, a->len) : 0;
-			if (rc < 0)
-				return rc;
+			if (left < 4 || left - 4 < tap_be32(p))
+				goto truncated;
+			uint32_t n = tap_be32(p);
+			a->u = 0;
+			a->ptr = p + 4;
+			a->len = n;
+			p += 4 + (size_t)n;
+			if (t == TAP_ARG_TABLE) {
+				int rc = tap_table_validate(a->ptr, n);
+				if (rc < 0)
+					return rc;
+			}
 			break;
 		}
 		default:
-			ok = false;
-			break;
+			goto truncated;
 		}
-		if (!ok)
-			return TAP_E_TRUNCATED;
 	}
 	m->def = def;
 	return TAP_OK;
+truncated:
+	a->u = 0;
+	a->ptr = NULL;
+	a->len = 0;
+	return TAP_E_TRUNCATED;
 }

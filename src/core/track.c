@@ -359,6 +359,8 @@ enum trk_mode { MODE_NONE = 0, MODE_CONFIRM = 1, MODE_TX = 2 };
 
 struct trk_reason {
 	const char *by; /* "broker", "client", "eof", ...; NULL: none */
+	bool settled;   /* the broker answered everything before this end (close-ok to the client's close,
+			   tx.commit-ok): a publish still waiting for a Return got none */
 	bool has_code;
 	uint16_t code;
 	const uint8_t *text;
@@ -397,6 +399,8 @@ struct tap_track_conn {
 	bool tuned, opened, blocked;
 	int64_t blocked_since, t_new;
 	bool closed, close_by_broker;
+	bool settled; /* the broker's close-ok answered the client's connection.close */
+	char *end_detail; /* why the TCP/TLS connection failed, when no close method says it */
 	uint16_t close_code;
 	char *close_text;
 	size_t close_text_len;
@@ -943,6 +947,9 @@ static void slot_finish(struct tap_track_conn *c, struct trk_chan *ch, uint64_t 
 		vd.confirm = (e->flags & PF_CONFIRM) ? CONF_UNKNOWN : CONF_NONE;
 		if (vd.confirm == CONF_UNKNOWN)
 			vd.reason = reason;
+	} else if (reason && reason->settled && !(e->flags & PF_CONFIRM)) {
+		vd.route = ROUTE_UNPROVEN; /* its return window closed early: no Return came */
+		vd.confirm = CONF_NONE;
 	} else {
 		vd.route = ROUTE_UNKNOWN;
 		vd.confirm = (e->flags & PF_CONFIRM) ? CONF_UNKNOWN : CONF_NONE;
@@ -970,17 +977,21 @@ static void conn_reason(const struct tap_track_conn *c, const char *reason_by, s
 		                         .text = (const uint8_t *)c->close_text,
 		                         .text_len = c->close_text_len};
 	else
-		*r = (struct trk_reason){.by = reason_by ? reason_by : "eof"};
+		*r = (struct trk_reason){.by = reason_by ? reason_by : "eof",
+		                         .text = (const uint8_t *)c->end_detail,
+		                         .text_len = c->end_detail ? strlen(c->end_detail) : 0};
 }
 
 /* Ends every outstanding publish of the channel, writes its close record and frees it. */
 static void chan_end(struct tap_track_conn *c, struct trk_chan *ch, const struct trk_reason *fallback, int64_t now_us)
 {
 	struct trk_reason r;
-	if (ch->closing)
+	if (ch->closing) {
 		chan_reason(ch, &r);
-	else
+		r.settled = fallback->settled;
+	} else {
 		r = *fallback;
+	}
 	uint64_t unconfirmed = 0;
 	for (uint64_t n = ch->base; n < ch->next; n++) {
 		struct trk_pub *e = slot(ch, n);
@@ -1081,6 +1092,7 @@ static void conn_free(struct tap_track_conn *c)
 	free(c->version);
 	free(c->platform);
 	free(c->close_text);
+	free(c->end_detail);
 	free(c);
 }
 
@@ -1217,6 +1229,7 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 	struct tap_track *t = c->t;
 	struct trk_reason r;
 	conn_reason(c, reason_by, &r);
+	r.settled = c->settled;
 	for (unsigned p = 0; p < 256; p++) {
 		if (!c->pages[p])
 			continue;
@@ -1303,8 +1316,36 @@ void tap_track_channel_close_ok(struct tap_track_conn *c, uint16_t id, int64_t n
 	struct trk_chan *ch = chan_find(c, id);
 	if (!ch)
 		return;
-	struct trk_reason r = {.by = "close_ok"};
+	/* the broker's close-ok to the client's close comes after everything the broker had to say */
+	struct trk_reason r = {.by = "close_ok", .settled = ch->closing && !ch->close_by_broker};
 	chan_end(c, ch, &r, now_us);
+}
+
+void tap_track_conn_detail(struct tap_track_conn *c, const char *detail)
+{
+	free(c->end_detail);
+	c->end_detail = detail ? strdup(detail) : NULL;
+}
+
+void tap_track_conn_close_ok(struct tap_track_conn *c, int64_t now_us)
+{
+	(void)now_us;
+	if (c->closed && !c->close_by_broker)
+		c->settled = true;
+}
+
+void tap_track_tx_commit_ok(struct tap_track_conn *c, uint16_t id, int64_t now_us)
+{
+	struct trk_chan *ch = chan_find(c, id);
+	if (!ch)
+		return;
+	/* Returns of the committed publishes precede commit-ok: the ones still waiting got none. */
+	struct trk_reason r = {.by = "tx_commit_ok", .settled = true};
+	for (uint64_t n = ch->base; n < ch->next; n++) {
+		struct trk_pub *e = slot(ch, n);
+		if (e->state == PUB_WAIT && !(e->flags & PF_CONFIRM))
+			slot_finish(c, ch, n, &r, now_us);
+	}
 }
 
 /* ---- publishes ---- */

@@ -161,8 +161,13 @@ static void write_two(const char *path, struct tap_buf want[2][2])
 	}
 	exchange(&want[0][1], &want[0][0], 12);
 	exchange(&want[1][1], &want[1][0], 150000); /* > TAP_PCAPNG_MAX_SEGMENT: split */
-	/* Interleave the two connections, each direction in a few chunks cut at odd places. */
-	size_t off[2][2] = {{0, 0}, {0, 0}};
+	/* Interleave the two connections, each direction in a few chunks cut at odd places, except that the first
+	 * frame of each direction comes whole as in real traffic: tshark 4.0 does not reassemble a first frame split
+	 * over two packets (later ones it does). */
+	size_t off[2][2] = {{16, 21}, {16, 21}};
+	for (int k = 0; k < 2; k++)
+		for (int d = 1; d >= 0; d--)
+			tap_pcapng_conn_data(k ? b : a, d, (const uint8_t *)want[k][d].data, off[k][d], t += 10);
 	for (int step = 0; step < 6; step++) {
 		for (int k = 0; k < 2; k++) {
 			struct tap_pcapng_conn *cc = k ? b : a;
@@ -271,11 +276,11 @@ START_TEST(tshark_decodes_every_frame)
 	for (int k = 0; k < 2; k++)
 		for (int d = 0; d < 2; d++)
 			tap_buf_deinit(&want[k][d]);
-	/* Method names per frame, plus checksum verdicts (1 good, 0 bad) and any malformed-packet marker. */
+	/* Info column (method names), checksum verdicts (1 good, 0 bad) and any malformed-packet marker. */
 	snprintf(cmd, sizeof cmd,
 		 "tshark -r %s -d tcp.port==5672,amqp -o tcp.check_checksum:TRUE -o ip.check_checksum:TRUE "
-		 "-T fields -e amqp.method.method -e tcp.checksum.status -e ip.checksum.status -e _ws.malformed "
-		 "-e _ws.expert.severity 2>&1",
+		 "-T fields -e _ws.col.Info -e tcp.checksum.status -e ip.checksum.status -e _ws.malformed "
+		 "-e amqp.method.method 2>/dev/null",
 		 path);
 	FILE *f = popen(cmd, "r");
 	ck_assert_ptr_nonnull(f);
@@ -290,11 +295,16 @@ START_TEST(tshark_decodes_every_frame)
 			if (!fields[i])
 				fields[i] = "";
 		}
-		publish += strstr(fields[0], "Publish") != NULL;
-		ack += strstr(fields[0], "Ack") != NULL;
-		open += strstr(fields[0], "Open") != NULL;
-		select += strstr(fields[0], "Select") != NULL;
-		if (strcmp(fields[1], "0") == 0 || strcmp(fields[2], "0") == 0 || fields[3][0])
+		for (const char *q = fields[0]; (q = strstr(q, "Basic.Publish")); q++)
+			publish++;
+		for (const char *q = fields[0]; (q = strstr(q, "Basic.Ack")); q++)
+			ack++;
+		for (const char *q = fields[0]; (q = strstr(q, "Channel.Open")); q++)
+			open++;
+		for (const char *q = fields[0]; (q = strstr(q, "Confirm.Select")); q++)
+			select++;
+		if (strcmp(fields[1], "0") == 0 || strcmp(fields[2], "0") == 0 || fields[3][0] ||
+		    strstr(fields[0], "Malformed"))
 			bad++, fprintf(stderr, "tshark: %s|%s|%s|%s\n", fields[0], fields[1], fields[2], fields[3]);
 	}
 	ck_assert_int_eq(pclose(f), 0);
@@ -304,7 +314,7 @@ START_TEST(tshark_decodes_every_frame)
 	ck_assert_int_ge(open, 4);
 	ck_assert_int_ge(select, 4);
 	ck_assert_int_ge(lines, 20);
-	/*DBG*/
+	unlink(path);
 }
 END_TEST
 

@@ -9,6 +9,13 @@
 
 /* ---- captured records and a minimal JSON reader for their top-level members ---- */
 
+/* check logs every passing ck_assert; hot helpers and loops only report failures */
+#define REQUIRE(cond, ...)                                                                                             \
+	do {                                                                                                           \
+		if (!(cond))                                                                                           \
+			ck_abort_msg(__VA_ARGS__);                                                                     \
+	} while (0)
+
 #define MAX_RECS 200000
 
 static char **recs;
@@ -17,8 +24,8 @@ static size_t n_recs;
 static void capture(void *ctx, const char *json, size_t len)
 {
 	(void)ctx;
-	ck_assert_uint_lt(n_recs, MAX_RECS);
-	ck_assert_ptr_null(memchr(json, '\n', len));
+	REQUIRE(n_recs < MAX_RECS, "too many records");
+	REQUIRE(!memchr(json, '\n', len), "newline in a record");
 	char *r = malloc(len + 1);
 	memcpy(r, json, len);
 	r[len] = '\0';
@@ -105,19 +112,19 @@ static const char *get(const char *rec, const char *key)
 	const char *found = NULL;
 	size_t found_len = 0;
 	const char *p = skip_ws(rec);
-	ck_assert_int_eq(*p, '{');
+	REQUIRE(*p == '{', "not an object: %s", rec);
 	p = skip_ws(p + 1);
 	while (*p && *p != '}') {
 		const char *ks = p;
 		const char *ke = skip_value(p);
-		ck_assert_ptr_nonnull(ke);
+		REQUIRE(ke, "bad key in %s", rec);
 		p = skip_ws(ke);
-		ck_assert_int_eq(*p, ':');
+		REQUIRE(*p == ':', "no colon in %s", rec);
 		const char *vs = skip_ws(p + 1);
 		const char *ve = skip_value(vs);
-		ck_assert_ptr_nonnull(ve);
+		REQUIRE(ve, "bad value in %s", rec);
 		if ((size_t)(ke - ks) == strlen(key) + 2 && !strncmp(ks + 1, key, strlen(key))) {
-			ck_assert_msg(!found, "duplicate key %s in %s", key, rec);
+			REQUIRE(!found, "duplicate key %s in %s", key, rec);
 			found = vs;
 			found_len = (size_t)(ve - vs);
 		}
@@ -698,6 +705,48 @@ START_TEST(non_confirm_mandatory_window)
 }
 END_TEST
 
+/* The broker's close-ok to the client's close, and tx.commit-ok, come after any Return: a non-confirm
+ * mandatory publish still in its return window got none (unproven, not unknown). A broker-initiated
+ * close settles nothing. */
+START_TEST(clean_close_and_commit_settle_the_return_window)
+{
+	tap_track_channel_open(c, 1, T0);
+	struct tap_publish p = pub("x", "k", true);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_channel_close(c, 1, false, 200, S("Normal shutdown"), T0 + 1);
+	tap_track_channel_close_ok(c, 1, T0 + 2);
+	ck_assert_uint_eq(count_type("publish"), 1);
+	assert_field(nth("publish", 0), "route", "\"unproven\"");
+	assert_field(nth("publish", 0), "confirm", "\"none\"");
+	ck_assert_ptr_null(strstr(nth("publish", 0), "\"reason\""));
+
+	tap_track_channel_open(c, 2, T0);
+	tap_track_tx_select(c, 2, T0);
+	tap_track_publish(c, 2, &p, T0 + 3);
+	ck_assert_uint_eq(count_type("publish"), 1);
+	tap_track_tx_commit_ok(c, 2, T0 + 4);
+	ck_assert_uint_eq(count_type("publish"), 2);
+	assert_field(nth("publish", 1), "route", "\"unproven\"");
+	assert_field(nth("publish", 1), "tx", "true");
+
+	tap_track_channel_open(c, 3, T0);
+	tap_track_publish(c, 3, &p, T0 + 5);
+	tap_track_channel_close(c, 3, true, 406, S("PRECONDITION_FAILED"), T0 + 6);
+	tap_track_channel_close_ok(c, 3, T0 + 7);
+	assert_field(nth("publish", 2), "route", "\"unknown\"");
+	assert_field(nth("publish", 2), "reason", "{\"by\":\"broker\",\"code\":406,\"text\":\"PRECONDITION_FAILED\"}");
+
+	tap_track_channel_open(c, 4, T0);
+	tap_track_publish(c, 4, &p, T0 + 8);
+	tap_track_conn_close(c, false, 200, S("bye"), T0 + 9);
+	tap_track_conn_close_ok(c, T0 + 10);
+	tap_track_conn_end(c, "client_eof", T0 + 11);
+	c = NULL;
+	assert_field(nth("publish", 3), "route", "\"unproven\"");
+	ck_assert_ptr_null(strstr(nth("publish", 3), "\"reason\""));
+}
+END_TEST
+
 START_TEST(eviction_at_max_outstanding)
 {
 	struct tap_track_conf conf = {.max_outstanding = 3};
@@ -975,7 +1024,8 @@ START_TEST(random_interleavings)
 				conns[ci] = NULL;
 			}
 			struct tap_track_stats s = stats();
-			ck_assert_uint_eq(s.publish_records + s.outstanding, s.publishes);
+			REQUIRE(s.publish_records + s.outstanding == s.publishes,
+			        "step %d: records + outstanding != publishes", step);
 		}
 		tap_track_shutdown(t, now + 1);
 		c = NULL;
@@ -989,18 +1039,18 @@ START_TEST(random_interleavings)
 		ck_assert_uint_eq(s.records, n_recs);
 		unsigned char *seen = calloc(published ? published : 1, 1);
 		for (size_t i = 0; i < n_recs; i++) {
-			ck_assert(valid_json_object(recs[i]));
+			REQUIRE(valid_json_object(recs[i]), "bad json %s", recs[i]);
 			if (!is_type(recs[i], "publish"))
 				continue;
 			const char *m = get(recs[i], "message_id");
-			ck_assert_ptr_nonnull(m);
+			REQUIRE(m, "no message_id in %s", recs[i]);
 			unsigned long long k = strtoull(m + 2, NULL, 10);
-			ck_assert_uint_lt(k, published);
-			ck_assert_msg(!seen[k], "publish m%llu written twice", k);
+			REQUIRE(k < published, "bad message_id %s", m);
+			REQUIRE(!seen[k], "publish m%llu written twice", k);
 			seen[k] = 1;
 		}
 		for (uint64_t k = 0; k < published; k++)
-			ck_assert_msg(seen[k], "publish m%llu never written", (unsigned long long)k);
+			REQUIRE(seen[k], "publish m%llu never written", (unsigned long long)k);
 		free(seen);
 		sum.routed += s.routed;
 		sum.returned += s.returned;
@@ -1056,6 +1106,7 @@ int main(void)
 	tcase_add_test(tc, tx_channel);
 	tcase_add_test(tc, non_confirm_mandatory_window);
 	tcase_add_test(tc, eviction_at_max_outstanding);
+	tcase_add_test(tc, clean_close_and_commit_settle_the_return_window);
 	tcase_add_test(tc, conn_end_with_outstanding);
 	tcase_add_test(tc, conn_end_after_connection_close);
 	tcase_add_test(tc, shutdown_writes_everything);
