@@ -1,0 +1,165 @@
+/* Replay throughput: writes a capture of mixed publish traffic (confirm and plain channels, 64 B..64 kB bodies,
+ * several connections) with the pcapng writer, then replays it through the observers and tracker. Prints MB/s for
+ * both. Usage: bench_replay [FILE] [MB] (default /tmp/amqptap-bench.pcapng, 200). */
+#include "amqptap/conn.h"
+#include "amqptap/jsonl.h"
+#include "amqptap/pcapng.h"
+#include "amqptap/replay.h"
+#include "amqptap/track.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+static void be16(struct tap_buf *b, uint16_t v)
+{
+	uint8_t p[2] = {(uint8_t)(v >> 8), (uint8_t)v};
+	tap_buf_append(b, p, 2);
+}
+
+static void be32(struct tap_buf *b, uint32_t v)
+{
+	be16(b, (uint16_t)(v >> 16));
+	be16(b, (uint16_t)v);
+}
+
+static void frame_begin(struct tap_buf *b, uint8_t type, uint16_t ch, uint32_t size)
+{
+	tap_buf_putc(b, (char)type);
+	be16(b, ch);
+	be32(b, size);
+}
+
+static void method(struct tap_buf *b, uint16_t ch, uint16_t cls, uint16_t mid, const void *args, uint32_t len)
+{
+	frame_begin(b, 1, ch, 4 + len);
+	be16(b, cls);
+	be16(b, mid);
+	tap_buf_append(b, args, len);
+	tap_buf_putc(b, (char)0xCE);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+struct counts {
+	uint64_t records;
+};
+
+static void count(void *ctx, const char *json, size_t len)
+{
+	(void)json, (void)len;
+	((struct counts *)ctx)->records++;
+}
+
+int main(int argc, char **argv)
+{
+	const char *path = argc > 1 ? argv[1] : "/tmp/amqptap-bench.pcapng";
+	uint64_t target = (argc > 2 ? strtoull(argv[2], NULL, 10) : 200) << 20;
+	remove(path);
+	struct tap_out out;
+	if (tap_out_open(&out, path) < 0) {
+		perror(path);
+		return 1;
+	}
+	double t0 = now_s();
+	struct tap_pcapng *p = tap_pcapng_new(&out);
+	enum { NCONN = 8 };
+	struct tap_pcapng_conn *c[NCONN];
+	uint64_t seq[NCONN] = {0};
+	int64_t ts = 1764411302000000;
+	static uint8_t body[65536];
+	for (size_t i = 0; i < sizeof body; i++)
+		body[i] = (uint8_t)i;
+	struct tap_buf cb, sb;
+	tap_buf_init(&cb);
+	tap_buf_init(&sb);
+	for (int k = 0; k < NCONN; k++) {
+		char client[64];
+		snprintf(client, sizeof client, k & 1 ? "[::1]:%d" : "127.0.0.1:%d", 40000 + k);
+		c[k] = tap_pcapng_conn_open(p, client, k & 1 ? "[::1]:5672" : "127.0.0.1:5672", ts);
+		tap_pcapng_conn_data(c[k], true, (const uint8_t *)"AMQP\0\0\x09\x01", 8, ++ts);
+		tap_buf_reset(&cb);
+		method(&cb, 1, 20, 10, "\0", 1);
+		if (k % 4 != 3)
+			method(&cb, 1, 85, 10, "\0", 1);
+		tap_pcapng_conn_data(c[k], true, (const uint8_t *)cb.data, cb.len, ++ts);
+	}
+	uint64_t n = 0, pubs = 0;
+	uint32_t rnd = 12345;
+	while (out.pending.len + (uint64_t)n < target) {
+		int k = (int)(pubs % NCONN);
+		rnd = rnd * 1103515245u + 12345u;
+		uint32_t size = (rnd >> 8) % 100 < 90 ? 64 + (rnd >> 16) % 1024 : (rnd >> 12) % 65536;
+		tap_buf_reset(&cb);
+		static const uint8_t args[] = {0, 0, 0, 5, 'q', '.', 'o', 'n', 'e', 1};
+		method(&cb, 1, 60, 40, args, sizeof args);
+		frame_begin(&cb, 2, 1, 14);
+		be16(&cb, 60), be16(&cb, 0), be32(&cb, 0), be32(&cb, size), be16(&cb, 0);
+		tap_buf_putc(&cb, (char)0xCE);
+		frame_begin(&cb, 3, 1, size);
+		tap_buf_append(&cb, body, size);
+		tap_buf_putc(&cb, (char)0xCE);
+		ts += 20;
+		tap_pcapng_conn_data(c[k], true, (const uint8_t *)cb.data, cb.len, ts);
+		n += cb.len;
+		pubs++;
+		if (k % 4 != 3) {
+			tap_buf_reset(&sb);
+			uint8_t ack[9] = {0};
+			uint64_t tag = ++seq[k];
+			for (int i = 0; i < 8; i++)
+				ack[i] = (uint8_t)(tag >> (56 - 8 * i));
+			method(&sb, 1, 60, 80, ack, 9);
+			tap_pcapng_conn_data(c[k], false, (const uint8_t *)sb.data, sb.len, ts + 150);
+		}
+		if (out.pending.len == 0)
+			n = 0; /* flushed: the file size is measured below */
+		struct stat st;
+		if ((pubs & 1023) == 0 && stat(path, &st) == 0 && (uint64_t)st.st_size >= target)
+			break;
+	}
+	for (int k = 0; k < NCONN; k++)
+		tap_pcapng_conn_close(c[k], ts + 1000);
+	tap_pcapng_free(p);
+	tap_out_close(&out);
+	double t1 = now_s();
+	struct stat st;
+	stat(path, &st);
+	double mb = (double)st.st_size / (1 << 20);
+	printf("write: %" PRIu64 " publishes, %.1f MB in %.2f s = %.0f MB/s\n", pubs, mb, t1 - t0, mb / (t1 - t0));
+
+	struct counts cnt = {0};
+	struct tap_track *t = tap_track_new(NULL, count, &cnt);
+	struct tap_observer o;
+	tap_observer_init(&o, t, count, &cnt, NULL, 0);
+	char err[256];
+	double t2 = now_s();
+	int rc = tap_replay_run(path, 5672, &o, t, err, sizeof err);
+	double t3 = now_s();
+	struct tap_track_stats ts_;
+	tap_track_get_stats(t, &ts_);
+	tap_observer_deinit(&o);
+	tap_track_free(t);
+	tap_buf_deinit(&cb);
+	tap_buf_deinit(&sb);
+	if (rc < 0) {
+		fprintf(stderr, "replay: %s\n", err);
+		return 1;
+	}
+	printf("replay: %.1f MB in %.2f s = %.0f MB/s, %" PRIu64 " records, %" PRIu64 " publish records (%" PRIu64
+	       " publishes)\n",
+	       mb, t3 - t2, mb / (t3 - t2), cnt.records, ts_.publish_records, pubs);
+	if (ts_.publish_records != pubs) {
+		fprintf(stderr, "publish records %" PRIu64 " != publishes %" PRIu64 "\n", ts_.publish_records, pubs);
+		return 1;
+	}
+	return 0;
+}
