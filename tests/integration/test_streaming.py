@@ -33,6 +33,12 @@ class StreamingCase(ScenarioCase):
         self.assertEqual(len(recs), n, "publish records differ from basic.publish frames in the trace")
         self.assertSeqsOnce(recs, n)
         for r in recs:
+            if r["message_id"] is None:
+                # the connection died between this basic.publish and its content header: the record
+                # exists (the client sent the publish) but its properties never crossed the wire
+                self.assertEqual((r["route"], r["confirm"], r["body_size"]), ("unknown", "unknown", 0), r)
+                self.assertEqual(r["seq"], n, "only the last publish can be cut before its header")
+                continue
             self.assertEqual(r["message_id"], f"s-{r['seq']}", r)
         wire = confirmed_tags(traced_confirms(frames)[(conn, 1)], n)
         acked, unknown = [], []
