@@ -30,6 +30,17 @@ log.console = false
 log.file.level = info
 disk_free_limit.absolute = 50MB
 CONF
+	# Optional TLS listener (tests/integration/test_tls.py): clients must present a certificate (mTLS).
+	if [ -n "${TAP_BROKER_TLS_PORT:-}" ]; then
+		cat >>"$TAP_BROKER_DIR/rabbitmq.conf" <<CONF
+listeners.ssl.default = $TAP_BROKER_TLS_PORT
+ssl_options.cacertfile = $TAP_BROKER_TLS_CA
+ssl_options.certfile = $TAP_BROKER_TLS_CERT
+ssl_options.keyfile = $TAP_BROKER_TLS_KEY
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = true
+CONF
+	fi
 	[ -e "$TAP_BROKER_DIR/enabled_plugins" ] || echo '[].' >"$TAP_BROKER_DIR/enabled_plugins"
 	[ -e "$TAP_BROKER_DIR/advanced.config" ] || echo '[].' >"$TAP_BROKER_DIR/advanced.config"
 	: >"$TAP_BROKER_DIR/rabbitmq-env.conf"

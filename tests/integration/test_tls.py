@@ -1,0 +1,268 @@
+# TLS on both legs against a real RabbitMQ with its TLS listener on (issue 6): the test writes a CA, server
+# and client certificates with the openssl command line, starts its own broker node with TLS (verify_peer,
+# fail_if_no_peer_cert: mTLS required), and checks verdicts over TLS, verification failures, mTLS, the key
+# log (tshark decrypts a raw capture of the client leg with it), and the decrypted --frames/--pcap.
+
+import os
+import shutil
+import signal
+import ssl
+import stat
+import subprocess
+import tempfile
+import time
+
+import pika
+
+from tapharness import AMQPTAP_BIN, SOURCE_DIR, TapTestCase, free_port, main, read_records, wait_for
+
+TLS_PORT = int(os.environ.get("TAP_TLS_BROKER_PORT", "5751"))
+PLAIN_PORT = int(os.environ.get("TAP_TLS_BROKER_PLAIN_PORT", "5750"))
+BROKER_ENV = {
+    "TAP_BROKER_PORT": str(PLAIN_PORT),
+    "TAP_BROKER_DIST_PORT": str(PLAIN_PORT + 40000),
+    "TAP_BROKER_DIR": os.path.join(SOURCE_DIR, ".run", "tls-broker"),
+    "TAP_BROKER_NODE": f"amqptap-tls-{PLAIN_PORT}@localhost",
+    "TAP_BROKER_TLS_PORT": str(TLS_PORT),
+}
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def make_pki(d):
+    """CA, a server certificate for localhost/127.0.0.1, a client certificate, and an unrelated CA."""
+    for ca in ("ca", "rogue"):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.pem",
+                "-days", "2", "-subj", f"/CN=amqptap test {ca}", cwd=d)
+    with open(os.path.join(d, "server.ext"), "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for name, ext in (("server", ["-extfile", "server.ext"]), ("client", [])):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj",
+                f"/CN={'localhost' if name == 'server' else 'amqptap-client'}", cwd=d)
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+                f"{name}.pem", "-days", "2", *ext, cwd=d)
+
+
+def broker_sh(*args):
+    env = dict(os.environ, **BROKER_ENV)
+    return subprocess.run(["bash", os.path.join(SOURCE_DIR, "scripts", "broker.sh"), *args], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
+
+
+class TlsCase(TapTestCase):
+    pki = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.pki = tempfile.mkdtemp(prefix="amqptap-pki-")
+        make_pki(cls.pki)
+        BROKER_ENV.update({"TAP_BROKER_TLS_CA": f"{cls.pki}/ca.pem", "TAP_BROKER_TLS_CERT": f"{cls.pki}/server.pem",
+                           "TAP_BROKER_TLS_KEY": f"{cls.pki}/server.key"})
+        r = broker_sh("start")
+        if r.returncode != 0:
+            raise RuntimeError("TLS broker did not start: " + r.stdout.decode()[-2000:])
+
+    @classmethod
+    def tearDownClass(cls):
+        broker_sh("stop")
+        shutil.rmtree(cls.pki, ignore_errors=True)
+
+    def p(self, name):
+        return os.path.join(self.pki, name)
+
+    def tls_tap(self, client_tls=True, upstream_args=None, extra=()):
+        args = []
+        if client_tls:
+            args += ["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key")]
+        if upstream_args is None:
+            upstream_args = ["--upstream-tls", "--upstream-ca", self.p("ca.pem"), "--upstream-cert",
+                             self.p("client.pem"), "--upstream-key", self.p("client.key")]
+        return self.start_tap(args + upstream_args + list(extra), upstream_port=TLS_PORT,
+                              upstream_host="localhost")
+
+    def pika_params(self, port, tls=True):
+        kw = {}
+        if tls:
+            ctx = ssl.create_default_context(cafile=self.p("ca.pem"))
+            kw["ssl_options"] = pika.SSLOptions(ctx, "localhost")
+        return pika.ConnectionParameters("localhost" if tls else "127.0.0.1", port, connection_attempts=1,
+                                         socket_timeout=5, **kw)
+
+    def scenarios(self, params):
+        """Routed, returned, nacked and missing-exchange publishes on one confirm channel set; returns the
+        message ids in publish order."""
+        c = pika.BlockingConnection(params)
+        ch = c.channel()
+        q = f"tls.q.{time.monotonic_ns()}"
+        ch.queue_declare(q, auto_delete=True)
+        full = q + ".full"
+        ch.queue_declare(full, auto_delete=True, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+        ch.confirm_delivery()
+        ch.basic_publish("", q, b"routed", pika.BasicProperties(message_id="routed"), mandatory=True)
+        try:
+            ch.basic_publish("", q + ".nowhere", b"ret", pika.BasicProperties(message_id="returned"), mandatory=True)
+        except pika.exceptions.UnroutableError:
+            pass
+        ch.basic_publish("", full, b"1", pika.BasicProperties(message_id="fills"), mandatory=True)
+        try:
+            ch.basic_publish("", full, b"2", pika.BasicProperties(message_id="nacked"), mandatory=True)
+        except pika.exceptions.NackError:
+            pass
+        try:
+            ch.basic_publish("nope.tls", "k", b"x", pika.BasicProperties(message_id="missing"), mandatory=True)
+        except pika.exceptions.ChannelClosedByBroker:
+            pass
+        c.close()
+
+    @staticmethod
+    def verdicts(tap):
+        out = {}
+        for r in tap.records("publish"):
+            out[r["message_id"]] = (r["route"], r["confirm"], r.get("reply_code"), r["order"],
+                                    (r.get("reason") or {}).get("code"))
+        return out
+
+
+class BothLegs(TlsCase):
+    def test_scenarios_same_over_tls_and_plain(self):
+        tls = self.tls_tap()
+        plain = self.start_tap(upstream_port=PLAIN_PORT)
+        self.scenarios(self.pika_params(tls.port, tls=True))
+        self.scenarios(self.pika_params(plain.port, tls=False))
+        want = {"routed": ("routed", "ack", None, None, None),
+                "returned": ("returned", "ack", 312, "return_before_ack", None),
+                "fills": ("routed", "ack", None, None, None),
+                "nacked": ("unproven", "nack", None, None, None),
+                "missing": ("unknown", "unknown", None, None, 404)}
+        self.assertTrue(wait_for(lambda: len(tls.records("publish")) == 5, 5), tls.records("publish"))
+        self.assertTrue(wait_for(lambda: len(plain.records("publish")) == 5, 5))
+        self.assertEqual(self.verdicts(tls), want)
+        self.assertEqual(self.verdicts(plain), want)
+        opened = tls.records("connection")[0]
+        self.assertEqual(opened["user"], "guest")
+
+    def test_frames_and_pcap_hold_decrypted_frames(self):
+        d = tempfile.mkdtemp(prefix="amqptap-tlspcap-")
+        try:
+            pcap = os.path.join(d, "tls.pcapng")
+            tap = self.tls_tap(extra=["--pcap", pcap])
+            self.scenarios(self.pika_params(tap.port))
+            self.assertEqual(tap.stop(), 0)
+            methods = [r.get("method") for r in read_records(tap.frames)]
+            self.assertIn("basic.publish", methods)
+            self.assertIn("basic.return", methods)
+            replayed = os.path.join(d, "replay.jsonl")
+            r = subprocess.run([AMQPTAP_BIN, "replay", pcap, "--port", str(TLS_PORT), "--verdicts", replayed],
+                               stderr=subprocess.PIPE, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual([x for x in read_records(replayed) if x["type"] == "publish"], tap.records("publish"))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class Verification(TlsCase):
+    def refused(self, tap, needle):
+        with self.assertRaises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(self.pika_params(tap.port, tls=False))
+        self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
+        rec = tap.records("connection")[-1]
+        self.assertEqual((rec["event"], rec["by"]), ("close", "broker_tls_error"), rec)
+        self.assertIn(needle, rec["text"])
+        self.assertIn(needle, tap.stderr())
+
+    def test_unknown_ca_is_refused(self):
+        tap = self.tls_tap(client_tls=False, upstream_args=[
+            "--upstream-tls", "--upstream-ca", self.p("rogue.pem"), "--upstream-cert", self.p("client.pem"),
+            "--upstream-key", self.p("client.key")])
+        self.refused(tap, "certificate verify failed")
+
+    def test_wrong_host_name_is_refused(self):
+        tap = self.tls_tap(client_tls=False, upstream_args=[
+            "--upstream-tls", "--upstream-ca", self.p("ca.pem"), "--upstream-sni", "wrong.example",
+            "--upstream-cert", self.p("client.pem"), "--upstream-key", self.p("client.key")])
+        self.refused(tap, "hostname mismatch")
+
+    def test_insecure_opt_out_connects_and_warns(self):
+        tap = self.tls_tap(client_tls=False, upstream_args=[
+            "--upstream-tls", "--upstream-ca", self.p("rogue.pem"), "--upstream-insecure",
+            "--upstream-cert", self.p("client.pem"), "--upstream-key", self.p("client.key")])
+        self.assertIn("WARNING", tap.stderr())
+        c = pika.BlockingConnection(self.pika_params(tap.port, tls=False))
+        c.close()
+
+    def test_mtls_without_client_certificate_fails_clearly(self):
+        tap = self.tls_tap(client_tls=False, upstream_args=["--upstream-tls", "--upstream-ca", self.p("ca.pem")])
+        with self.assertRaises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(self.pika_params(tap.port, tls=False))
+        self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
+        rec = tap.records("connection")[-1]
+        self.assertIn(rec["by"], ("broker_tls_error", "broker_eof", "broker_reset"), rec)
+        self.assertIn("TLS", tap.stderr() + rec["by"].upper())
+
+    def test_plaintext_client_on_tls_listener_is_closed_with_a_record(self):
+        tap = self.tls_tap()
+        with self.assertRaises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(self.pika_params(tap.port, tls=False))
+        self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
+        rec = tap.records("connection")[-1]
+        self.assertEqual(rec["by"], "client_tls_error", rec)
+        self.assertTrue(rec["text"])
+        c = pika.BlockingConnection(self.pika_params(tap.port))  # the tap still serves TLS clients
+        c.close()
+
+    def test_bad_certificate_files_exit_2_naming_the_file(self):
+        for args, name in ((["--tls-cert", self.p("missing.pem"), "--tls-key", self.p("server.key")], "missing.pem"),
+                           (["--tls-cert", self.p("server.pem"), "--tls-key", self.p("client.key")], "client.key"),
+                           (["--tls-cert", self.p("server.key"), "--tls-key", self.p("server.key")], "server.key"),
+                           (["--upstream-tls", "--upstream-ca", self.p("nothere.pem")], "nothere.pem")):
+            r = subprocess.run([AMQPTAP_BIN, "--listen", f"127.0.0.1:{free_port()}", *args],
+                               stderr=subprocess.PIPE, timeout=10)
+            err = r.stderr.decode()
+            self.assertEqual(r.returncode, 2, err)
+            self.assertIn(name, err)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+
+class KeyLog(TlsCase):
+    def test_tshark_decrypts_the_client_leg_with_the_key_log(self):
+        if not shutil.which("tshark"):
+            self.fail("tshark is missing (scripts/test.sh installs it)")
+        d = tempfile.mkdtemp(prefix="amqptap-keylog-")
+        try:
+            keylog = os.path.join(d, "keys.log")
+            raw = os.path.join(d, "raw.pcapng")
+            tap = self.tls_tap(extra=["--keylog", keylog])
+            self.assertEqual(stat.S_IMODE(os.stat(keylog).st_mode), 0o600)
+            cap = subprocess.Popen(["tshark", "-q", "-i", "lo", "-f", f"tcp port {tap.port}", "-w", raw],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            try:
+                self.assertTrue(wait_for(lambda: os.path.exists(raw) and os.path.getsize(raw) > 0, 15),
+                                "tshark did not start capturing")
+                time.sleep(0.5)
+                self.scenarios(self.pika_params(tap.port))
+                time.sleep(0.5)
+            finally:
+                cap.send_signal(signal.SIGINT)
+                cap.wait(15)
+            out = subprocess.run(["tshark", "-r", raw, "-o", f"tls.keylog_file:{keylog}", "-d",
+                                  f"tls.port=={tap.port},amqp", "-Y", "amqp", "-T", "fields", "-E", "occurrence=a",
+                                  "-e", "amqp.method.class", "-e", "amqp.method.method"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+            methods = set()
+            for line in out.stdout.decode().splitlines():
+                classes, ids = (line.split("\t") + [""])[:2]
+                methods.update(zip(classes.split(","), ids.split(",")))
+            for want in (("10", "11"), ("60", "40"), ("60", "50"), ("60", "80"), ("60", "120")):
+                self.assertIn(want, methods, (sorted(methods), out.stderr.decode()[-1000:]))
+            with open(keylog) as f:
+                lines = f.read().splitlines()
+            self.assertTrue(any(l.startswith("CLIENT_TRAFFIC_SECRET_0") or l.startswith("CLIENT_RANDOM")
+                                for l in lines), lines[:3])
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
