@@ -98,6 +98,16 @@ struct tap_arg_def {
 	bool reserved;         /* a "reserved-N" field of 0-9-1 */
 };
 
+""")
+    maxargs = max(len(m["fields"]) for c in classes for m in c["methods"])
+    nmethods = sum(len(c["methods"]) for c in classes)
+    out.append("#define TAP_SPEC_MAX_ARGS %d\n" % maxargs)
+    out.append("#define TAP_SPEC_NUM_METHODS %d\n" % nmethods)
+    out.append("#define TAP_SPEC_NUM_CLASSES %d\n" % len(classes))
+    out.append("#define TAP_SPEC_MAX_CLASS_ID %d\n" % max(c["index"] for c in classes))
+    out.append("#define TAP_SPEC_MAX_METHOD_ID %d\n\n" % max(m["index"] for c in classes for m in c["methods"]))
+    out.append("""struct tap_method;
+
 struct tap_method_def {
 	uint32_t id;
 	uint16_t class_id, method_id;
@@ -105,14 +115,13 @@ struct tap_method_def {
 	bool has_content;
 	uint8_t nargs;
 	const struct tap_arg_def *args;
+	/* Decodes the arguments in [p, end) (the payload after class-id and method-id) into m->args[0..nargs)
+	 * and sets m->def to this definition: straight-line code generated from `args`, the second half of
+	 * tap_method_decode. 0 or a negative status (m->def untouched). */
+	int (*decode_args)(const uint8_t *p, const uint8_t *end, struct tap_method *m);
 };
 
 """)
-    maxargs = max(len(m["fields"]) for c in classes for m in c["methods"])
-    nmethods = sum(len(c["methods"]) for c in classes)
-    out.append("#define TAP_SPEC_MAX_ARGS %d\n" % maxargs)
-    out.append("#define TAP_SPEC_NUM_METHODS %d\n" % nmethods)
-    out.append("#define TAP_SPEC_NUM_CLASSES %d\n\n" % len(classes))
     out.append("enum {\n")
     for c in classes:
         out.append("\tTAP_CLASS_%s = %d,\n" % (ident(c["name"]), c["index"]))
@@ -133,6 +142,19 @@ extern const struct tap_method_def tap_spec_methods[TAP_SPEC_NUM_METHODS];
 
 /* NULL if the class or method is unknown. */
 const struct tap_method_def *tap_spec_method(uint16_t class_id, uint16_t method_id);
+
+/* The tables behind tap_spec_method, and the same lookup inline for tap_method_decode: class id -> row
+ * (0: unknown class, an all-zero row), (row, method id) -> 1 + index into tap_spec_methods (0: unknown). */
+extern const uint8_t tap_spec_class_row[TAP_SPEC_MAX_CLASS_ID + 1];
+extern const uint8_t tap_spec_method_slot[TAP_SPEC_NUM_CLASSES + 1][TAP_SPEC_MAX_METHOD_ID + 1];
+
+static inline const struct tap_method_def *tap_spec_method_find(uint16_t class_id, uint16_t method_id)
+{
+	if (class_id > TAP_SPEC_MAX_CLASS_ID || method_id > TAP_SPEC_MAX_METHOD_ID)
+		return NULL;
+	unsigned k = tap_spec_method_slot[tap_spec_class_row[class_id]][method_id];
+	return k ? &tap_spec_methods[k - 1] : NULL;
+}
 /* "basic"; NULL if unknown. */
 const char *tap_spec_class_name(uint16_t class_id);
 
@@ -162,9 +184,145 @@ int tap_method_decode(const uint8_t *payload, size_t len, struct tap_method *m);
     return "".join(out)
 
 
+def cname(c, m):
+    return "%s_%s" % (c["name"].replace("-", "_"), m["name"].replace("-", "_"))
+
+
+# Argument readers for the generated decoders (0-9-1 §4.2.5). Each one writes all of *a; when the bytes are
+# missing it leaves a = {type, 0, NULL, 0} and returns false without moving the cursor.
+ARG_READERS = """static inline void arg_set(struct tap_arg *a, enum tap_arg_type t, uint64_t u, const uint8_t *ptr,
+			   uint32_t len)
+{
+	a->type = t;
+	a->u = u;
+	a->ptr = ptr;
+	a->len = len;
+}
+
+static inline bool arg_octet(struct tap_rd *r, struct tap_arg *a)
+{
+	uint8_t v = 0;
+	bool ok = tap_rd_u8(r, &v);
+	arg_set(a, TAP_ARG_OCTET, v, NULL, 0);
+	return ok;
+}
+
+static inline bool arg_short(struct tap_rd *r, struct tap_arg *a)
+{
+	uint16_t v = 0;
+	bool ok = tap_rd_u16(r, &v);
+	arg_set(a, TAP_ARG_SHORT, v, NULL, 0);
+	return ok;
+}
+
+static inline bool arg_long(struct tap_rd *r, struct tap_arg *a)
+{
+	uint32_t v = 0;
+	bool ok = tap_rd_u32(r, &v);
+	arg_set(a, TAP_ARG_LONG, v, NULL, 0);
+	return ok;
+}
+
+static inline bool arg_u64(struct tap_rd *r, struct tap_arg *a, enum tap_arg_type t)
+{
+	uint64_t v = 0;
+	bool ok = tap_rd_u64(r, &v);
+	arg_set(a, t, v, NULL, 0);
+	return ok;
+}
+
+static inline bool arg_shortstr(struct tap_rd *r, struct tap_arg *a)
+{
+	const uint8_t *s = NULL;
+	uint32_t n = 0;
+	bool ok = tap_rd_shortstr(r, &s, &n);
+	arg_set(a, TAP_ARG_SHORTSTR, 0, s, n);
+	return ok;
+}
+
+static inline bool arg_long_slice(struct tap_rd *r, struct tap_arg *a, enum tap_arg_type t)
+{
+	const uint8_t *s = NULL;
+	uint32_t n = 0;
+	bool ok = tap_rd_longstr(r, &s, &n);
+	arg_set(a, t, 0, s, n);
+	return ok;
+}
+
+/* Every table argument is validated (table.h); a bad table leaves its slice in *a. */
+static inline int arg_table(struct tap_rd *r, struct tap_arg *a)
+{
+	if (!arg_long_slice(r, a, TAP_ARG_TABLE))
+		return TAP_E_TRUNCATED;
+	return tap_table_validate(a->ptr, a->len);
+}
+
+/* The first bit of a packed octet (§4.2.5.2: bits fill an octet from its least significant bit). */
+static inline bool arg_bits(struct tap_rd *r, struct tap_arg *a, unsigned *bits)
+{
+	uint8_t v = 0;
+	bool ok = tap_rd_u8(r, &v);
+	*bits = v;
+	arg_set(a, TAP_ARG_BIT, v & 1, NULL, 0);
+	return ok;
+}
+
+static inline void arg_bit(struct tap_arg *a, unsigned bits, unsigned pos)
+{
+	arg_set(a, TAP_ARG_BIT, (bits >> pos) & 1, NULL, 0);
+}
+"""
+
+
+# Field types whose reader takes the type as a parameter; the others call arg_<type>.
+ARG_CALLS = {
+    "longlong": "arg_u64(&r, &a[%d], TAP_ARG_LONGLONG)",
+    "timestamp": "arg_u64(&r, &a[%d], TAP_ARG_TIMESTAMP)",
+    "longstr": "arg_long_slice(&r, &a[%d], TAP_ARG_LONGSTR)",
+}
+
+
+def gen_decoder(c, m, k):
+    """Straight-line decoder of one method's arguments, in field order; consecutive bits share octets of 8."""
+    body, pos, has_bits, has_table = [], 8, False, False
+    for i, (_, ftype, _) in enumerate(m["fields"]):
+        if ftype == "bit":
+            has_bits = True
+            if pos == 8:
+                body.append("\tif (!arg_bits(&r, &a[%d], &bits))\n\t\treturn TAP_E_TRUNCATED;\n" % i)
+                pos = 1
+            else:
+                body.append("\targ_bit(&a[%d], bits, %d);\n" % (i, pos))
+                pos += 1
+            continue
+        pos = 8
+        if ftype == "table":
+            has_table = True
+            body.append("\tif ((rc = arg_table(&r, &a[%d])) < 0)\n\t\treturn rc;\n" % i)
+        else:
+            call = ARG_CALLS.get(ftype, "arg_" + ftype + "(&r, &a[%d])")
+            body.append("\tif (!%s)\n\t\treturn TAP_E_TRUNCATED;\n" % (call % i))
+    head = "static int decode_%s(const uint8_t *p, const uint8_t *end, struct tap_method *m)\n{\n" % cname(c, m)
+    if not m["fields"]:
+        return head + "\t(void)p;\n\t(void)end;\n\tm->def = &tap_spec_methods[%d];\n\treturn TAP_OK;\n}\n\n" % k
+    head += "\tstruct tap_rd r = {p, end};\n\tstruct tap_arg *a = m->args;\n"
+    if has_bits:
+        head += "\tunsigned bits;\n"
+    if has_table:
+        head += "\tint rc;\n"
+    return head + "".join(body) + "\tm->def = &tap_spec_methods[%d];\n\treturn TAP_OK;\n}\n\n" % k
+
+
 def gen_source(classes, xml_path):
     out = [banner(xml_path)]
-    out.append('#include "amqptap/spec.h"\n\n')
+    out.append('#include "amqptap/spec.h"\n\n#include "amqptap/status.h"\n#include "amqptap/table.h"\n'
+               '#include "rd.h"\n\n')
+    out.append(ARG_READERS + "\n")
+    k = 0
+    for c in classes:
+        for m in c["methods"]:
+            out.append(gen_decoder(c, m, k))
+            k += 1
     for c in classes:
         for m in c["methods"]:
             if not m["fields"]:
@@ -180,20 +338,20 @@ def gen_source(classes, xml_path):
         for m in c["methods"]:
             args = "args_%s_%s" % (c["name"].replace("-", "_"), m["name"].replace("-", "_")) if m["fields"] \
                 else "NULL"
-            out.append('\t{TAP_%s_%s, %d, %d, "%s.%s", %s, %d, %s},\n' % (
+            out.append('\t{TAP_%s_%s, %d, %d, "%s.%s", %s, %d, %s, %s},\n' % (
                 ident(c["name"]), ident(m["name"]), c["index"], m["index"], c["name"], m["name"],
-                "true" if m["content"] else "false", len(m["fields"]), args))
+                "true" if m["content"] else "false", len(m["fields"]), args,
+                "decode_" + cname(c, m)))
     out.append("};\n\n")
-    # O(1) lookup: class id -> slot, (slot, method id) -> 1 + index into tap_spec_methods (0 = unknown)
-    max_class = max(c["index"] for c in classes)
-    max_method = max(m["index"] for c in classes for m in c["methods"])
+    # O(1) lookup (spec.h): class id -> row, (row, method id) -> 1 + index into tap_spec_methods (0 = unknown)
     out.append("static const char *const class_names[TAP_SPEC_NUM_CLASSES] = {")
     out.append("\n\t" + ", ".join('"%s"' % c["name"] for c in classes) + ",\n")
     out.append("};\n\n")
-    out.append("static const uint8_t class_slot[%d] = {" % (max_class + 1))
+    out.append("const uint8_t tap_spec_class_row[TAP_SPEC_MAX_CLASS_ID + 1] = {\n\t")
     out.append(", ".join("[%d] = %d" % (c["index"], k + 1) for k, c in enumerate(classes)))
-    out.append("};\n\n")
-    out.append("static const uint8_t method_slot[TAP_SPEC_NUM_CLASSES][%d] = {\n" % (max_method + 1))
+    out.append(",\n};\n\n")
+    out.append("const uint8_t tap_spec_method_slot[TAP_SPEC_NUM_CLASSES + 1][TAP_SPEC_MAX_METHOD_ID + 1] = {\n")
+    out.append("\t{0}, /* unknown class */\n")
     k = 0
     for c in classes:
         cells = []
@@ -206,17 +364,14 @@ def gen_source(classes, xml_path):
     out.append("""
 const struct tap_method_def *tap_spec_method(uint16_t class_id, uint16_t method_id)
 {
-	if (class_id >= sizeof class_slot || method_id >= sizeof method_slot[0] || !class_slot[class_id])
-		return NULL;
-	uint8_t k = method_slot[class_slot[class_id] - 1][method_id];
-	return k ? &tap_spec_methods[k - 1] : NULL;
+	return tap_spec_method_find(class_id, method_id);
 }
 
 const char *tap_spec_class_name(uint16_t class_id)
 {
-	if (class_id >= sizeof class_slot || !class_slot[class_id])
+	if (class_id > TAP_SPEC_MAX_CLASS_ID || !tap_spec_class_row[class_id])
 		return NULL;
-	return class_names[class_slot[class_id] - 1];
+	return class_names[tap_spec_class_row[class_id] - 1];
 }
 """)
     return "".join(out)

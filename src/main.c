@@ -36,6 +36,8 @@ struct app {
 	struct tap_pcapng *pcap;
 	struct tap_capture_sink pcap_sink;
 	bool outputs_ready;
+	int64_t next_deadline; /* the tracker's next timer */
+	int64_t min_window_us; /* the shortest timer the tracker can start */
 	struct tap_track *track;
 	struct tap_tls *tls;
 	struct tap_observer observer;
@@ -85,11 +87,23 @@ static void *hook_open(void *ctx, uint64_t conn_id, const char *client, const ch
 	return tap_conn_new(&app->observer, conn_id, client, upstream, now_us);
 }
 
+/* Deadlines that passed are settled before new bytes are looked at, in the
+ * same order replay settles them, so live and replay records agree. */
+static void settle_deadlines(struct app *app, int64_t now_us)
+{
+	if (now_us >= app->next_deadline)
+		app->next_deadline = tap_track_tick(app->track, now_us);
+}
+
 static void hook_data(void *ctx, void *sess, bool c2s, const uint8_t *data, size_t len, int64_t now_us)
 {
-	(void)ctx;
+	struct app *app = ctx;
+	settle_deadlines(app, now_us);
 	if (sess)
 		tap_conn_feed(sess, c2s, data, len, now_us);
+	/* a deadline created by these bytes is at least the shortest window away */
+	if (now_us + app->min_window_us < app->next_deadline)
+		app->next_deadline = now_us + app->min_window_us;
 }
 
 static void hook_close(void *ctx, void *sess, enum tap_proxy_end why, const char *detail, int64_t now_us)
@@ -115,7 +129,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	struct app *app = arg;
 	(void)fd;
 	(void)what;
-	tap_track_tick(app->track, tap_now_us());
+	settle_deadlines(app, tap_now_us());
 	flush_outputs(app);
 }
 
@@ -257,6 +271,7 @@ static int outputs_open(struct app *app)
 		.max_outstanding = conf->max_outstanding,
 	};
 	app->track = tap_track_new(&tconf, emit_record, app);
+	app->min_window_us = tconf.late_return_us < tconf.return_window_us ? tconf.late_return_us : tconf.return_window_us;
 	if (!app->track) {
 		fprintf(stderr, "amqptap: out of memory at start\n");
 		return 1;

@@ -70,6 +70,7 @@ struct tap_frame_dec {
 	int error;
 	uint8_t *buf; /* payload buffer, grows up to the frame_max bound; cap <= that bound */
 	size_t cap;
+	uint32_t payload_max; /* largest payload frame_max allows (see set_frame_max), kept with frame_max */
 };
 
 /* Broker-to-client direction: frames from the first byte, except that an "AMQP" header at offset 0 (the

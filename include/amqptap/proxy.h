@@ -50,6 +50,8 @@ struct tap_proxy_stats {
 
 /* Watermark: a side's output buffer above this stops reading the other side. */
 #define TAP_PROXY_HIGH_WATER (1024 * 1024)
+/* Largest single read or write on a plain TCP leg. */
+#define TAP_PROXY_MAX_IO (256 * 1024)
 /* After one side is gone, how long the other may take to read what is left. */
 #define TAP_PROXY_DRAIN_SECONDS 10
 

@@ -32,12 +32,10 @@ struct tap_arg_def {
 #define TAP_SPEC_MAX_ARGS 9
 #define TAP_SPEC_NUM_METHODS 64
 #define TAP_SPEC_NUM_CLASSES 7
+#define TAP_SPEC_MAX_CLASS_ID 90
+#define TAP_SPEC_MAX_METHOD_ID 120
 
-/* tap_method_def.wire: how tap_method_decode reads one argument. Bits 0-3: its enum tap_arg_type; for a
- * bit, bits 4-6: its position in the packed octet and TAP_WIRE_NEW_OCTET when it opens one (0-9-1 §4.2.5.2). */
-#define TAP_WIRE_TYPE_MASK 0x0f
-#define TAP_WIRE_BIT_SHIFT 4
-#define TAP_WIRE_NEW_OCTET 0x80
+struct tap_method;
 
 struct tap_method_def {
 	uint32_t id;
@@ -46,7 +44,10 @@ struct tap_method_def {
 	bool has_content;
 	uint8_t nargs;
 	const struct tap_arg_def *args;
-	uint8_t wire[TAP_SPEC_MAX_ARGS]; /* per argument, see TAP_WIRE_*; precomputed from args */
+	/* Decodes the arguments in [p, end) (the payload after class-id and method-id) into m->args[0..nargs)
+	 * and sets m->def to this definition: straight-line code generated from `args`, the second half of
+	 * tap_method_decode. 0 or a negative status (m->def untouched). */
+	int (*decode_args)(const uint8_t *p, const uint8_t *end, struct tap_method *m);
 };
 
 enum {
@@ -276,6 +277,19 @@ extern const struct tap_method_def tap_spec_methods[TAP_SPEC_NUM_METHODS];
 
 /* NULL if the class or method is unknown. */
 const struct tap_method_def *tap_spec_method(uint16_t class_id, uint16_t method_id);
+
+/* The tables behind tap_spec_method, and the same lookup inline for tap_method_decode: class id -> row
+ * (0: unknown class, an all-zero row), (row, method id) -> 1 + index into tap_spec_methods (0: unknown). */
+extern const uint8_t tap_spec_class_row[TAP_SPEC_MAX_CLASS_ID + 1];
+extern const uint8_t tap_spec_method_slot[TAP_SPEC_NUM_CLASSES + 1][TAP_SPEC_MAX_METHOD_ID + 1];
+
+static inline const struct tap_method_def *tap_spec_method_find(uint16_t class_id, uint16_t method_id)
+{
+	if (class_id > TAP_SPEC_MAX_CLASS_ID || method_id > TAP_SPEC_MAX_METHOD_ID)
+		return NULL;
+	unsigned k = tap_spec_method_slot[tap_spec_class_row[class_id]][method_id];
+	return k ? &tap_spec_methods[k - 1] : NULL;
+}
 /* "basic"; NULL if unknown. */
 const char *tap_spec_class_name(uint16_t class_id);
 

@@ -15,7 +15,7 @@ void tap_frame_dec_init(struct tap_frame_dec *d)
 {
 	memset(d, 0, sizeof *d);
 	d->state = TAP_FRAME_ST_HEADER;
-	d->frame_max = TAP_FRAME_MAX_DEFAULT;
+	tap_frame_dec_set_frame_max(d, TAP_FRAME_MAX_DEFAULT);
 }
 
 void tap_frame_dec_init_client(struct tap_frame_dec *d)
@@ -32,9 +32,14 @@ void tap_frame_dec_deinit(struct tap_frame_dec *d)
 	d->cap = 0;
 }
 
+/* frame_max counts the 8 bytes of header and end octet, so the payload may
+ * be frame_max - 8; RabbitMQ accepts 8 bytes more (FRAME_SIZE_FUDGE,
+ * PROTOCOL.md §3) and so does the tap: it must not stop decoding a stream
+ * the broker accepts. */
 void tap_frame_dec_set_frame_max(struct tap_frame_dec *d, uint32_t frame_max)
 {
 	d->frame_max = frame_max;
+	d->payload_max = frame_max == 0 ? UINT32_MAX : frame_max - TAP_FRAME_OVERHEAD + TAP_FRAME_SIZE_FUDGE;
 }
 
 int tap_frame_dec_error(const struct tap_frame_dec *d)
@@ -60,15 +65,9 @@ static ssize_t fail(struct tap_frame_dec *d, int status, uint64_t offset)
 	return status;
 }
 
-/* frame_max counts the 8 bytes of header and end octet, so the payload may
- * be frame_max - 8; RabbitMQ accepts 8 bytes more (FRAME_SIZE_FUDGE,
- * PROTOCOL.md §3) and so does the tap: it must not stop decoding a stream
- * the broker accepts. */
 static uint32_t max_payload(const struct tap_frame_dec *d)
 {
-	if (d->frame_max == 0)
-		return UINT32_MAX;
-	return d->frame_max - TAP_FRAME_OVERHEAD + TAP_FRAME_SIZE_FUDGE;
+	return d->payload_max;
 }
 
 /* §4.2.3: type, channel, size; checks the type and the size bound before anything is buffered. */
@@ -284,20 +283,25 @@ __attribute__((noinline)) static ssize_t feed_slow(struct tap_frame_dec *d, cons
 	return (ssize_t)pos;
 }
 
+/* The fast path reports a whole method, header or body frame at the start of buf in place (§4.2.3). Its
+ * checks are those of the slow path for that case: a type byte of 1..3 is never the 'A' of a protocol
+ * header, so the offset-0 test is not needed. It leaves d->type, channel, size and frame_offset alone: they
+ * describe a frame being assembled across feeds, and conn.c's hold_from reads them only then. */
 ssize_t tap_frame_feed(struct tap_frame_dec *d, const uint8_t *buf, size_t len, struct tap_frame_ev *ev)
 {
-	/* Fast path: a whole method, header or body frame at the start of buf (§4.2.3). */
-	if (d->state == TAP_FRAME_ST_HEADER && d->hdr_len == 0 && len >= TAP_FRAME_OVERHEAD && d->offset != 0) {
-		uint8_t type = buf[0];
+	if (d->state == TAP_FRAME_ST_HEADER && d->hdr_len == 0 && len >= TAP_FRAME_OVERHEAD) {
+		unsigned type = buf[0];
 		uint32_t size = tap_be32(buf + 3);
-		if (type >= TAP_FRAME_METHOD && type <= TAP_FRAME_BODY && size <= len - TAP_FRAME_OVERHEAD &&
+		if (type - TAP_FRAME_METHOD <= TAP_FRAME_BODY - TAP_FRAME_METHOD && size <= len - TAP_FRAME_OVERHEAD &&
 		    size <= max_payload(d) && buf[TAP_FRAME_HEADER_SIZE + size] == TAP_FRAME_END) {
-			static const enum tap_frame_ev_kind kinds[4] = {TAP_EV_NONE, TAP_EV_METHOD, TAP_EV_HEADER, TAP_EV_BODY};
-			ev->kind = kinds[type];
-			ev->channel = d->channel = tap_be16(buf + 1);
-			ev->type = d->type = type;
-			ev->size = d->size = size;
-			ev->offset = d->frame_offset = d->offset;
+			_Static_assert(TAP_EV_METHOD - TAP_FRAME_METHOD == 1 && TAP_EV_HEADER - TAP_FRAME_HEADER == 1 &&
+					       TAP_EV_BODY - TAP_FRAME_BODY == 1,
+				       "frame type to event kind");
+			ev->kind = (enum tap_frame_ev_kind)(type + 1);
+			ev->channel = tap_be16(buf + 1);
+			ev->type = (uint8_t)type;
+			ev->size = size;
+			ev->offset = d->offset;
 			ev->data = buf + TAP_FRAME_HEADER_SIZE;
 			ev->len = size;
 			ev->frame_end = true;

@@ -3,6 +3,903 @@
  * adds them from RabbitMQ's amqp-rabbitmq-0.9.1.json. */
 #include "amqptap/spec.h"
 
+#include "amqptap/status.h"
+#include "amqptap/table.h"
+#include "rd.h"
+
+static inline void arg_set(struct tap_arg *a, enum tap_arg_type t, uint64_t u, const uint8_t *ptr,
+			   uint32_t len)
+{
+	a->type = t;
+	a->u = u;
+	a->ptr = ptr;
+	a->len = len;
+}
+
+static inline bool arg_octet(struct tap_rd *r, struct tap_arg *a)
+{
+	uint8_t v = 0;
+	bool ok = tap_rd_u8(r, &v);
+	arg_set(a, TAP_ARG_OCTET, v, NULL, 0);
+	return ok;
+}
+
+static inline bool arg_short(struct tap_rd *r, struct tap_arg *a)
+{
+	uint16_t v = 0;
+	bool ok = tap_rd_u16(r, &v);
+	arg_set(a, TAP_ARG_SHORT, v, NULL, 0);
+	return ok;
+}
+
+static inline bool arg_long(struct tap_rd *r, struct tap_arg *a)
+{
+	uint32_t v = 0;
+	bool ok = tap_rd_u32(r, &v);
+	arg_set(a, TAP_ARG_LONG, v, NULL, 0);
+	return ok;
+}
+
+static inline bool arg_u64(struct tap_rd *r, struct tap_arg *a, enum tap_arg_type t)
+{
+	uint64_t v = 0;
+	bool ok = tap_rd_u64(r, &v);
+	arg_set(a, t, v, NULL, 0);
+	return ok;
+}
+
+static inline bool arg_shortstr(struct tap_rd *r, struct tap_arg *a)
+{
+	const uint8_t *s = NULL;
+	uint32_t n = 0;
+	bool ok = tap_rd_shortstr(r, &s, &n);
+	arg_set(a, TAP_ARG_SHORTSTR, 0, s, n);
+	return ok;
+}
+
+static inline bool arg_long_slice(struct tap_rd *r, struct tap_arg *a, enum tap_arg_type t)
+{
+	const uint8_t *s = NULL;
+	uint32_t n = 0;
+	bool ok = tap_rd_longstr(r, &s, &n);
+	arg_set(a, t, 0, s, n);
+	return ok;
+}
+
+/* Every table argument is validated (table.h); a bad table leaves its slice in *a. */
+static inline int arg_table(struct tap_rd *r, struct tap_arg *a)
+{
+	if (!arg_long_slice(r, a, TAP_ARG_TABLE))
+		return TAP_E_TRUNCATED;
+	return tap_table_validate(a->ptr, a->len);
+}
+
+/* The first bit of a packed octet (§4.2.5.2: bits fill an octet from its least significant bit). */
+static inline bool arg_bits(struct tap_rd *r, struct tap_arg *a, unsigned *bits)
+{
+	uint8_t v = 0;
+	bool ok = tap_rd_u8(r, &v);
+	*bits = v;
+	arg_set(a, TAP_ARG_BIT, v & 1, NULL, 0);
+	return ok;
+}
+
+static inline void arg_bit(struct tap_arg *a, unsigned bits, unsigned pos)
+{
+	arg_set(a, TAP_ARG_BIT, (bits >> pos) & 1, NULL, 0);
+}
+
+static int decode_connection_start(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	int rc;
+	if (!arg_octet(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_octet(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if ((rc = arg_table(&r, &a[2])) < 0)
+		return rc;
+	if (!arg_long_slice(&r, &a[3], TAP_ARG_LONGSTR))
+		return TAP_E_TRUNCATED;
+	if (!arg_long_slice(&r, &a[4], TAP_ARG_LONGSTR))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[0];
+	return TAP_OK;
+}
+
+static int decode_connection_start_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	int rc;
+	if ((rc = arg_table(&r, &a[0])) < 0)
+		return rc;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_long_slice(&r, &a[2], TAP_ARG_LONGSTR))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[3]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[1];
+	return TAP_OK;
+}
+
+static int decode_connection_secure(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_long_slice(&r, &a[0], TAP_ARG_LONGSTR))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[2];
+	return TAP_OK;
+}
+
+static int decode_connection_secure_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_long_slice(&r, &a[0], TAP_ARG_LONGSTR))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[3];
+	return TAP_OK;
+}
+
+static int decode_connection_tune(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_long(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_short(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[4];
+	return TAP_OK;
+}
+
+static int decode_connection_tune_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_long(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_short(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[5];
+	return TAP_OK;
+}
+
+static int decode_connection_open(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_shortstr(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[2], &bits))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[6];
+	return TAP_OK;
+}
+
+static int decode_connection_open_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_shortstr(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[7];
+	return TAP_OK;
+}
+
+static int decode_connection_close(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_short(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	if (!arg_short(&r, &a[3]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[8];
+	return TAP_OK;
+}
+
+static int decode_connection_close_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[9];
+	return TAP_OK;
+}
+
+static int decode_connection_blocked(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_shortstr(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[10];
+	return TAP_OK;
+}
+
+static int decode_connection_unblocked(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[11];
+	return TAP_OK;
+}
+
+static int decode_connection_update_secret(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_long_slice(&r, &a[0], TAP_ARG_LONGSTR))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[12];
+	return TAP_OK;
+}
+
+static int decode_connection_update_secret_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[13];
+	return TAP_OK;
+}
+
+static int decode_channel_open(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_shortstr(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[14];
+	return TAP_OK;
+}
+
+static int decode_channel_open_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_long_slice(&r, &a[0], TAP_ARG_LONGSTR))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[15];
+	return TAP_OK;
+}
+
+static int decode_channel_flow(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_bits(&r, &a[0], &bits))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[16];
+	return TAP_OK;
+}
+
+static int decode_channel_flow_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_bits(&r, &a[0], &bits))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[17];
+	return TAP_OK;
+}
+
+static int decode_channel_close(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_short(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	if (!arg_short(&r, &a[3]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[18];
+	return TAP_OK;
+}
+
+static int decode_channel_close_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[19];
+	return TAP_OK;
+}
+
+static int decode_exchange_declare(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	int rc;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[3], &bits))
+		return TAP_E_TRUNCATED;
+	arg_bit(&a[4], bits, 1);
+	arg_bit(&a[5], bits, 2);
+	arg_bit(&a[6], bits, 3);
+	arg_bit(&a[7], bits, 4);
+	if ((rc = arg_table(&r, &a[8])) < 0)
+		return rc;
+	m->def = &tap_spec_methods[20];
+	return TAP_OK;
+}
+
+static int decode_exchange_declare_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[21];
+	return TAP_OK;
+}
+
+static int decode_exchange_delete(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[2], &bits))
+		return TAP_E_TRUNCATED;
+	arg_bit(&a[3], bits, 1);
+	m->def = &tap_spec_methods[22];
+	return TAP_OK;
+}
+
+static int decode_exchange_delete_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[23];
+	return TAP_OK;
+}
+
+static int decode_exchange_bind(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	int rc;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[3]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[4], &bits))
+		return TAP_E_TRUNCATED;
+	if ((rc = arg_table(&r, &a[5])) < 0)
+		return rc;
+	m->def = &tap_spec_methods[24];
+	return TAP_OK;
+}
+
+static int decode_exchange_bind_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[25];
+	return TAP_OK;
+}
+
+static int decode_exchange_unbind(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	int rc;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[3]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[4], &bits))
+		return TAP_E_TRUNCATED;
+	if ((rc = arg_table(&r, &a[5])) < 0)
+		return rc;
+	m->def = &tap_spec_methods[26];
+	return TAP_OK;
+}
+
+static int decode_exchange_unbind_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[27];
+	return TAP_OK;
+}
+
+static int decode_queue_declare(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	int rc;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[2], &bits))
+		return TAP_E_TRUNCATED;
+	arg_bit(&a[3], bits, 1);
+	arg_bit(&a[4], bits, 2);
+	arg_bit(&a[5], bits, 3);
+	arg_bit(&a[6], bits, 4);
+	if ((rc = arg_table(&r, &a[7])) < 0)
+		return rc;
+	m->def = &tap_spec_methods[28];
+	return TAP_OK;
+}
+
+static int decode_queue_declare_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_shortstr(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_long(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_long(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[29];
+	return TAP_OK;
+}
+
+static int decode_queue_bind(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	int rc;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[3]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[4], &bits))
+		return TAP_E_TRUNCATED;
+	if ((rc = arg_table(&r, &a[5])) < 0)
+		return rc;
+	m->def = &tap_spec_methods[30];
+	return TAP_OK;
+}
+
+static int decode_queue_bind_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[31];
+	return TAP_OK;
+}
+
+static int decode_queue_purge(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[2], &bits))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[32];
+	return TAP_OK;
+}
+
+static int decode_queue_purge_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_long(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[33];
+	return TAP_OK;
+}
+
+static int decode_queue_delete(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[2], &bits))
+		return TAP_E_TRUNCATED;
+	arg_bit(&a[3], bits, 1);
+	arg_bit(&a[4], bits, 2);
+	m->def = &tap_spec_methods[34];
+	return TAP_OK;
+}
+
+static int decode_queue_delete_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_long(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[35];
+	return TAP_OK;
+}
+
+static int decode_queue_unbind(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	int rc;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[3]))
+		return TAP_E_TRUNCATED;
+	if ((rc = arg_table(&r, &a[4])) < 0)
+		return rc;
+	m->def = &tap_spec_methods[36];
+	return TAP_OK;
+}
+
+static int decode_queue_unbind_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[37];
+	return TAP_OK;
+}
+
+static int decode_basic_qos(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_long(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_short(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[2], &bits))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[38];
+	return TAP_OK;
+}
+
+static int decode_basic_qos_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[39];
+	return TAP_OK;
+}
+
+static int decode_basic_consume(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	int rc;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[3], &bits))
+		return TAP_E_TRUNCATED;
+	arg_bit(&a[4], bits, 1);
+	arg_bit(&a[5], bits, 2);
+	arg_bit(&a[6], bits, 3);
+	if ((rc = arg_table(&r, &a[7])) < 0)
+		return rc;
+	m->def = &tap_spec_methods[40];
+	return TAP_OK;
+}
+
+static int decode_basic_consume_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_shortstr(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[41];
+	return TAP_OK;
+}
+
+static int decode_basic_cancel(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_shortstr(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[1], &bits))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[42];
+	return TAP_OK;
+}
+
+static int decode_basic_cancel_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_shortstr(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[43];
+	return TAP_OK;
+}
+
+static int decode_basic_publish(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[3], &bits))
+		return TAP_E_TRUNCATED;
+	arg_bit(&a[4], bits, 1);
+	m->def = &tap_spec_methods[44];
+	return TAP_OK;
+}
+
+static int decode_basic_return(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[3]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[45];
+	return TAP_OK;
+}
+
+static int decode_basic_deliver(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_shortstr(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_u64(&r, &a[1], TAP_ARG_LONGLONG))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[2], &bits))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[3]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[4]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[46];
+	return TAP_OK;
+}
+
+static int decode_basic_get(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_short(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[1]))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[2], &bits))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[47];
+	return TAP_OK;
+}
+
+static int decode_basic_get_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_u64(&r, &a[0], TAP_ARG_LONGLONG))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[1], &bits))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[2]))
+		return TAP_E_TRUNCATED;
+	if (!arg_shortstr(&r, &a[3]))
+		return TAP_E_TRUNCATED;
+	if (!arg_long(&r, &a[4]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[48];
+	return TAP_OK;
+}
+
+static int decode_basic_get_empty(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	if (!arg_shortstr(&r, &a[0]))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[49];
+	return TAP_OK;
+}
+
+static int decode_basic_ack(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_u64(&r, &a[0], TAP_ARG_LONGLONG))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[1], &bits))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[50];
+	return TAP_OK;
+}
+
+static int decode_basic_reject(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_u64(&r, &a[0], TAP_ARG_LONGLONG))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[1], &bits))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[51];
+	return TAP_OK;
+}
+
+static int decode_basic_recover_async(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_bits(&r, &a[0], &bits))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[52];
+	return TAP_OK;
+}
+
+static int decode_basic_recover(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_bits(&r, &a[0], &bits))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[53];
+	return TAP_OK;
+}
+
+static int decode_basic_recover_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[54];
+	return TAP_OK;
+}
+
+static int decode_basic_nack(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_u64(&r, &a[0], TAP_ARG_LONGLONG))
+		return TAP_E_TRUNCATED;
+	if (!arg_bits(&r, &a[1], &bits))
+		return TAP_E_TRUNCATED;
+	arg_bit(&a[2], bits, 1);
+	m->def = &tap_spec_methods[55];
+	return TAP_OK;
+}
+
+static int decode_confirm_select(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	struct tap_rd r = {p, end};
+	struct tap_arg *a = m->args;
+	unsigned bits;
+	if (!arg_bits(&r, &a[0], &bits))
+		return TAP_E_TRUNCATED;
+	m->def = &tap_spec_methods[56];
+	return TAP_OK;
+}
+
+static int decode_confirm_select_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[57];
+	return TAP_OK;
+}
+
+static int decode_tx_select(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[58];
+	return TAP_OK;
+}
+
+static int decode_tx_select_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[59];
+	return TAP_OK;
+}
+
+static int decode_tx_commit(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[60];
+	return TAP_OK;
+}
+
+static int decode_tx_commit_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[61];
+	return TAP_OK;
+}
+
+static int decode_tx_rollback(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[62];
+	return TAP_OK;
+}
+
+static int decode_tx_rollback_ok(const uint8_t *p, const uint8_t *end, struct tap_method *m)
+{
+	(void)p;
+	(void)end;
+	m->def = &tap_spec_methods[63];
+	return TAP_OK;
+}
+
 static const struct tap_arg_def args_connection_start[] = {
 	{"version-major", "version_major", TAP_ARG_OCTET, false},
 	{"version-minor", "version_minor", TAP_ARG_OCTET, false},
@@ -236,79 +1133,82 @@ static const struct tap_arg_def args_confirm_select[] = {
 };
 
 const struct tap_method_def tap_spec_methods[TAP_SPEC_NUM_METHODS] = {
-	{TAP_CONNECTION_START, 10, 10, "connection.start", false, 5, args_connection_start, {0x01, 0x01, 0x07, 0x06, 0x06}},
-	{TAP_CONNECTION_START_OK, 10, 11, "connection.start-ok", false, 4, args_connection_start_ok, {0x07, 0x05, 0x06, 0x05}},
-	{TAP_CONNECTION_SECURE, 10, 20, "connection.secure", false, 1, args_connection_secure, {0x06}},
-	{TAP_CONNECTION_SECURE_OK, 10, 21, "connection.secure-ok", false, 1, args_connection_secure_ok, {0x06}},
-	{TAP_CONNECTION_TUNE, 10, 30, "connection.tune", false, 3, args_connection_tune, {0x02, 0x03, 0x02}},
-	{TAP_CONNECTION_TUNE_OK, 10, 31, "connection.tune-ok", false, 3, args_connection_tune_ok, {0x02, 0x03, 0x02}},
-	{TAP_CONNECTION_OPEN, 10, 40, "connection.open", false, 3, args_connection_open, {0x05, 0x05, 0x80}},
-	{TAP_CONNECTION_OPEN_OK, 10, 41, "connection.open-ok", false, 1, args_connection_open_ok, {0x05}},
-	{TAP_CONNECTION_CLOSE, 10, 50, "connection.close", false, 4, args_connection_close, {0x02, 0x05, 0x02, 0x02}},
-	{TAP_CONNECTION_CLOSE_OK, 10, 51, "connection.close-ok", false, 0, NULL, {0}},
-	{TAP_CONNECTION_BLOCKED, 10, 60, "connection.blocked", false, 1, args_connection_blocked, {0x05}},
-	{TAP_CONNECTION_UNBLOCKED, 10, 61, "connection.unblocked", false, 0, NULL, {0}},
-	{TAP_CONNECTION_UPDATE_SECRET, 10, 70, "connection.update-secret", false, 2, args_connection_update_secret, {0x06, 0x05}},
-	{TAP_CONNECTION_UPDATE_SECRET_OK, 10, 71, "connection.update-secret-ok", false, 0, NULL, {0}},
-	{TAP_CHANNEL_OPEN, 20, 10, "channel.open", false, 1, args_channel_open, {0x05}},
-	{TAP_CHANNEL_OPEN_OK, 20, 11, "channel.open-ok", false, 1, args_channel_open_ok, {0x06}},
-	{TAP_CHANNEL_FLOW, 20, 20, "channel.flow", false, 1, args_channel_flow, {0x80}},
-	{TAP_CHANNEL_FLOW_OK, 20, 21, "channel.flow-ok", false, 1, args_channel_flow_ok, {0x80}},
-	{TAP_CHANNEL_CLOSE, 20, 40, "channel.close", false, 4, args_channel_close, {0x02, 0x05, 0x02, 0x02}},
-	{TAP_CHANNEL_CLOSE_OK, 20, 41, "channel.close-ok", false, 0, NULL, {0}},
-	{TAP_EXCHANGE_DECLARE, 40, 10, "exchange.declare", false, 9, args_exchange_declare, {0x02, 0x05, 0x05, 0x80, 0x10, 0x20, 0x30, 0x40, 0x07}},
-	{TAP_EXCHANGE_DECLARE_OK, 40, 11, "exchange.declare-ok", false, 0, NULL, {0}},
-	{TAP_EXCHANGE_DELETE, 40, 20, "exchange.delete", false, 4, args_exchange_delete, {0x02, 0x05, 0x80, 0x10}},
-	{TAP_EXCHANGE_DELETE_OK, 40, 21, "exchange.delete-ok", false, 0, NULL, {0}},
-	{TAP_EXCHANGE_BIND, 40, 30, "exchange.bind", false, 6, args_exchange_bind, {0x02, 0x05, 0x05, 0x05, 0x80, 0x07}},
-	{TAP_EXCHANGE_BIND_OK, 40, 31, "exchange.bind-ok", false, 0, NULL, {0}},
-	{TAP_EXCHANGE_UNBIND, 40, 40, "exchange.unbind", false, 6, args_exchange_unbind, {0x02, 0x05, 0x05, 0x05, 0x80, 0x07}},
-	{TAP_EXCHANGE_UNBIND_OK, 40, 51, "exchange.unbind-ok", false, 0, NULL, {0}},
-	{TAP_QUEUE_DECLARE, 50, 10, "queue.declare", false, 8, args_queue_declare, {0x02, 0x05, 0x80, 0x10, 0x20, 0x30, 0x40, 0x07}},
-	{TAP_QUEUE_DECLARE_OK, 50, 11, "queue.declare-ok", false, 3, args_queue_declare_ok, {0x05, 0x03, 0x03}},
-	{TAP_QUEUE_BIND, 50, 20, "queue.bind", false, 6, args_queue_bind, {0x02, 0x05, 0x05, 0x05, 0x80, 0x07}},
-	{TAP_QUEUE_BIND_OK, 50, 21, "queue.bind-ok", false, 0, NULL, {0}},
-	{TAP_QUEUE_PURGE, 50, 30, "queue.purge", false, 3, args_queue_purge, {0x02, 0x05, 0x80}},
-	{TAP_QUEUE_PURGE_OK, 50, 31, "queue.purge-ok", false, 1, args_queue_purge_ok, {0x03}},
-	{TAP_QUEUE_DELETE, 50, 40, "queue.delete", false, 5, args_queue_delete, {0x02, 0x05, 0x80, 0x10, 0x20}},
-	{TAP_QUEUE_DELETE_OK, 50, 41, "queue.delete-ok", false, 1, args_queue_delete_ok, {0x03}},
-	{TAP_QUEUE_UNBIND, 50, 50, "queue.unbind", false, 5, args_queue_unbind, {0x02, 0x05, 0x05, 0x05, 0x07}},
-	{TAP_QUEUE_UNBIND_OK, 50, 51, "queue.unbind-ok", false, 0, NULL, {0}},
-	{TAP_BASIC_QOS, 60, 10, "basic.qos", false, 3, args_basic_qos, {0x03, 0x02, 0x80}},
-	{TAP_BASIC_QOS_OK, 60, 11, "basic.qos-ok", false, 0, NULL, {0}},
-	{TAP_BASIC_CONSUME, 60, 20, "basic.consume", false, 8, args_basic_consume, {0x02, 0x05, 0x05, 0x80, 0x10, 0x20, 0x30, 0x07}},
-	{TAP_BASIC_CONSUME_OK, 60, 21, "basic.consume-ok", false, 1, args_basic_consume_ok, {0x05}},
-	{TAP_BASIC_CANCEL, 60, 30, "basic.cancel", false, 2, args_basic_cancel, {0x05, 0x80}},
-	{TAP_BASIC_CANCEL_OK, 60, 31, "basic.cancel-ok", false, 1, args_basic_cancel_ok, {0x05}},
-	{TAP_BASIC_PUBLISH, 60, 40, "basic.publish", true, 5, args_basic_publish, {0x02, 0x05, 0x05, 0x80, 0x10}},
-	{TAP_BASIC_RETURN, 60, 50, "basic.return", true, 4, args_basic_return, {0x02, 0x05, 0x05, 0x05}},
-	{TAP_BASIC_DELIVER, 60, 60, "basic.deliver", true, 5, args_basic_deliver, {0x05, 0x04, 0x80, 0x05, 0x05}},
-	{TAP_BASIC_GET, 60, 70, "basic.get", false, 3, args_basic_get, {0x02, 0x05, 0x80}},
-	{TAP_BASIC_GET_OK, 60, 71, "basic.get-ok", true, 5, args_basic_get_ok, {0x04, 0x80, 0x05, 0x05, 0x03}},
-	{TAP_BASIC_GET_EMPTY, 60, 72, "basic.get-empty", false, 1, args_basic_get_empty, {0x05}},
-	{TAP_BASIC_ACK, 60, 80, "basic.ack", false, 2, args_basic_ack, {0x04, 0x80}},
-	{TAP_BASIC_REJECT, 60, 90, "basic.reject", false, 2, args_basic_reject, {0x04, 0x80}},
-	{TAP_BASIC_RECOVER_ASYNC, 60, 100, "basic.recover-async", false, 1, args_basic_recover_async, {0x80}},
-	{TAP_BASIC_RECOVER, 60, 110, "basic.recover", false, 1, args_basic_recover, {0x80}},
-	{TAP_BASIC_RECOVER_OK, 60, 111, "basic.recover-ok", false, 0, NULL, {0}},
-	{TAP_BASIC_NACK, 60, 120, "basic.nack", false, 3, args_basic_nack, {0x04, 0x80, 0x10}},
-	{TAP_CONFIRM_SELECT, 85, 10, "confirm.select", false, 1, args_confirm_select, {0x80}},
-	{TAP_CONFIRM_SELECT_OK, 85, 11, "confirm.select-ok", false, 0, NULL, {0}},
-	{TAP_TX_SELECT, 90, 10, "tx.select", false, 0, NULL, {0}},
-	{TAP_TX_SELECT_OK, 90, 11, "tx.select-ok", false, 0, NULL, {0}},
-	{TAP_TX_COMMIT, 90, 20, "tx.commit", false, 0, NULL, {0}},
-	{TAP_TX_COMMIT_OK, 90, 21, "tx.commit-ok", false, 0, NULL, {0}},
-	{TAP_TX_ROLLBACK, 90, 30, "tx.rollback", false, 0, NULL, {0}},
-	{TAP_TX_ROLLBACK_OK, 90, 31, "tx.rollback-ok", false, 0, NULL, {0}},
+	{TAP_CONNECTION_START, 10, 10, "connection.start", false, 5, args_connection_start, decode_connection_start},
+	{TAP_CONNECTION_START_OK, 10, 11, "connection.start-ok", false, 4, args_connection_start_ok, decode_connection_start_ok},
+	{TAP_CONNECTION_SECURE, 10, 20, "connection.secure", false, 1, args_connection_secure, decode_connection_secure},
+	{TAP_CONNECTION_SECURE_OK, 10, 21, "connection.secure-ok", false, 1, args_connection_secure_ok, decode_connection_secure_ok},
+	{TAP_CONNECTION_TUNE, 10, 30, "connection.tune", false, 3, args_connection_tune, decode_connection_tune},
+	{TAP_CONNECTION_TUNE_OK, 10, 31, "connection.tune-ok", false, 3, args_connection_tune_ok, decode_connection_tune_ok},
+	{TAP_CONNECTION_OPEN, 10, 40, "connection.open", false, 3, args_connection_open, decode_connection_open},
+	{TAP_CONNECTION_OPEN_OK, 10, 41, "connection.open-ok", false, 1, args_connection_open_ok, decode_connection_open_ok},
+	{TAP_CONNECTION_CLOSE, 10, 50, "connection.close", false, 4, args_connection_close, decode_connection_close},
+	{TAP_CONNECTION_CLOSE_OK, 10, 51, "connection.close-ok", false, 0, NULL, decode_connection_close_ok},
+	{TAP_CONNECTION_BLOCKED, 10, 60, "connection.blocked", false, 1, args_connection_blocked, decode_connection_blocked},
+	{TAP_CONNECTION_UNBLOCKED, 10, 61, "connection.unblocked", false, 0, NULL, decode_connection_unblocked},
+	{TAP_CONNECTION_UPDATE_SECRET, 10, 70, "connection.update-secret", false, 2, args_connection_update_secret, decode_connection_update_secret},
+	{TAP_CONNECTION_UPDATE_SECRET_OK, 10, 71, "connection.update-secret-ok", false, 0, NULL, decode_connection_update_secret_ok},
+	{TAP_CHANNEL_OPEN, 20, 10, "channel.open", false, 1, args_channel_open, decode_channel_open},
+	{TAP_CHANNEL_OPEN_OK, 20, 11, "channel.open-ok", false, 1, args_channel_open_ok, decode_channel_open_ok},
+	{TAP_CHANNEL_FLOW, 20, 20, "channel.flow", false, 1, args_channel_flow, decode_channel_flow},
+	{TAP_CHANNEL_FLOW_OK, 20, 21, "channel.flow-ok", false, 1, args_channel_flow_ok, decode_channel_flow_ok},
+	{TAP_CHANNEL_CLOSE, 20, 40, "channel.close", false, 4, args_channel_close, decode_channel_close},
+	{TAP_CHANNEL_CLOSE_OK, 20, 41, "channel.close-ok", false, 0, NULL, decode_channel_close_ok},
+	{TAP_EXCHANGE_DECLARE, 40, 10, "exchange.declare", false, 9, args_exchange_declare, decode_exchange_declare},
+	{TAP_EXCHANGE_DECLARE_OK, 40, 11, "exchange.declare-ok", false, 0, NULL, decode_exchange_declare_ok},
+	{TAP_EXCHANGE_DELETE, 40, 20, "exchange.delete", false, 4, args_exchange_delete, decode_exchange_delete},
+	{TAP_EXCHANGE_DELETE_OK, 40, 21, "exchange.delete-ok", false, 0, NULL, decode_exchange_delete_ok},
+	{TAP_EXCHANGE_BIND, 40, 30, "exchange.bind", false, 6, args_exchange_bind, decode_exchange_bind},
+	{TAP_EXCHANGE_BIND_OK, 40, 31, "exchange.bind-ok", false, 0, NULL, decode_exchange_bind_ok},
+	{TAP_EXCHANGE_UNBIND, 40, 40, "exchange.unbind", false, 6, args_exchange_unbind, decode_exchange_unbind},
+	{TAP_EXCHANGE_UNBIND_OK, 40, 51, "exchange.unbind-ok", false, 0, NULL, decode_exchange_unbind_ok},
+	{TAP_QUEUE_DECLARE, 50, 10, "queue.declare", false, 8, args_queue_declare, decode_queue_declare},
+	{TAP_QUEUE_DECLARE_OK, 50, 11, "queue.declare-ok", false, 3, args_queue_declare_ok, decode_queue_declare_ok},
+	{TAP_QUEUE_BIND, 50, 20, "queue.bind", false, 6, args_queue_bind, decode_queue_bind},
+	{TAP_QUEUE_BIND_OK, 50, 21, "queue.bind-ok", false, 0, NULL, decode_queue_bind_ok},
+	{TAP_QUEUE_PURGE, 50, 30, "queue.purge", false, 3, args_queue_purge, decode_queue_purge},
+	{TAP_QUEUE_PURGE_OK, 50, 31, "queue.purge-ok", false, 1, args_queue_purge_ok, decode_queue_purge_ok},
+	{TAP_QUEUE_DELETE, 50, 40, "queue.delete", false, 5, args_queue_delete, decode_queue_delete},
+	{TAP_QUEUE_DELETE_OK, 50, 41, "queue.delete-ok", false, 1, args_queue_delete_ok, decode_queue_delete_ok},
+	{TAP_QUEUE_UNBIND, 50, 50, "queue.unbind", false, 5, args_queue_unbind, decode_queue_unbind},
+	{TAP_QUEUE_UNBIND_OK, 50, 51, "queue.unbind-ok", false, 0, NULL, decode_queue_unbind_ok},
+	{TAP_BASIC_QOS, 60, 10, "basic.qos", false, 3, args_basic_qos, decode_basic_qos},
+	{TAP_BASIC_QOS_OK, 60, 11, "basic.qos-ok", false, 0, NULL, decode_basic_qos_ok},
+	{TAP_BASIC_CONSUME, 60, 20, "basic.consume", false, 8, args_basic_consume, decode_basic_consume},
+	{TAP_BASIC_CONSUME_OK, 60, 21, "basic.consume-ok", false, 1, args_basic_consume_ok, decode_basic_consume_ok},
+	{TAP_BASIC_CANCEL, 60, 30, "basic.cancel", false, 2, args_basic_cancel, decode_basic_cancel},
+	{TAP_BASIC_CANCEL_OK, 60, 31, "basic.cancel-ok", false, 1, args_basic_cancel_ok, decode_basic_cancel_ok},
+	{TAP_BASIC_PUBLISH, 60, 40, "basic.publish", true, 5, args_basic_publish, decode_basic_publish},
+	{TAP_BASIC_RETURN, 60, 50, "basic.return", true, 4, args_basic_return, decode_basic_return},
+	{TAP_BASIC_DELIVER, 60, 60, "basic.deliver", true, 5, args_basic_deliver, decode_basic_deliver},
+	{TAP_BASIC_GET, 60, 70, "basic.get", false, 3, args_basic_get, decode_basic_get},
+	{TAP_BASIC_GET_OK, 60, 71, "basic.get-ok", true, 5, args_basic_get_ok, decode_basic_get_ok},
+	{TAP_BASIC_GET_EMPTY, 60, 72, "basic.get-empty", false, 1, args_basic_get_empty, decode_basic_get_empty},
+	{TAP_BASIC_ACK, 60, 80, "basic.ack", false, 2, args_basic_ack, decode_basic_ack},
+	{TAP_BASIC_REJECT, 60, 90, "basic.reject", false, 2, args_basic_reject, decode_basic_reject},
+	{TAP_BASIC_RECOVER_ASYNC, 60, 100, "basic.recover-async", false, 1, args_basic_recover_async, decode_basic_recover_async},
+	{TAP_BASIC_RECOVER, 60, 110, "basic.recover", false, 1, args_basic_recover, decode_basic_recover},
+	{TAP_BASIC_RECOVER_OK, 60, 111, "basic.recover-ok", false, 0, NULL, decode_basic_recover_ok},
+	{TAP_BASIC_NACK, 60, 120, "basic.nack", false, 3, args_basic_nack, decode_basic_nack},
+	{TAP_CONFIRM_SELECT, 85, 10, "confirm.select", false, 1, args_confirm_select, decode_confirm_select},
+	{TAP_CONFIRM_SELECT_OK, 85, 11, "confirm.select-ok", false, 0, NULL, decode_confirm_select_ok},
+	{TAP_TX_SELECT, 90, 10, "tx.select", false, 0, NULL, decode_tx_select},
+	{TAP_TX_SELECT_OK, 90, 11, "tx.select-ok", false, 0, NULL, decode_tx_select_ok},
+	{TAP_TX_COMMIT, 90, 20, "tx.commit", false, 0, NULL, decode_tx_commit},
+	{TAP_TX_COMMIT_OK, 90, 21, "tx.commit-ok", false, 0, NULL, decode_tx_commit_ok},
+	{TAP_TX_ROLLBACK, 90, 30, "tx.rollback", false, 0, NULL, decode_tx_rollback},
+	{TAP_TX_ROLLBACK_OK, 90, 31, "tx.rollback-ok", false, 0, NULL, decode_tx_rollback_ok},
 };
 
 static const char *const class_names[TAP_SPEC_NUM_CLASSES] = {
 	"connection", "channel", "exchange", "queue", "basic", "confirm", "tx",
 };
 
-static const uint8_t class_slot[91] = {[10] = 1, [20] = 2, [40] = 3, [50] = 4, [60] = 5, [85] = 6, [90] = 7};
+const uint8_t tap_spec_class_row[TAP_SPEC_MAX_CLASS_ID + 1] = {
+	[10] = 1, [20] = 2, [40] = 3, [50] = 4, [60] = 5, [85] = 6, [90] = 7,
+};
 
-static const uint8_t method_slot[TAP_SPEC_NUM_CLASSES][121] = {
+const uint8_t tap_spec_method_slot[TAP_SPEC_NUM_CLASSES + 1][TAP_SPEC_MAX_METHOD_ID + 1] = {
+	{0}, /* unknown class */
 	{[10] = 1, [11] = 2, [20] = 3, [21] = 4, [30] = 5, [31] = 6, [40] = 7, [41] = 8,
 	 [50] = 9, [51] = 10, [60] = 11, [61] = 12, [70] = 13, [71] = 14},
 	{[10] = 15, [11] = 16, [20] = 17, [21] = 18, [40] = 19, [41] = 20},
@@ -324,15 +1224,12 @@ static const uint8_t method_slot[TAP_SPEC_NUM_CLASSES][121] = {
 
 const struct tap_method_def *tap_spec_method(uint16_t class_id, uint16_t method_id)
 {
-	if (class_id >= sizeof class_slot || method_id >= sizeof method_slot[0] || !class_slot[class_id])
-		return NULL;
-	uint8_t k = method_slot[class_slot[class_id] - 1][method_id];
-	return k ? &tap_spec_methods[k - 1] : NULL;
+	return tap_spec_method_find(class_id, method_id);
 }
 
 const char *tap_spec_class_name(uint16_t class_id)
 {
-	if (class_id >= sizeof class_slot || !class_slot[class_id])
+	if (class_id > TAP_SPEC_MAX_CLASS_ID || !tap_spec_class_row[class_id])
 		return NULL;
-	return class_names[class_slot[class_id] - 1];
+	return class_names[tap_spec_class_row[class_id] - 1];
 }

@@ -1619,7 +1619,8 @@ static int64_t chan_tick(struct tap_track_conn *c, struct trk_chan *ch, int64_t 
 			break;
 		}
 		fifo_pop(&ch->held_q);
-		slot_finish(c, ch, n, NULL, now_us);
+		/* stamped with its deadline, not with whenever the timer ran: live and replay agree */
+		slot_finish(c, ch, n, NULL, due);
 		if (!ch->live)
 			return INT64_MAX;
 	}
@@ -1640,7 +1641,7 @@ static int64_t chan_tick(struct tap_track_conn *c, struct trk_chan *ch, int64_t 
 		struct trk_view v;
 		view_of_slot(&v, c, ch, n);
 		struct trk_verdict vd = {.route = ROUTE_UNPROVEN, .confirm = CONF_NONE};
-		write_publish(c, ch->id, &v, &vd, now_us);
+		write_publish(c, ch->id, &v, &vd, due);
 		slot_done(c, ch, n);
 		if (!ch->live)
 			return INT64_MAX;

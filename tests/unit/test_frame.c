@@ -485,6 +485,59 @@ START_TEST(body_slices_point_into_input)
 }
 END_TEST
 
+/* Whole frames go through tap_frame_feed's fast path, byte-wise feeds through the slow path: both must
+ * report the same events, the same error at the same offset, under frame_max 0, the default and a small
+ * negotiated value, with a frame exactly at the bound and one just past it; and a broker-side decoder
+ * takes the fast path from offset 0 (a type byte is never the 'A' of a protocol header). */
+START_TEST(fast_path_matches_slow_path)
+{
+	static const uint32_t maxes[] = {0, 131072, 4096, 9};
+	uint8_t *big = calloc(1, 4097);
+	for (size_t k = 0; k < sizeof maxes / sizeof maxes[0]; k++) {
+		uint32_t fm = maxes[k];
+		uint32_t bound = fm == 0 ? 4097 : fm; /* largest payload allowed: frame_max - 8 + 8 */
+		struct wbuf w = {0};
+		frame(&w, TAP_FRAME_METHOD, 0, "\x00\x0a\x00\x33", 4); /* connection.close-ok */
+		frame(&w, TAP_FRAME_BODY, 1, big, bound < 4097 ? bound : 4096);
+		frame(&w, TAP_FRAME_HEADER, 1, big, 3);
+		frame(&w, TAP_FRAME_BODY, 2, big, 0);
+		frame(&w, TAP_FRAME_HEARTBEAT, 0, big, 0);
+		size_t bad_at = w.n;
+		if (fm != 0 && fm < 4096)
+			frame(&w, TAP_FRAME_BODY, 1, big, bound + 1);
+		struct tap_frame_dec whole, bytes;
+		struct log lw, lb;
+		log_init(&lw);
+		log_init(&lb);
+		tap_frame_dec_init(&whole);
+		tap_frame_dec_init(&bytes);
+		tap_frame_dec_set_frame_max(&whole, fm);
+		tap_frame_dec_set_frame_max(&bytes, fm);
+		size_t *cuts = malloc(w.n * sizeof *cuts);
+		for (size_t i = 0; i < w.n; i++)
+			cuts[i] = i + 1;
+		int rw = feed_chunks(&whole, w.d, w.n, NULL, 0, &lw);
+		int rb = feed_chunks(&bytes, w.d, w.n, cuts, w.n, &lb);
+		ck_assert_int_eq(rw, rb);
+		ck_assert_int_eq(rw, bad_at < w.n ? TAP_E_FRAME_TOO_LARGE : 0);
+		ck_assert_uint_eq(tap_frame_dec_error_offset(&whole), tap_frame_dec_error_offset(&bytes));
+		if (bad_at < w.n)
+			ck_assert_uint_eq(tap_frame_dec_error_offset(&whole), bad_at);
+		ck_assert_uint_eq(lw.events, 5);
+		ck_assert_uint_eq(lw.b.len, lb.b.len);
+		ck_assert_mem_eq(lw.b.data, lb.b.data, lw.b.len);
+		ck_assert_uint_eq(whole.cap, 0); /* nothing buffered on the fast path */
+		free(cuts);
+		tap_frame_dec_deinit(&whole);
+		tap_frame_dec_deinit(&bytes);
+		log_deinit(&lw);
+		log_deinit(&lb);
+		free(w.d);
+	}
+	free(big);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("frame");
@@ -497,6 +550,7 @@ int main(void)
 	tcase_add_test(tc, size_ffffffff);
 	tcase_add_test(tc, bad_type_and_heartbeat);
 	tcase_add_test(tc, body_slices_point_into_input);
+	tcase_add_test(tc, fast_path_matches_slow_path);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
