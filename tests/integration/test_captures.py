@@ -258,12 +258,10 @@ class LiveEqualsReplay(TapTestCase):
         """Every record whose time is a wire event: field by field, timestamps and latencies included."""
         self.check_live_equals_replay(timers=False)
 
-    @unittest.expectedFailure
     def test_live_equals_replay_timer_records(self):
-        """KNOWN TAP BUG: a record written by the tracker's timer (an acked mandatory publish held
-        --late-return ms for a Return, or a non-confirm mandatory publish at the end of --return-window) is
-        stamped with the time tap_track_tick ran: live, the 10 ms wall-clock timer; replay, the next packet of the
-        capture. So its `ts` (and possibly its place in the stream) differs between live and replay."""
+        """Records written by the tracker's timers (an acked mandatory publish held --late-return ms for a
+        Return, a non-confirm mandatory publish at the end of --return-window) are stamped with their deadline and
+        settled before newer bytes are decoded, live as in replay: equal too, in the same order."""
         self.check_live_equals_replay(timers=True)
 
     def test_tshark_decodes_every_frame_live(self):
