@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/queue.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 
 enum side { SIDE_CLIENT = 0, SIDE_UPSTREAM = 1 };
@@ -203,10 +204,56 @@ static enum side side_of(const struct tap_session *s, const struct bufferevent *
 	return bev == s->bev[SIDE_CLIENT] ? SIDE_CLIENT : SIDE_UPSTREAM;
 }
 
+/* libevent 2.1 reads at most 4 KiB per readiness event (EVBUFFER_MAX_READ),
+ * so a bulk stream costs an epoll_wait, an ioctl and a readv per 4 KiB.
+ * When that much arrived, read on into the same input buffer with large
+ * reads until the socket is empty (EOF and errors are left to libevent's
+ * next read, which sees them again). Plain TCP legs only. */
+static void read_more(struct tap_session *s, enum side from)
+{
+	struct bufferevent *bev = s->bev[from], *dst = s->bev[!from];
+	struct evbuffer *in = bufferevent_get_input(bev);
+	if (s->tls[from] || evbuffer_get_length(in) < 4096)
+		return;
+	evutil_socket_t fd = bufferevent_getfd(bev);
+	size_t budget = TAP_PROXY_HIGH_WATER;
+	/* a bufferevent keeps the end of its input frozen outside its own reads */
+	evbuffer_unfreeze(in, 0);
+	while (budget > 0 && (!dst || evbuffer_get_length(bufferevent_get_output(dst)) < TAP_PROXY_HIGH_WATER)) {
+		struct evbuffer_iovec v[2];
+		int n = evbuffer_reserve_space(in, TAP_PROXY_MAX_IO, v, 2);
+		if (n <= 0)
+			break;
+		struct iovec iov[2];
+		for (int i = 0; i < n; i++) {
+			iov[i].iov_base = v[i].iov_base;
+			iov[i].iov_len = v[i].iov_len;
+		}
+		ssize_t got = readv(fd, iov, n);
+		if (got <= 0) {
+			evbuffer_commit_space(in, v, 0);
+			break;
+		}
+		size_t left = (size_t)got;
+		for (int i = 0; i < n; i++) {
+			if (v[i].iov_len > left)
+				v[i].iov_len = left;
+			left -= v[i].iov_len;
+		}
+		evbuffer_commit_space(in, v, n);
+		budget = (size_t)got < budget ? budget - (size_t)got : 0;
+		if ((size_t)got < TAP_PROXY_MAX_IO)
+			break; /* the socket is empty */
+	}
+	evbuffer_freeze(in, 0);
+}
+
 static void on_read(struct bufferevent *bev, void *arg)
 {
 	struct tap_session *s = arg;
-	relay(s, side_of(s, bev));
+	enum side from = side_of(s, bev);
+	read_more(s, from);
+	relay(s, from);
 }
 
 static bool drained(const struct tap_session *s, enum side side)
