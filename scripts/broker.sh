@@ -2,6 +2,7 @@
 # A throwaway RabbitMQ node for amqptap's tests and demo: private data dir, node name and ports,
 # so it never touches a system broker. Usage: broker.sh start|stop|kill|status|ctl ARGS...
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 pgid_file=$TAP_BROKER_DIR/server.pgid
@@ -61,6 +62,7 @@ start() {
 	local t0=$SECONDS
 	rm -f "$pgid_file"
 	# The node gets its own session; its leader records its pid (= process group id) before exec.
+	# shellcheck disable=SC2016 # $$ and $1 belong to the inner shell
 	tap_broker_env setsid bash -c 'echo $$ >"$1"; exec "$2"' _ "$pgid_file" "$RMQ_BIN/rabbitmq-server" \
 		>"$TAP_BROKER_DIR/server.out" 2>&1 </dev/null &
 	for _ in $(seq 50); do [ -s "$pgid_file" ] && break; sleep 0.1; done

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # Shared shell helpers for amqptap's scripts: repository paths, logging, and the
 # environment of the throwaway RabbitMQ node that broker.sh runs. Source it; do not run it.
 

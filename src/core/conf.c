@@ -26,7 +26,7 @@ struct opt_def {
 	char short_name;
 	enum opt_kind kind;
 	size_t offset;
-	uint32_t max;      /* OPT_U32 upper bound */
+	uint32_t min, max; /* OPT_U32 bounds */
 	const char *arg;   /* placeholder in --help */
 	const char *help;
 };
@@ -34,39 +34,39 @@ struct opt_def {
 #define FIELD(f) offsetof(struct tap_conf, f)
 
 static const struct opt_def options[] = {
-	{"listen", 'l', OPT_ADDR_LISTEN, FIELD(listen), 0, "ADDR:PORT",
+	{"listen", 'l', OPT_ADDR_LISTEN, FIELD(listen), 0, 0, "ADDR:PORT",
 	 "where clients connect (default 127.0.0.1:5673)"},
-	{"upstream", 'u', OPT_ADDR, FIELD(upstream), 0, "HOST:PORT", "the real broker (default 127.0.0.1:5672)"},
-	{"verdicts", 'o', OPT_PATH, FIELD(verdicts), 0, "FILE|-", "verdict and event records, JSON Lines (default -)"},
-	{"frames", 'f', OPT_PATH, FIELD(frames), 0, "FILE", "one JSON line per decoded frame (default off)"},
-	{"pcap", 0, OPT_PATH, FIELD(pcap), 0, "FILE", "the plaintext AMQP streams as pcapng for Wireshark (default off)"},
-	{"port", 0, OPT_U32, FIELD(replay_port), 65535, "N", "replay: the broker's TCP port in the capture (default 5672)"},
-	{"body-bytes", 0, OPT_U32, FIELD(body_bytes), 1u << 20, "N",
+	{"upstream", 'u', OPT_ADDR, FIELD(upstream), 0, 0, "HOST:PORT", "the real broker (default 127.0.0.1:5672)"},
+	{"verdicts", 'o', OPT_PATH, FIELD(verdicts), 0, 0, "FILE|-", "verdict and event records, JSON Lines (default -)"},
+	{"frames", 'f', OPT_PATH, FIELD(frames), 0, 0, "FILE", "one JSON line per decoded frame (default off)"},
+	{"pcap", 0, OPT_PATH, FIELD(pcap), 0, 0, "FILE", "the plaintext AMQP streams as pcapng for Wireshark (default off)"},
+	{"port", 0, OPT_U32, FIELD(replay_port), 1, 65535, "N", "replay: the broker's TCP port in the capture (default 5672)"},
+	{"body-bytes", 0, OPT_U32, FIELD(body_bytes), 0, 1u << 20, "N",
 	 "include the first N body bytes in --frames (default 0)"},
-	{"return-window", 0, OPT_U32, FIELD(return_window_ms), 3600u * 1000u, "MS",
+	{"return-window", 0, OPT_U32, FIELD(return_window_ms), 1, 3600u * 1000u, "MS",
 	 "non-confirm channels: how long a mandatory publish waits for a Return (default 2000)"},
-	{"late-return", 0, OPT_U32, FIELD(late_return_ms), 60u * 1000u, "MS",
+	{"late-return", 0, OPT_U32, FIELD(late_return_ms), 1, 60u * 1000u, "MS",
 	 "confirm channels: how long an acked mandatory publish waits for a late Return (default 50)"},
-	{"max-outstanding", 0, OPT_U32, FIELD(max_outstanding), UINT32_MAX, "N",
+	{"max-outstanding", 0, OPT_U32, FIELD(max_outstanding), 1, UINT32_MAX, "N",
 	 "tracked publishes per connection before the oldest is evicted (default 1000000)"},
-	{"grace", 0, OPT_U32, FIELD(grace_ms), 3600u * 1000u, "MS",
+	{"grace", 0, OPT_U32, FIELD(grace_ms), 0, 3600u * 1000u, "MS",
 	 "on SIGINT/SIGTERM, how long live sessions may finish before they are closed (default 1000)"},
-	{"tls-cert", 0, OPT_PATH, FIELD(tls_cert), 0, "FILE", "accept TLS from clients with this certificate (PEM chain)"},
-	{"tls-key", 0, OPT_PATH, FIELD(tls_key), 0, "FILE", "private key of --tls-cert (PEM)"},
-	{"tls-client-ca", 0, OPT_PATH, FIELD(tls_client_ca), 0, "FILE",
+	{"tls-cert", 0, OPT_PATH, FIELD(tls_cert), 0, 0, "FILE", "accept TLS from clients with this certificate (PEM chain)"},
+	{"tls-key", 0, OPT_PATH, FIELD(tls_key), 0, 0, "FILE", "private key of --tls-cert (PEM)"},
+	{"tls-client-ca", 0, OPT_PATH, FIELD(tls_client_ca), 0, 0, "FILE",
 	 "require client certificates signed by this CA (PEM)"},
-	{"upstream-tls", 0, OPT_FLAG, FIELD(upstream_tls), 0, NULL, "speak TLS to the broker (verification on)"},
-	{"upstream-ca", 0, OPT_PATH, FIELD(upstream_ca), 0, "FILE", "CA bundle for the broker (default: system store)"},
-	{"upstream-sni", 0, OPT_PATH, FIELD(upstream_sni), 0, "NAME",
+	{"upstream-tls", 0, OPT_FLAG, FIELD(upstream_tls), 0, 0, NULL, "speak TLS to the broker (verification on)"},
+	{"upstream-ca", 0, OPT_PATH, FIELD(upstream_ca), 0, 0, "FILE", "CA bundle for the broker (default: system store)"},
+	{"upstream-sni", 0, OPT_PATH, FIELD(upstream_sni), 0, 0, "NAME",
 	 "server name sent and checked (default: the --upstream host)"},
-	{"upstream-cert", 0, OPT_PATH, FIELD(upstream_cert), 0, "FILE", "client certificate for the broker (mTLS)"},
-	{"upstream-key", 0, OPT_PATH, FIELD(upstream_key), 0, "FILE", "private key of --upstream-cert"},
-	{"upstream-insecure", 0, OPT_FLAG, FIELD(upstream_insecure), 0, NULL,
+	{"upstream-cert", 0, OPT_PATH, FIELD(upstream_cert), 0, 0, "FILE", "client certificate for the broker (mTLS)"},
+	{"upstream-key", 0, OPT_PATH, FIELD(upstream_key), 0, 0, "FILE", "private key of --upstream-cert"},
+	{"upstream-insecure", 0, OPT_FLAG, FIELD(upstream_insecure), 0, 0, NULL,
 	 "do not verify the broker's certificate (logged loudly)"},
-	{"keylog", 0, OPT_PATH, FIELD(keylog), 0, "FILE",
+	{"keylog", 0, OPT_PATH, FIELD(keylog), 0, 0, "FILE",
 	 "NSS key log of both TLS legs, mode 0600 (default: $SSLKEYLOGFILE)"},
-	{"help", 'h', OPT_HELP, 0, 0, NULL, "show this help and exit"},
-	{"version", 'V', OPT_VERSION, 0, 0, NULL, "show the version and exit"},
+	{"help", 'h', OPT_HELP, 0, 0, 0, NULL, "show this help and exit"},
+	{"version", 'V', OPT_VERSION, 0, 0, 0, NULL, "show the version and exit"},
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])
@@ -171,8 +171,8 @@ static int apply(struct tap_conf *c, const struct opt_def *o, const char *value,
 	case OPT_ADDR_LISTEN:
 	case OPT_ADDR:
 		if (tap_conf_parse_addr(value, o->kind == OPT_ADDR_LISTEN, (struct tap_conf_addr *)(void *)field))
-			return usage_error(err, cap, "--%s: expected HOST:PORT with a port 1-65535 (IPv6 as [ADDR]:PORT), got '%s'",
-					   o->name, value);
+			return usage_error(err, cap, "--%s: expected HOST:PORT with a port %s-65535 (IPv6 as [ADDR]:PORT), got '%s'",
+					   o->name, o->kind == OPT_ADDR_LISTEN ? "0" : "1", value);
 		return TAP_OK;
 	case OPT_PATH:
 		if (!*value)
@@ -183,9 +183,9 @@ static int apply(struct tap_conf *c, const struct opt_def *o, const char *value,
 		char *end;
 		errno = 0;
 		unsigned long long v = (*value >= '0' && *value <= '9') ? strtoull(value, &end, 10) : ULLONG_MAX;
-		if (*value < '0' || *value > '9' || errno || *end || v > o->max)
-			return usage_error(err, cap, "--%s: expected a whole number from 0 to %u, got '%s'", o->name,
-					   o->max, value);
+		if (*value < '0' || *value > '9' || errno || *end || v > o->max || v < o->min)
+			return usage_error(err, cap, "--%s: expected a whole number from %u to %u, got '%s'", o->name,
+					   o->min, o->max, value);
 		*(uint32_t *)(void *)field = (uint32_t)v;
 		return TAP_OK;
 	}
@@ -274,8 +274,6 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 		c->mode = TAP_MODE_REPLAY;
 		if (!c->replay_file)
 			return usage_error(err, cap, "replay: missing the CAPTURE file (amqptap replay CAPTURE [--port N])");
-		if (c->replay_port == 0)
-			return usage_error(err, cap, "--port: expected 1-65535");
 	}
 	return check_combinations(c, err, cap);
 }

@@ -183,8 +183,8 @@ static void relay(struct tap_session *s, enum side from)
 		return;
 	}
 	struct evbuffer *out = bufferevent_get_output(dst);
-	if (evbuffer_get_length(out) == 0 && !s->tls[!from] && !s->shut_wr[!from] &&
-	    (!from == SIDE_CLIENT || s->connected)) {
+	enum side to = from == SIDE_CLIENT ? SIDE_UPSTREAM : SIDE_CLIENT;
+	if (evbuffer_get_length(out) == 0 && !s->tls[to] && !s->shut_wr[to] && (to == SIDE_CLIENT || s->connected)) {
 		/* Nothing queued: write straight to the socket, as much as it takes. When all of it goes, the
 		 * output never turns non-empty and no write event is armed and disarmed (two epoll_ctl calls
 		 * and a wakeup saved per chunk); what the socket does not take is queued as usual. */
@@ -360,7 +360,10 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		return;
 	}
 	relay(s, side); /* whatever arrived with the EOF */
-	bool eof = (what & BEV_EVENT_EOF) != 0;
+	/* with deferred callbacks a failed write and the EOF that follows it can
+	 * arrive as one event: an error wins, or the bytes queued for a dead peer
+	 * would wait forever */
+	bool eof = (what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR);
 	if (!s->eof[!side]) /* the first side to go names the reason */
 		s->why = side == SIDE_CLIENT ? (eof ? TAP_END_CLIENT_EOF : TAP_END_CLIENT_RESET)
 					     : (eof ? TAP_END_BROKER_EOF : TAP_END_BROKER_RESET);
@@ -370,6 +373,11 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		bufferevent_disable(bev, EV_READ);
 		if (other)
 			bufferevent_setwatermark(other, EV_WRITE, 0, 0);
+		/* half-closed: a side that stops taking bytes for TAP_PROXY_DRAIN_SECONDS ends the session */
+		struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
+		for (int i = 0; i < 2; i++)
+			if (s->bev[i])
+				bufferevent_set_timeouts(s->bev[i], NULL, &drain);
 		settle(s);
 		return;
 	}

@@ -5,7 +5,6 @@
 import hashlib
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -315,8 +314,16 @@ def send_chunks(sock, data, sizes):
     return h.hexdigest()
 
 
-def rand_bytes(rng, n):
-    return rng.randbytes(n)
+def check_confirmed_publishes(testcase, records, count, channel=1):
+    """Asserts the tap's invariant for a clean confirm-mode run: exactly one publish record per publish,
+    seq 1..count on the channel, every one routed and acked. Returns the publish records."""
+    pubs = [r for r in records if r.get("type") == "publish"]
+    testcase.assertEqual(len(pubs), count, "want exactly one publish record per basic.publish")
+    testcase.assertEqual(sorted(r.get("seq") for r in pubs), list(range(1, count + 1)))
+    testcase.assertEqual({r.get("channel") for r in pubs}, {channel})
+    bad = [r for r in pubs if r.get("route") != "routed" or r.get("confirm") != "ack"]
+    testcase.assertEqual(bad[:3], [], f"{len(bad)} publishes not routed+acked")
+    return pubs
 
 
 class _CountingResult(unittest.TextTestResult):
@@ -343,6 +350,6 @@ def main():
 
 
 __all__ = ["AMQPTAP_BIN", "AMQP_091_HEADER", "BROKER_HOST", "BROKER_PORT", "CLIENTS_DIR", "MIB", "Peer", "SOURCE_DIR",
-           "Tap", "TapTestCase", "broker_reachable", "echo_handler", "fd_count", "free_port", "is_asan_build", "main",
-           "rand_bytes", "random_chunks", "read_records", "recv_exact_hash", "require_broker", "rss_kb", "send_chunks",
-           "start_tap", "wait_for", "random"]
+           "Tap", "TapTestCase", "broker_reachable", "check_confirmed_publishes", "echo_handler", "fd_count", "free_port", "is_asan_build", "main",
+           "random_chunks", "read_records", "recv_exact_hash", "require_broker", "rss_kb", "send_chunks",
+           "start_tap", "wait_for"]

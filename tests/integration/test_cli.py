@@ -57,6 +57,13 @@ class CliTest(TapTestCase):
         self.assert_usage_error(["--verdicts"], "--verdicts")
         self.assert_usage_error(["--upstream", f"127.0.0.1:{free_port()}", "--listen"], "--listen")
 
+    def test_negative_body_bytes(self):
+        self.assert_usage_error(["--body-bytes", "-1"], "--body-bytes")
+
+    def test_missing_value_last_option(self):
+        self.assert_usage_error(["--frames"], "--frames")
+        self.assert_usage_error(["--return-window"], "--return-window")
+
     def test_help(self):
         r = run("--help")
         self.assertEqual(r.returncode, 0)

@@ -5,7 +5,7 @@ import uuid
 
 import pika
 
-from tapharness import BROKER_PORT, TapTestCase, main, require_broker
+from tapharness import BROKER_PORT, TapTestCase, check_confirmed_publishes, main, require_broker
 
 COUNT = 10000
 
@@ -52,7 +52,7 @@ class PikaSessionTest(TapTestCase):
                 conn.close()
         self.assertTrue(self.tap.alive())
         self.assertEqual(self.tap.stop(), 0)
-        self.tap.records()  # the verdicts file is valid JSON Lines
+        check_confirmed_publishes(self, self.tap.records(), COUNT)
 
 
 if __name__ == "__main__":

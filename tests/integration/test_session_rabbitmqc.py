@@ -7,7 +7,7 @@ import re
 import subprocess
 import uuid
 
-from tapharness import BROKER_PORT, CLIENTS_DIR, TapTestCase, main, require_broker
+from tapharness import BROKER_PORT, CLIENTS_DIR, TapTestCase, check_confirmed_publishes, main, require_broker
 
 COUNT = 10000
 CLIENT = os.path.join(CLIENTS_DIR, "confirm_roundtrip")
@@ -31,6 +31,9 @@ class RabbitmqcSessionTest(TapTestCase):
         self.assertEqual((published, acked, nacked, duplicate, consumed, disorder), (COUNT, COUNT, 0, 0, COUNT, 0))
         self.assertGreater(multiple, 0, "no multiple=true ack seen: the window did not stream")
         self.assertTrue(tap.alive())
+        self.assertEqual(tap.stop(), 0)
+        pubs = check_confirmed_publishes(self, tap.records(), COUNT)
+        self.assertTrue(any(r.get("multiple") for r in pubs), "no verdict records a multiple=true ack")
 
 
 if __name__ == "__main__":

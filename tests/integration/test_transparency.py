@@ -5,10 +5,13 @@
 import hashlib
 import queue
 import random
+import socket
+import struct
 import threading
+import time
 
-from tapharness import (AMQP_091_HEADER, MIB, Peer, TapTestCase, main, random_chunks, read_records, recv_exact_hash,
-                        send_chunks)
+from tapharness import (AMQP_091_HEADER, MIB, Peer, TapTestCase, fd_count, main, random_chunks, read_records,
+                        recv_exact_hash, send_chunks, wait_for)
 
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 BAD_END_FRAME = b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0b\x00"  # method frame, 0x00 where 0xCE belongs
@@ -109,6 +112,92 @@ class TransparencyTest(TapTestCase):
         read_records(self.tap.verdicts)  # raises on a malformed line
         read_records(self.tap.frames)
 
+
+
+class CloseTest(TapTestCase):
+    def test_half_close_keeps_other_direction(self):
+        """The client's FIN reaches the broker side; the broker's reply still reaches the client after it."""
+        got = {}
+
+        def handler(conn, _idx):
+            conn.settimeout(10)
+            data = b""
+            while True:
+                d = conn.recv(65536)
+                if not d:
+                    break
+                data += d
+            got["peer"] = data
+            conn.sendall(b"reply after your EOF" * 1000)
+
+        peer = Peer(handler)
+        self.addCleanup(peer.close)
+        tap = self.start_tap(upstream_port=peer.port)
+        c = tap.connect()
+        c.settimeout(10)
+        c.sendall(AMQP_091_HEADER + b"request")
+        c.shutdown(socket.SHUT_WR)
+        reply = b""
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            reply += d
+        c.close()
+        peer.join(10)
+        self.assertEqual(got.get("peer"), AMQP_091_HEADER + b"request")
+        self.assertEqual(reply, b"reply after your EOF" * 1000)
+
+    def test_resets_and_abrupt_closes_leave_no_fds(self):
+        def handler(conn, idx):
+            conn.settimeout(10)
+            conn.recv(65536)
+            if idx % 2:  # the broker side resets as well
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+        peer = Peer(handler)
+        self.addCleanup(peer.close)
+        tap = self.start_tap(upstream_port=peer.port)
+        baseline = fd_count(tap.pid)
+        for i in range(40):
+            c = tap.connect()
+            c.sendall(AMQP_091_HEADER + bytes(range(256)) * (i + 1))
+            if i % 3 == 0:
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            elif i % 3 == 1:
+                time.sleep(0.01)
+            c.close()
+        peer.join(10)
+        self.assertTrue(wait_for(lambda: fd_count(tap.pid) <= baseline, 10.0),
+                        f"fd count {fd_count(tap.pid)} did not return to baseline {baseline}")
+        self.assertTrue(tap.alive())
+
+    def test_broker_closes_while_client_still_sending(self):
+        """The broker side reads once and closes while the client is still sending (9 KB, 512 KB or 5 MB), so
+        the tap's writes to it fail while it reads the EOF; the client closes 10 ms later. Every session must
+        end: the tap's fd count returns to baseline."""
+        def handler(conn, _idx):
+            conn.settimeout(10)
+            conn.recv(65536)
+
+        peer = Peer(handler)
+        self.addCleanup(peer.close)
+        tap = self.start_tap(upstream_port=peer.port)
+        baseline = fd_count(tap.pid)
+        sizes = [35, 2000, 20000]  # times 256 bytes
+        for i in range(90):
+            c = tap.connect()
+            try:
+                c.sendall(AMQP_091_HEADER + bytes(range(256)) * sizes[i % 3])
+            except OSError:  # the tap passed the broker's close on while we were still sending
+                pass
+            time.sleep(0.01)
+            c.close()
+        peer.join(10)
+        self.assertTrue(wait_for(lambda: fd_count(tap.pid) <= baseline, 12.0),
+                        f"{(fd_count(tap.pid) - baseline) // 2} of 90 sessions still hold their sockets 12 s after "
+                        "both peers closed")
+        self.assertTrue(tap.alive())
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The whole amqptap check, as CI runs it (.ci/run): install missing Debian packages, build a normal and a
+# sanitizer (ASan+UBSan) tree, start the throwaway broker, run ctest (unit + integration) in both, run the
+# fuzzers briefly, stop the broker. Exits non-zero if anything failed.
+# Env: TAP_BUILD_DIR (build), TAP_ASAN_BUILD_DIR (build-asan), TAP_BROKER_PORT (5690), TAP_FUZZ_SECONDS (10).
+set -uo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+t0=$SECONDS
+build=${TAP_BUILD_DIR:-$TAP_REPO/build}
+asan=${TAP_ASAN_BUILD_DIR:-$TAP_REPO/build-asan}
+export TAP_BROKER_PORT
+failed=()
+broker_started=
+
+finish() {
+	[ -n "$broker_started" ] && "$TAP_REPO/scripts/broker.sh" stop
+	local took=$((SECONDS - t0))
+	if [ ${#failed[@]} -eq 0 ]; then
+		tap_log "all passed in $((took / 60))m$((took % 60))s"
+	else
+		tap_log "FAILED: ${failed[*]} (after $((took / 60))m$((took % 60))s)"
+	fi
+}
+trap finish EXIT
+trap 'exit 130' INT TERM
+
+step() {
+	local name=$1
+	shift
+	tap_log "== $name"
+	if ! "$@"; then
+		failed+=("$name")
+		return 1
+	fi
+}
+
+step packages tap_need_pkgs build-essential cmake pkg-config libevent-dev libssl-dev check librabbitmq-dev \
+	rabbitmq-server python3-pika amqp-specs tshark clang valgrind haproxy libclang-rt-14-dev || exit 1
+
+step build tap_build "$build" || exit 1
+step build-asan tap_build "$asan" -DTAP_SANITIZE=ON || exit 1
+
+if step broker "$TAP_REPO/scripts/broker.sh" start; then
+	broker_started=1
+fi
+
+# ctest sets AMQPTAP_BIN / TAP_CLIENTS_DIR per build tree, so the ASan run exercises the ASan binary.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# Unit tests in parallel; integration tests one at a time (some kill, restart or alarm the shared broker).
+for dir in "$build" "$asan"; do
+	name=ctest-$(basename "$dir")
+	step "$name-unit" ctest --test-dir "$dir" --output-on-failure -L unit -j"$(nproc)"
+	step "$name-integration" ctest --test-dir "$dir" --output-on-failure -L integration
+done
+
+if [ -f "$TAP_REPO/scripts/fuzz.sh" ]; then
+	step fuzz bash "$TAP_REPO/scripts/fuzz.sh" "${TAP_FUZZ_SECONDS:-10}" "${TAP_FUZZ_BUILD_DIR:-$TAP_REPO/build-fuzz}"
+fi
+
+[ ${#failed[@]} -eq 0 ]
