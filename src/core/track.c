@@ -959,6 +959,20 @@ static void slot_finish(struct tap_track_conn *c, struct trk_chan *ch, uint64_t 
 	slot_done(c, ch, n);
 }
 
+/* The "by", "code" and "text" of a channel or connection close record. */
+static void write_close_reason(struct tap_json *j, const struct trk_reason *r)
+{
+	tap_json_kv_str(j, "by", r->by);
+	if (r->has_code)
+		tap_json_kv_uint(j, "code", r->code);
+	else
+		tap_json_kv_null(j, "code");
+	if (r->text)
+		tap_json_kv_strn(j, "text", r->text, r->text_len);
+	else
+		tap_json_kv_null(j, "text");
+}
+
 static void chan_reason(const struct trk_chan *ch, struct trk_reason *r)
 {
 	*r = (struct trk_reason){.by = ch->close_by_broker ? "broker" : "client",
@@ -1007,15 +1021,7 @@ static void chan_end(struct tap_track_conn *c, struct trk_chan *ch, const struct
 	tap_json_kv_uint(&j, "conn", c->id);
 	tap_json_kv_uint(&j, "channel", ch->id);
 	tap_json_kv_str(&j, "event", "close");
-	tap_json_kv_str(&j, "by", r.by);
-	if (r.has_code)
-		tap_json_kv_uint(&j, "code", r.code);
-	else
-		tap_json_kv_null(&j, "code");
-	if (r.text)
-		tap_json_kv_strn(&j, "text", r.text, r.text_len);
-	else
-		tap_json_kv_null(&j, "text");
+	write_close_reason(&j, &r);
 	tap_json_kv_uint(&j, "unconfirmed", unconfirmed);
 	rec_end(t, &j);
 	active_remove(c, ch);
@@ -1242,15 +1248,7 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 	tap_json_kv_uint(&j, "conn", c->id);
 	tap_json_kv_str(&j, "event", "close");
 	str_or_null(&j, "client", c->client);
-	tap_json_kv_str(&j, "by", r.by);
-	if (r.has_code)
-		tap_json_kv_uint(&j, "code", r.code);
-	else
-		tap_json_kv_null(&j, "code");
-	if (r.text)
-		tap_json_kv_strn(&j, "text", r.text, r.text_len);
-	else
-		tap_json_kv_null(&j, "text");
+	write_close_reason(&j, &r);
 	tap_json_kv_int(&j, "duration_us", now_us - c->t_new);
 	write_counts(&j, &c->counts);
 	rec_end(t, &j);

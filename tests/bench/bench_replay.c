@@ -7,6 +7,8 @@
 #include "amqptap/replay.h"
 #include "amqptap/track.h"
 
+#include "../unit/amqp_build.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,32 +16,11 @@
 #include <sys/stat.h>
 #include <time.h>
 
-static void be16(struct tap_buf *b, uint16_t v)
-{
-	uint8_t p[2] = {(uint8_t)(v >> 8), (uint8_t)v};
-	tap_buf_append(b, p, 2);
-}
-
-static void be32(struct tap_buf *b, uint32_t v)
-{
-	be16(b, (uint16_t)(v >> 16));
-	be16(b, (uint16_t)v);
-}
-
 static void frame_begin(struct tap_buf *b, uint8_t type, uint16_t ch, uint32_t size)
 {
 	tap_buf_putc(b, (char)type);
-	be16(b, ch);
-	be32(b, size);
-}
-
-static void method(struct tap_buf *b, uint16_t ch, uint16_t cls, uint16_t mid, const void *args, uint32_t len)
-{
-	frame_begin(b, 1, ch, 4 + len);
-	be16(b, cls);
-	be16(b, mid);
-	tap_buf_append(b, args, len);
-	tap_buf_putc(b, (char)0xCE);
+	amqp_be16(b, ch);
+	amqp_be32(b, size);
 }
 
 static double now_s(void)
@@ -87,9 +68,9 @@ int main(int argc, char **argv)
 		c[k] = tap_pcapng_conn_open(p, client, k & 1 ? "[::1]:5672" : "127.0.0.1:5672", ts);
 		tap_pcapng_conn_data(c[k], true, (const uint8_t *)"AMQP\0\0\x09\x01", 8, ++ts);
 		tap_buf_reset(&cb);
-		method(&cb, 1, 20, 10, "\0", 1);
+		amqp_method(&cb, 1, 20, 10, "\0", 1);
 		if (k % 4 != 3)
-			method(&cb, 1, 85, 10, "\0", 1);
+			amqp_method(&cb, 1, 85, 10, "\0", 1);
 		tap_pcapng_conn_data(c[k], true, (const uint8_t *)cb.data, cb.len, ++ts);
 	}
 	uint64_t n = 0, pubs = 0;
@@ -100,9 +81,9 @@ int main(int argc, char **argv)
 		uint32_t size = (rnd >> 8) % 100 < 90 ? 64 + (rnd >> 16) % 1024 : (rnd >> 12) % 65536;
 		tap_buf_reset(&cb);
 		static const uint8_t args[] = {0, 0, 0, 5, 'q', '.', 'o', 'n', 'e', 1};
-		method(&cb, 1, 60, 40, args, sizeof args);
+		amqp_method(&cb, 1, 60, 40, args, sizeof args);
 		frame_begin(&cb, 2, 1, 14);
-		be16(&cb, 60), be16(&cb, 0), be32(&cb, 0), be32(&cb, size), be16(&cb, 0);
+		amqp_be16(&cb, 60), amqp_be16(&cb, 0), amqp_be32(&cb, 0), amqp_be32(&cb, size), amqp_be16(&cb, 0);
 		tap_buf_putc(&cb, (char)0xCE);
 		frame_begin(&cb, 3, 1, size);
 		tap_buf_append(&cb, body, size);
@@ -117,7 +98,7 @@ int main(int argc, char **argv)
 			uint64_t tag = ++seq[k];
 			for (int i = 0; i < 8; i++)
 				ack[i] = (uint8_t)(tag >> (56 - 8 * i));
-			method(&sb, 1, 60, 80, ack, 9);
+			amqp_method(&sb, 1, 60, 80, ack, 9);
 			tap_pcapng_conn_data(c[k], false, (const uint8_t *)sb.data, sb.len, ts + 150);
 		}
 		if (out.pending.len == 0)

@@ -4,6 +4,8 @@
 #include "amqptap/status.h"
 
 #include <check.h>
+
+#include "tap_check.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,9 +137,6 @@ int main(void)
 	tcase_add_test(tc, usage_lists_every_option);
 	tcase_add_test(tc, addr_format_round_trip);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

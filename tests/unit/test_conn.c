@@ -6,6 +6,8 @@
 #include "amqptap/track.h"
 
 #include <check.h>
+
+#include "tap_check.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -346,9 +348,6 @@ int main(void)
 	tcase_add_test(tc, foreign_protocol_is_a_decode_error_and_still_captured);
 	tcase_add_test(tc, cut_content_still_gets_its_record);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

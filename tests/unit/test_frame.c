@@ -7,6 +7,8 @@
 #include "amqptap/status.h"
 
 #include <check.h>
+
+#include "tap_check.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -552,9 +554,6 @@ int main(void)
 	tcase_add_test(tc, body_slices_point_into_input);
 	tcase_add_test(tc, fast_path_matches_slow_path);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -7,6 +7,8 @@
 #include "amqptap/track.h"
 
 #include <check.h>
+
+#include "tap_check.h"
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -290,9 +292,6 @@ int main(void)
 	tcase_add_test(tc, captures_present);
 	tcase_add_loop_test(tc, golden_capture, 0, (int)captures_n);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

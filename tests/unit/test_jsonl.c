@@ -3,6 +3,8 @@
 #include "amqptap/jsonl.h"
 
 #include <check.h>
+
+#include "tap_check.h"
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,9 +118,6 @@ int main(void)
 	tcase_add_test(tc, timestamps);
 	tcase_add_test(tc, out_buffers_and_reopens);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

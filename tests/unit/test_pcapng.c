@@ -6,50 +6,14 @@
 #include "amqptap/status.h"
 
 #include <check.h>
+
+#include "amqp_build.h"
+#include "tap_check.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static void be16(struct tap_buf *b, uint16_t v)
-{
-	uint8_t p[2] = {(uint8_t)(v >> 8), (uint8_t)v};
-	tap_buf_append(b, p, 2);
-}
-
-static void be32(struct tap_buf *b, uint32_t v)
-{
-	be16(b, (uint16_t)(v >> 16));
-	be16(b, (uint16_t)v);
-}
-
-static void shortstr(struct tap_buf *b, const char *s)
-{
-	tap_buf_putc(b, (char)strlen(s));
-	tap_buf_puts(b, s);
-}
-
-/* 0-9-1 §4.2.3 frame around a payload. */
-static void frame(struct tap_buf *out, uint8_t type, uint16_t ch, const struct tap_buf *payload)
-{
-	tap_buf_putc(out, (char)type);
-	be16(out, ch);
-	be32(out, (uint32_t)payload->len);
-	tap_buf_append(out, payload->data, payload->len);
-	tap_buf_putc(out, (char)0xCE);
-}
-
-static void method(struct tap_buf *out, uint16_t ch, uint16_t cls, uint16_t mid, const void *args, size_t len)
-{
-	struct tap_buf p;
-	tap_buf_init(&p);
-	be16(&p, cls);
-	be16(&p, mid);
-	tap_buf_append(&p, args, len);
-	frame(out, 1, ch, &p);
-	tap_buf_deinit(&p);
-}
 
 /* channel.open, confirm.select, basic.publish + header + body (client); the answers and basic.ack (broker). */
 static void exchange(struct tap_buf *c2s, struct tap_buf *s2c, size_t body_len)
@@ -58,30 +22,30 @@ static void exchange(struct tap_buf *c2s, struct tap_buf *s2c, size_t body_len)
 	tap_buf_init(&a);
 	tap_buf_init(&p);
 	tap_buf_append(c2s, "AMQP\0\0\x09\x01", 8);
-	method(c2s, 1, 20, 10, "\0", 1);
-	method(s2c, 1, 20, 11, "\0\0\0\0", 4);
-	method(c2s, 1, 85, 10, "\0", 1);
-	method(s2c, 1, 85, 11, NULL, 0);
-	be16(&a, 0);
-	shortstr(&a, "");
-	shortstr(&a, "q");
+	amqp_method(c2s, 1, 20, 10, "\0", 1);
+	amqp_method(s2c, 1, 20, 11, "\0\0\0\0", 4);
+	amqp_method(c2s, 1, 85, 10, "\0", 1);
+	amqp_method(s2c, 1, 85, 11, NULL, 0);
+	amqp_be16(&a, 0);
+	amqp_shortstr(&a, "");
+	amqp_shortstr(&a, "q");
 	tap_buf_putc(&a, 1);
-	method(c2s, 1, 60, 40, a.data, a.len);
-	be16(&p, 60);
-	be16(&p, 0);
-	be32(&p, 0);
-	be32(&p, (uint32_t)body_len);
-	be16(&p, 0);
-	frame(c2s, 2, 1, &p);
+	amqp_method(c2s, 1, 60, 40, a.data, a.len);
+	amqp_be16(&p, 60);
+	amqp_be16(&p, 0);
+	amqp_be32(&p, 0);
+	amqp_be32(&p, (uint32_t)body_len);
+	amqp_be16(&p, 0);
+	amqp_frame(c2s, 2, 1, p.data, p.len);
 	tap_buf_reset(&p);
 	for (size_t i = 0; i < body_len; i++)
 		tap_buf_putc(&p, (char)('a' + i % 26));
-	frame(c2s, 3, 1, &p);
+	amqp_frame(c2s, 3, 1, p.data, p.len);
 	tap_buf_reset(&a);
-	be32(&a, 0);
-	be32(&a, 1);
+	amqp_be32(&a, 0);
+	amqp_be32(&a, 1);
 	tap_buf_putc(&a, 0);
-	method(s2c, 1, 60, 80, a.data, a.len);
+	amqp_method(s2c, 1, 60, 80, a.data, a.len);
 	tap_buf_deinit(&a);
 	tap_buf_deinit(&p);
 }
@@ -330,10 +294,7 @@ int main(void)
 	tcase_add_test(tc, flushed_prefix_is_readable);
 	tcase_add_test(tc, tshark_decodes_every_frame);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = tap_check_failures(s);
 	rmdir(tmpdir);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

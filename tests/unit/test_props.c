@@ -5,6 +5,8 @@
 #include "amqptap/table.h"
 
 #include <check.h>
+
+#include "tap_check.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -352,9 +354,6 @@ int main(void)
 	tcase_add_test(tc, all_subsets_against_rabbitmq_c);
 #endif
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

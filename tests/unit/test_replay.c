@@ -9,56 +9,13 @@
 #include "amqptap/track.h"
 
 #include <check.h>
+
+#include "amqp_build.h"
+#include "tap_check.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static void be16(struct tap_buf *b, uint16_t v)
-{
-	uint8_t p[2] = {(uint8_t)(v >> 8), (uint8_t)v};
-	tap_buf_append(b, p, 2);
-}
-
-static void be32(struct tap_buf *b, uint32_t v)
-{
-	be16(b, (uint16_t)(v >> 16));
-	be16(b, (uint16_t)v);
-}
-
-static void shortstr(struct tap_buf *b, const char *s)
-{
-	tap_buf_putc(b, (char)strlen(s));
-	tap_buf_puts(b, s);
-}
-
-static void longstr(struct tap_buf *b, const char *s, size_t len)
-{
-	be32(b, (uint32_t)len);
-	tap_buf_append(b, s, len);
-}
-
-/* 0-9-1 §4.2.3 frame; args already encoded. */
-static void frame(struct tap_buf *out, uint8_t type, uint16_t ch, const struct tap_buf *payload)
-{
-	tap_buf_putc(out, (char)type);
-	be16(out, ch);
-	be32(out, (uint32_t)payload->len);
-	tap_buf_append(out, payload->data, payload->len);
-	tap_buf_putc(out, (char)0xCE);
-}
-
-static void method(struct tap_buf *out, uint16_t ch, uint16_t cls, uint16_t mid, const struct tap_buf *args)
-{
-	struct tap_buf p;
-	tap_buf_init(&p);
-	be16(&p, cls);
-	be16(&p, mid);
-	if (args)
-		tap_buf_append(&p, args->data, args->len);
-	frame(out, 1, ch, &p);
-	tap_buf_deinit(&p);
-}
 
 struct lines {
 	char *v[64];
@@ -116,45 +73,45 @@ static void write_capture(const char *path, int cut_at)
 	tap_buf_init(&a);
 	tap_buf_append(&c[0], "AMQP\0\0\x09\x01", 8);
 	/* connection.start */
-	tap_buf_putc(&a, 0), tap_buf_putc(&a, 9), be32(&a, 0), longstr(&a, "PLAIN", 5), longstr(&a, "en_US", 5);
-	method(&s[0], 0, 10, 10, &a);
+	tap_buf_putc(&a, 0), tap_buf_putc(&a, 9), amqp_be32(&a, 0), amqp_longstr(&a, "PLAIN", 5), amqp_longstr(&a, "en_US", 5);
+	amqp_method(&s[0], 0, 10, 10, a.data, a.len);
 	tap_buf_reset(&a);
-	be32(&a, 0), shortstr(&a, "PLAIN"), longstr(&a, "\0guest\0guest", 12), shortstr(&a, "en_US");
-	method(&c[1], 0, 10, 11, &a);
+	amqp_be32(&a, 0), amqp_shortstr(&a, "PLAIN"), amqp_longstr(&a, "\0guest\0guest", 12), amqp_shortstr(&a, "en_US");
+	amqp_method(&c[1], 0, 10, 11, a.data, a.len);
 	tap_buf_reset(&a);
-	be16(&a, 2047), be32(&a, 131072), be16(&a, 60);
-	method(&s[1], 0, 10, 30, &a);
-	method(&c[2], 0, 10, 31, &a);
+	amqp_be16(&a, 2047), amqp_be32(&a, 131072), amqp_be16(&a, 60);
+	amqp_method(&s[1], 0, 10, 30, a.data, a.len);
+	amqp_method(&c[2], 0, 10, 31, a.data, a.len);
 	tap_buf_reset(&a);
-	shortstr(&a, "/"), shortstr(&a, ""), tap_buf_putc(&a, 0);
-	method(&c[2], 0, 10, 40, &a);
+	amqp_shortstr(&a, "/"), amqp_shortstr(&a, ""), tap_buf_putc(&a, 0);
+	amqp_method(&c[2], 0, 10, 40, a.data, a.len);
 	tap_buf_reset(&a);
-	shortstr(&a, "");
-	method(&s[2], 0, 10, 41, &a);
-	method(&c[3], 1, 20, 10, &a);
+	amqp_shortstr(&a, "");
+	amqp_method(&s[2], 0, 10, 41, a.data, a.len);
+	amqp_method(&c[3], 1, 20, 10, a.data, a.len);
 	tap_buf_reset(&a);
-	longstr(&a, "", 0);
-	method(&s[3], 1, 20, 11, &a);
+	amqp_longstr(&a, "", 0);
+	amqp_method(&s[3], 1, 20, 11, a.data, a.len);
 	tap_buf_reset(&a);
 	tap_buf_putc(&a, 0);
-	method(&c[4], 1, 85, 10, &a);
-	method(&s[4], 1, 85, 11, NULL);
+	amqp_method(&c[4], 1, 85, 10, a.data, a.len);
+	amqp_method(&s[4], 1, 85, 11, NULL, 0);
 	tap_buf_reset(&a);
-	be16(&a, 0), shortstr(&a, "amq.direct"), shortstr(&a, "q1"), tap_buf_putc(&a, 1);
-	method(&c[5], 1, 60, 40, &a);
+	amqp_be16(&a, 0), amqp_shortstr(&a, "amq.direct"), amqp_shortstr(&a, "q1"), tap_buf_putc(&a, 1);
+	amqp_method(&c[5], 1, 60, 40, a.data, a.len);
 	tap_buf_reset(&a);
-	be16(&a, 60), be16(&a, 0), be32(&a, 0), be32(&a, 5), be16(&a, 0x1000), tap_buf_putc(&a, 2); /* delivery_mode 2 */
-	frame(&c[5], 2, 1, &a);
+	amqp_be16(&a, 60), amqp_be16(&a, 0), amqp_be32(&a, 0), amqp_be32(&a, 5), amqp_be16(&a, 0x1000), tap_buf_putc(&a, 2); /* delivery_mode 2 */
+	amqp_frame(&c[5], 2, 1, a.data, a.len);
 	tap_buf_reset(&a);
 	tap_buf_append(&a, "hello", 5);
-	frame(&c[5], 3, 1, &a);
+	amqp_frame(&c[5], 3, 1, a.data, a.len);
 	tap_buf_reset(&a);
-	be32(&a, 0), be32(&a, 1), tap_buf_putc(&a, 0);
-	method(&s[5], 1, 60, 80, &a);
+	amqp_be32(&a, 0), amqp_be32(&a, 1), tap_buf_putc(&a, 0);
+	amqp_method(&s[5], 1, 60, 80, a.data, a.len);
 	tap_buf_reset(&a);
-	be16(&a, 200), shortstr(&a, "bye"), be16(&a, 0), be16(&a, 0);
-	method(&c[6], 0, 10, 50, &a);
-	method(&s[6], 0, 10, 51, NULL);
+	amqp_be16(&a, 200), amqp_shortstr(&a, "bye"), amqp_be16(&a, 0), amqp_be16(&a, 0);
+	amqp_method(&c[6], 0, 10, 50, a.data, a.len);
+	amqp_method(&s[6], 0, 10, 51, NULL, 0);
 
 	struct tap_out out;
 	ck_assert_int_eq(tap_out_open(&out, path), 0);
@@ -294,10 +251,7 @@ int main(void)
 	tcase_add_test(tc, mid_connection_capture_resyncs);
 	tcase_add_test(tc, corrupt_capture_is_reported);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = tap_check_failures(s);
 	rmdir(tmpdir);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -6,6 +6,8 @@
 #include "amqptap/table.h"
 
 #include <check.h>
+
+#include "tap_check.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -622,9 +624,6 @@ int main(void)
 	tcase_add_test(tc, rabbitmq_c_table_to_json);
 #endif
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -2,6 +2,8 @@
 #include "amqptap/status.h"
 
 #include <check.h>
+
+#include "tap_check.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,9 +49,6 @@ int main(void)
 	tcase_add_test(tc, codes_are_unique_and_ranged);
 	tcase_add_test(tc, unknown_code);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

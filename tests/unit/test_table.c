@@ -4,6 +4,8 @@
 #include "amqptap/table.h"
 
 #include <check.h>
+
+#include "tap_check.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -253,9 +255,6 @@ int main(void)
 	tcase_add_test(tc, depth_limit);
 	tcase_add_test(tc, nested_100000_deep);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

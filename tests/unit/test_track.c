@@ -3,6 +3,8 @@
 #include "amqptap/track.h"
 
 #include <check.h>
+
+#include "tap_check.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1117,10 +1119,7 @@ int main(void)
 	tcase_add_test(tc, every_record_has_type_and_ts);
 	tcase_add_test(tc, random_interleavings);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = tap_check_failures(s);
 	for (size_t i = 0; i < n_recs; i++)
 		free(recs[i]);
 	free(recs);
