@@ -53,7 +53,6 @@ QUEUE = "amqptap-demo"
 
 def confirmed_publishes(ch):
     """Three routable publishes with confirms and mandatory: expect route=routed, confirm=ack."""
-    ch.confirm_delivery()
     for i in range(3):
         ch.basic_publish("", QUEUE, f"hello {i}".encode(),
                          pika.BasicProperties(message_id=f"demo-{i}", delivery_mode=2), mandatory=True)
@@ -77,16 +76,45 @@ def consume_back(ch):
         print(f"  got {body!r}" if method else "  queue empty")
 
 
-SCENARIOS = [confirmed_publishes, unroutable_mandatory, consume_back]
+def confirm_without_mandatory(ch):
+    """Confirmed but not mandatory, to a key no queue takes: acked, yet it vanished (route=unproven)."""
+    ch.basic_publish("amq.direct", "nobody-listens", b"gone", pika.BasicProperties(message_id="demo-vanished"))
+    print("  acked, and silently dropped by the broker")
+
+
+def nacked(ch):
+    """A full queue with x-overflow=reject-publish: the broker nacks (confirm=nack)."""
+    ch.queue_declare(QUEUE + ".full", auto_delete=True, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    for i in range(2):
+        try:
+            ch.basic_publish("", QUEUE + ".full", b"x", pika.BasicProperties(message_id=f"demo-full-{i}"),
+                             mandatory=True)
+            print(f"  publish {i} to the full queue: acked")
+        except pika.exceptions.NackError:
+            print(f"  publish {i} to the full queue: nacked")
+
+
+def missing_exchange(ch):
+    """A publish to an exchange that does not exist: the broker closes the channel (404); nobody answers it."""
+    try:
+        ch.basic_publish("no-such-exchange", "k", b"?", pika.BasicProperties(message_id="demo-404"), mandatory=True)
+    except pika.exceptions.ChannelClosedByBroker as e:
+        print(f"  channel closed by the broker: {e}")
+
+
+SCENARIOS = [confirmed_publishes, unroutable_mandatory, consume_back, confirm_without_mandatory, nacked,
+             missing_exchange]
 
 conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", PORT))
+admin = conn.channel()
+admin.queue_declare(QUEUE, auto_delete=False)
+admin.queue_purge(QUEUE)
 ch = conn.channel()
-ch.queue_declare(QUEUE, auto_delete=False)
-ch.queue_purge(QUEUE)
+ch.confirm_delivery()
 for scenario in SCENARIOS:
     print(f"{scenario.__name__}: {scenario.__doc__}")
     scenario(ch)
-ch.queue_delete(QUEUE)
+admin.queue_delete(QUEUE)
 conn.close()
 PY
 
@@ -95,7 +123,30 @@ kill -TERM "$tap_pid"
 wait "$tap_pid" || tap_log "amqptap exited $?"
 tap_pid=
 echo
-echo "== verdicts written by amqptap ($out/verdicts.jsonl)"
+echo "== one verdict per publish, as amqptap saw them on the wire"
+/usr/bin/python3 - "$out/verdicts.jsonl" <<'PY'
+import json
+import sys
+
+print(f"{'message_id':<16} {'ch':>2} {'seq':>4} {'exchange':<17} {'routing_key':<20} {'route':<9} {'confirm':<8} "
+      f"{'confirm_us':>10}  why")
+records = [json.loads(line) for line in open(sys.argv[1])]
+# Written in the order the broker settled them (an acked mandatory publish is held --late-return ms in case a
+# Return is late); shown here in publish order.
+for r in sorted((r for r in records if r["type"] == "publish"), key=lambda r: (r["conn"], r["channel"], r["seq"] or 0)):
+    why = ""
+    if r.get("reply_code"):
+        why = f"{r['reply_code']} {r['reply_text']} ({r['order']})"
+    elif r.get("reason"):
+        why = " ".join(str(v) for v in r["reason"].values())
+    print(f"{str(r['message_id']):<16} {r['channel']:>2} {str(r['seq']):>4} {r['exchange'] or '(default)':<17} "
+          f"{r['routing_key']:<20} {r['route']:<9} {r['confirm']:<8} {str(r.get('confirm_us', '')):>10}  {why}")
+for r in records:
+    if r["type"] == "warning":
+        print(f"warning: {r['rule']} (conn {r['conn']}, channel {r['channel']}, seq {r.get('seq')})")
+PY
+echo
+echo "== the raw records ($out/verdicts.jsonl)"
 cat "$out/verdicts.jsonl"
 echo
 echo "== $(wc -l <"$out/frames.jsonl") frames traced in $out/frames.jsonl; amqptap's stderr:"
