@@ -84,7 +84,7 @@ def confirm_without_mandatory(ch):
 
 def nacked(ch):
     """A full queue with x-overflow=reject-publish: the broker nacks (confirm=nack)."""
-    ch.queue_declare(QUEUE + ".full", auto_delete=True, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    ch.queue_declare(QUEUE + ".full", arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
     for i in range(2):
         try:
             ch.basic_publish("", QUEUE + ".full", b"x", pika.BasicProperties(message_id=f"demo-full-{i}"),
@@ -109,12 +109,14 @@ conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", PORT))
 admin = conn.channel()
 admin.queue_declare(QUEUE, auto_delete=False)
 admin.queue_purge(QUEUE)
+admin.queue_delete(QUEUE + ".full")
 ch = conn.channel()
 ch.confirm_delivery()
 for scenario in SCENARIOS:
     print(f"{scenario.__name__}: {scenario.__doc__}")
     scenario(ch)
 admin.queue_delete(QUEUE)
+admin.queue_delete(QUEUE + ".full")
 conn.close()
 PY
 
