@@ -130,7 +130,8 @@ static size_t src_read(struct tap_capture *c, void *buf, size_t n)
 	} else {
 		size_t left = c->mem_len - (size_t)c->off;
 		got = n < left ? n : left;
-		memcpy(buf, c->mem + c->off, got);
+		if (got) /* buf may be NULL for an empty block body */
+			memcpy(buf, c->mem + c->off, got);
 	}
 	c->off += got;
 	return got;

@@ -248,6 +248,22 @@ static void read_more(struct tap_session *s, enum side from)
 	evbuffer_freeze(in, 0);
 }
 
+/* A write to `side` failed (the peer is gone), but what it sent before it
+ * went may still sit unread in the socket: a broker's connection.close
+ * explaining why. Read it, so it is observed and passed on. */
+static void read_rest(struct tap_session *s, enum side side)
+{
+	if (s->tls[side])
+		return;
+	struct evbuffer *in = bufferevent_get_input(s->bev[side]);
+	evutil_socket_t fd = bufferevent_getfd(s->bev[side]);
+	evbuffer_unfreeze(in, 0);
+	while (evbuffer_read(in, fd, TAP_PROXY_MAX_IO) > 0)
+		;
+	evbuffer_freeze(in, 0);
+	relay(s, side);
+}
+
 static void on_read(struct bufferevent *bev, void *arg)
 {
 	struct tap_session *s = arg;
@@ -383,6 +399,8 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 	}
 	if (!s->eof[!side])
 		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(err));
+	if (what & BEV_EVENT_WRITING)
+		read_rest(s, side);
 	bufferevent_free(bev);
 	s->bev[side] = NULL;
 	begin_closing(s);
