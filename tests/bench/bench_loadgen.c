@@ -1,12 +1,15 @@
 /* Load generator for the side-by-side benchmark (scripts/bench.sh): P forked publisher connections, each with a
  * confirm channel keeping W publishes of S bytes in flight until N are confirmed, into a queue it declares itself
  * (x-max-length + drop-head, x-expires) so the broker never fills up. Prints one JSON line: totals, seconds, msgs/s,
- * MB/s and the client-side confirm latency p50/p99/max in µs over every publish of every connection.
+ * MB/s and the client-side confirm latency p50/p99/max in µs over every publish of every connection. With -T every
+ * connection speaks TLS (rabbitmq-c's OpenSSL socket; scripts/bench-tls.sh), optionally with a client certificate.
  * Usage: bench_loadgen [-H host] [-p port] [-c conns] [-w window] [-n msgs-per-conn] [-s bytes] [-m] [-d] [-q queue]
+ *                      [-T [-C cafile] [-E certfile -K keyfile]]
  */
 #if defined(__has_include)
 #if __has_include(<rabbitmq-c/amqp.h>)
 #include <rabbitmq-c/amqp.h>
+#include <rabbitmq-c/ssl_socket.h>
 #include <rabbitmq-c/tcp_socket.h>
 #define LG_HAVE_NEW_HEADERS 1
 #endif
@@ -14,6 +17,7 @@
 #ifndef LG_HAVE_NEW_HEADERS
 #include <amqp.h> /* rabbitmq-c 0.11 as Debian packages it installs the headers at the top level */
 #include <amqp_framing.h>
+#include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
 #endif
 
@@ -42,6 +46,8 @@ struct lg_conf {
 	uint64_t window, count;
 	size_t size;
 	bool mandatory, persistent;
+	bool tls;
+	const char *cafile, *certfile, *keyfile; /* TLS: peer and hostname are verified only when cafile is set */
 };
 
 /* One per connection, in memory shared with the parent. */
@@ -99,10 +105,30 @@ static const char *rpc_error(amqp_rpc_reply_t r)
 
 static amqp_connection_state_t lg_connect(const struct lg_conf *c, const char **err)
 {
+	*err = NULL;
 	amqp_connection_state_t conn = amqp_new_connection();
-	amqp_socket_t *sock = amqp_tcp_socket_new(conn);
-	if (!sock || amqp_socket_open(sock, c->host, c->port) != AMQP_STATUS_OK) {
-		*err = "cannot connect";
+	amqp_socket_t *sock = c->tls ? amqp_ssl_socket_new(conn) : amqp_tcp_socket_new(conn);
+	if (!sock) {
+		*err = c->tls ? "cannot create a TLS socket" : "cannot create a socket";
+		amqp_destroy_connection(conn);
+		return NULL;
+	}
+	if (c->tls) {
+		bool verify = c->cafile != NULL;
+		amqp_ssl_socket_set_verify_peer(sock, verify);
+		amqp_ssl_socket_set_verify_hostname(sock, verify);
+		if (verify && amqp_ssl_socket_set_cacert(sock, c->cafile) != AMQP_STATUS_OK)
+			*err = "cannot load the CA file";
+		else if (c->certfile && amqp_ssl_socket_set_key(sock, c->certfile, c->keyfile) != AMQP_STATUS_OK)
+			*err = "cannot load the client certificate or key";
+		if (*err) {
+			amqp_destroy_connection(conn);
+			return NULL;
+		}
+	}
+	int rc = amqp_socket_open(sock, c->host, c->port);
+	if (rc != AMQP_STATUS_OK) {
+		*err = c->tls ? amqp_error_string2(rc) : "cannot connect";
 		amqp_destroy_connection(conn);
 		return NULL;
 	}
@@ -317,7 +343,9 @@ static void usage(const char *argv0)
 {
 	fprintf(stderr,
 	        "usage: %s [-H host] [-p port] [-c conns] [-w window] [-n msgs-per-conn] [-s bytes] [-m] [-d] "
-	        "[-q queue]\n  -m mandatory, -d persistent (delivery_mode 2)\n",
+	        "[-q queue] [-T [-C cafile] [-E certfile -K keyfile]]\n  -m mandatory, -d persistent (delivery_mode 2)\n"
+	        "  -T TLS (port 5671 unless -p), -C CA file (enables peer and hostname verification),\n"
+	        "  -E/-K client certificate and key (PEM)\n",
 	        argv0);
 }
 
@@ -328,13 +356,27 @@ int main(int argc, char **argv)
 	snprintf(qname, sizeof qname, "amqptap-bench-%ld", (long)getpid());
 	c.queue = qname;
 	int opt;
-	while ((opt = getopt(argc, argv, "H:p:c:w:n:s:mdq:h")) != -1) {
+	bool port_set = false;
+	while ((opt = getopt(argc, argv, "H:p:c:w:n:s:mdq:TC:E:K:h")) != -1) {
 		switch (opt) {
 		case 'H':
 			c.host = optarg;
 			break;
 		case 'p':
 			c.port = atoi(optarg);
+			port_set = true;
+			break;
+		case 'T':
+			c.tls = true;
+			break;
+		case 'C':
+			c.cafile = optarg;
+			break;
+		case 'E':
+			c.certfile = optarg;
+			break;
+		case 'K':
+			c.keyfile = optarg;
 			break;
 		case 'c':
 			c.conns = atoi(optarg);
@@ -362,8 +404,10 @@ int main(int argc, char **argv)
 			return opt == 'h' ? 0 : 2;
 		}
 	}
+	if (c.tls && !port_set)
+		c.port = 5671;
 	if (optind != argc || c.port <= 0 || c.port > 65535 || c.conns <= 0 || c.conns > 10000 || !c.window ||
-	    !c.count) {
+	    !c.count || (!c.tls && (c.cafile || c.certfile || c.keyfile)) || !c.certfile != !c.keyfile) {
 		usage(argv[0]);
 		return 2;
 	}
@@ -465,6 +509,7 @@ int main(int argc, char **argv)
 	tap_json_kv_uint(&j, "size", c.size);
 	tap_json_kv_bool(&j, "mandatory", c.mandatory);
 	tap_json_kv_bool(&j, "persistent", c.persistent);
+	tap_json_kv_bool(&j, "tls", c.tls);
 	tap_json_kv_uint(&j, "msgs", msgs);
 	tap_json_kv_uint(&j, "sent", sent);
 	tap_json_kv_uint(&j, "nacked", nacked);

@@ -141,11 +141,19 @@ class ConnectionDies(StreamingCase):
         recs = self.stop_tap(tap)
         closes = [c for c in tap.records("connection") if c.get("event") == "close"]
         self.assertEqual(len(closes), 1)
-        self.assertRecord(closes[0], by="broker", code=320)
-        acked, unknown = self.check_stream(tap, recs, ("broker",))
-        for r in unknown:
-            self.assertEqual(r["reason"]["code"], 320, r)
-            self.assertTrue(r["reason"]["text"].startswith("CONNECTION_FORCED"), r)
+        # The broker sends connection.close 320 and then closes; when the tap is slow (ASan) the broker may reset
+        # the socket first. The record must say 320 exactly when the close reached the wire (the trace has it).
+        broker_close = any(f.get("dir") == "s2c" and f.get("method") == "connection.close"
+                           for f in frame_lines(tap.frames))
+        if broker_close:
+            self.assertRecord(closes[0], by="broker", code=320)
+            acked, unknown = self.check_stream(tap, recs, ("broker",))
+            for r in unknown:
+                self.assertEqual(r["reason"]["code"], 320, r)
+                self.assertTrue(r["reason"]["text"].startswith("CONNECTION_FORCED"), r)
+        else:
+            self.assertIn(closes[0]["by"], ("broker_reset", "broker_eof"), closes[0])
+            acked, unknown = self.check_stream(tap, recs, ("broker_reset", "broker_eof"))
         note(f"broker app stopped ({stop_s:.1f} s): {len(recs)} publishes seen, {len(acked)} acked, "
              f"{len(unknown)} unknown")
 
