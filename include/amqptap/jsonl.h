@@ -42,6 +42,8 @@ void tap_json_obj_begin(struct tap_json *j);
 void tap_json_obj_end(struct tap_json *j);
 void tap_json_arr_begin(struct tap_json *j);
 void tap_json_arr_end(struct tap_json *j);
+/* key: one of the program's constant names (ASCII, no quotes, backslashes or
+ * control bytes), written as is. Names from the wire go through tap_json_strn. */
 void tap_json_key(struct tap_json *j, const char *key);
 
 void tap_json_str(struct tap_json *j, const char *s);
