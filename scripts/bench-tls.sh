@@ -14,7 +14,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${TAP_BENCH_OUT:-$repo/.run/bench-tls}
 export TAP_BROKER_PORT=${TAP_BROKER_PORT:-5760}
-export TAP_BROKER_DIST_PORT=${TAP_BROKER_DIST_PORT:-45760}
+export TAP_BROKER_DIST_PORT=${TAP_BROKER_DIST_PORT:-25760}
 export TAP_BROKER_DIR=${TAP_BROKER_DIR:-$out/broker}
 export TAP_BROKER_NODE=${TAP_BROKER_NODE:-benchtls@localhost}
 export TAP_BROKER_TLS_PORT=${TAP_BROKER_TLS_PORT:-5761}

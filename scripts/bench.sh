@@ -12,7 +12,7 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export TAP_BROKER_PORT=${TAP_BROKER_PORT:-5720}
-export TAP_BROKER_DIST_PORT=${TAP_BROKER_DIST_PORT:-45720}
+export TAP_BROKER_DIST_PORT=${TAP_BROKER_DIST_PORT:-25720}
 export TAP_BROKER_DIR=${TAP_BROKER_DIR:-$repo/.run/bench-broker}
 export TAP_BROKER_NODE=${TAP_BROKER_NODE:-bench@localhost}
 . "$repo/scripts/lib.sh"

@@ -7,8 +7,9 @@ TAP_RUN_DIR=${TAP_RUN_DIR:-$TAP_REPO/.run}
 TAP_BROKER_DIR=${TAP_BROKER_DIR:-$TAP_RUN_DIR/broker}
 TAP_BROKER_PORT=${TAP_BROKER_PORT:-5690}
 # Erlang distribution port of the node. The CLI tools bind DIST_PORT+10000..+10010, so keep both ranges
-# clear of RabbitMQ's defaults (25672, 35672-35682).
-TAP_BROKER_DIST_PORT=${TAP_BROKER_DIST_PORT:-45690}
+# clear of RabbitMQ's defaults (25672, 35672-35682); and keep the node's port below the kernel's ephemeral
+# range (32768+), where a client socket of an earlier test may still hold it.
+TAP_BROKER_DIST_PORT=${TAP_BROKER_DIST_PORT:-25690}
 TAP_BROKER_NODE=${TAP_BROKER_NODE:-amqptap-test-$TAP_BROKER_PORT@localhost}
 RMQ_BIN=/usr/lib/rabbitmq/bin
 

@@ -27,8 +27,9 @@ bool tap_tls_upstream(const struct tap_tls *t); /* the broker speaks TLS */
 struct ssl_st *tap_tls_accept_ssl(struct tap_tls *t);
 struct ssl_st *tap_tls_connect_ssl(struct tap_tls *t);
 
-/* The reasons OpenSSL gave for the last failure on bev (and its error
- * queue, which is drained), as one line. */
-void tap_tls_error(struct bufferevent *bev, char *out, size_t cap);
+/* The reason OpenSSL gave for the last failure on bev (its error queue is
+ * drained), as one line in out. False, with out untouched, when OpenSSL
+ * reported nothing: the failure was the socket's (refused, reset, EOF). */
+bool tap_tls_error(struct bufferevent *bev, char *out, size_t cap);
 
 #endif

@@ -353,10 +353,10 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)))
 		return;
 	int err = EVUTIL_SOCKET_ERROR();
-	if (s->tls[side] && !s->handshaken[side] && (what & BEV_EVENT_ERROR)) {
-		/* a handshake or record-layer failure: say why, close, touch no other session */
+	if (s->tls[side] && !s->handshaken[side] && (what & BEV_EVENT_ERROR) &&
+	    tap_tls_error(bev, s->detail, sizeof s->detail)) {
+		/* a handshake failure: say why, close, touch no other session */
 		s->why = side == SIDE_CLIENT ? TAP_END_CLIENT_TLS : TAP_END_BROKER_TLS;
-		tap_tls_error(bev, s->detail, sizeof s->detail);
 		fprintf(stderr, "amqptap: conn %llu: TLS with the %s failed: %s\n", (unsigned long long)s->id,
 			side == SIDE_CLIENT ? "client" : "broker", s->detail);
 		session_end(s);
@@ -407,31 +407,40 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 	settle(s);
 }
 
-/* A socket bufferevent, or an OpenSSL one over the socket when tls. */
+/* A socket bufferevent; when tls, an OpenSSL filter over one. As a filter
+ * (rather than OpenSSL reading the socket itself) the socket is read in
+ * large chunks and OpenSSL takes its records from memory: no read for each
+ * record header and body. */
 static struct bufferevent *new_bev(struct tap_proxy *px, evutil_socket_t fd, bool tls, enum bufferevent_ssl_state st)
 {
 	int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
-	if (!tls) {
-		struct bufferevent *bev = bufferevent_socket_new(px->base, fd, opts);
-		/* libevent reads 16 KiB per call by default: large messages cost a syscall (and an observer call)
-		 * per 16 KiB. Bigger reads and writes keep that per-byte cost down. */
-		if (bev) {
-			bufferevent_set_max_single_read(bev, TAP_PROXY_MAX_IO);
-			bufferevent_set_max_single_write(bev, TAP_PROXY_MAX_IO);
-		}
-		return bev;
-	}
-	SSL *ssl = st == BUFFEREVENT_SSL_ACCEPTING ? tap_tls_accept_ssl(px->tls) : tap_tls_connect_ssl(px->tls);
-	if (!ssl)
+	struct bufferevent *raw = bufferevent_socket_new(px->base, fd, opts);
+	if (!raw)
 		return NULL;
-	struct bufferevent *bev = bufferevent_openssl_socket_new(px->base, fd, ssl, st, opts);
+	/* evbuffer_read takes at most 4 KiB per call in libevent 2.1 (read_more goes past that on plain legs);
+	 * writes may be larger */
+	bufferevent_set_max_single_read(raw, TAP_PROXY_MAX_IO);
+	bufferevent_set_max_single_write(raw, TAP_PROXY_MAX_IO);
+	if (!tls)
+		return raw;
+	SSL *ssl = st == BUFFEREVENT_SSL_ACCEPTING ? tap_tls_accept_ssl(px->tls) : tap_tls_connect_ssl(px->tls);
+	struct bufferevent *bev = ssl ? bufferevent_openssl_filter_new(px->base, raw, ssl, st, opts) : NULL;
 	if (!bev) {
-		SSL_free(ssl);
+		if (ssl)
+			SSL_free(ssl);
+		bufferevent_free(raw);
 		return NULL;
 	}
 	/* a peer that closes TCP without close_notify is an EOF, not an error */
 	bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
 	return bev;
+}
+
+/* The socket bufferevent under a leg (itself on a plain leg). */
+static struct bufferevent *socket_bev(struct bufferevent *bev)
+{
+	struct bufferevent *under = bufferevent_get_underlying(bev);
+	return under ? under : bev;
 }
 
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
@@ -472,7 +481,8 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 		bufferevent_setcb(s->bev[i], on_read, on_write, on_event, s);
 		bufferevent_enable(s->bev[i], EV_READ | EV_WRITE);
 	}
-	if (bufferevent_socket_connect(s->bev[SIDE_UPSTREAM], (struct sockaddr *)&px->upstream, px->upstream_len) < 0) {
+	if (bufferevent_socket_connect(socket_bev(s->bev[SIDE_UPSTREAM]), (struct sockaddr *)&px->upstream,
+				       px->upstream_len) < 0) {
 		s->why = TAP_END_UNREACHABLE;
 		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
 		px->stats.unreachable++;

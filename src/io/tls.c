@@ -235,7 +235,7 @@ SSL *tap_tls_connect_ssl(struct tap_tls *t)
 	return ssl;
 }
 
-void tap_tls_error(struct bufferevent *bev, char *out, size_t cap)
+bool tap_tls_error(struct bufferevent *bev, char *out, size_t cap)
 {
 	/* libevent queues SSL_get_error()'s code (a small number, no library)
 	 * before OpenSSL's own errors: keep the first real one. */
@@ -247,12 +247,14 @@ void tap_tls_error(struct bufferevent *bev, char *out, size_t cap)
 		if (!first && ERR_GET_LIB(e) != 0)
 			first = e;
 	char reason[256] = "TLS connection failed";
-	if (first)
-		ERR_error_string_n(first, reason, sizeof reason);
+	if (!first)
+		return false; /* not OpenSSL's doing: a socket error or EOF */
+	ERR_error_string_n(first, reason, sizeof reason);
 	SSL *ssl = bufferevent_openssl_get_ssl(bev);
 	long vr = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
 	if (vr != X509_V_OK)
 		snprintf(out, cap, "%s (%s)", reason, X509_verify_cert_error_string(vr));
 	else
 		snprintf(out, cap, "%s", reason);
+	return true;
 }

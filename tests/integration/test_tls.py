@@ -20,7 +20,7 @@ TLS_PORT = int(os.environ.get("TAP_TLS_BROKER_PORT", "5751"))
 PLAIN_PORT = int(os.environ.get("TAP_TLS_BROKER_PLAIN_PORT", "5750"))
 BROKER_ENV = {
     "TAP_BROKER_PORT": str(PLAIN_PORT),
-    "TAP_BROKER_DIST_PORT": str(PLAIN_PORT + 40000),
+    "TAP_BROKER_DIST_PORT": str(PLAIN_PORT + 20000),  # below the ephemeral range
     "TAP_BROKER_DIR": os.path.join(SOURCE_DIR, ".run", "tls-broker"),
     "TAP_BROKER_NODE": f"amqptap-tls-{PLAIN_PORT}@localhost",
     "TAP_BROKER_TLS_PORT": str(TLS_PORT),
