@@ -15,7 +15,7 @@ for h in "$build"/fuzz/fuzz_*; do
 	mkdir -p "$corpus"
 	seeds="$root/tests/fuzz/corpus/${name#fuzz_}"
 	[ -d "$seeds" ] && cp -n "$seeds"/* "$corpus"/ 2>/dev/null || true
-	if "$h" -max_total_time="$secs" -max_len=70000 -rss_limit_mb=1024 -artifact_prefix="$build/$name-" \
+	if "$h" -seed="${TAP_FUZZ_SEED:-1}" -max_total_time="$secs" -max_len=70000 -rss_limit_mb=1024 -artifact_prefix="$build/$name-" \
 		-print_final_stats=1 "$corpus" >"$build/$name.log" 2>&1; then
 		echo "$name: ok ($(grep -m1 'stat::number_of_executed_units' "$build/$name.log" | awk '{print $2}') runs)"
 	else

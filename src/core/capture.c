@@ -659,7 +659,7 @@ static int pcap_run(struct tap_capture *c, char *err, size_t cap)
 		if (src_read(c, c->blk, incl) < incl)
 			return fail(err, cap, TAP_E_BAD_CAPTURE, "%s: truncated record at offset %" PRIu64, c->name, at);
 		uint32_t frac = rd32(c, rh + 4);
-		int64_t ts = (int64_t)rd32(c, rh) * 1000000 + (c->nsec ? frac / 1000 : frac);
+		int64_t ts = (int64_t)rd32(c, rh) * 1000000 + (int64_t)(c->nsec ? frac / 1000 : frac);
 		c->st.file_bytes = c->off;
 		int rc = on_packet(c, c->linktype, ts, c->blk, incl);
 		if (rc < 0)
@@ -687,7 +687,10 @@ static int64_t iface_ts(const struct iface *f, uint64_t units)
 			d = d > UINT64_MAX / 10 ? UINT64_MAX : d * 10;
 		us = (int64_t)(units / d);
 	}
-	return us + f->offset_us;
+	int64_t ts;
+	if (__builtin_add_overflow(us, f->offset_us, &ts)) /* a nonsense if_tsoffset: keep the raw time */
+		ts = us;
+	return ts;
 }
 
 /* §4.2: if_tsresol (9) and if_tsoffset (14). */
@@ -720,7 +723,8 @@ static int idb(struct tap_capture *c, const uint8_t *b, size_t len)
 			memcpy(&o, v, 8);
 			if (c->swap)
 				o = __builtin_bswap64(o);
-			f.offset_us = (int64_t)o * 1000000;
+			/* seconds; an offset past year 292,277 cannot be a real one */
+			f.offset_us = o <= (uint64_t)(INT64_MAX / 1000000) ? (int64_t)o * 1000000 : 0;
 		}
 		off += 4 + (((size_t)olen + 3) & ~(size_t)3);
 	}
