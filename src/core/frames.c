@@ -3,6 +3,7 @@
 #include "amqptap/frames.h"
 
 #include "amqptap/props.h"
+#include "amqptap/redact.h"
 #include "amqptap/spec.h"
 #include "amqptap/status.h"
 #include "amqptap/table.h"
@@ -12,15 +13,6 @@
 
 #define SASL_USER_MAX 256
 
-static bool is_secret(uint32_t method, unsigned arg)
-{
-	switch (method) {
-	case TAP_CONNECTION_START_OK: return arg == TAP_ARG_CONNECTION_START_OK_RESPONSE;
-	case TAP_CONNECTION_SECURE_OK: return arg == TAP_ARG_CONNECTION_SECURE_OK_RESPONSE;
-	case TAP_CONNECTION_UPDATE_SECRET: return arg == TAP_ARG_CONNECTION_UPDATE_SECRET_NEW_SECRET;
-	default: return false;
-	}
-}
 
 static void write_redacted(struct tap_json *j, size_t n)
 {
@@ -52,7 +44,7 @@ static void write_method(struct tap_json *j, const struct tap_frame_ev *ev)
 		if (ad->reserved)
 			continue;
 		tap_json_key(j, ad->json_name);
-		if (is_secret(def->id, i)) {
+		if (tap_redact_is_secret(def->id, i)) {
 			write_redacted(j, a->len);
 			continue;
 		}
