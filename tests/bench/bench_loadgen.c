@@ -20,6 +20,7 @@
 #include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
 #endif
+#include "bench_util.h"
 
 #include "amqptap/jsonl.h"
 
@@ -65,21 +66,6 @@ struct lg_conn {
 	struct lg_result *r;
 };
 
-static uint64_t now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static void kv_fixed(struct tap_json *j, const char *key, double v, int decimals)
-{
-	char num[64];
-	int n = snprintf(num, sizeof num, "%.*f", decimals, v);
-	tap_json_key(j, key);
-	tap_json_raw(j, num, (size_t)n);
-}
-
 static int cmp_u32(const void *a, const void *b)
 {
 	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
@@ -92,15 +78,6 @@ static uint32_t quantile(const uint32_t *v, uint64_t n, double q)
 		return 0;
 	uint64_t i = (uint64_t)(q * (double)(n - 1) + 0.5);
 	return v[i < n ? i : n - 1];
-}
-
-static const char *rpc_error(amqp_rpc_reply_t r)
-{
-	if (r.reply_type == AMQP_RESPONSE_NORMAL)
-		return NULL;
-	if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION)
-		return amqp_error_string2(r.library_error);
-	return "broker closed the channel or connection";
 }
 
 static amqp_connection_state_t lg_connect(const struct lg_conf *c, const char **err)

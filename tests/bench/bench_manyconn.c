@@ -17,6 +17,7 @@
 #include <amqp_framing.h>
 #include <amqp_tcp_socket.h>
 #endif
+#include "bench_util.h"
 
 #include "amqptap/jsonl.h"
 
@@ -48,30 +49,6 @@ struct mc_conn {
 	uint8_t *done; /* [1..count] */
 	const char *error;
 };
-
-static uint64_t now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static void kv_fixed(struct tap_json *j, const char *key, double v, int decimals)
-{
-	char num[64];
-	int n = snprintf(num, sizeof num, "%.*f", decimals, v);
-	tap_json_key(j, key);
-	tap_json_raw(j, num, (size_t)n);
-}
-
-static const char *rpc_error(amqp_rpc_reply_t r)
-{
-	if (r.reply_type == AMQP_RESPONSE_NORMAL)
-		return NULL;
-	if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION)
-		return amqp_error_string2(r.library_error);
-	return "broker closed the channel or connection";
-}
 
 /* A bounded queue: drop-head keeps the newest messages, so publishes are never refused (no nacks). */
 static const char *declare_queue(const struct mc_conf *c, amqp_connection_state_t conn)

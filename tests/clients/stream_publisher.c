@@ -14,6 +14,7 @@
 #include <amqp_framing.h>
 #include <amqp_tcp_socket.h>
 #endif
+#include "rmq_util.h"
 
 #include <inttypes.h>
 #include <stdbool.h>
@@ -34,13 +35,6 @@ struct sp_state {
 	uint64_t next_progress;
 	const char *error;
 };
-
-static uint64_t now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -88,15 +82,6 @@ static void on_confirm(struct sp_state *s, uint64_t tag, bool multiple, bool nac
 		fflush(stdout);
 		s->next_progress = (confirmed / 1000 + 1) * 1000;
 	}
-}
-
-static const char *rpc_error(amqp_rpc_reply_t r)
-{
-	if (r.reply_type == AMQP_RESPONSE_NORMAL)
-		return NULL;
-	if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION)
-		return amqp_error_string2(r.library_error);
-	return "broker closed the channel or connection";
 }
 
 /* Handles one frame; returns false when the stream is over (an error was recorded). */
