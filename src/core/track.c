@@ -1300,8 +1300,13 @@ void tap_track_channel_close(struct tap_track_conn *c, uint16_t id, bool by_brok
 {
 	(void)now_us;
 	struct trk_chan *ch = chan_get(c, id);
-	if (!ch || ch->closing)
+	if (!ch)
 		return;
+	/* Closes can cross: the client closes while the broker's 404 is on its way. The broker's close says why
+	 * the publishes went unanswered, so it wins over the client's; otherwise the first close stands. */
+	if (ch->closing && (ch->close_by_broker || !by_broker))
+		return;
+	free(ch->close_text);
 	ch->closing = true;
 	ch->close_by_broker = by_broker;
 	ch->close_code = code;

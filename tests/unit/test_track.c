@@ -606,6 +606,20 @@ START_TEST(channel_close_by_client)
 }
 END_TEST
 
+/* The client's channel.close crosses the broker's 404: the broker's reason is the one the records carry. */
+START_TEST(crossed_closes_keep_the_brokers_reason)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("nope", "k", true);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_channel_close(c, 1, false, 0, S("Normal shutdown"), T0 + 1);
+	tap_track_channel_close(c, 1, true, 404, S("NOT_FOUND - no exchange 'nope' in vhost '/'"), T0 + 2);
+	tap_track_channel_close_ok(c, 1, T0 + 3);
+	assert_field(pub_seq(1), "reason", "{\"by\":\"broker\",\"code\":404,\"text\":\"NOT_FOUND - no exchange 'nope' in vhost '/'\"}");
+	assert_field(nth("channel", 2), "by", "\"broker\"");
+}
+END_TEST
+
 START_TEST(reopened_channel_restarts_at_one)
 {
 	confirm_channel(1);
@@ -1103,6 +1117,7 @@ int main(void)
 	tcase_add_test(tc, channel_closed_by_broker_404);
 	tcase_add_test(tc, channel_close_by_client);
 	tcase_add_test(tc, reopened_channel_restarts_at_one);
+	tcase_add_test(tc, crossed_closes_keep_the_brokers_reason);
 	tcase_add_test(tc, reselect_does_not_reset);
 	tcase_add_test(tc, non_confirm_publishes_before_select);
 	tcase_add_test(tc, tx_channel);
