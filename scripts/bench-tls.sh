@@ -51,23 +51,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-wait_port() {
-	for _ in $(seq 100); do
-		(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-		sleep 0.1
-	done
-	tap_die "nothing listens on 127.0.0.1:$1"
-}
 
-# utime+stime of a process, in clock ticks (/proc/PID/stat fields 14 and 15; the name in field 2 may hold spaces).
-cpu_ticks() {
-	local s
-	s=$(cat "/proc/$1/stat") || { echo 0; return; }
-	s=${s##*) }
-	# shellcheck disable=SC2086 # split into fields on purpose
-	set -- $s
-	echo $((${12} + ${13}))
-}
 
 # CA, server certificate for localhost/127.0.0.1 and client certificate, as tests/integration/test_tls.py makes them;
 # kept between runs while they are valid for another day.
@@ -106,7 +90,7 @@ if ! "$repo/scripts/broker.sh" status >/dev/null 2>&1; then
 else
 	tap_log "reusing the running broker $TAP_BROKER_NODE (it must have been started with this PKI)"
 fi
-wait_port "$TAP_BROKER_TLS_PORT"
+tap_wait_port "$TAP_BROKER_TLS_PORT"
 
 verdicts=$out/verdicts.jsonl
 : >"$verdicts"
@@ -114,7 +98,7 @@ verdicts=$out/verdicts.jsonl
 	--upstream "localhost:$TAP_BROKER_TLS_PORT" --upstream-tls --upstream-ca "$pki/ca.pem" \
 	--upstream-cert "$pki/client.pem" --upstream-key "$pki/client.key" --verdicts "$verdicts" 2>"$out/amqptap.log" &
 tap_pid=$!
-wait_port "$tap_port"
+tap_wait_port "$tap_port"
 
 # The loadgen verifies the server certificate against our CA and the name localhost (127.0.0.1 in /etc/hosts) on
 # both paths; the broker wants a client certificate, the tap does not.
@@ -134,11 +118,11 @@ run_one() {
 	local name c w s n before=0 after=0 line verdict_count=null
 	IFS=: read -r name c w s n <<<"$spec"
 	n=$(awk -v n="$n" -v k="$scale" 'BEGIN { v = int(n * k); print v < 1 ? 1 : v }')
-	before=$(cpu_ticks "$tap_pid")
+	before=$(tap_cpu_ticks "$tap_pid")
 	# shellcheck disable=SC2046 # the TLS options are words
 	line=$(timeout 600 "$loadgen" $(tls_args "$target") -c "$c" -w "$w" -s "$s" -n "$n") ||
 		tap_log "round $round $name via $target: loadgen failed: $line"
-	after=$(cpu_ticks "$tap_pid")
+	after=$(tap_cpu_ticks "$tap_pid")
 	if [ "$target" = tap ]; then
 		sleep 0.3 # the tap flushes every 10 ms and holds acked mandatory publishes 50 ms for a late Return
 		verdict_count=$(grep -c '"type":"publish"' "$verdicts" || true)

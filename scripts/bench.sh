@@ -56,23 +56,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-wait_port() {
-	local i
-	for i in $(seq 100); do
-		(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-		sleep 0.1
-	done
-	tap_die "nothing listens on 127.0.0.1:$1"
-}
 
-# utime+stime of a process, in clock ticks (/proc/PID/stat fields 14 and 15; the name in field 2 may hold spaces).
-cpu_ticks() {
-	local s
-	s=$(cat "/proc/$1/stat") || { echo 0; return; }
-	s=${s##*) }
-	set -- $s
-	echo $((${12} + ${13}))
-}
 
 tap_log "building (Release) in $build"
 tap_build "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -110,8 +94,8 @@ verdicts=$out/verdicts.jsonl
 "$build/amqptap" --listen "127.0.0.1:$tap_port" --upstream "127.0.0.1:$TAP_BROKER_PORT" --verdicts "$verdicts" \
 	2>"$out/amqptap.log" &
 tap_pid=$!
-wait_port "$hap_port"
-wait_port "$tap_port"
+tap_wait_port "$hap_port"
+tap_wait_port "$tap_port"
 
 port_of() { case $1 in direct) echo "$TAP_BROKER_PORT" ;; haproxy) echo "$hap_port" ;; tap) echo "$tap_port" ;; esac; }
 pid_of() { case $1 in haproxy) echo "$hap_pid" ;; tap) echo "$tap_pid" ;; *) echo "" ;; esac; }
@@ -126,10 +110,10 @@ run_one() {
 	read -r c w s n <<<"${LOAD[$load]}"
 	n=$(awk -v n="$n" -v k="$scale" 'BEGIN { v = int(n * k); print v < 1 ? 1 : v }')
 	pid=$(pid_of "$target")
-	[ -n "$pid" ] && before=$(cpu_ticks "$pid")
+	[ -n "$pid" ] && before=$(tap_cpu_ticks "$pid")
 	line=$(timeout 600 "$loadgen" -p "$(port_of "$target")" -c "$c" -w "$w" -s "$s" -n "$n") ||
 		tap_log "round $round $load via $target: loadgen failed: $line"
-	[ -n "$pid" ] && after=$(cpu_ticks "$pid")
+	[ -n "$pid" ] && after=$(tap_cpu_ticks "$pid")
 	if [ "$target" = tap ]; then
 		sleep 0.3 # the tap flushes every 10 ms and holds acked mandatory publishes 50 ms for a late Return
 		verdict_count=$(grep -c '"type":"publish"' "$verdicts" || true)

@@ -56,3 +56,23 @@ tap_build() {
 	shift
 	cmake -S "$TAP_REPO" -B "$dir" "$@" >/dev/null && cmake --build "$dir" -j"$(nproc)"
 }
+
+# Waits up to 10 s until something accepts on 127.0.0.1:PORT (a probe connection: only for peers that do not
+# count connections, e.g. the broker or HAProxy).
+tap_wait_port() {
+	for _ in $(seq 100); do
+		(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+		sleep 0.1
+	done
+	tap_die "nothing listens on 127.0.0.1:$1"
+}
+
+# utime+stime of a process, in clock ticks (/proc/PID/stat fields 14 and 15; the name in field 2 may hold spaces).
+tap_cpu_ticks() {
+	local s
+	s=$(cat "/proc/$1/stat") || { echo 0; return; }
+	s=${s##*) }
+	# shellcheck disable=SC2086 # split into fields on purpose
+	set -- $s
+	echo $((${12} + ${13}))
+}
