@@ -7,49 +7,12 @@
 #include <check.h>
 
 #include "tap_check.h"
+#include "wbuf.h"
 #include <stdlib.h>
 #include <string.h>
 
 #define TS 1764411302000412LL
 #define PREFIX "{\"ts\":\"2025-11-29T10:15:02.000412Z\",\"conn\":3,"
-
-struct wbuf {
-	uint8_t d[1024];
-	size_t n;
-};
-
-static void put(struct wbuf *w, const void *p, size_t n)
-{
-	memcpy(w->d + w->n, p, n);
-	w->n += n;
-}
-
-static void put8(struct wbuf *w, uint8_t v)
-{
-	put(w, &v, 1);
-}
-
-static void put16(struct wbuf *w, uint16_t v)
-{
-	put8(w, (uint8_t)(v >> 8)), put8(w, (uint8_t)v);
-}
-
-static void put32(struct wbuf *w, uint32_t v)
-{
-	put16(w, (uint16_t)(v >> 16)), put16(w, (uint16_t)v);
-}
-
-static void sstr(struct wbuf *w, const char *s)
-{
-	put8(w, (uint8_t)strlen(s));
-	put(w, s, strlen(s));
-}
-
-static void lstr(struct wbuf *w, const void *s, size_t n)
-{
-	put32(w, (uint32_t)n);
-	put(w, s, n);
-}
 
 static char *line(bool c2s, enum tap_frame_ev_kind kind, uint8_t type, uint16_t ch, const struct wbuf *w,
 		  const uint8_t *prefix, size_t plen)

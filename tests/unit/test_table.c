@@ -6,30 +6,9 @@
 #include <check.h>
 
 #include "tap_check.h"
+#include "wbuf.h"
 #include <stdlib.h>
 #include <string.h>
-
-struct wbuf {
-	uint8_t d[4096];
-	size_t n;
-};
-
-static void put(struct wbuf *w, const void *p, size_t n)
-{
-	memcpy(w->d + w->n, p, n);
-	w->n += n;
-}
-
-static void put8(struct wbuf *w, uint8_t v)
-{
-	put(w, &v, 1);
-}
-
-static void put32(struct wbuf *w, uint32_t v)
-{
-	uint8_t b[4] = {(uint8_t)(v >> 24), (uint8_t)(v >> 16), (uint8_t)(v >> 8), (uint8_t)v};
-	put(w, b, 4);
-}
 
 static void key(struct wbuf *w, const char *k, char type)
 {
