@@ -1,7 +1,9 @@
 /* The forwarding engine: one upstream connection per accepted client, bytes
- * relayed both ways the moment they arrive (evbuffer_add_buffer moves the
- * chains, nothing is copied), observers fed a peek of each chunk first.
- * Backpressure and drain-then-close follow libevent's sample/le-proxy.c. */
+ * relayed both ways the moment they arrive, each chunk shown to the observer
+ * right after it was passed on. Plain legs are read by the session itself
+ * and written straight to the peer's socket when nothing is queued; TLS
+ * legs are OpenSSL filter bufferevents. Backpressure and drain-then-close
+ * follow libevent's sample/le-proxy.c. */
 #include "amqptap/proxy.h"
 
 #include "amqptap/tls.h"
@@ -29,11 +31,14 @@ enum side { SIDE_CLIENT = 0, SIDE_UPSTREAM = 1 };
 
 /* Buffers, per direction (client -> broker shown; the other is symmetric):
  *
- *   client socket -> bev[CLIENT].input --add_buffer--> bev[UPSTREAM].output -> broker socket
- *                          ^ peeked by the observer first
+ *   client socket --recv--> px->scratch --send--> broker socket
+ *                                 |  (what the socket does not take)
+ *                                 +--> bev[UPSTREAM].output --> broker socket
  *
- * Invariant: a side's input is empty after every read callback; all queued
- * bytes live in the other side's output. When that output passes
+ * A TLS leg reads through its bufferevent instead (bev[side].input holds
+ * the decrypted bytes) and a TLS peer is always written through its output.
+ * Invariant: no input is kept after a read callback; all queued bytes live
+ * in the other side's output. When that output passes
  * TAP_PROXY_HIGH_WATER, reading from the side that fills it stops until the
  * output drains to half.
  *
@@ -45,7 +50,10 @@ struct tap_session {
 	TAILQ_ENTRY(tap_session) link;
 	struct tap_proxy *px;
 	uint64_t id;
-	struct bufferevent *bev[2];
+	struct bufferevent *bev[2]; /* plain legs: only the writing half is used */
+	struct event *rd[2];        /* plain legs: the session's own read event */
+	evutil_socket_t fd[2];      /* plain legs: the socket */
+	bool reading[2];            /* reading that side is wanted (backpressure and EOF turn it off) */
 	bool connected;    /* the upstream connect completed */
 	bool eof[2];       /* that side sent FIN: nothing more to read from it */
 	bool shut_wr[2];   /* we sent FIN to that side */
@@ -71,6 +79,7 @@ struct tap_proxy {
 	struct session_list sessions;
 	uint64_t next_id;
 	struct tap_proxy_stats stats;
+	uint8_t *scratch; /* TAP_PROXY_MAX_IO bytes: every plain read lands here, one session at a time */
 	bool stopped;
 	void (*idle_cb)(void *);
 	void *idle_arg;
@@ -121,6 +130,19 @@ static void set_nodelay(evutil_socket_t fd)
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+/* Frees one leg (its read event first: the bufferevent closes the socket). */
+static void leg_free(struct tap_session *s, enum side side)
+{
+	if (s->rd[side]) {
+		event_free(s->rd[side]);
+		s->rd[side] = NULL;
+	}
+	if (s->bev[side]) {
+		bufferevent_free(s->bev[side]);
+		s->bev[side] = NULL;
+	}
+}
+
 static void session_end(struct tap_session *s)
 {
 	struct tap_proxy *px = s->px;
@@ -129,73 +151,83 @@ static void session_end(struct tap_session *s)
 	if (px->hooks.close)
 		px->hooks.close(px->hooks.ctx, s->obs, s->why, s->detail[0] ? s->detail : NULL, tap_now_us());
 	for (int i = 0; i < 2; i++)
-		if (s->bev[i])
-			bufferevent_free(s->bev[i]);
+		leg_free(s, (enum side)i);
 	free(s);
 	if (px->stopped && px->stats.active == 0 && px->idle_cb)
 		px->idle_cb(px->idle_arg);
 }
 
-/* Hands every byte of `in` to the observer, in order, without consuming it. */
-static void observe(struct tap_session *s, enum side from, struct evbuffer *in)
+/* Turns reading from `side` on or off. A plain leg's read event waits for
+ * the upstream connect; the wish is kept and applied then. */
+static void set_reading(struct tap_session *s, enum side side, bool on)
+{
+	s->reading[side] = on;
+	if (s->tls[side]) {
+		if (s->bev[side])
+			(on ? bufferevent_enable : bufferevent_disable)(s->bev[side], EV_READ);
+		return;
+	}
+	if (!s->rd[side] || (side == SIDE_UPSTREAM && !s->connected))
+		return;
+	if (on)
+		event_add(s->rd[side], NULL);
+	else
+		event_del(s->rd[side]);
+}
+
+/* Passes `len` bytes that `from` sent to the other side, then shows them to
+ * the observer (forwarding first keeps the decoder off the latency path).
+ * When nothing is queued for a plain peer the bytes go straight into its
+ * socket; what it does not take, and everything for a TLS peer, is queued
+ * on the peer's output, and past TAP_PROXY_HIGH_WATER reading `from` stops
+ * until that output drains to half. */
+static void pass_on(struct tap_session *s, enum side from, const void *data, size_t len, int64_t now)
 {
 	struct tap_proxy *px = s->px;
-	size_t left = evbuffer_get_length(in);
-	if (!px->hooks.data || left == 0)
-		return;
+	enum side to = from == SIDE_CLIENT ? SIDE_UPSTREAM : SIDE_CLIENT;
+	struct bufferevent *dst = s->bev[to];
+	if (from == SIDE_CLIENT)
+		px->stats.bytes_c2s += len;
+	else
+		px->stats.bytes_s2c += len;
+	if (dst) {
+		struct evbuffer *out = bufferevent_get_output(dst);
+		size_t sent = 0;
+		if (evbuffer_get_length(out) == 0 && !s->tls[to] && !s->shut_wr[to] && (to == SIDE_CLIENT || s->connected)) {
+			/* a failed send is left for the bufferevent's own write to find and report */
+			ssize_t n = send(s->fd[to], data, len, MSG_NOSIGNAL);
+			if (n > 0)
+				sent = (size_t)n;
+		}
+		if (sent < len) {
+			evbuffer_add(out, (const char *)data + sent, len - sent);
+			if (evbuffer_get_length(out) >= TAP_PROXY_HIGH_WATER) {
+				set_reading(s, from, false);
+				bufferevent_setwatermark(dst, EV_WRITE, TAP_PROXY_HIGH_WATER / 2, 0);
+			}
+		}
+	}
+	if (px->hooks.data)
+		px->hooks.data(px->hooks.ctx, s->obs, from == SIDE_CLIENT, data, len, now);
+}
+
+/* Passes on everything in a TLS leg's input (the decrypted bytes). */
+static void pass_on_buffer(struct tap_session *s, enum side from, struct evbuffer *in)
+{
 	int64_t now = tap_now_us();
-	struct evbuffer_ptr pos;
-	evbuffer_ptr_set(in, &pos, 0, EVBUFFER_PTR_SET);
-	while (left > 0) {
+	while (evbuffer_get_length(in) > 0) {
 		struct evbuffer_iovec v[16];
-		int n = evbuffer_peek(in, (ev_ssize_t)left, &pos, v, 16);
+		int n = evbuffer_peek(in, -1, NULL, v, 16);
 		if (n <= 0)
 			break;
 		if (n > 16)
 			n = 16;
 		size_t done = 0;
-		for (int i = 0; i < n && left > 0; i++) {
-			size_t len = v[i].iov_len < left ? v[i].iov_len : left;
-			px->hooks.data(px->hooks.ctx, s->obs, from == SIDE_CLIENT, v[i].iov_base, len, now);
-			left -= len;
-			done += len;
+		for (int i = 0; i < n; i++) {
+			pass_on(s, from, v[i].iov_base, v[i].iov_len, now);
+			done += v[i].iov_len;
 		}
-		if (left > 0 && evbuffer_ptr_set(in, &pos, done, EVBUFFER_PTR_ADD) < 0)
-			break;
-	}
-}
-
-/* Moves what `from` has read into the other side's output. */
-static void relay(struct tap_session *s, enum side from)
-{
-	struct bufferevent *src = s->bev[from], *dst = s->bev[!from];
-	struct evbuffer *in = bufferevent_get_input(src);
-	size_t len = evbuffer_get_length(in);
-	if (len == 0)
-		return;
-	observe(s, from, in);
-	if (from == SIDE_CLIENT)
-		s->px->stats.bytes_c2s += len;
-	else
-		s->px->stats.bytes_s2c += len;
-	if (!dst) {
-		evbuffer_drain(in, len);
-		return;
-	}
-	struct evbuffer *out = bufferevent_get_output(dst);
-	enum side to = from == SIDE_CLIENT ? SIDE_UPSTREAM : SIDE_CLIENT;
-	if (evbuffer_get_length(out) == 0 && !s->tls[to] && !s->shut_wr[to] && (to == SIDE_CLIENT || s->connected)) {
-		/* Nothing queued: write straight to the socket, as much as it takes. When all of it goes, the
-		 * output never turns non-empty and no write event is armed and disarmed (two epoll_ctl calls
-		 * and a wakeup saved per chunk); what the socket does not take is queued as usual. */
-		evbuffer_write(in, bufferevent_getfd(dst));
-		if (evbuffer_get_length(in) == 0)
-			return;
-	}
-	evbuffer_add_buffer(out, in);
-	if (evbuffer_get_length(out) >= TAP_PROXY_HIGH_WATER) {
-		bufferevent_disable(src, EV_READ);
-		bufferevent_setwatermark(dst, EV_WRITE, TAP_PROXY_HIGH_WATER / 2, 0);
+		evbuffer_drain(in, done);
 	}
 }
 
@@ -204,48 +236,31 @@ static enum side side_of(const struct tap_session *s, const struct bufferevent *
 	return bev == s->bev[SIDE_CLIENT] ? SIDE_CLIENT : SIDE_UPSTREAM;
 }
 
-/* libevent 2.1 reads at most 4 KiB per readiness event (EVBUFFER_MAX_READ),
- * so a bulk stream costs an epoll_wait, an ioctl and a readv per 4 KiB.
- * When that much arrived, read on into the same input buffer with large
- * reads until the socket is empty (EOF and errors are left to libevent's
- * next read, which sees them again). Plain TCP legs only. */
-static void read_more(struct tap_session *s, enum side from)
+static void leg_event(struct tap_session *s, enum side side, short what, int err);
+
+/* Reads a plain leg's socket: one recv per wakeup in the common case (no
+ * FIONREAD probe, no 4 KiB cap as in libevent 2.1's bufferevent reads), on
+ * while reads fill the scratch buffer, up to TAP_PROXY_HIGH_WATER per
+ * wakeup so that one busy session cannot starve the others. */
+static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
-	struct bufferevent *bev = s->bev[from], *dst = s->bev[!from];
-	struct evbuffer *in = bufferevent_get_input(bev);
-	if (s->tls[from] || evbuffer_get_length(in) < 4096)
-		return;
-	evutil_socket_t fd = bufferevent_getfd(bev);
-	size_t budget = TAP_PROXY_HIGH_WATER;
-	/* a bufferevent keeps the end of its input frozen outside its own reads */
-	evbuffer_unfreeze(in, 0);
-	while (budget > 0 && (!dst || evbuffer_get_length(bufferevent_get_output(dst)) < TAP_PROXY_HIGH_WATER)) {
-		struct evbuffer_iovec v[2];
-		int n = evbuffer_reserve_space(in, TAP_PROXY_MAX_IO, v, 2);
-		if (n <= 0)
-			break;
-		struct iovec iov[2];
-		for (int i = 0; i < n; i++) {
-			iov[i].iov_base = v[i].iov_base;
-			iov[i].iov_len = v[i].iov_len;
-		}
-		ssize_t got = readv(fd, iov, n);
+	struct tap_session *s = arg;
+	enum side from = fd == s->fd[SIDE_CLIENT] ? SIDE_CLIENT : SIDE_UPSTREAM;
+	uint8_t *buf = s->px->scratch;
+	(void)what;
+	for (size_t budget = TAP_PROXY_HIGH_WATER; budget > 0 && s->reading[from];) {
+		ssize_t got = recv(fd, buf, TAP_PROXY_MAX_IO, 0);
+		if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			return;
 		if (got <= 0) {
-			evbuffer_commit_space(in, v, 0);
-			break;
+			leg_event(s, from, BEV_EVENT_READING | (got == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), errno);
+			return; /* the session may be gone */
 		}
-		size_t left = (size_t)got;
-		for (int i = 0; i < n; i++) {
-			if (v[i].iov_len > left)
-				v[i].iov_len = left;
-			left -= v[i].iov_len;
-		}
-		evbuffer_commit_space(in, v, n);
-		budget = (size_t)got < budget ? budget - (size_t)got : 0;
+		pass_on(s, from, buf, (size_t)got, tap_now_us());
 		if ((size_t)got < TAP_PROXY_MAX_IO)
-			break; /* the socket is empty */
+			return; /* the socket is empty */
+		budget = (size_t)got < budget ? budget - (size_t)got : 0;
 	}
-	evbuffer_freeze(in, 0);
 }
 
 /* A write to `side` failed (the peer is gone), but what it sent before it
@@ -255,21 +270,16 @@ static void read_rest(struct tap_session *s, enum side side)
 {
 	if (s->tls[side])
 		return;
-	struct evbuffer *in = bufferevent_get_input(s->bev[side]);
-	evutil_socket_t fd = bufferevent_getfd(s->bev[side]);
-	evbuffer_unfreeze(in, 0);
-	while (evbuffer_read(in, fd, TAP_PROXY_MAX_IO) > 0)
-		;
-	evbuffer_freeze(in, 0);
-	relay(s, side);
+	ssize_t got;
+	while ((got = recv(s->fd[side], s->px->scratch, TAP_PROXY_MAX_IO, 0)) > 0)
+		pass_on(s, side, s->px->scratch, (size_t)got, tap_now_us());
 }
 
+/* TLS legs: the bufferevent decrypted something. */
 static void on_read(struct bufferevent *bev, void *arg)
 {
 	struct tap_session *s = arg;
-	enum side from = side_of(s, bev);
-	read_more(s, from);
-	relay(s, from);
+	pass_on_buffer(s, side_of(s, bev), bufferevent_get_input(bev));
 }
 
 static bool drained(const struct tap_session *s, enum side side)
@@ -291,7 +301,8 @@ static void begin_closing(struct tap_session *s)
 		struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
 		bufferevent_setwatermark(s->bev[i], EV_WRITE, 0, 0);
 		bufferevent_set_timeouts(s->bev[i], NULL, &drain);
-		bufferevent_enable(s->bev[i], EV_READ);
+		if (!s->eof[i])
+			set_reading(s, (enum side)i, true);
 	}
 }
 
@@ -327,21 +338,29 @@ static void on_write(struct bufferevent *bev, void *arg)
 		settle(s);
 		return;
 	}
-	struct bufferevent *other = s->bev[!side];
 	bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
-	if (other)
-		bufferevent_enable(other, EV_READ);
+	if (s->bev[!side])
+		set_reading(s, !side, true);
 }
 
-static void on_event(struct bufferevent *bev, short what, void *arg)
+/* The socket bufferevent under a leg (itself on a plain leg). */
+static struct bufferevent *socket_bev(struct bufferevent *bev)
 {
-	struct tap_session *s = arg;
-	enum side side = side_of(s, bev);
+	struct bufferevent *under = bufferevent_get_underlying(bev);
+	return under ? under : bev;
+}
+
+/* Something happened to a leg: connected, timed out, EOF or error (from the
+ * bufferevent, or from on_readable on a plain leg); err is the errno. */
+static void leg_event(struct tap_session *s, enum side side, short what, int err)
+{
+	struct bufferevent *bev = s->bev[side];
 	if (what & BEV_EVENT_CONNECTED) { /* TCP connect done, or a TLS handshake done (either leg) */
 		s->handshaken[side] = true;
 		if (side == SIDE_UPSTREAM) {
 			s->connected = true;
-			set_nodelay(bufferevent_getfd(bev));
+			set_nodelay(bufferevent_getfd(socket_bev(bev)));
+			set_reading(s, side, s->reading[side]);
 			settle(s);
 		}
 		return;
@@ -352,7 +371,6 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 	}
 	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)))
 		return;
-	int err = EVUTIL_SOCKET_ERROR();
 	if (s->tls[side] && !s->handshaken[side] && (what & BEV_EVENT_ERROR) &&
 	    tap_tls_error(bev, s->detail, sizeof s->detail)) {
 		/* a handshake failure: say why, close, touch no other session */
@@ -375,7 +393,8 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		session_end(s);
 		return;
 	}
-	relay(s, side); /* whatever arrived with the EOF */
+	if (s->tls[side])
+		pass_on_buffer(s, side, bufferevent_get_input(bev)); /* whatever arrived with the EOF */
 	/* with deferred callbacks a failed write and the EOF that follows it can
 	 * arrive as one event: an error wins, or the bytes queued for a dead peer
 	 * would wait forever */
@@ -386,7 +405,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 	struct bufferevent *other = s->bev[!side];
 	if (eof) {
 		s->eof[side] = true;
-		bufferevent_disable(bev, EV_READ);
+		set_reading(s, side, false);
 		if (other)
 			bufferevent_setwatermark(other, EV_WRITE, 0, 0);
 		/* half-closed: a side that stops taking bytes for TAP_PROXY_DRAIN_SECONDS ends the session */
@@ -401,10 +420,15 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(err));
 	if (what & BEV_EVENT_WRITING)
 		read_rest(s, side);
-	bufferevent_free(bev);
-	s->bev[side] = NULL;
+	leg_free(s, side);
 	begin_closing(s);
 	settle(s);
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+	struct tap_session *s = arg;
+	leg_event(s, side_of(s, bev), what, EVUTIL_SOCKET_ERROR());
 }
 
 /* A socket bufferevent; when tls, an OpenSSL filter over one. As a filter
@@ -417,8 +441,7 @@ static struct bufferevent *new_bev(struct tap_proxy *px, evutil_socket_t fd, boo
 	struct bufferevent *raw = bufferevent_socket_new(px->base, fd, opts);
 	if (!raw)
 		return NULL;
-	/* evbuffer_read takes at most 4 KiB per call in libevent 2.1 (read_more goes past that on plain legs);
-	 * writes may be larger */
+	/* a TLS leg's reads take at most 4 KiB per call in libevent 2.1; writes may be larger */
 	bufferevent_set_max_single_read(raw, TAP_PROXY_MAX_IO);
 	bufferevent_set_max_single_write(raw, TAP_PROXY_MAX_IO);
 	if (!tls)
@@ -434,13 +457,6 @@ static struct bufferevent *new_bev(struct tap_proxy *px, evutil_socket_t fd, boo
 	/* a peer that closes TCP without close_notify is an EOF, not an error */
 	bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
 	return bev;
-}
-
-/* The socket bufferevent under a leg (itself on a plain leg). */
-static struct bufferevent *socket_bev(struct bufferevent *bev)
-{
-	struct bufferevent *under = bufferevent_get_underlying(bev);
-	return under ? under : bev;
 }
 
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
@@ -479,7 +495,8 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 		s->obs = px->hooks.open(px->hooks.ctx, s->id, client, px->upstream_addr, tap_now_us());
 	for (int i = 0; i < 2; i++) {
 		bufferevent_setcb(s->bev[i], on_read, on_write, on_event, s);
-		bufferevent_enable(s->bev[i], EV_READ | EV_WRITE);
+		bufferevent_enable(s->bev[i], s->tls[i] ? EV_READ | EV_WRITE : EV_WRITE);
+		s->reading[i] = true;
 	}
 	if (bufferevent_socket_connect(socket_bev(s->bev[SIDE_UPSTREAM]), (struct sockaddr *)&px->upstream,
 				       px->upstream_len) < 0) {
@@ -489,7 +506,22 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 		fprintf(stderr, "amqptap: conn %llu: upstream %s unreachable: %s\n", (unsigned long long)s->id,
 			px->upstream_name, s->detail);
 		session_end(s);
+		return;
 	}
+	for (int i = 0; i < 2; i++) {
+		if (s->tls[i])
+			continue;
+		s->fd[i] = bufferevent_getfd(s->bev[i]);
+		s->rd[i] = event_new(px->base, s->fd[i], EV_READ | EV_PERSIST, on_readable, s);
+		if (!s->rd[i]) {
+			s->why = TAP_END_SHUTDOWN;
+			snprintf(s->detail, sizeof s->detail, "out of memory");
+			fprintf(stderr, "amqptap: conn %llu: out of memory\n", (unsigned long long)s->id);
+			session_end(s);
+			return;
+		}
+	}
+	set_reading(s, SIDE_CLIENT, true); /* the upstream is read once it is connected */
 }
 
 static void on_accept_error(struct evconnlistener *l, void *arg)
@@ -508,8 +540,12 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 		return NULL;
 	}
 	struct tap_proxy *px = calloc(1, sizeof *px);
-	if (!px)
+	if (px)
+		px->scratch = malloc(TAP_PROXY_MAX_IO);
+	if (!px || !px->scratch) {
+		free(px);
 		return NULL;
+	}
 	px->base = base;
 	px->tls = tls;
 	memcpy(&px->upstream, upstream, (size_t)upstream_len);
@@ -582,5 +618,6 @@ void tap_proxy_free(struct tap_proxy *px)
 	px->idle_cb = NULL;
 	tap_proxy_stop_accepting(px);
 	tap_proxy_close_all(px);
+	free(px->scratch);
 	free(px);
 }
