@@ -32,7 +32,7 @@ void tap_buf_reset(struct tap_buf *b)
 	b->oom = false;
 }
 
-static bool buf_reserve(struct tap_buf *b, size_t extra)
+bool tap_buf_grow(struct tap_buf *b, size_t extra)
 {
 	if (b->oom)
 		return false;
@@ -56,21 +56,6 @@ static bool buf_reserve(struct tap_buf *b, size_t extra)
 	return true;
 }
 
-void tap_buf_append(struct tap_buf *b, const void *data, size_t len)
-{
-	if (len == 0 || !buf_reserve(b, len))
-		return;
-	memcpy(b->data + b->len, data, len);
-	b->len += len;
-}
-
-void tap_buf_putc(struct tap_buf *b, char c)
-{
-	if (!buf_reserve(b, 1))
-		return;
-	b->data[b->len++] = c;
-}
-
 void tap_buf_puts(struct tap_buf *b, const char *s)
 {
 	tap_buf_append(b, s, strlen(s));
@@ -89,7 +74,7 @@ void tap_buf_printf(struct tap_buf *b, const char *fmt, ...)
 		tap_buf_append(b, small, (size_t)n);
 		return;
 	}
-	if (!buf_reserve(b, (size_t)n + 1))
+	if (!tap_buf_reserve(b, (size_t)n + 1))
 		return;
 	va_start(ap, fmt);
 	vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
@@ -106,27 +91,9 @@ void tap_json_init(struct tap_json *j, struct tap_buf *b)
 	j->first = 1;
 }
 
-static void json_sep(struct tap_json *j)
-{
-	if (j->after_key) {
-		j->after_key = false;
-		return;
-	}
-	if (j->depth < TAP_JSON_MAX_DEPTH) {
-		uint64_t bit = UINT64_C(1) << j->depth;
-		if (j->first & bit) {
-			j->first &= ~bit;
-			return;
-		}
-	} else if (j->first & (UINT64_C(1) << (TAP_JSON_MAX_DEPTH - 1))) {
-		/* beyond tracked depth: every value after the opener gets a comma */
-	}
-	tap_buf_putc(j->b, ',');
-}
-
 static void json_open(struct tap_json *j, char c)
 {
-	json_sep(j);
+	tap_json_sep(j);
 	tap_buf_putc(j->b, c);
 	j->depth++;
 	if (j->depth < TAP_JSON_MAX_DEPTH)
@@ -144,22 +111,6 @@ void tap_json_obj_begin(struct tap_json *j) { json_open(j, '{'); }
 void tap_json_obj_end(struct tap_json *j) { json_close(j, '}'); }
 void tap_json_arr_begin(struct tap_json *j) { json_open(j, '['); }
 void tap_json_arr_end(struct tap_json *j) { json_close(j, ']'); }
-
-void tap_json_key(struct tap_json *j, const char *key)
-{
-	/* keys are the program's own constant names: no escaping needed */
-	size_t n = strlen(key);
-	json_sep(j);
-	if (buf_reserve(j->b, n + 3)) {
-		char *p = j->b->data + j->b->len;
-		p[0] = '"';
-		memcpy(p + 1, key, n);
-		p[n + 1] = '"';
-		p[n + 2] = ':';
-		j->b->len += n + 3;
-	}
-	j->after_key = true;
-}
 
 /* Length of the valid UTF-8 sequence at s (1..4), or 0 if invalid. */
 static size_t utf8_seq_len(const unsigned char *s, size_t avail)
@@ -203,6 +154,16 @@ void tap_json_escape(struct tap_buf *b, const void *data, size_t len)
 	static const char hex[] = "0123456789abcdef";
 	const unsigned char *s = data;
 	size_t i = 0, run = 0;
+	while (i < len && plain_ascii[s[i]])
+		i++;
+	if (i == len && tap_buf_reserve(b, len + 2)) { /* the common case: one copy between the quotes */
+		char *p = b->data + b->len;
+		p[0] = '"';
+		memcpy(p + 1, s, len);
+		p[len + 1] = '"';
+		b->len += len + 2;
+		return;
+	}
 	tap_buf_putc(b, '"');
 	while (i < len) {
 		unsigned char c = s[i];
@@ -243,25 +204,41 @@ void tap_json_str(struct tap_json *j, const char *s)
 
 void tap_json_strn(struct tap_json *j, const void *s, size_t len)
 {
-	json_sep(j);
+	tap_json_sep(j);
 	tap_json_escape(j->b, s, len);
+}
+
+/* Decimal digits of v, written backwards ending at end; returns the first. */
+static char *format_u64(char *end, uint64_t v)
+{
+	char *q = end;
+	do
+		*--q = (char)('0' + v % 10);
+	while (v /= 10);
+	return q;
 }
 
 void tap_json_int(struct tap_json *j, int64_t v)
 {
-	json_sep(j);
-	tap_buf_printf(j->b, "%" PRId64, v);
+	char tmp[24], *end = tmp + sizeof tmp;
+	char *q = format_u64(end, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
+	if (v < 0)
+		*--q = '-';
+	tap_json_sep(j);
+	tap_buf_append(j->b, q, (size_t)(end - q));
 }
 
 void tap_json_uint(struct tap_json *j, uint64_t v)
 {
-	json_sep(j);
-	tap_buf_printf(j->b, "%" PRIu64, v);
+	char tmp[24], *end = tmp + sizeof tmp;
+	char *q = format_u64(end, v);
+	tap_json_sep(j);
+	tap_buf_append(j->b, q, (size_t)(end - q));
 }
 
 void tap_json_double(struct tap_json *j, double v)
 {
-	json_sep(j);
+	tap_json_sep(j);
 	if (!isfinite(v)) { /* JSON has no NaN/Inf */
 		tap_buf_puts(j->b, isnan(v) ? "\"NaN\"" : (v > 0 ? "\"Infinity\"" : "\"-Infinity\""));
 		return;
@@ -271,13 +248,13 @@ void tap_json_double(struct tap_json *j, double v)
 
 void tap_json_bool(struct tap_json *j, bool v)
 {
-	json_sep(j);
+	tap_json_sep(j);
 	tap_buf_puts(j->b, v ? "true" : "false");
 }
 
 void tap_json_null(struct tap_json *j)
 {
-	json_sep(j);
+	tap_json_sep(j);
 	tap_buf_puts(j->b, "null");
 }
 
@@ -285,7 +262,7 @@ void tap_json_hex(struct tap_json *j, const void *data, size_t len)
 {
 	static const char hex[] = "0123456789abcdef";
 	const unsigned char *s = data;
-	json_sep(j);
+	tap_json_sep(j);
 	tap_buf_putc(j->b, '"');
 	for (size_t i = 0; i < len; i++) {
 		char pair[2] = {hex[s[i] >> 4], hex[s[i] & 15]};
@@ -322,7 +299,7 @@ void tap_json_ts(struct tap_json *j, int64_t unix_us)
 {
 	char ts[32];
 	tap_format_ts(ts, unix_us);
-	json_sep(j);
+	tap_json_sep(j);
 	tap_buf_putc(j->b, '"');
 	tap_buf_puts(j->b, ts);
 	tap_buf_putc(j->b, '"');
@@ -330,50 +307,8 @@ void tap_json_ts(struct tap_json *j, int64_t unix_us)
 
 void tap_json_raw(struct tap_json *j, const char *json, size_t len)
 {
-	json_sep(j);
+	tap_json_sep(j);
 	tap_buf_append(j->b, json, len);
-}
-
-void tap_json_kv_str(struct tap_json *j, const char *key, const char *s)
-{
-	tap_json_key(j, key);
-	tap_json_str(j, s);
-}
-
-void tap_json_kv_strn(struct tap_json *j, const char *key, const void *s, size_t len)
-{
-	tap_json_key(j, key);
-	tap_json_strn(j, s, len);
-}
-
-void tap_json_kv_int(struct tap_json *j, const char *key, int64_t v)
-{
-	tap_json_key(j, key);
-	tap_json_int(j, v);
-}
-
-void tap_json_kv_uint(struct tap_json *j, const char *key, uint64_t v)
-{
-	tap_json_key(j, key);
-	tap_json_uint(j, v);
-}
-
-void tap_json_kv_bool(struct tap_json *j, const char *key, bool v)
-{
-	tap_json_key(j, key);
-	tap_json_bool(j, v);
-}
-
-void tap_json_kv_null(struct tap_json *j, const char *key)
-{
-	tap_json_key(j, key);
-	tap_json_null(j);
-}
-
-void tap_json_kv_ts(struct tap_json *j, const char *key, int64_t unix_us)
-{
-	tap_json_key(j, key);
-	tap_json_ts(j, unix_us);
 }
 
 /* ---- buffered output file ---- */

@@ -63,6 +63,39 @@ START_TEST(escapes_control_and_invalid_utf8)
 }
 END_TEST
 
+static void fill_numbers(struct tap_json *j)
+{
+	tap_json_arr_begin(j);
+	tap_json_int(j, 0);
+	tap_json_int(j, INT64_MIN);
+	tap_json_int(j, INT64_MAX);
+	tap_json_uint(j, UINT64_MAX);
+	tap_json_uint(j, 10);
+	tap_json_arr_end(j);
+}
+
+START_TEST(integers_at_the_limits)
+{
+	ck_assert_str_eq(render(fill_numbers),
+			 "[0,-9223372036854775808,9223372036854775807,18446744073709551615,10]");
+}
+END_TEST
+
+static void fill_plain_and_empty(struct tap_json *j)
+{
+	tap_json_arr_begin(j);
+	tap_json_strn(j, "", 0);
+	tap_json_str(j, "amq.topic");
+	tap_json_strn(j, "a\"b", 3);
+	tap_json_arr_end(j);
+}
+
+START_TEST(plain_strings_in_one_copy)
+{
+	ck_assert_str_eq(render(fill_plain_and_empty), "[\"\",\"amq.topic\",\"a\\\"b\"]");
+}
+END_TEST
+
 START_TEST(timestamps)
 {
 	char ts[32];
@@ -115,6 +148,8 @@ int main(void)
 	TCase *tc = tcase_create("json");
 	tcase_add_test(tc, commas_and_nesting);
 	tcase_add_test(tc, escapes_control_and_invalid_utf8);
+	tcase_add_test(tc, integers_at_the_limits);
+	tcase_add_test(tc, plain_strings_in_one_copy);
 	tcase_add_test(tc, timestamps);
 	tcase_add_test(tc, out_buffers_and_reopens);
 	suite_add_tcase(s, tc);
