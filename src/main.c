@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <event2/event.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
@@ -41,6 +42,8 @@ struct app {
 	struct tap_track *track;
 	struct tap_tls *tls;
 	struct tap_observer observer;
+	unsigned closed_since_trim; /* sessions ended since the heap was last trimmed */
+	int64_t last_close_us, last_trim_us;
 	bool stopping;
 	int exit_code;
 };
@@ -108,7 +111,9 @@ static void hook_data(void *ctx, void *sess, bool c2s, const uint8_t *data, size
 
 static void hook_close(void *ctx, void *sess, enum tap_proxy_end why, const char *detail, int64_t now_us)
 {
-	(void)ctx;
+	struct app *app = ctx;
+	app->closed_since_trim++;
+	app->last_close_us = now_us;
 	if (detail)
 		tap_conn_note(sess, detail);
 	tap_conn_end(sess, tap_proxy_end_name(why), now_us);
@@ -129,8 +134,17 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	struct app *app = arg;
 	(void)fd;
 	(void)what;
-	settle_deadlines(app, tap_now_us());
+	int64_t now_us = tap_now_us();
+	settle_deadlines(app, now_us);
 	flush_outputs(app);
+	/* glibc keeps the heap pages of ended sessions (1,000 closed connections left about 24 MB resident):
+	 * hand them back once a wave of closes is over (200 ms without one), or every 10 s under steady churn */
+	if (app->closed_since_trim >= 64 &&
+	    (now_us - app->last_close_us >= 200000 || now_us - app->last_trim_us >= 10000000)) {
+		malloc_trim(0);
+		app->closed_since_trim = 0;
+		app->last_trim_us = now_us;
+	}
 }
 
 static void print_summary(struct app *app)

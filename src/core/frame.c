@@ -100,7 +100,7 @@ static bool reserve(struct tap_frame_dec *d, uint32_t size)
 {
 	if (size <= d->cap)
 		return true;
-	size_t cap = d->cap ? d->cap : 4096;
+	size_t cap = d->cap ? d->cap : 512; /* only split method and header frames are collected here */
 	while (cap < size)
 		cap *= 2;
 	if (cap > max_payload(d))

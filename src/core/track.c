@@ -11,7 +11,9 @@
 
 #define HIST_SUB_BITS 4
 #define HIST_SUB (1u << HIST_SUB_BITS)
-#define HIST_BUCKETS (HIST_SUB + (64 - HIST_SUB_BITS) * HIST_SUB)
+/* Latencies from 2^36 µs (19 hours) on share the last bucket (max stays exact): 4.2 KB per histogram. */
+#define HIST_TOP_BITS 36
+#define HIST_BUCKETS (HIST_SUB + (HIST_TOP_BITS - HIST_SUB_BITS) * HIST_SUB)
 
 struct trk_hist {
 	uint64_t n, max;
@@ -22,6 +24,8 @@ static unsigned hist_index(uint64_t v)
 {
 	if (v < HIST_SUB)
 		return (unsigned)v;
+	if (v >> HIST_TOP_BITS)
+		return HIST_BUCKETS - 1;
 	unsigned e = 63u - (unsigned)__builtin_clzll(v);
 	unsigned sub = (unsigned)(v >> (e - HIST_SUB_BITS)) & (HIST_SUB - 1);
 	return HIST_SUB + (e - HIST_SUB_BITS) * HIST_SUB + sub;
@@ -65,7 +69,7 @@ static uint64_t hist_quantile(const struct trk_hist *h, double q)
 		seen += h->b[i];
 		if (seen >= rank) {
 			uint64_t v = hist_value(i);
-			return v > h->max ? h->max : v;
+			return v > h->max || i == HIST_BUCKETS - 1 ? h->max : v;
 		}
 	}
 	return h->max;
@@ -428,7 +432,7 @@ struct tap_track_conn {
 	uint64_t outstanding;
 	struct trk_intern keys;
 	struct trk_counts counts;
-	struct trk_hist hist;
+	struct trk_hist *hist; /* allocated at the first confirm: most of a connection's memory otherwise */
 	struct tap_buf prefix; /* "conn":..,"client":..,"vhost":..,"user":.. of publish records; empty: stale */
 };
 
@@ -709,7 +713,8 @@ static void write_publish(struct tap_track_conn *c, uint16_t ch, const struct tr
 			k->nacked++;
 			t->st.nacked++;
 		}
-		hist_add(&c->hist, vd->t_ack - v->t_pub);
+		if (c->hist || (c->hist = calloc(1, sizeof *c->hist)) != NULL)
+			hist_add(c->hist, vd->t_ack - v->t_pub);
 		hist_add(&t->hist, vd->t_ack - v->t_pub);
 		break;
 	case CONF_NONE:
@@ -879,7 +884,7 @@ static bool ring_reserve(struct trk_chan *ch)
 {
 	if (ch->next - ch->base < ch->cap)
 		return true;
-	uint64_t cap = ch->cap ? ch->cap * 2 : 64;
+	uint64_t cap = ch->cap ? ch->cap * 2 : 16;
 	struct trk_pub *r = malloc(cap * sizeof *r);
 	if (!r)
 		return false;
@@ -1098,6 +1103,7 @@ static void conn_free(struct tap_track_conn *c)
 	free(c->platform);
 	free(c->close_text);
 	free(c->end_detail);
+	free(c->hist);
 	free(c);
 }
 
@@ -1675,6 +1681,8 @@ void tap_track_shutdown(struct tap_track *t, int64_t now_us)
 
 /* ---- summary and stats ---- */
 
+static const struct trk_hist no_confirms;
+
 static void summary_line(struct tap_buf *out, const struct trk_counts *k, const struct trk_hist *h)
 {
 	tap_buf_printf(out,
@@ -1693,7 +1701,7 @@ void tap_track_summary(struct tap_track *t, struct tap_buf *out)
 	for (struct tap_track_conn *c = t->conns; c; c = c->next) {
 		tap_buf_printf(out, "conn %" PRIu64 " %s", c->id, c->client ? c->client : "-");
 		tap_buf_printf(out, " outstanding=%" PRIu64, c->outstanding);
-		summary_line(out, &c->counts, &c->hist);
+		summary_line(out, &c->counts, c->hist ? c->hist : &no_confirms);
 		total.publishes += c->counts.publishes;
 		total.routed += c->counts.routed;
 		total.returned += c->counts.returned;
