@@ -471,6 +471,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	}
 	s->px = px;
 	s->id = ++px->next_id;
+	s->fd[SIDE_CLIENT] = s->fd[SIDE_UPSTREAM] = -1; /* set for plain legs only: on_readable tells them apart */
 	set_nodelay(fd);
 	s->tls[SIDE_CLIENT] = tap_tls_listener(px->tls);
 	s->tls[SIDE_UPSTREAM] = tap_tls_upstream(px->tls);

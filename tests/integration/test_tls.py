@@ -143,6 +143,26 @@ class BothLegs(TlsCase):
         opened = tls.records("connection")[0]
         self.assertEqual(opened["user"], "guest")
 
+    def test_mixed_legs_give_the_same_verdicts(self):
+        """TLS on one leg only: the plain leg is read by the session itself, the TLS leg through OpenSSL; the
+        bytes and verdicts must not depend on which side is which."""
+        want = {"routed": ("routed", "ack", None, None, None),
+                "returned": ("returned", "ack", 312, "return_before_ack", None),
+                "fills": ("routed", "ack", None, None, None),
+                "nacked": ("unproven", "nack", None, None, None),
+                "missing": ("unknown", "unknown", None, None, 404)}
+        tls_in = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key")],
+                                upstream_port=PLAIN_PORT)
+        tls_out = self.tls_tap(client_tls=False)
+        self.scenarios(self.pika_params(tls_in.port, tls=True))
+        self.scenarios(self.pika_params(tls_out.port, tls=False))
+        for tap in (tls_in, tls_out):
+            self.assertTrue(wait_for(lambda: len(tap.records("publish")) == 5, 5), tap.records("publish"))
+            self.assertEqual(self.verdicts(tap), want)
+            closes = lambda: [r for r in tap.records("connection") if r.get("event") == "close"]
+            self.assertTrue(wait_for(closes, 5), tap.records("connection"))
+            self.assertNotIn("tls_error", closes()[0]["by"])
+
     def test_frames_and_pcap_hold_decrypted_frames(self):
         d = tempfile.mkdtemp(prefix="amqptap-tlspcap-")
         try:
