@@ -426,7 +426,8 @@ struct tap_track_conn {
 	uint16_t close_code;
 	char *close_text;
 	size_t close_text_len;
-	struct trk_chan **pages[256];
+	struct trk_chan **chans; /* sorted by id: a connection has a few, usually one */
+	uint32_t n_chans, cap_chans;
 	struct trk_chan **active;
 	uint32_t n_active, cap_active;
 	uint64_t outstanding;
@@ -816,36 +817,56 @@ static void view_of_slot(struct trk_view *v, struct tap_track_conn *c, struct tr
 
 /* ---- channels ---- */
 
+/* Where channel id is in c->chans, or where it would go. */
+static uint32_t chan_pos(const struct tap_track_conn *c, uint16_t id)
+{
+	uint32_t lo = 0, hi = c->n_chans;
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (c->chans[mid]->id < id)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 static struct trk_chan *chan_find(const struct tap_track_conn *c, uint16_t id)
 {
-	struct trk_chan **page = c->pages[id >> 8];
-	return page ? page[id & 0xFF] : NULL;
+	uint32_t i = chan_pos(c, id);
+	return i < c->n_chans && c->chans[i]->id == id ? c->chans[i] : NULL;
 }
 
 static struct trk_chan *chan_get(struct tap_track_conn *c, uint16_t id)
 {
-	struct trk_chan *ch = chan_find(c, id);
-	if (ch)
-		return ch;
-	struct trk_chan ***page = &c->pages[id >> 8];
-	if (!*page) {
-		*page = calloc(256, sizeof **page);
-		if (!*page)
+	uint32_t i = chan_pos(c, id);
+	if (i < c->n_chans && c->chans[i]->id == id)
+		return c->chans[i];
+	if (c->n_chans == c->cap_chans) {
+		uint32_t cap = c->cap_chans ? c->cap_chans * 2 : 4;
+		struct trk_chan **a = realloc(c->chans, cap * sizeof *a);
+		if (!a)
 			return NULL;
+		c->chans = a;
+		c->cap_chans = cap;
 	}
-	ch = calloc(1, sizeof *ch);
+	struct trk_chan *ch = calloc(1, sizeof *ch);
 	if (!ch)
 		return NULL;
 	ch->id = id;
 	ch->base = ch->next = 1;
 	ch->active_idx = -1;
-	(*page)[id & 0xFF] = ch;
+	memmove(&c->chans[i + 1], &c->chans[i], (c->n_chans - i) * sizeof *c->chans);
+	c->chans[i] = ch;
+	c->n_chans++;
 	return ch;
 }
 
 static void chan_free(struct tap_track_conn *c, struct trk_chan *ch)
 {
-	c->pages[ch->id >> 8][ch->id & 0xFF] = NULL;
+	uint32_t i = chan_pos(c, ch->id);
+	memmove(&c->chans[i], &c->chans[i + 1], (c->n_chans - i - 1) * sizeof *c->chans);
+	c->n_chans--;
 	free(ch->close_text);
 	free(ch->ring);
 	free(ch->arena.buf);
@@ -1069,21 +1090,15 @@ struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emi
 static void conn_free(struct tap_track_conn *c)
 {
 	struct tap_track *t = c->t;
-	for (unsigned p = 0; p < 256; p++) {
-		if (!c->pages[p])
-			continue;
-		for (unsigned i = 0; i < 256; i++) {
-			struct trk_chan *ch = c->pages[p][i];
-			if (ch) {
-				t->st.outstanding -= ch->live;
-				for (uint64_t n = ch->base; n < ch->next; n++)
-					if (slot(ch, n)->state == PUB_HELD)
-						t->st.held--;
-				chan_free(c, ch);
-			}
-		}
-		free(c->pages[p]);
+	while (c->n_chans > 0) {
+		struct trk_chan *ch = c->chans[c->n_chans - 1];
+		t->st.outstanding -= ch->live;
+		for (uint64_t n = ch->base; n < ch->next; n++)
+			if (slot(ch, n)->state == PUB_HELD)
+				t->st.held--;
+		chan_free(c, ch);
 	}
+	free(c->chans);
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -1241,13 +1256,8 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 	struct trk_reason r;
 	conn_reason(c, reason_by, &r);
 	r.settled = c->settled;
-	for (unsigned p = 0; p < 256; p++) {
-		if (!c->pages[p])
-			continue;
-		for (unsigned i = 0; i < 256; i++)
-			if (c->pages[p][i])
-				chan_end(c, c->pages[p][i], &r, now_us);
-	}
+	while (c->n_chans > 0) /* in channel order; chan_end frees each */
+		chan_end(c, c->chans[0], &r, now_us);
 	struct tap_json j;
 	rec_begin(t, &j, "connection", now_us);
 	tap_json_kv_uint(&j, "conn", c->id);

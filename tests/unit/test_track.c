@@ -763,6 +763,48 @@ START_TEST(clean_close_and_commit_settle_the_return_window)
 }
 END_TEST
 
+START_TEST(channels_anywhere_in_the_id_range)
+{
+	/* channels opened out of order, across the 16-bit range, one closed in the middle: each publish keeps its
+	 * own channel and sequence, and the connection's end closes the rest in channel order */
+	static const uint16_t ids[] = {300, 5, 65535, 1, 2047, 0x100};
+	struct tap_publish p = pub("x", "k", false);
+	for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+		confirm_channel(ids[i]);
+		for (size_t k = 0; k <= i; k++)
+			tap_track_publish(c, ids[i], &p, T0 + (int64_t)i);
+	}
+	tap_track_confirm(c, 65535, 3, true, false, T0 + 10);
+	ck_assert_uint_eq(count_type("publish"), 3);
+	tap_track_channel_close(c, 5, false, 200, S("done"), T0 + 11);
+	tap_track_channel_close_ok(c, 5, T0 + 12);
+	tap_track_conn_end(c, "client_eof", T0 + 13);
+	c = NULL;
+	ck_assert_uint_eq(count_type("publish"), 21);
+	static const char *const closed[] = {"5", "1", "256", "300", "2047", "65535"};
+	size_t n_closed = 0;
+	for (size_t i = 0; i < count_type("channel"); i++) {
+		const char *r = nth("channel", i);
+		if (strncmp(get(r, "event"), "\"close\"", 7) != 0)
+			continue;
+		ck_assert_uint_lt(n_closed, 6);
+		assert_field(r, "channel", closed[n_closed++]);
+	}
+	ck_assert_uint_eq(n_closed, 6);
+	size_t on_2047 = 0, seq_max = 0;
+	for (size_t i = 0; i < 21; i++) {
+		const char *r = nth("publish", i);
+		if (strncmp(get(r, "channel"), "2047", 4) == 0) {
+			on_2047++;
+			size_t seq = (size_t)strtoul(get(r, "seq"), NULL, 10);
+			seq_max = seq > seq_max ? seq : seq_max;
+		}
+	}
+	ck_assert_uint_eq(on_2047, 5);
+	ck_assert_uint_eq(seq_max, 5);
+}
+END_TEST
+
 START_TEST(eviction_at_max_outstanding)
 {
 	struct tap_track_conf conf = {.max_outstanding = 3};
@@ -1152,6 +1194,7 @@ int main(void)
 	tcase_add_test(tc, optional_properties_and_escaping);
 	tcase_add_test(tc, blocked_and_unblocked);
 	tcase_add_test(tc, latency_beyond_the_histogram_range);
+	tcase_add_test(tc, channels_anywhere_in_the_id_range);
 	tcase_add_test(tc, summary_and_latency);
 	tcase_add_test(tc, every_record_has_type_and_ts);
 	tcase_add_test(tc, random_interleavings);
