@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark: the same publisher loads (tests/bench/bench_loadgen.c) straight to a throwaway RabbitMQ,
 # through HAProxy in TCP mode and through amqptap, alternating in every round; prints medians, ratios, proxy CPU
-# per message and the tap's peak RSS as a Markdown table (also written to .run/bench/latest.md).
+# per message, the tap's peak RSS and how busy the whole machine was in the direct runs, as a Markdown table (also
+# written to .run/bench/latest.md).
 #
 # Environment: TAP_BENCH_ROUNDS (5), TAP_BENCH_LOADS (space-separated names from the list below, default all),
 # TAP_BENCH_SCALE (multiplies every message count, e.g. 0.3 for a quick run), TAP_BENCH_PERF=1 (also profile the
@@ -106,13 +107,15 @@ tck=$(getconf CLK_TCK)
 # Runs one load against one target and appends its JSON line, with the proxy's CPU and the tap's verdict count.
 run_one() {
 	local round=$1 load=$2 target=$3
-	local c w s n pid before=0 after=0 line verdict_count=null
+	local c w s n pid before=0 after=0 line verdict_count=null busy0 total0 busy1 total1
 	read -r c w s n <<<"${LOAD[$load]}"
 	n=$(awk -v n="$n" -v k="$scale" 'BEGIN { v = int(n * k); print v < 1 ? 1 : v }')
 	pid=$(pid_of "$target")
 	[ -n "$pid" ] && before=$(tap_cpu_ticks "$pid")
+	read -r busy0 total0 < <(tap_machine_ticks)
 	line=$(timeout 600 "$loadgen" -p "$(port_of "$target")" -c "$c" -w "$w" -s "$s" -n "$n") ||
 		tap_log "round $round $load via $target: loadgen failed: $line"
+	read -r busy1 total1 < <(tap_machine_ticks)
 	[ -n "$pid" ] && after=$(tap_cpu_ticks "$pid")
 	if [ "$target" = tap ]; then
 		sleep 0.3 # the tap flushes every 10 ms and holds acked mandatory publishes 50 ms for a late Return
@@ -120,8 +123,9 @@ run_one() {
 		: >"$verdicts"
 	fi
 	[ -n "$line" ] || line='{"error":"no output"}'
-	printf '{"round":%d,"load":"%s","target":"%s","cpu_s":%s,"verdicts":%s,"run":%s}\n' "$round" "$load" \
-		"$target" "$(awk -v t=$((after - before)) -v k="$tck" 'BEGIN { printf "%.2f", t / k }')" \
+	printf '{"round":%d,"load":"%s","target":"%s","cpu_s":%s,"machine_busy":%s,"verdicts":%s,"run":%s}\n' \
+		"$round" "$load" "$target" "$(awk -v t=$((after - before)) -v k="$tck" 'BEGIN { printf "%.2f", t / k }')" \
+		"$(awk -v b=$((busy1 - busy0)) -v t=$((total1 - total0)) 'BEGIN { printf "%.3f", (t > 0 ? b / t : 0) }')" \
 		"$verdict_count" "$line" >>"$results"
 	tap_log "round $round $load $target: $line"
 }
@@ -224,6 +228,13 @@ for l in loads:
                  f"| {f(paired(l, 'tap', 'direct'), '{:.3f}')} | {f(paired(l, 'tap', 'haproxy'), '{:.3f}')} "
                  f"| {f(p50[0])} / {f(p50[1])} / {f(p50[2])} | {f(add50, '{:+.0f}')} | {f(add99, '{:+.0f}')} "
                  f"| {f(p99[0])} / {f(p99[2])} | {f(ct, '{:.2f}')} | {f(ch, '{:.2f}')} |")
+
+busy = {l: statistics.median(x["machine_busy"] for x in by.get((l, "direct"), []) if "machine_busy" in x)
+        for l in loads if any("machine_busy" in x for x in by.get((l, "direct"), []))}
+if busy:
+    lines.append("")
+    lines.append("Whole-machine CPU busy during the direct runs (median; a relay only has the rest): " +
+                 ", ".join(f"{l} {v:.0%}" for l, v in busy.items()) + ".")
 
 max_out = max((r["run"]["conns"] * r["run"]["window"] for r in runs if "conns" in r["run"]), default=0)
 peak_mb = int(peak_kb) / 1024 if peak_kb else None

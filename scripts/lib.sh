@@ -68,6 +68,11 @@ tap_wait_port() {
 }
 
 # utime+stime of a process, in clock ticks (/proc/PID/stat fields 14 and 15; the name in field 2 may hold spaces).
+# Whole-machine CPU ticks from /proc/stat as "busy total" (busy: user, nice, system, irq, softirq, steal).
+tap_machine_ticks() {
+	awk '$1 == "cpu" { busy = $2 + $3 + $4 + $7 + $8 + $9; print busy, busy + $5 + $6; exit }' /proc/stat
+}
+
 tap_cpu_ticks() {
 	local s
 	s=$(cat "/proc/$1/stat") || { echo 0; return; }
