@@ -29,6 +29,11 @@
 
 enum side { SIDE_CLIENT = 0, SIDE_UPSTREAM = 1 };
 
+static enum side other(enum side side)
+{
+	return side == SIDE_CLIENT ? SIDE_UPSTREAM : SIDE_CLIENT;
+}
+
 /* Buffers, per direction (client -> broker shown; the other is symmetric):
  *
  *   client socket --recv--> px->scratch --send--> broker socket
@@ -175,40 +180,101 @@ static void set_reading(struct tap_session *s, enum side side, bool on)
 		event_del(s->rd[side]);
 }
 
-/* Passes `len` bytes that `from` sent to the other side, then shows them to
- * the observer (forwarding first keeps the decoder off the latency path).
- * When nothing is queued for a plain peer the bytes go straight into its
- * socket; what it does not take, and everything for a TLS peer, is queued
- * on the peer's output, and past TAP_PROXY_HIGH_WATER reading `from` stops
- * until that output drains to half. */
-static void pass_on(struct tap_session *s, enum side from, const void *data, size_t len, int64_t now)
+/* The other side's output, when bytes for it have to be queued anyway: some
+ * already wait there, it is TLS, the upstream is still connecting, or it
+ * was sent its FIN. NULL when they can go straight into its socket. */
+static struct evbuffer *queue_for(const struct tap_session *s, enum side to)
+{
+	struct evbuffer *out = bufferevent_get_output(s->bev[to]);
+	if (evbuffer_get_length(out) > 0 || s->tls[to] || s->shut_wr[to] || (to == SIDE_UPSTREAM && !s->connected))
+		return out;
+	return NULL;
+}
+
+/* Counts bytes `from` sent; past TAP_PROXY_HIGH_WATER queued for the other
+ * side, stops reading `from` until that output drains to half. */
+static void account(struct tap_session *s, enum side from, size_t len)
 {
 	struct tap_proxy *px = s->px;
-	enum side to = from == SIDE_CLIENT ? SIDE_UPSTREAM : SIDE_CLIENT;
-	struct bufferevent *dst = s->bev[to];
+	struct bufferevent *dst = s->bev[other(from)];
 	if (from == SIDE_CLIENT)
 		px->stats.bytes_c2s += len;
 	else
 		px->stats.bytes_s2c += len;
-	if (dst) {
-		struct evbuffer *out = bufferevent_get_output(dst);
-		size_t sent = 0;
-		if (evbuffer_get_length(out) == 0 && !s->tls[to] && !s->shut_wr[to] && (to == SIDE_CLIENT || s->connected)) {
-			/* a failed send is left for the bufferevent's own write to find and report */
-			ssize_t n = send(s->fd[to], data, len, MSG_NOSIGNAL);
-			if (n > 0)
-				sent = (size_t)n;
-		}
-		if (sent < len) {
-			evbuffer_add(out, (const char *)data + sent, len - sent);
-			if (evbuffer_get_length(out) >= TAP_PROXY_HIGH_WATER) {
-				set_reading(s, from, false);
-				bufferevent_setwatermark(dst, EV_WRITE, TAP_PROXY_HIGH_WATER / 2, 0);
-			}
-		}
+	if (dst && evbuffer_get_length(bufferevent_get_output(dst)) >= TAP_PROXY_HIGH_WATER) {
+		set_reading(s, from, false);
+		bufferevent_setwatermark(dst, EV_WRITE, TAP_PROXY_HIGH_WATER / 2, 0);
 	}
+}
+
+static void observe(struct tap_session *s, enum side from, const void *data, size_t len, int64_t now)
+{
+	struct tap_proxy *px = s->px;
 	if (px->hooks.data)
 		px->hooks.data(px->hooks.ctx, s->obs, from == SIDE_CLIENT, data, len, now);
+}
+
+/* Passes `len` bytes that `from` sent to the other side, then shows them to
+ * the observer (forwarding first keeps the decoder off the latency path):
+ * straight into the peer's socket when nothing has to be queued, and what
+ * the socket does not take onto the peer's output. */
+static void pass_on(struct tap_session *s, enum side from, const void *data, size_t len, int64_t now)
+{
+	enum side to = other(from);
+	if (s->bev[to]) {
+		struct evbuffer *q = queue_for(s, to);
+		size_t sent = 0;
+		if (!q) {
+			/* a failed send is left for the bufferevent's own write to find and report */
+			ssize_t n = send(s->fd[to], data, len, MSG_NOSIGNAL);
+			sent = n > 0 ? (size_t)n : 0;
+			q = bufferevent_get_output(s->bev[to]);
+		}
+		if (sent < len)
+			evbuffer_add(q, (const char *)data + sent, len - sent);
+	}
+	account(s, from, len);
+	observe(s, from, data, len, now);
+}
+
+/* Reads a plain leg straight onto the other side's output queue `q`, so that
+ * bytes that would wait there anyway are not copied into it. They are
+ * observed before they are committed: committing can hand them to OpenSSL,
+ * which consumes them at once. Returns what recv would. */
+static ssize_t recv_queued(struct tap_session *s, enum side from, struct evbuffer *q)
+{
+	struct evbuffer_iovec v[2];
+	struct iovec iov[2];
+	int n = evbuffer_reserve_space(q, TAP_PROXY_MAX_IO, v, 2);
+	if (n <= 0) { /* no memory for the queue: the copying path says what happens */
+		ssize_t got = recv(s->fd[from], s->px->scratch, TAP_PROXY_MAX_IO, 0);
+		if (got > 0)
+			pass_on(s, from, s->px->scratch, (size_t)got, tap_now_us());
+		return got;
+	}
+	for (int i = 0; i < n; i++) {
+		iov[i].iov_base = v[i].iov_base;
+		iov[i].iov_len = v[i].iov_len;
+	}
+	ssize_t got = readv(s->fd[from], iov, n);
+	if (got <= 0) {
+		int err = errno;
+		evbuffer_commit_space(q, v, 0);
+		errno = err;
+		return got;
+	}
+	int64_t now = tap_now_us();
+	size_t left = (size_t)got;
+	int used = 0;
+	for (; used < n && left > 0; used++) {
+		if (v[used].iov_len > left)
+			v[used].iov_len = left;
+		left -= v[used].iov_len;
+		observe(s, from, v[used].iov_base, v[used].iov_len, now);
+	}
+	evbuffer_commit_space(q, v, used);
+	account(s, from, (size_t)got);
+	return got;
 }
 
 /* Passes on everything in a TLS leg's input (the decrypted bytes). */
@@ -239,9 +305,11 @@ static enum side side_of(const struct tap_session *s, const struct bufferevent *
 static void leg_event(struct tap_session *s, enum side side, short what, int err);
 
 /* Reads a plain leg's socket: one recv per wakeup in the common case (no
- * FIONREAD probe, no 4 KiB cap as in libevent 2.1's bufferevent reads), on
- * while reads fill the scratch buffer, up to TAP_PROXY_HIGH_WATER per
- * wakeup so that one busy session cannot starve the others. */
+ * FIONREAD probe, no 4 KiB cap as in libevent 2.1's bufferevent reads), into
+ * the scratch buffer when the bytes can be sent on at once, else straight
+ * onto the peer's queue; on while reads come back full, up to
+ * TAP_PROXY_HIGH_WATER per wakeup so that one busy session cannot starve
+ * the others. */
 static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
 	struct tap_session *s = arg;
@@ -249,14 +317,16 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	uint8_t *buf = s->px->scratch;
 	(void)what;
 	for (size_t budget = TAP_PROXY_HIGH_WATER; budget > 0 && s->reading[from];) {
-		ssize_t got = recv(fd, buf, TAP_PROXY_MAX_IO, 0);
+		struct evbuffer *q = s->bev[other(from)] ? queue_for(s, other(from)) : NULL;
+		ssize_t got = q ? recv_queued(s, from, q) : recv(fd, buf, TAP_PROXY_MAX_IO, 0);
 		if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 			return;
 		if (got <= 0) {
 			leg_event(s, from, BEV_EVENT_READING | (got == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), errno);
 			return; /* the session may be gone */
 		}
-		pass_on(s, from, buf, (size_t)got, tap_now_us());
+		if (!q)
+			pass_on(s, from, buf, (size_t)got, tap_now_us());
 		if ((size_t)got < TAP_PROXY_MAX_IO)
 			return; /* the socket is empty */
 		budget = (size_t)got < budget ? budget - (size_t)got : 0;
