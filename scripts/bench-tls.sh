@@ -150,51 +150,20 @@ elif [ "$mode" != report ]; then
 	tap_die "usage: ${0##*/} [run|report]"
 fi
 
-/usr/bin/python3 - "$results" "$out/latest.md" "$(cat "$out/peak_kb" 2>/dev/null || true)" <<'PY'
-import json, os, statistics, sys
+PYTHONPATH="$repo/scripts" /usr/bin/python3 - "$results" "$out/latest.md" "$(cat "$out/peak_kb" 2>/dev/null || true)" <<'PY'
+import os, sys
+from bench_report import Runs, f
 results, md_path, peak_kb = sys.argv[1:4]
-runs = [json.loads(l) for l in open(results) if l.strip()]
-loads, by, errors, checked = [], {}, [], {}
-for r in runs:
-    if r["load"] not in loads:
-        loads.append(r["load"])
-    run = r["run"]
-    if "error" in run or run.get("failed_conns"):
-        errors.append(f'round {r["round"]} {r["load"]} {r["target"]}: {run.get("error", "failed")}')
-        continue
-    if r["target"] == "tap":
-        ok = r["verdicts"] == run["sent"]
-        c = checked.setdefault(r["load"], [0, 0])
-        c[0 if ok else 1] += 1
-        if not ok:
-            errors.append(f'round {r["round"]} {r["load"]} tap: {r["verdicts"]} publish records for {run["sent"]} publishes')
-    by.setdefault((r["load"], r["target"]), []).append(r)
-
-def med(load, target, key):
-    rs = by.get((load, target), [])
-    if not rs:
-        return None
-    if key == "cpu_per_m":
-        return statistics.median(x["cpu_s"] / x["run"]["msgs"] * 1e6 for x in rs)
-    return statistics.median(x["run"][key] for x in rs)
+R = Runs(results)
+loads, errors, checked, desc, med = R.loads, R.errors, R.checked, R.desc, R.med
 
 def paired(load):
-    rate = {(x["round"], x["target"]): x["run"]["msgs_per_s"] for k, rs in by.items() if k[0] == load for x in rs}
-    rs = [rate[(r, "tap")] / rate[(r, "direct")] for (r, t) in rate if t == "tap" and rate.get((r, "direct"))]
-    return statistics.median(rs) if rs else None
-
-def f(v, fmt="{:.0f}"):
-    return "–" if v is None else fmt.format(v)
+    return R.paired(load, "tap", "direct")
 
 def diff(a, b):
     return None if a is None or b is None else a - b
 
-desc = {}
-for r in runs:
-    run = r["run"]
-    if "conns" in run:
-        desc[r["load"]] = f'{run["conns"]}×W={run["window"]}, {run["size"]} B, N={run["sent"] // max(run["conns"], 1)}/conn'
-rounds = len({r["round"] for r in runs})
+rounds = R.rounds
 lines = [f"TLS on both legs (client→tap→broker, mTLS to the broker) vs the client speaking TLS to the broker directly. "
          f"Rounds: {rounds} (direct, then tap, per load), {os.cpu_count()} CPUs. Medians over rounds; "
          "'paired' = median of the per-round ratios.\n",

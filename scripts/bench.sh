@@ -164,50 +164,18 @@ elif [ "$mode" != report ]; then
 	tap_die "usage: ${0##*/} [run|report]"
 fi
 
-/usr/bin/python3 - "$results" "$out/latest.md" "$(cat "$out/peak_kb" 2>/dev/null || true)" "${TAP_BENCH_PERF:-0}" "$out" "$perf_load" <<'PY'
-import json, statistics, sys, os
+PYTHONPATH="$repo/scripts" /usr/bin/python3 - "$results" "$out/latest.md" "$(cat "$out/peak_kb" 2>/dev/null || true)" "${TAP_BENCH_PERF:-0}" "$out" "$perf_load" <<'PY'
+import os, statistics, sys
+from bench_report import Runs, f
 results, md_path, peak_kb, perf, outdir, perf_load = sys.argv[1:7]
-runs = [json.loads(l) for l in open(results) if l.strip()]
-loads = []
-by = {}
-errors = []
-for r in runs:
-    if r["load"] not in loads:
-        loads.append(r["load"])
-    run = r["run"]
-    if "error" in run or run.get("failed_conns"):
-        errors.append(f'round {r["round"]} {r["load"]} {r["target"]}: {run.get("error", "failed")}')
-        continue
-    if r["verdicts"] is not None and r["verdicts"] != run["sent"]:
-        errors.append(f'round {r["round"]} {r["load"]} tap: {r["verdicts"]} publish records for {run["sent"]} publishes')
-    by.setdefault((r["load"], r["target"]), []).append(r)
-
-def med(load, target, key):
-    rs = by.get((load, target), [])
-    if not rs:
-        return None
-    if key == "cpu_per_m":
-        return statistics.median(x["cpu_s"] / x["run"]["msgs"] * 1e6 for x in rs)
-    return statistics.median(x["run"][key] for x in rs)
-
-def paired(load, a, b):
-    rate = {(x["round"], x["target"]): x["run"]["msgs_per_s"] for k, rs in by.items() if k[0] == load for x in rs}
-    rs = [rate[(r, a)] / rate[(r, b)] for (r, t) in rate if t == a and (r, b) in rate and rate[(r, b)]]
-    return statistics.median(rs) if rs else None
-
-def f(v, fmt="{:.0f}"):
-    return "–" if v is None else fmt.format(v)
+R = Runs(results)
+runs, loads, by, errors, desc, med, paired = R.runs, R.loads, R.by, R.errors, R.desc, R.med, R.paired
 
 def ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
-desc = {}
-for r in runs:
-    run = r["run"]
-    if "conns" in run:
-        desc[r["load"]] = f'{run["conns"]}×W={run["window"]}, {run["size"]} B, N={run["sent"] // max(run["conns"], 1)}/conn'
 lines = []
-rounds = len({r["round"] for r in runs})
+rounds = R.rounds
 lines.append(f"Rounds: {rounds} (A=direct, B=HAProxy, C=tap alternating per load), {os.cpu_count()} CPUs. "
              "Medians over rounds; 'paired' = median of the per-round ratios (robust to drift between rounds).\n")
 lines.append("| load | direct msg/s | HAProxy msg/s | tap msg/s | tap/direct | tap/HAProxy | HAProxy/direct "
