@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark: the same publisher loads (tests/bench/bench_loadgen.c) straight to a throwaway RabbitMQ,
-# through HAProxy in TCP mode and through amqptap, alternating in every round; prints medians, ratios, proxy CPU
-# per message, the tap's peak RSS and how busy the whole machine was in the direct runs, as a Markdown table (also
-# written to .run/bench/latest.md).
+# through HAProxy in TCP mode, through the floor relay (tests/bench/bench_relay.c: the least any user-space relay
+# can do; at W=1 also busy-polling 50 µs before it sleeps, "spin") and through amqptap, alternating in every round;
+# prints medians, ratios, proxy CPU per message, the tap's
+# peak RSS and how busy the whole machine was in the direct runs, as Markdown tables (also written to
+# .run/bench/latest.md).
 #
 # Environment: TAP_BENCH_ROUNDS (5), TAP_BENCH_LOADS (space-separated names from the list below, default all),
 # TAP_BENCH_SCALE (multiplies every message count, e.g. 0.3 for a quick run), TAP_BENCH_PERF=1 (also profile the
 # tap with perf during the TAP_BENCH_PERF_LOAD load, default w1000), TAP_BENCH_BUILD (build dir), TAP_BENCH_OUT
-# (output dir, default .run/bench), TAP_BENCH_TAP_PORT / TAP_BENCH_HAPROXY_PORT.
+# (output dir, default .run/bench), TAP_BENCH_TAP_PORT / TAP_BENCH_HAPROXY_PORT / TAP_BENCH_FLOOR_PORT.
 # `scripts/bench.sh report` only re-renders the table from the last run's results.jsonl.
 set -euo pipefail
 
@@ -23,10 +25,13 @@ scale=${TAP_BENCH_SCALE:-1}
 build=${TAP_BENCH_BUILD:-$repo/build-bench}
 tap_port=${TAP_BENCH_TAP_PORT:-5721}
 hap_port=${TAP_BENCH_HAPROXY_PORT:-5722}
+floor_port=${TAP_BENCH_FLOOR_PORT:-5723}
+spin_port=$((floor_port + 1))
+spin_us=50
 out=${TAP_BENCH_OUT:-$repo/.run/bench}
 perf_load=${TAP_BENCH_PERF_LOAD:-w1000}
 mode=${1:-run}
-targets="direct haproxy tap"
+targets="direct haproxy floor tap"
 
 # name: connections window body-bytes messages-per-connection (sized for a few seconds each on a small box)
 declare -A LOAD=(
@@ -41,14 +46,14 @@ for l in $loads; do [ -n "${LOAD[$l]:-}" ] || tap_die "unknown load '$l' (known:
 
 results=$out/results.jsonl
 if [ "$mode" = run ]; then
-tap_pid= hap_pid= perf_pid= broker_started=
+tap_pid= hap_pid= floor_pid= spin_pid= perf_pid= broker_started=
 cleanup() {
 	local rc=$?
 	[ -n "$perf_pid" ] && kill -INT "$perf_pid" 2>/dev/null && wait "$perf_pid" 2>/dev/null
-	for p in $tap_pid $hap_pid; do
+	for p in $tap_pid $hap_pid $floor_pid $spin_pid; do
 		kill -TERM "$p" 2>/dev/null || true
 	done
-	for p in $tap_pid $hap_pid; do
+	for p in $tap_pid $hap_pid $floor_pid $spin_pid; do
 		wait "$p" 2>/dev/null || true
 	done
 	[ -n "$broker_started" ] && "$repo/scripts/broker.sh" stop || true
@@ -63,6 +68,7 @@ tap_log "building (Release) in $build"
 tap_build "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 loadgen=$build/bench/bench_loadgen
 [ -x "$loadgen" ] || tap_die "$loadgen was not built (is librabbitmq-dev installed?)"
+[ -x "$build/bench/bench_relay" ] || tap_die "$build/bench/bench_relay was not built"
 command -v haproxy >/dev/null || tap_need_pkgs haproxy || tap_die "cannot install haproxy"
 
 mkdir -p "$out"
@@ -95,11 +101,21 @@ verdicts=$out/verdicts.jsonl
 "$build/amqptap" --listen "127.0.0.1:$tap_port" --upstream "127.0.0.1:$TAP_BROKER_PORT" --verdicts "$verdicts" \
 	2>"$out/amqptap.log" &
 tap_pid=$!
-tap_wait_port "$hap_port"
+"$build/bench/bench_relay" "$floor_port" "$TAP_BROKER_PORT" 2>"$out/floor.log" &
+floor_pid=$!
+"$build/bench/bench_relay" "$spin_port" "$TAP_BROKER_PORT" "$spin_us" 2>"$out/spin.log" &
+spin_pid=$!
+for p in "$hap_port" "$floor_port" "$spin_port"; do tap_wait_port "$p"; done
 tap_wait_port "$tap_port"
 
-port_of() { case $1 in direct) echo "$TAP_BROKER_PORT" ;; haproxy) echo "$hap_port" ;; tap) echo "$tap_port" ;; esac; }
-pid_of() { case $1 in haproxy) echo "$hap_pid" ;; tap) echo "$tap_pid" ;; *) echo "" ;; esac; }
+port_of() {
+	case $1 in direct) echo "$TAP_BROKER_PORT" ;; haproxy) echo "$hap_port" ;; floor) echo "$floor_port" ;;
+	spin) echo "$spin_port" ;; tap) echo "$tap_port" ;; esac
+}
+pid_of() {
+	case $1 in haproxy) echo "$hap_pid" ;; floor) echo "$floor_pid" ;; spin) echo "$spin_pid" ;;
+	tap) echo "$tap_pid" ;; *) echo "" ;; esac
+}
 
 : >"$results"
 tck=$(getconf CLK_TCK)
@@ -132,7 +148,7 @@ run_one() {
 
 for r in $(seq "$rounds"); do
 	for l in $loads; do
-		for t in $targets; do
+		for t in $targets $([ "$l" = w1 ] && echo spin); do
 			run_one "$r" "$l" "$t"
 			sleep 0.2
 		done
@@ -176,26 +192,44 @@ def ratio(a, b):
 
 lines = []
 rounds = R.rounds
-lines.append(f"Rounds: {rounds} (A=direct, B=HAProxy, C=tap alternating per load), {os.cpu_count()} CPUs. "
-             "Medians over rounds; 'paired' = median of the per-round ratios (robust to drift between rounds).\n")
-lines.append("| load | direct msg/s | HAProxy msg/s | tap msg/s | tap/direct | tap/HAProxy | HAProxy/direct "
-             "| tap/direct paired | tap/HAProxy paired "
-             "| p50 µs direct / HAProxy / tap | +p50 tap | +p99 tap | p99 µs direct / tap | CPU s/M msgs tap | CPU s/M msgs HAProxy |")
-lines.append("|" + "---|" * 15)
+T = ("direct", "haproxy", "floor", "tap")
+lines.append(f"Rounds: {rounds} (direct, HAProxy, floor relay, tap alternating per load), {os.cpu_count()} CPUs. "
+             "Medians over rounds; 'paired' = median of the per-round ratios (robust to drift between rounds). "
+             "The floor relay (tests/bench/bench_relay.c) only forwards: no decoding, no records, no event library.\n")
+lines.append("| load | direct msg/s | HAProxy msg/s | floor msg/s | tap msg/s | HAProxy/direct | floor/direct "
+             "| tap/direct | tap/HAProxy | tap/direct paired | tap/HAProxy paired |")
+lines.append("|" + "---|" * 11)
 summary = {}
 for l in loads:
-    d, h, t = (med(l, x, "msgs_per_s") for x in ("direct", "haproxy", "tap"))
-    p50 = [med(l, x, "p50_us") for x in ("direct", "haproxy", "tap")]
-    p99 = [med(l, x, "p99_us") for x in ("direct", "haproxy", "tap")]
-    ct, ch = med(l, "tap", "cpu_per_m"), med(l, "haproxy", "cpu_per_m")
-    add50 = None if None in (p50[2], p50[0]) else p50[2] - p50[0]
-    add99 = None if None in (p99[2], p99[0]) else p99[2] - p99[0]
-    summary[l] = dict(td=ratio(t, d), th=ratio(t, h), hd=ratio(h, d), add50=add50, add99=add99, ct=ct, ch=ch)
-    lines.append(f"| {l} ({desc.get(l, '')}) | {f(d)} | {f(h)} | {f(t)} | {f(ratio(t, d), '{:.3f}')} "
-                 f"| {f(ratio(t, h), '{:.3f}')} | {f(ratio(h, d), '{:.3f}')} "
-                 f"| {f(paired(l, 'tap', 'direct'), '{:.3f}')} | {f(paired(l, 'tap', 'haproxy'), '{:.3f}')} "
-                 f"| {f(p50[0])} / {f(p50[1])} / {f(p50[2])} | {f(add50, '{:+.0f}')} | {f(add99, '{:+.0f}')} "
-                 f"| {f(p99[0])} / {f(p99[2])} | {f(ct, '{:.2f}')} | {f(ch, '{:.2f}')} |")
+    rate = dict(zip(T, (med(l, x, "msgs_per_s") for x in T)))
+    p50 = dict(zip(T, (med(l, x, "p50_us") for x in T)))
+    p99 = dict(zip(T, (med(l, x, "p99_us") for x in T)))
+    cpu = {x: med(l, x, "cpu_per_m") for x in T[1:]}
+    added = lambda p, x: None if None in (p[x], p["direct"]) else p[x] - p["direct"]
+    summary[l] = dict(td=ratio(rate["tap"], rate["direct"]), th=ratio(rate["tap"], rate["haproxy"]),
+                      hd=ratio(rate["haproxy"], rate["direct"]), fd=ratio(rate["floor"], rate["direct"]),
+                      add50=added(p50, "tap"), add50_floor=added(p50, "floor"),
+                      add99=added(p99, "tap"), cpu=cpu, p50=p50, p99=p99)
+    s = summary[l]
+    lines.append(f"| {l} ({desc.get(l, '')}) | " + " | ".join(f(rate[x]) for x in T) +
+                 f" | {f(s['hd'], '{:.3f}')} | {f(s['fd'], '{:.3f}')} | {f(s['td'], '{:.3f}')} "
+                 f"| {f(s['th'], '{:.3f}')} | {f(paired(l, 'tap', 'direct'), '{:.3f}')} "
+                 f"| {f(paired(l, 'tap', 'haproxy'), '{:.3f}')} |")
+lines.append("")
+lines.append("| load | p50 µs direct / HAProxy / floor / tap | +p50 floor / tap | +p99 tap "
+             "| CPU s per M msgs HAProxy / floor / tap |")
+lines.append("|" + "---|" * 5)
+for l, s in summary.items():
+    lines.append(f"| {l} | " + " / ".join(f(s["p50"][x]) for x in T) +
+                 f" | {f(s['add50_floor'], '{:+.0f}')} / {f(s['add50'], '{:+.0f}')} | {f(s['add99'], '{:+.0f}')} "
+                 "| " + " / ".join(f(s["cpu"][x], "{:.2f}") for x in T[1:]) + " |")
+spin = {l: (med(l, "spin", "p50_us"), med(l, "spin", "cpu_per_m")) for l in loads if by.get((l, "spin"))}
+for l, (p50, cpu) in spin.items():
+    base = summary[l]["p50"]["direct"]
+    lines.append("")
+    lines.append(f"Buying latency with CPU ({l}): the floor relay busy-polling 50 µs before it sleeps answers at "
+                 f"p50 {f(p50)} µs ({f(None if None in (p50, base) else p50 - base, '{:+.0f}')} vs direct) "
+                 f"for {f(cpu, '{:.2f}')} CPU s per M msgs.")
 
 busy = {l: statistics.median(x["machine_busy"] for x in by.get((l, "direct"), []) if "machine_busy" in x)
         for l in loads if any("machine_busy" in x for x in by.get((l, "direct"), []))}
@@ -218,19 +252,25 @@ def check(label, ok, detail):
 s = summary.get("w1000")
 if s:
     check("throughput via tap ≥ 0.97 × direct at W=1000/64 B",
-          None if s["td"] is None else s["td"] >= 0.97, f"tap/direct = {f(s['td'], '{:.3f}')}")
+          None if s["td"] is None else s["td"] >= 0.97,
+          f"tap/direct = {f(s['td'], '{:.3f}')}; the floor relay reached {f(s['fd'], '{:.3f}')}")
 for l, s in summary.items():
     if s["td"] is not None and s["hd"] is not None:
         check(f"{l}: tap/direct never below HAProxy/direct", s["td"] >= s["hd"],
               f"{s['td']:.3f} vs {s['hd']:.3f}")
 s = summary.get("w1")
 if s:
+    detail = f"{f(s['add50'], '{:+.0f}')} µs; the floor relay added {f(s['add50_floor'], '{:+.0f}')} µs"
+    if "w1" in spin and None not in (spin["w1"][0], s["p50"]["direct"]):
+        detail += (f"; busy-polling, {spin['w1'][0] - s['p50']['direct']:+.0f} µs "
+                   f"at {f(spin['w1'][1], '{:.1f}')} CPU s per million")
     check("added median latency at W=1 ≤ 15 µs over direct",
-          None if s["add50"] is None else s["add50"] <= 15, f"+{f(s['add50'])} µs")
+          None if s["add50"] is None else s["add50"] <= 15, detail)
 for l, s in summary.items():
-    if s["ct"] is not None and s["ch"] is not None:
-        check(f"{l}: tap CPU per message ≤ HAProxy's", s["ct"] <= s["ch"],
-              f"{s['ct']:.2f} vs {s['ch']:.2f} CPU s per million")
+    ct, ch, cf = s["cpu"]["tap"], s["cpu"]["haproxy"], s["cpu"]["floor"]
+    if ct is not None and ch is not None:
+        check(f"{l}: tap CPU per message ≤ HAProxy's", ct <= ch,
+              f"{ct:.2f} vs {ch:.2f} CPU s per million; the floor relay {f(cf, '{:.2f}')}")
 check("peak RSS under 20 MiB + 150 B per outstanding publish",
       None if peak_mb is None else peak_mb <= limit_mb, f"{f(peak_mb, '{:.1f}')} ≤ {limit_mb:.1f} MiB")
 if errors:
