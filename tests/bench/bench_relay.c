@@ -28,11 +28,11 @@
 
 #define RELAY_BUF (256 * 1024)
 
-/* One direction: bytes read from `from` that `to` has not taken yet. */
+/* One direction: bytes read from one socket that `to` has not taken yet. */
 struct pipe {
-	int from, to;
+	int to;
 	size_t off, len;
-	bool eof;  /* `from` sent FIN */
+	bool eof;  /* the reading side sent FIN */
 	bool shut; /* FIN passed on to `to` */
 	uint8_t buf[RELAY_BUF];
 };
@@ -156,8 +156,8 @@ static void on_accept(int lfd, int upstream_port)
 	fcntl(u, F_SETFL, fcntl(u, F_GETFL) | O_NONBLOCK);
 	p->fd[0] = c;
 	p->fd[1] = u;
-	p->dir[0] = (struct pipe){.from = c, .to = u};
-	p->dir[1] = (struct pipe){.from = u, .to = c};
+	p->dir[0].to = u;
+	p->dir[1].to = c;
 	for (int i = 0; i < 2; i++) {
 		ends[i] = (struct end){.p = p, .side = i, .armed = EPOLLIN};
 		struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &ends[i]};
