@@ -6,9 +6,11 @@
 #
 # Environment: TAP_BENCH_ROUNDS (5), TAP_BENCH_LOADS (space-separated NAME:CONNS:WINDOW:BYTES:MSGS-PER-CONN, default
 # "w1000:1:1000:64:100000 w100_4k:1:100:4096:40000"), TAP_BENCH_SCALE (multiplies every message count),
-# TAP_BENCH_BUILD (build dir, default build-tlsb), TAP_BENCH_OUT (default .run/bench-tls), TAP_BENCH_TAP_PORT (5762).
+# TAP_BENCH_BUILD (build dir, default build-tlsb), TAP_BENCH_BUILD_TYPE (Release), TAP_BENCH_OUT (default
+# .run/bench-tls), TAP_BENCH_TAP_PORT (5762).
 # The broker: plain port 5760, TLS port 5761, node benchtls@localhost, data in $TAP_BENCH_OUT/broker.
-# `scripts/bench-tls.sh report` only re-renders the table from the last run's results.jsonl.
+# `scripts/bench-tls.sh report` only re-renders the table from the last run's results.jsonl. Exits 1 if a run
+# failed or a tap run's publish-record count differs from what was sent.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -78,8 +80,8 @@ make_pki() {
 }
 
 mkdir -p "$out"
-tap_log "building (Release) in $build"
-tap_build "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+tap_log "building (${TAP_BENCH_BUILD_TYPE:-Release}) in $build"
+tap_build "$build" -DCMAKE_BUILD_TYPE="${TAP_BENCH_BUILD_TYPE:-Release}" >/dev/null
 loadgen=$build/bench/bench_loadgen
 [ -x "$loadgen" ] || tap_die "$loadgen was not built (is librabbitmq-dev installed?)"
 make_pki
@@ -190,4 +192,5 @@ if errors:
 text = "\n".join(lines) + "\n"
 open(md_path, "w").write(text)
 print(text, end="")
+sys.exit(1 if errors else 0)  # a failed run or a wrong record count fails the benchmark
 PY

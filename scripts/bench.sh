@@ -8,9 +8,11 @@
 #
 # Environment: TAP_BENCH_ROUNDS (5), TAP_BENCH_LOADS (space-separated names from the list below, default all),
 # TAP_BENCH_SCALE (multiplies every message count, e.g. 0.3 for a quick run), TAP_BENCH_PERF=1 (also profile the
-# tap with perf during the TAP_BENCH_PERF_LOAD load, default w1000), TAP_BENCH_BUILD (build dir), TAP_BENCH_OUT
-# (output dir, default .run/bench), TAP_BENCH_TAP_PORT / TAP_BENCH_HAPROXY_PORT / TAP_BENCH_FLOOR_PORT.
-# `scripts/bench.sh report` only re-renders the table from the last run's results.jsonl.
+# tap with perf during the TAP_BENCH_PERF_LOAD load, default w1000), TAP_BENCH_BUILD (build dir),
+# TAP_BENCH_BUILD_TYPE (Release), TAP_BENCH_OUT (output dir, default .run/bench), TAP_BENCH_TAP_PORT /
+# TAP_BENCH_HAPROXY_PORT / TAP_BENCH_FLOOR_PORT (the busy-polling floor relay listens one above).
+# `scripts/bench.sh report` only re-renders the table from the last run's results.jsonl. Exits 1 if a run failed or
+# a tap run's publish-record count differs from what was sent.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -64,8 +66,8 @@ trap 'exit 130' INT TERM
 
 
 
-tap_log "building (Release) in $build"
-tap_build "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+tap_log "building (${TAP_BENCH_BUILD_TYPE:-Release}) in $build"
+tap_build "$build" -DCMAKE_BUILD_TYPE="${TAP_BENCH_BUILD_TYPE:-Release}" >/dev/null
 loadgen=$build/bench/bench_loadgen
 [ -x "$loadgen" ] || tap_die "$loadgen was not built (is librabbitmq-dev installed?)"
 [ -x "$build/bench/bench_relay" ] || tap_die "$build/bench/bench_relay was not built"
@@ -292,4 +294,5 @@ if os.path.exists(top):
 text = "\n".join(lines) + "\n"
 open(md_path, "w").write(text)
 print(text, end="")
+sys.exit(1 if errors else 0)  # a failed run or a wrong record count fails the benchmark
 PY

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole amqptap check, as CI runs it (.ci/run): install missing Debian packages, build a normal and a
 # sanitizer (ASan+UBSan) tree, start the throwaway broker, run ctest (unit + integration) in both, run the
-# fuzzers briefly, stop the broker. Exits non-zero if anything failed.
+# benchmark script and the fuzzers briefly, stop the broker. Exits non-zero if anything failed.
 # Env: TAP_BUILD_DIR (build), TAP_ASAN_BUILD_DIR (build-asan), TAP_BROKER_PORT (5690), TAP_FUZZ_SECONDS (10).
 set -uo pipefail
 # shellcheck source=scripts/lib.sh
@@ -55,6 +55,15 @@ for dir in "$build" "$asan"; do
 	step "$name-unit" ctest --test-dir "$dir" --output-on-failure -L unit -j"$(nproc)"
 	step "$name-integration" ctest --test-dir "$dir" --output-on-failure -L integration
 done
+
+# The benchmark scripts, briefly (one round, 2 % of the messages, the normal build): they keep working, and every
+# publish through the tap still gets its record under load. Figures from this run mean nothing.
+bench_smoke() {
+	TAP_BROKER_DIR=$TAP_BROKER_DIR TAP_BROKER_NODE=$TAP_BROKER_NODE TAP_BROKER_DIST_PORT=$TAP_BROKER_DIST_PORT \
+		TAP_BENCH_BUILD=$build TAP_BENCH_BUILD_TYPE=RelWithDebInfo TAP_BENCH_ROUNDS=1 TAP_BENCH_SCALE=0.02 \
+		TAP_BENCH_OUT=$TAP_RUN_DIR/bench-smoke "$TAP_REPO/scripts/bench.sh" >/dev/null
+}
+step bench-smoke bench_smoke
 
 if [ -f "$TAP_REPO/scripts/fuzz.sh" ]; then
 	step fuzz bash "$TAP_REPO/scripts/fuzz.sh" "${TAP_FUZZ_SECONDS:-10}" "${TAP_FUZZ_BUILD_DIR:-$TAP_REPO/build-fuzz}"
