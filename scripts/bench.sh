@@ -157,6 +157,7 @@ for r in $(seq "$rounds"); do
 	done
 done
 
+kill -0 "$tap_pid" 2>/dev/null || tap_die "the tap died during the run (see $out/amqptap.log)"
 awk '/^VmHWM:/ { print $2 }' "/proc/$tap_pid/status" >"$out/peak_kb"
 
 if [ "${TAP_BENCH_PERF:-0}" = 1 ]; then
