@@ -57,6 +57,15 @@ class Pub:
                 f"mandatory={self.mandatory} seq={self.seq} pika={self.pika} returned={self.returned} end={self.end}")
 
 
+def mark_end(chans, kind):
+    """Notes for every publish still open on `chans` that its connection ended now, and how."""
+    now = time.monotonic()
+    for c in chans:
+        for p in c.pubs:
+            if p.end is None:
+                p.end = (kind, now)
+
+
 class Chan:
     def __init__(self, sess, impl, mode):
         self.sess, self.impl, self.mode = sess, impl, mode
@@ -207,11 +216,7 @@ class RandomSessions(ScenarioCase):
                     s.conn.process_data_events(0.01)
             except pika.exceptions.AMQPError:
                 pass
-            now = time.monotonic()
-            for c in live:
-                for p in c.pubs:
-                    if p.end is None:
-                        p.end = ("abort", now)
+            mark_end(live, "abort")
             self.step(f"conn#{s.n} ABORT")
         else:
             # the async close: BlockingConnection.close() trips over channels opened through _impl
@@ -223,11 +228,7 @@ class RandomSessions(ScenarioCase):
             except pika.exceptions.AMQPError:
                 pass
             self.assertTrue(s.conn._impl.is_closed, f"conn#{s.n}: no connection.close-ok")
-            now = time.monotonic()
-            for c in live:
-                for p in c.pubs:
-                    if p.end is None:
-                        p.end = ("conn_close", now)
+            mark_end(live, "conn_close")
             self.step(f"conn#{s.n} close")
         s.ended = "abort" if abrupt else "close"
         self.sessions.remove(s)
