@@ -2,9 +2,8 @@
 # Side-by-side benchmark: the same publisher loads (tests/bench/bench_loadgen.c) straight to a throwaway RabbitMQ,
 # through HAProxy in TCP mode, through the floor relay (tests/bench/bench_relay.c: the least any user-space relay
 # can do; at W=1 also busy-polling 50 µs before it sleeps, "spin") and through amqptap, alternating in every round;
-# prints medians, ratios, proxy CPU per message, the tap's
-# peak RSS and how busy the whole machine was in the direct runs, as Markdown tables (also written to
-# .run/bench/latest.md).
+# prints medians, ratios, proxy CPU per message, the tap's peak RSS and how busy the whole machine was in the
+# direct runs, as Markdown tables (also written to .run/bench/latest.md).
 #
 # Environment: TAP_BENCH_ROUNDS (5), TAP_BENCH_LOADS (space-separated names from the list below, default all),
 # TAP_BENCH_SCALE (multiplies every message count, e.g. 0.3 for a quick run), TAP_BENCH_PERF=1 (also profile the
@@ -203,12 +202,18 @@ lines.append("| load | direct msg/s | HAProxy msg/s | floor msg/s | tap msg/s | 
              "| tap/direct | tap/HAProxy | tap/direct paired | tap/HAProxy paired |")
 lines.append("|" + "---|" * 11)
 summary = {}
+
+
+def added(p, x):
+    """What target x adds to direct's figure in p (None when either is missing)."""
+    return None if None in (p[x], p["direct"]) else p[x] - p["direct"]
+
+
 for l in loads:
     rate = dict(zip(T, (med(l, x, "msgs_per_s") for x in T)))
     p50 = dict(zip(T, (med(l, x, "p50_us") for x in T)))
     p99 = dict(zip(T, (med(l, x, "p99_us") for x in T)))
     cpu = {x: med(l, x, "cpu_per_m") for x in T[1:]}
-    added = lambda p, x: None if None in (p[x], p["direct"]) else p[x] - p["direct"]
     summary[l] = dict(td=ratio(rate["tap"], rate["direct"]), th=ratio(rate["tap"], rate["haproxy"]),
                       hd=ratio(rate["haproxy"], rate["direct"]), fd=ratio(rate["floor"], rate["direct"]),
                       add50=added(p50, "tap"), add50_floor=added(p50, "floor"),
