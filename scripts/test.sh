@@ -59,9 +59,14 @@ done
 # The benchmark scripts, briefly (one round, 2 % of the messages, the normal build): they keep working, and every
 # publish through the tap still gets its record under load. Figures from this run mean nothing.
 bench_smoke() {
+	local out=$TAP_RUN_DIR/bench-smoke
+	mkdir -p "$out"
 	TAP_BROKER_DIR=$TAP_BROKER_DIR TAP_BROKER_NODE=$TAP_BROKER_NODE TAP_BROKER_DIST_PORT=$TAP_BROKER_DIST_PORT \
 		TAP_BENCH_BUILD=$build TAP_BENCH_BUILD_TYPE=RelWithDebInfo TAP_BENCH_ROUNDS=1 TAP_BENCH_SCALE=0.02 \
-		TAP_BENCH_OUT=$TAP_RUN_DIR/bench-smoke "$TAP_REPO/scripts/bench.sh" >/dev/null
+		TAP_BENCH_OUT=$out "$TAP_REPO/scripts/bench.sh" >"$out/bench.log" 2>&1 || {
+		cat "$out/bench.log"
+		return 1
+	}
 }
 step bench-smoke bench_smoke
 
