@@ -20,6 +20,13 @@ server_pgid() {
 # True while the process group has a member that is not a zombie (PID 1 here may not reap them).
 group_alive() { ps -e -o pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'; }
 
+# The descriptor limit to start the node with: the hard limit, capped at 65536.
+fd_limit() {
+	local hard
+	hard=$(ulimit -Hn)
+	if [ "$hard" = unlimited ] || [ "$hard" -gt 65536 ]; then echo 65536; else echo "$hard"; fi
+}
+
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 prepare() {
@@ -61,9 +68,11 @@ start() {
 	prepare
 	local t0=$SECONDS
 	rm -f "$pgid_file"
-	# The node gets its own session; its leader records its pid (= process group id) before exec.
+	# The node gets its own session; its leader records its pid (= process group id) before exec. Its
+	# descriptor limit is raised to the hard limit (at most 65536): the tests open 1,000 connections at once.
 	# shellcheck disable=SC2016 # $$ and $1 belong to the inner shell
-	tap_broker_env setsid bash -c 'echo $$ >"$1"; exec "$2"' _ "$pgid_file" "$RMQ_BIN/rabbitmq-server" \
+	tap_broker_env setsid bash -c 'ulimit -n "$3" 2>/dev/null; echo $$ >"$1"; exec "$2"' _ "$pgid_file" \
+		"$RMQ_BIN/rabbitmq-server" "$(fd_limit)" \
 		>"$TAP_BROKER_DIR/server.out" 2>&1 </dev/null &
 	for _ in $(seq 50); do [ -s "$pgid_file" ] && break; sleep 0.1; done
 	local pgid
