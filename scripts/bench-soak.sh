@@ -108,7 +108,7 @@ fact broker_fd_limit "$(awk '/Max open files/ { print $4 }' "/proc/$(cat "$TAP_B
 
 # Starts amqptap writing to $1 and waits for its "listening" line (no probe connection: it would be a record too).
 start_tap() {
-	(exec 3<>"/dev/tcp/127.0.0.1/$tap_port") 2>/dev/null && tap_die "port $tap_port is in use; set TAP_SOAK_TAP_PORT"
+	tap_port_busy "$tap_port" && tap_die "port $tap_port is in use; set TAP_SOAK_TAP_PORT"
 	"$build/amqptap" --listen "127.0.0.1:$tap_port" --upstream "127.0.0.1:$TAP_BROKER_PORT" --verdicts "$1" \
 		2>"$2" &
 	tap_pid=$!

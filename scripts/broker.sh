@@ -27,8 +27,6 @@ fd_limit() {
 	if [ "$hard" = unlimited ] || [ "$hard" -gt 65536 ]; then echo 65536; else echo "$hard"; fi
 }
 
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
 prepare() {
 	mkdir -p "$TAP_BROKER_DIR/home" "$TAP_BROKER_DIR/mnesia" "$TAP_BROKER_DIR/log"
 	chmod 700 "$TAP_BROKER_DIR/home"
@@ -63,7 +61,7 @@ start() {
 	# A node left half-alive (e.g. after a failed start) is cleared first.
 	kill_node quiet
 	for p in "$TAP_BROKER_PORT" "$TAP_BROKER_DIST_PORT"; do
-		port_busy "$p" && tap_die "port $p is in use by another process; set TAP_BROKER_PORT / TAP_BROKER_DIST_PORT"
+		tap_port_busy "$p" && tap_die "port $p is in use by another process; set TAP_BROKER_PORT / TAP_BROKER_DIST_PORT"
 	done
 	prepare
 	local t0=$SECONDS

@@ -57,22 +57,25 @@ tap_build() {
 	cmake -S "$TAP_REPO" -B "$dir" "$@" >/dev/null && cmake --build "$dir" -j"$(nproc)"
 }
 
-# Waits up to 10 s until something accepts on 127.0.0.1:PORT (a probe connection: only for peers that do not
-# count connections, e.g. the broker or HAProxy).
+# True if something accepts on 127.0.0.1:PORT (a probe connection: only for peers that do not count
+# connections, e.g. the broker or HAProxy).
+tap_port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Waits up to 10 s until something accepts on 127.0.0.1:PORT (probing as tap_port_busy does).
 tap_wait_port() {
 	for _ in $(seq 100); do
-		(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+		tap_port_busy "$1" && return 0
 		sleep 0.1
 	done
 	tap_die "nothing listens on 127.0.0.1:$1"
 }
 
-# utime+stime of a process, in clock ticks (/proc/PID/stat fields 14 and 15; the name in field 2 may hold spaces).
 # Whole-machine CPU ticks from /proc/stat as "busy total" (busy: user, nice, system, irq, softirq, steal).
 tap_machine_ticks() {
 	awk '$1 == "cpu" { busy = $2 + $3 + $4 + $7 + $8 + $9; print busy, busy + $5 + $6; exit }' /proc/stat
 }
 
+# utime+stime of a process, in clock ticks (/proc/PID/stat fields 14 and 15; the name in field 2 may hold spaces).
 tap_cpu_ticks() {
 	local s
 	s=$(cat "/proc/$1/stat") || { echo 0; return; }
