@@ -333,9 +333,10 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
-/* A write to `side` failed (the peer is gone), but what it sent before it
- * went may still sit unread in the socket: a broker's connection.close
- * explaining why. Read it, so it is observed and passed on. */
+/* Reads what `side` sent that still sits unread in its socket, so that it
+ * is observed and passed on: a broker's connection.close explaining why a
+ * write to it failed, or a client's publishes held back by backpressure
+ * when the broker went away. */
 static void read_rest(struct tap_session *s, enum side side)
 {
 	if (s->tls[side])
@@ -391,7 +392,16 @@ static bool settle(struct tap_session *s)
 			}
 		}
 	}
-	if ((s->closing && drained(s, SIDE_CLIENT) && drained(s, SIDE_UPSTREAM)) ||
+	bool drained_both = s->closing && drained(s, SIDE_CLIENT) && drained(s, SIDE_UPSTREAM);
+	if (drained_both) {
+		/* a survivor whose peer is gone may still hold bytes it sent before
+		 * the end, unread behind backpressure: observe them, each publish in
+		 * them needs its record */
+		for (int side = 0; side < 2; side++)
+			if (s->bev[side] && !s->bev[!side] && !s->eof[side])
+				read_rest(s, (enum side)side);
+	}
+	if (drained_both ||
 	    (s->eof[SIDE_CLIENT] && s->eof[SIDE_UPSTREAM] && s->shut_wr[SIDE_CLIENT] && s->shut_wr[SIDE_UPSTREAM])) {
 		session_end(s);
 		return true;
