@@ -111,12 +111,12 @@ static void settle_deadlines(struct app *app, int64_t now_us)
 		app->next_deadline = tap_track_tick(app->track, now_us);
 }
 
-static void hook_data(void *ctx, void *sess, bool c2s, const uint8_t *data, size_t len, int64_t now_us)
+static void hook_data(void *ctx, void *sess, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us)
 {
 	struct app *app = ctx;
 	settle_deadlines(app, now_us);
 	if (sess)
-		tap_conn_feed(sess, c2s, data, len, now_us);
+		tap_conn_feed(sess, dir, data, len, now_us);
 	/* a deadline created by these bytes is at least the shortest window away */
 	if (now_us + app->min_window_us < app->next_deadline)
 		app->next_deadline = now_us + app->min_window_us;
@@ -250,10 +250,10 @@ static void *pcap_open(void *ctx, uint64_t conn, const char *client, const char 
 	return tap_pcapng_conn_open(app->pcap, client, server, ts_us);
 }
 
-static void pcap_data(void *ctx, void *sc, bool c2s, const uint8_t *data, size_t len, int64_t ts_us)
+static void pcap_data(void *ctx, void *sc, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us)
 {
 	(void)ctx;
-	tap_pcapng_conn_data(sc, c2s, data, len, ts_us);
+	tap_pcapng_conn_data(sc, dir, data, len, ts_us);
 }
 
 static void pcap_close(void *ctx, void *sc, int64_t ts_us)

@@ -4,6 +4,8 @@
 #ifndef AMQPTAP_CAPTURE_H
 #define AMQPTAP_CAPTURE_H
 
+
+#include "amqptap/dir.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -45,9 +47,9 @@ struct tap_capture_cb {
 	 * capture started, possibly inside a frame. */
 	void *(*open)(void *ctx, uint64_t stream, const char *client, const char *server, bool midstream,
 		      int64_t ts_us);
-	void (*data)(void *ctx, void *user, bool c2s, const uint8_t *data, size_t len, int64_t ts_us);
+	void (*data)(void *ctx, void *user, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us);
 	/* Bytes of one direction were lost (out-of-order buffer bound exceeded): later data follows a hole. */
-	void (*gap)(void *ctx, void *user, bool c2s, uint64_t missing, int64_t ts_us);
+	void (*gap)(void *ctx, void *user, enum tap_dir dir, uint64_t missing, int64_t ts_us);
 	/* The stream is over; user is not used again. */
 	void (*close)(void *ctx, void *user, enum tap_capture_end how, int64_t ts_us);
 };

@@ -6,6 +6,8 @@
 #ifndef AMQPTAP_CONN_H
 #define AMQPTAP_CONN_H
 
+
+#include "amqptap/dir.h"
 #include "amqptap/jsonl.h"
 #include "amqptap/track.h"
 
@@ -21,7 +23,7 @@
 struct tap_capture_sink {
 	void *ctx;
 	void *(*open)(void *ctx, uint64_t conn, const char *client, const char *server, int64_t ts_us);
-	void (*data)(void *ctx, void *sc, bool c2s, const uint8_t *data, size_t len, int64_t ts_us);
+	void (*data)(void *ctx, void *sc, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us);
 	void (*close)(void *ctx, void *sc, int64_t ts_us);
 };
 
@@ -48,7 +50,7 @@ struct tap_conn *tap_conn_new(struct tap_observer *o, uint64_t id, const char *c
 			      int64_t now_us);
 /* Bytes forwarded at now_us, in order, for one direction. The slice is only
  * read during the call. */
-void tap_conn_feed(struct tap_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t now_us);
+void tap_conn_feed(struct tap_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us);
 /* Why the connection failed below AMQP (unreachable broker, TLS error),
  * for the connection record; call before tap_conn_end. */
 void tap_conn_note(struct tap_conn *c, const char *detail);

@@ -3,6 +3,8 @@
 #ifndef AMQPTAP_FRAMES_H
 #define AMQPTAP_FRAMES_H
 
+
+#include "amqptap/dir.h"
 #include "amqptap/frame.h"
 #include "amqptap/jsonl.h"
 
@@ -23,7 +25,7 @@
  * Protocol header: "protocol" ("0-9-1" or the hex of the 8 bytes). A payload that does not decode still
  * gets its line, with "error" (the tap_strerror text) and the method name/ids or header class/body size
  * when they were readable. */
-void tap_frames_line(struct tap_buf *out, uint64_t conn, bool c2s, int64_t ts_us, const struct tap_frame_ev *ev,
+void tap_frames_line(struct tap_buf *out, uint64_t conn, enum tap_dir dir, int64_t ts_us, const struct tap_frame_ev *ev,
 		     const uint8_t *body_prefix, size_t body_prefix_len);
 
 /* PLAIN response "[authzid]\0user\0pass" or AMQPLAIN (a field table body with LOGIN and PASSWORD): copies

@@ -4,6 +4,8 @@
 #ifndef AMQPTAP_PCAPNG_H
 #define AMQPTAP_PCAPNG_H
 
+
+#include "amqptap/dir.h"
 #include "amqptap/jsonl.h"
 
 #include <stdbool.h>
@@ -29,7 +31,7 @@ void tap_pcapng_free(struct tap_pcapng *p);
 struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *client, const char *server,
 					     int64_t ts_us);
 /* One packet per call (several when len > TAP_PCAPNG_MAX_SEGMENT); len 0 writes nothing. */
-void tap_pcapng_conn_data(struct tap_pcapng_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t ts_us);
+void tap_pcapng_conn_data(struct tap_pcapng_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us);
 /* FIN from the client, ACK, FIN from the broker, ACK; frees c. */
 void tap_pcapng_conn_close(struct tap_pcapng_conn *c, int64_t ts_us);
 

@@ -6,6 +6,8 @@
 #ifndef AMQPTAP_PROXY_H
 #define AMQPTAP_PROXY_H
 
+
+#include "amqptap/dir.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -36,7 +38,7 @@ const char *tap_proxy_end_name(enum tap_proxy_end why);
 struct tap_proxy_hooks {
 	void *ctx;
 	void *(*open)(void *ctx, uint64_t conn_id, const char *client, const char *upstream, int64_t now_us);
-	void (*data)(void *ctx, void *sess, bool c2s, const uint8_t *data, size_t len, int64_t now_us);
+	void (*data)(void *ctx, void *sess, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us);
 	void (*close)(void *ctx, void *sess, enum tap_proxy_end why, const char *detail, int64_t now_us);
 };
 

@@ -5,6 +5,8 @@
 #ifndef AMQPTAP_TRACK_H
 #define AMQPTAP_TRACK_H
 
+
+#include "amqptap/dir.h"
 #include "amqptap/jsonl.h"
 #include "amqptap/props.h" /* struct tap_slice */
 
@@ -47,7 +49,7 @@ void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64
 void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_slice reason, int64_t now_us);
 /* connection.close from either side: remembered (the first one wins) as the reason given to every publish still
  * outstanding when the connection ends. */
-void tap_track_conn_close(struct tap_track_conn *c, bool by_broker, uint16_t code, struct tap_slice text,
+void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t code, struct tap_slice text,
                           int64_t now_us);
 /* Why the TCP or TLS connection failed (e.g. "certificate verify failed"), shown as the `text` of the reason
  * when no close method gave one. Copied. */
@@ -63,7 +65,7 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 void tap_track_channel_open(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 void tap_track_confirm_select(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 void tap_track_tx_select(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
-void tap_track_channel_close(struct tap_track_conn *c, uint16_t ch, bool by_broker, uint16_t code,
+void tap_track_channel_close(struct tap_track_conn *c, uint16_t ch, enum tap_peer by, uint16_t code,
                              struct tap_slice text, int64_t now_us);
 /* tx.commit-ok from the broker: the channel's publishes still waiting for a Return got none (unproven). */
 void tap_track_tx_commit_ok(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
@@ -83,8 +85,10 @@ struct tap_publish {
 
 /* A publish is complete: its last frame was forwarded to the broker at now_us. */
 void tap_track_publish(struct tap_track_conn *c, uint16_t ch, const struct tap_publish *p, int64_t now_us);
-/* basic.ack / basic.nack from the broker (never the client's consumer acks). */
-void tap_track_confirm(struct tap_track_conn *c, uint16_t ch, uint64_t tag, bool multiple, bool nack, int64_t now_us);
+/* basic.ack / basic.nack from the broker (never the client's consumer acks): tag is the delivery tag, multiple
+ * its flag (every outstanding seq <= tag; tag 0 with multiple: everything outstanding). */
+void tap_track_ack(struct tap_track_conn *c, uint16_t ch, uint64_t tag, bool multiple, int64_t now_us);
+void tap_track_nack(struct tap_track_conn *c, uint16_t ch, uint64_t tag, bool multiple, int64_t now_us);
 
 struct tap_return {
 	uint16_t reply_code;

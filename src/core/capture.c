@@ -301,7 +301,7 @@ static void emit(struct tap_capture *c, struct stream *s, int dir, const uint8_t
 	h->next += (uint32_t)len;
 	c->st.bytes += len;
 	if (len && c->cb->data)
-		c->cb->data(c->cb->ctx, s->user, dir == 1, data, len, ts);
+		c->cb->data(c->cb->ctx, s->user, dir == 1 ? TAP_C2S : TAP_S2C, data, len, ts);
 }
 
 static void reach_fin(struct stream *s, int dir)
@@ -363,7 +363,7 @@ static void skip_hole(struct tap_capture *c, struct stream *s, int dir, int64_t 
 	c->st.gaps++;
 	h->next = h->segs[0].seq;
 	if (c->cb->gap)
-		c->cb->gap(c->cb->ctx, s->user, dir == 1, missing, ts);
+		c->cb->gap(c->cb->ctx, s->user, dir == 1 ? TAP_C2S : TAP_S2C, missing, ts);
 	drain(c, s, dir, ts);
 }
 
@@ -385,7 +385,7 @@ static int buffer_ahead(struct tap_capture *c, struct stream *s, int dir, uint32
 		uint32_t missing = seq - h->next;
 		h->next = seq;
 		if (c->cb->gap)
-			c->cb->gap(c->cb->ctx, s->user, dir == 1, missing, ts);
+			c->cb->gap(c->cb->ctx, s->user, dir == 1 ? TAP_C2S : TAP_S2C, missing, ts);
 		deliver_inorder(c, s, dir, seq, data, len, fin, ts);
 		return TAP_OK;
 	}

@@ -39,7 +39,7 @@ struct pending {
 struct channel {
 	uint16_t number;
 	bool used;
-	struct pending dir[2]; /* [1] client->broker, [0] broker->client */
+	struct pending dir[TAP_DIR_COUNT];
 };
 
 struct direction {
@@ -55,7 +55,7 @@ struct tap_conn {
 	struct tap_observer *o;
 	uint64_t id;
 	struct tap_track_conn *tc;
-	struct direction dir[2]; /* [1] c2s, [0] s2c */
+	struct direction dir[TAP_DIR_COUNT];
 	struct channel *chans;
 	size_t n_chans, cap_chans;
 	size_t last_chan;
@@ -256,12 +256,12 @@ static void pending_cut(struct tap_conn *c, uint16_t channel, struct pending *p,
 		pending_reset(p, PENDING_NONE);
 }
 
-static void on_header(struct tap_conn *c, bool c2s, const struct tap_frame_ev *ev, int64_t now_us)
+static void on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int64_t now_us)
 {
 	struct channel *ch = channel_get(c, ev->channel);
 	if (!ch)
 		return;
-	struct pending *p = &ch->dir[c2s];
+	struct pending *p = &ch->dir[dir];
 	if (p->kind == PENDING_NONE || p->have_header)
 		return; /* content of a deliver/get-ok, or out of sequence: not ours to track */
 	struct tap_props props;
@@ -303,12 +303,12 @@ static void on_header(struct tap_conn *c, bool c2s, const struct tap_frame_ev *e
 		pending_complete(c, ev->channel, p, now_us);
 }
 
-static void on_body(struct tap_conn *c, bool c2s, const struct tap_frame_ev *ev, int64_t now_us)
+static void on_body(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int64_t now_us)
 {
 	struct channel *ch = channel_get(c, ev->channel);
 	if (!ch)
 		return;
-	struct pending *p = &ch->dir[c2s];
+	struct pending *p = &ch->dir[dir];
 	if (p->kind == PENDING_NONE || !p->have_header)
 		return;
 	p->body_got += ev->len;
@@ -360,14 +360,14 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 		break;
 	}
 	case TAP_CONNECTION_CLOSE:
-		tap_track_conn_close(tc, false, (uint16_t)m->args[TAP_ARG_CONNECTION_CLOSE_REPLY_CODE].u,
+		tap_track_conn_close(tc, TAP_BY_CLIENT, (uint16_t)m->args[TAP_ARG_CONNECTION_CLOSE_REPLY_CODE].u,
 				     arg_slice(m, TAP_ARG_CONNECTION_CLOSE_REPLY_TEXT), now_us);
 		break;
 	case TAP_CHANNEL_OPEN:
 		tap_track_channel_open(tc, channel, now_us);
 		break;
 	case TAP_CHANNEL_CLOSE:
-		tap_track_channel_close(tc, channel, false, (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
+		tap_track_channel_close(tc, channel, TAP_BY_CLIENT, (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
 					arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
 		break;
 	case TAP_CHANNEL_CLOSE_OK:
@@ -409,7 +409,7 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		tap_track_conn_close_ok(tc, now_us);
 		break;
 	case TAP_CONNECTION_CLOSE:
-		tap_track_conn_close(tc, true, (uint16_t)m->args[TAP_ARG_CONNECTION_CLOSE_REPLY_CODE].u,
+		tap_track_conn_close(tc, TAP_BY_BROKER, (uint16_t)m->args[TAP_ARG_CONNECTION_CLOSE_REPLY_CODE].u,
 				     arg_slice(m, TAP_ARG_CONNECTION_CLOSE_REPLY_TEXT), now_us);
 		break;
 	case TAP_CONNECTION_BLOCKED:
@@ -419,7 +419,7 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		tap_track_conn_blocked(tc, false, (struct tap_slice){NULL, 0}, now_us);
 		break;
 	case TAP_CHANNEL_CLOSE:
-		tap_track_channel_close(tc, channel, true, (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
+		tap_track_channel_close(tc, channel, TAP_BY_BROKER, (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
 					arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
 		break;
 	case TAP_CHANNEL_CLOSE_OK:
@@ -429,12 +429,10 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		tap_track_tx_commit_ok(tc, channel, now_us);
 		break;
 	case TAP_BASIC_ACK:
-		tap_track_confirm(tc, channel, m->args[TAP_ARG_BASIC_ACK_DELIVERY_TAG].u,
-				  m->args[TAP_ARG_BASIC_ACK_MULTIPLE].u != 0, false, now_us);
+		tap_track_ack(tc, channel, m->args[TAP_ARG_BASIC_ACK_DELIVERY_TAG].u, m->args[TAP_ARG_BASIC_ACK_MULTIPLE].u != 0, now_us);
 		break;
 	case TAP_BASIC_NACK:
-		tap_track_confirm(tc, channel, m->args[TAP_ARG_BASIC_NACK_DELIVERY_TAG].u,
-				  m->args[TAP_ARG_BASIC_NACK_MULTIPLE].u != 0, true, now_us);
+		tap_track_nack(tc, channel, m->args[TAP_ARG_BASIC_NACK_DELIVERY_TAG].u, m->args[TAP_ARG_BASIC_NACK_MULTIPLE].u != 0, now_us);
 		break;
 	case TAP_BASIC_RETURN: {
 		struct channel *ch = channel_get(c, channel);
@@ -456,12 +454,12 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 	}
 }
 
-static void on_method(struct tap_conn *c, bool c2s, const struct tap_frame_ev *ev, int64_t now_us)
+static void on_method(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int64_t now_us)
 {
 	struct tap_method m;
 	if (tap_method_decode(ev->data, ev->len, &m) != TAP_OK || !m.def)
 		return; /* the frame trace shows the error; tracking has nothing to act on */
-	if (c2s && c->capture && ev->channel == 0) {
+	if (dir == TAP_C2S && c->capture && ev->channel == 0) {
 		struct tap_range r[2];
 		size_t n = tap_redact_ranges(&m, ev->data, r);
 		for (size_t i = 0; i < n && c->n_redact < sizeof c->redact / sizeof c->redact[0]; i++)
@@ -470,21 +468,21 @@ static void on_method(struct tap_conn *c, bool c2s, const struct tap_frame_ev *e
 	}
 	if (ev->channel != 0) {
 		struct channel *ch = channel_get(c, ev->channel);
-		if (ch && ch->dir[c2s].kind != PENDING_NONE)
-			pending_cut(c, ev->channel, &ch->dir[c2s], now_us); /* a method ends any unfinished content */
+		if (ch && ch->dir[dir].kind != PENDING_NONE)
+			pending_cut(c, ev->channel, &ch->dir[dir], now_us); /* a method ends any unfinished content */
 	}
-	if (c2s)
+	if (dir == TAP_C2S)
 		on_client_method(c, ev->channel, &m, now_us);
 	else
 		on_broker_method(c, ev->channel, &m, now_us);
 }
 
-static void conn_decode(struct tap_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t now_us);
+static void conn_decode(struct tap_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us);
 
-static void trace_frame(struct tap_conn *c, bool c2s, const struct tap_frame_ev *ev, int64_t now_us)
+static void trace_frame(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int64_t now_us)
 {
 	struct tap_observer *o = c->o;
-	struct direction *d = &c->dir[c2s];
+	struct direction *d = &c->dir[dir];
 	if (!o->frames)
 		return;
 	if (ev->kind == TAP_EV_BODY) {
@@ -496,7 +494,7 @@ static void trace_frame(struct tap_conn *c, bool c2s, const struct tap_frame_ev 
 			return;
 	}
 	tap_buf_reset(&o->scratch);
-	tap_frames_line(&o->scratch, c->id, c2s, now_us, ev, (const uint8_t *)d->body_prefix.data,
+	tap_frames_line(&o->scratch, c->id, dir, now_us, ev, (const uint8_t *)d->body_prefix.data,
 			d->body_prefix.len);
 	tap_out_line(o->frames, o->scratch.data, o->scratch.len);
 	tap_buf_reset(&d->body_prefix);
@@ -504,11 +502,11 @@ static void trace_frame(struct tap_conn *c, bool c2s, const struct tap_frame_ev 
 
 /* The record names the stream offset of the error and shows the bytes from
  * there (from the chunk start when the error lies in an earlier chunk). */
-static void decode_error(struct tap_conn *c, bool c2s, int status, const uint8_t *chunk, size_t chunk_len,
+static void decode_error(struct tap_conn *c, enum tap_dir dir, int status, const uint8_t *chunk, size_t chunk_len,
 			 uint64_t chunk_offset, int64_t now_us)
 {
 	struct tap_observer *o = c->o;
-	uint64_t at = tap_frame_dec_error_offset(&c->dir[c2s].dec);
+	uint64_t at = tap_frame_dec_error_offset(&c->dir[dir].dec);
 	const uint8_t *data = chunk;
 	size_t len = chunk_len;
 	if (at >= chunk_offset && at - chunk_offset < chunk_len) {
@@ -522,7 +520,7 @@ static void decode_error(struct tap_conn *c, bool c2s, int status, const uint8_t
 	tap_json_kv_str(&j, "type", "decode_error");
 	tap_json_kv_ts(&j, "ts", now_us);
 	tap_json_kv_uint(&j, "conn", c->id);
-	tap_json_kv_str(&j, "dir", c2s ? "c2s" : "s2c");
+	tap_json_kv_str(&j, "dir", tap_dir_name(dir));
 	tap_json_kv_uint(&j, "offset", at);
 	tap_json_kv_str(&j, "reason", tap_strerror(status));
 	tap_json_kv_str(&j, "status", tap_status_name(status));
@@ -546,11 +544,11 @@ static uint64_t hold_from(const struct tap_frame_dec *d)
 	return d->offset;
 }
 
-static void capture_chunk(struct tap_conn *c, bool c2s, const uint8_t *data, size_t len, uint64_t chunk_offset,
+static void capture_chunk(struct tap_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, uint64_t chunk_offset,
 			  int64_t now_us)
 {
 	const struct tap_capture_sink *cap = c->o->capture;
-	if (!c2s) {
+	if (dir == TAP_S2C) {
 		cap->data(cap->ctx, c->capture, false, data, len, now_us);
 		return;
 	}
@@ -589,18 +587,18 @@ static void capture_chunk(struct tap_conn *c, bool c2s, const uint8_t *data, siz
 	}
 }
 
-void tap_conn_feed(struct tap_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t now_us)
+void tap_conn_feed(struct tap_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us)
 {
-	uint64_t chunk_offset = c->dir[c2s].fed;
-	c->dir[c2s].fed += len;
-	conn_decode(c, c2s, data, len, now_us);
+	uint64_t chunk_offset = c->dir[dir].fed;
+	c->dir[dir].fed += len;
+	conn_decode(c, dir, data, len, now_us);
 	if (c->capture)
-		capture_chunk(c, c2s, data, len, chunk_offset, now_us);
+		capture_chunk(c, dir, data, len, chunk_offset, now_us);
 }
 
-static void conn_decode(struct tap_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t now_us)
+static void conn_decode(struct tap_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us)
 {
-	struct direction *d = &c->dir[c2s];
+	struct direction *d = &c->dir[dir];
 	const uint8_t *chunk = data;
 	size_t chunk_len = len;
 	uint64_t chunk_offset = d->fed - len;
@@ -609,27 +607,27 @@ static void conn_decode(struct tap_conn *c, bool c2s, const uint8_t *data, size_
 		ssize_t n = tap_frame_feed(&d->dec, data, len, &ev);
 		if (n < 0) {
 			d->stopped = true;
-			decode_error(c, c2s, (int)n, chunk, chunk_len, chunk_offset, now_us);
+			decode_error(c, dir, (int)n, chunk, chunk_len, chunk_offset, now_us);
 			return;
 		}
 		data += n;
 		len -= (size_t)n;
 		switch (ev.kind) {
 		case TAP_EV_METHOD:
-			trace_frame(c, c2s, &ev, now_us);
-			on_method(c, c2s, &ev, now_us);
+			trace_frame(c, dir, &ev, now_us);
+			on_method(c, dir, &ev, now_us);
 			break;
 		case TAP_EV_HEADER:
-			trace_frame(c, c2s, &ev, now_us);
-			on_header(c, c2s, &ev, now_us);
+			trace_frame(c, dir, &ev, now_us);
+			on_header(c, dir, &ev, now_us);
 			break;
 		case TAP_EV_BODY:
-			trace_frame(c, c2s, &ev, now_us);
-			on_body(c, c2s, &ev, now_us);
+			trace_frame(c, dir, &ev, now_us);
+			on_body(c, dir, &ev, now_us);
 			break;
 		case TAP_EV_PROTOCOL_HEADER:
 		case TAP_EV_HEARTBEAT:
-			trace_frame(c, c2s, &ev, now_us);
+			trace_frame(c, dir, &ev, now_us);
 			break;
 		case TAP_EV_NONE:
 			break;

@@ -110,7 +110,7 @@ static void write_header(struct tap_json *j, const struct tap_frame_ev *ev)
 	tap_json_obj_end(j);
 }
 
-void tap_frames_line(struct tap_buf *out, uint64_t conn, bool c2s, int64_t ts_us, const struct tap_frame_ev *ev,
+void tap_frames_line(struct tap_buf *out, uint64_t conn, enum tap_dir dir, int64_t ts_us, const struct tap_frame_ev *ev,
 		     const uint8_t *body_prefix, size_t body_prefix_len)
 {
 	static const char *const names[] = {
@@ -126,7 +126,7 @@ void tap_frames_line(struct tap_buf *out, uint64_t conn, bool c2s, int64_t ts_us
 	tap_json_obj_begin(&j);
 	tap_json_kv_ts(&j, "ts", ts_us);
 	tap_json_kv_uint(&j, "conn", conn);
-	tap_json_kv_str(&j, "dir", c2s ? "c2s" : "s2c");
+	tap_json_kv_str(&j, "dir", tap_dir_name(dir));
 	tap_json_kv_uint(&j, "channel", ev->channel);
 	tap_json_kv_str(&j, "frame", (unsigned)ev->kind <= TAP_EV_HEARTBEAT ? names[ev->kind] : "none");
 	tap_json_kv_uint(&j, "size", ev->size);

@@ -43,7 +43,7 @@ struct tap_pcapng_conn {
 	struct tap_pcapng *p;
 	bool v6;
 	bool sent_client_data;
-	struct endpoint ep[2]; /* [1] client, [0] server: indexed by c2s of the sender */
+	struct endpoint ep[TAP_DIR_COUNT]; /* indexed by the direction its sender sends in: client at TAP_C2S */
 };
 
 static void put16(uint8_t *p, uint16_t v)
@@ -216,11 +216,11 @@ static uint16_t csum_fold(uint32_t sum)
 	return (uint16_t)~sum;
 }
 
-static void write_packet(struct tap_pcapng_conn *c, bool c2s, uint8_t flags, const uint8_t *data, size_t len,
+static void write_packet(struct tap_pcapng_conn *c, enum tap_dir dir, uint8_t flags, const uint8_t *data, size_t len,
 			 int64_t ts_us)
 {
 	struct tap_pcapng *p = c->p;
-	struct endpoint *src = &c->ep[c2s], *dst = &c->ep[!c2s];
+	struct endpoint *src = &c->ep[dir], *dst = &c->ep[tap_dir_reverse(dir)];
 	uint8_t hdr[ETH_LEN + IP6_LEN + TCP_LEN];
 	size_t iplen = c->v6 ? IP6_LEN : IP4_LEN;
 	size_t hlen = ETH_LEN + iplen + TCP_LEN;
@@ -228,8 +228,8 @@ static void write_packet(struct tap_pcapng_conn *c, bool c2s, uint8_t flags, con
 
 	/* Ethernet II: locally administered MACs, 02:00:00:00:00:01 client, :02 broker. */
 	hdr[0] = hdr[6] = 0x02;
-	hdr[5] = c2s ? 2 : 1;
-	hdr[11] = c2s ? 1 : 2;
+	hdr[5] = dir == TAP_C2S ? 2 : 1;
+	hdr[11] = dir == TAP_C2S ? 1 : 2;
 	put16(hdr + 12, c->v6 ? 0x86DD : 0x0800);
 
 	uint8_t *ip = hdr + ETH_LEN;
@@ -318,21 +318,21 @@ struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *c
 	return c;
 }
 
-void tap_pcapng_conn_data(struct tap_pcapng_conn *c, bool c2s, const uint8_t *data, size_t len, int64_t ts_us)
+void tap_pcapng_conn_data(struct tap_pcapng_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us)
 {
 	if (!c)
 		return;
 	/* Wireshark's AMQP dissector recognises the protocol header (0-9-1 §4.2.2) only in a packet of its own. */
-	if (c2s && !c->sent_client_data && len > 8 && memcmp(data, "AMQP", 4) == 0) {
+	if (dir == TAP_C2S && !c->sent_client_data && len > 8 && memcmp(data, "AMQP", 4) == 0) {
 		write_packet(c, true, TCP_PSH | TCP_ACK, data, 8, ts_us);
 		data += 8;
 		len -= 8;
 	}
-	if (c2s && len)
+	if (dir == TAP_C2S && len)
 		c->sent_client_data = true;
 	while (len > 0) {
 		size_t n = len < TAP_PCAPNG_MAX_SEGMENT ? len : TAP_PCAPNG_MAX_SEGMENT;
-		write_packet(c, c2s, TCP_PSH | TCP_ACK, data, n, ts_us);
+		write_packet(c, dir, TCP_PSH | TCP_ACK, data, n, ts_us);
 		data += n;
 		len -= n;
 	}

@@ -21,7 +21,7 @@ struct rp_dir {
 
 struct rp_stream {
 	struct tap_conn *conn;
-	struct rp_dir d[2]; /* [1] c2s */
+	struct rp_dir d[TAP_DIR_COUNT];
 };
 
 struct replay {
@@ -62,9 +62,9 @@ static bool known_class(uint16_t cls)
 
 /* Offset of the first plausible frame start (§4.2.3: a method frame of a known class, or a heartbeat, whose end
  * octet is in place and whose successor, when already here, has a valid type); -1 when none is certain yet. */
-static long find_frame(const uint8_t *p, size_t len, bool c2s, size_t *keep_from)
+static long find_frame(const uint8_t *p, size_t len, enum tap_dir dir, size_t *keep_from)
 {
-	if (c2s && len >= 4 && memcmp(p, "AMQP", 4) == 0)
+	if (dir == TAP_C2S && len >= 4 && memcmp(p, "AMQP", 4) == 0)
 		return 0;
 	size_t i;
 	for (i = 0; i + TAP_FRAME_HEADER_SIZE <= len; i++) {
@@ -96,12 +96,12 @@ static long find_frame(const uint8_t *p, size_t len, bool c2s, size_t *keep_from
 	return -1;
 }
 
-static void resync(struct rp_stream *s, bool c2s, const uint8_t *data, size_t len, int64_t now)
+static void resync(struct rp_stream *s, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now)
 {
-	struct rp_dir *d = &s->d[c2s];
+	struct rp_dir *d = &s->d[dir];
 	tap_buf_append(&d->hold, data, len);
 	size_t keep_from = 0;
-	long at = find_frame((const uint8_t *)d->hold.data, d->hold.len, c2s, &keep_from);
+	long at = find_frame((const uint8_t *)d->hold.data, d->hold.len, dir, &keep_from);
 	if (at < 0) {
 		if (d->hold.len > RESYNC_HOLD_MAX || d->hold.oom)
 			keep_from = d->hold.len; /* nothing plausible in a megabyte: drop it and keep looking */
@@ -113,31 +113,31 @@ static void resync(struct rp_stream *s, bool c2s, const uint8_t *data, size_t le
 	d->synced = true;
 	const uint8_t *p = (const uint8_t *)d->hold.data + at;
 	size_t n = d->hold.len - (size_t)at;
-	if (c2s && (n < 4 || memcmp(p, "AMQP", 4) != 0))
-		tap_conn_feed(s->conn, true, (const uint8_t *)"AMQP\0\0\x09\x01", 8, now);
-	tap_conn_feed(s->conn, c2s, p, n, now);
+	if (dir == TAP_C2S && (n < 4 || memcmp(p, "AMQP", 4) != 0))
+		tap_conn_feed(s->conn, TAP_C2S, (const uint8_t *)"AMQP\0\0\x09\x01", 8, now);
+	tap_conn_feed(s->conn, dir, p, n, now);
 	tap_buf_deinit(&d->hold);
 }
 
-static void on_data(void *ctx, void *user, bool c2s, const uint8_t *data, size_t len, int64_t ts)
+static void on_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts)
 {
 	struct replay *r = ctx;
 	struct rp_stream *s = user;
 	(void)ts;
-	if (!s || !s->conn || s->d[c2s].dead)
+	if (!s || !s->conn || s->d[dir].dead)
 		return;
-	if (s->d[c2s].synced)
-		tap_conn_feed(s->conn, c2s, data, len, r->now);
+	if (s->d[dir].synced)
+		tap_conn_feed(s->conn, dir, data, len, r->now);
 	else
-		resync(s, c2s, data, len, r->now);
+		resync(s, dir, data, len, r->now);
 }
 
-static void on_gap(void *ctx, void *user, bool c2s, uint64_t missing, int64_t ts)
+static void on_gap(void *ctx, void *user, enum tap_dir dir, uint64_t missing, int64_t ts)
 {
 	struct rp_stream *s = user;
 	(void)ctx, (void)missing, (void)ts;
 	if (s)
-		s->d[c2s].dead = true;
+		s->d[dir].dead = true;
 }
 
 static void on_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts)

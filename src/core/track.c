@@ -1227,14 +1227,14 @@ void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_s
 	c->blocked = blocked;
 }
 
-void tap_track_conn_close(struct tap_track_conn *c, bool by_broker, uint16_t code, struct tap_slice text,
+void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t code, struct tap_slice text,
                           int64_t now_us)
 {
 	(void)now_us;
 	if (c->closed)
 		return;
 	c->closed = true;
-	c->close_by_broker = by_broker;
+	c->close_by_broker = by == TAP_BY_BROKER;
 	c->close_code = code;
 	set_str(&c->close_text, text);
 	c->close_text_len = c->close_text ? text.len : 0;
@@ -1311,7 +1311,7 @@ void tap_track_tx_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 	chan_event(c, id, "tx_select", now_us);
 }
 
-void tap_track_channel_close(struct tap_track_conn *c, uint16_t id, bool by_broker, uint16_t code,
+void tap_track_channel_close(struct tap_track_conn *c, uint16_t id, enum tap_peer by, uint16_t code,
                              struct tap_slice text, int64_t now_us)
 {
 	(void)now_us;
@@ -1320,11 +1320,11 @@ void tap_track_channel_close(struct tap_track_conn *c, uint16_t id, bool by_brok
 		return;
 	/* Closes can cross: the client closes while the broker's 404 is on its way. The broker's close says why
 	 * the publishes went unanswered, so it wins over the client's; otherwise the first close stands. */
-	if (ch->closing && (ch->close_by_broker || !by_broker))
+	if (ch->closing && (ch->close_by_broker || by == TAP_BY_CLIENT))
 		return;
 	free(ch->close_text);
 	ch->closing = true;
-	ch->close_by_broker = by_broker;
+	ch->close_by_broker = by == TAP_BY_BROKER;
 	ch->close_code = code;
 	ch->close_text = text.len ? dup_slice(text) : NULL;
 	ch->close_text_len = ch->close_text ? text.len : 0;
@@ -1514,7 +1514,10 @@ static void slot_answer(struct tap_track_conn *c, struct trk_chan *ch, uint64_t 
 	}
 }
 
-void tap_track_confirm(struct tap_track_conn *c, uint16_t id, uint64_t tag, bool multiple, bool nack, int64_t now_us)
+enum trk_answer { ANSWER_ACK, ANSWER_NACK };
+
+static void confirm(struct tap_track_conn *c, uint16_t id, uint64_t tag, bool multiple, enum trk_answer answer,
+                    int64_t now_us)
 {
 	struct trk_chan *ch = chan_find(c, id);
 	if (!ch || ch->mode != MODE_CONFIRM || (tag == 0 && !multiple) || tag > UINT64_MAX - ch->sel_off) {
@@ -1536,11 +1539,21 @@ void tap_track_confirm(struct tap_track_conn *c, uint16_t id, uint64_t tag, bool
 		struct trk_pub *e = slot(ch, n);
 		if (e->state != PUB_WAIT || !(e->flags & PF_CONFIRM))
 			continue;
-		slot_answer(c, ch, n, multiple, nack, now_us);
+		slot_answer(c, ch, n, multiple, answer == ANSWER_NACK, now_us);
 		answered++;
 	}
 	if (!answered)
 		c->t->st.stray_confirms++;
+}
+
+void tap_track_ack(struct tap_track_conn *c, uint16_t ch, uint64_t tag, bool multiple, int64_t now_us)
+{
+	confirm(c, ch, tag, multiple, ANSWER_ACK, now_us);
+}
+
+void tap_track_nack(struct tap_track_conn *c, uint16_t ch, uint64_t tag, bool multiple, int64_t now_us)
+{
+	confirm(c, ch, tag, multiple, ANSWER_NACK, now_us);
 }
 
 static void write_unmatched_return(struct tap_track_conn *c, uint16_t ch, const struct tap_return *r, int64_t now_us)

@@ -211,7 +211,7 @@ static void observe(struct tap_session *s, enum side from, const void *data, siz
 {
 	struct tap_proxy *px = s->px;
 	if (px->hooks.data)
-		px->hooks.data(px->hooks.ctx, s->obs, from == SIDE_CLIENT, data, len, now);
+		px->hooks.data(px->hooks.ctx, s->obs, from == SIDE_CLIENT ? TAP_C2S : TAP_S2C, data, len, now);
 }
 
 /* Passes `len` bytes that `from` sent to the other side, then shows them to

@@ -71,10 +71,10 @@ int main(int argc, char **argv)
 		t_us += 1;
 		if (i >= window && (i - window) % batch == 0 && i - window > acked) {
 			acked = i - window;
-			tap_track_confirm(c, 1, acked, true, false, t_us);
+			tap_track_ack(c, 1, acked, true, t_us);
 		}
 	}
-	tap_track_confirm(c, 1, total, true, false, t_us);
+	tap_track_ack(c, 1, total, true, t_us);
 	double t1 = now_s();
 	struct tap_track_stats s;
 	tap_track_get_stats(t, &s);

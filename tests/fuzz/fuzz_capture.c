@@ -13,7 +13,7 @@ static void *f_open(void *ctx, uint64_t id, const char *client, const char *serv
 
 static volatile uint8_t sink;
 
-static void f_data(void *ctx, void *user, bool c2s, const uint8_t *data, size_t len, int64_t ts)
+static void f_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts)
 {
 	(void)ctx, (void)user, (void)c2s, (void)ts;
 	for (size_t i = 0; i < len; i++)

@@ -325,19 +325,22 @@ static void *g_open(void *ctx, uint64_t id, const char *client, const char *serv
 	return s;
 }
 
-static void g_data(void *ctx, void *user, bool c2s, const uint8_t *data, size_t len, int64_t ts)
+static void g_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts)
 {
 	(void)ctx;
 	struct got_stream *s = user;
 	ck_assert(!s->closed);
-	if (s->bytes[c2s].len == 0)
-		s->first_ts[c2s] = ts;
-	tap_buf_append(&s->bytes[c2s], data, len);
+	if (s->bytes[dir].len == 0)
+		s->first_ts[dir] = ts;
+	tap_buf_append(&s->bytes[dir], data, len);
 }
 
-static void g_gap(void *ctx, void *user, bool c2s, uint64_t missing, int64_t ts)
+static void g_gap(void *ctx, void *user, enum tap_dir dir, uint64_t missing, int64_t ts)
 {
-	(void)ctx, (void)c2s, (void)missing, (void)ts;
+	(void)ctx;
+	(void)dir;
+	(void)missing;
+	(void)ts;
 	((struct got_stream *)user)->gaps++;
 }
 

@@ -153,13 +153,13 @@ static void *cap_open(void *ctx, uint64_t conn, const char *client, const char *
 	return s;
 }
 
-static void cap_data(void *ctx, void *sc, bool c2s, const uint8_t *data, size_t len, int64_t ts)
+static void cap_data(void *ctx, void *sc, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts)
 {
 	struct sink *s = ctx;
 	(void)sc, (void)ts;
-	ck_assert_uint_le(s->cap_len[c2s] + len, sizeof s->captured[c2s]);
-	memcpy(s->captured[c2s] + s->cap_len[c2s], data, len);
-	s->cap_len[c2s] += len;
+	ck_assert_uint_le(s->cap_len[dir] + len, sizeof s->captured[dir]);
+	memcpy(s->captured[dir] + s->cap_len[dir], data, len);
+	s->cap_len[dir] += len;
 }
 
 static void cap_close(void *ctx, void *sc, int64_t ts)

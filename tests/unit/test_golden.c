@@ -22,7 +22,7 @@ enum ev_kind { EV_PACKET, EV_OPEN, EV_DATA, EV_CLOSE };
 
 struct ev {
 	enum ev_kind kind;
-	bool c2s;
+	enum tap_dir dir;
 	uint64_t stream;
 	int64_t ts;
 	size_t off, len; /* EV_DATA: slice of struct golden.bytes */
@@ -67,12 +67,12 @@ static void *cb_open(void *ctx, uint64_t stream, const char *client, const char 
 	return (void *)(uintptr_t)stream;
 }
 
-static void cb_data(void *ctx, void *user, bool c2s, const uint8_t *data, size_t len, int64_t ts)
+static void cb_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts)
 {
 	struct golden *g = ctx;
 	struct ev *e = ev_add(g, EV_DATA);
 	e->stream = (uintptr_t)user;
-	e->c2s = c2s;
+	e->dir = dir;
 	e->ts = ts;
 	e->off = g->bytes.len;
 	e->len = len;
@@ -80,9 +80,9 @@ static void cb_data(void *ctx, void *user, bool c2s, const uint8_t *data, size_t
 	ck_assert(!g->bytes.oom);
 }
 
-static void cb_gap(void *ctx, void *user, bool c2s, uint64_t missing, int64_t ts)
+static void cb_gap(void *ctx, void *user, enum tap_dir dir, uint64_t missing, int64_t ts)
 {
-	(void)ctx, (void)user, (void)c2s, (void)ts;
+	(void)ctx, (void)user, (void)dir, (void)ts;
 	ck_abort_msg("golden capture has a hole of %llu bytes", (unsigned long long)missing);
 }
 
@@ -166,12 +166,12 @@ static void run(const struct golden *g, enum split how, size_t at, struct tap_bu
 			const uint8_t *p = bytes + e->off;
 			if (how == SPLIT_BYTES) {
 				for (size_t k = 0; k < e->len; k++)
-					tap_conn_feed(c, e->c2s, p + k, 1, now);
+					tap_conn_feed(c, e->dir, p + k, 1, now);
 			} else if (how == SPLIT_AT && at > e->off && at < e->off + e->len) {
-				tap_conn_feed(c, e->c2s, p, at - e->off, now);
-				tap_conn_feed(c, e->c2s, bytes + at, e->off + e->len - at, now);
+				tap_conn_feed(c, e->dir, p, at - e->off, now);
+				tap_conn_feed(c, e->dir, bytes + at, e->off + e->len - at, now);
 			} else {
-				tap_conn_feed(c, e->c2s, p, e->len, now);
+				tap_conn_feed(c, e->dir, p, e->len, now);
 			}
 			break;
 		}

@@ -72,11 +72,11 @@ static void *r_open(void *ctx, uint64_t id, const char *client, const char *serv
 	return (void *)(uintptr_t)(i + 1);
 }
 
-static void r_data(void *ctx, void *user, bool c2s, const uint8_t *data, size_t len, int64_t ts)
+static void r_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts)
 {
 	struct rb *r = ctx;
 	(void)ts;
-	tap_buf_append(&r->bytes[(uintptr_t)user - 1][c2s], data, len);
+	tap_buf_append(&r->bytes[(uintptr_t)user - 1][dir], data, len);
 }
 
 static void r_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts)

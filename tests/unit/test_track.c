@@ -294,7 +294,7 @@ START_TEST(routed_after_late_return_window)
 	p.has_delivery_mode = true;
 	p.delivery_mode = 2;
 	tap_track_publish(c, 1, &p, T0 + 100);
-	tap_track_confirm(c, 1, 1, false, false, T0 + 630);
+	tap_track_ack(c, 1, 1, false, T0 + 630);
 	ck_assert_uint_eq(count_type("publish"), 0); /* held for a late Return */
 	ck_assert_uint_eq(stats().held, 1);
 	int64_t next = tap_track_tick(t, T0 + 700);
@@ -341,7 +341,7 @@ START_TEST(returned_before_ack)
 	struct tap_return r = ret("x.d", "nomatch");
 	tap_track_return(c, 1, &r, T0 + 410);
 	ck_assert_uint_eq(count_type("publish"), 0);
-	tap_track_confirm(c, 1, 1, false, false, T0 + 530);
+	tap_track_ack(c, 1, 1, false, T0 + 530);
 	const char *rec = nth("publish", 0);
 	assert_field(rec, "route", "\"returned\"");
 	assert_field(rec, "reply_code", "312");
@@ -361,7 +361,7 @@ START_TEST(nacked)
 	confirm_channel(1);
 	struct tap_publish p = pub("", "q.full", true);
 	tap_track_publish(c, 1, &p, T0);
-	tap_track_confirm(c, 1, 1, false, true, T0 + 50);
+	tap_track_nack(c, 1, 1, false, T0 + 50);
 	const char *rec = nth("publish", 0);
 	assert_field(rec, "confirm", "\"nack\"");
 	assert_field(rec, "route", "\"unproven\"");
@@ -378,7 +378,7 @@ START_TEST(confirm_without_mandatory_warns_once)
 	for (int i = 0; i < 3; i++)
 		tap_track_publish(c, 1, &p, T0);
 	for (int i = 1; i <= 3; i++)
-		tap_track_confirm(c, 1, (uint64_t)i, false, false, T0 + 10);
+		tap_track_ack(c, 1, (uint64_t)i, false, T0 + 10);
 	ck_assert_uint_eq(count_type("publish"), 3);
 	for (int i = 1; i <= 3; i++) {
 		assert_field(pub_seq((uint64_t)i), "route", "\"unproven\"");
@@ -398,7 +398,7 @@ START_TEST(multiple_ack_covers_range)
 	struct tap_publish p = pub("x", "k", false);
 	for (int i = 0; i < 10; i++)
 		tap_track_publish(c, 1, &p, T0 + i);
-	tap_track_confirm(c, 1, 7, true, false, T0 + 100);
+	tap_track_ack(c, 1, 7, true, T0 + 100);
 	ck_assert_uint_eq(count_type("publish"), 7);
 	for (uint64_t s = 1; s <= 7; s++) {
 		assert_field(pub_seq(s), "multiple", "true");
@@ -406,13 +406,13 @@ START_TEST(multiple_ack_covers_range)
 		snprintf(want, sizeof want, "%llu", (unsigned long long)(100 - (s - 1)));
 		assert_field(pub_seq(s), "confirm_us", want);
 	}
-	tap_track_confirm(c, 1, 9, false, false, T0 + 200);
+	tap_track_ack(c, 1, 9, false, T0 + 200);
 	assert_field(pub_seq(9), "multiple", "false");
-	tap_track_confirm(c, 1, 10, true, false, T0 + 300);
+	tap_track_ack(c, 1, 10, true, T0 + 300);
 	ck_assert_uint_eq(count_type("publish"), 10);
 	assert_field(pub_seq(8), "multiple", "true");
 	ck_assert_uint_eq(stats().stray_confirms, 0);
-	tap_track_confirm(c, 1, 10, true, false, T0 + 300);
+	tap_track_ack(c, 1, 10, true, T0 + 300);
 	ck_assert_uint_eq(stats().stray_confirms, 1);
 }
 END_TEST
@@ -425,14 +425,14 @@ START_TEST(out_of_order_acks)
 		tap_track_publish(c, 1, &p, T0);
 	const uint64_t order[] = {3, 1, 5, 2, 4};
 	for (int i = 0; i < 5; i++) {
-		tap_track_confirm(c, 1, order[i], false, false, T0 + 10 * (i + 1));
+		tap_track_ack(c, 1, order[i], false, T0 + 10 * (i + 1));
 		ck_assert_uint_eq(count_type("publish"), (size_t)i + 1);
 	}
 	assert_field(pub_seq(3), "confirm_us", "10");
 	assert_field(pub_seq(4), "confirm_us", "50");
-	tap_track_confirm(c, 1, 3, false, false, T0 + 99);  /* already answered */
-	tap_track_confirm(c, 1, 77, false, false, T0 + 99); /* never published */
-	tap_track_confirm(c, 1, 0, false, false, T0 + 99);
+	tap_track_ack(c, 1, 3, false, T0 + 99);  /* already answered */
+	tap_track_ack(c, 1, 77, false, T0 + 99); /* never published */
+	tap_track_ack(c, 1, 0, false, T0 + 99);
 	ck_assert_uint_eq(count_type("publish"), 5);
 	ck_assert_uint_eq(stats().stray_confirms, 3);
 	ck_assert_uint_eq(stats().outstanding, 0);
@@ -445,8 +445,8 @@ START_TEST(multiple_ack_spanning_nack)
 	struct tap_publish p = pub("x", "k", false);
 	for (int i = 0; i < 5; i++)
 		tap_track_publish(c, 1, &p, T0);
-	tap_track_confirm(c, 1, 3, false, true, T0 + 5);
-	tap_track_confirm(c, 1, 5, true, false, T0 + 9);
+	tap_track_nack(c, 1, 3, false, T0 + 5);
+	tap_track_ack(c, 1, 5, true, T0 + 9);
 	ck_assert_uint_eq(count_type("publish"), 5);
 	assert_field(pub_seq(3), "confirm", "\"nack\"");
 	assert_field(pub_seq(3), "multiple", "false");
@@ -464,7 +464,7 @@ START_TEST(multiple_tag_zero_means_all)
 	struct tap_publish p = pub("x", "k", false);
 	for (int i = 0; i < 4; i++)
 		tap_track_publish(c, 1, &p, T0);
-	tap_track_confirm(c, 1, 0, true, false, T0 + 5);
+	tap_track_ack(c, 1, 0, true, T0 + 5);
 	ck_assert_uint_eq(count_type("publish"), 4);
 }
 END_TEST
@@ -475,7 +475,7 @@ START_TEST(ack_before_return)
 	struct tap_publish p = pub("x.d", "nomatch", true);
 	tap_track_publish(c, 1, &p, T0);
 	tap_track_publish(c, 1, &p, T0);
-	tap_track_confirm(c, 1, 2, true, false, T0 + 100);
+	tap_track_ack(c, 1, 2, true, T0 + 100);
 	struct tap_return r = ret("x.d", "nomatch");
 	tap_track_return(c, 1, &r, T0 + 120);
 	tap_track_return(c, 1, &r, T0 + 130);
@@ -515,7 +515,7 @@ START_TEST(unmatched_return)
 	assert_field(w, "routing_key", "\"b\"");
 	assert_field(w, "reply_code", "312");
 	ck_assert_uint_eq(stats().unmatched_returns, 3);
-	tap_track_confirm(c, 1, 1, false, false, T0 + 10);
+	tap_track_ack(c, 1, 1, false, T0 + 10);
 	tap_track_tick(t, T0 + 1000000);
 	assert_field(pub_seq(1), "route", "\"routed\"");
 }
@@ -561,11 +561,11 @@ START_TEST(channel_closed_by_broker_404)
 	struct tap_publish p = pub("x.d", "k", true);
 	for (int i = 0; i < 3; i++)
 		tap_track_publish(c, 1, &p, T0);
-	tap_track_confirm(c, 1, 1, false, false, T0 + 5);
+	tap_track_ack(c, 1, 1, false, T0 + 5);
 	struct tap_publish bad = pub("nope", "k", false);
 	tap_track_publish(c, 1, &bad, T0 + 6);
 	const char *text = "NOT_FOUND - no exchange 'nope' in vhost '/'";
-	tap_track_channel_close(c, 1, true, 404, S(text), T0 + 7);
+	tap_track_channel_close(c, 1, TAP_BY_BROKER, 404, S(text), T0 + 7);
 	tap_track_publish(c, 1, &bad, T0 + 8); /* sent before the client saw the close */
 	ck_assert_uint_eq(count_type("publish"), 0);
 	tap_track_channel_close_ok(c, 1, T0 + 9);
@@ -586,7 +586,7 @@ START_TEST(channel_closed_by_broker_404)
 	assert_field(ch, "code", "404");
 	assert_field(ch, "unconfirmed", "4");
 	ck_assert_uint_eq(stats().outstanding, 0);
-	tap_track_confirm(c, 1, 2, false, false, T0 + 10); /* channel gone */
+	tap_track_ack(c, 1, 2, false, T0 + 10); /* channel gone */
 	ck_assert_uint_eq(count_type("publish"), 5);
 }
 END_TEST
@@ -597,8 +597,8 @@ START_TEST(channel_close_by_client)
 	struct tap_publish p = pub("x", "k", false);
 	tap_track_publish(c, 1, &p, T0);
 	tap_track_publish(c, 1, &p, T0);
-	tap_track_channel_close(c, 1, false, 200, S("Normal shutdown"), T0 + 1);
-	tap_track_confirm(c, 1, 1, false, false, T0 + 2); /* still arrives before close-ok */
+	tap_track_channel_close(c, 1, TAP_BY_CLIENT, 200, S("Normal shutdown"), T0 + 1);
+	tap_track_ack(c, 1, 1, false, T0 + 2); /* still arrives before close-ok */
 	tap_track_channel_close_ok(c, 1, T0 + 3);
 	assert_field(pub_seq(1), "confirm", "\"ack\"");
 	assert_field(pub_seq(2), "reason", "{\"by\":\"client\",\"code\":200,\"text\":\"Normal shutdown\"}");
@@ -612,8 +612,8 @@ START_TEST(crossed_closes_keep_the_brokers_reason)
 	confirm_channel(1);
 	struct tap_publish p = pub("nope", "k", true);
 	tap_track_publish(c, 1, &p, T0);
-	tap_track_channel_close(c, 1, false, 0, S("Normal shutdown"), T0 + 1);
-	tap_track_channel_close(c, 1, true, 404, S("NOT_FOUND - no exchange 'nope' in vhost '/'"), T0 + 2);
+	tap_track_channel_close(c, 1, TAP_BY_CLIENT, 0, S("Normal shutdown"), T0 + 1);
+	tap_track_channel_close(c, 1, TAP_BY_BROKER, 404, S("NOT_FOUND - no exchange 'nope' in vhost '/'"), T0 + 2);
 	tap_track_channel_close_ok(c, 1, T0 + 3);
 	assert_field(pub_seq(1), "reason", "{\"by\":\"broker\",\"code\":404,\"text\":\"NOT_FOUND - no exchange 'nope' in vhost '/'\"}");
 	assert_field(nth("channel", 2), "by", "\"broker\"");
@@ -626,12 +626,12 @@ START_TEST(reopened_channel_restarts_at_one)
 	struct tap_publish p = pub("x", "k", false);
 	tap_track_publish(c, 1, &p, T0);
 	tap_track_publish(c, 1, &p, T0);
-	tap_track_confirm(c, 1, 2, true, false, T0 + 1);
-	tap_track_channel_close(c, 1, false, 200, S(""), T0 + 2);
+	tap_track_ack(c, 1, 2, true, T0 + 1);
+	tap_track_channel_close(c, 1, TAP_BY_CLIENT, 200, S(""), T0 + 2);
 	tap_track_channel_close_ok(c, 1, T0 + 3);
 	confirm_channel(1);
 	tap_track_publish(c, 1, &p, T0 + 4);
-	tap_track_confirm(c, 1, 1, false, false, T0 + 5);
+	tap_track_ack(c, 1, 1, false, T0 + 5);
 	ck_assert_uint_eq(count_type("publish"), 3);
 	assert_field(nth("publish", 2), "seq", "1");
 	assert_field(nth("publish", 2), "confirm_us", "1");
@@ -648,7 +648,7 @@ START_TEST(reselect_does_not_reset)
 	tap_track_publish(c, 1, &p, T0);
 	tap_track_confirm_select(c, 1, T0);
 	tap_track_publish(c, 1, &p, T0);
-	tap_track_confirm(c, 1, 3, false, false, T0 + 1);
+	tap_track_ack(c, 1, 3, false, T0 + 1);
 	assert_field(nth("publish", 0), "seq", "3");
 }
 END_TEST
@@ -660,7 +660,7 @@ START_TEST(non_confirm_publishes_before_select)
 	tap_track_publish(c, 1, &m, T0); /* waits for a Return, no seq */
 	tap_track_confirm_select(c, 1, T0 + 1);
 	tap_track_publish(c, 1, &m, T0 + 2);
-	tap_track_confirm(c, 1, 1, true, false, T0 + 3);
+	tap_track_ack(c, 1, 1, true, T0 + 3);
 	tap_track_tick(t, T0 + 3 + TAP_TRACK_LATE_RETURN_US_DEFAULT);
 	ck_assert_uint_eq(count_type("publish"), 1);
 	assert_field(nth("publish", 0), "seq", "1");
@@ -729,7 +729,7 @@ START_TEST(clean_close_and_commit_settle_the_return_window)
 	tap_track_channel_open(c, 1, T0);
 	struct tap_publish p = pub("x", "k", true);
 	tap_track_publish(c, 1, &p, T0);
-	tap_track_channel_close(c, 1, false, 200, S("Normal shutdown"), T0 + 1);
+	tap_track_channel_close(c, 1, TAP_BY_CLIENT, 200, S("Normal shutdown"), T0 + 1);
 	tap_track_channel_close_ok(c, 1, T0 + 2);
 	ck_assert_uint_eq(count_type("publish"), 1);
 	assert_field(nth("publish", 0), "route", "\"unproven\"");
@@ -747,14 +747,14 @@ START_TEST(clean_close_and_commit_settle_the_return_window)
 
 	tap_track_channel_open(c, 3, T0);
 	tap_track_publish(c, 3, &p, T0 + 5);
-	tap_track_channel_close(c, 3, true, 406, S("PRECONDITION_FAILED"), T0 + 6);
+	tap_track_channel_close(c, 3, TAP_BY_BROKER, 406, S("PRECONDITION_FAILED"), T0 + 6);
 	tap_track_channel_close_ok(c, 3, T0 + 7);
 	assert_field(nth("publish", 2), "route", "\"unknown\"");
 	assert_field(nth("publish", 2), "reason", "{\"by\":\"broker\",\"code\":406,\"text\":\"PRECONDITION_FAILED\"}");
 
 	tap_track_channel_open(c, 4, T0);
 	tap_track_publish(c, 4, &p, T0 + 8);
-	tap_track_conn_close(c, false, 200, S("bye"), T0 + 9);
+	tap_track_conn_close(c, TAP_BY_CLIENT, 200, S("bye"), T0 + 9);
 	tap_track_conn_close_ok(c, T0 + 10);
 	tap_track_conn_end(c, "client_eof", T0 + 11);
 	c = NULL;
@@ -774,9 +774,9 @@ START_TEST(channels_anywhere_in_the_id_range)
 		for (size_t k = 0; k <= i; k++)
 			tap_track_publish(c, ids[i], &p, T0 + (int64_t)i);
 	}
-	tap_track_confirm(c, 65535, 3, true, false, T0 + 10);
+	tap_track_ack(c, 65535, 3, true, T0 + 10);
 	ck_assert_uint_eq(count_type("publish"), 3);
-	tap_track_channel_close(c, 5, false, 200, S("done"), T0 + 11);
+	tap_track_channel_close(c, 5, TAP_BY_CLIENT, 200, S("done"), T0 + 11);
 	tap_track_channel_close_ok(c, 5, T0 + 12);
 	tap_track_conn_end(c, "client_eof", T0 + 13);
 	c = NULL;
@@ -830,7 +830,7 @@ START_TEST(eviction_at_max_outstanding)
 	assert_field(b, "seq", "1");
 	ck_assert_uint_eq(stats().evicted, 2);
 	ck_assert_uint_eq(stats().outstanding, 3);
-	tap_track_confirm(c, 2, 3, true, false, T0 + 6);
+	tap_track_ack(c, 2, 3, true, T0 + 6);
 	ck_assert_uint_eq(count_type("publish"), 4);
 	ck_assert_uint_eq(stats().stray_confirms, 0);
 }
@@ -844,7 +844,7 @@ START_TEST(conn_end_with_outstanding)
 	tap_track_publish(c, 1, &p, T0);
 	tap_track_publish(c, 1, &p, T0);
 	tap_track_publish(c, 5, &p, T0); /* non-confirm, in its return window */
-	tap_track_confirm(c, 1, 1, false, false, T0 + 1);
+	tap_track_ack(c, 1, 1, false, T0 + 1);
 	tap_track_conn_end(c, "eof", T0 + 2);
 	c = NULL;
 	ck_assert_uint_eq(count_type("publish"), 3);
@@ -874,7 +874,7 @@ START_TEST(conn_end_after_connection_close)
 	confirm_channel(1);
 	struct tap_publish p = pub("x", "k", false);
 	tap_track_publish(c, 1, &p, T0);
-	tap_track_conn_close(c, true, 320, S("CONNECTION_FORCED - broker forced connection closure"), T0 + 1);
+	tap_track_conn_close(c, TAP_BY_BROKER, 320, S("CONNECTION_FORCED - broker forced connection closure"), T0 + 1);
 	tap_track_conn_end(c, "eof", T0 + 2);
 	c = NULL;
 	assert_field(
@@ -890,7 +890,7 @@ START_TEST(shutdown_writes_everything)
 	struct tap_publish p = pub("x", "k", true);
 	tap_track_publish(c, 1, &p, T0);
 	tap_track_publish(c, 1, &p, T0);
-	tap_track_confirm(c, 1, 1, false, false, T0 + 1);
+	tap_track_ack(c, 1, 1, false, T0 + 1);
 	struct tap_track_conn *c2 = tap_track_conn_new(t, 4, "127.0.0.1:2", "127.0.0.1:5672", T0);
 	tap_track_channel_open(c2, 1, T0);
 	tap_track_publish(c2, 1, &p, T0);
@@ -916,11 +916,11 @@ START_TEST(consumer_side_does_not_confuse)
 	confirm_channel(2);
 	struct tap_publish p = pub("x", "k", false);
 	tap_track_publish(c, 2, &p, T0);
-	tap_track_confirm(c, 1, 1, false, false, T0 + 1);
-	tap_track_confirm(c, 1, 5, true, false, T0 + 1);
+	tap_track_ack(c, 1, 1, false, T0 + 1);
+	tap_track_ack(c, 1, 5, true, T0 + 1);
 	ck_assert_uint_eq(count_type("publish"), 0);
 	ck_assert_uint_eq(stats().stray_confirms, 2);
-	tap_track_confirm(c, 2, 1, false, false, T0 + 2);
+	tap_track_ack(c, 2, 1, false, T0 + 2);
 	assert_field(nth("publish", 0), "channel", "2");
 	assert_field(nth("publish", 0), "confirm_us", "2");
 }
@@ -941,7 +941,7 @@ START_TEST(optional_properties_and_escaping)
 	p.has_correlation_id = true;
 	p.correlation_id = S("c-1");
 	tap_track_publish(c, 1, &p, T0);
-	tap_track_confirm(c, 1, 1, false, false, T0 + 1);
+	tap_track_ack(c, 1, 1, false, T0 + 1);
 	const char *r = nth("publish", 0);
 	ck_assert(valid_json_object(r));
 	assert_field(r, "type", "\"publish\"");
@@ -965,8 +965,8 @@ START_TEST(latency_beyond_the_histogram_range)
 	int64_t huge = INT64_C(1) << 40;
 	tap_track_publish(c, 1, &p, T0);
 	tap_track_publish(c, 1, &p, T0);
-	tap_track_confirm(c, 1, 1, false, false, T0 + 100);
-	tap_track_confirm(c, 1, 2, false, false, T0 + huge);
+	tap_track_ack(c, 1, 1, false, T0 + 100);
+	tap_track_ack(c, 1, 2, false, T0 + huge);
 	ck_assert_uint_le(tap_track_confirm_quantile(t, 0.5), 100 + 100 / 16);
 	ck_assert_uint_eq(tap_track_confirm_quantile(t, 0.99), (uint64_t)huge);
 	struct tap_buf b;
@@ -995,7 +995,7 @@ START_TEST(summary_and_latency)
 	for (int i = 0; i < 100; i++)
 		tap_track_publish(c, 1, &p, T0);
 	for (int i = 1; i <= 100; i++)
-		tap_track_confirm(c, 1, (uint64_t)i, false, false, T0 + i * 10);
+		tap_track_ack(c, 1, (uint64_t)i, false, T0 + i * 10);
 	uint64_t p50 = tap_track_confirm_quantile(t, 0.5);
 	ck_assert_uint_ge(p50, 500 - 500 / 16);
 	ck_assert_uint_le(p50, 500 + 500 / 16);
@@ -1078,13 +1078,17 @@ START_TEST(random_interleavings)
 				seq[ci][ch]++;
 			} else if (op < 60) {
 				uint64_t tag = seq[ci][ch] ? 1 + rnd((uint32_t)seq[ci][ch] + 2) : rnd(3);
-				tap_track_confirm(cc, ch, tag, rnd(3) == 0, rnd(8) == 0, now);
+				bool nack = rnd(8) == 0, multiple = rnd(3) == 0;
+				if (nack)
+					tap_track_nack(cc, ch, tag, multiple, now);
+				else
+					tap_track_ack(cc, ch, tag, multiple, now);
 			} else if (op < 72) {
 				struct tap_return r = ret("x", rks[rnd(3)]);
 				r.body_size = rnd(3);
 				tap_track_return(cc, ch, &r, now);
 			} else if (op < 76) {
-				tap_track_channel_close(cc, ch, rnd(2), 404, S("NOT_FOUND"), now);
+				tap_track_channel_close(cc, ch, rnd(2) ? TAP_BY_BROKER : TAP_BY_CLIENT, 404, S("NOT_FOUND"), now);
 			} else if (op < 80) {
 				tap_track_channel_close_ok(cc, ch, now);
 			} else if (op < 84) {
@@ -1097,7 +1101,7 @@ START_TEST(random_interleavings)
 			} else if (op < 98) {
 				tap_track_tick(t, now);
 			} else if (op < 99) {
-				tap_track_conn_close(cc, rnd(2), 320, S("forced"), now);
+				tap_track_conn_close(cc, rnd(2) ? TAP_BY_BROKER : TAP_BY_CLIENT, 320, S("forced"), now);
 			} else {
 				tap_track_conn_end(cc, "reset", now);
 				conns[ci] = NULL;
