@@ -1,6 +1,7 @@
-/* Command-line configuration: a declarative option table fills one struct
- * that is passed down explicitly (no globals). Parsing never exits: it
- * returns a status and a one-line message naming the bad option. */
+/* Command-line configuration: a declarative option table (name, kind, field, default, help) fills one struct
+ * that is passed down explicitly (no globals). The same table drives the parser, --help, the man page and
+ * the bash completion, so none of them can list an option the others lack. Parsing never exits: it returns
+ * a status and a one-line message naming the bad option. */
 #ifndef AMQPTAP_CONF_H
 #define AMQPTAP_CONF_H
 
@@ -9,6 +10,7 @@
 #include <stdint.h>
 
 #define TAP_CONF_HOST_MAX 256
+#define TAP_CONF_TAP_ID_MAX 256 /* bytes, with the NUL */
 
 struct tap_conf_addr {
 	char host[TAP_CONF_HOST_MAX]; /* without brackets for IPv6 */
@@ -22,8 +24,16 @@ enum tap_conf_mode {
 	TAP_MODE_VERSION,
 };
 
+/* How much goes to stderr besides errors and warnings, which are always written. */
+enum tap_conf_verbosity {
+	TAP_VERBOSITY_QUIET,   /* -q: errors and warnings only */
+	TAP_VERBOSITY_NORMAL,  /* start, stop and the summary */
+	TAP_VERBOSITY_VERBOSE, /* -v: also one line per connection opened and closed */
+};
+
 struct tap_conf {
 	enum tap_conf_mode mode;
+	enum tap_conf_verbosity verbosity;
 	struct tap_conf_addr listen;
 	struct tap_conf_addr upstream;
 	const char *verdicts;       /* "-" = stdout */
@@ -36,6 +46,7 @@ struct tap_conf {
 	uint32_t late_return_ms;
 	uint32_t max_outstanding;
 	uint32_t grace_ms;
+	char tap_id[TAP_CONF_TAP_ID_MAX]; /* names this tap in merged records; default: the host name */
 	/* TLS towards clients (listener) */
 	const char *tls_cert, *tls_key, *tls_client_ca;
 	/* TLS towards the broker */
@@ -44,20 +55,59 @@ struct tap_conf {
 	const char *keylog; /* NULL: $SSLKEYLOGFILE if set (main decides) */
 };
 
-/* Fills c with the defaults of DESIGN §1. */
+enum tap_conf_opt_kind {
+	TAP_OPT_ADDR_LISTEN, /* HOST:PORT, port 0 allowed */
+	TAP_OPT_ADDR,        /* HOST:PORT */
+	TAP_OPT_PATH,        /* a file name (completed as one) */
+	TAP_OPT_TEXT,        /* a name: printable, without spaces or quotes */
+	TAP_OPT_ID,          /* copied into a char array: letters, digits and . _ - : @ / */
+	TAP_OPT_U32,         /* a whole number within [min, max] */
+	TAP_OPT_FLAG,        /* sets a bool */
+	TAP_OPT_LEVEL,       /* sets the verbosity to .level */
+	TAP_OPT_HELP,
+	TAP_OPT_VERSION,
+};
+
+/* One row of the option table. */
+struct tap_conf_option {
+	const char *name;  /* long name without the dashes */
+	char short_name;   /* 0: none */
+	enum tap_conf_opt_kind kind;
+	size_t offset;     /* of the field in struct tap_conf */
+	uint32_t min, max; /* TAP_OPT_U32 bounds */
+	enum tap_conf_verbosity level;
+	const char *arg;   /* placeholder of the value; NULL for options that take none */
+	/* The default: def is a command-line value that tap_conf_defaults applies through the parser (text kinds),
+	 * def_u32 the number (TAP_OPT_U32). def_shown is what --help says instead when the value alone does not
+	 * tell ("off", "the host name"); with neither def nor def_shown, --help says nothing. */
+	const char *def;
+	uint32_t def_u32;
+	const char *def_shown;
+	const char *help;
+};
+
+/* The table, in --help order. */
+const struct tap_conf_option *tap_conf_options(size_t *count);
+
+/* Fills c with the defaults of the table (DESIGN §1); tap_id is the host name. */
 void tap_conf_defaults(struct tap_conf *c);
 
-/* Parses argv (argv[0] is the program). Strings in c point into argv.
- * Returns 0, or TAP_E_USAGE with a one-line message (no newline) in err. */
+/* Parses argv (argv[0] is the program) with getopt_long: --opt VALUE, --opt=VALUE, -o VALUE, -oVALUE, bundled
+ * flags (-vq), "--" ends the options. Long names must be spelled out (no abbreviations). Later options
+ * override earlier ones. Strings in c point into argv. Returns 0, or TAP_E_USAGE with a one-line message (no
+ * newline) in err that names the option. Not reentrant (getopt's state is global). */
 int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t err_cap);
 
 /* Parses "HOST:PORT" or "[V6]:PORT"; allow_port0 for listeners. */
 int tap_conf_parse_addr(const char *s, bool allow_port0, struct tap_conf_addr *out);
 
-/* Writes the --help text. */
-void tap_conf_usage(char *out, size_t cap);
-
 /* "host:port" or "[v6]:port" */
 void tap_conf_addr_format(const struct tap_conf_addr *a, char *out, size_t cap);
+
+/* The renderings of the table (conf_doc.c). Each writes at most cap bytes, always NUL-terminated when cap > 0,
+ * and returns the length of the whole text (as snprintf does: call with cap 0 to size the buffer). */
+size_t tap_conf_usage(char *out, size_t cap);
+size_t tap_conf_man(char *out, size_t cap, const char *version);
+size_t tap_conf_bash_completion(char *out, size_t cap);
 
 #endif

@@ -1,90 +1,85 @@
-/* The option table of DESIGN §1 and the parser that applies it to a
- * struct tap_conf. Each option is one row: name, argument kind, field. */
+/* The option table of DESIGN §1 and the getopt_long parser that applies it to a struct tap_conf. Each option
+ * is one row: name, short name, argument kind, field, bounds, default, help. The renderings of the same table
+ * (--help, man page, bash completion) are in conf_doc.c. */
 #include "amqptap/conf.h"
 
 #include "amqptap/status.h"
+#include "amqptap/track.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum opt_kind {
-	OPT_ADDR_LISTEN,   /* HOST:PORT, port 0 allowed */
-	OPT_ADDR,          /* HOST:PORT */
-	OPT_PATH,          /* a file name */
-	OPT_U32,           /* a non-negative integer */
-	OPT_FLAG,          /* a bool set to true */
-	OPT_HELP,
-	OPT_VERSION,
-};
-
-struct opt_def {
-	const char *name;  /* long name without dashes */
-	char short_name;
-	enum opt_kind kind;
-	size_t offset;
-	uint32_t min, max; /* OPT_U32 bounds */
-	const char *arg;   /* placeholder in --help */
-	const char *help;
-};
+#include <unistd.h>
 
 #define FIELD(f) offsetof(struct tap_conf, f)
 
-static const struct opt_def options[] = {
-	{"listen", 'l', OPT_ADDR_LISTEN, FIELD(listen), 0, 0, "ADDR:PORT",
-	 "where clients connect (default 127.0.0.1:5673)"},
-	{"upstream", 'u', OPT_ADDR, FIELD(upstream), 0, 0, "HOST:PORT", "the real broker (default 127.0.0.1:5672)"},
-	{"verdicts", 'o', OPT_PATH, FIELD(verdicts), 0, 0, "FILE|-", "verdict and event records, JSON Lines (default -)"},
-	{"frames", 'f', OPT_PATH, FIELD(frames), 0, 0, "FILE", "one JSON line per decoded frame (default off)"},
-	{"pcap", 0, OPT_PATH, FIELD(pcap), 0, 0, "FILE", "the plaintext AMQP streams as pcapng for Wireshark (default off)"},
-	{"port", 0, OPT_U32, FIELD(replay_port), 1, 65535, "N", "replay: the broker's TCP port in the capture (default 5672)"},
-	{"body-bytes", 0, OPT_U32, FIELD(body_bytes), 0, 1u << 20, "N",
-	 "include the first N body bytes in --frames (default 0)"},
-	{"return-window", 0, OPT_U32, FIELD(return_window_ms), 1, 3600u * 1000u, "MS",
-	 "non-confirm channels: how long a mandatory publish waits for a Return (default 2000)"},
-	{"late-return", 0, OPT_U32, FIELD(late_return_ms), 1, 60u * 1000u, "MS",
-	 "confirm channels: how long an acked mandatory publish waits for a late Return (default 50)"},
-	{"max-outstanding", 0, OPT_U32, FIELD(max_outstanding), 1, UINT32_MAX, "N",
-	 "tracked publishes per connection before the oldest is evicted (default 1000000)"},
-	{"grace", 0, OPT_U32, FIELD(grace_ms), 0, 3600u * 1000u, "MS",
-	 "on SIGINT/SIGTERM, how long live sessions may finish before they are closed (default 1000)"},
-	{"tls-cert", 0, OPT_PATH, FIELD(tls_cert), 0, 0, "FILE", "accept TLS from clients with this certificate (PEM chain)"},
-	{"tls-key", 0, OPT_PATH, FIELD(tls_key), 0, 0, "FILE", "private key of --tls-cert (PEM)"},
-	{"tls-client-ca", 0, OPT_PATH, FIELD(tls_client_ca), 0, 0, "FILE",
-	 "require client certificates signed by this CA (PEM)"},
-	{"upstream-tls", 0, OPT_FLAG, FIELD(upstream_tls), 0, 0, NULL, "speak TLS to the broker (verification on)"},
-	{"upstream-ca", 0, OPT_PATH, FIELD(upstream_ca), 0, 0, "FILE", "CA bundle for the broker (default: system store)"},
-	{"upstream-sni", 0, OPT_PATH, FIELD(upstream_sni), 0, 0, "NAME",
-	 "server name sent and checked (default: the --upstream host)"},
-	{"upstream-cert", 0, OPT_PATH, FIELD(upstream_cert), 0, 0, "FILE", "client certificate for the broker (mTLS)"},
-	{"upstream-key", 0, OPT_PATH, FIELD(upstream_key), 0, 0, "FILE", "private key of --upstream-cert"},
-	{"upstream-insecure", 0, OPT_FLAG, FIELD(upstream_insecure), 0, 0, NULL,
-	 "do not verify the broker's certificate (logged loudly)"},
-	{"keylog", 0, OPT_PATH, FIELD(keylog), 0, 0, "FILE",
-	 "NSS key log of both TLS legs, mode 0600 (default: $SSLKEYLOGFILE)"},
-	{"help", 'h', OPT_HELP, 0, 0, 0, NULL, "show this help and exit"},
-	{"version", 'V', OPT_VERSION, 0, 0, 0, NULL, "show the version and exit"},
+static const struct tap_conf_option options[] = {
+	{.name = "listen", .short_name = 'l', .kind = TAP_OPT_ADDR_LISTEN, .offset = FIELD(listen), .arg = "ADDR:PORT",
+	 .def = "127.0.0.1:5673", .help = "where clients connect"},
+	{.name = "upstream", .short_name = 'u', .kind = TAP_OPT_ADDR, .offset = FIELD(upstream), .arg = "HOST:PORT",
+	 .def = "127.0.0.1:5672", .help = "the real broker"},
+	{.name = "verdicts", .short_name = 'o', .kind = TAP_OPT_PATH, .offset = FIELD(verdicts), .arg = "FILE|-",
+	 .def = "-", .help = "verdict and event records, JSON Lines (- is stdout)"},
+	{.name = "frames", .short_name = 'f', .kind = TAP_OPT_PATH, .offset = FIELD(frames), .arg = "FILE",
+	 .def_shown = "off", .help = "one JSON line per decoded frame"},
+	{.name = "pcap", .kind = TAP_OPT_PATH, .offset = FIELD(pcap), .arg = "FILE", .def_shown = "off",
+	 .help = "the plaintext AMQP streams as pcapng for Wireshark"},
+	{.name = "port", .kind = TAP_OPT_U32, .offset = FIELD(replay_port), .min = 1, .max = 65535, .arg = "N",
+	 .def_u32 = 5672, .help = "replay: the broker's TCP port in the capture"},
+	{.name = "body-bytes", .kind = TAP_OPT_U32, .offset = FIELD(body_bytes), .min = 0, .max = 1u << 20, .arg = "N",
+	 .def_u32 = 0, .help = "include the first N body bytes in --frames"},
+	{.name = "return-window", .kind = TAP_OPT_U32, .offset = FIELD(return_window_ms), .min = 1,
+	 .max = 3600u * 1000u, .arg = "MS", .def_u32 = TAP_TRACK_RETURN_WINDOW_US_DEFAULT / 1000,
+	 .help = "non-confirm channels: how long a mandatory publish waits for a Return"},
+	{.name = "late-return", .kind = TAP_OPT_U32, .offset = FIELD(late_return_ms), .min = 1, .max = 60u * 1000u,
+	 .arg = "MS", .def_u32 = TAP_TRACK_LATE_RETURN_US_DEFAULT / 1000,
+	 .help = "confirm channels: how long an acked mandatory publish waits for a late Return"},
+	{.name = "max-outstanding", .kind = TAP_OPT_U32, .offset = FIELD(max_outstanding), .min = 1, .max = UINT32_MAX,
+	 .arg = "N", .def_u32 = TAP_TRACK_MAX_OUTSTANDING_DEFAULT,
+	 .help = "tracked publishes per connection before the oldest is evicted"},
+	{.name = "grace", .kind = TAP_OPT_U32, .offset = FIELD(grace_ms), .min = 0, .max = 3600u * 1000u, .arg = "MS",
+	 .def_u32 = 1000, .help = "on SIGINT/SIGTERM, how long live sessions may finish before they are closed"},
+	{.name = "tap-id", .kind = TAP_OPT_ID, .offset = FIELD(tap_id), .arg = "NAME", .def_shown = "the host name",
+	 .help = "names this tap in its records (letters, digits and . _ - : @ /)"},
+	{.name = "tls-cert", .kind = TAP_OPT_PATH, .offset = FIELD(tls_cert), .arg = "FILE",
+	 .help = "accept TLS from clients with this certificate (PEM chain)"},
+	{.name = "tls-key", .kind = TAP_OPT_PATH, .offset = FIELD(tls_key), .arg = "FILE",
+	 .help = "private key of --tls-cert (PEM)"},
+	{.name = "tls-client-ca", .kind = TAP_OPT_PATH, .offset = FIELD(tls_client_ca), .arg = "FILE",
+	 .help = "require client certificates signed by this CA (PEM)"},
+	{.name = "upstream-tls", .kind = TAP_OPT_FLAG, .offset = FIELD(upstream_tls),
+	 .help = "speak TLS to the broker (verification on)"},
+	{.name = "upstream-ca", .kind = TAP_OPT_PATH, .offset = FIELD(upstream_ca), .arg = "FILE",
+	 .def_shown = "the system store", .help = "CA bundle for the broker"},
+	{.name = "upstream-sni", .kind = TAP_OPT_TEXT, .offset = FIELD(upstream_sni), .arg = "NAME",
+	 .def_shown = "the --upstream host", .help = "server name sent and checked"},
+	{.name = "upstream-cert", .kind = TAP_OPT_PATH, .offset = FIELD(upstream_cert), .arg = "FILE",
+	 .help = "client certificate for the broker (mTLS)"},
+	{.name = "upstream-key", .kind = TAP_OPT_PATH, .offset = FIELD(upstream_key), .arg = "FILE",
+	 .help = "private key of --upstream-cert"},
+	{.name = "upstream-insecure", .kind = TAP_OPT_FLAG, .offset = FIELD(upstream_insecure),
+	 .help = "do not verify the broker's certificate (logged loudly)"},
+	{.name = "keylog", .kind = TAP_OPT_PATH, .offset = FIELD(keylog), .arg = "FILE", .def_shown = "$SSLKEYLOGFILE",
+	 .help = "NSS key log of both TLS legs, mode 0600"},
+	{.name = "quiet", .short_name = 'q', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
+	 .level = TAP_VERBOSITY_QUIET, .help = "only errors and warnings on stderr"},
+	{.name = "verbose", .short_name = 'v', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
+	 .level = TAP_VERBOSITY_VERBOSE, .help = "also one line per connection opened and closed on stderr"},
+	{.name = "help", .short_name = 'h', .kind = TAP_OPT_HELP, .help = "show this help and exit"},
+	{.name = "version", .short_name = 'V', .kind = TAP_OPT_VERSION,
+	 .help = "show the version, git revision and library versions and exit"},
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])
 
-void tap_conf_defaults(struct tap_conf *c)
+const struct tap_conf_option *tap_conf_options(size_t *count)
 {
-	memset(c, 0, sizeof *c);
-	c->mode = TAP_MODE_PROXY;
-	snprintf(c->listen.host, sizeof c->listen.host, "127.0.0.1");
-	c->listen.port = 5673;
-	snprintf(c->upstream.host, sizeof c->upstream.host, "127.0.0.1");
-	c->upstream.port = 5672;
-	c->verdicts = "-";
-	c->return_window_ms = 2000;
-	c->late_return_ms = 50;
-	c->max_outstanding = 1000000;
-	c->grace_ms = 1000;
-	c->replay_port = 5672;
+	*count = N_OPTIONS;
+	return options;
 }
 
 int tap_conf_parse_addr(const char *s, bool allow_port0, struct tap_conf_addr *out)
@@ -143,43 +138,61 @@ static int usage_error(char *err, size_t cap, const char *fmt, ...)
 	return TAP_E_USAGE;
 }
 
-static const struct opt_def *find_long(const char *name, size_t len)
+static bool id_char(char ch)
 {
-	for (size_t i = 0; i < N_OPTIONS; i++)
-		if (strlen(options[i].name) == len && memcmp(options[i].name, name, len) == 0)
-			return &options[i];
-	return NULL;
+	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+	       (ch && strchr("._-:@/", ch));
 }
 
-static const struct opt_def *find_short(char c)
+static bool valid_id(const char *s)
 {
-	for (size_t i = 0; i < N_OPTIONS; i++)
-		if (options[i].short_name && options[i].short_name == c)
-			return &options[i];
-	return NULL;
+	size_t n = strlen(s);
+	if (n == 0 || n >= TAP_CONF_TAP_ID_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!id_char(s[i]))
+			return false;
+	return true;
 }
 
-static bool opt_takes_value(const struct opt_def *o)
+/* Printable ASCII without spaces, quotes or backslashes. */
+static bool valid_text(const char *s)
 {
-	return o->kind != OPT_HELP && o->kind != OPT_VERSION && o->kind != OPT_FLAG;
+	if (!*s)
+		return false;
+	for (; *s; s++)
+		if (*s <= ' ' || *s > '~' || *s == '"' || *s == '\'' || *s == '\\')
+			return false;
+	return true;
 }
 
-static int apply(struct tap_conf *c, const struct opt_def *o, const char *value, char *err, size_t cap)
+static int apply(struct tap_conf *c, const struct tap_conf_option *o, const char *value, char *err, size_t cap)
 {
 	char *field = (char *)c + o->offset;
 	switch (o->kind) {
-	case OPT_ADDR_LISTEN:
-	case OPT_ADDR:
-		if (tap_conf_parse_addr(value, o->kind == OPT_ADDR_LISTEN, (struct tap_conf_addr *)(void *)field))
+	case TAP_OPT_ADDR_LISTEN:
+	case TAP_OPT_ADDR:
+		if (tap_conf_parse_addr(value, o->kind == TAP_OPT_ADDR_LISTEN, (struct tap_conf_addr *)(void *)field))
 			return usage_error(err, cap, "--%s: expected HOST:PORT with a port %s-65535 (IPv6 as [ADDR]:PORT), got '%s'",
-					   o->name, o->kind == OPT_ADDR_LISTEN ? "0" : "1", value);
+					   o->name, o->kind == TAP_OPT_ADDR_LISTEN ? "0" : "1", value);
 		return TAP_OK;
-	case OPT_PATH:
+	case TAP_OPT_PATH:
 		if (!*value)
 			return usage_error(err, cap, "--%s: empty file name", o->name);
 		*(const char **)(void *)field = value;
 		return TAP_OK;
-	case OPT_U32: {
+	case TAP_OPT_TEXT:
+		if (!valid_text(value))
+			return usage_error(err, cap, "--%s: expected a name without spaces or quotes, got '%s'", o->name, value);
+		*(const char **)(void *)field = value;
+		return TAP_OK;
+	case TAP_OPT_ID:
+		if (!valid_id(value))
+			return usage_error(err, cap, "--%s: expected 1 to %d letters, digits or . _ - : @ /, got '%s'", o->name,
+					   TAP_CONF_TAP_ID_MAX - 1, value);
+		memcpy(field, value, strlen(value) + 1);
+		return TAP_OK;
+	case TAP_OPT_U32: {
 		char *end;
 		errno = 0;
 		unsigned long long v = (*value >= '0' && *value <= '9') ? strtoull(value, &end, 10) : ULLONG_MAX;
@@ -189,17 +202,133 @@ static int apply(struct tap_conf *c, const struct opt_def *o, const char *value,
 		*(uint32_t *)(void *)field = (uint32_t)v;
 		return TAP_OK;
 	}
-	case OPT_FLAG:
+	case TAP_OPT_FLAG:
 		*(bool *)(void *)field = true;
 		return TAP_OK;
-	case OPT_HELP:
+	case TAP_OPT_LEVEL:
+		*(enum tap_conf_verbosity *)(void *)field = o->level;
+		return TAP_OK;
+	case TAP_OPT_HELP:
 		c->mode = TAP_MODE_HELP;
 		return TAP_OK;
-	case OPT_VERSION:
+	case TAP_OPT_VERSION:
 		c->mode = TAP_MODE_VERSION;
 		return TAP_OK;
 	}
 	return TAP_E_USAGE;
+}
+
+static void default_tap_id(struct tap_conf *c)
+{
+	char host[TAP_CONF_TAP_ID_MAX] = "";
+	if (gethostname(host, sizeof host - 1) != 0 || !valid_id(host))
+		snprintf(host, sizeof host, "unknown");
+	memcpy(c->tap_id, host, sizeof host);
+}
+
+void tap_conf_defaults(struct tap_conf *c)
+{
+	memset(c, 0, sizeof *c);
+	c->mode = TAP_MODE_PROXY;
+	c->verbosity = TAP_VERBOSITY_NORMAL;
+	for (size_t i = 0; i < N_OPTIONS; i++) {
+		const struct tap_conf_option *o = &options[i];
+		char ignored[160];
+		if (o->kind == TAP_OPT_U32)
+			*(uint32_t *)(void *)((char *)c + o->offset) = o->def_u32;
+		else if (o->def)
+			(void)apply(c, o, o->def, ignored, sizeof ignored); /* test_conf checks that every default parses */
+	}
+	default_tap_id(c);
+}
+
+static const struct tap_conf_option *find_short(int ch)
+{
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (options[i].short_name && options[i].short_name == ch)
+			return &options[i];
+	return NULL;
+}
+
+static bool takes_value(const struct tap_conf_option *o)
+{
+	return o->arg != NULL;
+}
+
+/* getopt_long returns this for the long form of options[i], and the letter for a short form. */
+#define LONG_VAL(i) (256 + (int)(i))
+
+/* "-:" first: non-options come back in order as 1 (argv is never permuted, whatever POSIXLY_CORRECT says),
+ * and a missing value as ':' rather than '?'. */
+static void build_getopt(struct option *longopts, char *shortopts)
+{
+	size_t n = 0;
+	shortopts[n++] = '-';
+	shortopts[n++] = ':';
+	for (size_t i = 0; i < N_OPTIONS; i++) {
+		const struct tap_conf_option *o = &options[i];
+		longopts[i] = (struct option){o->name, takes_value(o) ? required_argument : no_argument, NULL, LONG_VAL(i)};
+		if (o->short_name) {
+			shortopts[n++] = o->short_name;
+			if (takes_value(o))
+				shortopts[n++] = ':';
+		}
+	}
+	longopts[N_OPTIONS] = (struct option){NULL, 0, NULL, 0};
+	shortopts[n] = '\0';
+}
+
+/* The element of argv that getopt_long just read a long option from. */
+static const char *long_element(const struct tap_conf_option *o, char **argv)
+{
+	bool value_in_next = takes_value(o) && optarg == argv[optind - 1];
+	return argv[optind - (value_in_next ? 2 : 1)];
+}
+
+/* getopt_long takes any unambiguous prefix (--list for --listen); a prefix would break when a later option
+ * shares it, so only the full name is accepted. */
+static bool spelled_out(const struct tap_conf_option *o, const char *element)
+{
+	size_t len = strlen(o->name);
+	return strncmp(element, "--", 2) == 0 && strncmp(element + 2, o->name, len) == 0 &&
+	       (element[2 + len] == '\0' || element[2 + len] == '=');
+}
+
+static int unknown_long(const char *element, char *err, size_t cap)
+{
+	int len = (int)strcspn(element, "=");
+	return usage_error(err, cap, "%.*s: unknown option (see --help)", len, element);
+}
+
+/* getopt_long's '?' (an unknown option, or a value given to one that takes none) and ':' (a value missing). */
+static int getopt_error(int ch, char **argv, char *err, size_t cap)
+{
+	const struct tap_conf_option *o = NULL;
+	if (optopt >= LONG_VAL(0) && optopt < LONG_VAL(N_OPTIONS))
+		o = &options[optopt - LONG_VAL(0)];
+	else if (optopt > 0)
+		o = find_short(optopt);
+	if (o && ch == ':')
+		return usage_error(err, cap, "--%s: missing value %s", o->name, o->arg);
+	if (o)
+		return usage_error(err, cap, "--%s: takes no value", o->name);
+	if (optopt > 0)
+		return usage_error(err, cap, "-%c: unknown option (see --help)", optopt);
+	return unknown_long(argv[optind - 1], err, cap);
+}
+
+/* The first argument that is not an option may name a subcommand; replay then takes the capture. */
+static int positional(struct tap_conf *c, const char *a, bool first, char *err, size_t cap)
+{
+	if (first && strcmp(a, "replay") == 0) {
+		c->mode = TAP_MODE_REPLAY;
+		return TAP_OK;
+	}
+	if (c->mode == TAP_MODE_REPLAY && !c->replay_file) {
+		c->replay_file = a;
+		return TAP_OK;
+	}
+	return usage_error(err, cap, "'%s': unexpected argument (see --help)", a);
 }
 
 /* Options that only make sense together. */
@@ -224,77 +353,45 @@ static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
 
 int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t cap)
 {
-	bool replay = argc > 1 && strcmp(argv[1], "replay") == 0;
+	struct option longopts[N_OPTIONS + 1];
+	char shortopts[2 + 2 * N_OPTIONS + 1];
+	build_getopt(longopts, shortopts);
 	bool port_given = false;
-	for (int i = replay ? 2 : 1; i < argc; i++) {
-		const char *a = argv[i];
-		const struct opt_def *o;
-		const char *value = NULL;
-		char shown[64];
-		if (a[0] == '-' && a[1] == '-' && a[2]) {
-			const char *eq = strchr(a + 2, '=');
-			size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
-			o = find_long(a + 2, len);
-			if (!o)
-				return usage_error(err, cap, "%.*s: unknown option (see --help)", (int)(len + 2), a);
-			if (eq)
-				value = eq + 1;
-			snprintf(shown, sizeof shown, "--%s", o->name);
-		} else if (a[0] == '-' && a[1] && !a[2]) {
-			o = find_short(a[1]);
-			if (!o)
-				return usage_error(err, cap, "%s: unknown option (see --help)", a);
-			snprintf(shown, sizeof shown, "--%s", o->name);
-		} else if (replay && !c->replay_file) {
-			c->replay_file = a;
+	int positionals = 0;
+	int rc;
+	opterr = 0; /* our one-line messages replace getopt's */
+	optind = 0; /* glibc: start over, as for a new argv */
+	for (;;) {
+		int ch = getopt_long(argc, argv, shortopts, longopts, NULL);
+		if (ch == -1)
+			break;
+		if (ch == 1) {
+			rc = positional(c, optarg, positionals++ == 0, err, cap);
+			if (rc)
+				return rc;
 			continue;
-		} else {
-			return usage_error(err, cap, "'%s': unexpected argument (see --help)", a);
 		}
-		if (o->offset == FIELD(replay_port) && o->kind == OPT_U32)
+		if (ch == '?' || ch == ':')
+			return getopt_error(ch, argv, err, cap);
+		const struct tap_conf_option *o = ch >= LONG_VAL(0) ? &options[ch - LONG_VAL(0)] : find_short(ch);
+		if (ch >= LONG_VAL(0) && !spelled_out(o, long_element(o, argv)))
+			return unknown_long(long_element(o, argv), err, cap);
+		if (o->offset == FIELD(replay_port) && o->kind == TAP_OPT_U32)
 			port_given = true;
-		if (opt_takes_value(o)) {
-			if (!value) {
-				if (i + 1 >= argc)
-					return usage_error(err, cap, "%s: missing value %s", shown, o->arg);
-				value = argv[++i];
-			}
-		} else if (value) {
-			return usage_error(err, cap, "%s: takes no value", shown);
-		}
-		int rc = apply(c, o, value, err, cap);
+		rc = apply(c, o, optarg, err, cap);
 		if (rc)
 			return rc;
 		if (c->mode == TAP_MODE_HELP || c->mode == TAP_MODE_VERSION)
 			return TAP_OK;
 	}
-	if (port_given && !replay)
+	for (int i = optind; i < argc; i++) { /* after "--" */
+		rc = positional(c, argv[i], positionals++ == 0, err, cap);
+		if (rc)
+			return rc;
+	}
+	if (port_given && c->mode != TAP_MODE_REPLAY)
 		return usage_error(err, cap, "--port: only for 'amqptap replay'");
-	if (replay) {
-		c->mode = TAP_MODE_REPLAY;
-		if (!c->replay_file)
-			return usage_error(err, cap, "replay: missing the CAPTURE file (amqptap replay CAPTURE [--port N])");
-	}
+	if (c->mode == TAP_MODE_REPLAY && !c->replay_file)
+		return usage_error(err, cap, "replay: missing the CAPTURE file (amqptap replay CAPTURE [--port N])");
 	return check_combinations(c, err, cap);
-}
-
-void tap_conf_usage(char *out, size_t cap)
-{
-	size_t off = 0;
-	int n = snprintf(out, cap,
-			 "usage: amqptap [options]                     transparent AMQP 0-9-1 wire-tap proxy\n"
-			 "       amqptap replay CAPTURE [options]      the same records from a pcap/pcapng capture\n"
-			 "       amqptap --help | --version\n\noptions:\n");
-	for (size_t i = 0; n >= 0 && i < N_OPTIONS; i++) {
-		off += (size_t)n;
-		if (off >= cap)
-			return;
-		const struct opt_def *o = &options[i];
-		char left[64];
-		char shortpart[8] = "";
-		if (o->short_name)
-			snprintf(shortpart, sizeof shortpart, "-%c, ", o->short_name);
-		snprintf(left, sizeof left, "%s--%s%s%s", shortpart, o->name, o->arg ? " " : "", o->arg ? o->arg : "");
-		n = snprintf(out + off, cap - off, "  %-28s %s\n", left, o->help);
-	}
 }
