@@ -1,11 +1,20 @@
 # Command line contract: a bad option exits 2 with exactly one line on stderr naming the option, --help and
-# --version exit 0, and SIGINT/SIGTERM end a running tap with exit 0.
+# --version exit 0, and SIGINT/SIGTERM end a running tap with exit 0. The getopt_long forms (--opt=value,
+# bundles, --), -q/-v on a real session through the tap, and the man page and completion the build generated
+# listing exactly the options of --help.
 
 import os
+import re
+import shutil
 import signal
 import subprocess
+import tempfile
+import uuid
 
-from tapharness import AMQPTAP_BIN, Tap, TapTestCase, free_port, main
+import pika
+
+from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, Tap, TapTestCase, free_port, main, read_records,
+                        require_broker, wait_for)
 
 
 def run(*args, timeout=10):
@@ -64,6 +73,28 @@ class CliTest(TapTestCase):
         self.assert_usage_error(["--frames"], "--frames")
         self.assert_usage_error(["--return-window"], "--return-window")
 
+    def test_equals_form_errors(self):
+        self.assert_usage_error(["--listen=127.0.0.1:70000"], "--listen")
+        self.assert_usage_error(["--return-window="], "--return-window")
+        self.assert_usage_error(["--quiet=yes"], "--quiet")
+        self.assert_usage_error(["--bogus=1"], "--bogus")
+
+    def test_bundle_errors(self):
+        self.assert_usage_error(["-vz"], "-z")
+        self.assert_usage_error(["-qo"], "--verdicts")
+
+    def test_abbreviations_refused(self):
+        self.assert_usage_error(["--verb"], "--verb")
+        self.assert_usage_error(["--upstream-c", "x.pem"], "--upstream-c")
+
+    def test_double_dash_ends_options(self):
+        self.assert_usage_error(["--", "--verbose"], "--verbose")
+        self.assert_usage_error(["-v", "--", "stray"], "stray")
+
+    def test_tap_id_checked(self):
+        self.assert_usage_error(["--tap-id", "two words"], "--tap-id")
+        self.assert_usage_error(["--tap-id="], "--tap-id")
+
     def test_help(self):
         r = run("--help")
         self.assertEqual(r.returncode, 0)
@@ -72,9 +103,17 @@ class CliTest(TapTestCase):
             self.assertIn(opt, out)
 
     def test_version(self):
-        r = run("--version")
-        self.assertEqual(r.returncode, 0)
-        self.assertRegex(r.stdout.decode(), r"amqptap.*\d+\.\d+\.\d+")
+        for flag in ("--version", "-V"):
+            r = run(flag)
+            self.assertEqual(r.returncode, 0)
+            lines = r.stdout.decode().splitlines()
+            self.assertEqual(len(lines), 3, lines)
+            m = re.fullmatch(r"amqptap \d+\.\d+\.\d+ \(git ([0-9a-f]{12}(-dirty)?|unknown)\)", lines[0])
+            self.assertIsNotNone(m, lines[0])
+            if os.path.exists(os.path.join(SOURCE_DIR, ".git")):
+                self.assertNotEqual(m.group(1), "unknown", "built from a git checkout: the revision is known")
+            self.assertRegex(lines[1], r"^libevent \d+\.\d+\.\d+\S* \(compiled with \d+\.\d+\.\d+\S*\)$")
+            self.assertRegex(lines[2], r"^OpenSSL \d+\.\d+\.\d+.* \(compiled with OpenSSL \d+\.\d+\.\d+.*\)$")
 
     def test_signals_exit_zero(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -91,6 +130,150 @@ class CliTest(TapTestCase):
         r = run("--listen", f"127.0.0.1:{tap.port}", "--upstream", f"127.0.0.1:{free_port()}", timeout=5)
         self.assertNotEqual(r.returncode, 0, "a second tap on a busy port must fail")
         self.assertIn(str(tap.port), r.stderr.decode("utf-8", "replace"))
+
+
+def help_options(text):
+    """The option names ("--listen", "-l") of --help."""
+    names = set()
+    for m in re.finditer(r"^  (?:(-\w), )?(--[\w-]+)", text, re.M):
+        names.update(n for n in m.groups() if n)
+    return names
+
+
+def man_options(roff):
+    """The option names of the OPTIONS entries (".TP" then the names in bold) of a man page."""
+    names = set()
+    options = roff.split(".SH OPTIONS\n", 1)[1].split(".SH ", 1)[0]
+    for entry in options.split(".TP\n")[1:]:
+        first = entry.split("\n", 1)[0]
+        names.update(n.replace("\\-", "-") for n in re.findall(r"\\fB(.*?)\\fR", first))
+    return names
+
+
+def completion_options(script):
+    """The words the bash completion offers after a dash, without the trailing "=" of options with values."""
+    words = re.search(r"compgen -W '(-[^']*)'", script).group(1).split()
+    return {w.rstrip("=") for w in words}
+
+
+class GeneratedDocsTest(TapTestCase):
+    """The build writes the man page and the completion from the option table (tap_gendoc): both list exactly
+    the options that --help lists."""
+
+    def test_man_and_completion_match_help(self):
+        gen = os.path.join(os.path.dirname(AMQPTAP_BIN), "gen")
+        if not os.path.exists(os.path.join(gen, "amqptap.1")):
+            self.skipTest(f"no generated docs beside {AMQPTAP_BIN}")
+        want = help_options(run("--help").stdout.decode())
+        self.assertIn("--tap-id", want)
+        self.assertIn("-q", want)
+        self.assertGreater(len(want), 30)
+        with open(os.path.join(gen, "amqptap.1")) as f:
+            self.assertEqual(man_options(f.read()), want)
+        with open(os.path.join(gen, "amqptap.bash")) as f:
+            self.assertEqual(completion_options(f.read()), want)
+
+
+def listening(port):
+    """True when something listens on 127.0.0.1:port (read from /proc: no probe connection for the tap to log)."""
+    needle = f"0100007F:{port:04X}"
+    with open("/proc/net/tcp") as f:
+        return any(line.split()[1] == needle and line.split()[3] == "0A" for line in f.readlines()[1:])
+
+
+class VerbosityTest(TapTestCase):
+    """-q, -v and the default on a real confirmed publish through the tap, started with getopt_long forms."""
+
+    def setUp(self):
+        super().setUp()
+        require_broker(self)
+        self.dir = tempfile.mkdtemp(prefix="amqptap-cli-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+        super().tearDown()
+
+    def session(self, *flags):
+        """Runs the tap with flags, publishes one confirmed mandatory message through it, stops it with SIGTERM;
+        returns (stderr, records)."""
+        port = free_port()
+        verdicts = os.path.join(self.dir, f"v-{uuid.uuid4().hex[:6]}.jsonl")
+        err_path = verdicts + ".err"
+        args = [AMQPTAP_BIN, *[f.format(verdicts=verdicts, port=port, broker=BROKER_PORT) for f in flags]]
+        with open(err_path, "wb") as err:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            self.assertTrue(wait_for(lambda: proc.poll() is not None or listening(port), 10), "tap never listened")
+            self.assertIsNone(proc.poll(), f"tap exited {proc.returncode}")
+            conn = pika.BlockingConnection(pika.ConnectionParameters(host="127.0.0.1", port=port,
+                                                                     connection_attempts=1, socket_timeout=10))
+            queue = f"amqptap-it-cli-{uuid.uuid4().hex[:8]}"
+            ch = conn.channel()
+            ch.queue_declare(queue, auto_delete=True)
+            ch.confirm_delivery()
+            ch.basic_publish("", queue, b"one", mandatory=True)
+            ch.queue_delete(queue)
+            conn.close()
+            proc.send_signal(signal.SIGTERM)
+            self.assertEqual(proc.wait(15), 0)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        with open(err_path, "rb") as f:
+            stderr = f.read().decode("utf-8", "replace")
+        pubs = [r for r in read_records(verdicts) if r.get("type") == "publish"]
+        self.assertEqual([(r["route"], r["confirm"]) for r in pubs], [("routed", "ack")], stderr)
+        return stderr
+
+    def test_verbose_bundled_with_a_value_and_equals_forms(self):
+        err = self.session("-vo", "{verdicts}", "--listen=127.0.0.1:{port}", "--upstream=127.0.0.1:{broker}",
+                           "--tap-id=cli-test")
+        self.assertIn("listening on", err)
+        self.assertRegex(err, r"amqptap: conn \d+ from 127\.0\.0\.1:\d+ to 127\.0\.0\.1:%d\n" % BROKER_PORT)
+        self.assertRegex(err, r"amqptap: connection closed: client_eof")
+
+    def test_quiet_writes_nothing_but_records(self):
+        err = self.session("-qo{verdicts}", "-l", "127.0.0.1:{port}", "-u", "127.0.0.1:{broker}")
+        self.assertEqual(err, "")
+
+    def test_later_flag_wins_in_a_bundle(self):
+        err = self.session("-vq", "--verdicts", "{verdicts}", "--listen", "127.0.0.1:{port}", "--upstream",
+                           "127.0.0.1:{broker}")
+        self.assertEqual(err, "")
+        err = self.session("-qv", "--verdicts", "{verdicts}", "--listen", "127.0.0.1:{port}", "--upstream",
+                           "127.0.0.1:{broker}")
+        self.assertIn("connection closed", err)
+
+    def test_default_has_no_connection_lines(self):
+        err = self.session("--verdicts", "{verdicts}", "--listen", "127.0.0.1:{port}", "--upstream",
+                           "127.0.0.1:{broker}")
+        self.assertIn("listening on", err)
+        self.assertNotIn("connection closed", err)
+        self.assertNotRegex(err, r"conn \d+ from")
+
+
+class ReplayDoubleDashTest(TapTestCase):
+    """After "--" a capture whose name starts with a dash is the capture, not an option."""
+
+    def test_capture_named_like_an_option(self):
+        src = os.path.join(SOURCE_DIR, "captures", "confirm_mandatory.pcapng")
+        with open(os.path.join(SOURCE_DIR, "captures", "confirm_mandatory.port")) as f:
+            port = f.read().strip()
+        d = tempfile.mkdtemp(prefix="amqptap-cli-")
+        try:
+            shutil.copy(src, os.path.join(d, "-v.pcapng"))
+            plain = subprocess.run([AMQPTAP_BIN, "replay", src, "--port", port, "-q"], capture_output=True,
+                                   timeout=30)
+            dashed = subprocess.run([AMQPTAP_BIN, "replay", f"--port={port}", "-q", "--", "-v.pcapng"], cwd=d,
+                                    capture_output=True, timeout=30)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        self.assertEqual(plain.returncode, 0, plain.stderr)
+        self.assertEqual(dashed.returncode, 0, dashed.stderr)
+        self.assertIn(b'"type":"publish"', plain.stdout)
+        self.assertEqual(dashed.stdout, plain.stdout)
+        self.assertEqual(dashed.stderr, b"", "-q: no summary")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds amqptap's Debian package with CPack: a RelWithDebInfo build without tests, installed under /usr,
+# stripped, dependencies from dpkg-shlibdeps. Prints the .deb's path as the last line of stdout (the build's
+# own output goes to stderr).
+# Env: TAP_PKG_BUILD_DIR (build-pkg). Needs: cmake, gcc, pkg-config, libevent-dev, libssl-dev, dpkg-dev, file.
+# Install it with `dpkg -i` (or `apt-get install ./amqptap_*.deb`); tests/package/test_package.py does.
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+dir=${TAP_PKG_BUILD_DIR:-$TAP_REPO/build-pkg}
+for tool in cmake cpack dpkg-shlibdeps file; do
+	command -v "$tool" >/dev/null || tap_die "$tool is missing (Debian: cmake, dpkg-dev, file)"
+done
+cmake -S "$TAP_REPO" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+	-DTAP_BUILD_TESTS=OFF -DTAP_SANITIZE=OFF -DTAP_FUZZ=OFF >&2
+cmake --build "$dir" -j"$(nproc)" >&2
+rm -f "$dir"/amqptap_*.deb
+(cd "$dir" && cpack -G DEB) >&2
+debs=("$dir"/amqptap_*.deb)
+[ -f "${debs[0]}" ] || tap_die "cpack made no .deb in $dir"
+tap_log "built ${debs[0]}"
+echo "${debs[0]}"
