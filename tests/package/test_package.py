@@ -1,0 +1,228 @@
+# The Debian package as an operator meets it: scripts/package.sh builds it, dpkg -i installs it on this
+# machine, the installed /usr/bin/amqptap carries a real confirmed publish to the test broker (with the
+# options of the shipped /etc/default/amqptap), man renders the installed man page, bash completes every
+# option from the installed completion, systemd-analyze verify accepts both units, logrotate accepts its
+# config, and dpkg -r / dpkg -P remove it all. Needs root (dpkg); installs man-db, systemd, bash-completion,
+# dpkg-dev, file and logrotate when missing. Run once per CI run: ctest -L package (about 30 s).
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+
+import pika
+
+from tapharness import BROKER_PORT, SOURCE_DIR, free_port, main, read_records, require_broker, wait_for
+
+INSTALLED = "/usr/bin/amqptap"
+MAN = "/usr/share/man/man1/amqptap.1.gz"
+COMPLETION = "/usr/share/bash-completion/completions/amqptap"
+UNIT_DIR = "/usr/lib/systemd/system"
+UNITS = ("amqptap.service", "amqptap-sniff@.service")
+DEFAULTS = "/etc/default/amqptap"
+LOGROTATE = "/etc/logrotate.d/amqptap"
+TOOLS = {"man": "man-db", "systemd-analyze": "systemd", "dpkg-shlibdeps": "dpkg-dev", "file": "file",
+         "logrotate": "logrotate"}
+
+
+def sh(*args, check=True, timeout=300, **kw):
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{shlex.join(args)}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+def apt_install(packages):
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    lock = ["-o", "DPkg::Lock::Timeout=300"]
+    sh("apt-get", *lock, "update", "-qq", env=env, timeout=600)
+    sh("apt-get", *lock, "install", "-y", "-qq", "--no-install-recommends", *packages, env=env, timeout=600)
+
+
+def dpkg(*args):
+    """dpkg, waiting while another dpkg or apt holds the lock (other jobs on the machine may install things)."""
+    end = time.monotonic() + 300
+    while True:
+        r = sh("dpkg", *args, check=False)
+        if r.returncode == 0 or "lock" not in r.stderr or time.monotonic() > end:
+            return r
+        time.sleep(2)
+
+
+def installed(package):
+    r = sh("dpkg-query", "-W", "-f=${Status}", package, check=False)
+    return r.returncode == 0 and "install ok installed" in r.stdout
+
+
+def help_options(text):
+    names = set()
+    for m in re.finditer(r"^  (?:(-\w), )?(--[\w-]+)", text, re.M):
+        names.update(n for n in m.groups() if n)
+    return names
+
+
+class PackageTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if os.geteuid() != 0:
+            raise unittest.SkipTest("dpkg -i needs root")
+        missing = sorted({pkg for tool, pkg in TOOLS.items() if not any(
+            os.access(os.path.join(d, tool), os.X_OK) for d in os.environ.get("PATH", "").split(":") + ["/usr/sbin"])}
+            | ({"bash-completion"} if not os.path.exists("/usr/share/bash-completion/bash_completion") else set()))
+        if missing:
+            apt_install(missing)
+        if installed("amqptap"):
+            print("amqptap was installed before the test: purging it first", file=sys.stderr)
+            assert dpkg("-P", "amqptap").returncode == 0
+        t0 = time.monotonic()
+        r = sh(os.path.join(SOURCE_DIR, "scripts", "package.sh"), timeout=900)
+        cls.deb = r.stdout.strip().splitlines()[-1]
+        print(f"built {cls.deb} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        r = dpkg("-i", cls.deb)
+        assert r.returncode == 0, f"dpkg -i {cls.deb}: {r.stdout}{r.stderr}"
+        cls.files = sh("dpkg", "-L", "amqptap").stdout.split()
+
+    @classmethod
+    def tearDownClass(cls):
+        if os.geteuid() == 0 and installed("amqptap"):
+            dpkg("-P", "amqptap")
+
+    def test_1_contents_and_dependencies(self):
+        for path in (INSTALLED, MAN, COMPLETION, DEFAULTS, LOGROTATE, *(os.path.join(UNIT_DIR, u) for u in UNITS)):
+            self.assertIn(path, self.files)
+            self.assertTrue(os.path.exists(path), path)
+        fields = sh("dpkg-deb", "-f", self.deb, "Depends", "Version").stdout
+        for lib in ("libc6", "libevent-2.1-7", "libevent-openssl-2.1-7", "libssl3"):
+            self.assertIn(lib, fields, "Depends from dpkg-shlibdeps")
+        conffiles = sh("dpkg-query", "-W", "-f=${Conffiles}", "amqptap").stdout
+        self.assertIn(DEFAULTS, conffiles)
+        self.assertIn(LOGROTATE, conffiles)
+        self.assertNotIn(b"__asan_init", open(INSTALLED, "rb").read(), "the package is not a sanitizer build")
+
+    def test_2_version(self):
+        out = sh(INSTALLED, "--version").stdout.splitlines()
+        self.assertRegex(out[0], r"^amqptap \d+\.\d+\.\d+ \(git ([0-9a-f]{12}(-dirty)?|unknown)\)$")
+        version = sh("dpkg-query", "-W", "-f=${Version}", "amqptap").stdout
+        self.assertTrue(version.startswith(out[0].split()[1] + "-"), f"{out[0]} vs package {version}")
+        self.assertTrue(out[1].startswith("libevent "))
+        self.assertIn("OpenSSL", out[2])
+
+    def test_3_real_publish_with_the_shipped_options(self):
+        require_broker(self)
+        shipped = shlex.split(sh("bash", "-c", f". {DEFAULTS} && printf '%s' \"$AMQPTAP_OPTS\"").stdout)
+        self.assertIn("--upstream", shipped)
+        port = free_port()
+        with tempfile.TemporaryDirectory() as d:
+            verdicts = os.path.join(d, "verdicts.jsonl")
+            # the unit's command line (--verdicts, then the shipped options), then this test's, which win
+            args = [INSTALLED, "--verdicts", verdicts, *shipped, "--listen", f"127.0.0.1:{port}",
+                    "--upstream", f"127.0.0.1:{BROKER_PORT}", "-v", "--tap-id", "package-test"]
+            with open(os.path.join(d, "stderr"), "w+") as err:
+                proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+                try:
+                    stderr = lambda: open(err.name).read()  # noqa: E731
+                    self.assertTrue(wait_for(lambda: "listening on" in stderr() or proc.poll() is not None, 10))
+                    self.assertIsNone(proc.poll(), stderr())
+                    conn = pika.BlockingConnection(pika.ConnectionParameters(
+                        host="127.0.0.1", port=port, connection_attempts=1, socket_timeout=10))
+                    queue = f"amqptap-pkg-{uuid.uuid4().hex[:8]}"
+                    ch = conn.channel()
+                    ch.queue_declare(queue, auto_delete=True)
+                    ch.confirm_delivery()
+                    ch.basic_publish("", queue, b"from the package", pika.BasicProperties(message_id="pkg-1"),
+                                     mandatory=True)
+                    ch.queue_delete(queue)
+                    conn.close()
+                    proc.send_signal(signal.SIGTERM)
+                    self.assertEqual(proc.wait(15), 0, stderr())
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait()
+                log = stderr()
+            pubs = [r for r in read_records(verdicts) if r.get("type") == "publish"]
+        self.assertEqual([(r["route"], r["confirm"], r["message_id"]) for r in pubs], [("routed", "ack", "pkg-1")],
+                         log)
+        self.assertRegex(log, r"amqptap: conn \d+ from 127\.0\.0\.1:\d+ to 127\.0\.0\.1:%d" % BROKER_PORT)
+
+    def test_4_man_page_renders(self):
+        self.assertEqual(sh("man", "-w", "amqptap").stdout.strip(), MAN, "man finds the installed page")
+        r = sh("man", "--warnings", "-P", "cat", "-l", MAN, env=dict(os.environ, MANWIDTH="100", LC_ALL="C.UTF-8"))
+        self.assertEqual(r.stderr, "", "groff warnings")
+        text = r.stdout
+        for section in ("NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "SIGNALS", "EXIT STATUS", "FILES"):
+            self.assertRegex(text, rf"(?m)^{section}$")
+        for name in help_options(sh(INSTALLED, "--help").stdout):
+            self.assertRegex(text, rf"(?m)^ +(-\w, )?{re.escape(name)}\b" if name.startswith("--")
+                             else rf"(?m)^ +{re.escape(name)}, --", f"{name} not in the rendered page")
+        self.assertIn("Default: 2000.", re.sub(r"\s+", " ", text), "--return-window shows its default")
+
+    def test_5_completion_offers_every_option(self):
+        want = help_options(sh(INSTALLED, "--help").stdout)
+        with tempfile.TemporaryDirectory() as d:
+            open(os.path.join(d, "capture.pcapng"), "w").close()
+            script = (
+                ". /usr/share/bash-completion/bash_completion\n"
+                "_completion_loader amqptap\n"  # what bash does on the first <Tab>: load the installed file
+                "complete -p amqptap\n"
+                "comp() { COMP_WORDS=(\"$@\"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); COMP_LINE=\"$*\";"
+                " COMP_POINT=${#COMP_LINE}; COMPREPLY=(); _amqptap amqptap \"${COMP_WORDS[-1]}\" \"${COMP_WORDS[-2]}\";"
+                " printf '%s\\n' \"${COMPREPLY[@]}\"; echo ---; }\n"
+                "comp amqptap -\n"
+                "comp amqptap replay cap\n"
+                "comp amqptap --verdicts cap\n"
+                "comp amqptap --listen ''\n"
+                "comp amqptap ''\n")
+            r = sh("bash", "-c", script, cwd=d)
+        self.assertIn("complete -F _amqptap amqptap", r.stdout)
+        parts = r.stdout.split("---\n")
+        options = {w.rstrip("=") for w in parts[0].split("\n")[1:] if w}
+        self.assertEqual(options, want)
+        self.assertEqual(parts[1].split(), ["capture.pcapng"])
+        self.assertEqual(parts[2].split(), ["capture.pcapng"])
+        self.assertEqual(parts[3].split(), [], "no file names for an address")
+        self.assertEqual(parts[4].split(), ["replay"])
+
+    def test_6_units_verify(self):
+        for unit in ("amqptap.service", "amqptap-sniff@eth0.service"):
+            r = sh("systemd-analyze", "verify", os.path.join(UNIT_DIR, unit), check=False)
+            self.assertEqual((r.returncode, r.stdout + r.stderr), (0, ""), unit)
+        with open(os.path.join(UNIT_DIR, "amqptap.service")) as f:
+            unit = f.read()
+        for line in ("DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes", "LogsDirectory=amqptap",
+                     "Restart=on-failure", "EnvironmentFile=-/etc/default/amqptap", "CapabilityBoundingSet=\n",
+                     f"ExecStart={INSTALLED} --verdicts /var/log/amqptap/verdicts.jsonl $AMQPTAP_OPTS",
+                     "ExecReload=/bin/kill -HUP $MAINPID"):
+            self.assertIn(line, unit)
+        self.assertNotIn("CAP_NET_RAW", unit, "raw sockets only for the sniff instance")
+        with open(os.path.join(UNIT_DIR, "amqptap-sniff@.service")) as f:
+            self.assertIn("AmbientCapabilities=CAP_NET_RAW\n", f.read())
+
+    def test_7_logrotate_config(self):
+        with tempfile.TemporaryDirectory() as d:
+            r = sh("logrotate", "-d", "-s", os.path.join(d, "state"), LOGROTATE, check=False)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertNotRegex(r.stdout + r.stderr, r"(?i)error")
+        self.assertIn("/var/log/amqptap/*.jsonl", r.stdout + r.stderr)
+
+    def test_8_remove_and_purge(self):
+        r = dpkg("-r", "amqptap")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertFalse(os.path.exists(INSTALLED))
+        self.assertEqual(sh("bash", "-c", "command -v amqptap", check=False).stdout, "")
+        self.assertTrue(os.path.exists(DEFAULTS), "conffiles stay until purge")
+        r = dpkg("-P", "amqptap")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertFalse(installed("amqptap"))
+        left = [f for f in self.files if os.path.isfile(f) or os.path.islink(f)]
+        self.assertEqual(left, [], "every file of the package is gone")
+
+
+if __name__ == "__main__":
+    main()
