@@ -28,7 +28,7 @@ UNITS = ("amqptap.service", "amqptap-sniff@.service")
 DEFAULTS = "/etc/default/amqptap"
 LOGROTATE = "/etc/logrotate.d/amqptap"
 TOOLS = {"man": "man-db", "systemd-analyze": "systemd", "dpkg-shlibdeps": "dpkg-dev", "file": "file",
-         "logrotate": "logrotate"}
+         "logrotate": "logrotate", "strace": "strace"}
 
 
 def sh(*args, check=True, timeout=300, **kw):
@@ -203,6 +203,68 @@ class PackageTest(unittest.TestCase):
         self.assertNotIn("CAP_NET_RAW", unit, "raw sockets only for the sniff instance")
         with open(os.path.join(UNIT_DIR, "amqptap-sniff@.service")) as f:
             self.assertIn("AmbientCapabilities=CAP_NET_RAW\n", f.read())
+
+    # Every system call and socket family of a live session (publish, SIGHUP, SIGUSR1, SIGTERM), traced with
+    # strace, is one that the unit's SystemCallFilter= and RestrictAddressFamilies= let through: the hardening
+    # cannot kill or cripple the service (systemd is not PID 1 here, so the unit itself cannot be started).
+    def test_6_unit_sandbox_admits_a_session(self):
+        require_broker(self)
+        with open(os.path.join(UNIT_DIR, "amqptap.service")) as f:
+            unit = f.read()
+        groups, group = {}, None
+        for line in sh("systemd-analyze", "syscall-filter").stdout.splitlines():
+            if line.startswith("@"):
+                group = groups.setdefault(line.split()[0], [])
+            elif line.strip() and not line.lstrip().startswith("#") and group is not None:
+                group.append(line.strip())
+
+        def expand(names):
+            out = set()
+            for n in names:
+                out |= expand(groups[n]) if n.startswith("@") else {n}
+            return out
+
+        allowed, denied = set(), set()
+        for value in re.findall(r"(?m)^SystemCallFilter=(.*)$", unit):
+            if value.startswith("~"):
+                denied |= expand(value[1:].split())
+            else:
+                allowed |= expand(value.split())
+        families = set(re.search(r"(?m)^RestrictAddressFamilies=(.*)$", unit).group(1).split())
+        port = free_port()
+        with tempfile.TemporaryDirectory() as d:
+            trace = os.path.join(d, "trace")
+            proc = subprocess.Popen(["strace", "-f", "-qq", "-o", trace, INSTALLED, "--listen", f"127.0.0.1:{port}",
+                                     "--upstream", f"127.0.0.1:{BROKER_PORT}", "--verdicts",
+                                     os.path.join(d, "v.jsonl"), "-v"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            try:
+                self.assertTrue(wait_for(lambda: os.path.exists(trace) and f"htons({port})" in open(trace).read()
+                                         and "listen(" in open(trace).read(), 10))
+                conn = pika.BlockingConnection(pika.ConnectionParameters(host="127.0.0.1", port=port,
+                                                                         connection_attempts=1, socket_timeout=10))
+                ch = conn.channel()
+                ch.confirm_delivery()
+                ch.basic_publish("", "amqptap-pkg-nowhere", b"x")
+                conn.close()
+                with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+                    tap_pid = int(f.read().split()[0])  # signals go to the tap, not to strace
+                for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM):
+                    time.sleep(0.2)
+                    os.kill(tap_pid, sig)
+                self.assertEqual(proc.wait(15), 0, "strace exits with the tap's status")
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            text = open(trace).read()
+        # strace lines: "PID name(args) = result"; the first line is strace's own execve of the binary
+        used = set(re.findall(r"(?m)^\d+ +([a-z_0-9]+)\(", text)) - {"execve"}
+        self.assertIn("accept4", used, "the session was traced")
+        self.assertEqual(sorted(used - (allowed - denied)), [], "system calls the unit's filter refuses")
+        used_families = set(re.findall(r"socket\((AF_[A-Z0-9]+)", text))
+        self.assertTrue(used_families)
+        self.assertEqual(sorted(used_families - families), [], "socket families the unit refuses")
 
     def test_7_logrotate_config(self):
         with tempfile.TemporaryDirectory() as d:
