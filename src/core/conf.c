@@ -183,13 +183,14 @@ static int apply(struct tap_conf *c, const struct tap_conf_option *o, const char
 		return TAP_OK;
 	case TAP_OPT_TEXT:
 		if (!valid_text(value))
-			return usage_error(err, cap, "--%s: expected a name without spaces or quotes, got '%s'", o->name, value);
+			return usage_error(err, cap, "--%s: expected a name without spaces or quotes, got '%s'", o->name,
+					   value);
 		*(const char **)(void *)field = value;
 		return TAP_OK;
 	case TAP_OPT_ID:
 		if (!valid_id(value))
-			return usage_error(err, cap, "--%s: expected 1 to %d letters, digits or . _ - : @ /, got '%s'", o->name,
-					   TAP_CONF_TAP_ID_MAX - 1, value);
+			return usage_error(err, cap, "--%s: expected 1 to %d letters, digits or . _ - : @ /, got '%s'",
+					   o->name, TAP_CONF_TAP_ID_MAX - 1, value);
 		memcpy(field, value, strlen(value) + 1);
 		return TAP_OK;
 	case TAP_OPT_U32: {
@@ -237,7 +238,7 @@ void tap_conf_defaults(struct tap_conf *c)
 		if (o->kind == TAP_OPT_U32)
 			*(uint32_t *)(void *)((char *)c + o->offset) = o->def_u32;
 		else if (o->def)
-			(void)apply(c, o, o->def, ignored, sizeof ignored); /* test_conf checks that every default parses */
+			(void)apply(c, o, o->def, ignored, sizeof ignored); /* test_conf checks every default parses */
 	}
 	default_tap_id(c);
 }
@@ -267,7 +268,8 @@ static void build_getopt(struct option *longopts, char *shortopts)
 	shortopts[n++] = ':';
 	for (size_t i = 0; i < N_OPTIONS; i++) {
 		const struct tap_conf_option *o = &options[i];
-		longopts[i] = (struct option){o->name, takes_value(o) ? required_argument : no_argument, NULL, LONG_VAL(i)};
+		int has_arg = takes_value(o) ? required_argument : no_argument;
+		longopts[i] = (struct option){o->name, has_arg, NULL, LONG_VAL(i)};
 		if (o->short_name) {
 			shortopts[n++] = o->short_name;
 			if (takes_value(o))
@@ -335,7 +337,8 @@ static int positional(struct tap_conf *c, const char *a, bool first, char *err, 
 static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
 {
 	if (!c->tls_cert != !c->tls_key)
-		return usage_error(err, cap, "%s: --tls-cert and --tls-key go together", c->tls_cert ? "--tls-cert" : "--tls-key");
+		return usage_error(err, cap, "%s: --tls-cert and --tls-key go together",
+				   c->tls_cert ? "--tls-cert" : "--tls-key");
 	if (c->tls_client_ca && !c->tls_cert)
 		return usage_error(err, cap, "--tls-client-ca: needs --tls-cert and --tls-key");
 	if (!c->upstream_cert != !c->upstream_key)

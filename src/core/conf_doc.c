@@ -100,7 +100,8 @@ size_t tap_conf_usage(char *out, size_t cap)
 	for (size_t i = 0; i < N_FORMS; i++) {
 		char left[64];
 		snprintf(left, sizeof left, "amqptap %s%s%s%s[options]", forms[i].subcommand ? forms[i].subcommand : "",
-			 forms[i].subcommand ? " " : "", forms[i].operand ? forms[i].operand : "", forms[i].operand ? " " : "");
+			 forms[i].subcommand ? " " : "", forms[i].operand ? forms[i].operand : "",
+			 forms[i].operand ? " " : "");
 		doc_printf(&d, "%s%-38s %s\n", i == 0 ? "usage: " : "       ", left, forms[i].what);
 	}
 	doc_puts(&d, "       amqptap --help | --version\n\noptions:\n");
@@ -152,8 +153,9 @@ static const char man_description[] =
 	"channel or connection died, with latencies, and whether the broker sent its Basic.Return before its\n"
 	"Basic.Ack. Decoding never delays forwarding: if the decoder is confused, traffic still flows.\n"
 	".PP\n"
-	"Records are JSON Lines on \\fB\\-\\-verdicts\\fR: one \\fBpublish\\fR record per publish (fields \\fBroute\\fR,\n"
-	"\\fBconfirm\\fR, \\fBorder\\fR, \\fBreturn_us\\fR, \\fBconfirm_us\\fR, \\fBreason\\fR), and \\fBconnection\\fR,\n"
+	"Records are JSON Lines on \\fB\\-\\-verdicts\\fR: one \\fBpublish\\fR record per publish (fields\n"
+	"\\fBroute\\fR, \\fBconfirm\\fR, \\fBorder\\fR, \\fBreturn_us\\fR, \\fBconfirm_us\\fR, \\fBreason\\fR),\n"
+	"and \\fBconnection\\fR,\n"
 	"\\fBchannel\\fR, \\fBblocked\\fR, \\fBdecode_error\\fR and \\fBwarning\\fR records. Credentials are never\n"
 	"written to any output.\n"
 	".PP\n"
@@ -168,8 +170,8 @@ static const char man_tail[] =
 	"pending verdict, flush the files and exit 0. A second signal closes at once.\n"
 	".TP\n"
 	".B SIGHUP\n"
-	"Reopen the \\fB\\-\\-verdicts\\fR and \\fB\\-\\-frames\\fR files (for logrotate). The \\fB\\-\\-pcap\\fR file is\n"
-	"not reopened.\n"
+	"Reopen the \\fB\\-\\-verdicts\\fR and \\fB\\-\\-frames\\fR files (for logrotate).\n"
+	"The \\fB\\-\\-pcap\\fR file is not reopened.\n"
 	".TP\n"
 	".B SIGUSR1\n"
 	"Write connection counters and a summary of the verdicts so far to standard error.\n"
@@ -230,10 +232,12 @@ size_t tap_conf_man(char *out, size_t cap, const char *version)
 	struct doc d = {out, cap, 0};
 	size_t n;
 	const struct tap_conf_option *opts = tap_conf_options(&n);
-	doc_puts(&d, ".\\\" Generated from the option table of amqptap (src/core/conf.c) at build time; do not edit.\n");
+	doc_puts(&d, ".\\\" Generated from the option table of amqptap (src/core/conf.c) at build time;"
+		     " do not edit.\n");
 	doc_puts(&d, ".TH AMQPTAP 1 \"\" \"amqptap ");
 	roff_text(&d, version);
-	doc_puts(&d, "\" \"User Commands\"\n.nh\n.SH NAME\namqptap \\- transparent AMQP 0\\-9\\-1 wire\\-tap proxy that "
+	doc_puts(&d, "\" \"User Commands\"\n.nh\n.SH NAME\n"
+		     "amqptap \\- transparent AMQP 0\\-9\\-1 wire\\-tap proxy that "
 		     "writes the broker's verdict on every publish\n.SH SYNOPSIS\n");
 	for (size_t i = 0; i < N_FORMS; i++) {
 		doc_puts(&d, ".B amqptap");
