@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Shows amqptap at work: builds (incrementally), starts the throwaway broker and a tap in front of it, runs the
+# Shows amqptap at work: installs what it needs, builds (incrementally), starts the throwaway broker and a tap in front of it, runs the
 # publish scenarios below through the tap with pika, and prints the records the tap wrote.
 # Add a scenario: write a function in the Python block and append it to SCENARIOS.
 # Env: TAP_BUILD_DIR (build), TAP_BROKER_PORT (5690), TAP_DEMO_PORT (5673).
@@ -23,8 +23,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Everything the build and the demo need, installed before anything is built (a fresh machine has none of it).
+tap_need_pkgs build-essential cmake pkg-config libevent-dev libssl-dev rabbitmq-server python3-pika ||
+	tap_die "could not install the packages the demo needs"
 tap_build "$build" >/dev/null || tap_die "build failed in $build"
-tap_need_pkgs rabbitmq-server python3-pika
 
 if ! "$TAP_REPO/scripts/broker.sh" status >/dev/null 2>&1; then
 	"$TAP_REPO/scripts/broker.sh" start
