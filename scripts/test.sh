@@ -38,7 +38,7 @@ step() {
 
 step packages tap_need_pkgs build-essential cmake pkg-config libevent-dev libssl-dev check librabbitmq-dev \
 	rabbitmq-server python3-pika python3-amqp golang-go golang-github-rabbitmq-amqp091-go-dev nodejs amqp-specs tshark clang \
-	valgrind haproxy libclang-rt-14-dev || exit 1
+	valgrind haproxy libclang-rt-14-dev dpkg-dev file man-db bash-completion systemd logrotate strace || exit 1
 
 step build tap_build "$build" || exit 1
 step build-asan tap_build "$asan" -DTAP_SANITIZE=ON || exit 1
@@ -56,6 +56,9 @@ for dir in "$build" "$asan"; do
 	step "$name-unit" ctest --test-dir "$dir" --output-on-failure -L unit -j"$(nproc)"
 	step "$name-integration" ctest --test-dir "$dir" --output-on-failure -L integration
 done
+
+# The Debian package, built, installed with dpkg -i, run against the broker and removed (normal build only).
+step package ctest --test-dir "$build" --output-on-failure -L package
 
 # The benchmark scripts, briefly (one round, 2 % of the messages, the normal build): they keep working, and every
 # publish through the tap still gets its record under load. Figures from this run mean nothing.
