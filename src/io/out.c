@@ -715,6 +715,8 @@ static uint64_t unwritten_records(const struct tap_out *o, bool writer_joined)
 				n += c->ends[i] > o->current_off;
 		else
 			n += count_newlines(c->data.data + o->current_off, c->data.len - o->current_off);
+		if (n > c->records) /* a loss note chunk holds no record */
+			n = c->records;
 	}
 	for (c = o->head; c; c = c->next)
 		n += c->kind == CHUNK_DATA ? c->records : 0;
