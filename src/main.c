@@ -184,12 +184,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
-static void output_stats(struct app *app, enum app_out i, struct tap_out_stats *st)
+static bool output_wanted(const struct app *app, enum app_out i)
 {
-	if (app->outputs_closed)
-		*st = app->out_final[i];
-	else
-		tap_out_get_stats(app->out[i], st);
+	return i == OUT_VERDICTS || (i == OUT_FRAMES && app->conf->frames) || (i == OUT_PCAP && app->conf->pcap);
 }
 
 /* The tracker's summary, then one line per output: what it was handed and what it lost. */
@@ -200,12 +197,13 @@ static void print_summary(struct app *app)
 	if (app->track)
 		tap_track_summary(app->track, &b);
 	for (size_t i = 0; i < OUT_COUNT; i++) {
-		if (!app->out[i] && !app->outputs_closed)
+		struct tap_out_stats st = {0};
+		if (!output_wanted(app, (enum app_out)i))
 			continue;
-		struct tap_out_stats st;
-		output_stats(app, (enum app_out)i, &st);
-		if (app->outputs_closed && st.records == 0 && st.lost == 0 && !app->out[i])
-			continue;
+		if (app->outputs_closed)
+			st = app->out_final[i];
+		else if (app->out[i])
+			tap_out_get_stats(app->out[i], &st);
 		tap_buf_printf(&b, "output %s records=%" PRIu64 " lost=%" PRIu64 " write_errors=%" PRIu64 "\n",
 			       out_names[i], st.records, st.lost, st.write_errors);
 	}
@@ -466,7 +464,8 @@ static int run_proxy(const struct tap_conf *conf)
 	}
 	if (code) {
 		tap_proxy_free(app.proxy);
-		(void)outputs_close(&app, tap_out_clock_us()); /* nothing was forwarded; the exit code says why */
+		/* nothing was forwarded; the exit code says why */
+		(void)outputs_close(&app, tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000);
 		if (app.base)
 			event_base_free(app.base);
 		tap_tls_free(app.tls);

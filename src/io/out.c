@@ -24,6 +24,12 @@
 #define SPARE_MAX_BYTES (256 * 1024) /* a batch grown past this by one big record is freed, not kept */
 #define CANCEL_JOIN_MS 200
 
+/* Whether the output closes its descriptor: stdout and stderr stay open. */
+enum fd_owner {
+	FD_BORROWED,
+	FD_OWNED,
+};
+
 enum chunk_kind {
 	CHUNK_DATA,
 	CHUNK_REOPEN,
@@ -452,7 +458,7 @@ static void out_free(struct tap_out *o)
 	free(o);
 }
 
-static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, bool own_fd)
+static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_owner owner)
 {
 	struct tap_out *o = calloc(1, sizeof *o);
 	if (!o)
@@ -462,7 +468,7 @@ static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, bool own
 	o->kind = conf->kind;
 	o->backlog_bytes = conf->backlog_bytes ? conf->backlog_bytes : TAP_OUT_BACKLOG_DEFAULT;
 	o->fd = fd;
-	o->own_fd = own_fd;
+	o->own_fd = owner == FD_OWNED;
 	struct stat st;
 	o->pipe = fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
 	o->fill = chunk_new();
@@ -496,11 +502,11 @@ static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, bool own
 struct tap_out *tap_out_open(const struct tap_out_conf *conf)
 {
 	if (!conf->path || strcmp(conf->path, "-") == 0)
-		return out_new(conf, STDOUT_FILENO, false);
+		return out_new(conf, STDOUT_FILENO, FD_BORROWED);
 	int fd = open_path(conf->path);
 	if (fd < 0)
 		return NULL;
-	struct tap_out *o = out_new(conf, fd, true);
+	struct tap_out *o = out_new(conf, fd, FD_OWNED);
 	if (!o) {
 		int saved = errno;
 		close(fd);
@@ -511,7 +517,7 @@ struct tap_out *tap_out_open(const struct tap_out_conf *conf)
 
 struct tap_out *tap_out_open_fd(const struct tap_out_conf *conf, int fd)
 {
-	return out_new(conf, fd, false);
+	return out_new(conf, fd, FD_BORROWED);
 }
 
 /* ---- the loop side ---- */
@@ -702,21 +708,21 @@ void tap_out_get_stats(struct tap_out *o, struct tap_out_stats *st)
 	pthread_mutex_unlock(&o->mu);
 }
 
-/* Under mu, with the writer gone: the records of every chunk it did not write. */
-static uint64_t unwritten_records(const struct tap_out *o, bool writer_joined)
+/* Under mu, with the writer gone or stuck: the records it did not write, counting the chunk it was in from
+ * current_off on (0 when the writer could not be joined and its progress is unknown). */
+static uint64_t unwritten_records(const struct tap_out *o, size_t current_off)
 {
 	uint64_t n = 0;
 	const struct chunk *c = o->current;
 	if (c && c->kind == CHUNK_DATA) {
-		if (!writer_joined)
-			n += c->records;
-		else if (o->kind == TAP_OUT_BLOCKS)
+		if (o->kind == TAP_OUT_BLOCKS) {
 			for (size_t i = 0; i < c->records; i++)
-				n += c->ends[i] > o->current_off;
-		else
-			n += count_newlines(c->data.data + o->current_off, c->data.len - o->current_off);
-		if (n > c->records) /* a loss note chunk holds no record */
-			n = c->records;
+				n += c->ends[i] > current_off;
+		} else {
+			n = count_newlines(c->data.data + current_off, c->data.len - current_off);
+			if (n > c->records) /* a loss note chunk holds no record */
+				n = c->records;
+		}
 	}
 	for (c = o->head; c; c = c->next)
 		n += c->kind == CHUNK_DATA ? c->records : 0;
@@ -762,7 +768,7 @@ void tap_out_close(struct tap_out *o, int64_t deadline_us, struct tap_out_stats 
 		joined = pthread_timedjoin_np(o->thread, NULL, &ts) == 0;
 	}
 	pthread_mutex_lock(&o->mu);
-	o->write_lost += unwritten_records(o, joined);
+	o->write_lost += unwritten_records(o, joined ? o->current_off : 0);
 	stats_locked(o, &last);
 	pthread_mutex_unlock(&o->mu);
 	if (st)

@@ -1,6 +1,7 @@
 /* The output files of src/io/out.c (linked with the io library): order across a reopen, mode 0600, losses on
  * /dev/full counted, a pipe nobody reads never blocks the caller and loses whole records only, a loss is marked
- * by a records_lost record, and close gives up on a stuck writer at its deadline. */
+ * by a records_lost record, close gives up on a stuck writer at its deadline, and the log never waits on stderr. */
+#include "amqptap/log.h"
 #include "amqptap/out.h"
 
 #include <check.h>
@@ -303,6 +304,42 @@ START_TEST(wait_until_loses_nothing)
 }
 END_TEST
 
+/* stderr into a pipe nobody reads: logging never waits, lines are counted lost, and stopping the log ends at its
+ * deadline. (check forks every test, so taking over fd 2 stays inside this one.) */
+START_TEST(log_never_waits_on_stderr)
+{
+	int fds[2];
+	ck_assert_int_eq(pipe2(fds, O_CLOEXEC), 0);
+	int saved = dup(STDERR_FILENO);
+	ck_assert_int_ge(saved, 0);
+	ck_assert_int_eq(dup2(fds[1], STDERR_FILENO), STDERR_FILENO);
+	ck_assert_int_eq(tap_log_start(), 0);
+	int64_t t0 = tap_out_clock_us();
+	for (int i = 0; i < 20000; i++) /* ~1.6 MB: past the pipe and the 256 KiB backlog */
+		tap_log_error("line %d of a log nobody reads, padded to about eighty bytes ..........", i);
+	tap_log_verbose("not written at the default level");
+	int64_t logged = tap_out_clock_us() - t0;
+	uint64_t lost = tap_log_lost();
+	t0 = tap_out_clock_us();
+	uint64_t lost_at_stop = tap_log_stop(t0 + 200000);
+	int64_t stopped = tap_out_clock_us() - t0;
+	dup2(saved, STDERR_FILENO);
+	ck_assert_int_lt(logged, 2000000);
+	ck_assert_uint_gt(lost, 0);
+	ck_assert_uint_ge(lost_at_stop, lost);
+	ck_assert_int_lt(stopped, 1500000);
+	ck_assert_int_eq(fcntl(fds[0], F_SETFL, O_NONBLOCK), 0);
+	char *buf = NULL;
+	size_t len = 0, cap = 0;
+	drain(fds[0], &buf, &len, &cap);
+	ck_assert_uint_gt(len, 0);
+	ck_assert_ptr_null(strstr(buf, "not written"));
+	ck_assert_int_eq(memcmp(buf, "amqptap: line 0 of a log", 24), 0);
+	ck_assert_int_eq(buf[len - 1], '\n'); /* whole lines only */
+	free(buf);
+}
+END_TEST
+
 int main(void)
 {
 	snprintf(tmpdir, sizeof tmpdir, "/tmp/tap_out_XXXXXX");
@@ -317,6 +354,7 @@ int main(void)
 	tcase_add_test(tc, close_gives_up_on_a_stuck_writer);
 	tcase_add_test(tc, blocks_whole_and_counted);
 	tcase_add_test(tc, wait_until_loses_nothing);
+	tcase_add_test(tc, log_never_waits_on_stderr);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	char cmd[128];
