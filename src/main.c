@@ -2,7 +2,9 @@
  * the verdict tracker, signals and the event loop. */
 #include "amqptap/conf.h"
 #include "amqptap/conn.h"
-#include "amqptap/jsonl.h"
+#include "amqptap/buf.h"
+#include "amqptap/log.h"
+#include "amqptap/out.h"
 #include "amqptap/pcapng.h"
 #include "amqptap/proxy.h"
 #include "amqptap/replay.h"
@@ -14,6 +16,7 @@
 
 #include <errno.h>
 #include <event2/event.h>
+#include <inttypes.h>
 #include <malloc.h>
 #include <openssl/crypto.h>
 #include <openssl/opensslv.h>
@@ -25,6 +28,16 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+/* The record outputs, in the order they are opened and named in messages. */
+enum app_out {
+	OUT_VERDICTS,
+	OUT_FRAMES,
+	OUT_PCAP,
+	OUT_COUNT,
+};
+
+static const char *const out_names[OUT_COUNT] = {"verdicts", "frames", "pcap"};
+
 struct app {
 	const struct tap_conf *conf;
 	struct event_base *base;
@@ -32,12 +45,10 @@ struct app {
 	struct event *sig_int, *sig_term, *sig_hup, *sig_usr1;
 	struct event *grace_timer;
 	struct event *tick_timer;
-	struct tap_out verdicts;
-	bool verdicts_on;
-	struct tap_out frames;
-	bool frames_on;
-	struct tap_out pcap_out;
-	bool pcap_on;
+	struct tap_out *out[OUT_COUNT]; /* NULL: not asked for */
+	struct tap_out_stats out_final[OUT_COUNT];
+	bool outputs_closed;
+	struct tap_frames_sink frames_sink;
 	struct tap_pcapng *pcap;
 	struct tap_capture_sink pcap_sink;
 	bool outputs_ready;
@@ -51,6 +62,9 @@ struct app {
 	bool stopping;
 	int exit_code;
 };
+
+/* What stderr gets at exit on top of the outputs' flush time, for the summary. */
+#define LOG_FLUSH_MS 500
 
 /* Bulk traffic queues bytes in 256 KiB evbuffer chains that come and go all
  * the time. glibc's defaults serve those from fresh mmaps or trim them off
@@ -98,14 +112,25 @@ static void raise_fd_limit(void)
 static void emit_record(void *ctx, const char *json, size_t len)
 {
 	struct app *app = ctx;
-	tap_out_line(&app->verdicts, json, len);
+	tap_out_line(app->out[OUT_VERDICTS], json, len);
+}
+
+static void frame_line(void *ctx, const char *json, size_t len)
+{
+	struct app *app = ctx;
+	tap_out_line(app->out[OUT_FRAMES], json, len);
+}
+
+static void pcap_block(void *ctx, const void *block, size_t len)
+{
+	struct app *app = ctx;
+	tap_out_block(app->out[OUT_PCAP], block, len);
 }
 
 static void *hook_open(void *ctx, uint64_t conn_id, const char *client, const char *upstream, int64_t now_us)
 {
 	struct app *app = ctx;
-	if (app->conf->verbosity >= TAP_VERBOSITY_VERBOSE)
-		fprintf(stderr, "amqptap: conn %llu from %s to %s\n", (unsigned long long)conn_id, client, upstream);
+	tap_log_verbose("conn %llu from %s to %s", (unsigned long long)conn_id, client, upstream);
 	return tap_conn_new(&app->observer, conn_id, client, upstream, now_us);
 }
 
@@ -133,9 +158,7 @@ static void hook_close(void *ctx, void *sess, enum tap_proxy_end why, const char
 	struct app *app = ctx;
 	app->closed_since_trim++;
 	app->last_close_us = now_us;
-	if (app->conf->verbosity >= TAP_VERBOSITY_VERBOSE)
-		fprintf(stderr, "amqptap: connection closed: %s%s%s\n", tap_proxy_end_name(why), detail ? ": " : "",
-			detail ? detail : "");
+	tap_log_verbose("connection closed: %s%s%s", tap_proxy_end_name(why), detail ? ": " : "", detail ? detail : "");
 	if (detail)
 		tap_conn_note(sess, detail);
 	tap_conn_end(sess, tap_proxy_end_name(why), now_us);
@@ -143,11 +166,9 @@ static void hook_close(void *ctx, void *sess, enum tap_proxy_end why, const char
 
 static void flush_outputs(struct app *app)
 {
-	tap_out_flush(&app->verdicts);
-	if (app->frames_on)
-		tap_out_flush(&app->frames);
-	if (app->pcap_on)
-		tap_out_flush(&app->pcap_out);
+	for (size_t i = 0; i < OUT_COUNT; i++)
+		if (app->out[i])
+			tap_out_flush(app->out[i]);
 }
 
 /* Return windows, late-return holds, and the 10 ms flush of the outputs. */
@@ -169,23 +190,44 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+static bool output_wanted(const struct app *app, enum app_out i)
+{
+	return i == OUT_VERDICTS || (i == OUT_FRAMES && app->conf->frames) || (i == OUT_PCAP && app->conf->pcap);
+}
+
+/* The tracker's summary, then one line per output: what it was handed and what it lost. */
 static void print_summary(struct app *app)
 {
 	struct tap_buf b;
 	tap_buf_init(&b);
-	tap_track_summary(app->track, &b);
+	if (app->track)
+		tap_track_summary(app->track, &b);
+	for (size_t i = 0; i < OUT_COUNT; i++) {
+		struct tap_out_stats st = {0};
+		if (!output_wanted(app, (enum app_out)i))
+			continue;
+		if (app->outputs_closed)
+			st = app->out_final[i];
+		else if (app->out[i])
+			tap_out_get_stats(app->out[i], &st);
+		tap_buf_printf(&b, "output %s records=%" PRIu64 " lost=%" PRIu64 " write_errors=%" PRIu64 "\n",
+			       out_names[i], st.records, st.lost, st.write_errors);
+	}
+	uint64_t log_lost = tap_log_lost();
+	if (log_lost)
+		tap_buf_printf(&b, "output stderr lost=%" PRIu64 " lines\n", log_lost);
 	if (b.len)
-		fwrite(b.data, 1, b.len, stderr);
+		tap_log_text(b.data, b.len);
 	tap_buf_deinit(&b);
 }
 
 static void reopen_outputs(struct app *app)
 {
-	if (tap_out_reopen(&app->verdicts) != TAP_OK)
-		fprintf(stderr, "amqptap: --verdicts: cannot reopen: %s\n", strerror(errno));
-	if (app->frames_on && tap_out_reopen(&app->frames) != TAP_OK)
-		fprintf(stderr, "amqptap: --frames: cannot reopen: %s\n", strerror(errno));
 	/* --pcap is not reopened: a pcapng file cannot continue without its header blocks */
+	if (app->out[OUT_VERDICTS])
+		tap_out_reopen(app->out[OUT_VERDICTS]);
+	if (app->out[OUT_FRAMES])
+		tap_out_reopen(app->out[OUT_FRAMES]);
 }
 
 static void on_idle(void *arg)
@@ -216,9 +258,8 @@ static void begin_shutdown(struct app *app)
 		event_base_loopexit(app->base, NULL);
 		return;
 	}
-	if (app->conf->verbosity >= TAP_VERBOSITY_NORMAL)
-		fprintf(stderr, "amqptap: stopping; %zu session(s) get %u ms to finish\n", tap_proxy_active(app->proxy),
-			app->conf->grace_ms);
+	tap_log_info("stopping; %zu session(s) get %u ms to finish", tap_proxy_active(app->proxy),
+		     app->conf->grace_ms);
 	struct timeval tv = {app->conf->grace_ms / 1000, (app->conf->grace_ms % 1000) * 1000};
 	app->grace_timer = evtimer_new(app->base, on_grace_over, app);
 	if (app->grace_timer)
@@ -242,7 +283,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	case SIGUSR1: {
 		struct tap_proxy_stats st;
 		tap_proxy_get_stats(app->proxy, &st);
-		fprintf(stderr, "amqptap: %llu connections accepted, %llu active, %llu unreachable, %llu bytes c2s, %llu s2c\n",
+		tap_log_info("%llu connections accepted, %llu active, %llu unreachable, %llu bytes c2s, %llu s2c",
 			(unsigned long long)st.accepted, (unsigned long long)st.active, (unsigned long long)st.unreachable,
 			(unsigned long long)st.bytes_c2s, (unsigned long long)st.bytes_s2c);
 		print_summary(app);
@@ -272,30 +313,34 @@ static void pcap_close(void *ctx, void *sc, int64_t ts_us)
 	tap_pcapng_conn_close(sc, ts_us);
 }
 
+static struct tap_out *open_output(enum app_out i, const char *path, enum tap_out_kind kind)
+{
+	struct tap_out_conf oc = {.name = out_names[i], .path = path, .kind = kind};
+	struct tap_out *o = tap_out_open(&oc);
+	if (!o)
+		fprintf(stderr, "amqptap: --%s %s: %s\n", out_names[i], path ? path : "-", strerror(errno));
+	return o;
+}
+
 /* Opens --verdicts, --frames and --pcap, creates the tracker and the
  * observer. Returns 0, or an exit code after printing why. */
 static int outputs_open(struct app *app)
 {
 	const struct tap_conf *conf = app->conf;
-	if (tap_out_open(&app->verdicts, conf->verdicts) != TAP_OK) {
-		fprintf(stderr, "amqptap: --verdicts %s: %s\n", conf->verdicts, strerror(errno));
+	app->out[OUT_VERDICTS] = open_output(OUT_VERDICTS, conf->verdicts, TAP_OUT_LINES);
+	if (!app->out[OUT_VERDICTS])
 		return 2;
-	}
-	app->verdicts_on = true;
 	if (conf->frames) {
-		if (tap_out_open(&app->frames, conf->frames) != TAP_OK) {
-			fprintf(stderr, "amqptap: --frames %s: %s\n", conf->frames, strerror(errno));
+		app->out[OUT_FRAMES] = open_output(OUT_FRAMES, conf->frames, TAP_OUT_LINES);
+		if (!app->out[OUT_FRAMES])
 			return 2;
-		}
-		app->frames_on = true;
+		app->frames_sink = (struct tap_frames_sink){app, frame_line};
 	}
 	if (conf->pcap) {
-		if (tap_out_open(&app->pcap_out, conf->pcap) != TAP_OK) {
-			fprintf(stderr, "amqptap: --pcap %s: %s\n", conf->pcap, strerror(errno));
+		app->out[OUT_PCAP] = open_output(OUT_PCAP, conf->pcap, TAP_OUT_BLOCKS);
+		if (!app->out[OUT_PCAP])
 			return 2;
-		}
-		app->pcap_on = true;
-		app->pcap = tap_pcapng_new(&app->pcap_out);
+		app->pcap = tap_pcapng_new(pcap_block, app);
 		if (!app->pcap) {
 			fprintf(stderr, "amqptap: out of memory at start\n");
 			return 1;
@@ -313,7 +358,7 @@ static int outputs_open(struct app *app)
 		fprintf(stderr, "amqptap: out of memory at start\n");
 		return 1;
 	}
-	tap_observer_init(&app->observer, app->track, emit_record, app, app->frames_on ? &app->frames : NULL,
+	tap_observer_init(&app->observer, app->track, emit_record, app, app->out[OUT_FRAMES] ? &app->frames_sink : NULL,
 			  conf->body_bytes);
 	if (app->pcap)
 		app->observer.capture = &app->pcap_sink;
@@ -321,30 +366,49 @@ static int outputs_open(struct app *app)
 	return 0;
 }
 
-/* Flushes and closes every output; the tracker must be shut down first. */
-static void outputs_close(struct app *app)
+/* From now until deadline_us the outputs wait for room instead of dropping: nothing is forwarded any more (or
+ * ever, in replay), and the records still to come are the last. */
+static void outputs_drain_until(struct app *app, int64_t deadline_us)
 {
+	for (size_t i = 0; i < OUT_COUNT; i++)
+		if (app->out[i])
+			tap_out_wait_until(app->out[i], deadline_us);
+}
+
+/* Writes what is left until deadline_us, closes every output, prints the summary with what each lost, and names
+ * the outputs that lost records. The tracker must be shut down first. Returns true when no record was lost. */
+static bool outputs_close(struct app *app, int64_t deadline_us)
+{
+	tap_pcapng_free(app->pcap); /* writes nothing more */
+	app->pcap = NULL;
+	for (size_t i = 0; i < OUT_COUNT; i++) {
+		tap_out_close(app->out[i], deadline_us, &app->out_final[i]);
+		app->out[i] = NULL;
+	}
+	app->outputs_closed = true;
+	bool whole = true;
 	if (app->outputs_ready) {
-		if (app->conf->verbosity >= TAP_VERBOSITY_NORMAL)
+		if (app->conf->verbosity >= TAP_VERBOSITY_NORMAL) /* SIGUSR1 asks for it even with -q */
 			print_summary(app);
 		tap_observer_deinit(&app->observer);
 	}
+	for (size_t i = 0; i < OUT_COUNT; i++) {
+		const struct tap_out_stats *st = &app->out_final[i];
+		if (st->lost == 0)
+			continue;
+		whole = false;
+		tap_log_error("--%s: %" PRIu64 " of %" PRIu64 " records lost", out_names[i], st->lost, st->records);
+	}
 	tap_track_free(app->track);
 	app->track = NULL;
-	tap_pcapng_free(app->pcap);
-	app->pcap = NULL;
-	if (app->pcap_on)
-		tap_out_close(&app->pcap_out);
-	if (app->frames_on)
-		tap_out_close(&app->frames);
-	if (app->verdicts_on)
-		tap_out_close(&app->verdicts);
+	return whole;
 }
 
 static int run_replay(const struct tap_conf *conf)
 {
 	struct app app = {.conf = conf};
 	int code = outputs_open(&app);
+	outputs_drain_until(&app, INT64_MAX);
 	if (code == 0) {
 		char err[512];
 		int rc = tap_replay_run(conf->replay_file, (uint16_t)conf->replay_port, &app.observer, app.track, err,
@@ -354,7 +418,8 @@ static int run_replay(const struct tap_conf *conf)
 			code = 1;
 		}
 	}
-	outputs_close(&app);
+	if (!outputs_close(&app, INT64_MAX) && code == 0)
+		code = 1;
 	return code;
 }
 
@@ -406,7 +471,8 @@ static int run_proxy(const struct tap_conf *conf)
 	}
 	if (code) {
 		tap_proxy_free(app.proxy);
-		outputs_close(&app);
+		/* nothing was forwarded; the exit code says why */
+		(void)outputs_close(&app, tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000);
 		if (app.base)
 			event_base_free(app.base);
 		tap_tls_free(app.tls);
@@ -424,16 +490,19 @@ static int run_proxy(const struct tap_conf *conf)
 	struct timeval tick = {0, 10000};
 	if (app.tick_timer)
 		evtimer_add(app.tick_timer, &tick);
-	if (conf->verbosity >= TAP_VERBOSITY_NORMAL)
-		fprintf(stderr, "amqptap: listening on %s, forwarding to %s%s%s\n", bound, upstream_name,
-			tap_tls_listener(app.tls) ? " (TLS from clients)" : "",
-			tap_tls_upstream(app.tls) ? " (TLS to broker)" : "");
+	if (tap_log_start() != 0)
+		fprintf(stderr, "amqptap: WARNING: cannot start the stderr writer; messages are written directly\n");
+	tap_log_info("listening on %s, forwarding to %s%s%s", bound, upstream_name,
+		     tap_tls_listener(app.tls) ? " (TLS from clients)" : "", tap_tls_upstream(app.tls) ? " (TLS to broker)" : "");
 
 	event_base_dispatch(app.base);
 
+	int64_t deadline = tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000;
+	outputs_drain_until(&app, deadline);
 	tap_proxy_free(app.proxy); /* ends what is left: reason "shutdown" */
 	tap_track_shutdown(app.track, tap_now_us());
-	outputs_close(&app);
+	if (!outputs_close(&app, deadline) && app.exit_code == 0)
+		app.exit_code = 1;
 	for (size_t i = 0; i < 4; i++)
 		if (sigs[i])
 			event_free(sigs[i]);
@@ -443,6 +512,8 @@ static int run_proxy(const struct tap_conf *conf)
 		event_free(app.tick_timer);
 	event_base_free(app.base);
 	tap_tls_free(app.tls);
+	int64_t log_deadline = tap_out_clock_us() + LOG_FLUSH_MS * 1000;
+	(void)tap_log_stop(log_deadline > deadline ? log_deadline : deadline); /* its losses were in the summary */
 	return app.exit_code;
 }
 
@@ -477,6 +548,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "amqptap: %s\n", err);
 		return 2;
 	}
+	static const enum tap_log_level log_levels[] = {
+	    [TAP_VERBOSITY_QUIET] = TAP_LOG_ERROR,
+	    [TAP_VERBOSITY_NORMAL] = TAP_LOG_INFO,
+	    [TAP_VERBOSITY_VERBOSE] = TAP_LOG_VERBOSE,
+	};
+	tap_log_set_level(log_levels[conf.verbosity]);
 	switch (conf.mode) {
 	case TAP_MODE_HELP:
 		return print_help();

@@ -27,19 +27,26 @@ struct tap_capture_sink {
 	void (*close)(void *ctx, void *sc, int64_t ts_us);
 };
 
+/* Receives the frame trace (--frames): one JSON object per decoded frame, without its newline; the slice is only
+ * read during the call. */
+struct tap_frames_sink {
+	void *ctx;
+	void (*line)(void *ctx, const char *json, size_t len);
+};
+
 /* Shared by every connection of one tap process (or one replay). */
 struct tap_observer {
 	struct tap_track *track;
 	tap_track_emit_fn emit; /* for decode_error records (the tracker's sink) */
 	void *emit_ctx;
-	struct tap_out *frames; /* NULL: no frame trace */
+	const struct tap_frames_sink *frames; /* NULL: no frame trace */
 	uint32_t body_bytes;    /* body prefix length in the frame trace */
 	struct tap_buf scratch; /* one record being built */
 	const struct tap_capture_sink *capture; /* NULL: no capture */
 };
 
 void tap_observer_init(struct tap_observer *o, struct tap_track *track, tap_track_emit_fn emit, void *emit_ctx,
-		       struct tap_out *frames, uint32_t body_bytes);
+		       const struct tap_frames_sink *frames, uint32_t body_bytes);
 void tap_observer_deinit(struct tap_observer *o);
 
 struct tap_conn;

@@ -6,7 +6,6 @@
 
 
 #include "amqptap/dir.h"
-#include "amqptap/jsonl.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -18,10 +17,13 @@
 struct tap_pcapng;
 struct tap_pcapng_conn;
 
-/* Writes the Section Header Block and one Interface Description Block (LINKTYPE_ETHERNET, if_tsresol 6) to out,
- * which stays owned by the caller and must outlive the writer. Every block is appended whole to out, so a file cut
- * at a flush is readable up to its last block. Returns NULL when out of memory. */
-struct tap_pcapng *tap_pcapng_new(struct tap_out *out);
+/* Receives one whole pcapng block per call; the slice is only read during the call. */
+typedef void (*tap_pcapng_write_fn)(void *ctx, const void *block, size_t len);
+
+/* Writes the Section Header Block and one Interface Description Block (LINKTYPE_ETHERNET, if_tsresol 6) through
+ * write. Every block goes out whole in one call, so an output that drops whole blocks stays readable up to its
+ * last block. Returns NULL when out of memory. */
+struct tap_pcapng *tap_pcapng_new(tap_pcapng_write_fn write, void *ctx);
 /* Does not free the connections still open. */
 void tap_pcapng_free(struct tap_pcapng *p);
 

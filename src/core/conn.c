@@ -70,7 +70,7 @@ struct tap_conn {
 };
 
 void tap_observer_init(struct tap_observer *o, struct tap_track *track, tap_track_emit_fn emit, void *emit_ctx,
-		       struct tap_out *frames, uint32_t body_bytes)
+		       const struct tap_frames_sink *frames, uint32_t body_bytes)
 {
 	memset(o, 0, sizeof *o);
 	o->track = track;
@@ -496,7 +496,7 @@ static void trace_frame(struct tap_conn *c, enum tap_dir dir, const struct tap_f
 	tap_buf_reset(&o->scratch);
 	tap_frames_line(&o->scratch, c->id, dir, now_us, ev, (const uint8_t *)d->body_prefix.data,
 			d->body_prefix.len);
-	tap_out_line(o->frames, o->scratch.data, o->scratch.len);
+	o->frames->line(o->frames->ctx, o->scratch.data, o->scratch.len);
 	tap_buf_reset(&d->body_prefix);
 }
 

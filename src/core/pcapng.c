@@ -1,7 +1,9 @@
 /* pcapng writer: synthetic Ethernet/IP/TCP packets carrying each connection's AMQP byte stream
  * (draft-ietf-opsawg-pcapng §4.1 SHB, §4.2 IDB, §4.3 EPB; RFC 791 IPv4, RFC 8200 IPv6, RFC 9293 TCP).
- * Blocks are built in a scratch buffer and appended whole to the output file. */
+ * Blocks are built in a scratch buffer and handed whole to the caller's write function. */
 #include "amqptap/pcapng.h"
+
+#include "amqptap/buf.h"
 
 #include <arpa/inet.h>
 #include <stdlib.h>
@@ -27,7 +29,8 @@
 #define TCP_ACK 0x10
 
 struct tap_pcapng {
-	struct tap_out *out;
+	tap_pcapng_write_fn write;
+	void *write_ctx;
 	struct tap_buf block;
 	uint64_t conns;
 	uint16_t ip_id;
@@ -77,7 +80,7 @@ static void pad4(struct tap_buf *b)
 	tap_buf_append(b, zero, (4 - (b->len & 3)) & 3);
 }
 
-/* Patches both total-length fields and appends the block to the file. */
+/* Patches both total-length fields and hands the block to the writer. */
 static void block_finish(struct tap_pcapng *p)
 {
 	struct tap_buf *b = &p->block;
@@ -86,7 +89,7 @@ static void block_finish(struct tap_pcapng *p)
 	if (b->oom)
 		return;
 	memcpy(b->data + 4, &total, 4);
-	tap_out_write(p->out, b->data, b->len);
+	p->write(p->write_ctx, b->data, b->len);
 }
 
 static void block_begin(struct tap_pcapng *p, uint32_t type)
@@ -97,12 +100,13 @@ static void block_begin(struct tap_pcapng *p, uint32_t type)
 	host32(&p->block, 0);
 }
 
-struct tap_pcapng *tap_pcapng_new(struct tap_out *out)
+struct tap_pcapng *tap_pcapng_new(tap_pcapng_write_fn write, void *ctx)
 {
 	struct tap_pcapng *p = calloc(1, sizeof *p);
 	if (!p)
 		return NULL;
-	p->out = out;
+	p->write = write;
+	p->write_ctx = ctx;
 	tap_buf_init(&p->block);
 
 	/* §4.1 Section Header Block, section length unknown (-1). */

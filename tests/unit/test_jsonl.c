@@ -1,5 +1,5 @@
 /* JSON building blocks: commas, escaping of control bytes and invalid UTF-8,
- * timestamps, and the buffered output file. */
+ * timestamps. The output files are tested in test_out. */
 #include "amqptap/jsonl.h"
 
 #include <check.h>
@@ -106,42 +106,6 @@ START_TEST(timestamps)
 }
 END_TEST
 
-START_TEST(out_buffers_and_reopens)
-{
-	char path[] = "/tmp/tap_jsonl_XXXXXX";
-	int fd = mkstemp(path);
-	ck_assert_int_ge(fd, 0);
-	close(fd);
-	struct tap_out o;
-	ck_assert_int_eq(tap_out_open(&o, path), 0);
-	tap_out_line(&o, "{\"a\":1}", 7);
-	FILE *f = fopen(path, "r");
-	char line[64] = "";
-	ck_assert_ptr_null(fgets(line, sizeof line, f)); /* still buffered */
-	fclose(f);
-	ck_assert_int_eq(tap_out_flush(&o), 0);
-	char moved[64];
-	snprintf(moved, sizeof moved, "%s.1", path);
-	ck_assert_int_eq(rename(path, moved), 0);
-	tap_out_line(&o, "{\"b\":2}", 7);
-	ck_assert_int_eq(tap_out_reopen(&o), 0); /* pending line goes to the old file */
-	tap_out_line(&o, "{\"c\":3}", 7);
-	tap_out_close(&o);
-	f = fopen(moved, "r");
-	ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
-	ck_assert_str_eq(line, "{\"a\":1}\n");
-	ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
-	ck_assert_str_eq(line, "{\"b\":2}\n");
-	fclose(f);
-	f = fopen(path, "r");
-	ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
-	ck_assert_str_eq(line, "{\"c\":3}\n");
-	fclose(f);
-	unlink(path);
-	unlink(moved);
-}
-END_TEST
-
 int main(void)
 {
 	Suite *s = suite_create("jsonl");
@@ -151,7 +115,6 @@ int main(void)
 	tcase_add_test(tc, integers_at_the_limits);
 	tcase_add_test(tc, plain_strings_in_one_copy);
 	tcase_add_test(tc, timestamps);
-	tcase_add_test(tc, out_buffers_and_reopens);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;

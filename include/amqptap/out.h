@@ -1,0 +1,82 @@
+/* Output files (--verdicts, --frames, --pcap, and stderr through log.h) that the forwarding loop never waits on.
+ * The loop appends whole records to a batch; a full batch (or tap_out_flush, every 10 ms) goes into a bounded
+ * in-memory backlog that one writer thread per output drains with plain blocking write()s, so a pipe nobody reads,
+ * a stalled FIFO, NFS or a full disk stall only that thread. When the backlog is full, the batch is dropped whole
+ * (never half a record) and counted; when writing fails, the rest of the batch is counted lost. A JSON Lines output
+ * then gets a records_lost record where the gap is, and the first failure of each output goes to the log at once.
+ *
+ *   loop thread                         |  writer thread
+ *   tap_out_line/block -> fill batch    |
+ *   tap_out_flush ------> [backlog: batch, batch, reopen, ...] --> write() ... (may block forever)
+ *                          <= backlog_bytes, counted while written |
+ *
+ * Files are created 0600; a file that exists keeps its mode (an operator's chmod survives a restart). */
+#ifndef AMQPTAP_OUT_H
+#define AMQPTAP_OUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TAP_OUT_BATCH_BYTES (64 * 1024)
+#define TAP_OUT_BACKLOG_DEFAULT (8u * 1024 * 1024)
+/* How long the records still in memory at shutdown may take to be written before they count as lost. */
+#define TAP_OUT_FLUSH_MS 2000u
+
+/* How records are framed, which decides what a loss leaves behind:
+ * LINES: JSON Lines; a loss is marked by a records_lost record, a cut line is removed (regular file) or ended.
+ * BLOCKS: binary blocks (pcapng); losses are only counted; a cut block is removed or writing stops.
+ * TEXT: human lines (the log); a loss is marked by a text line; any thread may write (tap_out_text). */
+enum tap_out_kind {
+	TAP_OUT_LINES,
+	TAP_OUT_BLOCKS,
+	TAP_OUT_TEXT,
+};
+
+struct tap_out_conf {
+	const char *name;     /* "verdicts", "frames", "pcap": the option and the output field of records_lost */
+	const char *path;     /* NULL or "-": stdout */
+	enum tap_out_kind kind;
+	size_t backlog_bytes; /* 0: TAP_OUT_BACKLOG_DEFAULT */
+};
+
+struct tap_out_stats {
+	uint64_t records;      /* handed to the output */
+	uint64_t lost;         /* dropped (backlog full, out of memory), failed to write, or not flushed at close */
+	uint64_t write_errors; /* failed write() calls */
+};
+
+struct tap_out;
+
+/* Opens (creating 0600) or takes stdout, and starts the writer. NULL with errno set when that failed. */
+struct tap_out *tap_out_open(const struct tap_out_conf *conf);
+/* The same on a descriptor that stays the caller's (stderr for the log); path is only used in messages. */
+struct tap_out *tap_out_open_fd(const struct tap_out_conf *conf, int fd);
+
+/* Loop thread only. One record without its newline (LINES), or one whole binary block (BLOCKS). */
+void tap_out_line(struct tap_out *o, const char *data, size_t len);
+void tap_out_block(struct tap_out *o, const void *data, size_t len);
+/* Any thread, TEXT outputs: one or more whole lines, handed to the writer at once. */
+void tap_out_text(struct tap_out *o, const char *data, size_t len);
+
+/* Loop thread: hands the batch to the writer. Waits for room in the backlog only until tap_out_wait_until's time
+ * (never, by default): past it a batch that does not fit is dropped. */
+void tap_out_flush(struct tap_out *o);
+/* Monotonic time (tap_out_clock_us) until which tap_out_flush waits for room: INT64_MAX for replay, where nothing
+ * is forwarded; the shutdown deadline once forwarding is over. */
+void tap_out_wait_until(struct tap_out *o, int64_t mono_us);
+/* Loop thread: the writer closes and opens the path again once what was handed before is written (SIGHUP,
+ * logrotate). Never waits; a failure is logged by the writer. stdout stays. */
+void tap_out_reopen(struct tap_out *o);
+
+void tap_out_get_stats(struct tap_out *o, struct tap_out_stats *st);
+
+/* Hands over the last batch and lets the writer finish until deadline_us (monotonic); a writer still stuck then is
+ * cancelled and what it had not written counts as lost. Frees o (a writer that cannot even be cancelled is left
+ * behind with its memory) and fills *st (may be NULL) with the final counts. */
+void tap_out_close(struct tap_out *o, int64_t deadline_us, struct tap_out_stats *st);
+
+/* CLOCK_MONOTONIC in microseconds, for the deadlines above. */
+int64_t tap_out_clock_us(void);
+
+#endif

@@ -1,0 +1,788 @@
+/* Output files written by one thread each, so the forwarding loop never waits on a write. See
+ * include/amqptap/out.h for the model; this file holds the backlog, the writer thread and the loss accounting. */
+#include "amqptap/out.h"
+
+#include "amqptap/buf.h"
+#include "amqptap/json.h"
+#include "amqptap/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SPARE_CHUNKS 4
+#define SPARE_MAX_BYTES (256 * 1024) /* a batch grown past this by one big record is freed, not kept */
+#define CANCEL_JOIN_MS 200
+
+/* Whether the output closes its descriptor: stdout and stderr stay open. */
+enum fd_owner {
+	FD_BORROWED,
+	FD_OWNED,
+};
+
+enum chunk_kind {
+	CHUNK_DATA,
+	CHUNK_REOPEN,
+};
+
+/* A batch of whole records, as handed from the loop to the writer. */
+struct chunk {
+	struct chunk *next;
+	enum chunk_kind kind;
+	struct tap_buf data;
+	uint64_t records;
+	size_t *ends; /* BLOCKS: where each record ends, to find the record a failed write cut */
+	size_t ends_cap;
+};
+
+struct tap_out {
+	char *name;
+	char *path; /* NULL: a descriptor the caller owns */
+	enum tap_out_kind kind;
+	size_t backlog_bytes;
+	int fd;
+	bool own_fd;
+	bool pipe; /* a pipe or FIFO: written in whole records of at most PIPE_BUF bytes where it can be */
+
+	/* loop thread (TEXT: under mu) */
+	struct chunk *fill;
+	int64_t wait_until_us;
+	uint64_t records;
+	uint64_t dropped;           /* records dropped before reaching the backlog */
+	uint64_t drop_unreported;   /* dropped since the last records_lost record */
+	int64_t drop_first_us;
+	bool drop_reported;         /* the log heard of the first drop */
+
+	pthread_mutex_t mu;
+	pthread_cond_t wake; /* writer: something queued, or closing */
+	pthread_cond_t room; /* loop: a chunk was written, or the writer ended */
+	struct chunk *head, *tail;
+	size_t queued_bytes; /* including the chunk being written */
+	struct chunk *spare;
+	size_t n_spare;
+	bool closing;
+	bool writer_done;
+	uint64_t write_lost;   /* records the writer could not write */
+	uint64_t write_errors;
+	pthread_t thread;
+
+	/* writer thread only (read by close after join) */
+	struct chunk *current;
+	size_t current_off;
+	bool partial;  /* a line was cut and could not be removed: the next write starts with "\n" */
+	bool broken;   /* a block was cut and could not be removed: nothing more can be appended */
+	bool fail_reported;
+	uint64_t wlost_unreported;
+	int64_t wfirst_us;
+	int werr;
+	struct tap_buf note;
+};
+
+int64_t tap_out_clock_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int64_t wall_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static struct timespec mono_abs(int64_t mono_us)
+{
+	struct timespec ts = {(time_t)(mono_us / 1000000), (long)(mono_us % 1000000) * 1000};
+	return ts;
+}
+
+/* ---- chunks ---- */
+
+static struct chunk *chunk_new(void)
+{
+	struct chunk *c = calloc(1, sizeof *c);
+	if (c)
+		tap_buf_init(&c->data);
+	return c;
+}
+
+static void chunk_free(struct chunk *c)
+{
+	if (!c)
+		return;
+	tap_buf_deinit(&c->data);
+	free(c->ends);
+	free(c);
+}
+
+static void chunk_reset(struct chunk *c)
+{
+	tap_buf_reset(&c->data);
+	c->records = 0;
+	c->kind = CHUNK_DATA;
+	c->next = NULL;
+}
+
+/* Under mu. */
+static void chunk_recycle(struct tap_out *o, struct chunk *c)
+{
+	if (o->n_spare >= SPARE_CHUNKS || c->data.cap > SPARE_MAX_BYTES) {
+		chunk_free(c);
+		return;
+	}
+	chunk_reset(c);
+	c->next = o->spare;
+	o->spare = c;
+	o->n_spare++;
+}
+
+/* Under mu. */
+static struct chunk *chunk_take(struct tap_out *o)
+{
+	struct chunk *c = o->spare;
+	if (!c)
+		return chunk_new();
+	o->spare = c->next;
+	o->n_spare--;
+	c->next = NULL;
+	return c;
+}
+
+/* Under mu. */
+static void enqueue(struct tap_out *o, struct chunk *c)
+{
+	c->next = NULL;
+	if (o->tail)
+		o->tail->next = c;
+	else
+		o->head = c;
+	o->tail = c;
+	o->queued_bytes += c->data.len;
+	pthread_cond_signal(&o->wake);
+}
+
+static uint64_t count_newlines(const char *p, size_t len)
+{
+	uint64_t n = 0;
+	const char *end = p + len;
+	while (p < end && (p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+		n++;
+		p++;
+	}
+	return n;
+}
+
+/* ---- the loss notes: a records_lost record (LINES) or a line of text (TEXT) ---- */
+
+static void loss_note(struct tap_buf *b, const struct tap_out *o, uint64_t lost, int64_t first_us, int err)
+{
+	tap_buf_reset(b);
+	if (o->kind == TAP_OUT_TEXT) {
+		tap_buf_printf(b, "amqptap: %" PRIu64 " line(s) of this log were lost (%s)\n", lost,
+			       err ? strerror(err) : "written faster than it was read");
+		return;
+	}
+	struct tap_json j;
+	tap_json_init(&j, b);
+	tap_json_obj_begin(&j);
+	tap_json_kv_str(&j, "type", "records_lost");
+	tap_json_kv_ts(&j, "ts", wall_us());
+	tap_json_kv_str(&j, "output", o->name);
+	tap_json_kv_uint(&j, "lost", lost);
+	tap_json_kv_ts(&j, "first_lost_ts", first_us);
+	tap_json_kv_str(&j, "reason", err ? "write_failed" : "backlog_full");
+	if (err)
+		tap_json_kv_str(&j, "error", strerror(err));
+	tap_json_obj_end(&j);
+	tap_buf_putc(b, '\n');
+}
+
+/* ---- writer thread ---- */
+
+/* Writes len bytes from *off on, waiting as long as the file takes; this is where a writer can be cancelled.
+ * Returns 0, or the errno that stopped it with *off at the first byte not written. */
+static int write_all(struct tap_out *o, const char *data, size_t len, size_t *off)
+{
+	while (*off < len) {
+		int old;
+		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
+		ssize_t n = write(o->fd, data + *off, len - *off);
+		int err = errno;
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+		if (n > 0) {
+			*off += (size_t)n;
+			continue;
+		}
+		if (n < 0 && err == EINTR)
+			continue;
+		if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) { /* an inherited O_NONBLOCK descriptor */
+			struct pollfd p = {.fd = o->fd, .events = POLLOUT};
+			pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
+			(void)poll(&p, 1, -1); /* whatever it says, the next write tells */
+			pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+			continue;
+		}
+		return n < 0 ? err : EIO;
+	}
+	return 0;
+}
+
+static void writer_lost(struct tap_out *o, uint64_t lost, int err)
+{
+	pthread_mutex_lock(&o->mu);
+	o->write_lost += lost;
+	o->write_errors++;
+	pthread_mutex_unlock(&o->mu);
+	if (o->wlost_unreported == 0)
+		o->wfirst_us = wall_us();
+	o->wlost_unreported += lost;
+	o->werr = err;
+	if (!o->fail_reported && o->kind != TAP_OUT_TEXT) {
+		o->fail_reported = true;
+		tap_log_error("--%s %s: write failed: %s; records are dropped and counted until writing works again",
+			      o->name, o->path ? o->path : "-", strerror(err));
+	}
+}
+
+/* Removes the first cut bytes at the end of a regular file, the start of a record a failed write cut. */
+static bool remove_cut(struct tap_out *o, size_t cut)
+{
+	struct stat st;
+	if (fstat(o->fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < cut)
+		return false;
+	return ftruncate(o->fd, st.st_size - (off_t)cut) == 0;
+}
+
+/* A write of c stopped at off with err: counts the records from the one it cut on, and repairs the cut. */
+static void chunk_failed(struct tap_out *o, const struct chunk *c, size_t off, int err)
+{
+	const char *d = c->data.data;
+	uint64_t lost;
+	size_t cut;
+	if (o->kind == TAP_OUT_BLOCKS) {
+		size_t i = 0;
+		while (i < c->records && c->ends[i] <= off)
+			i++;
+		lost = c->records - i;
+		cut = off - (i > 0 ? c->ends[i - 1] : 0);
+	} else {
+		lost = count_newlines(d + off, c->data.len - off);
+		if (lost > c->records) /* a loss note chunk holds no record */
+			lost = c->records;
+		const char *nl = off ? memrchr(d, '\n', off) : NULL;
+		cut = nl ? off - (size_t)(nl - d) - 1 : off;
+	}
+	writer_lost(o, lost, err);
+	if (cut == 0 || remove_cut(o, cut))
+		return;
+	if (o->kind != TAP_OUT_BLOCKS) {
+		o->partial = true;
+		return;
+	}
+	o->broken = true;
+	tap_log_error("--%s %s: a block was cut and cannot be removed; nothing more is written to it", o->name,
+		      o->path ? o->path : "-");
+}
+
+/* What must precede new records after a failure: the end of a cut line, then the loss note. False when that
+ * could not be written either (the caller's records are then lost too). */
+static bool writer_recover(struct tap_out *o)
+{
+	if (o->partial) {
+		size_t off = 0;
+		int err = write_all(o, "\n", 1, &off);
+		if (err)
+			return false;
+		o->partial = false;
+	}
+	if (o->wlost_unreported == 0)
+		return true;
+	if (o->kind != TAP_OUT_BLOCKS) {
+		loss_note(&o->note, o, o->wlost_unreported, o->wfirst_us, o->werr);
+		size_t off = 0;
+		int err = write_all(o, o->note.data, o->note.len, &off);
+		if (err) {
+			if (off > 0 && !remove_cut(o, off))
+				o->partial = true;
+			return false;
+		}
+	}
+	o->wlost_unreported = 0;
+	return true;
+}
+
+/* Where the next write of c from off should end. A pipe takes a write of up to PIPE_BUF bytes whole or not at all,
+ * so a writer cancelled while a stalled reader holds it never leaves half a record there: pipes get whole records
+ * in pieces of at most PIPE_BUF (a longer record alone). Anything else gets the rest of the chunk at once. */
+static size_t piece_end(const struct tap_out *o, const struct chunk *c, size_t off)
+{
+	size_t len = c->data.len;
+	if (!o->pipe || len - off <= PIPE_BUF)
+		return len;
+	if (o->kind == TAP_OUT_BLOCKS) {
+		size_t end = off;
+		for (size_t i = 0; i < c->records; i++) {
+			if (c->ends[i] <= off)
+				continue;
+			if (c->ends[i] - off > PIPE_BUF)
+				return end > off ? end : c->ends[i];
+			end = c->ends[i];
+		}
+		return end > off ? end : len;
+	}
+	const char *d = c->data.data;
+	const char *nl = memrchr(d + off, '\n', PIPE_BUF);
+	if (nl)
+		return (size_t)(nl - d) + 1;
+	nl = memchr(d + off + PIPE_BUF, '\n', len - off - PIPE_BUF);
+	return nl ? (size_t)(nl - d) + 1 : len;
+}
+
+static void writer_chunk(struct tap_out *o, struct chunk *c)
+{
+	if (c->records == 0 && c->data.len == 0)
+		return;
+	if (o->broken) {
+		writer_lost(o, c->records, EIO);
+		return;
+	}
+	if (!writer_recover(o)) {
+		writer_lost(o, c->records, o->werr ? o->werr : EIO);
+		return;
+	}
+	o->current_off = 0;
+	int err = 0;
+	while (!err && o->current_off < c->data.len)
+		err = write_all(o, c->data.data, piece_end(o, c, o->current_off), &o->current_off);
+	if (err)
+		chunk_failed(o, c, o->current_off, err);
+}
+
+static int open_path(const char *path)
+{
+	return open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
+}
+
+static void writer_reopen(struct tap_out *o)
+{
+	if (!o->path || !o->own_fd)
+		return;
+	int old;
+	pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old); /* a FIFO without a reader blocks here */
+	int fd = open_path(o->path);
+	int err = errno;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	if (fd < 0) {
+		errno = err;
+		tap_log_error("--%s %s: cannot reopen: %s; still writing to the old file", o->name, o->path,
+			      strerror(errno));
+		return;
+	}
+	close(o->fd);
+	o->fd = fd;
+	struct stat st;
+	o->pipe = fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+	o->partial = false; /* a cut line stays in the old file, the new one starts clean */
+	o->broken = false;
+}
+
+static void *writer_main(void *arg)
+{
+	struct tap_out *o = arg;
+	int old;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	pthread_mutex_lock(&o->mu);
+	for (;;) {
+		while (!o->head && !o->closing)
+			pthread_cond_wait(&o->wake, &o->mu);
+		struct chunk *c = o->head;
+		if (!c)
+			break;
+		o->head = c->next;
+		if (!o->head)
+			o->tail = NULL;
+		o->current = c;
+		pthread_mutex_unlock(&o->mu);
+		if (c->kind == CHUNK_REOPEN)
+			writer_reopen(o);
+		else
+			writer_chunk(o, c);
+		pthread_mutex_lock(&o->mu);
+		o->current = NULL;
+		o->queued_bytes -= c->data.len;
+		chunk_recycle(o, c);
+		pthread_cond_broadcast(&o->room);
+	}
+	o->writer_done = true;
+	pthread_cond_broadcast(&o->room);
+	pthread_mutex_unlock(&o->mu);
+	return NULL;
+}
+
+/* ---- open and close ---- */
+
+static void out_free(struct tap_out *o)
+{
+	struct chunk *c = o->head;
+	while (c) {
+		struct chunk *next = c->next;
+		chunk_free(c);
+		c = next;
+	}
+	c = o->spare;
+	while (c) {
+		struct chunk *next = c->next;
+		chunk_free(c);
+		c = next;
+	}
+	chunk_free(o->fill);
+	chunk_free(o->current);
+	tap_buf_deinit(&o->note);
+	pthread_cond_destroy(&o->wake);
+	pthread_cond_destroy(&o->room);
+	pthread_mutex_destroy(&o->mu);
+	free(o->name);
+	free(o->path);
+	free(o);
+}
+
+static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_owner owner)
+{
+	struct tap_out *o = calloc(1, sizeof *o);
+	if (!o)
+		return NULL;
+	o->name = strdup(conf->name ? conf->name : "output");
+	o->path = conf->path && strcmp(conf->path, "-") != 0 ? strdup(conf->path) : NULL;
+	o->kind = conf->kind;
+	o->backlog_bytes = conf->backlog_bytes ? conf->backlog_bytes : TAP_OUT_BACKLOG_DEFAULT;
+	o->fd = fd;
+	o->own_fd = owner == FD_OWNED;
+	struct stat st;
+	o->pipe = fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+	o->fill = chunk_new();
+	tap_buf_init(&o->note);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_mutex_init(&o->mu, NULL);
+	pthread_cond_init(&o->wake, &ca);
+	pthread_cond_init(&o->room, &ca);
+	pthread_condattr_destroy(&ca);
+	if (!o->name || (conf->path && strcmp(conf->path, "-") != 0 && !o->path) || !o->fill) {
+		out_free(o);
+		errno = ENOMEM;
+		return NULL;
+	}
+	/* signals are the loop's: the writer must not take them (nor be woken by them) */
+	sigset_t all, prev;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &prev);
+	int rc = pthread_create(&o->thread, NULL, writer_main, o);
+	pthread_sigmask(SIG_SETMASK, &prev, NULL);
+	if (rc != 0) {
+		out_free(o);
+		errno = rc;
+		return NULL;
+	}
+	return o;
+}
+
+struct tap_out *tap_out_open(const struct tap_out_conf *conf)
+{
+	if (!conf->path || strcmp(conf->path, "-") == 0)
+		return out_new(conf, STDOUT_FILENO, FD_BORROWED);
+	int fd = open_path(conf->path);
+	if (fd < 0)
+		return NULL;
+	struct tap_out *o = out_new(conf, fd, FD_OWNED);
+	if (!o) {
+		int saved = errno;
+		close(fd);
+		errno = saved;
+	}
+	return o;
+}
+
+struct tap_out *tap_out_open_fd(const struct tap_out_conf *conf, int fd)
+{
+	return out_new(conf, fd, FD_BORROWED);
+}
+
+/* ---- the loop side ---- */
+
+static void note_drop(struct tap_out *o, uint64_t records)
+{
+	if (records == 0)
+		return;
+	o->dropped += records;
+	if (o->drop_unreported == 0)
+		o->drop_first_us = wall_us();
+	o->drop_unreported += records;
+	if (!o->drop_reported && o->kind != TAP_OUT_TEXT) {
+		o->drop_reported = true;
+		tap_log_error("--%s %s: written slower than records come (%zu KiB backlog full); records are dropped "
+			      "and counted",
+			      o->name, o->path ? o->path : "-", o->backlog_bytes / 1024);
+	}
+}
+
+/* Under mu: whether len more bytes fit, after waiting for room as long as allowed. */
+static bool room_for(struct tap_out *o, size_t len)
+{
+	for (;;) {
+		if (o->queued_bytes == 0 || o->queued_bytes + len <= o->backlog_bytes)
+			return true;
+		if (o->writer_done || o->wait_until_us <= 0)
+			return false;
+		if (o->wait_until_us == INT64_MAX) {
+			pthread_cond_wait(&o->room, &o->mu);
+			continue;
+		}
+		if (tap_out_clock_us() >= o->wait_until_us)
+			return false;
+		struct timespec ts = mono_abs(o->wait_until_us);
+		pthread_cond_timedwait(&o->room, &o->mu, &ts);
+	}
+}
+
+/* Under mu: a loss note before the next records, in its own chunk, if losses are unreported and it fits. */
+static void queue_drop_note(struct tap_out *o)
+{
+	if (o->drop_unreported == 0 || o->kind == TAP_OUT_BLOCKS)
+		return;
+	struct chunk *n = chunk_take(o);
+	if (!n)
+		return;
+	loss_note(&n->data, o, o->drop_unreported, o->drop_first_us, 0);
+	if (n->data.oom || !room_for(o, n->data.len)) {
+		chunk_recycle(o, n);
+		return;
+	}
+	enqueue(o, n);
+	o->drop_unreported = 0;
+}
+
+/* Under mu: hands the fill batch over (or drops it whole) and starts a new one. */
+static void hand_over(struct tap_out *o)
+{
+	struct chunk *c = o->fill;
+	if (!c) {
+		o->fill = chunk_take(o);
+		return;
+	}
+	if (c->data.len == 0) {
+		queue_drop_note(o);
+		return;
+	}
+	if (c->data.oom || (o->kind == TAP_OUT_BLOCKS && c->ends == NULL) || !room_for(o, c->data.len)) {
+		note_drop(o, c->records);
+		chunk_reset(c);
+		return;
+	}
+	queue_drop_note(o);
+	enqueue(o, c);
+	o->fill = chunk_take(o);
+}
+
+void tap_out_flush(struct tap_out *o)
+{
+	if (o->kind == TAP_OUT_TEXT)
+		return; /* text is handed over as it comes */
+	if (o->fill && o->fill->data.len == 0 && o->drop_unreported == 0)
+		return;
+	pthread_mutex_lock(&o->mu);
+	hand_over(o);
+	pthread_mutex_unlock(&o->mu);
+}
+
+void tap_out_line(struct tap_out *o, const char *data, size_t len)
+{
+	struct chunk *c = o->fill;
+	o->records++;
+	if (!c) { /* no memory for a batch */
+		note_drop(o, 1);
+		tap_out_flush(o);
+		return;
+	}
+	tap_buf_append(&c->data, data, len);
+	tap_buf_putc(&c->data, '\n');
+	c->records++;
+	if (c->data.len >= TAP_OUT_BATCH_BYTES || c->data.oom)
+		tap_out_flush(o);
+}
+
+void tap_out_block(struct tap_out *o, const void *data, size_t len)
+{
+	struct chunk *c = o->fill;
+	o->records++;
+	if (!c) {
+		note_drop(o, 1);
+		tap_out_flush(o);
+		return;
+	}
+	if (c->records == c->ends_cap) {
+		size_t cap = c->ends_cap ? c->ends_cap * 2 : 256;
+		size_t *ends = realloc(c->ends, cap * sizeof *ends);
+		if (!ends) {
+			c->data.oom = true; /* the batch is dropped whole at the flush */
+		} else {
+			c->ends = ends;
+			c->ends_cap = cap;
+		}
+	}
+	tap_buf_append(&c->data, data, len);
+	if (!c->data.oom)
+		c->ends[c->records] = c->data.len;
+	c->records++;
+	if (c->data.len >= TAP_OUT_BATCH_BYTES || c->data.oom)
+		tap_out_flush(o);
+}
+
+void tap_out_text(struct tap_out *o, const char *data, size_t len)
+{
+	pthread_mutex_lock(&o->mu);
+	o->records++;
+	struct chunk *c = chunk_take(o);
+	if (c) {
+		tap_buf_append(&c->data, data, len);
+		c->records = count_newlines(data, len);
+	}
+	if (!c || c->data.oom || !room_for(o, c->data.len)) {
+		note_drop(o, c ? c->records : 1);
+		if (c)
+			chunk_recycle(o, c);
+	} else {
+		queue_drop_note(o);
+		enqueue(o, c);
+	}
+	pthread_mutex_unlock(&o->mu);
+}
+
+void tap_out_wait_until(struct tap_out *o, int64_t mono_us)
+{
+	pthread_mutex_lock(&o->mu);
+	o->wait_until_us = mono_us;
+	pthread_mutex_unlock(&o->mu);
+}
+
+void tap_out_reopen(struct tap_out *o)
+{
+	if (!o->path)
+		return;
+	pthread_mutex_lock(&o->mu);
+	hand_over(o);
+	struct chunk *c = chunk_take(o);
+	if (c) {
+		c->kind = CHUNK_REOPEN;
+		enqueue(o, c);
+	}
+	pthread_mutex_unlock(&o->mu);
+	if (!c)
+		tap_log_error("--%s %s: cannot reopen: out of memory", o->name, o->path);
+}
+
+/* Under mu. */
+static void stats_locked(const struct tap_out *o, struct tap_out_stats *st)
+{
+	st->records = o->records;
+	st->lost = o->dropped + o->write_lost;
+	st->write_errors = o->write_errors;
+}
+
+void tap_out_get_stats(struct tap_out *o, struct tap_out_stats *st)
+{
+	pthread_mutex_lock(&o->mu);
+	stats_locked(o, st);
+	pthread_mutex_unlock(&o->mu);
+}
+
+/* Under mu, with the writer gone or stuck: the records it did not write, counting the chunk it was in from
+ * current_off on (0 when the writer could not be joined and its progress is unknown). */
+static uint64_t unwritten_records(const struct tap_out *o, size_t current_off)
+{
+	uint64_t n = 0;
+	const struct chunk *c = o->current;
+	if (c && c->kind == CHUNK_DATA) {
+		if (o->kind == TAP_OUT_BLOCKS) {
+			for (size_t i = 0; i < c->records; i++)
+				n += c->ends[i] > current_off;
+		} else {
+			n = count_newlines(c->data.data + current_off, c->data.len - current_off);
+			if (n > c->records) /* a loss note chunk holds no record */
+				n = c->records;
+		}
+	}
+	for (c = o->head; c; c = c->next)
+		n += c->kind == CHUNK_DATA ? c->records : 0;
+	return n;
+}
+
+/* Writers that could not be cancelled, kept reachable so their memory is not reported as leaked. */
+static struct tap_out *abandoned[16];
+
+void tap_out_close(struct tap_out *o, int64_t deadline_us, struct tap_out_stats *st)
+{
+	struct tap_out_stats last = {0};
+	if (!o) {
+		if (st)
+			*st = last;
+		return;
+	}
+	pthread_mutex_lock(&o->mu);
+	if (o->wait_until_us < deadline_us)
+		o->wait_until_us = deadline_us;
+	if (o->kind != TAP_OUT_TEXT)
+		hand_over(o);
+	o->closing = true;
+	pthread_cond_signal(&o->wake);
+	struct timespec until = mono_abs(deadline_us);
+	while (!o->writer_done && tap_out_clock_us() < deadline_us)
+		pthread_cond_timedwait(&o->room, &o->mu, &until);
+	bool done = o->writer_done;
+	pthread_mutex_unlock(&o->mu);
+
+	bool joined = done;
+	if (done) {
+		pthread_join(o->thread, NULL);
+	} else {
+		pthread_cancel(o->thread);
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += CANCEL_JOIN_MS * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		joined = pthread_timedjoin_np(o->thread, NULL, &ts) == 0;
+	}
+	pthread_mutex_lock(&o->mu);
+	o->write_lost += unwritten_records(o, joined ? o->current_off : 0);
+	stats_locked(o, &last);
+	pthread_mutex_unlock(&o->mu);
+	if (st)
+		*st = last;
+	if (!joined) {
+		for (size_t i = 0; i < sizeof abandoned / sizeof abandoned[0]; i++) {
+			if (!abandoned[i]) {
+				abandoned[i] = o;
+				break;
+			}
+		}
+		return;
+	}
+	if (o->own_fd)
+		close(o->fd);
+	out_free(o);
+}

@@ -1,0 +1,365 @@
+/* The output files of src/io/out.c (linked with the io library): order across a reopen, mode 0600, losses on
+ * /dev/full counted, a pipe nobody reads never blocks the caller and loses whole records only, a loss is marked
+ * by a records_lost record, close gives up on a stuck writer at its deadline, and the log never waits on stderr. */
+#include "amqptap/log.h"
+#include "amqptap/out.h"
+
+#include <check.h>
+
+#include "tap_check.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char tmpdir[64];
+
+static char *slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	ck_assert_ptr_nonnull(f);
+	char *buf = NULL;
+	size_t cap = 0;
+	*len = 0;
+	for (;;) {
+		if (cap - *len < 4096) {
+			cap = cap ? cap * 2 : 65536;
+			buf = realloc(buf, cap + 1);
+			ck_assert_ptr_nonnull(buf);
+		}
+		size_t n = fread(buf + *len, 1, cap - *len, f);
+		if (n == 0)
+			break;
+		*len += n;
+	}
+	fclose(f);
+	buf[*len] = '\0';
+	return buf;
+}
+
+/* Reads what the pipe holds now, without waiting. */
+static size_t drain(int fd, char **buf, size_t *len, size_t *cap)
+{
+	size_t got = 0;
+	for (;;) {
+		if (*cap - *len < 65536) {
+			*cap = *cap ? *cap * 2 : 1 << 20;
+			*buf = realloc(*buf, *cap + 1);
+			ck_assert_ptr_nonnull(*buf);
+		}
+		ssize_t n = read(fd, *buf + *len, *cap - *len);
+		if (n <= 0)
+			break;
+		*len += (size_t)n;
+		got += (size_t)n;
+	}
+	(*buf)[*len] = '\0';
+	return got;
+}
+
+static struct tap_out *open_lines(const char *path, size_t backlog)
+{
+	struct tap_out_conf oc = {.name = "verdicts", .path = path, .kind = TAP_OUT_LINES, .backlog_bytes = backlog};
+	struct tap_out *o = tap_out_open(&oc);
+	ck_assert_msg(o != NULL, "open %s: %s", path, strerror(errno));
+	return o;
+}
+
+START_TEST(reopen_keeps_order_and_mode)
+{
+	char path[128], moved[140];
+	snprintf(path, sizeof path, "%s/v.jsonl", tmpdir);
+	snprintf(moved, sizeof moved, "%s.1", path);
+	unlink(path);
+	unlink(moved);
+	mode_t old = umask(022);
+	struct tap_out *o = open_lines(path, 0);
+	struct stat st;
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0600);
+	tap_out_line(o, "{\"a\":1}", 7);
+	tap_out_flush(o);
+	ck_assert_int_eq(rename(path, moved), 0);
+	tap_out_line(o, "{\"b\":2}", 7);
+	tap_out_reopen(o); /* what came before goes to the old file */
+	tap_out_line(o, "{\"c\":3}", 7);
+	struct tap_out_stats s;
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	umask(old);
+	ck_assert_uint_eq(s.records, 3);
+	ck_assert_uint_eq(s.lost, 0);
+	size_t len;
+	char *a = slurp(moved, &len);
+	ck_assert_str_eq(a, "{\"a\":1}\n{\"b\":2}\n");
+	free(a);
+	a = slurp(path, &len);
+	ck_assert_str_eq(a, "{\"c\":3}\n");
+	free(a);
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0600);
+	/* an existing file keeps the mode it was given */
+	ck_assert_int_eq(chmod(path, 0640), 0);
+	o = open_lines(path, 0);
+	tap_out_close(o, tap_out_clock_us() + 5000000, NULL);
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0640);
+}
+END_TEST
+
+START_TEST(dev_full_counts_every_record)
+{
+	struct tap_out *o = open_lines("/dev/full", 0);
+	for (int i = 0; i < 2000; i++)
+		tap_out_line(o, "{\"type\":\"publish\",\"n\":12345678}", 31);
+	struct tap_out_stats s;
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	ck_assert_uint_eq(s.records, 2000);
+	ck_assert_uint_eq(s.lost, 2000);
+	ck_assert_uint_ge(s.write_errors, 1);
+}
+END_TEST
+
+/* Every line is {"n":K} or a records_lost record; the ns are increasing; seen + lost adds up to sent. */
+static void check_lines(const char *data, size_t len, uint64_t sent, uint64_t lost_total, bool want_note)
+{
+	uint64_t seen = 0, noted = 0, last = 0;
+	const char *p = data, *end = data + len;
+	bool note = false;
+	while (p < end) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		ck_assert_msg(nl != NULL, "a line without its end: %.80s", p);
+		uint64_t n, l;
+		if (sscanf(p, "{\"n\":%" SCNu64 "}", &n) == 1 && nl[-1] == '}') {
+			ck_assert_uint_gt(n, last);
+			last = n;
+			seen++;
+		} else {
+			static const char head[] = "{\"type\":\"records_lost\",\"ts\":\"";
+			ck_assert_msg(strncmp(p, head, sizeof head - 1) == 0, "bad line %.120s", p);
+			const char *q = strstr(p, "\"lost\":");
+			ck_assert_ptr_nonnull(q);
+			ck_assert_int_eq(sscanf(q, "\"lost\":%" SCNu64, &l), 1);
+			ck_assert(strstr(p, "\"output\":\"verdicts\"") != NULL);
+			ck_assert(strstr(p, "\"first_lost_ts\":\"") != NULL);
+			noted += l;
+			note = true;
+		}
+		p = nl + 1;
+	}
+	ck_assert_uint_eq(seen + lost_total, sent);
+	if (want_note) {
+		ck_assert(note);
+		ck_assert_uint_eq(noted, lost_total);
+	}
+}
+
+/* A pipe that is not read: the caller never waits, whole records are dropped and counted, and once the reader
+ * reads again a records_lost record says how many. The write end is non-blocking, as an inherited stdout can be. */
+START_TEST(stalled_pipe_never_blocks_and_drops_whole_records)
+{
+	int fds[2];
+	ck_assert_int_eq(pipe2(fds, O_CLOEXEC), 0);
+	ck_assert_int_eq(fcntl(fds[0], F_SETFL, O_NONBLOCK), 0);
+	ck_assert_int_eq(fcntl(fds[1], F_SETFL, O_NONBLOCK), 0);
+	struct tap_out_conf oc = {.name = "verdicts", .kind = TAP_OUT_LINES, .backlog_bytes = 256 * 1024};
+	struct tap_out *o = tap_out_open_fd(&oc, fds[1]);
+	ck_assert_ptr_nonnull(o);
+	char line[128];
+	uint64_t n = 0;
+	int64_t t0 = tap_out_clock_us();
+	for (int i = 0; i < 200000; i++) { /* ~6 MB, far past the pipe and the backlog */
+		int k = snprintf(line, sizeof line, "{\"n\":%" PRIu64 "}", ++n);
+		tap_out_line(o, line, (size_t)k);
+		if (i % 1000 == 0)
+			tap_out_flush(o);
+	}
+	tap_out_flush(o);
+	ck_assert_int_lt(tap_out_clock_us() - t0, 2000000);
+	struct tap_out_stats s;
+	tap_out_get_stats(o, &s);
+	ck_assert_uint_gt(s.lost, 0);
+	/* the reader comes back */
+	char *buf = NULL;
+	size_t len = 0, cap = 0;
+	for (int rounds = 0; rounds < 400; rounds++) {
+		drain(fds[0], &buf, &len, &cap);
+		usleep(2000);
+	}
+	for (int i = 0; i < 10; i++) {
+		int k = snprintf(line, sizeof line, "{\"n\":%" PRIu64 "}", ++n);
+		tap_out_line(o, line, (size_t)k);
+	}
+	tap_out_flush(o);
+	for (int rounds = 0; rounds < 100; rounds++) {
+		drain(fds[0], &buf, &len, &cap);
+		usleep(2000);
+	}
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	drain(fds[0], &buf, &len, &cap);
+	ck_assert_uint_eq(s.records, n);
+	ck_assert_uint_eq(s.write_errors, 0);
+	check_lines(buf, len, n, s.lost, true);
+	ck_assert_ptr_nonnull(strstr(buf, "\"reason\":\"backlog_full\""));
+	free(buf);
+	close(fds[0]);
+	close(fds[1]);
+}
+END_TEST
+
+/* A writer blocked forever in write(): close returns at its deadline, and what was not written is counted. The
+ * pipe then holds whole lines only. */
+START_TEST(close_gives_up_on_a_stuck_writer)
+{
+	int fds[2];
+	ck_assert_int_eq(pipe2(fds, O_CLOEXEC), 0);
+	struct tap_out_conf oc = {.name = "verdicts", .kind = TAP_OUT_LINES};
+	struct tap_out *o = tap_out_open_fd(&oc, fds[1]);
+	ck_assert_ptr_nonnull(o);
+	char line[128];
+	uint64_t n = 0;
+	for (int i = 0; i < 20000; i++) {
+		int k = snprintf(line, sizeof line, "{\"n\":%" PRIu64 "}", ++n);
+		tap_out_line(o, line, (size_t)k);
+	}
+	int64_t t0 = tap_out_clock_us();
+	struct tap_out_stats s;
+	tap_out_close(o, t0 + 300000, &s);
+	int64_t took = tap_out_clock_us() - t0;
+	ck_assert_int_ge(took, 290000);
+	ck_assert_int_lt(took, 1500000);
+	ck_assert_uint_gt(s.lost, 0);
+	ck_assert_int_eq(fcntl(fds[0], F_SETFL, O_NONBLOCK), 0);
+	char *buf = NULL;
+	size_t len = 0, cap = 0;
+	drain(fds[0], &buf, &len, &cap);
+	check_lines(buf, len, n, s.lost, false);
+	free(buf);
+	close(fds[0]);
+	close(fds[1]);
+}
+END_TEST
+
+/* Binary blocks on /dev/full: every block counted lost; on a working file they arrive whole and in order. */
+START_TEST(blocks_whole_and_counted)
+{
+	struct tap_out_conf oc = {.name = "pcap", .path = "/dev/full", .kind = TAP_OUT_BLOCKS};
+	struct tap_out *o = tap_out_open(&oc);
+	ck_assert_ptr_nonnull(o);
+	uint8_t block[300];
+	for (int i = 0; i < 1000; i++) {
+		memset(block, i & 0xff, sizeof block);
+		tap_out_block(o, block, sizeof block);
+	}
+	struct tap_out_stats s;
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	ck_assert_uint_eq(s.lost, 1000);
+
+	char path[128];
+	snprintf(path, sizeof path, "%s/b.bin", tmpdir);
+	unlink(path);
+	oc.path = path;
+	o = tap_out_open(&oc);
+	ck_assert_ptr_nonnull(o);
+	for (int i = 0; i < 1000; i++) {
+		memset(block, i & 0xff, sizeof block);
+		tap_out_block(o, block, sizeof block);
+	}
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	ck_assert_uint_eq(s.lost, 0);
+	size_t len;
+	char *d = slurp(path, &len);
+	ck_assert_uint_eq(len, 1000 * sizeof block);
+	for (size_t i = 0; i < 1000; i++)
+		ck_assert_uint_eq((uint8_t)d[i * sizeof block + 17], i & 0xff);
+	free(d);
+}
+END_TEST
+
+/* Waiting for room (replay) loses nothing even through a tiny backlog. */
+START_TEST(wait_until_loses_nothing)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/w.jsonl", tmpdir);
+	unlink(path);
+	struct tap_out *o = open_lines(path, 4096);
+	tap_out_wait_until(o, INT64_MAX);
+	char line[128];
+	uint64_t n = 0;
+	for (int i = 0; i < 50000; i++) {
+		int k = snprintf(line, sizeof line, "{\"n\":%" PRIu64 "}", ++n);
+		tap_out_line(o, line, (size_t)k);
+	}
+	struct tap_out_stats s;
+	tap_out_close(o, INT64_MAX, &s);
+	ck_assert_uint_eq(s.lost, 0);
+	size_t len;
+	char *d = slurp(path, &len);
+	check_lines(d, len, n, 0, false);
+	free(d);
+}
+END_TEST
+
+/* stderr into a pipe nobody reads: logging never waits, lines are counted lost, and stopping the log ends at its
+ * deadline. (check forks every test, so taking over fd 2 stays inside this one.) */
+START_TEST(log_never_waits_on_stderr)
+{
+	int fds[2];
+	ck_assert_int_eq(pipe2(fds, O_CLOEXEC), 0);
+	int saved = dup(STDERR_FILENO);
+	ck_assert_int_ge(saved, 0);
+	ck_assert_int_eq(dup2(fds[1], STDERR_FILENO), STDERR_FILENO);
+	ck_assert_int_eq(tap_log_start(), 0);
+	int64_t t0 = tap_out_clock_us();
+	for (int i = 0; i < 20000; i++) /* ~1.6 MB: past the pipe and the 256 KiB backlog */
+		tap_log_error("line %d of a log nobody reads, padded to about eighty bytes ..........", i);
+	tap_log_verbose("not written at the default level");
+	int64_t logged = tap_out_clock_us() - t0;
+	uint64_t lost = tap_log_lost();
+	t0 = tap_out_clock_us();
+	uint64_t lost_at_stop = tap_log_stop(t0 + 200000);
+	int64_t stopped = tap_out_clock_us() - t0;
+	dup2(saved, STDERR_FILENO);
+	ck_assert_int_lt(logged, 2000000);
+	ck_assert_uint_gt(lost, 0);
+	ck_assert_uint_ge(lost_at_stop, lost);
+	ck_assert_int_lt(stopped, 1500000);
+	ck_assert_int_eq(fcntl(fds[0], F_SETFL, O_NONBLOCK), 0);
+	char *buf = NULL;
+	size_t len = 0, cap = 0;
+	drain(fds[0], &buf, &len, &cap);
+	ck_assert_uint_gt(len, 0);
+	ck_assert_ptr_null(strstr(buf, "not written"));
+	ck_assert_int_eq(memcmp(buf, "amqptap: line 0 of a log", 24), 0);
+	ck_assert_int_eq(buf[len - 1], '\n'); /* whole lines only */
+	free(buf);
+}
+END_TEST
+
+int main(void)
+{
+	snprintf(tmpdir, sizeof tmpdir, "/tmp/tap_out_XXXXXX");
+	if (!mkdtemp(tmpdir))
+		return 1;
+	Suite *s = suite_create("out");
+	TCase *tc = tcase_create("out");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, reopen_keeps_order_and_mode);
+	tcase_add_test(tc, dev_full_counts_every_record);
+	tcase_add_test(tc, stalled_pipe_never_blocks_and_drops_whole_records);
+	tcase_add_test(tc, close_gives_up_on_a_stuck_writer);
+	tcase_add_test(tc, blocks_whole_and_counted);
+	tcase_add_test(tc, wait_until_loses_nothing);
+	tcase_add_test(tc, log_never_waits_on_stderr);
+	suite_add_tcase(s, tc);
+	int failed = tap_check_failures(s);
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+	if (system(cmd) != 0)
+		failed++;
+	return failed ? 1 : 0;
+}
