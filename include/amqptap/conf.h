@@ -42,6 +42,7 @@ struct tap_conf {
 	bool upstream_tls, upstream_insecure;
 	const char *upstream_ca, *upstream_sni, *upstream_cert, *upstream_key;
 	const char *keylog; /* NULL: $SSLKEYLOGFILE if set (main decides) */
+	struct tap_conf_addr metrics; /* --metrics: host "" = off */
 };
 
 /* Fills c with the defaults of DESIGN §1. */

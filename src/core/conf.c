@@ -14,6 +14,7 @@
 enum opt_kind {
 	OPT_ADDR_LISTEN,   /* HOST:PORT, port 0 allowed */
 	OPT_ADDR,          /* HOST:PORT */
+	OPT_ADDR_LOCAL,    /* HOST:PORT, or PORT alone for loopback; port 0 allowed */
 	OPT_PATH,          /* a file name */
 	OPT_U32,           /* a non-negative integer */
 	OPT_FLAG,          /* a bool set to true */
@@ -63,6 +64,8 @@ static const struct opt_def options[] = {
 	{"upstream-key", 0, OPT_PATH, FIELD(upstream_key), 0, 0, "FILE", "private key of --upstream-cert"},
 	{"upstream-insecure", 0, OPT_FLAG, FIELD(upstream_insecure), 0, 0, NULL,
 	 "do not verify the broker's certificate (logged loudly)"},
+	{"metrics", 0, OPT_ADDR_LOCAL, FIELD(metrics), 0, 0, "ADDR:PORT",
+	 "serve /metrics (Prometheus), /healthz and a live status page at / (default off; PORT alone: loopback)"},
 	{"keylog", 0, OPT_PATH, FIELD(keylog), 0, 0, "FILE",
 	 "NSS key log of both TLS legs, mode 0600 (default: $SSLKEYLOGFILE)"},
 	{"help", 'h', OPT_HELP, 0, 0, 0, NULL, "show this help and exit"},
@@ -168,12 +171,20 @@ static int apply(struct tap_conf *c, const struct opt_def *o, const char *value,
 {
 	char *field = (char *)c + o->offset;
 	switch (o->kind) {
+	case OPT_ADDR_LOCAL:
 	case OPT_ADDR_LISTEN:
-	case OPT_ADDR:
-		if (tap_conf_parse_addr(value, o->kind == OPT_ADDR_LISTEN, (struct tap_conf_addr *)(void *)field))
+	case OPT_ADDR: {
+		char local[TAP_CONF_HOST_MAX + 16];
+		const char *given = value;
+		if (o->kind == OPT_ADDR_LOCAL && (value[0] == ':' || !strchr(value, ':'))) {
+			snprintf(local, sizeof local, "127.0.0.1:%s", value[0] == ':' ? value + 1 : value);
+			value = local;
+		}
+		if (tap_conf_parse_addr(value, o->kind != OPT_ADDR, (struct tap_conf_addr *)(void *)field))
 			return usage_error(err, cap, "--%s: expected HOST:PORT with a port %s-65535 (IPv6 as [ADDR]:PORT), got '%s'",
-					   o->name, o->kind == OPT_ADDR_LISTEN ? "0" : "1", value);
+					   o->name, o->kind != OPT_ADDR ? "0" : "1", given);
 		return TAP_OK;
+	}
 	case OPT_PATH:
 		if (!*value)
 			return usage_error(err, cap, "--%s: empty file name", o->name);
