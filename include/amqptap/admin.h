@@ -14,6 +14,7 @@
 #define TAP_ADMIN_MAX_CONNS 32          /* live HTTP connections; accepting pauses at the cap */
 #define TAP_ADMIN_MAX_HEADERS 8192      /* request line and headers, bytes */
 #define TAP_ADMIN_MAX_BODY 1024         /* request body, bytes (every page is a GET) */
+#define TAP_ADMIN_MAX_INPUT 65536       /* bytes read ahead of the request being answered (pipelining) */
 #define TAP_ADMIN_IDLE_SECONDS 5        /* no byte read or written for this long: closed */
 #define TAP_ADMIN_REQUEST_SECONDS 10    /* a whole request must arrive within this of the connection or last reply */
 

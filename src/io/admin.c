@@ -254,6 +254,9 @@ static struct bufferevent *new_conn(struct event_base *base, void *arg)
 		free(c);
 		return NULL;
 	}
+	/* evhttp leaves reading on while a reply waits to be written: without this, a client that pipelines requests
+	 * and reads no reply grows the input buffer without end */
+	bufferevent_setwatermark(bev, EV_READ, 0, TAP_ADMIN_MAX_INPUT);
 	bufferevent_incref(bev);
 	c->adm = a;
 	c->bev = bev;
@@ -326,8 +329,9 @@ static void on_request(struct evhttp_request *req, void *arg)
 	}
 	enum evhttp_cmd_type m = evhttp_request_get_command(req);
 	if (m != EVHTTP_REQ_GET && m != EVHTTP_REQ_HEAD) {
+		static const char why[] = "only GET and HEAD\n";
 		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
-		evhttp_send_error(req, 405, "Method Not Allowed");
+		reply(req, 405, "Method Not Allowed", "text/plain; charset=utf-8", why, sizeof why - 1);
 		return;
 	}
 	if (page == PAGE_INDEX) {

@@ -287,5 +287,313 @@ class StatusPage(ScenarioCase):
         conn.close()
 
 
+class HealthAndRoutes(ScenarioCase):
+    def test_routes_methods_and_health(self):
+        tap, mport = start_metrics_tap(self)
+        status, headers, body = http_get(mport, "/healthz")
+        health = json.loads(body)
+        self.assertEqual((status, health["status"], health["listening"]), (200, "ok", True), health)
+        self.assertIsNone(health["upstream_reachable"], "no connection attempt yet")
+        self.assertGreaterEqual(health["uptime_seconds"], 0)
+        conn = self.connect(tap)
+        self.assertTrue(wait_for(lambda: json.loads(http_get(mport, "/healthz")[2])["upstream_reachable"] is True, 10))
+        self.assertEqual(json.loads(http_get(mport, "/healthz")[2])["connections_open"], 1)
+        conn.close()
+
+        self.assertEqual(http_get(mport, "/nope")[0], 404)
+        self.assertEqual(http_get(mport, "/metrics/x")[0], 404)
+        for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
+            status, headers, _ = http_get(mport, "/metrics", method=method, body=b"x" if method != "OPTIONS" else None)
+            self.assertEqual(status, 405, method)
+            self.assertEqual(headers.get("Allow"), "GET, HEAD")
+        status, _, body = http_get(mport, "/metrics", method="HEAD")
+        self.assertEqual((status, body), (200, b""))
+
+        status, headers, page = http_get(mport, "/")
+        self.assertEqual(status, 200)
+        self.assertTrue(headers["Content-Type"].startswith("text/html"))
+        self.assertIn("default-src 'none'", headers["Content-Security-Policy"])
+        html = page.decode()
+        self.assertNotRegex(html, r"<(link|img|iframe)\b|<script[^>]+src=|url\(", "the page must be self-contained")
+        self.assertEqual(re.findall(r"https?://[^\s\"']+", html), ["http://www.w3.org/2000/svg"])
+        status, _, body = http_get(mport, "/api/status")
+        st = json.loads(body)
+        self.assertEqual(status, 200)
+        for key in ("counters", "routes", "confirms", "confirm_latency", "connections", "problems", "returns_by_code",
+                    "warnings_by_rule"):
+            self.assertIn(key, st)
+        self.assertEqual(len(st["confirm_latency"]["buckets"]), len(LE_US) + 1)
+
+    def test_unreachable_upstream_is_reported(self):
+        tap, mport = start_metrics_tap(self, upstream_port=free_port())
+        with socket.create_connection(("127.0.0.1", tap.port), timeout=5) as s:
+            s.settimeout(5)
+            self.assertEqual(s.recv(10), b"", "the tap closes a client whose broker is unreachable")
+        self.assertTrue(wait_for(lambda: json.loads(http_get(mport, "/healthz")[2])["upstream_reachable"] is False, 10))
+        m = metric_samples(http_get(mport, "/metrics")[2].decode())
+        self.assertEqual((m["amqptap_upstream_up"], m["amqptap_upstream_unreachable_total"]), (0, 1))
+        self.assertEqual(http_get(mport, "/healthz")[0], 200, "the listener is up: healthy even if the broker is not")
+
+    def test_healthz_is_503_while_shutting_down(self):
+        tap, mport = start_metrics_tap(self, extra=["--grace", "20000"])
+        conn = self.connect(tap)
+        tap.proc.send_signal(signal.SIGTERM)
+        self.assertTrue(wait_for(lambda: http_get(mport, "/healthz")[0] == 503, 10), "no 503 during the grace period")
+        status, _, body = http_get(mport, "/healthz")
+        self.assertEqual((status, json.loads(body)["status"]), (503, "stopping"))
+        self.assertEqual(metric_samples(http_get(mport, "/metrics")[2].decode())["amqptap_listening"], 0)
+        conn.close()
+        self.assertEqual(tap.stop(), 0)
+
+    def test_option_forms(self):
+        port = free_port()
+        tap = self.start_tap(["--metrics", str(port)])
+        self.assertIn(f"metrics on http://127.0.0.1:{port}/", tap.stderr(), "PORT alone listens on loopback")
+        self.assertEqual(http_get(port, "/healthz")[0], 200)
+        tap2 = self.start_tap(["--metrics", ":0"])
+        m = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", tap2.stderr())
+        self.assertIsNotNone(m, tap2.stderr())
+        self.assertEqual(http_get(int(m.group(1)), "/healthz")[0], 200)
+        for bad in ("nope:x", "1.2.3.4:99999", ""):
+            r = subprocess.run([AMQPTAP_BIN, "--metrics", bad, "--listen", f"127.0.0.1:{free_port()}"],
+                               capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+            self.assertEqual(r.returncode, 2, (bad, r.stderr))
+            self.assertIn(b"--metrics", r.stderr)
+        r = subprocess.run([AMQPTAP_BIN, "--metrics", f"127.0.0.1:{port}", "--listen", f"127.0.0.1:{free_port()}"],
+                           capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+        self.assertEqual(r.returncode, 1, "the metrics port is taken by the first tap")
+        self.assertIn(f"--metrics 127.0.0.1:{port}:".encode(), r.stderr)
+        out = subprocess.run([AMQPTAP_BIN, "--help"], capture_output=True, timeout=10).stdout
+        self.assertIn(b"--metrics ADDR:PORT", out)
+
+
+# ---- hostile HTTP clients on the metrics port ----
+
+MAX_HTTP_CONNS = 32  # TAP_ADMIN_MAX_CONNS
+
+
+class Attack:
+    """Threads that misbehave on the metrics port until stop(): slow headers, waves of thousands of idle
+    connections, a huge body, a huge header, pipelined requests whose replies are never read."""
+
+    def __init__(self, port):
+        self.port = port
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.stats = {"slow_closed_by_tap": 0, "flood_opened": 0, "huge_body_sent": 0, "huge_body_answer": None,
+                      "huge_header_answer": None, "pipelined_sent": 0, "pipelined_answer": None}
+        self.threads = [threading.Thread(target=f, daemon=True) for f in
+                        (self.slowloris, self.flood, self.huge_body, self.huge_header, self.pipeliner)]
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+
+    def stop(self):
+        self.done.set()
+        for t in self.threads:
+            t.join(60)
+
+    def add(self, key, n=1):
+        with self.lock:
+            self.stats[key] += n
+
+    def connect(self):
+        """A blocking socket to the metrics port, or None while the port accepts nobody (cap reached, flood)."""
+        s = socket.socket()
+        s.settimeout(3)
+        try:
+            s.connect(("127.0.0.1", self.port))
+            return s
+        except OSError:
+            s.close()
+            return None
+
+    def slowloris(self):
+        socks = []
+        while not self.done.is_set():
+            while len(socks) < MAX_HTTP_CONNS + 8:
+                try:
+                    s = socket.socket()
+                    s.setblocking(False)
+                    s.connect_ex(("127.0.0.1", self.port))
+                    socks.append([s, False])
+                except OSError:
+                    break
+            for entry in list(socks):
+                s, started = entry
+                try:
+                    s.send(b"X-Slow: 1\r\n" if started else b"GET /metrics HTTP/1.1\r\n")
+                    entry[1] = True
+                    if s.recv(1) == b"":
+                        raise ConnectionResetError
+                except BlockingIOError:
+                    pass
+                except OSError as e:
+                    if getattr(e, "errno", None) in (errno.EAGAIN, errno.EINPROGRESS):
+                        continue
+                    if started:
+                        self.add("slow_closed_by_tap")
+                    s.close()
+                    socks.remove(entry)
+            self.done.wait(1.0)
+        for s, _ in socks:
+            s.close()
+
+    def flood(self):
+        """Waves of 2,000 connections that send nothing, held 3 s, then 2 s of rest."""
+        while not self.done.is_set():
+            wave = []
+            for _ in range(2000):
+                try:
+                    s = socket.socket()
+                    s.setblocking(False)
+                    s.connect_ex(("127.0.0.1", self.port))
+                    wave.append(s)
+                except OSError:
+                    break
+            self.add("flood_opened", len(wave))
+            self.done.wait(3.0)
+            for s in wave:
+                s.close()
+            self.done.wait(2.0)
+
+    def once(self, key, attempt):
+        """Runs attempt(sock) on fresh connections until stop(); what it returns is kept in stats[key]."""
+        while not self.done.is_set():
+            s = self.connect()
+            if s is None:
+                self.done.wait(0.2)
+                continue
+            try:
+                got = attempt(s)
+                if got:
+                    self.stats[key] = got
+            except OSError:
+                pass
+            finally:
+                s.close()
+            self.done.wait(0.2)
+
+    def huge_body(self):
+        def attempt(s):
+            s.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n")
+            chunk = b"b" * (1 << 20)
+            sent = 0
+            try:
+                for _ in range(100):
+                    s.sendall(chunk)
+                    sent += len(chunk)
+            except OSError:
+                pass
+            with self.lock:
+                self.stats["huge_body_sent"] = max(self.stats["huge_body_sent"], sent)
+            s.settimeout(1)
+            return s.recv(100)
+        self.once("huge_body_answer", attempt)
+
+    def huge_header(self):
+        def attempt(s):
+            try:
+                s.sendall(b"GET / HTTP/1.1\r\nX-Big: " + b"h" * (1 << 20) + b"\r\n\r\n")
+            except OSError:
+                pass
+            s.settimeout(1)
+            return s.recv(100)
+        self.once("huge_header_answer", attempt)
+
+    def pipeliner(self):
+        def attempt(s):
+            s.settimeout(0.5)
+            req = b"GET /api/status HTTP/1.1\r\nHost: x\r\n\r\n" * 100
+            while not self.done.is_set():
+                s.sendall(req)
+                self.add("pipelined_sent", 100)
+        self.once("pipelined_answer", attempt)
+
+
+class HostileClients(ScenarioCase):
+    def stream(self, tap, queue, n):
+        t0 = time.monotonic()
+        pub = stream_publisher(tap.port, n, 64, 1000, True, queue)
+        out, err = pub.communicate(timeout=600)
+        secs = time.monotonic() - t0
+        self.assertEqual(pub.returncode, 0, err.decode())
+        res = final_line(out)
+        self.assertEqual((res["sent"], res["acked"], res["nacked"], res["returned"]), (n, n, 0, 0), res)
+        return secs
+
+    def test_hostile_clients_change_no_forwarding_or_verdict(self):
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
+        queue = self.declare_queue("stream", arguments={"x-max-length": 10000})
+        tap, mport = start_metrics_tap(self, frames=False)
+        n = 150000
+        base_secs = self.stream(tap, queue, n)
+        base_rss, base_fds = rss_kb(tap.pid), len(os.listdir(f"/proc/{tap.pid}/fd"))
+
+        attack = Attack(mport)
+        peak = {"rss": 0, "fds": 0}
+        sampling = threading.Event()
+
+        def sample():
+            while not sampling.is_set():
+                try:
+                    peak["rss"] = max(peak["rss"], rss_kb(tap.pid))
+                    peak["fds"] = max(peak["fds"], len(os.listdir(f"/proc/{tap.pid}/fd")))
+                except (OSError, RuntimeError):
+                    pass
+                sampling.wait(0.1)
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        attack.start()
+        t_attack = time.monotonic()
+        time.sleep(1)
+        attack_secs = self.stream(tap, queue, n)
+        time.sleep(max(0.0, TAP_ADMIN_REQUEST_SECONDS + 3 - (time.monotonic() - t_attack)))  # past a request deadline
+        attack.stop()
+        sampling.set()
+        sampler.join(5)
+        note(f"stream of {n}: {base_secs:.2f} s alone, {attack_secs:.2f} s under attack; tap RSS {base_rss} KiB "
+             f"before, peak {peak['rss']} KiB; descriptors {base_fds} before, peak {peak['fds']}; {attack.stats}")
+
+        # forwarding and verdicts: both streams complete, one routed+acked record per publish
+        self.assertTrue(tap.alive())
+        m = None
+
+        def scraped():
+            nonlocal m
+            try:
+                m = metric_samples(http_get(mport, "/metrics", timeout=2)[2].decode())
+                return m["amqptap_http_connections_open"] <= 1
+            except OSError:
+                return False
+        self.assertTrue(wait_for(scraped, 30, 0.5), f"the metrics endpoint did not recover: {m}")
+        recs = self.stop_tap(tap)
+        self.assertEqual(len(recs), 2 * n)
+        bad = [r for r in recs if (r["route"], r["confirm"]) != ("routed", "ack")]
+        self.assertEqual(bad[:3], [])
+        for conn in {r["conn"] for r in recs}:
+            self.assertSeqsOnce([r for r in recs if r["conn"] == conn], n)
+
+        # within reason: the machine is shared, so allow for noise but not for a stall
+        self.assertLess(attack_secs, 2.5 * base_secs + 3, "forwarding slowed down under the HTTP attack")
+        slack_kb = 40 * 1024 * (3 if is_asan_build() else 1)
+        self.assertLess(peak["rss"], base_rss + slack_kb, "tap memory grew under the HTTP attack")
+        self.assertLessEqual(peak["fds"], base_fds + MAX_HTTP_CONNS + 4, "more HTTP connections than the cap")
+        # the attack did happen and met each bound
+        self.assertGreater(attack.stats["flood_opened"], 2000)
+        self.assertGreater(m["amqptap_http_timeouts_total"], 0, "no slow client hit the request deadline")
+        self.assertGreater(m["amqptap_http_accept_paused_total"], 0, "the connection cap was never reached")
+        self.assertLess(attack.stats["huge_body_sent"], 100 << 20, "a 100 MB body was read to the end")  # most in one
+        self.assertGreater(attack.stats["pipelined_sent"], 100)
+        self.assertRegex(attack.stats["huge_body_answer"] or b"", rb"^HTTP/1\.1 413 ")
+        self.assertRegex(attack.stats["huge_header_answer"] or b"", rb"^HTTP/1\.1 400 ")
+
+
+TAP_ADMIN_REQUEST_SECONDS = 10
+
+
 if __name__ == "__main__":
     main()
