@@ -161,25 +161,31 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 
 /* ---- connections: cap and deadline ---- */
 
-static void set_accepting(struct tap_admin *a, bool on)
+/* At the connection cap the listener stops accepting: further clients wait in the kernel's backlog. */
+static void pause_accepting(struct tap_admin *a)
 {
 	struct evconnlistener *l = a->sock ? evhttp_bound_socket_get_listener(a->sock) : NULL;
-	if (!l || on != a->paused)
+	if (a->paused || !l)
 		return;
-	if (on) {
-		(void)evconnlistener_enable(l); /* fails only without memory: the next close tries again */
-	} else {
-		(void)evconnlistener_disable(l); /* likewise */
-		a->pauses++;
-	}
-	a->paused = !on;
+	(void)evconnlistener_disable(l); /* cannot fail for a listener that is not threadsafe */
+	a->paused = true;
+	a->pauses++;
+}
+
+static void resume_accepting(struct tap_admin *a)
+{
+	struct evconnlistener *l = a->sock ? evhttp_bound_socket_get_listener(a->sock) : NULL;
+	if (!a->paused || !l)
+		return;
+	if (evconnlistener_enable(l) == 0) /* on failure (no memory) the next close tries again */
+		a->paused = false;
 }
 
 static void arm_deadline(struct adm_conn *c)
 {
 	struct timeval tv = {TAP_ADMIN_REQUEST_SECONDS, 0};
 	if (c->deadline)
-		evtimer_add(c->deadline, &tv);
+		(void)evtimer_add(c->deadline, &tv); /* fails only on a bad timeval */
 }
 
 static void conn_release(struct adm_conn *c)
@@ -195,7 +201,7 @@ static void conn_release(struct adm_conn *c)
 		c->next->prev = c->prev;
 	a->open--;
 	if (a->open < TAP_ADMIN_MAX_CONNS)
-		set_accepting(a, true);
+		resume_accepting(a);
 	free(c);
 }
 
@@ -269,7 +275,7 @@ static struct bufferevent *new_conn(struct event_base *base, void *arg)
 	a->total++;
 	event_active(a->adopt, EV_TIMEOUT, 1);
 	if (a->open >= TAP_ADMIN_MAX_CONNS)
-		set_accepting(a, false);
+		pause_accepting(a);
 	return bev;
 }
 
@@ -450,6 +456,7 @@ void tap_admin_free(struct tap_admin *a)
 {
 	if (!a)
 		return;
+	a->sock = NULL; /* evhttp_free frees it before it closes the connections */
 	if (a->http)
 		evhttp_free(a->http); /* closes every adopted connection: conn_closed */
 	while (a->conns) {    /* accepted in this loop turn, not adopted yet */

@@ -345,6 +345,19 @@ class HealthAndRoutes(ScenarioCase):
         conn.close()
         self.assertEqual(tap.stop(), 0)
 
+    def test_shutdown_with_the_connection_cap_reached(self):
+        tap, mport = start_metrics_tap(self)
+        idle = [socket.create_connection(("127.0.0.1", mport), timeout=5) for _ in range(MAX_HTTP_CONNS + 8)]
+        self.addCleanup(lambda: [s.close() for s in idle])
+        self.assertTrue(wait_for(lambda: len(os.listdir(f"/proc/{tap.pid}/fd")) >= MAX_HTTP_CONNS, 10))
+        time.sleep(0.3)
+        fds = len(os.listdir(f"/proc/{tap.pid}/fd"))
+        late = socket.create_connection(("127.0.0.1", mport), timeout=5)  # waits in the backlog
+        self.addCleanup(late.close)
+        time.sleep(0.3)
+        self.assertEqual(len(os.listdir(f"/proc/{tap.pid}/fd")), fds, "accepted past the cap")
+        self.assertEqual(tap.stop(), 0)  # tearDown also checks for sanitizer reports
+
     def test_option_forms(self):
         port = free_port()
         tap = self.start_tap(["--metrics", str(port)])
