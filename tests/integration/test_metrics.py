@@ -346,17 +346,41 @@ class HealthAndRoutes(ScenarioCase):
         self.assertEqual(tap.stop(), 0)
 
     def test_shutdown_with_the_connection_cap_reached(self):
-        tap, mport = start_metrics_tap(self)
+        """Past the cap the tap accepts nobody; shutting down then frees every connection cleanly. evhttp_free frees
+        the listener before it closes the connections, whose close callbacks resume accepting: valgrind (when
+        installed and the build is not ASan's, whose checks do not reach into libevent) sees any use after free."""
+        valgrind = shutil.which("valgrind") if not is_asan_build() else None
+        mport, lport = free_port(), free_port()
+        args = [AMQPTAP_BIN, "--listen", f"127.0.0.1:{lport}", "--upstream", f"127.0.0.1:{BROKER_PORT}",
+                "--verdicts", os.devnull, "--metrics", f"127.0.0.1:{mport}"]
+        if valgrind:
+            args = [valgrind, "-q", "--error-exitcode=9"] + args
+        err = tempfile.TemporaryFile()
+        tap = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        self.addCleanup(lambda: tap.poll() is None and (tap.kill(), tap.wait()))
+
+        def listening():
+            try:
+                return http_get(mport, "/healthz", timeout=2)[0] == 200
+            except OSError:
+                return False
+        self.assertTrue(wait_for(listening, 30, 0.2))
         idle = [socket.create_connection(("127.0.0.1", mport), timeout=5) for _ in range(MAX_HTTP_CONNS + 8)]
         self.addCleanup(lambda: [s.close() for s in idle])
         self.assertTrue(wait_for(lambda: len(os.listdir(f"/proc/{tap.pid}/fd")) >= MAX_HTTP_CONNS, 10))
-        time.sleep(0.3)
+        time.sleep(0.5)
         fds = len(os.listdir(f"/proc/{tap.pid}/fd"))
         late = socket.create_connection(("127.0.0.1", mport), timeout=5)  # waits in the backlog
         self.addCleanup(late.close)
-        time.sleep(0.3)
+        time.sleep(0.5)
         self.assertEqual(len(os.listdir(f"/proc/{tap.pid}/fd")), fds, "accepted past the cap")
-        self.assertEqual(tap.stop(), 0)  # tearDown also checks for sanitizer reports
+        tap.send_signal(signal.SIGTERM)
+        rc = tap.wait(60)
+        err.seek(0)
+        report = err.read().decode("utf-8", "replace")
+        self.assertEqual(rc, 0, report[-3000:])
+        self.assertNotIn("Sanitizer", report)
+        note("checked under valgrind" if valgrind else "valgrind not used")
 
     def test_option_forms(self):
         port = free_port()
