@@ -63,11 +63,26 @@ struct tap_metrics_tally {
 	struct tap_metrics_problem problems[TAP_METRICS_PROBLEMS];
 };
 
+/* One settled publish. route and confirm are the record's words ("returned", "nack", ...); json is the record, kept
+ * for the status page when the publish is returned, nacked or unknown (NULL or longer than
+ * TAP_METRICS_PROBLEM_BYTES: a stub with the verdict is kept). */
+struct tap_metrics_verdict {
+	const char *route, *confirm;
+	size_t route_len, confirm_len;
+	uint16_t reply_code; /* of the Return; 0: none */
+	const char *json;
+	size_t len;
+};
+
 /* Known warning rules start at 0 so their series exist before the first one fires. */
 void tap_metrics_tally_init(struct tap_metrics_tally *t);
-/* One record without its newline, as the tracker or the observer wrote it. A `publish` record costs a search of its
- * last 30-odd bytes for the verdict (more only for problem publishes); other types are rare. */
+/* One record without its newline, as the tracker or the observer wrote it. A `publish` record costs a backward
+ * search of its tail for the verdict (about 80 bytes for a routed one; a problem publish is also copied); other
+ * types are rare. */
 void tap_metrics_tally_record(struct tap_metrics_tally *t, const char *json, size_t len);
+/* What tap_metrics_tally_record does with a `publish` record, for a caller that has the verdict at hand (the
+ * tracker's per-publish verdict hook); such a caller must not feed the same publish record again. */
+void tap_metrics_tally_verdict(struct tap_metrics_tally *t, const struct tap_metrics_verdict *v);
 
 /* ---- the snapshot a request renders ---- */
 

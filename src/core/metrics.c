@@ -50,14 +50,23 @@ static const char *find_last(const char *s, size_t len, const char *needle)
 	if (len < n)
 		return NULL;
 	for (size_t i = len - n + 1; i-- > 0;)
-		if (s[i] == needle[0] && memcmp(s + i, needle, n) == 0)
+		if (s[i] == needle[0] && s[i + 1] == needle[1] && memcmp(s + i, needle, n) == 0)
 			return s + i;
 	return NULL;
 }
 
+/* memmem's setup costs more than the search on the few dozen bytes searched here. */
 static const char *find_first(const char *s, size_t len, const char *needle)
 {
-	return memmem(s, len, needle, strlen(needle));
+	size_t n = strlen(needle);
+	for (const char *end = s + len, *p = s; (size_t)(end - p) >= n; p++) {
+		p = memchr(p, needle[0], (size_t)(end - p) - n + 1);
+		if (!p)
+			return NULL;
+		if (p[1] == needle[1] && memcmp(p, needle, n) == 0)
+			return p;
+	}
+	return NULL;
 }
 
 static bool has_prefix(const char *s, size_t len, const char *prefix)
@@ -66,11 +75,12 @@ static bool has_prefix(const char *s, size_t len, const char *prefix)
 	return len >= n && memcmp(s, prefix, n) == 0;
 }
 
-static void count_return(struct tap_metrics_tally *t, const char *json, size_t len)
+/* The digits after `"reply_code":`, 0 when absent. */
+static uint16_t reply_code_of(const char *json, size_t len)
 {
 	const char *p = find_first(json, len, "\"reply_code\":");
 	if (!p)
-		return;
+		return 0;
 	p += strlen("\"reply_code\":");
 	unsigned code = 0;
 	size_t digits = 0;
@@ -78,8 +88,11 @@ static void count_return(struct tap_metrics_tally *t, const char *json, size_t l
 		code = code * 10 + (unsigned)(*p++ - '0');
 		digits++;
 	}
-	if (digits == 0 || code > UINT16_MAX)
-		return;
+	return code <= UINT16_MAX ? (uint16_t)code : 0;
+}
+
+static void count_return(struct tap_metrics_tally *t, uint16_t code)
+{
 	for (size_t i = 0; i < t->n_codes; i++) {
 		if (t->codes[i] == code) {
 			t->returns_by_code[i]++;
@@ -90,25 +103,40 @@ static void count_return(struct tap_metrics_tally *t, const char *json, size_t l
 		t->returns_other_code++;
 		return;
 	}
-	t->codes[t->n_codes] = (uint16_t)code;
+	t->codes[t->n_codes] = code;
 	t->returns_by_code[t->n_codes++] = 1;
 }
 
-static void keep_problem(struct tap_metrics_tally *t, const char *json, size_t len, const char *route,
-                         size_t route_len, const char *confirm, size_t confirm_len)
+static bool is(const char *s, size_t len, const char *word)
+{
+	return len == strlen(word) && memcmp(s, word, len) == 0;
+}
+
+static void keep_problem(struct tap_metrics_tally *t, const struct tap_metrics_verdict *v)
 {
 	struct tap_metrics_problem *p = &t->problems[t->problem_next];
 	t->problem_next = (t->problem_next + 1) % TAP_METRICS_PROBLEMS;
 	t->problems_seen++;
-	if (len <= sizeof p->json) {
-		memcpy(p->json, json, len);
-		p->len = (uint16_t)len;
+	if (v->json && v->len <= sizeof p->json) {
+		memcpy(p->json, v->json, v->len);
+		p->len = (uint16_t)v->len;
 		return;
 	}
 	int n = snprintf(p->json, sizeof p->json,
 	                 "{\"type\":\"publish\",\"route\":\"%.*s\",\"confirm\":\"%.*s\",\"truncated\":true,\"bytes\":%zu}",
-	                 (int)route_len, route, (int)confirm_len, confirm, len);
+	                 (int)v->route_len, v->route, (int)v->confirm_len, v->confirm, v->len);
 	p->len = n > 0 && (size_t)n < sizeof p->json ? (uint16_t)n : 0;
+}
+
+void tap_metrics_tally_verdict(struct tap_metrics_tally *t, const struct tap_metrics_verdict *v)
+{
+	bool returned = is(v->route, v->route_len, "returned");
+	bool unknown = is(v->route, v->route_len, "unknown") || is(v->confirm, v->confirm_len, "unknown");
+	bool nacked = is(v->confirm, v->confirm_len, "nack");
+	if (returned && v->reply_code)
+		count_return(t, v->reply_code);
+	if (returned || unknown || nacked)
+		keep_problem(t, v);
 }
 
 /* The value of a string member found at key (`"name":"` included): up to its closing quote. */
@@ -118,26 +146,59 @@ static size_t value_len(const char *v, const char *end)
 	return q ? (size_t)(q - v) : 0;
 }
 
+/* Whether [s, *end) ends with word; if so *end moves before it. Inlined with a literal word, a few compares. */
+static inline bool take_suffix(const char *s, const char **end, const char *word)
+{
+	size_t n = strlen(word);
+	if ((size_t)(*end - s) < n || memcmp(*end - n, word, n) != 0)
+		return false;
+	*end -= n;
+	return true;
+}
+
+/* The tail the tracker writes for a publish that is neither returned, nacked nor unknown, recognised from the end
+ * in a few compares (nearly every record, so it must cost next to nothing):
+ *   "route":"routed"|"unproven","confirm":"ack"|"none"[,"confirm_us":N,"multiple":B],"order":null[,"tx":true]}
+ * Anything else, a problem or not, takes the search of tally_publish. */
+static bool plainly_settled(const char *json, size_t len)
+{
+	const char *e = json + len;
+	if (!take_suffix(json, &e, "}"))
+		return false;
+	(void)take_suffix(json, &e, ",\"tx\":true"); /* only on transactional channels */
+	if (!take_suffix(json, &e, ",\"order\":null"))
+		return false;
+	if (take_suffix(json, &e, ",\"multiple\":false") || take_suffix(json, &e, ",\"multiple\":true")) {
+		while (e > json && e[-1] >= '0' && e[-1] <= '9')
+			e--;
+		(void)take_suffix(json, &e, "-"); /* a clock step can make it negative */
+		if (!take_suffix(json, &e, ",\"confirm_us\":") || !take_suffix(json, &e, ",\"confirm\":\"ack\""))
+			return false;
+	} else if (!take_suffix(json, &e, ",\"confirm\":\"none\"")) {
+		return false;
+	}
+	return take_suffix(json, &e, "\"route\":\"routed\"") || take_suffix(json, &e, "\"route\":\"unproven\"");
+}
+
+/* The verdict read back from a publish record: the route is searched from the end, where it is near. */
 static void tally_publish(struct tap_metrics_tally *t, const char *json, size_t len)
 {
+	if (plainly_settled(json, len))
+		return;
 	const char *end = json + len;
 	const char *r = find_last(json, len, "\"route\":\"");
 	if (!r)
 		return;
 	r += strlen("\"route\":\"");
-	size_t rlen = value_len(r, end);
 	const char *c = find_first(r, (size_t)(end - r), "\"confirm\":\"");
 	if (!c)
 		return;
 	c += strlen("\"confirm\":\"");
-	size_t clen = value_len(c, end);
-	bool returned = rlen == 8 && memcmp(r, "returned", 8) == 0;
-	bool unknown = (rlen == 7 && memcmp(r, "unknown", 7) == 0) || (clen == 7 && memcmp(c, "unknown", 7) == 0);
-	bool nacked = clen == 4 && memcmp(c, "nack", 4) == 0;
-	if (returned)
-		count_return(t, r, (size_t)(end - r));
-	if (returned || unknown || nacked)
-		keep_problem(t, json, len, r, rlen, c, clen);
+	struct tap_metrics_verdict v = {.route = r, .route_len = value_len(r, end), .confirm = c,
+	                                .confirm_len = value_len(c, end), .json = json, .len = len};
+	if (is(v.route, v.route_len, "returned"))
+		v.reply_code = reply_code_of(r, (size_t)(end - r));
+	tap_metrics_tally_verdict(t, &v);
 }
 
 static void tally_warning(struct tap_metrics_tally *t, const char *json, size_t len)

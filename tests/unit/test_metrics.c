@@ -137,7 +137,17 @@ START_TEST(tally_counts_problem_publishes_and_returns)
 	feed(t, PUB_HEAD "\"exchange\":\"\",\"routing_key\":\"q\",\"body_size\":1,\"route\":\"routed\",\"confirm\":\"ack\","
 	              "\"confirm_us\":5,\"multiple\":false,\"order\":null}");
 	feed(t, PUB_HEAD "\"exchange\":\"\",\"routing_key\":\"q\",\"route\":\"unproven\",\"confirm\":\"none\",\"order\":null}");
+	feed(t, PUB_HEAD "\"exchange\":\"\",\"routing_key\":\"q\",\"route\":\"unproven\",\"confirm\":\"none\",\"order\":null,"
+	              "\"tx\":true}");
+	feed(t, PUB_HEAD "\"exchange\":\"\",\"routing_key\":\"q\",\"route\":\"routed\",\"confirm\":\"ack\","
+	              "\"confirm_us\":-3,\"multiple\":true,\"order\":null}");
 	ck_assert_uint_eq(t->problems_seen, 0);
+	/* the same tails, but a problem: the quick look from the end must not take them for settled ones */
+	feed(t, PUB_HEAD "\"route\":\"unknown\",\"confirm\":\"none\",\"order\":null,\"tx\":true}");
+	feed(t, PUB_HEAD "\"route\":\"routed\",\"confirm\":\"nack\",\"confirm_us\":5,\"multiple\":true,\"order\":null}");
+	ck_assert_uint_eq(t->problems_seen, 2);
+	t->problems_seen = 0;
+	t->problem_next = 0;
 	/* a routing key that spells a returned route inside its (escaped) string is still a routed publish */
 	feed(t, PUB_HEAD "\"exchange\":\"\",\"routing_key\":\"\\\"route\\\":\\\"returned\\\"\",\"route\":\"routed\","
 	              "\"confirm\":\"ack\",\"order\":null}");
@@ -175,6 +185,17 @@ START_TEST(tally_counts_problem_publishes_and_returns)
 	ck_assert_uint_eq(p->len, strlen(want));
 	ck_assert_int_eq(memcmp(p->json, want, p->len), 0);
 	free(rec);
+
+	/* the same from a verdict hook, without a record */
+	struct tap_metrics_verdict v = {.route = "returned", .route_len = 8, .confirm = "ack", .confirm_len = 3,
+	                                .reply_code = 312};
+	tap_metrics_tally_verdict(t, &v);
+	ck_assert_uint_eq(t->returns_by_code[0], 3);
+	ck_assert_uint_eq(t->problems_seen, 6);
+	ck_assert_ptr_nonnull(strstr(t->problems[5].json, "\"route\":\"returned\",\"confirm\":\"ack\",\"truncated\":true"));
+	v = (struct tap_metrics_verdict){.route = "routed", .route_len = 6, .confirm = "ack", .confirm_len = 3};
+	tap_metrics_tally_verdict(t, &v);
+	ck_assert_uint_eq(t->problems_seen, 6);
 	free(t);
 }
 END_TEST
