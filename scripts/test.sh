@@ -37,7 +37,8 @@ step() {
 }
 
 step packages tap_need_pkgs build-essential cmake pkg-config libevent-dev libssl-dev check librabbitmq-dev \
-	rabbitmq-server python3-pika amqp-specs tshark clang valgrind haproxy libclang-rt-14-dev || exit 1
+	rabbitmq-server python3-pika amqp-specs tshark clang valgrind haproxy libclang-rt-14-dev \
+	prometheus chromium || exit 1
 
 step build tap_build "$build" || exit 1
 step build-asan tap_build "$asan" -DTAP_SANITIZE=ON || exit 1

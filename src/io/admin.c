@@ -27,7 +27,11 @@ extern const size_t tap_admin_status_html_len;
 /* One live HTTP connection. evhttp 2.1 tells nothing when it accepts one except by asking for its bufferevent
  * (new_conn), before the connection exists; adopt_new, run from the loop right after the accept, finds the
  * connection as the callback argument evhttp gave that bufferevent and asks to be told when it closes. Until then
- * the bufferevent is referenced, so it can be looked at even if evhttp dropped it at once. */
+ * the bufferevent is referenced, so it can be looked at even if evhttp dropped it at once.
+ *
+ *   new_conn --adopt_new--> adopted --conn_closed (client gone, timeout, deadline, evhttp_free)--> released
+ *                  `--evhttp dropped it already--> released
+ */
 struct adm_conn {
 	struct tap_admin *adm;
 	struct bufferevent *bev;         /* referenced until adopted */
