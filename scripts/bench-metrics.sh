@@ -46,13 +46,16 @@ tap_wait_port "$metrics_port"
 scraper_pid=$!
 
 tck=$(getconf CLK_TCK)
+# utime and stime of a process in clock ticks (/proc/PID/stat fields 14 and 15, after the parenthesised name)
+user_sys_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{ print $12, $13 }'; }
 run() { # target port pid round
-	local before after line
-	before=$(tap_cpu_ticks "$3")
+	local u0 s0 u1 s1 line
+	read -r u0 s0 < <(user_sys_ticks "$3")
 	line=$("$loadgen" -p "$2" -c "$conns" -w "$window" -s "$size" -n "$count")
-	after=$(tap_cpu_ticks "$3")
-	printf '{"round":%d,"target":"%s","cpu_s":%s,"run":%s}\n' "$4" "$1" \
-		"$(awk -v t=$((after - before)) -v k="$tck" 'BEGIN { printf "%.2f", t / k }')" "$line" >>"$out/results.jsonl"
+	read -r u1 s1 < <(user_sys_ticks "$3")
+	printf '{"round":%d,"target":"%s","cpu_s":%s,"user_s":%s,"run":%s}\n' "$4" "$1" \
+		"$(awk -v t=$((u1 + s1 - u0 - s0)) -v k="$tck" 'BEGIN { printf "%.2f", t / k }')" \
+		"$(awk -v t=$((u1 - u0)) -v k="$tck" 'BEGIN { printf "%.2f", t / k }')" "$line" >>"$out/results.jsonl"
 	tap_log "round $4 $1: $line"
 }
 for r in $(seq "$rounds"); do
@@ -89,4 +92,6 @@ for rnd in sorted(by):
 med = lambda t, i: statistics.median(by[r][t][i] for r in by)
 print(f"| median | {med('plain', 0):,.0f} | {med('metrics', 0):,.0f} | {statistics.median(tr):.3f} (paired) "
       f"| {med('plain', 1):.2f} | {med('metrics', 1):.2f} | {statistics.median(cr):.3f} (paired) |")
+user = statistics.median(r["user_s"] / r["cpu_s"] for r in rows if r["cpu_s"] > 0)
+print(f"\nuser-space share of the taps' CPU: {user:.0%} (the rest is the kernel's socket work)")
 PY
