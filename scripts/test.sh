@@ -38,7 +38,8 @@ step() {
 
 step packages tap_need_pkgs build-essential cmake pkg-config libevent-dev libssl-dev check librabbitmq-dev \
 	rabbitmq-server python3-pika python3-amqp golang-go golang-github-rabbitmq-amqp091-go-dev nodejs amqp-specs tshark clang \
-	valgrind haproxy libclang-rt-14-dev dpkg-dev file man-db bash-completion systemd logrotate strace || exit 1
+	valgrind haproxy libclang-rt-14-dev dpkg-dev file man-db bash-completion systemd logrotate strace \
+	prometheus chromium || exit 1
 
 step build tap_build "$build" || exit 1
 step build-asan tap_build "$asan" -DTAP_SANITIZE=ON || exit 1

@@ -1,5 +1,6 @@
 /* amqptap: wiring of configuration, the forwarding engine, the decoders and
  * the verdict tracker, signals and the event loop. */
+#include "amqptap/admin.h"
 #include "amqptap/conf.h"
 #include "amqptap/conn.h"
 #include "amqptap/buf.h"
@@ -57,6 +58,7 @@ struct app {
 	struct tap_track *track;
 	struct tap_tls *tls;
 	struct tap_observer observer;
+	struct tap_admin *admin; /* --metrics; NULL: off */
 	unsigned closed_since_trim; /* sessions ended since the heap was last trimmed */
 	int64_t last_close_us, last_trim_us;
 	bool stopping;
@@ -113,6 +115,7 @@ static void emit_record(void *ctx, const char *json, size_t len)
 {
 	struct app *app = ctx;
 	tap_out_line(app->out[OUT_VERDICTS], json, len);
+	tap_admin_record(app->admin, json, len);
 }
 
 static void frame_line(void *ctx, const char *json, size_t len)
@@ -254,6 +257,7 @@ static void begin_shutdown(struct app *app)
 	}
 	app->stopping = true;
 	tap_proxy_stop_accepting(app->proxy);
+	tap_admin_stopping(app->admin);
 	if (tap_proxy_active(app->proxy) == 0) {
 		event_base_loopexit(app->base, NULL);
 		return;
@@ -469,6 +473,18 @@ static int run_proxy(const struct tap_conf *conf)
 		fprintf(stderr, "amqptap: --listen %s: %s\n", shown, strerror(errno));
 		code = 1;
 	}
+	if (!code && conf->metrics.host[0]) {
+		struct tap_admin_sources src = {
+			upstream_name, app.track, app.proxy,
+			{app.out[OUT_VERDICTS], app.out[OUT_FRAMES], app.out[OUT_PCAP]}};
+		char metrics_at[80];
+		app.admin = tap_admin_new(app.base, &conf->metrics, &src, metrics_at, sizeof metrics_at, err, sizeof err);
+		if (app.admin)
+			tap_log_info("metrics on http://%s/", metrics_at);
+		else
+			tap_log_error("%s", err);
+		code = app.admin ? 0 : 1;
+	}
 	if (code) {
 		tap_proxy_free(app.proxy);
 		/* nothing was forwarded; the exit code says why */
@@ -503,6 +519,7 @@ static int run_proxy(const struct tap_conf *conf)
 	tap_track_shutdown(app.track, tap_now_us());
 	if (!outputs_close(&app, deadline) && app.exit_code == 0)
 		app.exit_code = 1;
+	tap_admin_free(app.admin);
 	for (size_t i = 0; i < 4; i++)
 		if (sigs[i])
 			event_free(sigs[i]);

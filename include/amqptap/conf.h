@@ -53,11 +53,13 @@ struct tap_conf {
 	bool upstream_tls, upstream_insecure;
 	const char *upstream_ca, *upstream_sni, *upstream_cert, *upstream_key;
 	const char *keylog; /* NULL: $SSLKEYLOGFILE if set (main decides) */
+	struct tap_conf_addr metrics; /* --metrics: host "" = off */
 };
 
 enum tap_conf_opt_kind {
 	TAP_OPT_ADDR_LISTEN, /* HOST:PORT, port 0 allowed */
 	TAP_OPT_ADDR,        /* HOST:PORT */
+	TAP_OPT_ADDR_LOCAL,  /* HOST:PORT, or PORT alone for loopback; port 0 allowed */
 	TAP_OPT_PATH,        /* a file name (completed as one) */
 	TAP_OPT_TEXT,        /* a name: printable, without spaces or quotes */
 	TAP_OPT_ID,          /* copied into a char array: letters, digits and . _ - : @ / */

@@ -129,4 +129,25 @@ void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s);
  * histogram: within 1/16 (6.25 %) of the true value. */
 uint64_t tap_track_confirm_quantile(const struct tap_track *t, double q);
 
+/* ---- read access for the metrics endpoint (issue 16): what a scrape or the status page shows ---- */
+
+/* One live connection; the strings are NULL until seen and valid only during the callback. */
+struct tap_track_conn_info {
+	uint64_t id;
+	const char *client, *product, *user, *vhost;
+	uint64_t publishes, routed, returned, unproven, unknown, acked, nacked;
+	uint64_t outstanding;
+	uint32_t channels; /* open channels the tracker knows of */
+	bool blocked;
+	int64_t since_us; /* when the connection was seen first */
+};
+typedef void (*tap_track_conn_fn)(void *ctx, const struct tap_track_conn_info *info);
+/* Calls fn for every live connection, newest first. */
+void tap_track_each_conn(const struct tap_track *t, tap_track_conn_fn fn, void *ctx);
+
+/* One non-empty bucket of the confirm latency histogram: count latencies in [lo_us, hi_us). */
+typedef void (*tap_track_bucket_fn)(void *ctx, uint64_t lo_us, uint64_t hi_us, uint64_t count);
+/* Calls fn for every non-empty bucket of the process-wide confirm latency histogram, in ascending order. */
+void tap_track_each_confirm_bucket(const struct tap_track *t, tap_track_bucket_fn fn, void *ctx);
+
 #endif

@@ -63,6 +63,8 @@ static const struct tap_conf_option options[] = {
 	 .help = "private key of --upstream-cert"},
 	{.name = "upstream-insecure", .kind = TAP_OPT_FLAG, .offset = FIELD(upstream_insecure),
 	 .help = "do not verify the broker's certificate (logged loudly)"},
+	{.name = "metrics", .kind = TAP_OPT_ADDR_LOCAL, .offset = FIELD(metrics), .arg = "ADDR:PORT", .def_shown = "off",
+	 .help = "serve /metrics (Prometheus), /healthz and a live status page at / (PORT alone: loopback)"},
 	{.name = "keylog", .kind = TAP_OPT_PATH, .offset = FIELD(keylog), .arg = "FILE", .def_shown = "$SSLKEYLOGFILE",
 	 .help = "NSS key log of both TLS legs, mode 0600"},
 	{.name = "quiet", .short_name = 'q', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
@@ -170,12 +172,20 @@ static int apply(struct tap_conf *c, const struct tap_conf_option *o, const char
 {
 	char *field = (char *)c + o->offset;
 	switch (o->kind) {
+	case TAP_OPT_ADDR_LOCAL:
 	case TAP_OPT_ADDR_LISTEN:
-	case TAP_OPT_ADDR:
-		if (tap_conf_parse_addr(value, o->kind == TAP_OPT_ADDR_LISTEN, (struct tap_conf_addr *)(void *)field))
+	case TAP_OPT_ADDR: {
+		char local[TAP_CONF_HOST_MAX + 16];
+		const char *given = value;
+		if (o->kind == TAP_OPT_ADDR_LOCAL && (value[0] == ':' || !strchr(value, ':'))) {
+			snprintf(local, sizeof local, "127.0.0.1:%s", value[0] == ':' ? value + 1 : value);
+			value = local;
+		}
+		if (tap_conf_parse_addr(value, o->kind != TAP_OPT_ADDR, (struct tap_conf_addr *)(void *)field))
 			return usage_error(err, cap, "--%s: expected HOST:PORT with a port %s-65535 (IPv6 as [ADDR]:PORT), got '%s'",
-					   o->name, o->kind == TAP_OPT_ADDR_LISTEN ? "0" : "1", value);
+					   o->name, o->kind != TAP_OPT_ADDR ? "0" : "1", given);
 		return TAP_OK;
+	}
 	case TAP_OPT_PATH:
 		if (!*value)
 			return usage_error(err, cap, "--%s: empty file name", o->name);

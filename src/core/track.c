@@ -1747,3 +1747,42 @@ uint64_t tap_track_confirm_quantile(const struct tap_track *t, double q)
 {
 	return hist_quantile(&t->hist, q);
 }
+
+/* ---- read access for the metrics endpoint (issue 16) ---- */
+
+void tap_track_each_conn(const struct tap_track *t, tap_track_conn_fn fn, void *ctx)
+{
+	for (const struct tap_track_conn *c = t->conns; c; c = c->next) {
+		struct tap_track_conn_info info = {
+			.id = c->id,
+			.client = c->client,
+			.product = c->product,
+			.user = c->user,
+			.vhost = c->vhost,
+			.publishes = c->counts.publishes,
+			.routed = c->counts.routed,
+			.returned = c->counts.returned,
+			.unproven = c->counts.unproven,
+			.unknown = c->counts.unknown,
+			.acked = c->counts.acked,
+			.nacked = c->counts.nacked,
+			.outstanding = c->outstanding,
+			.channels = c->n_chans,
+			.blocked = c->blocked,
+			.since_us = c->t_new,
+		};
+		fn(ctx, &info);
+	}
+}
+
+void tap_track_each_confirm_bucket(const struct tap_track *t, tap_track_bucket_fn fn, void *ctx)
+{
+	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
+		if (!t->hist.b[i])
+			continue;
+		uint64_t width = i < HIST_SUB ? 1 : UINT64_C(1) << ((i - HIST_SUB) / HIST_SUB);
+		uint64_t lo = i < HIST_SUB ? i : hist_value(i) - width / 2;
+		uint64_t hi = i == HIST_BUCKETS - 1 ? t->hist.max + 1 : lo + width; /* the last bucket takes every larger value */
+		fn(ctx, lo, hi, t->hist.b[i]);
+	}
+}

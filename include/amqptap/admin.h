@@ -1,0 +1,46 @@
+/* The `--metrics` HTTP endpoint (io layer): libevent's evhttp on the forwarding loop serving /metrics (Prometheus),
+ * /healthz, /api/status and the live status page at /. A request renders from counters the tracker and the proxy
+ * keep anyway; forwarding never waits for it. The HTTP side is bounded: request headers and body size, live
+ * connections (accepting pauses at the cap), an idle timeout and a deadline for each request. */
+#ifndef AMQPTAP_ADMIN_H
+#define AMQPTAP_ADMIN_H
+
+#include "amqptap/conf.h"
+#include "amqptap/jsonl.h"
+#include "amqptap/metrics.h"
+
+#include <stddef.h>
+
+#define TAP_ADMIN_MAX_CONNS 32          /* live HTTP connections; accepting pauses at the cap */
+#define TAP_ADMIN_MAX_HEADERS 8192      /* request line and headers, bytes */
+#define TAP_ADMIN_MAX_BODY 1024         /* request body, bytes (every page is a GET) */
+#define TAP_ADMIN_MAX_INPUT 65536       /* bytes read ahead of the request being answered (pipelining) */
+#define TAP_ADMIN_IDLE_SECONDS 5        /* no byte read or written for this long: closed */
+#define TAP_ADMIN_REQUEST_SECONDS 10    /* a whole request must arrive within this of the connection or last reply */
+
+struct event_base;
+struct tap_admin;
+struct tap_proxy;
+struct tap_track;
+
+/* What a request reads; every pointer borrowed, NULL when absent, and must outlive the admin. */
+struct tap_admin_sources {
+	const char *upstream_name;
+	const struct tap_track *track;
+	const struct tap_proxy *proxy;
+	struct tap_out *outputs[TAP_METRICS_N_OUT]; /* by enum tap_metrics_out; NULL: not asked for */
+};
+
+/* Listens on addr with the base's loop. Returns NULL with a one-line reason in err. Writes the bound address
+ * ("127.0.0.1:9464") into bound. */
+struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_addr *addr,
+                                const struct tap_admin_sources *src, char *bound, size_t bound_cap, char *err,
+                                size_t err_cap);
+/* Every record written to --verdicts, as it is written (see tap_metrics_tally_record). a may be NULL. */
+void tap_admin_record(struct tap_admin *a, const char *json, size_t len);
+/* The AMQP listener stopped accepting (shutdown began): /healthz answers 503 from now on. a may be NULL. */
+void tap_admin_stopping(struct tap_admin *a);
+/* Closes the endpoint; a may be NULL. Call before freeing the event base. */
+void tap_admin_free(struct tap_admin *a);
+
+#endif

@@ -1,0 +1,482 @@
+/* The --metrics endpoint on libevent's evhttp (DESIGN §6c): routes, the snapshot a request renders from, and the
+ * bounds. evhttp bounds request sizes and idle time itself; the connection cap and the per-request deadline are
+ * ours, kept on evhttp 2.1's connection close callback (see adopt_new). */
+#include "amqptap/admin.h"
+#include "amqptap/out.h"
+
+#include "amqptap/proxy.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* The status page, src/io/status.html embedded at build time (CMakeLists.txt). */
+extern const unsigned char tap_admin_status_html[];
+extern const size_t tap_admin_status_html_len;
+
+/* One live HTTP connection. evhttp 2.1 tells nothing when it accepts one except by asking for its bufferevent
+ * (new_conn), before the connection exists; adopt_new, run from the loop right after the accept, finds the
+ * connection as the callback argument evhttp gave that bufferevent and asks to be told when it closes. Until then
+ * the bufferevent is referenced, so it can be looked at even if evhttp dropped it at once.
+ *
+ *   new_conn --adopt_new--> adopted --conn_closed (client gone, timeout, deadline, evhttp_free)--> released
+ *                  `--evhttp dropped it already--> released
+ */
+struct adm_conn {
+	struct tap_admin *adm;
+	struct bufferevent *bev;         /* referenced until adopted */
+	struct evhttp_connection *evcon; /* NULL until adopted */
+	struct event *deadline;
+	struct adm_conn *prev, *next;
+};
+
+struct tap_admin {
+	struct event_base *base;
+	struct evhttp *http;
+	struct evhttp_bound_socket *sock;
+	struct tap_admin_sources src;
+	struct tap_metrics_tally *tally;
+	struct tap_buf body;
+	int64_t start_us;
+	double start_time_seconds; /* of the process, from /proc; 0: not known */
+	bool stopping, paused;
+	uint64_t open, total, timeouts, pauses;
+	struct adm_conn *conns;
+	struct event *adopt; /* activated by new_conn */
+};
+
+/* ---- the process, from /proc/self ---- */
+
+/* Fields 14 (utime), 15 (stime), 22 (starttime), 23 (vsize), 24 (rss) of /proc/self/stat; false if unreadable. */
+static bool read_self_stat(unsigned long long *ticks, unsigned long long *start, unsigned long long *vsize,
+                           long long *rss_pages)
+{
+	char buf[1024];
+	FILE *f = fopen("/proc/self/stat", "r");
+	if (!f)
+		return false;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	(void)fclose(f); /* read-only */
+	buf[n] = '\0';
+	const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+	if (!p)
+		return false;
+	unsigned long long utime, stime;
+	int got = sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d %llu %llu %lld",
+	                 &utime, &stime, start, vsize, rss_pages);
+	if (got != 5)
+		return false;
+	*ticks = utime + stime;
+	return true;
+}
+
+/* When the process started, in Unix seconds: boot time (/proc/stat btime) plus its start tick. */
+static double process_start_time(void)
+{
+	unsigned long long ticks, start, vsize;
+	long long rss;
+	if (!read_self_stat(&ticks, &start, &vsize, &rss))
+		return 0;
+	FILE *f = fopen("/proc/stat", "r");
+	if (!f)
+		return 0;
+	char line[256];
+	unsigned long long btime = 0;
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "btime %llu", &btime) == 1)
+			break;
+	(void)fclose(f); /* read-only */
+	long hz = sysconf(_SC_CLK_TCK);
+	return btime && hz > 0 ? (double)btime + (double)start / (double)hz : 0;
+}
+
+static uint64_t count_open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return 0;
+	uint64_t n = 0;
+	for (struct dirent *e = readdir(d); e; e = readdir(d))
+		if (e->d_name[0] != '.')
+			n++;
+	(void)closedir(d); /* read-only */
+	return n > 0 ? n - 1 : 0; /* not the descriptor of the listing itself */
+}
+
+static void snapshot_process(const struct tap_admin *a, struct tap_metrics_snapshot *s)
+{
+	unsigned long long ticks, start, vsize;
+	long long rss;
+	long hz = sysconf(_SC_CLK_TCK);
+	long page = sysconf(_SC_PAGESIZE);
+	if (!read_self_stat(&ticks, &start, &vsize, &rss) || hz <= 0 || page <= 0)
+		return;
+	s->have_process = true;
+	s->cpu_seconds = (double)ticks / (double)hz;
+	s->vsize_bytes = vsize;
+	s->rss_bytes = rss > 0 ? (uint64_t)rss * (uint64_t)page : 0;
+	s->start_time_seconds = a->start_time_seconds;
+	s->open_fds = count_open_fds();
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		s->max_fds = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+}
+
+static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
+{
+	memset(s, 0, sizeof *s);
+	s->version = TAP_VERSION;
+	s->upstream_name = a->src.upstream_name;
+	s->now_us = tap_now_us();
+	s->start_us = a->start_us;
+	s->listening = !a->stopping;
+	if (a->src.track)
+		tap_metrics_collect_track(s, a->src.track);
+	if (a->src.proxy) {
+		struct tap_proxy_stats ps;
+		tap_proxy_get_stats(a->src.proxy, &ps);
+		s->accepted = ps.accepted;
+		s->active = ps.active;
+		s->unreachable = ps.unreachable;
+		s->bytes[TAP_C2S] = ps.bytes_c2s;
+		s->bytes[TAP_S2C] = ps.bytes_s2c;
+	}
+	for (size_t i = 0; i < TAP_METRICS_N_OUT; i++) {
+		struct tap_out *o = a->src.outputs[i];
+		if (!o)
+			continue;
+		struct tap_out_stats st;
+		tap_out_get_stats(o, &st);
+		s->out[i] = (struct tap_metrics_output){
+		    .on = true, .lines = st.records, .lost = st.lost, .write_errors = st.write_errors};
+	}
+	snapshot_process(a, s);
+	s->http_open = a->open;
+	s->http_total = a->total;
+	s->http_timeouts = a->timeouts;
+	s->http_paused = a->pauses;
+}
+
+/* ---- connections: cap and deadline ---- */
+
+/* At the connection cap the listener stops accepting: further clients wait in the kernel's backlog. */
+static void pause_accepting(struct tap_admin *a)
+{
+	struct evconnlistener *l = a->sock ? evhttp_bound_socket_get_listener(a->sock) : NULL;
+	if (a->paused || !l)
+		return;
+	(void)evconnlistener_disable(l); /* cannot fail for a listener that is not threadsafe */
+	a->paused = true;
+	a->pauses++;
+}
+
+static void resume_accepting(struct tap_admin *a)
+{
+	struct evconnlistener *l = a->sock ? evhttp_bound_socket_get_listener(a->sock) : NULL;
+	if (!a->paused || !l)
+		return;
+	if (evconnlistener_enable(l) == 0) /* on failure (no memory) the next close tries again */
+		a->paused = false;
+}
+
+static void arm_deadline(struct adm_conn *c)
+{
+	struct timeval tv = {TAP_ADMIN_REQUEST_SECONDS, 0};
+	if (c->deadline)
+		(void)evtimer_add(c->deadline, &tv); /* fails only on a bad timeval */
+}
+
+static void conn_release(struct adm_conn *c)
+{
+	struct tap_admin *a = c->adm;
+	if (c->deadline)
+		event_free(c->deadline);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		a->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	a->open--;
+	if (a->open < TAP_ADMIN_MAX_CONNS)
+		resume_accepting(a);
+	free(c);
+}
+
+/* evhttp frees the connection (client gone, idle timeout, reply sent with Connection: close, bad request, our
+ * deadline or evhttp_free). */
+static void conn_closed(struct evhttp_connection *evcon, void *arg)
+{
+	(void)evcon;
+	conn_release(arg);
+}
+
+/* No complete request arrived in time, or the reply was not read. */
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+	struct adm_conn *c = arg;
+	(void)fd;
+	(void)what;
+	c->adm->timeouts++;
+	evhttp_connection_free(c->evcon); /* calls conn_closed, which frees c */
+}
+
+static void adopt_new(evutil_socket_t fd, short what, void *arg)
+{
+	struct tap_admin *a = arg;
+	(void)fd;
+	(void)what;
+	struct adm_conn *next;
+	for (struct adm_conn *c = a->conns; c; c = next) {
+		next = c->next;
+		if (!c->bev)
+			continue;
+		bufferevent_event_cb evhttp_cb = NULL;
+		void *evcon = NULL;
+		bufferevent_getcb(c->bev, NULL, NULL, &evhttp_cb, &evcon);
+		struct bufferevent *bev = c->bev;
+		c->bev = NULL;
+		if (evhttp_cb && evcon) {
+			c->evcon = evcon;
+			evhttp_connection_set_closecb(c->evcon, conn_closed, c);
+			arm_deadline(c);
+		} else { /* evhttp dropped it already (out of memory) */
+			conn_release(c);
+		}
+		(void)bufferevent_decref(bev); /* returns whether it was the last reference: either is fine */
+	}
+}
+
+/* evhttp asks for the bufferevent of each accepted connection. NULL lets evhttp make its own, uncounted: only when
+ * memory ran out. */
+static struct bufferevent *new_conn(struct event_base *base, void *arg)
+{
+	struct tap_admin *a = arg;
+	struct adm_conn *c = calloc(1, sizeof *c);
+	struct bufferevent *bev = c ? bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE) : NULL;
+	if (!bev) {
+		free(c);
+		return NULL;
+	}
+	/* evhttp leaves reading on while a reply waits to be written: without this, a client that pipelines requests
+	 * and reads no reply grows the input buffer without end */
+	bufferevent_setwatermark(bev, EV_READ, 0, TAP_ADMIN_MAX_INPUT);
+	bufferevent_incref(bev);
+	c->adm = a;
+	c->bev = bev;
+	c->deadline = evtimer_new(base, on_deadline, c);
+	c->next = a->conns;
+	if (a->conns)
+		a->conns->prev = c;
+	a->conns = c;
+	a->open++;
+	a->total++;
+	event_active(a->adopt, EV_TIMEOUT, 1);
+	if (a->open >= TAP_ADMIN_MAX_CONNS)
+		pause_accepting(a);
+	return bev;
+}
+
+/* The request arrived: the reply must be read, and the next request arrive, within a new deadline. */
+static void request_arrived(struct tap_admin *a, struct evhttp_request *req)
+{
+	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+	for (struct adm_conn *c = a->conns; c && evcon; c = c->next) {
+		if (c->evcon == evcon) {
+			arm_deadline(c);
+			return;
+		}
+	}
+}
+
+/* ---- routes ---- */
+
+enum adm_page { PAGE_NONE, PAGE_METRICS, PAGE_HEALTH, PAGE_STATUS, PAGE_INDEX };
+
+static enum adm_page page_of(const char *path)
+{
+	if (!path || !*path || strcmp(path, "/") == 0 || strcmp(path, "/index.html") == 0)
+		return PAGE_INDEX;
+	if (strcmp(path, "/metrics") == 0)
+		return PAGE_METRICS;
+	if (strcmp(path, "/healthz") == 0)
+		return PAGE_HEALTH;
+	if (strcmp(path, "/api/status") == 0)
+		return PAGE_STATUS;
+	return PAGE_NONE;
+}
+
+static void reply(struct evhttp_request *req, int code, const char *reason, const char *type, const void *body,
+                  size_t len)
+{
+	struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+	evhttp_add_header(h, "Content-Type", type);
+	evhttp_add_header(h, "Cache-Control", "no-store");
+	evhttp_add_header(h, "X-Content-Type-Options", "nosniff");
+	struct evbuffer *out = evhttp_request_get_output_buffer(req);
+	if (evbuffer_add(out, body, len) != 0) {
+		evhttp_send_error(req, HTTP_INTERNAL, "out of memory");
+		return;
+	}
+	evhttp_send_reply(req, code, reason, NULL);
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+	struct tap_admin *a = arg;
+	request_arrived(a, req);
+	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+	enum adm_page page = page_of(uri ? evhttp_uri_get_path(uri) : NULL);
+	if (page == PAGE_NONE) {
+		evhttp_send_error(req, HTTP_NOTFOUND, NULL);
+		return;
+	}
+	enum evhttp_cmd_type m = evhttp_request_get_command(req);
+	if (m != EVHTTP_REQ_GET && m != EVHTTP_REQ_HEAD) {
+		static const char why[] = "only GET and HEAD\n";
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
+		reply(req, 405, "Method Not Allowed", "text/plain; charset=utf-8", why, sizeof why - 1);
+		return;
+	}
+	if (page == PAGE_INDEX) {
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Security-Policy",
+		                  "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+		                  "connect-src 'self'; img-src data:");
+		reply(req, HTTP_OK, "OK", "text/html; charset=utf-8", tap_admin_status_html, tap_admin_status_html_len);
+		return;
+	}
+	struct tap_metrics_snapshot s;
+	snapshot(a, &s);
+	tap_buf_reset(&a->body);
+	int code = HTTP_OK;
+	const char *type = "application/json";
+	switch (page) {
+	case PAGE_METRICS:
+		tap_metrics_render_prometheus(&s, a->tally, &a->body);
+		type = "text/plain; version=0.0.4; charset=utf-8";
+		break;
+	case PAGE_HEALTH:
+		tap_metrics_render_health(&s, a->tally, &a->body);
+		code = s.listening ? HTTP_OK : HTTP_SERVUNAVAIL;
+		break;
+	case PAGE_STATUS:
+		tap_metrics_render_status(&s, a->tally, a->src.track, &a->body);
+		break;
+	case PAGE_INDEX:
+	case PAGE_NONE:
+		break;
+	}
+	if (a->body.oom) {
+		evhttp_send_error(req, HTTP_INTERNAL, "out of memory");
+		return;
+	}
+	reply(req, code, code == HTTP_OK ? "OK" : "Service Unavailable", type, a->body.data, a->body.len);
+}
+
+/* ---- life cycle ---- */
+
+static void format_bound(struct evhttp_bound_socket *sock, char *out, size_t cap)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	char host[64] = "?";
+	unsigned port = 0;
+	if (getsockname(evhttp_bound_socket_get_fd(sock), (struct sockaddr *)&ss, &len) == 0) {
+		if (ss.ss_family == AF_INET6) {
+			struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+			(void)evutil_inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof host); /* "?" stays on failure */
+			port = ntohs(s6->sin6_port);
+			snprintf(out, cap, "[%s]:%u", host, port);
+			return;
+		}
+		struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+		(void)evutil_inet_ntop(AF_INET, &s4->sin_addr, host, sizeof host); /* "?" stays on failure */
+		port = ntohs(s4->sin_port);
+	}
+	snprintf(out, cap, "%s:%u", host, port);
+}
+
+struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_addr *addr,
+                                const struct tap_admin_sources *src, char *bound, size_t bound_cap, char *err,
+                                size_t err_cap)
+{
+	struct tap_admin *a = calloc(1, sizeof *a);
+	if (a) {
+		a->tally = malloc(sizeof *a->tally);
+		a->http = evhttp_new(base);
+		a->adopt = event_new(base, -1, 0, adopt_new, a);
+	}
+	if (!a || !a->tally || !a->http || !a->adopt) {
+		snprintf(err, err_cap, "out of memory");
+		tap_admin_free(a);
+		return NULL;
+	}
+	a->base = base;
+	a->src = *src;
+	a->start_us = tap_now_us();
+	a->start_time_seconds = process_start_time();
+	tap_metrics_tally_init(a->tally);
+	tap_buf_init(&a->body);
+	evhttp_set_max_headers_size(a->http, TAP_ADMIN_MAX_HEADERS);
+	evhttp_set_max_body_size(a->http, TAP_ADMIN_MAX_BODY);
+	evhttp_set_timeout(a->http, TAP_ADMIN_IDLE_SECONDS);
+	/* every method reaches on_request, which answers 405 (evhttp itself would answer 501) */
+	evhttp_set_allowed_methods(a->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
+	                                        EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
+	                                        EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
+	evhttp_set_bevcb(a->http, new_conn, a);
+	evhttp_set_gencb(a->http, on_request, a);
+	a->sock = evhttp_bind_socket_with_handle(a->http, addr->host, addr->port);
+	if (!a->sock) {
+		char shown[300];
+		tap_conf_addr_format(addr, shown, sizeof shown);
+		snprintf(err, err_cap, "--metrics %s: %s", shown, strerror(errno));
+		tap_admin_free(a);
+		return NULL;
+	}
+	format_bound(a->sock, bound, bound_cap);
+	return a;
+}
+
+void tap_admin_record(struct tap_admin *a, const char *json, size_t len)
+{
+	if (a)
+		tap_metrics_tally_record(a->tally, json, len);
+}
+
+void tap_admin_stopping(struct tap_admin *a)
+{
+	if (a)
+		a->stopping = true;
+}
+
+void tap_admin_free(struct tap_admin *a)
+{
+	if (!a)
+		return;
+	a->sock = NULL; /* evhttp_free frees it before it closes the connections */
+	if (a->http)
+		evhttp_free(a->http); /* closes every adopted connection: conn_closed */
+	while (a->conns) {    /* accepted in this loop turn, not adopted yet */
+		struct bufferevent *bev = a->conns->bev;
+		conn_release(a->conns);
+		if (bev)
+			(void)bufferevent_decref(bev); /* evhttp let it go: this frees it */
+	}
+	if (a->adopt)
+		event_free(a->adopt);
+	tap_buf_deinit(&a->body);
+	free(a->tally);
+	free(a);
+}

@@ -1,0 +1,636 @@
+# --metrics (DESIGN §6c, issue 16) against real parts: a real Prometheus (Debian `prometheus`) scrapes the tap every
+# second while pika publishes a scenario with known outcomes through it, and its query API must return exactly the
+# counts the records show; `promtool check metrics` passes on /metrics; the status page is rendered by a real headless
+# Chromium and must show the counts and the problem publishes (a screenshot is left in the test's working directory);
+# hostile HTTP clients on the metrics port do not change forwarding or verdicts of a confirm stream; /healthz,
+# routes, methods and the option's forms.
+
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+
+import pika
+import pika.exceptions
+
+from tapharness import (AMQPTAP_BIN, BROKER_PORT, free_port, is_asan_build, main, read_records, rss_kb,
+                        wait_for)
+from scenario_lib import ScenarioCase, final_line, publish_records, stream_publisher
+
+PROMETHEUS = "/usr/bin/prometheus"
+PROMTOOL = "/usr/bin/promtool"
+CHROMIUM = "/usr/bin/chromium"
+# le bounds of amqptap_confirm_latency_seconds, in µs (src/core/metrics.c)
+LE_US = [m * 10 ** e for e in range(2, 7) for m in (1, 1.5, 2, 3, 5, 7)] + [10 ** 7]
+ARTIFACT_DIR = os.environ.get("TAP_ARTIFACT_DIR", os.getcwd())
+
+ROUTED, RETURNED, MISSING_X, MAXLEN_PUBLISHES = 120, 7, 1, 3
+
+
+def note(msg):
+    sys.stderr.write(f"  [{msg}]\n")
+
+
+def http_get(port, path, method="GET", timeout=10, body=None):
+    """(status, headers, body bytes) of one request to the tap's metrics port."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, data=body)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def metric_samples(text):
+    """{'name{labels}': value} of a Prometheus text body."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def start_metrics_tap(case, extra=(), **kw):
+    """A tap with --metrics on a free loopback port; returns (tap, metrics_port)."""
+    port = free_port()
+    tap = case.start_tap(["--metrics", f"127.0.0.1:{port}", *extra], **kw)
+    case.assertIn(f"metrics on http://127.0.0.1:{port}/", tap.stderr())
+    return tap, port
+
+
+def run_scenario(case, tap, keep_open=False):
+    """Through the tap, with pika on one connection in confirm mode: ROUTED routable mandatory publishes to a queue,
+    RETURNED unroutable mandatory ones (Basic.Return 312), MISSING_X to an exchange that does not exist (the broker
+    closes the channel: route/confirm unknown), and MAXLEN_PUBLISHES to a queue of x-max-length 1 with
+    reject-publish (the first acked, the rest nacked). Returns the connection when keep_open, else None."""
+    queue = case.declare_queue("routed")
+    full = case.declare_queue("full", arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    conn = case.connect(tap)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(ROUTED):
+        ch.basic_publish("", queue, b"r", pika.BasicProperties(message_id=f"ok-{i}"), mandatory=True)
+    for i in range(RETURNED):
+        with case.assertRaises(pika.exceptions.UnroutableError):
+            ch.basic_publish("", f"nowhere.{case.prefix}.{i}", b"x", pika.BasicProperties(message_id=f"ret-{i}"),
+                             mandatory=True)
+    for i in range(MAXLEN_PUBLISHES):
+        try:
+            ch.basic_publish("", full, b"f", pika.BasicProperties(message_id=f"full-{i}"), mandatory=True)
+        except pika.exceptions.NackError:
+            pass
+    for i in range(MISSING_X):
+        with case.assertRaises(pika.exceptions.ChannelClosedByBroker):
+            ch.basic_publish(f"missing.{case.prefix}", "k", b"m", pika.BasicProperties(message_id=f"lost-{i}"),
+                             mandatory=True)
+    if keep_open:
+        conn.channel()  # the connection row stays on the page with an open channel
+        return conn
+    conn.close()
+    return None
+
+
+def expected_from_records(case, recs):
+    """The counts the metrics must show, from the records (ground truth), after checking the scenario's known
+    outcomes in them."""
+    total = ROUTED + RETURNED + MISSING_X + MAXLEN_PUBLISHES
+    case.assertEqual(len(recs), total, "one publish record per publish")
+    routes = {k: sum(1 for r in recs if r["route"] == k) for k in ("routed", "returned", "unproven", "unknown")}
+    confirms = {k: sum(1 for r in recs if r["confirm"] == k) for k in ("ack", "nack", "none", "unknown")}
+    case.assertEqual(routes["returned"], RETURNED)
+    case.assertEqual(routes["unknown"], MISSING_X)
+    case.assertEqual(confirms["nack"], MAXLEN_PUBLISHES - 1)
+    case.assertEqual(confirms["unknown"], MISSING_X)
+    return total, routes, confirms
+
+
+class PrometheusScrape(ScenarioCase):
+    def start_prometheus(self, target_port):
+        d = tempfile.mkdtemp(prefix="amqptap-prom-")
+        self.addCleanup(shutil.rmtree, d, True)
+        cfg = os.path.join(d, "prometheus.yml")
+        with open(cfg, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n"
+                    "scrape_configs:\n  - job_name: amqptap\n    static_configs:\n"
+                    f"      - targets: ['127.0.0.1:{target_port}']\n")
+        port = free_port()
+        log = open(os.path.join(d, "prometheus.log"), "wb")
+        self.addCleanup(log.close)
+        proc = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={d}/data",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+        def stop():
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.addCleanup(stop)
+        ready = wait_for(lambda: self._prom_ready(port), 30, 0.2)
+        self.assertTrue(ready, f"prometheus not ready: {open(os.path.join(d, 'prometheus.log')).read()[-2000:]}")
+        return port
+
+    @staticmethod
+    def _prom_ready(port):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def query(self, port, expr):
+        """The single value of an instant query (None when the result is empty)."""
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=5) as r:
+            res = json.load(r)
+        self.assertEqual(res["status"], "success", res)
+        data = res["data"]["result"]
+        if not data:
+            return None
+        self.assertEqual(len(data), 1, f"{expr}: {data}")
+        return float(data[0]["value"][1])
+
+    def test_prometheus_scrapes_the_scenario(self):
+        for tool in (PROMETHEUS, PROMTOOL):
+            self.assertTrue(os.access(tool, os.X_OK), f"{tool} missing (apt-get install prometheus)")
+        tap, mport = start_metrics_tap(self)
+        prom = self.start_prometheus(mport)
+        self.assertTrue(wait_for(lambda: self.query(prom, 'up{job="amqptap"}') == 1, 20, 0.3),
+                        "prometheus never scraped the tap successfully")
+        run_scenario(self, tap)
+        self.assertTrue(self.wait_records(tap, lambda rs: len(rs) == ROUTED + RETURNED + MISSING_X + MAXLEN_PUBLISHES))
+        recs = publish_records(tap.verdicts)
+        total, routes, confirms = expected_from_records(self, recs)
+
+        got = wait_for(lambda: self.query(prom, "amqptap_publish_records_total") == total, 20, 0.3)
+        self.assertTrue(got, f"prometheus never saw {total} publish records")
+        time.sleep(1.5)  # one more scrape: every series from the same final state
+        self.assertEqual(self.query(prom, "amqptap_publishes_total"), total)
+        for route, n in routes.items():
+            self.assertEqual(self.query(prom, f'amqptap_publish_routes_total{{route="{route}"}}'), n, route)
+        for confirm, n in confirms.items():
+            self.assertEqual(self.query(prom, f'amqptap_publish_confirms_total{{confirm="{confirm}"}}'), n, confirm)
+        self.assertEqual(self.query(prom, 'amqptap_returns_total{reply_code="312"}'), RETURNED)
+        self.assertEqual(self.query(prom, 'sum(amqptap_returns_total)'), RETURNED)
+        self.assertEqual(self.query(prom, "amqptap_publishes_outstanding"), 0)
+        self.assertEqual(self.query(prom, "amqptap_connections_total"), 1)
+        self.assertEqual(self.query(prom, "amqptap_connections_open"), 0)
+        self.assertEqual(self.query(prom, "amqptap_decode_errors_total"), 0)
+        self.assertEqual(self.query(prom, 'amqptap_records_lost_total{reason="no_memory"}'), 0)
+        self.assertEqual(self.query(prom, 'amqptap_build_info{version!=""}'), 1)
+        self.assertEqual(self.query(prom, "amqptap_upstream_up"), 1)
+        self.assertGreater(self.query(prom, 'amqptap_forwarded_bytes_total{dir="c2s"}'), 0)
+        self.assertGreater(self.query(prom, "process_resident_memory_bytes"), 1 << 20)
+        self.assertIsNotNone(self.query(prom, "process_cpu_seconds_total"))
+        answered = [r["confirm_us"] for r in recs if r["confirm"] in ("ack", "nack")]
+        self.assertEqual(self.query(prom, "amqptap_confirm_latency_seconds_count"), len(answered))
+        self.assertEqual(self.query(prom, 'amqptap_confirm_latency_seconds_bucket{le="+Inf"}'), len(answered))
+
+        # the median from the histogram lands in the bucket of the records' median (bounds moved by at most 1/16:
+        # the tracker's own buckets are 1/8 wide and fold into a bound by their midpoint)
+        median = statistics.median(answered)
+        q = self.query(prom, "histogram_quantile(0.5, amqptap_confirm_latency_seconds_bucket)") * 1e6
+        lo = max([0] + [b for b in LE_US if b < median / 1.07])
+        hi = min([b for b in LE_US if b >= median * 1.07] + [LE_US[-1]])
+        note(f"records' median confirm_us {median:.0f}, histogram_quantile(0.5) {q:.0f} us, bucket bounds {lo}..{hi}")
+        self.assertGreaterEqual(q, lo)
+        self.assertLessEqual(q, hi)
+
+        # promtool lints the exposition as served
+        status, headers, body = http_get(mport, "/metrics")
+        self.assertEqual(status, 200)
+        self.assertTrue(headers["Content-Type"].startswith("text/plain; version=0.0.4"), headers)
+        lint = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, timeout=30)
+        self.assertEqual((lint.returncode, lint.stdout + lint.stderr), (0, b""))
+        names = {k.split("{")[0] for k in metric_samples(body.decode())}
+        for n in names:
+            self.assertTrue(n.startswith("amqptap_") or n.startswith("process_"), n)
+        labels = {m for k in metric_samples(body.decode()) for m in re.findall(r'[{,](\w+)="', k)}
+        self.assertLessEqual(labels, {"route", "confirm", "reply_code", "rule", "reason", "output", "dir", "le",
+                                      "version"}, "a label per routing key, exchange or message would be unbounded")
+
+
+def chromium(case, url, *args, timeout=120):
+    """Runs headless Chromium on url with a fresh profile; returns the CompletedProcess."""
+    case.assertTrue(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} missing (apt-get install chromium)")
+    profile = tempfile.mkdtemp(prefix="amqptap-chromium-")
+    case.addCleanup(shutil.rmtree, profile, True)
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--virtual-time-budget=3000", *args, url]
+    return subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+class StatusPage(ScenarioCase):
+    def test_page_shows_counts_connections_and_problem_publishes(self):
+        tap, mport = start_metrics_tap(self)
+        conn = run_scenario(self, tap, keep_open=True)
+        total = ROUTED + RETURNED + MISSING_X + MAXLEN_PUBLISHES
+        self.assertTrue(self.wait_records(tap, lambda rs: len(rs) == total))
+        _, routes, confirms = expected_from_records(self, publish_records(tap.verdicts))
+
+        run = chromium(self, f"http://127.0.0.1:{mport}/", "--dump-dom")
+        dom = run.stdout.decode("utf-8", "replace")
+        self.assertEqual(run.returncode, 0, run.stderr.decode()[-2000:])
+
+        def shown(key):
+            m = re.search(r'id="c-%s"[^>]*>([^<]*)<' % re.escape(key), dom)
+            self.assertIsNotNone(m, f"no tile c-{key} in the rendered page: {dom[:3000]}")
+            return m.group(1).replace(",", "")
+
+        self.assertEqual(shown("publishes"), str(total))
+        for route, n in routes.items():
+            self.assertEqual(shown(route), str(n), route)
+        self.assertEqual(shown("acked"), str(confirms["ack"]))
+        self.assertEqual(shown("nacked"), str(confirms["nack"]))
+        self.assertEqual(shown("outstanding"), "0")
+        self.assertEqual(shown("connections_open"), "1")
+
+        kinds = re.findall(r'<tr class="problem (\w+)"', dom)
+        self.assertEqual(sorted(kinds), sorted(["returned"] * RETURNED + ["nacked"] * (MAXLEN_PUBLISHES - 1) +
+                                               ["unknown"] * MISSING_X))
+        for i in range(RETURNED):
+            self.assertIn(f"nowhere.{self.prefix}.{i}", dom)
+            self.assertIn(f"ret-{i}", dom)
+        self.assertIn("312 NO_ROUTE", dom)
+        self.assertIn(f"missing.{self.prefix}", dom)
+        self.assertRegex(dom, r"broker 404 NOT_FOUND")
+        self.assertRegex(dom, r"returned by the broker")  # the diagnosis on top
+        row = re.search(r'<tr data-conn="\d+">(.*?)</tr>', dom, re.S)
+        self.assertIsNotNone(row, "no connection row")
+        self.assertIn("Pika", row.group(1))
+        self.assertIn(f"<td class=\"n\">{total}</td>", row.group(1))
+        self.assertIn("<svg", dom)  # the latency chart
+
+        shot = os.path.join(ARTIFACT_DIR, "test_metrics-status-page.png")
+        run = chromium(self, f"http://127.0.0.1:{mport}/", f"--screenshot={shot}", "--window-size=1400,1700",
+                       "--hide-scrollbars")
+        self.assertEqual(run.returncode, 0, run.stderr.decode()[-2000:])
+        self.assertGreater(os.path.getsize(shot), 20000)
+        note(f"screenshot: {shot}")
+        conn.close()
+
+
+class HealthAndRoutes(ScenarioCase):
+    def test_routes_methods_and_health(self):
+        tap, mport = start_metrics_tap(self)
+        status, headers, body = http_get(mport, "/healthz")
+        health = json.loads(body)
+        self.assertEqual((status, health["status"], health["listening"]), (200, "ok", True), health)
+        self.assertIsNone(health["upstream_reachable"], "no connection attempt yet")
+        self.assertGreaterEqual(health["uptime_seconds"], 0)
+        conn = self.connect(tap)
+        self.assertTrue(wait_for(lambda: json.loads(http_get(mport, "/healthz")[2])["upstream_reachable"] is True, 10))
+        self.assertEqual(json.loads(http_get(mport, "/healthz")[2])["connections_open"], 1)
+        conn.close()
+
+        self.assertEqual(http_get(mport, "/nope")[0], 404)
+        self.assertEqual(http_get(mport, "/metrics/x")[0], 404)
+        for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
+            status, headers, _ = http_get(mport, "/metrics", method=method, body=b"x" if method != "OPTIONS" else None)
+            self.assertEqual(status, 405, method)
+            self.assertEqual(headers.get("Allow"), "GET, HEAD")
+        status, _, body = http_get(mport, "/metrics", method="HEAD")
+        self.assertEqual((status, body), (200, b""))
+
+        status, headers, page = http_get(mport, "/")
+        self.assertEqual(status, 200)
+        self.assertTrue(headers["Content-Type"].startswith("text/html"))
+        self.assertIn("default-src 'none'", headers["Content-Security-Policy"])
+        html = page.decode()
+        self.assertNotRegex(html, r"<(link|img|iframe)\b|<script[^>]+src=|url\(", "the page must be self-contained")
+        self.assertEqual(re.findall(r"https?://[^\s\"']+", html), ["http://www.w3.org/2000/svg"])
+        status, _, body = http_get(mport, "/api/status")
+        st = json.loads(body)
+        self.assertEqual(status, 200)
+        for key in ("counters", "routes", "confirms", "confirm_latency", "connections", "problems", "returns_by_code",
+                    "warnings_by_rule"):
+            self.assertIn(key, st)
+        self.assertEqual(len(st["confirm_latency"]["buckets"]), len(LE_US) + 1)
+
+    def test_unreachable_upstream_is_reported(self):
+        tap, mport = start_metrics_tap(self, upstream_port=free_port())
+        with socket.create_connection(("127.0.0.1", tap.port), timeout=5) as s:
+            s.settimeout(5)
+            self.assertEqual(s.recv(10), b"", "the tap closes a client whose broker is unreachable")
+        self.assertTrue(wait_for(lambda: json.loads(http_get(mport, "/healthz")[2])["upstream_reachable"] is False, 10))
+        m = metric_samples(http_get(mport, "/metrics")[2].decode())
+        self.assertEqual((m["amqptap_upstream_up"], m["amqptap_upstream_unreachable_total"]), (0, 1))
+        self.assertEqual(http_get(mport, "/healthz")[0], 200, "the listener is up: healthy even if the broker is not")
+
+    def test_healthz_is_503_while_shutting_down(self):
+        tap, mport = start_metrics_tap(self, extra=["--grace", "20000"])
+        conn = self.connect(tap)
+        tap.proc.send_signal(signal.SIGTERM)
+        self.assertTrue(wait_for(lambda: http_get(mport, "/healthz")[0] == 503, 10), "no 503 during the grace period")
+        status, _, body = http_get(mport, "/healthz")
+        self.assertEqual((status, json.loads(body)["status"]), (503, "stopping"))
+        self.assertEqual(metric_samples(http_get(mport, "/metrics")[2].decode())["amqptap_listening"], 0)
+        conn.close()
+        self.assertEqual(tap.stop(), 0)
+
+    def test_shutdown_with_the_connection_cap_reached(self):
+        """Past the cap the tap accepts nobody; shutting down then frees every connection cleanly. evhttp_free frees
+        the listener before it closes the connections, whose close callbacks resume accepting: valgrind (when
+        installed and the build is not ASan's, whose checks do not reach into libevent) sees any use after free."""
+        valgrind = shutil.which("valgrind") if not is_asan_build() else None
+        mport, lport = free_port(), free_port()
+        args = [AMQPTAP_BIN, "--listen", f"127.0.0.1:{lport}", "--upstream", f"127.0.0.1:{BROKER_PORT}",
+                "--verdicts", os.devnull, "--metrics", f"127.0.0.1:{mport}"]
+        if valgrind:
+            args = [valgrind, "-q", "--error-exitcode=9"] + args
+        err = tempfile.TemporaryFile()
+        tap = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        self.addCleanup(lambda: tap.poll() is None and (tap.kill(), tap.wait()))
+
+        def listening():
+            try:
+                return http_get(mport, "/healthz", timeout=2)[0] == 200
+            except OSError:
+                return False
+        self.assertTrue(wait_for(listening, 30, 0.2))
+        idle = [socket.create_connection(("127.0.0.1", mport), timeout=5) for _ in range(MAX_HTTP_CONNS + 8)]
+        self.addCleanup(lambda: [s.close() for s in idle])
+        self.assertTrue(wait_for(lambda: len(os.listdir(f"/proc/{tap.pid}/fd")) >= MAX_HTTP_CONNS, 10))
+        time.sleep(0.5)
+        fds = len(os.listdir(f"/proc/{tap.pid}/fd"))
+        late = socket.create_connection(("127.0.0.1", mport), timeout=5)  # waits in the backlog
+        self.addCleanup(late.close)
+        time.sleep(0.5)
+        self.assertEqual(len(os.listdir(f"/proc/{tap.pid}/fd")), fds, "accepted past the cap")
+        tap.send_signal(signal.SIGTERM)
+        rc = tap.wait(60)
+        err.seek(0)
+        report = err.read().decode("utf-8", "replace")
+        self.assertEqual(rc, 0, report[-3000:])
+        self.assertNotIn("Sanitizer", report)
+        note("checked under valgrind" if valgrind else "valgrind not used")
+
+    def test_option_forms(self):
+        port = free_port()
+        tap = self.start_tap(["--metrics", str(port)])
+        self.assertIn(f"metrics on http://127.0.0.1:{port}/", tap.stderr(), "PORT alone listens on loopback")
+        self.assertEqual(http_get(port, "/healthz")[0], 200)
+        tap2 = self.start_tap(["--metrics", ":0"])
+        m = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", tap2.stderr())
+        self.assertIsNotNone(m, tap2.stderr())
+        self.assertEqual(http_get(int(m.group(1)), "/healthz")[0], 200)
+        for bad in ("nope:x", "1.2.3.4:99999", ""):
+            r = subprocess.run([AMQPTAP_BIN, "--metrics", bad, "--listen", f"127.0.0.1:{free_port()}"],
+                               capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+            self.assertEqual(r.returncode, 2, (bad, r.stderr))
+            self.assertIn(b"--metrics", r.stderr)
+        r = subprocess.run([AMQPTAP_BIN, "--metrics", f"127.0.0.1:{port}", "--listen", f"127.0.0.1:{free_port()}"],
+                           capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+        self.assertEqual(r.returncode, 1, "the metrics port is taken by the first tap")
+        self.assertIn(f"--metrics 127.0.0.1:{port}:".encode(), r.stderr)
+        out = subprocess.run([AMQPTAP_BIN, "--help"], capture_output=True, timeout=10).stdout
+        self.assertIn(b"--metrics ADDR:PORT", out)
+
+
+# ---- hostile HTTP clients on the metrics port ----
+
+MAX_HTTP_CONNS = 32  # TAP_ADMIN_MAX_CONNS
+
+
+class Attack:
+    """Threads that misbehave on the metrics port until stop(): slow headers, waves of thousands of idle
+    connections, a huge body, a huge header, pipelined requests whose replies are never read."""
+
+    def __init__(self, port):
+        self.port = port
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.stats = {"slow_closed_by_tap": 0, "flood_opened": 0, "huge_body_sent": 0, "huge_body_answer": None,
+                      "huge_header_answer": None, "pipelined_sent": 0, "pipelined_answer": None}
+        self.threads = [threading.Thread(target=f, daemon=True) for f in
+                        (self.slowloris, self.flood, self.huge_body, self.huge_header, self.pipeliner)]
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+
+    def stop(self):
+        self.done.set()
+        for t in self.threads:
+            t.join(60)
+
+    def add(self, key, n=1):
+        with self.lock:
+            self.stats[key] += n
+
+    def connect(self):
+        """A blocking socket to the metrics port, or None while the port accepts nobody (cap reached, flood)."""
+        s = socket.socket()
+        s.settimeout(3)
+        try:
+            s.connect(("127.0.0.1", self.port))
+            return s
+        except OSError:
+            s.close()
+            return None
+
+    def slowloris(self):
+        socks = []
+        while not self.done.is_set():
+            while len(socks) < MAX_HTTP_CONNS + 8:
+                try:
+                    s = socket.socket()
+                    s.setblocking(False)
+                    s.connect_ex(("127.0.0.1", self.port))
+                    socks.append([s, False])
+                except OSError:
+                    break
+            for entry in list(socks):
+                s, started = entry
+                try:
+                    s.send(b"X-Slow: 1\r\n" if started else b"GET /metrics HTTP/1.1\r\n")
+                    entry[1] = True
+                    if s.recv(1) == b"":
+                        raise ConnectionResetError
+                except BlockingIOError:
+                    pass
+                except OSError as e:
+                    if getattr(e, "errno", None) in (errno.EAGAIN, errno.EINPROGRESS):
+                        continue
+                    if started:
+                        self.add("slow_closed_by_tap")
+                    s.close()
+                    socks.remove(entry)
+            self.done.wait(1.0)
+        for s, _ in socks:
+            s.close()
+
+    def flood(self):
+        """Waves of 2,000 connections that send nothing, held 3 s, then 2 s of rest."""
+        while not self.done.is_set():
+            wave = []
+            for _ in range(2000):
+                try:
+                    s = socket.socket()
+                    s.setblocking(False)
+                    s.connect_ex(("127.0.0.1", self.port))
+                    wave.append(s)
+                except OSError:
+                    break
+            self.add("flood_opened", len(wave))
+            self.done.wait(3.0)
+            for s in wave:
+                s.close()
+            self.done.wait(2.0)
+
+    def once(self, key, attempt):
+        """Runs attempt(sock) on fresh connections until stop(); what it returns is kept in stats[key]."""
+        while not self.done.is_set():
+            s = self.connect()
+            if s is None:
+                self.done.wait(0.2)
+                continue
+            try:
+                got = attempt(s)
+                if got:
+                    self.stats[key] = got
+            except OSError:
+                pass
+            finally:
+                s.close()
+            self.done.wait(0.2)
+
+    def huge_body(self):
+        def attempt(s):
+            s.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n")
+            chunk = b"b" * (1 << 20)
+            sent = 0
+            try:
+                for _ in range(100):
+                    s.sendall(chunk)
+                    sent += len(chunk)
+            except OSError:
+                pass
+            with self.lock:
+                self.stats["huge_body_sent"] = max(self.stats["huge_body_sent"], sent)
+            s.settimeout(1)
+            return s.recv(100)
+        self.once("huge_body_answer", attempt)
+
+    def huge_header(self):
+        def attempt(s):
+            try:
+                s.sendall(b"GET / HTTP/1.1\r\nX-Big: " + b"h" * (1 << 20) + b"\r\n\r\n")
+            except OSError:
+                pass
+            s.settimeout(1)
+            return s.recv(100)
+        self.once("huge_header_answer", attempt)
+
+    def pipeliner(self):
+        def attempt(s):
+            s.settimeout(0.5)
+            req = b"GET /api/status HTTP/1.1\r\nHost: x\r\n\r\n" * 100
+            while not self.done.is_set():
+                s.sendall(req)
+                self.add("pipelined_sent", 100)
+        self.once("pipelined_answer", attempt)
+
+
+class HostileClients(ScenarioCase):
+    def stream(self, tap, queue, n):
+        t0 = time.monotonic()
+        pub = stream_publisher(tap.port, n, 64, 1000, True, queue)
+        out, err = pub.communicate(timeout=600)
+        secs = time.monotonic() - t0
+        self.assertEqual(pub.returncode, 0, err.decode())
+        res = final_line(out)
+        self.assertEqual((res["sent"], res["acked"], res["nacked"], res["returned"]), (n, n, 0, 0), res)
+        return secs
+
+    def test_hostile_clients_change_no_forwarding_or_verdict(self):
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
+        queue = self.declare_queue("stream", arguments={"x-max-length": 10000})
+        tap, mport = start_metrics_tap(self, frames=False)
+        n = 150000
+        base_secs = self.stream(tap, queue, n)
+        base_rss, base_fds = rss_kb(tap.pid), len(os.listdir(f"/proc/{tap.pid}/fd"))
+
+        attack = Attack(mport)
+        peak = {"rss": 0, "fds": 0}
+        sampling = threading.Event()
+
+        def sample():
+            while not sampling.is_set():
+                try:
+                    peak["rss"] = max(peak["rss"], rss_kb(tap.pid))
+                    peak["fds"] = max(peak["fds"], len(os.listdir(f"/proc/{tap.pid}/fd")))
+                except (OSError, RuntimeError):
+                    pass
+                sampling.wait(0.1)
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        attack.start()
+        t_attack = time.monotonic()
+        time.sleep(1)
+        attack_secs = self.stream(tap, queue, n)
+        time.sleep(max(0.0, TAP_ADMIN_REQUEST_SECONDS + 3 - (time.monotonic() - t_attack)))  # past a request deadline
+        attack.stop()
+        sampling.set()
+        sampler.join(5)
+        note(f"stream of {n}: {base_secs:.2f} s alone, {attack_secs:.2f} s under attack; tap RSS {base_rss} KiB "
+             f"before, peak {peak['rss']} KiB; descriptors {base_fds} before, peak {peak['fds']}; {attack.stats}")
+
+        # forwarding and verdicts: both streams complete, one routed+acked record per publish
+        self.assertTrue(tap.alive())
+        m = None
+
+        def scraped():
+            nonlocal m
+            try:
+                m = metric_samples(http_get(mport, "/metrics", timeout=2)[2].decode())
+                return m["amqptap_http_connections_open"] <= 1
+            except OSError:
+                return False
+        self.assertTrue(wait_for(scraped, 30, 0.5), f"the metrics endpoint did not recover: {m}")
+        recs = self.stop_tap(tap)
+        self.assertEqual(len(recs), 2 * n)
+        bad = [r for r in recs if (r["route"], r["confirm"]) != ("routed", "ack")]
+        self.assertEqual(bad[:3], [])
+        for conn in {r["conn"] for r in recs}:
+            self.assertSeqsOnce([r for r in recs if r["conn"] == conn], n)
+
+        # within reason: the machine is shared, so allow for noise but not for a stall
+        self.assertLess(attack_secs, 2.5 * base_secs + 3, "forwarding slowed down under the HTTP attack")
+        slack_kb = 40 * 1024 * (3 if is_asan_build() else 1)
+        self.assertLess(peak["rss"], base_rss + slack_kb, "tap memory grew under the HTTP attack")
+        self.assertLessEqual(peak["fds"], base_fds + MAX_HTTP_CONNS + 4, "more HTTP connections than the cap")
+        # the attack did happen and met each bound
+        self.assertGreater(attack.stats["flood_opened"], 2000)
+        self.assertGreater(m["amqptap_http_timeouts_total"], 0, "no slow client hit the request deadline")
+        self.assertGreater(m["amqptap_http_accept_paused_total"], 0, "the connection cap was never reached")
+        self.assertLess(attack.stats["huge_body_sent"], 100 << 20, "a 100 MB body was read to the end")  # most in one
+        self.assertGreater(attack.stats["pipelined_sent"], 100)
+        self.assertRegex(attack.stats["huge_body_answer"] or b"", rb"^HTTP/1\.1 413 ")
+        self.assertRegex(attack.stats["huge_header_answer"] or b"", rb"^HTTP/1\.1 400 ")
+
+
+TAP_ADMIN_REQUEST_SECONDS = 10
+
+
+if __name__ == "__main__":
+    main()
