@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,15 +87,17 @@ struct stream {
 	enum tap_dir first_fin; /* the direction of the first FIN, once fin_seen */
 	struct half h[TAP_DIR_COUNT];
 	int64_t last_ts; /* capture time of its last packet, or of its close once closed */
-	struct stream *hnext;                 /* hash chain */
-	struct stream *prev_open, *next_open; /* open streams in creation order */
-	struct stream *prev_age, *next_age;   /* open streams by last packet, or closed ones by close time */
+	struct stream *hnext;  /* hash chain */
+	struct stream_link {
+		struct stream *prev, *next;
+	} by_start, by_age; /* open streams in creation order; open streams by last packet, or closed ones by close */
 };
 
-/* A list of streams through prev_age/next_age, oldest first. */
-struct age_list {
+/* A list of streams through one of their links (the link's offset in struct stream), oldest first. */
+struct stream_list {
 	struct stream *head, *tail;
 	size_t n;
+	size_t link;
 };
 
 struct tap_capture {
@@ -120,8 +123,8 @@ struct tap_capture {
 	const struct tap_capture_cb *cb;
 	struct stream **tab;
 	size_t tab_size, n_streams;
-	struct stream *open_head, *open_tail;
-	struct age_list live, dead; /* open streams by activity; closed ones kept to recognise their late packets */
+	struct stream_list open;       /* by_start */
+	struct stream_list live, dead; /* by_age: open streams by activity; closed ones kept for their late packets */
 	int64_t idle_us;
 	size_t max_streams;
 	struct tap_capture_stats st;
@@ -226,26 +229,32 @@ static bool tab_grow(struct tap_capture *c)
 	return true;
 }
 
-static void age_unlink(struct age_list *l, struct stream *s)
+static struct stream_link *link_of(const struct stream_list *l, struct stream *s)
 {
-	if (s->prev_age)
-		s->prev_age->next_age = s->next_age;
+	return (struct stream_link *)((char *)s + l->link);
+}
+
+static void list_unlink(struct stream_list *l, struct stream *s)
+{
+	struct stream_link *k = link_of(l, s);
+	if (k->prev)
+		link_of(l, k->prev)->next = k->next;
 	else
-		l->head = s->next_age;
-	if (s->next_age)
-		s->next_age->prev_age = s->prev_age;
+		l->head = k->next;
+	if (k->next)
+		link_of(l, k->next)->prev = k->prev;
 	else
-		l->tail = s->prev_age;
-	s->prev_age = s->next_age = NULL;
+		l->tail = k->prev;
+	*k = (struct stream_link){NULL, NULL};
 	l->n--;
 }
 
-static void age_append(struct age_list *l, struct stream *s)
+static void list_append(struct stream_list *l, struct stream *s)
 {
-	s->prev_age = l->tail;
-	s->next_age = NULL;
+	struct stream_link *k = link_of(l, s);
+	*k = (struct stream_link){l->tail, NULL};
 	if (l->tail)
-		l->tail->next_age = s;
+		link_of(l, l->tail)->next = s;
 	else
 		l->head = s;
 	l->tail = s;
@@ -279,22 +288,14 @@ static void stream_close(struct tap_capture *c, struct stream *s, enum tap_captu
 		return;
 	s->closed = true;
 	s->last_ts = ts;
-	age_unlink(&c->live, s);
-	age_append(&c->dead, s);
+	list_unlink(&c->live, s);
+	list_append(&c->dead, s);
 	if (c->cb->close)
 		c->cb->close(c->cb->ctx, s->user, how, ts);
 	s->user = NULL;
 	half_clear(&s->h[TAP_S2C]);
 	half_clear(&s->h[TAP_C2S]);
-	if (s->prev_open)
-		s->prev_open->next_open = s->next_open;
-	else
-		c->open_head = s->next_open;
-	if (s->next_open)
-		s->next_open->prev_open = s->prev_open;
-	else
-		c->open_tail = s->prev_open;
-	s->prev_open = s->next_open = NULL;
+	list_unlink(&c->open, s);
 }
 
 /* Takes a closed stream out of the table and frees it. */
@@ -304,7 +305,7 @@ static void stream_free(struct tap_capture *c, struct stream *s)
 	while (*pp != s)
 		pp = &(*pp)->hnext;
 	*pp = s->hnext;
-	age_unlink(&c->dead, s);
+	list_unlink(&c->dead, s);
 	c->n_streams--;
 	free(s);
 }
@@ -354,21 +355,16 @@ static struct stream *stream_open(struct tap_capture *c, struct stream *old, con
 		c->tab[h] = s;
 		c->n_streams++;
 	} else {
-		age_unlink(&c->dead, s);
+		list_unlink(&c->dead, s);
 		struct stream *hnext = s->hnext;
 		memset(s, 0, sizeof *s);
 		s->key = *k;
 		s->hnext = hnext;
 	}
 	s->last_ts = ts;
-	age_append(&c->live, s);
+	list_append(&c->live, s);
+	list_append(&c->open, s);
 	s->id = ++c->st.streams;
-	s->prev_open = c->open_tail;
-	if (c->open_tail)
-		c->open_tail->next_open = s;
-	else
-		c->open_head = s;
-	c->open_tail = s;
 	if (c->cb->open) {
 		char client[64], server[64];
 		addr_text(client, k->v6, k->client, k->cport);
@@ -551,8 +547,8 @@ static int on_segment(struct tap_capture *c, const struct segment *g, int64_t ts
 			return TAP_E_NOMEM;
 	} else {
 		s->last_ts = ts;
-		age_unlink(&c->live, s);
-		age_append(&c->live, s);
+		list_unlink(&c->live, s);
+		list_append(&c->live, s);
 	}
 	struct half *h = &s->h[dir];
 	uint32_t seq = g->seq;
@@ -990,6 +986,9 @@ static int capture_new(struct tap_capture **out, const char *name)
 		return TAP_E_NOMEM;
 	}
 	tap_capture_set_limits(c, 0, 0);
+	c->open.link = offsetof(struct stream, by_start);
+	c->live.link = offsetof(struct stream, by_age);
+	c->dead.link = offsetof(struct stream, by_age);
 	*out = c;
 	return TAP_OK;
 }
@@ -1068,8 +1067,8 @@ int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_captu
 	int rc = c->fmt == FMT_PCAP ? pcap_run(c, err, cap) : pcapng_run(c, err, cap);
 	if (rc == TAP_OK && c->f && ferror(c->f))
 		rc = fail(err, cap, TAP_E_IO, "%s: read error at offset %" PRIu64, c->name, c->off);
-	while (c->open_head) {
-		struct stream *s = c->open_head;
+	while (c->open.head) {
+		struct stream *s = c->open.head;
 		enum tap_capture_end how = s->fin_seen ? fin_end(s) : TAP_CAPTURE_END_CAPTURE;
 		stream_close(c, s, how, c->last_ts);
 	}

@@ -4,6 +4,8 @@
 #ifndef TAP_BUILD_H
 #define TAP_BUILD_H
 
+#include "amqptap/spec.h"
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -83,6 +85,17 @@ static inline void tap_build_key(struct tap_bytes *b, const char *name, char typ
 	tap_build_u8(b, (uint8_t)type);
 }
 
+/* An AMQPLAIN response (a field table body): LOGIN, then a PASSWORD key for each of the n passwords. */
+static inline void tap_build_amqplain(struct tap_bytes *b, const char *login, const char *const *passwords, size_t n)
+{
+	tap_build_key(b, "LOGIN", 'S');
+	tap_build_longstr(b, login, strlen(login));
+	for (size_t i = 0; i < n; i++) {
+		tap_build_key(b, "PASSWORD", 'S');
+		tap_build_longstr(b, passwords[i], strlen(passwords[i]));
+	}
+}
+
 /* type, channel, size, payload, 0xCE */
 static inline void tap_build_frame(struct tap_bytes *out, uint8_t type, uint16_t ch, const void *payload, size_t len)
 {
@@ -104,6 +117,35 @@ static inline void tap_build_method(struct tap_bytes *out, uint16_t ch, uint32_t
 	tap_build_u32(out, method_id);
 	tap_build_raw(out, args, len);
 	tap_build_u8(out, 0xCE);
+}
+
+/* connection.start-ok on channel 0: client properties (a table body, may be empty), mechanism, response, en_US. */
+static inline void tap_build_start_ok(struct tap_bytes *out, const struct tap_bytes *props, const char *mechanism,
+				      const void *response, size_t len)
+{
+	struct tap_bytes a = {0};
+	tap_build_longstr(&a, props ? props->d : NULL, props ? props->n : 0);
+	tap_build_shortstr(&a, mechanism);
+	tap_build_longstr(&a, response, len);
+	tap_build_shortstr(&a, "en_US");
+	tap_build_method(out, 0, TAP_CONNECTION_START_OK, a.d, a.n);
+	tap_build_free(&a);
+}
+
+/* The rest of the handshake: tune-ok (channel-max 2047, frame-max 131072, heartbeat 60), connection.open vhost. */
+static inline void tap_build_tune_ok_open(struct tap_bytes *out, const char *vhost)
+{
+	struct tap_bytes a = {0};
+	tap_build_u16(&a, 2047);
+	tap_build_u32(&a, 131072);
+	tap_build_u16(&a, 60);
+	tap_build_method(out, 0, TAP_CONNECTION_TUNE_OK, a.d, a.n);
+	a.n = 0;
+	tap_build_shortstr(&a, vhost);
+	tap_build_shortstr(&a, "");
+	tap_build_u8(&a, 0);
+	tap_build_method(out, 0, TAP_CONNECTION_OPEN, a.d, a.n);
+	tap_build_free(&a);
 }
 
 /* A content header frame of class basic with no properties (§4.2.6.1). */

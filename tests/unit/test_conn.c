@@ -21,40 +21,16 @@
 
 /* ---- streams ---- */
 
-static void start_ok(struct tap_bytes *c, const struct tap_bytes *props, const char *mech, const void *resp,
-		     size_t resp_len)
-{
-	struct tap_bytes a = {0};
-	tap_build_longstr(&a, props ? props->d : NULL, props ? props->n : 0);
-	tap_build_shortstr(&a, mech);
-	tap_build_longstr(&a, resp, resp_len);
-	tap_build_shortstr(&a, "en_US");
-	tap_build_method(c, 0, TAP_CONNECTION_START_OK, a.d, a.n);
-	tap_build_free(&a);
-}
-
 static void plain_start_ok(struct tap_bytes *c)
 {
-	start_ok(c, NULL, "PLAIN", "\0guest\0" PASSWORD, 7 + strlen(PASSWORD));
+	tap_build_start_ok(c, NULL, "PLAIN", "\0guest\0" PASSWORD, 7 + strlen(PASSWORD));
 }
 
 /* tune-ok, connection.open "/", channel.open 1 */
 static void open_session(struct tap_bytes *c)
 {
-	struct tap_bytes a = {0};
-	tap_build_u16(&a, 2047);
-	tap_build_u32(&a, 131072);
-	tap_build_u16(&a, 60);
-	tap_build_method(c, 0, TAP_CONNECTION_TUNE_OK, a.d, a.n);
-	a.n = 0;
-	tap_build_shortstr(&a, "/");
-	tap_build_shortstr(&a, "");
-	tap_build_u8(&a, 0);
-	tap_build_method(c, 0, TAP_CONNECTION_OPEN, a.d, a.n);
-	a.n = 0;
-	tap_build_shortstr(&a, "");
-	tap_build_method(c, 1, TAP_CHANNEL_OPEN, a.d, a.n);
-	tap_build_free(&a);
+	tap_build_tune_ok_open(c, "/");
+	tap_build_method(c, 1, TAP_CHANNEL_OPEN, "", 1);
 }
 
 /* basic.publish on ch, a header announcing `announced` bytes with a message-id, and `body` in two frames. */
@@ -289,16 +265,12 @@ END_TEST
 /* AMQPLAIN with two PASSWORD keys: both are overwritten, LOGIN stays and is the user; at every split. */
 START_TEST(amqplain_two_passwords)
 {
+	static const char *const pw[] = {PASSWORD, PASSWORD2};
 	struct tap_bytes t = {0};
-	tap_build_key(&t, "LOGIN", 'S');
-	tap_build_longstr(&t, "guest", 5);
-	tap_build_key(&t, "PASSWORD", 'S');
-	tap_build_longstr(&t, PASSWORD, strlen(PASSWORD));
-	tap_build_key(&t, "PASSWORD", 'S');
-	tap_build_longstr(&t, PASSWORD2, strlen(PASSWORD2));
+	tap_build_amqplain(&t, "guest", pw, 2);
 	struct tap_bytes cl = {0};
 	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
-	start_ok(&cl, NULL, "AMQPLAIN", t.d, t.n);
+	tap_build_start_ok(&cl, NULL, "AMQPLAIN", t.d, t.n);
 	open_session(&cl);
 	struct tap_bytes br = {0};
 	tap_build_method(&br, 0, TAP_CONNECTION_OPEN_OK, "\0", 1);
@@ -535,7 +507,7 @@ START_TEST(client_properties_by_type)
 	tap_build_longstr(&p, "\x12" "connection.blocked" "t\x01", 21);
 	struct tap_bytes cl = {0};
 	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
-	start_ok(&cl, &p, "PLAIN", "\0guest\0" PASSWORD, 7 + strlen(PASSWORD));
+	tap_build_start_ok(&cl, &p, "PLAIN", "\0guest\0" PASSWORD, 7 + strlen(PASSWORD));
 	open_session(&cl);
 	struct tap_bytes br = {0};
 	tap_build_method(&br, 0, TAP_CONNECTION_OPEN_OK, "\0", 1);
@@ -554,7 +526,7 @@ START_TEST(client_properties_by_type)
 	tap_build_key(&p, "platform", 'F');
 	tap_build_longstr(&p, "\x01k\x56", 3);
 	cl.n = 8;
-	start_ok(&cl, &p, "PLAIN", "\0guest\0" PASSWORD, 7 + strlen(PASSWORD));
+	tap_build_start_ok(&cl, &p, "PLAIN", "\0guest\0" PASSWORD, 7 + strlen(PASSWORD));
 	open_session(&cl);
 	run_streams(&s, &cl, &br, 0, 0);
 	ck_assert_ptr_nonnull(strstr(s.records, "\"product\":null,\"version\":\"2.0\",\"platform\":null"));

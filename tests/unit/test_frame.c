@@ -46,24 +46,9 @@ static void client_stream(struct tap_bytes *w)
 {
 	w->n = 0;
 	tap_build_raw(w, "AMQP\0\0\x09\x01", 8);
+	tap_build_start_ok(w, NULL, "PLAIN", "\0guest\0guest", 12);
+	tap_build_tune_ok_open(w, "/");
 	struct tap_bytes a = {0};
-	tap_build_u32(&a, 0); /* empty client-properties */
-	tap_build_shortstr(&a, "PLAIN");
-	tap_build_u32(&a, 12);
-	tap_build_raw(&a, "\0guest\0guest", 12);
-	tap_build_shortstr(&a, "en_US");
-	tap_build_method(w, 0, TAP_CONNECTION_START_OK, a.d, a.n);
-	a.n = 0;
-	tap_build_u16(&a, 2047);
-	tap_build_u32(&a, 131072);
-	tap_build_u16(&a, 60);
-	tap_build_method(w, 0, TAP_CONNECTION_TUNE_OK, a.d, a.n);
-	a.n = 0;
-	tap_build_shortstr(&a, "/");
-	tap_build_shortstr(&a, "");
-	tap_build_u8(&a, 0);
-	tap_build_method(w, 0, TAP_CONNECTION_OPEN, a.d, a.n);
-	a.n = 0;
 	tap_build_shortstr(&a, "");
 	tap_build_method(w, 1, TAP_CHANNEL_OPEN, a.d, a.n);
 	tap_build_method(w, 2, TAP_CHANNEL_OPEN, a.d, a.n);

@@ -193,13 +193,9 @@ END_TEST
 
 START_TEST(redact_amqplain)
 {
+	static const char *const pw[] = {"hunter2xyz", "second-pw"};
 	struct tap_bytes t = {0};
-	tap_build_key(&t, "LOGIN", 'S');
-	tap_build_longstr(&t, "bob", 3);
-	tap_build_key(&t, "PASSWORD", 'S');
-	tap_build_longstr(&t, "hunter2xyz", 10);
-	tap_build_key(&t, "PASSWORD", 'S');
-	tap_build_longstr(&t, "second-pw", 9);
+	tap_build_amqplain(&t, "bob", pw, 2);
 	char *s = start_ok("AMQPLAIN", t.d, t.n);
 	ck_assert_ptr_nonnull(strstr(s, "\"response\":\"<redacted 61 bytes>\""));
 	ck_assert_ptr_nonnull(strstr(s, "\"user\":\"bob\""));

@@ -86,13 +86,9 @@ END_TEST
 
 START_TEST(amqplain_every_password)
 {
+	static const char *const pw[] = {"first-pw", "second-pw"};
 	struct tap_bytes t = {0};
-	tap_build_key(&t, "LOGIN", 'S');
-	tap_build_longstr(&t, "bob", 3);
-	tap_build_key(&t, "PASSWORD", 'S');
-	tap_build_longstr(&t, "first-pw", 8);
-	tap_build_key(&t, "PASSWORD", 'S');
-	tap_build_longstr(&t, "second-pw", 9);
+	tap_build_amqplain(&t, "bob", pw, 2);
 	tap_build_key(&t, "password", 'x');
 	tap_build_longstr(&t, "third-pw", 8);
 	tap_build_key(&t, "PassWord", 'l');
@@ -162,13 +158,9 @@ END_TEST
 /* tap_redact_ranges over a whole start-ok payload: offsets from the payload start. */
 START_TEST(redact_ranges_start_ok)
 {
+	static const char *const pw[] = {"pw-one", "pw-two"};
 	struct tap_bytes t = {0};
-	tap_build_key(&t, "LOGIN", 'S');
-	tap_build_longstr(&t, "bob", 3);
-	tap_build_key(&t, "PASSWORD", 'S');
-	tap_build_longstr(&t, "pw-one", 6);
-	tap_build_key(&t, "PASSWORD", 'S');
-	tap_build_longstr(&t, "pw-two", 6);
+	tap_build_amqplain(&t, "bob", pw, 2);
 	struct tap_bytes p = {0};
 	tap_build_u32(&p, TAP_CONNECTION_START_OK);
 	tap_build_u32(&p, 0);
