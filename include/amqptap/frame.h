@@ -19,7 +19,7 @@
 #define TAP_FRAME_OVERHEAD 8             /* header + end octet: frame_max counts them */
 #define TAP_FRAME_SIZE_FUDGE 8           /* RabbitMQ's tolerance above frame_max (PROTOCOL.md §3) */
 #define TAP_FRAME_MAX_DEFAULT 131072     /* until tune-ok says otherwise */
-#define TAP_FRAME_BUFFER_UNLIMITED (16u << 20) /* buffered-payload cap when frame_max is 0 (unlimited) */
+#define TAP_FRAME_BUFFER_MAX (16u << 20) /* largest method/header payload buffered, whatever frame_max says */
 
 /* The protocol version a connection speaks, fixed by the client's protocol header (PROTOCOL.md §1; RabbitMQ's
  * rabbit_reader version_negotiation): "AMQP" 0 0 9 1 and "AMQP" 1 1 0 9 are 0-9-1; "AMQP" 1 1 8 0 and
@@ -79,9 +79,9 @@ struct tap_frame_dec {
 	uint64_t frame_offset; /* stream offset of the current frame */
 	uint64_t error_offset;
 	int error;
-	uint8_t *buf; /* payload buffer, grows up to the frame_max bound; cap <= that bound */
+	uint8_t *buf; /* payload buffer of a split method/header frame, grown as its bytes arrive; cap <= size */
 	size_t cap;
-	uint32_t payload_max; /* largest payload frame_max allows (see set_frame_max), kept with frame_max */
+	uint32_t payload_max[4]; /* largest payload by frame type 1..3 ([0] unused; see set_frame_max) */
 	enum tap_amqp_version version;
 };
 
@@ -97,8 +97,10 @@ void tap_frame_dec_set_version(struct tap_frame_dec *d, enum tap_amqp_version v)
  * "0-8 (AMQP 1 1 8 0)", "0-8 (AMQP 1 1 9 1)"); NULL (and *v untouched) for any other 8 bytes. */
 const char *tap_frame_protocol(const uint8_t hdr[8], enum tap_amqp_version *v);
 void tap_frame_dec_deinit(struct tap_frame_dec *d);
-/* From tune-ok; 0 = unlimited (bodies unbounded, buffered payloads capped at TAP_FRAME_BUFFER_UNLIMITED). A
- * frame whose payload exceeds frame_max - 8 + TAP_FRAME_SIZE_FUDGE is TAP_E_FRAME_TOO_LARGE. */
+/* From tune-ok; 0 = unlimited (bodies unbounded). A frame whose payload exceeds frame_max - 8 +
+ * TAP_FRAME_SIZE_FUDGE is TAP_E_FRAME_TOO_LARGE, and so is a method or header payload above TAP_FRAME_BUFFER_MAX
+ * whatever frame_max is: the client's tune-ok must not size the tap's memory. The buffer grows with the bytes
+ * that arrive, never ahead of them. */
 void tap_frame_dec_set_frame_max(struct tap_frame_dec *d, uint32_t frame_max);
 
 /* Consumes a prefix of buf. Returns bytes consumed (>= 0) and sets ev->kind (TAP_EV_NONE when no event

@@ -192,7 +192,7 @@ static struct span keep(struct pending *p, const uint8_t *s, size_t len)
 
 static struct tap_slice span_slice(const struct pending *p, struct span sp)
 {
-	if (p->store.oom)
+	if (p->store.oom || !p->store.data)
 		return (struct tap_slice){(const uint8_t *)"", 0};
 	return (struct tap_slice){(const uint8_t *)p->store.data + sp.off, sp.len};
 }
@@ -210,8 +210,8 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 {
 	if (p->kind == PENDING_PUBLISH) {
 		struct tap_slice keys[MAX_HEADER_KEYS];
-		size_t n = p->n_header_keys;
-		const uint8_t *kp = (const uint8_t *)p->store.data + p->header_keys_off;
+		size_t n = p->store.data ? p->n_header_keys : 0;
+		const uint8_t *kp = n ? (const uint8_t *)p->store.data + p->header_keys_off : NULL;
 		for (size_t i = 0; i < n && !p->store.oom; i++) { /* stored as u8 length + bytes */
 			keys[i] = (struct tap_slice){kp + 1, kp[0]};
 			kp += 1 + kp[0];

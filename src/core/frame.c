@@ -60,7 +60,11 @@ void tap_frame_dec_deinit(struct tap_frame_dec *d)
 void tap_frame_dec_set_frame_max(struct tap_frame_dec *d, uint32_t frame_max)
 {
 	d->frame_max = frame_max;
-	d->payload_max = frame_max == 0 ? UINT32_MAX : frame_max - TAP_FRAME_OVERHEAD + TAP_FRAME_SIZE_FUDGE;
+	uint32_t max = frame_max == 0 ? UINT32_MAX : frame_max - TAP_FRAME_OVERHEAD + TAP_FRAME_SIZE_FUDGE;
+	uint32_t buffered = max < TAP_FRAME_BUFFER_MAX ? max : TAP_FRAME_BUFFER_MAX;
+	d->payload_max[TAP_FRAME_METHOD] = buffered;
+	d->payload_max[TAP_FRAME_HEADER] = buffered;
+	d->payload_max[TAP_FRAME_BODY] = max;
 }
 
 void tap_frame_dec_set_version(struct tap_frame_dec *d, enum tap_amqp_version v)
@@ -113,9 +117,10 @@ static ssize_t fail(struct tap_frame_dec *d, int status, uint64_t offset)
 	return status;
 }
 
-static uint32_t max_payload(const struct tap_frame_dec *d)
+/* The largest payload of a frame of type 1..3. */
+static uint32_t max_payload(const struct tap_frame_dec *d, unsigned type)
 {
-	return d->payload_max;
+	return d->payload_max[type];
 }
 
 /* §4.2.3: type, channel, size; checks the type and the size bound before anything is buffered. */
@@ -137,22 +142,21 @@ static int check_header(struct tap_frame_dec *d, const uint8_t h[7])
 	default:
 		return TAP_E_BAD_FRAME_TYPE;
 	}
-	if (d->size > max_payload(d))
-		return TAP_E_FRAME_TOO_LARGE;
-	if (d->type != TAP_FRAME_BODY && d->frame_max == 0 && d->size > TAP_FRAME_BUFFER_UNLIMITED)
+	if (d->type != TAP_FRAME_HEARTBEAT && d->size > max_payload(d, d->type))
 		return TAP_E_FRAME_TOO_LARGE;
 	return TAP_OK;
 }
 
-static bool reserve(struct tap_frame_dec *d, uint32_t size)
+/* Room for `need` bytes of the current payload (need <= d->size): doubling, never past the payload size. */
+static bool reserve(struct tap_frame_dec *d, uint32_t need)
 {
-	if (size <= d->cap)
+	if (need <= d->cap)
 		return true;
 	size_t cap = d->cap ? d->cap : 512; /* only split method and header frames are collected here */
-	while (cap < size)
+	while (cap < need)
 		cap *= 2;
-	if (cap > max_payload(d))
-		cap = size;
+	if (cap > d->size)
+		cap = d->size;
 	uint8_t *p = realloc(d->buf, cap);
 	if (!p)
 		return false;
@@ -275,8 +279,6 @@ __attribute__((noinline)) static ssize_t feed_slow(struct tap_frame_dec *d, cons
 			} else if (d->size == 0) {
 				d->state = TAP_FRAME_ST_END;
 			} else {
-				if (!reserve(d, d->size))
-					return fail(d, TAP_E_NOMEM, d->frame_offset);
 				d->state = TAP_FRAME_ST_PAYLOAD;
 			}
 			break;
@@ -284,6 +286,8 @@ __attribute__((noinline)) static ssize_t feed_slow(struct tap_frame_dec *d, cons
 			size_t n = d->size - d->got;
 			if (n > avail)
 				n = avail;
+			if (!reserve(d, d->got + (uint32_t)n))
+				return fail(d, TAP_E_NOMEM, d->frame_offset);
 			memcpy(d->buf + d->got, in, n);
 			d->got += (uint32_t)n;
 			pos += n;
@@ -345,7 +349,7 @@ ssize_t tap_frame_feed(struct tap_frame_dec *d, const uint8_t *buf, size_t len, 
 		unsigned type = buf[0];
 		uint32_t size = tap_be32(buf + 3);
 		if (type - TAP_FRAME_METHOD <= TAP_FRAME_BODY - TAP_FRAME_METHOD && size <= len - TAP_FRAME_OVERHEAD &&
-		    size <= max_payload(d) && buf[TAP_FRAME_HEADER_SIZE + size] == TAP_FRAME_END) {
+		    size <= max_payload(d, type) && buf[TAP_FRAME_HEADER_SIZE + size] == TAP_FRAME_END) {
 			_Static_assert(TAP_EV_METHOD - TAP_FRAME_METHOD == 1 && TAP_EV_HEADER - TAP_FRAME_HEADER == 1 &&
 					       TAP_EV_BODY - TAP_FRAME_BODY == 1,
 				       "frame type to event kind");

@@ -335,6 +335,39 @@ START_TEST(frame_max_bound)
 }
 END_TEST
 
+/* A negotiated frame_max of 4 GB does not let a method or header frame size the decoder's buffer: above
+ * TAP_FRAME_BUFFER_MAX it is TAP_E_FRAME_TOO_LARGE, below it the buffer grows with the bytes that came, on both
+ * paths. */
+START_TEST(huge_frame_max_does_not_size_the_buffer)
+{
+	struct tap_frame_dec d;
+	unsigned ev = 0;
+	for (uint8_t type = 1; type <= 2; type++) {
+		tap_frame_dec_init(&d);
+		tap_frame_dec_set_frame_max(&d, 0xFFFFFFF0u);
+		ck_assert_int_eq(feed_all(&d, header(type, 1, TAP_FRAME_BUFFER_MAX + 1), 7, &ev), TAP_E_FRAME_TOO_LARGE);
+		tap_frame_dec_deinit(&d);
+		tap_frame_dec_init(&d);
+		tap_frame_dec_set_frame_max(&d, 0xFFFFFFF0u);
+		ck_assert_int_eq(feed_all(&d, header(type, 1, TAP_FRAME_BUFFER_MAX), 7, &ev), 0);
+		ck_assert_uint_eq(d.cap, 0);
+		ck_assert_int_eq(feed_all(&d, (const uint8_t *)"\0\x0a\0\x32\0\0", 6, &ev), 0);
+		ck_assert_uint_le(d.cap, 512);
+		tap_frame_dec_deinit(&d);
+	}
+	/* the fast path agrees: a whole method frame above the bound in one input */
+	size_t n = TAP_FRAME_OVERHEAD + TAP_FRAME_BUFFER_MAX + 1;
+	uint8_t *big = calloc(1, n);
+	memcpy(big, header(1, 1, TAP_FRAME_BUFFER_MAX + 1), 7);
+	big[n - 1] = 0xCE;
+	tap_frame_dec_init(&d);
+	tap_frame_dec_set_frame_max(&d, 0);
+	ck_assert_int_eq(feed_all(&d, big, n, &ev), TAP_E_FRAME_TOO_LARGE);
+	tap_frame_dec_deinit(&d);
+	free(big);
+}
+END_TEST
+
 /* size 0xFFFFFFFF: an error, or (bodies, frame_max 0) waiting without buffering anything. */
 START_TEST(size_ffffffff)
 {
@@ -532,6 +565,7 @@ int main(void)
 	tcase_add_test(tc, bad_end_octet);
 	tcase_add_test(tc, frame_max_bound);
 	tcase_add_test(tc, size_ffffffff);
+	tcase_add_test(tc, huge_frame_max_does_not_size_the_buffer);
 	tcase_add_test(tc, bad_type_and_heartbeat);
 	tcase_add_test(tc, body_slices_point_into_input);
 	tcase_add_test(tc, fast_path_matches_slow_path);
