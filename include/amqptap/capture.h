@@ -24,6 +24,11 @@
 #define TAP_CAPTURE_MAX_BLOCK (16u << 20)
 #define TAP_CAPTURE_MAX_OOO_BYTES (4u << 20)
 #define TAP_CAPTURE_MAX_OOO_SEGS 4096u
+/* Stream limits (tap_capture_set_limits): an open stream that carries nothing for this long in capture time is
+ * closed (an AMQP connection with the default 60 s heartbeat sends a frame at least every 30 s); at most this
+ * many open streams, and as many closed ones remembered to drop their late packets. */
+#define TAP_CAPTURE_IDLE_US_DEFAULT (600 * 1000000LL)
+#define TAP_CAPTURE_MAX_STREAMS_DEFAULT 65536u
 
 /* How a stream ended. */
 enum tap_capture_end {
@@ -33,6 +38,8 @@ enum tap_capture_end {
 	TAP_CAPTURE_END_CLIENT_RST,  /* a RST before any FIN */
 	TAP_CAPTURE_END_SERVER_RST,
 	TAP_CAPTURE_END_CAPTURE,     /* still open at the end of the capture (or at a read error) */
+	TAP_CAPTURE_END_IDLE,        /* nothing for the idle time: neither FIN nor RST was seen */
+	TAP_CAPTURE_END_LIMIT,       /* the least recently active open stream when a new one exceeded the limit */
 };
 
 /* Callbacks of tap_capture_run; any may be NULL. `ctx` is passed to each, `user` is what open returned for the
@@ -64,6 +71,8 @@ struct tap_capture_stats {
 	uint64_t out_of_order;  /* segments buffered ahead of a hole */
 	uint64_t gaps;          /* holes given up on */
 	uint64_t file_bytes;    /* bytes of the file consumed */
+	uint64_t idle_closed;   /* streams ended with TAP_CAPTURE_END_IDLE */
+	uint64_t evicted;       /* streams ended with TAP_CAPTURE_END_LIMIT */
 };
 
 struct tap_capture;
@@ -75,11 +84,13 @@ int tap_capture_open(struct tap_capture **c, const char *path, char *err, size_t
 int tap_capture_open_mem(struct tap_capture **c, const void *data, size_t len, const char *name, char *err,
 			 size_t cap);
 void tap_capture_free(struct tap_capture *c);
+/* Sets the idle time (µs of capture time) and the stream limit; 0 takes the default. Call before tap_capture_run. */
+void tap_capture_set_limits(struct tap_capture *c, int64_t idle_us, size_t max_streams);
 
 /* Reads the whole capture, reassembling the TCP streams whose server port is `port` (the side with that port is
  * the broker; when both have it, the side that received the SYN, else the destination of the first segment).
  * Out-of-order segments are buffered (bounded), retransmissions and overlaps dropped. Streams end at RST, at the
- * second FIN, or at the end of the capture. Returns 0, or a negative status (TAP_E_BAD_CAPTURE with the file
+ * second FIN, when idle or over the limit (tap_capture_set_limits), or at the end of the capture. Returns 0, or a negative status (TAP_E_BAD_CAPTURE with the file
  * offset in err, TAP_E_IO, TAP_E_NOMEM) after delivering everything before the fault and closing every open
  * stream. Call once per tap_capture. */
 int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_capture_cb *cb, char *err, size_t cap);

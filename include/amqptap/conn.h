@@ -16,10 +16,15 @@
 #include <stdint.h>
 
 /* Receives the plaintext stream of every connection (for the pcapng
- * capture) with secrets overwritten in place (same lengths; see redact.h).
- * Client bytes inside an unfinished channel-0 method frame are held back
- * until the frame is complete, so a secret split across reads is still
- * covered; everything else is passed on in the call that saw it. */
+ * capture) with secrets overwritten in place by TAP_REDACT_FILL (same
+ * lengths; see redact.h). Client bytes inside an unfinished method frame
+ * are held back until the frame is complete, so a secret split across reads
+ * is still covered; everything else is passed on in the call that saw it.
+ * Client bytes the tap did not decode are never passed on as they are: a
+ * method frame that does not decode is overwritten whole when it is on
+ * channel 0 or comes before the login finished, every byte after a
+ * client-side decode error is overwritten, and so is a frame left unfinished
+ * when the connection ends. */
 struct tap_capture_sink {
 	void *ctx;
 	void *(*open)(void *ctx, uint64_t conn, const char *client, const char *server, int64_t ts_us);

@@ -21,6 +21,7 @@
 	X(TAP_E_DECODER_STOPPED, -0x000C, "decoder stopped after an earlier error")     \
 	X(TAP_E_BAD_HEARTBEAT, -0x0010, "heartbeat frame not on channel 0 or not empty") \
 	X(TAP_E_BAD_PROPERTY_FLAGS, -0x0011, "unknown content property flag set")       \
+	X(TAP_E_BODY_TOO_LONG, -0x0012, "content body longer than its header announced") \
 	/* -0x01xx: I/O and resources */                                               \
 	X(TAP_E_NOMEM, -0x0101, "out of memory")                                        \
 	X(TAP_E_IO, -0x0102, "input/output error")                                      \

@@ -46,7 +46,8 @@ void tap_array_it_init(struct tap_table_it *it, const uint8_t *p, size_t len);
 /* 1 and fills f, 0 at the end, or a negative status (the iterator then stays at the bad field). Nested
  * tables and arrays are returned as slices, not validated: validate first when the input is untrusted. */
 int tap_table_next(struct tap_table_it *it, struct tap_field *f);
-/* Finds the first field called name in a table; false if absent or the table is malformed before it. */
+/* Finds the first field called name in a table and fills f; false if absent or the table is malformed before it,
+ * and then f is all zero (type 0, ptr NULL): nothing of another field is left in it. */
 bool tap_table_find(const uint8_t *p, size_t len, const char *name, struct tap_field *f);
 
 /* Writes the table as a JSON object in which every value is a one-key object naming its type letter:

@@ -4,10 +4,12 @@
 #include "amqptap/capture.h"
 
 #include "amqptap/status.h"
+#include "rd.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,15 +74,30 @@ struct half {
 	size_t bytes;
 };
 
+/* A stream stays in the table after it closed (so late packets of it are recognised and dropped) until it has
+ * been closed for the idle time or the closed ones exceed max_streams; an open stream that carried nothing for
+ * the idle time, or the least recently active one when a new stream would exceed max_streams, is closed
+ * (TAP_CAPTURE_END_IDLE, _LIMIT) and dropped at once, so a later packet of it starts a mid-stream stream. */
 struct stream {
 	struct stream_key key;
 	uint64_t id;
 	void *user;
 	bool closed;
-	int first_fin; /* -1: none yet; 1 client, 0 server */
-	struct half h[2]; /* [1] client->server, [0] server->client */
-	struct stream *hnext;            /* hash chain */
-	struct stream *prev_open, *next_open; /* open streams in creation order */
+	bool fin_seen;
+	enum tap_dir first_fin; /* the direction of the first FIN, once fin_seen */
+	struct half h[TAP_DIR_COUNT];
+	int64_t last_ts; /* capture time of its last packet, or of its close once closed */
+	struct stream *hnext;  /* hash chain */
+	struct stream_link {
+		struct stream *prev, *next;
+	} by_start, by_age; /* open streams in creation order; open streams by last packet, or closed ones by close */
+};
+
+/* A list of streams through one of their links (the link's offset in struct stream), oldest first. */
+struct stream_list {
+	struct stream *head, *tail;
+	size_t n;
+	size_t link;
 };
 
 struct tap_capture {
@@ -106,7 +123,10 @@ struct tap_capture {
 	const struct tap_capture_cb *cb;
 	struct stream **tab;
 	size_t tab_size, n_streams;
-	struct stream *open_head, *open_tail;
+	struct stream_list open;       /* by_start */
+	struct stream_list live, dead; /* by_age: open streams by activity; closed ones kept for their late packets */
+	int64_t idle_us;
+	size_t max_streams;
 	struct tap_capture_stats st;
 };
 
@@ -149,16 +169,6 @@ static uint16_t rd16(const struct tap_capture *c, const uint8_t *p)
 	uint16_t v;
 	memcpy(&v, p, 2);
 	return c->swap ? __builtin_bswap16(v) : v;
-}
-
-static uint16_t be16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static uint32_t be32(const uint8_t *p)
-{
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
 static bool blk_reserve(struct tap_capture *c, size_t n)
@@ -219,6 +229,38 @@ static bool tab_grow(struct tap_capture *c)
 	return true;
 }
 
+static struct stream_link *link_of(const struct stream_list *l, struct stream *s)
+{
+	return (struct stream_link *)((char *)s + l->link);
+}
+
+static void list_unlink(struct stream_list *l, struct stream *s)
+{
+	struct stream_link *k = link_of(l, s);
+	if (k->prev)
+		link_of(l, k->prev)->next = k->next;
+	else
+		l->head = k->next;
+	if (k->next)
+		link_of(l, k->next)->prev = k->prev;
+	else
+		l->tail = k->prev;
+	*k = (struct stream_link){NULL, NULL};
+	l->n--;
+}
+
+static void list_append(struct stream_list *l, struct stream *s)
+{
+	struct stream_link *k = link_of(l, s);
+	*k = (struct stream_link){l->tail, NULL};
+	if (l->tail)
+		link_of(l, l->tail)->next = s;
+	else
+		l->head = s;
+	l->tail = s;
+	l->n++;
+}
+
 static void half_clear(struct half *h)
 {
 	for (size_t i = 0; i < h->n; i++)
@@ -235,25 +277,64 @@ static void addr_text(char out[64], bool v6, const uint8_t *addr, uint16_t port)
 	snprintf(out, 64, v6 ? "[%s]:%u" : "%s:%u", ip, port);
 }
 
+static enum tap_capture_end fin_end(const struct stream *s)
+{
+	return s->first_fin == TAP_C2S ? TAP_CAPTURE_END_CLIENT_FIN : TAP_CAPTURE_END_SERVER_FIN;
+}
+
 static void stream_close(struct tap_capture *c, struct stream *s, enum tap_capture_end how, int64_t ts)
 {
 	if (s->closed)
 		return;
 	s->closed = true;
+	s->last_ts = ts;
+	list_unlink(&c->live, s);
+	list_append(&c->dead, s);
 	if (c->cb->close)
 		c->cb->close(c->cb->ctx, s->user, how, ts);
 	s->user = NULL;
-	half_clear(&s->h[0]);
-	half_clear(&s->h[1]);
-	if (s->prev_open)
-		s->prev_open->next_open = s->next_open;
-	else
-		c->open_head = s->next_open;
-	if (s->next_open)
-		s->next_open->prev_open = s->prev_open;
-	else
-		c->open_tail = s->prev_open;
-	s->prev_open = s->next_open = NULL;
+	half_clear(&s->h[TAP_S2C]);
+	half_clear(&s->h[TAP_C2S]);
+	list_unlink(&c->open, s);
+}
+
+/* Takes a closed stream out of the table and frees it. */
+static void stream_free(struct tap_capture *c, struct stream *s)
+{
+	struct stream **pp = &c->tab[key_hash(&s->key, c->tab_size)];
+	while (*pp != s)
+		pp = &(*pp)->hnext;
+	*pp = s->hnext;
+	list_unlink(&c->dead, s);
+	c->n_streams--;
+	free(s);
+}
+
+/* Closes and frees streams idle for idle_us at capture time ts, and closed ones kept as long. */
+static void expire(struct tap_capture *c, int64_t ts)
+{
+	struct stream *s;
+	while ((s = c->live.head) && ts - s->last_ts >= c->idle_us) {
+		c->st.idle_closed++;
+		stream_close(c, s, TAP_CAPTURE_END_IDLE, ts);
+		stream_free(c, s);
+	}
+	while ((s = c->dead.head) && ts - s->last_ts >= c->idle_us)
+		stream_free(c, s);
+}
+
+/* Room for one more stream under max_streams: the oldest closed one is forgotten, else the least recently active
+ * open one is closed. */
+static void make_room(struct tap_capture *c, int64_t ts)
+{
+	while (c->dead.n > 0 && c->dead.n + c->live.n >= c->max_streams)
+		stream_free(c, c->dead.head);
+	while (c->live.n > 0 && c->live.n >= c->max_streams) {
+		struct stream *s = c->live.head;
+		c->st.evicted++;
+		stream_close(c, s, TAP_CAPTURE_END_LIMIT, ts);
+		stream_free(c, s);
+	}
 }
 
 /* A new stream in place of a closed one with the same key, or a fresh one. */
@@ -262,6 +343,7 @@ static struct stream *stream_open(struct tap_capture *c, struct stream *old, con
 {
 	struct stream *s = old;
 	if (!s) {
+		make_room(c, ts);
 		if (c->n_streams >= c->tab_size && !tab_grow(c))
 			return NULL;
 		s = calloc(1, sizeof *s);
@@ -273,19 +355,16 @@ static struct stream *stream_open(struct tap_capture *c, struct stream *old, con
 		c->tab[h] = s;
 		c->n_streams++;
 	} else {
+		list_unlink(&c->dead, s);
 		struct stream *hnext = s->hnext;
 		memset(s, 0, sizeof *s);
 		s->key = *k;
 		s->hnext = hnext;
 	}
-	s->first_fin = -1;
+	s->last_ts = ts;
+	list_append(&c->live, s);
+	list_append(&c->open, s);
 	s->id = ++c->st.streams;
-	s->prev_open = c->open_tail;
-	if (c->open_tail)
-		c->open_tail->next_open = s;
-	else
-		c->open_head = s;
-	c->open_tail = s;
 	if (c->cb->open) {
 		char client[64], server[64];
 		addr_text(client, k->v6, k->client, k->cport);
@@ -295,26 +374,29 @@ static struct stream *stream_open(struct tap_capture *c, struct stream *old, con
 	return s;
 }
 
-static void emit(struct tap_capture *c, struct stream *s, int dir, const uint8_t *data, size_t len, int64_t ts)
+static void emit(struct tap_capture *c, struct stream *s, enum tap_dir dir, const uint8_t *data, size_t len,
+		 int64_t ts)
 {
 	struct half *h = &s->h[dir];
 	h->next += (uint32_t)len;
 	c->st.bytes += len;
 	if (len && c->cb->data)
-		c->cb->data(c->cb->ctx, s->user, dir == 1 ? TAP_C2S : TAP_S2C, data, len, ts);
+		c->cb->data(c->cb->ctx, s->user, dir, data, len, ts);
 }
 
-static void reach_fin(struct stream *s, int dir)
+static void reach_fin(struct stream *s, enum tap_dir dir)
 {
 	struct half *h = &s->h[dir];
 	h->fin_done = true;
 	h->next++;
-	if (s->first_fin < 0)
+	if (!s->fin_seen) {
+		s->fin_seen = true;
 		s->first_fin = dir;
+	}
 }
 
 /* Delivers [seq, seq+len) (+FIN) if it starts at or before `next`; returns false when it lies ahead. */
-static bool deliver_inorder(struct tap_capture *c, struct stream *s, int dir, uint32_t seq, const uint8_t *data,
+static bool deliver_inorder(struct tap_capture *c, struct stream *s, enum tap_dir dir, uint32_t seq, const uint8_t *data,
 			    size_t len, bool fin, int64_t ts)
 {
 	struct half *h = &s->h[dir];
@@ -340,7 +422,7 @@ static bool deliver_inorder(struct tap_capture *c, struct stream *s, int dir, ui
 	return true;
 }
 
-static void drain(struct tap_capture *c, struct stream *s, int dir, int64_t ts)
+static void drain(struct tap_capture *c, struct stream *s, enum tap_dir dir, int64_t ts)
 {
 	struct half *h = &s->h[dir];
 	while (h->n > 0 && !h->fin_done && !s->closed) {
@@ -356,18 +438,18 @@ static void drain(struct tap_capture *c, struct stream *s, int dir, int64_t ts)
 }
 
 /* Gives up on the hole before the first buffered segment. */
-static void skip_hole(struct tap_capture *c, struct stream *s, int dir, int64_t ts)
+static void skip_hole(struct tap_capture *c, struct stream *s, enum tap_dir dir, int64_t ts)
 {
 	struct half *h = &s->h[dir];
 	uint32_t missing = h->segs[0].seq - h->next;
 	c->st.gaps++;
 	h->next = h->segs[0].seq;
 	if (c->cb->gap)
-		c->cb->gap(c->cb->ctx, s->user, dir == 1 ? TAP_C2S : TAP_S2C, missing, ts);
+		c->cb->gap(c->cb->ctx, s->user, dir, missing, ts);
 	drain(c, s, dir, ts);
 }
 
-static int buffer_ahead(struct tap_capture *c, struct stream *s, int dir, uint32_t seq, const uint8_t *data,
+static int buffer_ahead(struct tap_capture *c, struct stream *s, enum tap_dir dir, uint32_t seq, const uint8_t *data,
 			size_t len, bool fin, int64_t ts)
 {
 	struct half *h = &s->h[dir];
@@ -385,7 +467,7 @@ static int buffer_ahead(struct tap_capture *c, struct stream *s, int dir, uint32
 		uint32_t missing = seq - h->next;
 		h->next = seq;
 		if (c->cb->gap)
-			c->cb->gap(c->cb->ctx, s->user, dir == 1 ? TAP_C2S : TAP_S2C, missing, ts);
+			c->cb->gap(c->cb->ctx, s->user, dir, missing, ts);
 		deliver_inorder(c, s, dir, seq, data, len, fin, ts);
 		return TAP_OK;
 	}
@@ -427,7 +509,7 @@ static int on_segment(struct tap_capture *c, const struct segment *g, int64_t ts
 		return TAP_OK;
 	c->st.tcp_packets++;
 	bool syn_only = (g->flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
-	int dir;
+	enum tap_dir dir;
 	struct stream *s = NULL;
 	/* c2s orientation: sender is the client. */
 	struct stream_key kc = k, ks = k;
@@ -441,20 +523,20 @@ static int on_segment(struct tap_capture *c, const struct segment *g, int64_t ts
 	ks.sport = g->sport;
 	if (to_server && from_server) {
 		if ((s = stream_find(c, &kc)) != NULL)
-			dir = 1;
+			dir = TAP_C2S;
 		else if ((s = stream_find(c, &ks)) != NULL)
-			dir = 0;
+			dir = TAP_S2C;
 		else
-			dir = 1;
+			dir = TAP_C2S;
 	} else {
-		dir = to_server ? 1 : 0;
-		s = stream_find(c, dir ? &kc : &ks);
+		dir = to_server ? TAP_C2S : TAP_S2C;
+		s = stream_find(c, dir == TAP_C2S ? &kc : &ks);
 	}
-	const struct stream_key *key = dir ? &kc : &ks;
+	const struct stream_key *key = dir == TAP_C2S ? &kc : &ks;
 
 	if (!s || s->closed) {
 		bool handshake = (g->flags & TCP_SYN) != 0;
-		if (syn_only && dir == 0 && !(to_server && from_server))
+		if (syn_only && dir == TAP_S2C && !(to_server && from_server))
 			return TAP_OK; /* a SYN from the broker port: not a connection to the broker */
 		if (!handshake && (g->len == 0 || (g->flags & TCP_RST)))
 			return TAP_OK; /* teardown or keepalive of a stream we never saw: nothing to deliver */
@@ -463,6 +545,10 @@ static int on_segment(struct tap_capture *c, const struct segment *g, int64_t ts
 		s = stream_open(c, s, key, !handshake, ts);
 		if (!s)
 			return TAP_E_NOMEM;
+	} else {
+		s->last_ts = ts;
+		list_unlink(&c->live, s);
+		list_append(&c->live, s);
 	}
 	struct half *h = &s->h[dir];
 	uint32_t seq = g->seq;
@@ -472,9 +558,10 @@ static int on_segment(struct tap_capture *c, const struct segment *g, int64_t ts
 			h->next = seq + 1;
 		}
 		seq++;
-		if ((g->flags & TCP_ACK) && !s->h[!dir].init) {
-			s->h[!dir].init = true;
-			s->h[!dir].next = g->ack;
+		struct half *back = &s->h[tap_dir_reverse(dir)];
+		if ((g->flags & TCP_ACK) && !back->init) {
+			back->init = true;
+			back->next = g->ack;
 		}
 	}
 	if (!h->init) {
@@ -483,9 +570,9 @@ static int on_segment(struct tap_capture *c, const struct segment *g, int64_t ts
 	}
 	if (g->flags & TCP_RST) {
 		drain(c, s, dir, ts);
-		enum tap_capture_end how = dir ? TAP_CAPTURE_END_CLIENT_RST : TAP_CAPTURE_END_SERVER_RST;
-		if (s->first_fin >= 0) /* a reset answering a FIN: the FIN ended the connection */
-			how = s->first_fin ? TAP_CAPTURE_END_CLIENT_FIN : TAP_CAPTURE_END_SERVER_FIN;
+		enum tap_capture_end how = dir == TAP_C2S ? TAP_CAPTURE_END_CLIENT_RST : TAP_CAPTURE_END_SERVER_RST;
+		if (s->fin_seen) /* a reset answering a FIN: the FIN ended the connection */
+			how = fin_end(s);
 		stream_close(c, s, how, ts);
 		return TAP_OK;
 	}
@@ -499,8 +586,8 @@ static int on_segment(struct tap_capture *c, const struct segment *g, int64_t ts
 		if (rc < 0)
 			return rc;
 	}
-	if (s->h[0].fin_done && s->h[1].fin_done)
-		stream_close(c, s, s->first_fin == 1 ? TAP_CAPTURE_END_CLIENT_FIN : TAP_CAPTURE_END_SERVER_FIN, ts);
+	if (s->h[TAP_S2C].fin_done && s->h[TAP_C2S].fin_done)
+		stream_close(c, s, fin_end(s), ts);
 	return TAP_OK;
 }
 
@@ -513,10 +600,10 @@ static bool parse_tcp(struct segment *g, const uint8_t *p, size_t len)
 	size_t doff = (size_t)(p[12] >> 4) * 4;
 	if (doff < 20 || doff > len)
 		return false;
-	g->sport = be16(p);
-	g->dport = be16(p + 2);
-	g->seq = be32(p + 4);
-	g->ack = be32(p + 8);
+	g->sport = tap_be16(p);
+	g->dport = tap_be16(p + 2);
+	g->seq = tap_be32(p + 4);
+	g->ack = tap_be32(p + 8);
 	g->flags = p[13];
 	g->payload = p + doff;
 	g->len = len - doff;
@@ -529,10 +616,10 @@ static bool parse_ipv4(struct segment *g, const uint8_t *p, size_t len)
 	if (len < 20 || (p[0] >> 4) != 4)
 		return false;
 	size_t ihl = (size_t)(p[0] & 0x0F) * 4;
-	size_t total = be16(p + 2);
+	size_t total = tap_be16(p + 2);
 	if (ihl < 20 || total < ihl || total > len)
 		return false;
-	if ((be16(p + 6) & 0x3FFF) != 0 || p[9] != 6)
+	if ((tap_be16(p + 6) & 0x3FFF) != 0 || p[9] != 6)
 		return false;
 	g->v6 = false;
 	memcpy(g->src, p + 12, 4);
@@ -545,7 +632,7 @@ static bool parse_ipv6(struct segment *g, const uint8_t *p, size_t len)
 {
 	if (len < 40 || (p[0] >> 4) != 6)
 		return false;
-	size_t plen = be16(p + 4);
+	size_t plen = tap_be16(p + 4);
 	if (plen == 0 || 40 + plen > len)
 		return false;
 	uint8_t nh = p[6];
@@ -598,12 +685,12 @@ static bool parse_link(struct segment *g, uint32_t linktype, const uint8_t *p, s
 		if (len < 14)
 			return false;
 		size_t off = 12;
-		uint16_t type = be16(p + off);
+		uint16_t type = tap_be16(p + off);
 		while (type == 0x8100 || type == 0x88A8 || type == 0x9100) { /* 802.1Q / 802.1ad tags */
 			off += 4;
 			if (off + 2 > len)
 				return false;
-			type = be16(p + off);
+			type = tap_be16(p + off);
 		}
 		return parse_ethertype(g, type, p + off + 2, len - off - 2);
 	}
@@ -615,9 +702,9 @@ static bool parse_link(struct segment *g, uint32_t linktype, const uint8_t *p, s
 	case TAP_CAPTURE_LINK_LOOP: /* 4-byte address family, in either byte order: the IP version tells */
 		return len >= 4 && parse_ip(g, p + 4, len - 4);
 	case TAP_CAPTURE_LINK_LINUX_SLL:
-		return len >= 16 && parse_ethertype(g, be16(p + 14), p + 16, len - 16);
+		return len >= 16 && parse_ethertype(g, tap_be16(p + 14), p + 16, len - 16);
 	case TAP_CAPTURE_LINK_LINUX_SLL2:
-		return len >= 20 && parse_ethertype(g, be16(p), p + 20, len - 20);
+		return len >= 20 && parse_ethertype(g, tap_be16(p), p + 20, len - 20);
 	default:
 		return false;
 	}
@@ -629,6 +716,7 @@ static int on_packet(struct tap_capture *c, uint32_t linktype, int64_t ts, const
 	c->last_ts = ts;
 	if (c->cb->packet)
 		c->cb->packet(c->cb->ctx, ts);
+	expire(c, ts);
 	struct segment g;
 	if (!parse_link(&g, linktype, p, caplen)) {
 		c->st.skipped++;
@@ -897,6 +985,10 @@ static int capture_new(struct tap_capture **out, const char *name)
 		free(c);
 		return TAP_E_NOMEM;
 	}
+	tap_capture_set_limits(c, 0, 0);
+	c->open.link = offsetof(struct stream, by_start);
+	c->live.link = offsetof(struct stream, by_age);
+	c->dead.link = offsetof(struct stream, by_age);
 	*out = c;
 	return TAP_OK;
 }
@@ -949,8 +1041,8 @@ void tap_capture_free(struct tap_capture *c)
 		struct stream *s = c->tab[i];
 		while (s) {
 			struct stream *next = s->hnext;
-			half_clear(&s->h[0]);
-			half_clear(&s->h[1]);
+			half_clear(&s->h[TAP_S2C]);
+			half_clear(&s->h[TAP_C2S]);
 			free(s);
 			s = next;
 		}
@@ -975,14 +1067,18 @@ int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_captu
 	int rc = c->fmt == FMT_PCAP ? pcap_run(c, err, cap) : pcapng_run(c, err, cap);
 	if (rc == TAP_OK && c->f && ferror(c->f))
 		rc = fail(err, cap, TAP_E_IO, "%s: read error at offset %" PRIu64, c->name, c->off);
-	while (c->open_head) {
-		struct stream *s = c->open_head;
-		enum tap_capture_end how = TAP_CAPTURE_END_CAPTURE;
-		if (s->first_fin >= 0)
-			how = s->first_fin ? TAP_CAPTURE_END_CLIENT_FIN : TAP_CAPTURE_END_SERVER_FIN;
+	while (c->open.head) {
+		struct stream *s = c->open.head;
+		enum tap_capture_end how = s->fin_seen ? fin_end(s) : TAP_CAPTURE_END_CAPTURE;
 		stream_close(c, s, how, c->last_ts);
 	}
 	return rc;
+}
+
+void tap_capture_set_limits(struct tap_capture *c, int64_t idle_us, size_t max_streams)
+{
+	c->idle_us = idle_us > 0 ? idle_us : TAP_CAPTURE_IDLE_US_DEFAULT;
+	c->max_streams = max_streams > 0 ? max_streams : TAP_CAPTURE_MAX_STREAMS_DEFAULT;
 }
 
 void tap_capture_get_stats(const struct tap_capture *c, struct tap_capture_stats *s)

@@ -3,10 +3,12 @@
  * and turn methods into tracker events and frame-trace lines. */
 #include "amqptap/conn.h"
 
+#include "amqptap/dialect.h"
 #include "amqptap/frame.h"
 #include "amqptap/frames.h"
 #include "amqptap/props.h"
 #include "amqptap/redact.h"
+#include "amqptap/sasl.h"
 #include "amqptap/spec.h"
 #include "amqptap/status.h"
 #include "amqptap/table.h"
@@ -21,6 +23,7 @@ enum pending_kind { PENDING_NONE, PENDING_PUBLISH, PENDING_RETURN };
  * because the decoder's buffers are only valid until the next feed. */
 struct pending {
 	enum pending_kind kind;
+	bool ended; /* a content just ended here: the next frame on the channel must be a method */
 	bool have_header;
 	bool mandatory;
 	uint16_t reply_code;
@@ -45,7 +48,8 @@ struct channel {
 struct direction {
 	struct tap_frame_dec dec;
 	bool stopped;
-	uint64_t fed; /* bytes fed so far: the stream offset of the next chunk */
+	uint64_t fed;     /* bytes fed so far: the stream offset of the next chunk */
+	uint64_t decoded; /* the stream offset after the last whole frame decoded */
 	struct tap_buf body_prefix; /* first body_bytes of the current body frame, for the trace */
 };
 
@@ -61,11 +65,12 @@ struct tap_conn {
 	size_t last_chan;
 	char vhost[256];
 	size_t vhost_len;
+	bool login_done; /* the client's tune-ok or connection.open was decoded: no SASL exchange can follow */
 	/* capture copy of the client stream: held bytes start at held_offset */
 	void *capture;
 	struct tap_buf held;
 	uint64_t held_offset;
-	struct tap_range redact[4]; /* stream offsets found while decoding the current chunk */
+	struct tap_range redact[8]; /* stream offsets found while decoding the current chunk */
 	size_t n_redact;
 };
 
@@ -99,9 +104,9 @@ struct tap_conn *tap_conn_new(struct tap_observer *o, uint64_t id, const char *c
 		free(c);
 		return NULL;
 	}
-	tap_frame_dec_init(&c->dir[0].dec);
-	tap_frame_dec_init_client(&c->dir[1].dec);
-	for (int d = 0; d < 2; d++)
+	tap_frame_dec_init(&c->dir[TAP_S2C].dec);
+	tap_frame_dec_init_client(&c->dir[TAP_C2S].dec);
+	for (int d = 0; d < TAP_DIR_COUNT; d++)
 		tap_buf_init(&c->dir[d].body_prefix);
 	tap_buf_init(&c->held);
 	if (o->capture && o->capture->open)
@@ -122,22 +127,24 @@ void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 	if (!c)
 		return;
 	for (size_t i = 0; i < c->n_chans; i++)
-		if (c->chans[i].dir[1].kind == PENDING_PUBLISH)
-			pending_cut(c, c->chans[i].number, &c->chans[i].dir[1], now_us);
+		if (c->chans[i].dir[TAP_C2S].kind == PENDING_PUBLISH)
+			pending_cut(c, c->chans[i].number, &c->chans[i].dir[TAP_C2S], now_us);
 	tap_track_conn_end(c->tc, reason_by, now_us);
 	const struct tap_capture_sink *cap = c->o->capture;
 	if (c->capture) {
-		if (c->held.len) /* an unfinished frame: pass it on as it is, it holds no complete secret */
-			cap->data(cap->ctx, c->capture, true, (const uint8_t *)c->held.data, c->held.len, now_us);
+		if (c->held.len) { /* an unfinished method frame: it may hold all of a password but its end octet */
+			memset(c->held.data, TAP_REDACT_FILL, c->held.len);
+			cap->data(cap->ctx, c->capture, TAP_C2S, (const uint8_t *)c->held.data, c->held.len, now_us);
+		}
 		cap->close(cap->ctx, c->capture, now_us);
 	}
 	tap_buf_deinit(&c->held);
-	for (int d = 0; d < 2; d++) {
+	for (int d = 0; d < TAP_DIR_COUNT; d++) {
 		tap_frame_dec_deinit(&c->dir[d].dec);
 		tap_buf_deinit(&c->dir[d].body_prefix);
 	}
 	for (size_t i = 0; i < c->n_chans; i++)
-		for (int d = 0; d < 2; d++)
+		for (int d = 0; d < TAP_DIR_COUNT; d++)
 			tap_buf_deinit(&c->chans[i].dir[d].store);
 	free(c->chans);
 	free(c);
@@ -165,8 +172,8 @@ static struct channel *channel_get(struct tap_conn *c, uint16_t number)
 	struct channel *ch = &c->chans[c->n_chans];
 	memset(ch, 0, sizeof *ch);
 	ch->number = number;
-	tap_buf_init(&ch->dir[0].store);
-	tap_buf_init(&ch->dir[1].store);
+	tap_buf_init(&ch->dir[TAP_S2C].store);
+	tap_buf_init(&ch->dir[TAP_C2S].store);
 	c->last_chan = c->n_chans++;
 	return ch;
 }
@@ -185,7 +192,7 @@ static struct span keep(struct pending *p, const uint8_t *s, size_t len)
 
 static struct tap_slice span_slice(const struct pending *p, struct span sp)
 {
-	if (p->store.oom)
+	if (p->store.oom || !p->store.data)
 		return (struct tap_slice){(const uint8_t *)"", 0};
 	return (struct tap_slice){(const uint8_t *)p->store.data + sp.off, sp.len};
 }
@@ -203,8 +210,8 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 {
 	if (p->kind == PENDING_PUBLISH) {
 		struct tap_slice keys[MAX_HEADER_KEYS];
-		size_t n = p->n_header_keys;
-		const uint8_t *kp = (const uint8_t *)p->store.data + p->header_keys_off;
+		size_t n = p->store.data ? p->n_header_keys : 0;
+		const uint8_t *kp = n ? (const uint8_t *)p->store.data + p->header_keys_off : NULL;
 		for (size_t i = 0; i < n && !p->store.oom; i++) { /* stored as u8 length + bytes */
 			keys[i] = (struct tap_slice){kp + 1, kp[0]};
 			kp += 1 + kp[0];
@@ -242,6 +249,7 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 		tap_track_return(c->tc, channel, &r, now_us);
 	}
 	pending_reset(p, PENDING_NONE);
+	p->ended = true;
 }
 
 /* Content that will never be finished (another method on its channel, or
@@ -303,40 +311,56 @@ static void on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_fra
 		pending_complete(c, ev->channel, p, now_us);
 }
 
-static void on_body(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int64_t now_us)
+/* Body frames until body-size is reached (PROTOCOL.md §4). More body is TAP_E_BODY_TOO_LONG, as RabbitMQ
+ * 3.10 treats it (checked against the broker): a frame that crosses the size leaves the content unfinished for
+ * good (the broker waits for more body and closes the connection with 505 UNEXPECTED_FRAME at the next other
+ * frame on that channel), so the publish stays unfinished and is cut when the connection ends; a body frame after
+ * the content ended is itself that 505. */
+static int on_body(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int64_t now_us)
 {
 	struct channel *ch = channel_get(c, ev->channel);
 	if (!ch)
-		return;
+		return TAP_OK;
 	struct pending *p = &ch->dir[dir];
-	if (p->kind == PENDING_NONE || !p->have_header)
-		return;
+	if (p->kind == PENDING_NONE)
+		return p->ended ? TAP_E_BODY_TOO_LONG : TAP_OK;
+	if (!p->have_header)
+		return TAP_OK;
 	p->body_got += ev->len;
-	if (ev->frame_end && p->body_got >= p->body_size)
+	if (p->body_got > p->body_size)
+		return TAP_E_BODY_TOO_LONG;
+	if (ev->frame_end && p->body_got == p->body_size)
 		pending_complete(c, ev->channel, p, now_us);
+	return TAP_OK;
 }
 
 static void set_frame_max(struct tap_conn *c, uint32_t frame_max)
 {
-	tap_frame_dec_set_frame_max(&c->dir[0].dec, frame_max);
-	tap_frame_dec_set_frame_max(&c->dir[1].dec, frame_max);
+	tap_frame_dec_set_frame_max(&c->dir[TAP_S2C].dec, frame_max);
+	tap_frame_dec_set_frame_max(&c->dir[TAP_C2S].dec, frame_max);
+}
+
+/* A client property that is a string (S, or x as RabbitMQ's clients never send it); empty otherwise. */
+static struct tap_slice client_prop(struct tap_slice props, const char *key)
+{
+	struct tap_field f;
+	if (!tap_table_find(props.ptr, props.len, key, &f) || (f.type != 'S' && f.type != 'x'))
+		return (struct tap_slice){NULL, 0};
+	return (struct tap_slice){f.ptr, f.len};
 }
 
 static void on_start_ok(struct tap_conn *c, const struct tap_method *m)
 {
 	struct tap_slice props = arg_slice(m, TAP_ARG_CONNECTION_START_OK_CLIENT_PROPERTIES);
-	struct tap_field product = {0}, version = {0}, platform = {0};
-	tap_table_find(props.ptr, props.len, "product", &product);
-	tap_table_find(props.ptr, props.len, "version", &version);
-	tap_table_find(props.ptr, props.len, "platform", &platform);
-	tap_track_conn_client_props(c->tc, (struct tap_slice){product.ptr, product.ptr ? product.len : 0},
-				    (struct tap_slice){version.ptr, version.ptr ? version.len : 0},
-				    (struct tap_slice){platform.ptr, platform.ptr ? platform.len : 0});
-	struct tap_slice mech = arg_slice(m, TAP_ARG_CONNECTION_START_OK_MECHANISM);
-	struct tap_slice resp = arg_slice(m, TAP_ARG_CONNECTION_START_OK_RESPONSE);
-	char user[256];
-	if (tap_sasl_user(mech.ptr, mech.len, resp.ptr, resp.len, user, sizeof user))
-		tap_track_conn_user(c->tc, (struct tap_slice){(const uint8_t *)user, strlen(user)});
+	struct tap_slice version = client_prop(props, "version");
+	if (!version.ptr) /* py-amqp (Celery, kombu) names it product_version */
+		version = client_prop(props, "product_version");
+	tap_track_conn_client_props(c->tc, client_prop(props, "product"), version, client_prop(props, "platform"));
+	struct tap_sasl sasl;
+	tap_sasl_parse(arg_slice(m, TAP_ARG_CONNECTION_START_OK_MECHANISM),
+		       arg_slice(m, TAP_ARG_CONNECTION_START_OK_RESPONSE), &sasl);
+	if (sasl.user.len)
+		tap_track_conn_user(c->tc, sasl.user);
 }
 
 /* Client -> broker methods (0-9-1 §4.2.4 and the class sections). */
@@ -348,12 +372,14 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 		on_start_ok(c, m);
 		break;
 	case TAP_CONNECTION_TUNE_OK:
+		c->login_done = true;
 		tap_track_conn_tune(tc, (uint16_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_CHANNEL_MAX].u,
 				    (uint32_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_FRAME_MAX].u,
 				    (uint16_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_HEARTBEAT].u);
 		set_frame_max(c, (uint32_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_FRAME_MAX].u);
 		break;
 	case TAP_CONNECTION_OPEN: {
+		c->login_done = true;
 		struct tap_slice v = arg_slice(m, TAP_ARG_CONNECTION_OPEN_VIRTUAL_HOST);
 		c->vhost_len = v.len < sizeof c->vhost ? v.len : sizeof c->vhost;
 		memcpy(c->vhost, v.ptr, c->vhost_len);
@@ -383,7 +409,7 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 		struct channel *ch = channel_get(c, channel);
 		if (!ch)
 			break;
-		struct pending *p = &ch->dir[1];
+		struct pending *p = &ch->dir[TAP_C2S];
 		pending_reset(p, PENDING_PUBLISH);
 		struct tap_slice x = arg_slice(m, TAP_ARG_BASIC_PUBLISH_EXCHANGE);
 		struct tap_slice rk = arg_slice(m, TAP_ARG_BASIC_PUBLISH_ROUTING_KEY);
@@ -438,7 +464,7 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		struct channel *ch = channel_get(c, channel);
 		if (!ch)
 			break;
-		struct pending *p = &ch->dir[0];
+		struct pending *p = &ch->dir[TAP_S2C];
 		pending_reset(p, PENDING_RETURN);
 		struct tap_slice text = arg_slice(m, TAP_ARG_BASIC_RETURN_REPLY_TEXT);
 		struct tap_slice x = arg_slice(m, TAP_ARG_BASIC_RETURN_EXCHANGE);
@@ -454,22 +480,52 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 	}
 }
 
+/* Stream offsets to overwrite in the capture copy of this chunk. When the array is full the last range grows
+ * over the new one: more is hidden, never less. */
+static void redact_add(struct tap_conn *c, uint64_t off, size_t len)
+{
+	const size_t cap = sizeof c->redact / sizeof c->redact[0];
+	if (c->n_redact == cap) {
+		struct tap_range *last = &c->redact[cap - 1];
+		if (off + len > last->off)
+			last->len = (size_t)(off + len - last->off);
+		return;
+	}
+	c->redact[c->n_redact++] = (struct tap_range){(size_t)off, len};
+}
+
+/* The secrets of a client method in the capture copy: its secret bytes when it decoded, the whole payload when
+ * it did not and it could be part of the login (channel 0, or anything before the login finished). */
+static void redact_method(struct tap_conn *c, const struct tap_frame_ev *ev, const struct tap_method *m, int rc)
+{
+	uint64_t payload = ev->offset + TAP_FRAME_HEADER_SIZE;
+	if (rc != TAP_OK || !m->def) {
+		if (ev->channel == 0 || !c->login_done || m->class_id == TAP_CLASS_CONNECTION)
+			redact_add(c, payload, ev->len);
+		return;
+	}
+	if (m->def->class_id != TAP_CLASS_CONNECTION) /* every secret argument is in a connection method */
+		return;
+	struct tap_range r[TAP_REDACT_MAX_RANGES];
+	size_t n = tap_redact_ranges(m, ev->data, r);
+	for (size_t i = 0; i < n; i++)
+		redact_add(c, payload + r[i].off, r[i].len);
+}
+
 static void on_method(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int64_t now_us)
 {
 	struct tap_method m;
-	if (tap_method_decode(ev->data, ev->len, &m) != TAP_OK || !m.def)
+	int rc = tap_dialect_method_decode(ev->version, ev->data, ev->len, &m);
+	if (dir == TAP_C2S && c->capture)
+		redact_method(c, ev, &m, rc);
+	if (rc != TAP_OK || !m.def)
 		return; /* the frame trace shows the error; tracking has nothing to act on */
-	if (dir == TAP_C2S && c->capture && ev->channel == 0) {
-		struct tap_range r[2];
-		size_t n = tap_redact_ranges(&m, ev->data, r);
-		for (size_t i = 0; i < n && c->n_redact < sizeof c->redact / sizeof c->redact[0]; i++)
-			c->redact[c->n_redact++] = (struct tap_range){
-				(size_t)(ev->offset + TAP_FRAME_HEADER_SIZE + r[i].off), r[i].len};
-	}
 	if (ev->channel != 0) {
 		struct channel *ch = channel_get(c, ev->channel);
 		if (ch && ch->dir[dir].kind != PENDING_NONE)
 			pending_cut(c, ev->channel, &ch->dir[dir], now_us); /* a method ends any unfinished content */
+		if (ch)
+			ch->dir[dir].ended = false;
 	}
 	if (dir == TAP_C2S)
 		on_client_method(c, ev->channel, &m, now_us);
@@ -500,18 +556,27 @@ static void trace_frame(struct tap_conn *c, enum tap_dir dir, const struct tap_f
 	tap_buf_reset(&d->body_prefix);
 }
 
-/* The record names the stream offset of the error and shows the bytes from
- * there (from the chunk start when the error lies in an earlier chunk). */
-static void decode_error(struct tap_conn *c, enum tap_dir dir, int status, const uint8_t *chunk, size_t chunk_len,
-			 uint64_t chunk_offset, int64_t now_us)
+/* The record names the stream offset `at` of the error and shows the bytes from there (from the chunk start
+ * when the error lies in an earlier chunk). Client bytes the decoder did not understand before the login
+ * finished may be a password: only those of the 8-byte protocol header are shown then. */
+static void decode_error(struct tap_conn *c, enum tap_dir dir, int status, uint64_t at, const uint8_t *chunk,
+			 size_t chunk_len, uint64_t chunk_offset, int64_t now_us)
 {
 	struct tap_observer *o = c->o;
-	uint64_t at = tap_frame_dec_error_offset(&c->dir[dir].dec);
 	const uint8_t *data = chunk;
 	size_t len = chunk_len;
+	uint64_t data_offset = chunk_offset;
 	if (at >= chunk_offset && at - chunk_offset < chunk_len) {
 		data += at - chunk_offset;
 		len -= (size_t)(at - chunk_offset);
+		data_offset = at;
+	}
+	if (len > 32)
+		len = 32;
+	if (dir == TAP_C2S && !c->login_done) {
+		size_t header_left = data_offset < 8 ? (size_t)(8 - data_offset) : 0;
+		if (len > header_left)
+			len = header_left;
 	}
 	struct tap_json j;
 	tap_buf_reset(&o->scratch);
@@ -525,40 +590,45 @@ static void decode_error(struct tap_conn *c, enum tap_dir dir, int status, const
 	tap_json_kv_str(&j, "reason", tap_strerror(status));
 	tap_json_kv_str(&j, "status", tap_status_name(status));
 	tap_json_key(&j, "hex");
-	tap_json_hex(&j, data, len < 32 ? len : 32);
+	tap_json_hex(&j, data, len);
 	tap_json_obj_end(&j);
 	if (o->emit)
 		o->emit(o->emit_ctx, o->scratch.data, o->scratch.len);
 }
 
-/* Where the client bytes that must still be held start: the first byte of
- * an unfinished frame that may be a channel-0 method, else the end of what
- * was decoded. */
+/* Where the client bytes that must still be held start: the first byte of an unfinished frame that may be a
+ * method carrying a secret (its header is incomplete, or it is a method on channel 0 or of class connection, or
+ * of a class not known yet), else the end of what was decoded. */
 static uint64_t hold_from(const struct tap_frame_dec *d)
 {
-	if (d->state == TAP_FRAME_ST_HEADER && d->hdr_len > 0)
-		return d->frame_offset;
-	if ((d->state == TAP_FRAME_ST_PAYLOAD || d->state == TAP_FRAME_ST_END) && d->type == TAP_FRAME_METHOD &&
-	    d->channel == 0)
-		return d->frame_offset;
-	return d->offset;
+	struct tap_frame_partial f;
+	if (!tap_frame_dec_partial(d, &f))
+		return tap_frame_dec_offset(d);
+	if (f.type == 0 || (f.type == TAP_FRAME_METHOD && (f.channel == 0 || f.class_id == 0 ||
+							   f.class_id == TAP_CLASS_CONNECTION)))
+		return f.offset;
+	return tap_frame_dec_offset(d);
 }
 
+/* The capture copy of the client stream. Bytes are held back while they may belong to an unfinished method,
+ * overwritten where redact[] says, and after a client-side decode error everything from the first byte that
+ * was not decoded is overwritten: the tap cannot tell where a secret lies in bytes it does not understand. */
 static void capture_chunk(struct tap_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, uint64_t chunk_offset,
 			  int64_t now_us)
 {
 	const struct tap_capture_sink *cap = c->o->capture;
 	if (dir == TAP_S2C) {
-		cap->data(cap->ctx, c->capture, false, data, len, now_us);
+		cap->data(cap->ctx, c->capture, TAP_S2C, data, len, now_us);
 		return;
 	}
-	const struct direction *d = &c->dir[1];
+	const struct direction *d = &c->dir[TAP_C2S];
 	uint64_t end = chunk_offset + len;
 	uint64_t release = d->stopped ? end : hold_from(&d->dec);
 	if (release > end)
 		release = end;
-	if (c->held.len == 0 && c->n_redact == 0 && release == end) {
-		cap->data(cap->ctx, c->capture, true, data, len, now_us); /* the common case: no copy */
+	bool mask_tail = d->stopped && d->decoded < end;
+	if (c->held.len == 0 && c->n_redact == 0 && release == end && !mask_tail) {
+		cap->data(cap->ctx, c->capture, TAP_C2S, data, len, now_us); /* the common case: no copy */
 		return;
 	}
 	if (c->held.len == 0)
@@ -578,9 +648,13 @@ static void capture_chunk(struct tap_conn *c, enum tap_dir dir, const uint8_t *d
 		}
 	}
 	c->n_redact = 0;
+	if (mask_tail) {
+		size_t from = d->decoded > c->held_offset ? (size_t)(d->decoded - c->held_offset) : 0;
+		memset(c->held.data + from, TAP_REDACT_FILL, c->held.len - from);
+	}
 	size_t out = release > c->held_offset ? (size_t)(release - c->held_offset) : 0;
 	if (out > 0) {
-		cap->data(cap->ctx, c->capture, true, (const uint8_t *)c->held.data, out, now_us);
+		cap->data(cap->ctx, c->capture, TAP_C2S, (const uint8_t *)c->held.data, out, now_us);
 		memmove(c->held.data, c->held.data + out, c->held.len - out);
 		c->held.len -= out;
 		c->held_offset += out;
@@ -607,11 +681,13 @@ static void conn_decode(struct tap_conn *c, enum tap_dir dir, const uint8_t *dat
 		ssize_t n = tap_frame_feed(&d->dec, data, len, &ev);
 		if (n < 0) {
 			d->stopped = true;
-			decode_error(c, dir, (int)n, chunk, chunk_len, chunk_offset, now_us);
+			decode_error(c, dir, (int)n, tap_frame_dec_error_offset(&d->dec), chunk, chunk_len,
+				     chunk_offset, now_us);
 			return;
 		}
 		data += n;
 		len -= (size_t)n;
+		int rc = TAP_OK;
 		switch (ev.kind) {
 		case TAP_EV_METHOD:
 			trace_frame(c, dir, &ev, now_us);
@@ -623,14 +699,25 @@ static void conn_decode(struct tap_conn *c, enum tap_dir dir, const uint8_t *dat
 			break;
 		case TAP_EV_BODY:
 			trace_frame(c, dir, &ev, now_us);
-			on_body(c, dir, &ev, now_us);
+			rc = on_body(c, dir, &ev, now_us);
 			break;
 		case TAP_EV_PROTOCOL_HEADER:
+			if (dir == TAP_C2S)
+				tap_frame_dec_set_version(&c->dir[TAP_S2C].dec, ev.version);
+			trace_frame(c, dir, &ev, now_us);
+			break;
 		case TAP_EV_HEARTBEAT:
 			trace_frame(c, dir, &ev, now_us);
 			break;
 		case TAP_EV_NONE:
 			break;
 		}
+		if (rc < 0) {
+			d->stopped = true;
+			decode_error(c, dir, rc, ev.offset, chunk, chunk_len, chunk_offset, now_us);
+			return;
+		}
+		if (ev.kind != TAP_EV_NONE && (ev.kind != TAP_EV_BODY || ev.frame_end))
+			d->decoded = chunk_offset + (size_t)(data - chunk);
 	}
 }

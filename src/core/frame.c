@@ -8,8 +8,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const uint8_t proto_091[8] = {'A', 'M', 'Q', 'P', 0, 0, 9, 1};
-static const uint8_t proto_091_alt[8] = {'A', 'M', 'Q', 'P', 1, 1, 0, 9}; /* PROTOCOL.md §1 */
+/* The client protocol headers RabbitMQ accepts with AMQP 0-9-1 framing (rabbit_reader.erl handshake/2). */
+static const struct protocol {
+	uint8_t hdr[8];
+	enum tap_amqp_version version;
+	const char *name;
+} protocols[] = {
+	{{'A', 'M', 'Q', 'P', 0, 0, 9, 1}, TAP_AMQP_0_9_1, "0-9-1"},
+	{{'A', 'M', 'Q', 'P', 1, 1, 0, 9}, TAP_AMQP_0_9_1, "0-9-1 (AMQP 1 1 0 9)"}, /* the 0-9 header */
+	{{'A', 'M', 'Q', 'P', 1, 1, 8, 0}, TAP_AMQP_0_8, "0-8 (AMQP 1 1 8 0)"},
+	{{'A', 'M', 'Q', 'P', 1, 1, 9, 1}, TAP_AMQP_0_8, "0-8 (AMQP 1 1 9 1)"}, /* 0-8 as the AMQP site printed it */
+};
+#define N_PROTOCOLS (sizeof protocols / sizeof protocols[0])
+
+const char *tap_frame_protocol(const uint8_t hdr[8], enum tap_amqp_version *v)
+{
+	for (size_t i = 0; i < N_PROTOCOLS; i++) {
+		if (memcmp(hdr, protocols[i].hdr, 8) == 0) {
+			*v = protocols[i].version;
+			return protocols[i].name;
+		}
+	}
+	return NULL;
+}
 
 void tap_frame_dec_init(struct tap_frame_dec *d)
 {
@@ -39,7 +60,16 @@ void tap_frame_dec_deinit(struct tap_frame_dec *d)
 void tap_frame_dec_set_frame_max(struct tap_frame_dec *d, uint32_t frame_max)
 {
 	d->frame_max = frame_max;
-	d->payload_max = frame_max == 0 ? UINT32_MAX : frame_max - TAP_FRAME_OVERHEAD + TAP_FRAME_SIZE_FUDGE;
+	uint32_t max = frame_max == 0 ? UINT32_MAX : frame_max - TAP_FRAME_OVERHEAD + TAP_FRAME_SIZE_FUDGE;
+	uint32_t buffered = max < TAP_FRAME_BUFFER_MAX ? max : TAP_FRAME_BUFFER_MAX;
+	d->payload_max[TAP_FRAME_METHOD] = buffered;
+	d->payload_max[TAP_FRAME_HEADER] = buffered;
+	d->payload_max[TAP_FRAME_BODY] = max;
+}
+
+void tap_frame_dec_set_version(struct tap_frame_dec *d, enum tap_amqp_version v)
+{
+	d->version = v;
 }
 
 int tap_frame_dec_error(const struct tap_frame_dec *d)
@@ -57,6 +87,28 @@ uint64_t tap_frame_dec_offset(const struct tap_frame_dec *d)
 	return d->offset;
 }
 
+bool tap_frame_dec_partial(const struct tap_frame_dec *d, struct tap_frame_partial *p)
+{
+	switch (d->state) {
+	case TAP_FRAME_ST_HEADER:
+		if (d->hdr_len == 0)
+			return false;
+		*p = (struct tap_frame_partial){.offset = d->frame_offset};
+		return true;
+	case TAP_FRAME_ST_PAYLOAD:
+	case TAP_FRAME_ST_BODY:
+	case TAP_FRAME_ST_END:
+		*p = (struct tap_frame_partial){.offset = d->frame_offset, .type = d->type, .channel = d->channel};
+		if (d->type == TAP_FRAME_METHOD && d->state != TAP_FRAME_ST_BODY && d->got >= 2)
+			p->class_id = tap_be16(d->buf);
+		return true;
+	case TAP_FRAME_ST_PROTOCOL:
+	case TAP_FRAME_ST_STOPPED:
+		break;
+	}
+	return false;
+}
+
 static ssize_t fail(struct tap_frame_dec *d, int status, uint64_t offset)
 {
 	d->state = TAP_FRAME_ST_STOPPED;
@@ -65,9 +117,10 @@ static ssize_t fail(struct tap_frame_dec *d, int status, uint64_t offset)
 	return status;
 }
 
-static uint32_t max_payload(const struct tap_frame_dec *d)
+/* The largest payload of a frame of type 1..3. */
+static uint32_t max_payload(const struct tap_frame_dec *d, unsigned type)
 {
-	return d->payload_max;
+	return d->payload_max[type];
 }
 
 /* §4.2.3: type, channel, size; checks the type and the size bound before anything is buffered. */
@@ -89,22 +142,21 @@ static int check_header(struct tap_frame_dec *d, const uint8_t h[7])
 	default:
 		return TAP_E_BAD_FRAME_TYPE;
 	}
-	if (d->size > max_payload(d))
-		return TAP_E_FRAME_TOO_LARGE;
-	if (d->type != TAP_FRAME_BODY && d->frame_max == 0 && d->size > TAP_FRAME_BUFFER_UNLIMITED)
+	if (d->type != TAP_FRAME_HEARTBEAT && d->size > max_payload(d, d->type))
 		return TAP_E_FRAME_TOO_LARGE;
 	return TAP_OK;
 }
 
-static bool reserve(struct tap_frame_dec *d, uint32_t size)
+/* Room for `need` bytes of the current payload (need <= d->size): doubling, never past the payload size. */
+static bool reserve(struct tap_frame_dec *d, uint32_t need)
 {
-	if (size <= d->cap)
+	if (need <= d->cap)
 		return true;
 	size_t cap = d->cap ? d->cap : 512; /* only split method and header frames are collected here */
-	while (cap < size)
+	while (cap < need)
 		cap *= 2;
-	if (cap > max_payload(d))
-		cap = size;
+	if (cap > d->size)
+		cap = d->size;
 	uint8_t *p = realloc(d->buf, cap);
 	if (!p)
 		return false;
@@ -129,6 +181,7 @@ static void set_event(struct tap_frame_dec *d, struct tap_frame_ev *ev, const ui
 	ev->data = data;
 	ev->len = len;
 	ev->frame_end = false;
+	ev->version = d->version;
 }
 
 /* §4.2.2: collect the protocol header; reject as soon as the prefix matches no accepted header. */
@@ -138,9 +191,9 @@ static ssize_t feed_protocol(struct tap_frame_dec *d, const uint8_t *buf, size_t
 	while (n < len && d->hdr_len < 8) {
 		uint8_t c = buf[n];
 		unsigned i = d->hdr_len;
-		bool ok = d->client ? (memcmp(d->hdr, proto_091, i) == 0 && c == proto_091[i]) ||
-					      (memcmp(d->hdr, proto_091_alt, i) == 0 && c == proto_091_alt[i])
-				    : i >= 4 || c == proto_091[i];
+		bool ok = !d->client && (i >= 4 || c == protocols[0].hdr[i]); /* the broker's: any version */
+		for (size_t k = 0; k < N_PROTOCOLS && !ok && d->client; k++)
+			ok = memcmp(d->hdr, protocols[k].hdr, i) == 0 && c == protocols[k].hdr[i];
 		if (!ok)
 			return fail(d, TAP_E_BAD_PROTOCOL_HEADER, d->offset + n);
 		d->hdr[d->hdr_len++] = c;
@@ -148,6 +201,8 @@ static ssize_t feed_protocol(struct tap_frame_dec *d, const uint8_t *buf, size_t
 	}
 	d->offset += n;
 	if (d->hdr_len == 8) {
+		if (d->client)
+			(void)tap_frame_protocol(d->hdr, &d->version); /* matched above, so it is one of the table */
 		ev->kind = TAP_EV_PROTOCOL_HEADER;
 		ev->channel = 0;
 		ev->type = 0;
@@ -156,6 +211,7 @@ static ssize_t feed_protocol(struct tap_frame_dec *d, const uint8_t *buf, size_t
 		ev->data = d->hdr;
 		ev->len = 8;
 		ev->frame_end = false;
+		ev->version = d->version;
 		d->hdr_len = 0;
 		d->state = TAP_FRAME_ST_HEADER;
 	}
@@ -223,8 +279,6 @@ __attribute__((noinline)) static ssize_t feed_slow(struct tap_frame_dec *d, cons
 			} else if (d->size == 0) {
 				d->state = TAP_FRAME_ST_END;
 			} else {
-				if (!reserve(d, d->size))
-					return fail(d, TAP_E_NOMEM, d->frame_offset);
 				d->state = TAP_FRAME_ST_PAYLOAD;
 			}
 			break;
@@ -232,6 +286,8 @@ __attribute__((noinline)) static ssize_t feed_slow(struct tap_frame_dec *d, cons
 			size_t n = d->size - d->got;
 			if (n > avail)
 				n = avail;
+			if (!reserve(d, d->got + (uint32_t)n))
+				return fail(d, TAP_E_NOMEM, d->frame_offset);
 			memcpy(d->buf + d->got, in, n);
 			d->got += (uint32_t)n;
 			pos += n;
@@ -286,14 +342,14 @@ __attribute__((noinline)) static ssize_t feed_slow(struct tap_frame_dec *d, cons
 /* The fast path reports a whole method, header or body frame at the start of buf in place (§4.2.3). Its
  * checks are those of the slow path for that case: a type byte of 1..3 is never the 'A' of a protocol
  * header, so the offset-0 test is not needed. It leaves d->type, channel, size and frame_offset alone: they
- * describe a frame being assembled across feeds, and conn.c's hold_from reads them only then. */
+ * describe a frame being assembled across feeds, and tap_frame_dec_partial reads them only then. */
 ssize_t tap_frame_feed(struct tap_frame_dec *d, const uint8_t *buf, size_t len, struct tap_frame_ev *ev)
 {
 	if (d->state == TAP_FRAME_ST_HEADER && d->hdr_len == 0 && len >= TAP_FRAME_OVERHEAD) {
 		unsigned type = buf[0];
 		uint32_t size = tap_be32(buf + 3);
 		if (type - TAP_FRAME_METHOD <= TAP_FRAME_BODY - TAP_FRAME_METHOD && size <= len - TAP_FRAME_OVERHEAD &&
-		    size <= max_payload(d) && buf[TAP_FRAME_HEADER_SIZE + size] == TAP_FRAME_END) {
+		    size <= max_payload(d, type) && buf[TAP_FRAME_HEADER_SIZE + size] == TAP_FRAME_END) {
 			_Static_assert(TAP_EV_METHOD - TAP_FRAME_METHOD == 1 && TAP_EV_HEADER - TAP_FRAME_HEADER == 1 &&
 					       TAP_EV_BODY - TAP_FRAME_BODY == 1,
 				       "frame type to event kind");
@@ -305,6 +361,7 @@ ssize_t tap_frame_feed(struct tap_frame_dec *d, const uint8_t *buf, size_t len, 
 			ev->data = buf + TAP_FRAME_HEADER_SIZE;
 			ev->len = size;
 			ev->frame_end = true;
+			ev->version = d->version;
 			d->offset += (size_t)TAP_FRAME_OVERHEAD + size;
 			return (ssize_t)(TAP_FRAME_OVERHEAD + size);
 		}

@@ -1,18 +1,17 @@
-/* Frame-trace JSON lines (DESIGN §5) and SASL user extraction. Redaction happens here, on the way out:
- * the secret bytes are never copied into the output buffer. */
+/* Frame-trace JSON lines (DESIGN §5). Redaction happens here, on the way out: the secret bytes are never copied
+ * into the output buffer. */
 #include "amqptap/frames.h"
 
+#include "amqptap/dialect.h"
 #include "amqptap/props.h"
 #include "amqptap/redact.h"
+#include "amqptap/sasl.h"
 #include "amqptap/spec.h"
 #include "amqptap/status.h"
 #include "amqptap/table.h"
 
 #include <stdio.h>
 #include <string.h>
-
-#define SASL_USER_MAX 256
-
 
 static void write_redacted(struct tap_json *j, size_t n)
 {
@@ -24,8 +23,8 @@ static void write_redacted(struct tap_json *j, size_t n)
 static void write_method(struct tap_json *j, const struct tap_frame_ev *ev)
 {
 	struct tap_method m;
-	int rc = tap_method_decode(ev->data, ev->len, &m);
-	const struct tap_method_def *def = m.def ? m.def : tap_spec_method(m.class_id, m.method_id);
+	int rc = tap_dialect_method_decode(ev->version, ev->data, ev->len, &m);
+	const struct tap_method_def *def = m.def ? m.def : tap_dialect_method(ev->version, m.class_id, m.method_id);
 	if (def)
 		tap_json_kv_str(j, "method", def->name);
 	if (ev->len >= 4) {
@@ -60,9 +59,10 @@ static void write_method(struct tap_json *j, const struct tap_frame_ev *ev)
 	if (def->id == TAP_CONNECTION_START_OK) {
 		const struct tap_arg *mech = &m.args[TAP_ARG_CONNECTION_START_OK_MECHANISM];
 		const struct tap_arg *resp = &m.args[TAP_ARG_CONNECTION_START_OK_RESPONSE];
-		char user[SASL_USER_MAX];
-		if (tap_sasl_user(mech->ptr, mech->len, resp->ptr, resp->len, user, sizeof user))
-			tap_json_kv_str(j, "user", user);
+		struct tap_sasl sasl;
+		tap_sasl_parse((struct tap_slice){mech->ptr, mech->len}, (struct tap_slice){resp->ptr, resp->len}, &sasl);
+		if (sasl.user.len)
+			tap_json_kv_strn(j, "user", sasl.user.ptr, sasl.user.len);
 	}
 }
 
@@ -131,16 +131,17 @@ void tap_frames_line(struct tap_buf *out, uint64_t conn, enum tap_dir dir, int64
 	tap_json_kv_str(&j, "frame", (unsigned)ev->kind <= TAP_EV_HEARTBEAT ? names[ev->kind] : "none");
 	tap_json_kv_uint(&j, "size", ev->size);
 	switch (ev->kind) {
-	case TAP_EV_PROTOCOL_HEADER:
-		if (ev->len == 8 && memcmp(ev->data, "AMQP\0\0\x09\x01", 8) == 0)
-			tap_json_kv_str(&j, "protocol", "0-9-1");
-		else if (ev->len == 8 && memcmp(ev->data, "AMQP\x01\x01\x00\x09", 8) == 0)
-			tap_json_kv_str(&j, "protocol", "0-9-1 (AMQP 1 1 0 9)");
-		else {
+	case TAP_EV_PROTOCOL_HEADER: {
+		enum tap_amqp_version v;
+		const char *name = ev->len == 8 ? tap_frame_protocol(ev->data, &v) : NULL;
+		if (name) {
+			tap_json_kv_str(&j, "protocol", name);
+		} else {
 			tap_json_key(&j, "protocol");
 			tap_json_hex(&j, ev->data, ev->len);
 		}
 		break;
+	}
 	case TAP_EV_METHOD:
 		write_method(&j, ev);
 		break;
@@ -157,41 +158,4 @@ void tap_frames_line(struct tap_buf *out, uint64_t conn, enum tap_dir dir, int64
 		break;
 	}
 	tap_json_obj_end(&j);
-}
-
-static void copy_user(char *user, size_t cap, const uint8_t *p, size_t len)
-{
-	if (len >= cap)
-		len = cap - 1;
-	memcpy(user, p, len);
-	user[len] = '\0';
-}
-
-bool tap_sasl_user(const uint8_t *mechanism, size_t mech_len, const uint8_t *resp, size_t resp_len, char *user,
-		   size_t cap)
-{
-	if (!user || cap == 0 || !mechanism || !resp)
-		return false;
-	user[0] = '\0';
-	if (mech_len == 5 && memcmp(mechanism, "PLAIN", 5) == 0) {
-		/* RFC 4616: [authzid] NUL authcid NUL passwd */
-		const uint8_t *nul1 = memchr(resp, 0, resp_len);
-		if (!nul1)
-			return false;
-		const uint8_t *u = nul1 + 1;
-		size_t rest = resp_len - (size_t)(u - resp);
-		const uint8_t *nul2 = memchr(u, 0, rest);
-		if (!nul2 || nul2 == u)
-			return false;
-		copy_user(user, cap, u, (size_t)(nul2 - u));
-		return true;
-	}
-	if (mech_len == 8 && memcmp(mechanism, "AMQPLAIN", 8) == 0) {
-		struct tap_field f;
-		if (!tap_table_find(resp, resp_len, "LOGIN", &f) || (f.type != 'S' && f.type != 'x'))
-			return false;
-		copy_user(user, cap, f.ptr, f.len);
-		return true;
-	}
-	return false;
 }

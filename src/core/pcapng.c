@@ -298,27 +298,29 @@ struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *c
 	if (!c)
 		return NULL;
 	c->p = p;
-	bool v6[2] = {false, false};
-	static const uint8_t fallback[2][4] = {{192, 0, 2, 2}, {192, 0, 2, 1}};
-	const char *text[2] = {server, client};
-	for (int i = 0; i < 2; i++) {
+	/* per sending direction: the broker sends s2c, the client c2s */
+	bool v6[TAP_DIR_COUNT] = {false, false};
+	static const uint8_t fallback[TAP_DIR_COUNT][4] = {[TAP_S2C] = {192, 0, 2, 2}, [TAP_C2S] = {192, 0, 2, 1}};
+	static const uint16_t fallback_port[TAP_DIR_COUNT] = {[TAP_S2C] = 5672, [TAP_C2S] = 0};
+	const char *text[TAP_DIR_COUNT] = {[TAP_S2C] = server, [TAP_C2S] = client};
+	for (int i = 0; i < TAP_DIR_COUNT; i++) {
 		if (!parse_addr(text[i], c->ep[i].addr, &v6[i], &c->ep[i].port)) {
 			memcpy(c->ep[i].addr, fallback[i], 4);
-			c->ep[i].port = i ? 0 : 5672;
+			c->ep[i].port = fallback_port[i];
 		}
 	}
-	c->v6 = v6[0] || v6[1];
-	for (int i = 0; i < 2; i++)
+	c->v6 = v6[TAP_S2C] || v6[TAP_C2S];
+	for (int i = 0; i < TAP_DIR_COUNT; i++)
 		if (c->v6 && !v6[i])
 			map_v4(c->ep[i].addr);
 	/* Deterministic, distinct initial sequence numbers per connection. */
 	uint64_t n = ++p->conns;
-	c->ep[1].next_seq = (uint32_t)(n * 0x9E3779B1u);
-	c->ep[0].next_seq = (uint32_t)(n * 0x85EBCA77u + 0x1000u);
+	c->ep[TAP_C2S].next_seq = (uint32_t)(n * 0x9E3779B1u);
+	c->ep[TAP_S2C].next_seq = (uint32_t)(n * 0x85EBCA77u + 0x1000u);
 
-	write_packet(c, true, TCP_SYN, NULL, 0, ts_us);
-	write_packet(c, false, TCP_SYN | TCP_ACK, NULL, 0, ts_us);
-	write_packet(c, true, TCP_ACK, NULL, 0, ts_us);
+	write_packet(c, TAP_C2S, TCP_SYN, NULL, 0, ts_us);
+	write_packet(c, TAP_S2C, TCP_SYN | TCP_ACK, NULL, 0, ts_us);
+	write_packet(c, TAP_C2S, TCP_ACK, NULL, 0, ts_us);
 	return c;
 }
 
@@ -328,7 +330,7 @@ void tap_pcapng_conn_data(struct tap_pcapng_conn *c, enum tap_dir dir, const uin
 		return;
 	/* Wireshark's AMQP dissector recognises the protocol header (0-9-1 §4.2.2) only in a packet of its own. */
 	if (dir == TAP_C2S && !c->sent_client_data && len > 8 && memcmp(data, "AMQP", 4) == 0) {
-		write_packet(c, true, TCP_PSH | TCP_ACK, data, 8, ts_us);
+		write_packet(c, TAP_C2S, TCP_PSH | TCP_ACK, data, 8, ts_us);
 		data += 8;
 		len -= 8;
 	}
@@ -346,9 +348,9 @@ void tap_pcapng_conn_close(struct tap_pcapng_conn *c, int64_t ts_us)
 {
 	if (!c)
 		return;
-	write_packet(c, true, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
-	write_packet(c, false, TCP_ACK, NULL, 0, ts_us);
-	write_packet(c, false, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
-	write_packet(c, true, TCP_ACK, NULL, 0, ts_us);
+	write_packet(c, TAP_C2S, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
+	write_packet(c, TAP_S2C, TCP_ACK, NULL, 0, ts_us);
+	write_packet(c, TAP_S2C, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
+	write_packet(c, TAP_C2S, TCP_ACK, NULL, 0, ts_us);
 	free(c);
 }

@@ -5,7 +5,9 @@
 
 #include "amqptap/capture.h"
 #include "amqptap/frame.h"
+#include "amqptap/spec.h"
 #include "amqptap/status.h"
+#include "rd.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +50,7 @@ static void *on_open(void *ctx, uint64_t id, const char *client, const char *ser
 	if (!s)
 		return NULL;
 	s->conn = tap_conn_new(r->obs, id, client, server, r->now);
-	for (int d = 0; d < 2; d++) {
+	for (int d = 0; d < TAP_DIR_COUNT; d++) {
 		s->d[d].synced = !midstream;
 		tap_buf_init(&s->d[d].hold);
 	}
@@ -57,7 +59,18 @@ static void *on_open(void *ctx, uint64_t id, const char *client, const char *ser
 
 static bool known_class(uint16_t cls)
 {
-	return cls == 10 || cls == 20 || cls == 40 || cls == 50 || cls == 60 || cls == 85 || cls == 90;
+	switch (cls) {
+	case TAP_CLASS_CONNECTION:
+	case TAP_CLASS_CHANNEL:
+	case TAP_CLASS_EXCHANGE:
+	case TAP_CLASS_QUEUE:
+	case TAP_CLASS_BASIC:
+	case TAP_CLASS_CONFIRM:
+	case TAP_CLASS_TX:
+		return true;
+	default:
+		return false;
+	}
 }
 
 /* Offset of the first plausible frame start (§4.2.3: a method frame of a known class, or a heartbeat, whose end
@@ -69,8 +82,8 @@ static long find_frame(const uint8_t *p, size_t len, enum tap_dir dir, size_t *k
 	size_t i;
 	for (i = 0; i + TAP_FRAME_HEADER_SIZE <= len; i++) {
 		uint8_t type = p[i];
-		uint16_t ch = (uint16_t)(p[i + 1] << 8 | p[i + 2]);
-		uint32_t size = (uint32_t)p[i + 3] << 24 | (uint32_t)p[i + 4] << 16 | (uint32_t)p[i + 5] << 8 | p[i + 6];
+		uint16_t ch = tap_be16(p + i + 1);
+		uint32_t size = tap_be32(p + i + 3);
 		if (type == TAP_FRAME_HEARTBEAT) {
 			if (ch != 0 || size != 0)
 				continue;
@@ -80,7 +93,7 @@ static long find_frame(const uint8_t *p, size_t len, enum tap_dir dir, size_t *k
 		size_t end = i + TAP_FRAME_HEADER_SIZE + size;
 		if (end >= len)
 			break; /* a candidate we cannot check yet */
-		if (type == TAP_FRAME_METHOD && !known_class((uint16_t)(p[i + 7] << 8 | p[i + 8])))
+		if (type == TAP_FRAME_METHOD && !known_class(tap_be16(p + i + 7)))
 			continue;
 		if (p[end] != TAP_FRAME_END)
 			continue;
@@ -135,7 +148,9 @@ static void on_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data
 static void on_gap(void *ctx, void *user, enum tap_dir dir, uint64_t missing, int64_t ts)
 {
 	struct rp_stream *s = user;
-	(void)ctx, (void)missing, (void)ts;
+	(void)ctx;
+	(void)missing;
+	(void)ts;
 	if (s)
 		s->d[dir].dead = true;
 }
@@ -145,7 +160,8 @@ static void on_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts
 	static const char *const reason[] = {
 		[TAP_CAPTURE_END_CLIENT_FIN] = "client_eof",   [TAP_CAPTURE_END_SERVER_FIN] = "broker_eof",
 		[TAP_CAPTURE_END_CLIENT_RST] = "client_reset", [TAP_CAPTURE_END_SERVER_RST] = "broker_reset",
-		[TAP_CAPTURE_END_CAPTURE] = "capture_end",
+		[TAP_CAPTURE_END_CAPTURE] = "capture_end",     [TAP_CAPTURE_END_IDLE] = "capture_idle",
+		[TAP_CAPTURE_END_LIMIT] = "capture_limit",
 	};
 	struct replay *r = ctx;
 	struct rp_stream *s = user;
@@ -154,7 +170,7 @@ static void on_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts
 		return;
 	if (s->conn)
 		tap_conn_end(s->conn, reason[how], r->now);
-	for (int d = 0; d < 2; d++)
+	for (int d = 0; d < TAP_DIR_COUNT; d++)
 		tap_buf_deinit(&s->d[d].hold);
 	free(s);
 }

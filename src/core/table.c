@@ -161,10 +161,15 @@ bool tap_table_find(const uint8_t *p, size_t len, const char *name, struct tap_f
 {
 	size_t nl = strlen(name);
 	struct tap_table_it it;
+	struct tap_field cur;
 	tap_table_it_init(&it, p, len);
-	while (tap_table_next(&it, f) == 1)
-		if (f->name_len == nl && memcmp(f->name, name, nl) == 0)
+	while (tap_table_next(&it, &cur) == 1) {
+		if (cur.name_len == nl && memcmp(cur.name, name, nl) == 0) {
+			*f = cur;
 			return true;
+		}
+	}
+	memset(f, 0, sizeof *f);
 	return false;
 }
 

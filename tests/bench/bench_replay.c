@@ -7,7 +7,9 @@
 #include "amqptap/replay.h"
 #include "amqptap/track.h"
 
-#include "../unit/amqp_build.h"
+#include "amqptap/spec.h"
+
+#include "../unit/tap_build.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -15,13 +17,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-
-static void frame_begin(struct tap_buf *b, uint8_t type, uint16_t ch, uint32_t size)
-{
-	tap_buf_putc(b, (char)type);
-	amqp_be16(b, ch);
-	amqp_be32(b, size);
-}
 
 static double now_s(void)
 {
@@ -72,19 +67,17 @@ int main(int argc, char **argv)
 	static uint8_t body[65536];
 	for (size_t i = 0; i < sizeof body; i++)
 		body[i] = (uint8_t)i;
-	struct tap_buf cb, sb;
-	tap_buf_init(&cb);
-	tap_buf_init(&sb);
+	struct tap_bytes cb = {0}, sb = {0};
 	for (int k = 0; k < NCONN; k++) {
 		char client[64];
 		snprintf(client, sizeof client, k & 1 ? "[::1]:%d" : "127.0.0.1:%d", 40000 + k);
 		c[k] = tap_pcapng_conn_open(p, client, k & 1 ? "[::1]:5672" : "127.0.0.1:5672", ts);
-		tap_pcapng_conn_data(c[k], true, (const uint8_t *)"AMQP\0\0\x09\x01", 8, ++ts);
-		tap_buf_reset(&cb);
-		amqp_method(&cb, 1, 20, 10, "\0", 1);
+		tap_pcapng_conn_data(c[k], TAP_C2S, (const uint8_t *)"AMQP\0\0\x09\x01", 8, ++ts);
+		cb.n = 0;
+		tap_build_method(&cb, 1, TAP_CHANNEL_OPEN, "\0", 1);
 		if (k % 4 != 3)
-			amqp_method(&cb, 1, 85, 10, "\0", 1);
-		tap_pcapng_conn_data(c[k], true, (const uint8_t *)cb.data, cb.len, ++ts);
+			tap_build_method(&cb, 1, TAP_CONFIRM_SELECT, "\0", 1);
+		tap_pcapng_conn_data(c[k], TAP_C2S, cb.d, cb.n, ++ts);
 	}
 	uint64_t pubs = 0;
 	uint32_t rnd = 12345;
@@ -92,26 +85,22 @@ int main(int argc, char **argv)
 		int k = (int)(pubs % NCONN);
 		rnd = rnd * 1103515245u + 12345u;
 		uint32_t size = (rnd >> 8) % 100 < 90 ? 64 + (rnd >> 16) % 1024 : (rnd >> 12) % 65536;
-		tap_buf_reset(&cb);
+		cb.n = 0;
 		static const uint8_t args[] = {0, 0, 0, 5, 'q', '.', 'o', 'n', 'e', 1};
-		amqp_method(&cb, 1, 60, 40, args, sizeof args);
-		frame_begin(&cb, 2, 1, 14);
-		amqp_be16(&cb, 60), amqp_be16(&cb, 0), amqp_be32(&cb, 0), amqp_be32(&cb, size), amqp_be16(&cb, 0);
-		tap_buf_putc(&cb, (char)0xCE);
-		frame_begin(&cb, 3, 1, size);
-		tap_buf_append(&cb, body, size);
-		tap_buf_putc(&cb, (char)0xCE);
+		tap_build_method(&cb, 1, TAP_BASIC_PUBLISH, args, sizeof args);
+		tap_build_header(&cb, 1, size);
+		tap_build_frame(&cb, 3, 1, body, size);
 		ts += 20;
-		tap_pcapng_conn_data(c[k], true, (const uint8_t *)cb.data, cb.len, ts);
+		tap_pcapng_conn_data(c[k], TAP_C2S, cb.d, cb.n, ts);
 		pubs++;
 		if (k % 4 != 3) {
-			tap_buf_reset(&sb);
+			sb.n = 0;
 			uint8_t ack[9] = {0};
 			uint64_t tag = ++seq[k];
 			for (int i = 0; i < 8; i++)
 				ack[i] = (uint8_t)(tag >> (56 - 8 * i));
-			amqp_method(&sb, 1, 60, 80, ack, 9);
-			tap_pcapng_conn_data(c[k], false, (const uint8_t *)sb.data, sb.len, ts + 150);
+			tap_build_method(&sb, 1, TAP_BASIC_ACK, ack, 9);
+			tap_pcapng_conn_data(c[k], TAP_S2C, sb.d, sb.n, ts + 150);
 		}
 	}
 	for (int k = 0; k < NCONN; k++)
@@ -136,8 +125,8 @@ int main(int argc, char **argv)
 	tap_track_get_stats(t, &ts_);
 	tap_observer_deinit(&o);
 	tap_track_free(t);
-	tap_buf_deinit(&cb);
-	tap_buf_deinit(&sb);
+	tap_build_free(&cb);
+	tap_build_free(&sb);
 	if (rc < 0) {
 		fprintf(stderr, "replay: %s\n", err);
 		return 1;

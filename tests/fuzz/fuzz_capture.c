@@ -7,7 +7,11 @@
 
 static void *f_open(void *ctx, uint64_t id, const char *client, const char *server, bool mid, int64_t ts)
 {
-	(void)ctx, (void)client, (void)server, (void)mid, (void)ts;
+	(void)ctx;
+	(void)client;
+	(void)server;
+	(void)mid;
+	(void)ts;
 	return (void *)(uintptr_t)id;
 }
 
@@ -15,7 +19,10 @@ static volatile uint8_t sink;
 
 static void f_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts)
 {
-	(void)ctx, (void)user, (void)c2s, (void)ts;
+	(void)ctx;
+	(void)user;
+	(void)dir;
+	(void)ts;
 	for (size_t i = 0; i < len; i++)
 		sink ^= data[i];
 }
@@ -26,6 +33,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	char err[256];
 	if (tap_capture_open_mem(&c, data, size, "fuzz", err, sizeof err) < 0)
 		return 0;
+	if (size > 0 && (data[size - 1] & 1)) /* small limits, so closing idle and surplus streams is reached */
+		tap_capture_set_limits(c, 1000, 2);
 	struct tap_capture_cb cb = {.open = f_open, .data = f_data};
 	tap_capture_run(c, 5672, &cb, err, sizeof err);
 	tap_capture_free(c);

@@ -11,10 +11,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (tap_props_decode(data, size, &p) == 0 && p.headers.len &&
 	    (p.headers.ptr < data || p.headers.ptr + p.headers.len > data + size))
 		abort();
-	struct tap_frame_ev ev = {TAP_EV_HEADER, 1, 2, (uint32_t)size, 0, data, size, true};
+	struct tap_frame_ev ev = {
+		.kind = TAP_EV_HEADER, .channel = 1, .type = 2, .size = (uint32_t)size, .data = data, .len = size,
+		.frame_end = true,
+	};
 	struct tap_buf b;
 	tap_buf_init(&b);
-	tap_frames_line(&b, 1, false, 0, &ev, NULL, 0);
+	tap_frames_line(&b, 1, TAP_S2C, 0, &ev, NULL, 0);
 	tap_buf_deinit(&b);
 	return 0;
 }

@@ -298,8 +298,8 @@ struct got_stream {
 	char client[64], server[64];
 	bool midstream, closed;
 	enum tap_capture_end how;
-	struct tap_buf bytes[2];
-	int64_t first_ts[2], open_ts, close_ts;
+	struct tap_buf bytes[TAP_DIR_COUNT];
+	int64_t first_ts[TAP_DIR_COUNT], open_ts, close_ts;
 	uint64_t gaps;
 };
 
@@ -320,8 +320,8 @@ static void *g_open(void *ctx, uint64_t id, const char *client, const char *serv
 	snprintf(s->server, sizeof s->server, "%s", server);
 	s->midstream = midstream;
 	s->open_ts = ts;
-	tap_buf_init(&s->bytes[0]);
-	tap_buf_init(&s->bytes[1]);
+	tap_buf_init(&s->bytes[TAP_S2C]);
+	tap_buf_init(&s->bytes[TAP_C2S]);
 	return s;
 }
 
@@ -363,12 +363,14 @@ static void g_packet(void *ctx, int64_t ts)
 static void got_free(struct got *g)
 {
 	for (size_t i = 0; i < g->n; i++) {
-		tap_buf_deinit(&g->s[i].bytes[0]);
-		tap_buf_deinit(&g->s[i].bytes[1]);
+		tap_buf_deinit(&g->s[i].bytes[TAP_S2C]);
+		tap_buf_deinit(&g->s[i].bytes[TAP_C2S]);
 	}
 }
 
-static int run_mem(const void *data, size_t len, uint16_t port, struct got *g, char *err, size_t cap)
+/* idle_us, max_streams: tap_capture_set_limits (0: the defaults); stats, when not NULL, gets the counts. */
+static int run_mem_limits(const void *data, size_t len, uint16_t port, struct got *g, int64_t idle_us,
+			  size_t max_streams, struct tap_capture_stats *stats, char *err, size_t cap)
 {
 	memset(g, 0, sizeof *g);
 	struct tap_capture_cb cb = {.ctx = g, .packet = g_packet, .open = g_open, .data = g_data, .gap = g_gap,
@@ -377,9 +379,17 @@ static int run_mem(const void *data, size_t len, uint16_t port, struct got *g, c
 	int rc = tap_capture_open_mem(&c, data, len, "mem.cap", err, cap);
 	if (rc < 0)
 		return rc;
+	tap_capture_set_limits(c, idle_us, max_streams);
 	rc = tap_capture_run(c, port, &cb, err, cap);
+	if (stats)
+		tap_capture_get_stats(c, stats);
 	tap_capture_free(c);
 	return rc;
+}
+
+static int run_mem(const void *data, size_t len, uint16_t port, struct got *g, char *err, size_t cap)
+{
+	return run_mem_limits(data, len, port, g, 0, 0, NULL, err, cap);
 }
 
 static void assert_bytes(const struct tap_buf *b, const char *want)
@@ -415,11 +425,11 @@ static void check_stream(const struct got_stream *s, bool v6)
 	ck_assert(!s->midstream);
 	ck_assert(s->closed);
 	ck_assert_int_eq(s->how, TAP_CAPTURE_END_CLIENT_FIN);
-	ck_assert_uint_eq(s->bytes[1].len, 19);
-	ck_assert(memcmp(s->bytes[1].data, "AMQP\0\0\x09\x01hello-world", 19) == 0);
-	assert_bytes(&s->bytes[0], "start-ok");
+	ck_assert_uint_eq(s->bytes[TAP_C2S].len, 19);
+	ck_assert(memcmp(s->bytes[TAP_C2S].data, "AMQP\0\0\x09\x01hello-world", 19) == 0);
+	assert_bytes(&s->bytes[TAP_S2C], "start-ok");
 	ck_assert_int_eq(s->open_ts, 1700000000000000);
-	ck_assert_int_eq(s->first_ts[0], 1700000000004000);
+	ck_assert_int_eq(s->first_ts[TAP_S2C], 1700000000004000);
 }
 
 static void check_basic(const struct got *g, bool v6)
@@ -524,13 +534,13 @@ START_TEST(out_of_order_retransmit_overlap)
 	struct got g;
 	ck_assert_int_eq(run_pkts(sizeof order / sizeof order[0], order, &g), 0);
 	ck_assert_uint_eq(g.n, 1);
-	assert_bytes(&g.s[0].bytes[1], "aaaabbbbccccdd");
-	assert_bytes(&g.s[0].bytes[0], "xy");
+	assert_bytes(&g.s[0].bytes[TAP_C2S], "aaaabbbbccccdd");
+	assert_bytes(&g.s[0].bytes[TAP_S2C], "xy");
 	ck_assert(g.s[0].closed);
 	ck_assert_int_eq(g.s[0].how, TAP_CAPTURE_END_CLIENT_FIN);
 	ck_assert_uint_eq(g.s[0].gaps, 0);
 	/* 'bbbb' and 'cccc' became deliverable when 'aaaa' (packet 3, the 7th record) arrived */
-	ck_assert_int_eq(g.s[0].first_ts[1], pk[3].ts);
+	ck_assert_int_eq(g.s[0].first_ts[TAP_C2S], pk[3].ts);
 	got_free(&g);
 }
 END_TEST
@@ -550,8 +560,8 @@ START_TEST(mid_connection_start)
 	ck_assert_int_eq(run_pkts(4, order, &g), 0);
 	ck_assert_uint_eq(g.n, 1);
 	ck_assert(g.s[0].midstream);
-	assert_bytes(&g.s[0].bytes[1], "seen");
-	assert_bytes(&g.s[0].bytes[0], "back");
+	assert_bytes(&g.s[0].bytes[TAP_C2S], "seen");
+	assert_bytes(&g.s[0].bytes[TAP_S2C], "back");
 	ck_assert_int_eq(g.s[0].how, TAP_CAPTURE_END_CLIENT_RST);
 	got_free(&g);
 }
@@ -578,9 +588,9 @@ START_TEST(reset_by_server_and_capture_end_and_port_filter)
 	struct got g;
 	ck_assert_int_eq(run_pkts(a.n + nb, NULL, &g), 0);
 	ck_assert_uint_eq(g.n, 2);
-	assert_bytes(&g.s[0].bytes[1], "one");
+	assert_bytes(&g.s[0].bytes[TAP_C2S], "one");
 	ck_assert_int_eq(g.s[0].how, TAP_CAPTURE_END_SERVER_RST);
-	assert_bytes(&g.s[1].bytes[1], "two");
+	assert_bytes(&g.s[1].bytes[TAP_C2S], "two");
 	ck_assert_uint_eq(g.s[1].id, 2);
 	ck_assert_int_eq(g.s[1].how, TAP_CAPTURE_END_CLIENT_FIN);
 	got_free(&g);
@@ -605,7 +615,7 @@ START_TEST(out_of_order_bound_gives_a_gap)
 	struct got g;
 	ck_assert_int_eq(run_pkts(n, order, &g), 0);
 	/* 2.4 MB fits the 4 MB bound: still buffered, delivered at the end only if the hole fills: it never does */
-	ck_assert_uint_eq(g.s[0].bytes[1].len, 0);
+	ck_assert_uint_eq(g.s[0].bytes[TAP_C2S].len, 0);
 	got_free(&g);
 	for (int i = 0; i < 40; i++) /* ... 4.8 MB exceeds the bound: the hole is given up */
 		conv_send(&v, true, F_ACK, big, sizeof big);
@@ -615,7 +625,7 @@ START_TEST(out_of_order_bound_gives_a_gap)
 			order[n++] = i;
 	ck_assert_int_eq(run_pkts(n, order, &g), 0);
 	ck_assert_uint_eq(g.s[0].gaps, 1);
-	ck_assert_uint_eq(g.s[0].bytes[1].len, 80u * sizeof big);
+	ck_assert_uint_eq(g.s[0].bytes[TAP_C2S].len, 80u * sizeof big);
 	got_free(&g);
 }
 END_TEST
@@ -724,8 +734,8 @@ START_TEST(real_loopback_capture)
 	while (fscanf(f, "%llu %llu %llx %llx %d", &cl, &sl, &ch, &sh, &how) == 5) {
 		ck_assert_uint_lt(i, g.n);
 		const struct got_stream *s = &g.s[i];
-		ck_assert_uint_eq(s->bytes[1].len, cl);
-		ck_assert_uint_eq(s->bytes[0].len, sl);
+		ck_assert_uint_eq(s->bytes[TAP_C2S].len, cl);
+		ck_assert_uint_eq(s->bytes[TAP_S2C].len, sl);
 		for (int d = 0; d < 2; d++) {
 			uint64_t h = 1469598103934665603ull;
 			for (size_t k = 0; k < s->bytes[d].len; k++)
@@ -734,13 +744,99 @@ START_TEST(real_loopback_capture)
 		}
 		ck_assert_int_eq(s->how, how);
 		ck_assert(!s->midstream);
-		ck_assert(memcmp(s->bytes[1].data, "AMQP\0\0\x09\x01", 8) == 0);
+		ck_assert(memcmp(s->bytes[TAP_C2S].data, "AMQP\0\0\x09\x01", 8) == 0);
 		i++;
 	}
 	fclose(f);
 	ck_assert_uint_eq(i, g.n);
 	ck_assert_uint_ge(g.n, 2);
 	got_free(&g);
+}
+END_TEST
+
+/* Streams are bounded: with room for two open, a third one closes the least recently active (_END_LIMIT);
+ * streams silent for the idle time are closed (TAP_CAPTURE_END_IDLE), never reported as a reset or FIN, and a
+ * later packet of one starts a new mid-stream stream. Closed streams are forgotten as well. */
+START_TEST(stream_limit_and_idle_time)
+{
+	static struct pkt all[32];
+	size_t n = 0;
+	struct conv a, b, c, d;
+	struct pkt tmp[8];
+	const int64_t t0 = 1700000000000000, ms = 1000;
+	struct conv *convs[] = {&a, &b, &c, &d};
+	for (int i = 0; i < 4; i++) {
+		conv_init(convs[i], false, (uint16_t)(40001 + i), 5672, tmp);
+		convs[i]->ts = t0 + i * 10 * ms;
+		if (i == 3)
+			convs[i]->ts = t0 + 200 * ms;
+		conv_open(convs[i]);
+		if (i < 3)
+			conv_send(convs[i], true, F_PSH | F_ACK, "AMQP\0\0\x09\x01", 8);
+		for (size_t k = 0; k < convs[i]->n; k++)
+			all[n++] = tmp[k];
+		convs[i]->n = 0;
+		if (i == 2) { /* A speaks again at 30 ms, after it was pushed out */
+			a.ts = t0 + 30 * ms;
+			a.pkts = tmp;
+			conv_send(&a, true, F_PSH | F_ACK, "more", 4);
+			all[n++] = tmp[0];
+		}
+	}
+	struct tap_buf buf;
+	tap_buf_init(&buf);
+	write_pcap(&buf, all, n, 101, false, false, false);
+	struct got g;
+	struct tap_capture_stats st;
+	char err[256] = "";
+	ck_assert_msg(run_mem_limits(buf.data, buf.len, 5672, &g, 100 * ms, 2, &st, err, sizeof err) == 0, "%s", err);
+	ck_assert_uint_eq(g.n, 5); /* A, B, C, A again (mid-stream), D */
+	ck_assert_str_eq(g.s[0].client, "10.0.0.1:40001");
+	ck_assert_int_eq(g.s[0].how, TAP_CAPTURE_END_LIMIT);
+	ck_assert_int_eq(g.s[0].close_ts, t0 + 20 * ms);
+	ck_assert_int_eq(g.s[1].how, TAP_CAPTURE_END_LIMIT); /* when A came back */
+	ck_assert_int_eq(g.s[1].close_ts, t0 + 30 * ms);
+	ck_assert_int_eq(g.s[2].how, TAP_CAPTURE_END_IDLE);
+	ck_assert_int_eq(g.s[2].close_ts, t0 + 200 * ms);
+	ck_assert_str_eq(g.s[3].client, "10.0.0.1:40001");
+	ck_assert(g.s[3].midstream);
+	assert_bytes(&g.s[3].bytes[TAP_C2S], "more");
+	ck_assert_int_eq(g.s[3].how, TAP_CAPTURE_END_IDLE);
+	ck_assert_int_eq(g.s[3].close_ts, t0 + 200 * ms);
+	ck_assert_str_eq(g.s[4].client, "10.0.0.1:40004");
+	ck_assert_int_eq(g.s[4].how, TAP_CAPTURE_END_CAPTURE);
+	ck_assert_uint_eq(st.evicted, 2);
+	ck_assert_uint_eq(st.idle_closed, 2);
+	got_free(&g);
+	/* the defaults close nothing early here */
+	ck_assert(run_mem_limits(buf.data, buf.len, 5672, &g, 0, 0, &st, err, sizeof err) == 0);
+	ck_assert_uint_eq(g.n, 4);
+	ck_assert_uint_eq(st.evicted + st.idle_closed, 0);
+	got_free(&g);
+	/* a closed stream drops its late packets for the idle time, then it is forgotten */
+	struct conv e;
+	n = 0;
+	conv_init(&e, false, 40009, 5672, tmp);
+	conv_open(&e);
+	conv_send(&e, true, F_PSH | F_ACK, "AMQP\0\0\x09\x01", 8);
+	conv_close(&e);
+	for (size_t k = 0; k < e.n; k++)
+		all[n++] = tmp[k];
+	for (int late = 0; late < 2; late++) {
+		e.n = 0;
+		e.ts = t0 + (late ? 500 : 50) * ms;
+		conv_raw(&e, true, e.cseq - 9, F_PSH | F_ACK, "AMQP\0\0\x09\x01", 8); /* a retransmission */
+		all[n++] = tmp[0];
+	}
+	tap_buf_reset(&buf);
+	write_pcap(&buf, all, n, 101, false, false, false);
+	ck_assert(run_mem_limits(buf.data, buf.len, 5672, &g, 100 * ms, 0, &st, err, sizeof err) == 0);
+	ck_assert_uint_eq(g.n, 2);
+	ck_assert_int_eq(g.s[0].how, TAP_CAPTURE_END_CLIENT_FIN);
+	ck_assert(g.s[1].midstream);
+	ck_assert_int_eq(g.s[1].open_ts, t0 + 500 * ms);
+	got_free(&g);
+	tap_buf_deinit(&buf);
 }
 END_TEST
 
@@ -758,6 +854,7 @@ int main(void)
 	tcase_add_test(tc, truncated_file_keeps_earlier_streams);
 	tcase_add_test(tc, corrupt_pcapng_block_length);
 	tcase_add_test(tc, real_loopback_capture);
+	tcase_add_test(tc, stream_limit_and_idle_time);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -1,128 +1,95 @@
-/* The per-connection observer: a hand-built client/broker exchange is fed
- * whole, split at every offset and one byte at a time; the records, and the
- * capture copy with its password overwritten, must not depend on the split. */
+/* The per-connection observer: a hand-built client/broker exchange is fed whole, split at every offset and one
+ * byte at a time; the records, and the capture copy with its password overwritten, must not depend on the split.
+ * No byte of a password reaches the capture copy or a record, whatever the client sent: AMQP 0-8 headers, a
+ * start-ok cut before its end, AMQPLAIN with two PASSWORD keys, a start-ok that does not decode, a foreign
+ * protocol. A body longer than its header announced is a decode error; client properties are read by type. */
 #include "amqptap/conn.h"
 #include "amqptap/redact.h"
+#include "amqptap/status.h"
 #include "amqptap/track.h"
 
 #include <check.h>
 
+#include "tap_build.h"
 #include "tap_check.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- a tiny AMQP encoder for the test streams ---- */
-
-struct bytes {
-	uint8_t d[8192];
-	size_t n;
-};
-
-static void put(struct bytes *b, const void *p, size_t n)
-{
-	ck_assert_uint_le(b->n + n, sizeof b->d);
-	memcpy(b->d + b->n, p, n);
-	b->n += n;
-}
-static void u8(struct bytes *b, uint8_t v) { put(b, &v, 1); }
-static void u16(struct bytes *b, uint16_t v) { u8(b, v >> 8); u8(b, v & 0xff); }
-static void u32(struct bytes *b, uint32_t v) { u16(b, v >> 16); u16(b, v & 0xffff); }
-static void u64(struct bytes *b, uint64_t v) { u32(b, v >> 32); u32(b, v & 0xffffffff); }
-static void sstr(struct bytes *b, const char *s) { u8(b, (uint8_t)strlen(s)); put(b, s, strlen(s)); }
-static void lstr(struct bytes *b, const void *s, size_t n) { u32(b, (uint32_t)n); put(b, s, n); }
-
-static void frame(struct bytes *out, uint8_t type, uint16_t ch, const struct bytes *payload)
-{
-	u8(out, type);
-	u16(out, ch);
-	u32(out, (uint32_t)payload->n);
-	put(out, payload->d, payload->n);
-	u8(out, 0xCE);
-}
-
-static void method(struct bytes *out, uint16_t ch, uint16_t cls, uint16_t mth, const struct bytes *args)
-{
-	struct bytes p = {.n = 0};
-	u16(&p, cls);
-	u16(&p, mth);
-	if (args)
-		put(&p, args->d, args->n);
-	frame(out, 1, ch, &p);
-}
-
 #define PASSWORD "s3cr3t-pw"
+#define PASSWORD2 "0ther-pw"
 
-static void client_stream(struct bytes *c)
+/* ---- streams ---- */
+
+static void plain_start_ok(struct tap_bytes *c)
 {
-	put(c, "AMQP\0\0\x09\x01", 8);
-	struct bytes a = {.n = 0};
-	u32(&a, 0); /* client-properties: empty table */
-	sstr(&a, "PLAIN");
-	lstr(&a, "\0guest\0" PASSWORD, 7 + strlen(PASSWORD));
-	sstr(&a, "en_US");
-	method(c, 0, 10, 11, &a); /* connection.start-ok */
-	a.n = 0;
-	u16(&a, 2047);
-	u32(&a, 131072);
-	u16(&a, 60);
-	method(c, 0, 10, 31, &a); /* tune-ok */
-	a.n = 0;
-	sstr(&a, "/");
-	sstr(&a, "");
-	u8(&a, 0);
-	method(c, 0, 10, 40, &a); /* connection.open */
-	a.n = 0;
-	sstr(&a, "");
-	method(c, 1, 20, 10, &a); /* channel.open */
-	a.n = 0;
-	u8(&a, 0);
-	method(c, 1, 85, 10, &a); /* confirm.select */
-	for (int i = 0; i < 2; i++) {
-		a.n = 0;
-		u16(&a, 0);
-		sstr(&a, "x.d");
-		sstr(&a, i == 0 ? "match" : "nomatch");
-		u8(&a, 1); /* mandatory */
-		method(c, 1, 60, 40, &a); /* basic.publish */
-		struct bytes h = {.n = 0};
-		u16(&h, 60);
-		u16(&h, 0);
-		u64(&h, 12);
-		u16(&h, 1u << 7); /* message-id */
-		sstr(&h, i == 0 ? "id-1" : "id-2");
-		frame(c, 2, 1, &h);
-		struct bytes body = {.n = 0};
-		put(&body, "hello ", 6);
-		frame(c, 3, 1, &body);
-		frame(c, 3, 1, &body);
-	}
+	tap_build_start_ok(c, NULL, "PLAIN", "\0guest\0" PASSWORD, 7 + strlen(PASSWORD));
 }
 
-static void broker_stream(struct bytes *s)
+/* tune-ok, connection.open "/", channel.open 1 */
+static void open_session(struct tap_bytes *c)
 {
-	struct bytes a = {.n = 0};
-	sstr(&a, "");
-	method(s, 0, 10, 41, &a); /* connection.open-ok */
+	tap_build_tune_ok_open(c, "/");
+	tap_build_method(c, 1, TAP_CHANNEL_OPEN, "", 1);
+}
+
+/* basic.publish on ch, a header announcing `announced` bytes with a message-id, and `body` in two frames. */
+static void publish(struct tap_bytes *c, uint16_t ch, const char *rk, const char *id, uint64_t announced,
+		    const char *body)
+{
+	struct tap_bytes a = {0};
+	tap_build_u16(&a, 0);
+	tap_build_shortstr(&a, "x.d");
+	tap_build_shortstr(&a, rk);
+	tap_build_u8(&a, 1); /* mandatory */
+	tap_build_method(c, ch, TAP_BASIC_PUBLISH, a.d, a.n);
 	a.n = 0;
-	u16(&a, 312);
-	sstr(&a, "NO_ROUTE");
-	sstr(&a, "x.d");
-	sstr(&a, "nomatch");
-	method(s, 1, 60, 50, &a); /* basic.return */
-	struct bytes h = {.n = 0};
-	u16(&h, 60);
-	u16(&h, 0);
-	u64(&h, 12);
-	u16(&h, 1u << 7);
-	sstr(&h, "id-2");
-	frame(s, 2, 1, &h);
-	struct bytes body = {.n = 0};
-	put(&body, "hello hello ", 12);
-	frame(s, 3, 1, &body);
+	tap_build_u16(&a, 60);
+	tap_build_u16(&a, 0);
+	tap_build_u64(&a, announced);
+	tap_build_u16(&a, 1u << 7); /* message-id */
+	tap_build_shortstr(&a, id);
+	tap_build_frame(c, 2, ch, a.d, a.n);
+	size_t half = strlen(body) / 2;
+	tap_build_frame(c, 3, ch, body, half);
+	tap_build_frame(c, 3, ch, body + half, strlen(body) - half);
+	tap_build_free(&a);
+}
+
+static void client_stream(struct tap_bytes *c)
+{
+	tap_build_raw(c, "AMQP\0\0\x09\x01", 8);
+	plain_start_ok(c);
+	open_session(c);
+	tap_build_method(c, 1, TAP_CONFIRM_SELECT, "\0", 1);
+	publish(c, 1, "match", "id-1", 12, "hello hello ");
+	publish(c, 1, "nomatch", "id-2", 12, "hello hello ");
+}
+
+static void broker_stream(struct tap_bytes *s)
+{
+	struct tap_bytes a = {0};
+	tap_build_shortstr(&a, "");
+	tap_build_method(s, 0, TAP_CONNECTION_OPEN_OK, a.d, a.n);
 	a.n = 0;
-	u64(&a, 2);
-	u8(&a, 1); /* multiple */
-	method(s, 1, 60, 80, &a); /* basic.ack */
+	tap_build_u16(&a, 312);
+	tap_build_shortstr(&a, "NO_ROUTE");
+	tap_build_shortstr(&a, "x.d");
+	tap_build_shortstr(&a, "nomatch");
+	tap_build_method(s, 1, TAP_BASIC_RETURN, a.d, a.n);
+	a.n = 0;
+	tap_build_u16(&a, 60);
+	tap_build_u16(&a, 0);
+	tap_build_u64(&a, 12);
+	tap_build_u16(&a, 1u << 7);
+	tap_build_shortstr(&a, "id-2");
+	tap_build_frame(s, 2, 1, a.d, a.n);
+	tap_build_frame(s, 3, 1, "hello hello ", 12);
+	a.n = 0;
+	tap_build_u64(&a, 2);
+	tap_build_u8(&a, 1); /* multiple */
+	tap_build_method(s, 1, TAP_BASIC_ACK, a.d, a.n);
+	tap_build_free(&a);
 }
 
 /* ---- sinks ---- */
@@ -130,8 +97,8 @@ static void broker_stream(struct bytes *s)
 struct sink {
 	char records[16384];
 	size_t len;
-	uint8_t captured[2][8192];
-	size_t cap_len[2];
+	uint8_t captured[TAP_DIR_COUNT][8192];
+	size_t cap_len[TAP_DIR_COUNT];
 	int opened, closed;
 };
 
@@ -148,7 +115,10 @@ static void emit(void *ctx, const char *json, size_t len)
 static void *cap_open(void *ctx, uint64_t conn, const char *client, const char *server, int64_t ts)
 {
 	struct sink *s = ctx;
-	(void)conn, (void)client, (void)server, (void)ts;
+	(void)conn;
+	(void)client;
+	(void)server;
+	(void)ts;
 	s->opened++;
 	return s;
 }
@@ -156,7 +126,8 @@ static void *cap_open(void *ctx, uint64_t conn, const char *client, const char *
 static void cap_data(void *ctx, void *sc, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts)
 {
 	struct sink *s = ctx;
-	(void)sc, (void)ts;
+	(void)sc;
+	(void)ts;
 	ck_assert_uint_le(s->cap_len[dir] + len, sizeof s->captured[dir]);
 	memcpy(s->captured[dir] + s->cap_len[dir], data, len);
 	s->cap_len[dir] += len;
@@ -165,15 +136,16 @@ static void cap_data(void *ctx, void *sc, enum tap_dir dir, const uint8_t *data,
 static void cap_close(void *ctx, void *sc, int64_t ts)
 {
 	struct sink *s = ctx;
-	(void)sc, (void)ts;
+	(void)sc;
+	(void)ts;
 	s->closed++;
 }
 
 static const struct tap_capture_sink capture = {NULL, cap_open, cap_data, cap_close};
 
-/* Feeds both streams with the client side cut into `step`-byte pieces
- * (0: one piece) and, when `cut` > 0, one extra cut at that offset. */
-static void run(struct sink *s, size_t step, size_t cut)
+/* Feeds the client stream cut into `step`-byte pieces (0: one piece) and, when `cut` > 0, one extra cut at that
+ * offset, then the broker stream (if any), then ends the connection. */
+static void run_streams(struct sink *s, const struct tap_bytes *cl, const struct tap_bytes *br, size_t step, size_t cut)
 {
 	memset(s, 0, sizeof *s);
 	struct tap_track_conf tc = {0};
@@ -185,27 +157,34 @@ static void run(struct sink *s, size_t step, size_t cut)
 	o.capture = &cs;
 	struct tap_conn *c = tap_conn_new(&o, 7, "127.0.0.1:40000", "127.0.0.1:5672", 1000);
 	ck_assert_ptr_nonnull(c);
-	static struct bytes cl, br;
-	cl.n = br.n = 0;
-	client_stream(&cl);
-	broker_stream(&br);
 	size_t off = 0;
-	while (off < cl.n) {
-		size_t n = step ? step : cl.n;
+	while (off < cl->n) {
+		size_t n = step ? step : cl->n;
 		if (cut > off && cut < off + n)
 			n = cut - off;
-		if (n > cl.n - off)
-			n = cl.n - off;
-		tap_conn_feed(c, true, cl.d + off, n, 2000);
+		if (n > cl->n - off)
+			n = cl->n - off;
+		tap_conn_feed(c, TAP_C2S, cl->d + off, n, 2000);
 		off += n;
 	}
-	tap_conn_feed(c, false, br.d, br.n, 3000);
+	if (br)
+		tap_conn_feed(c, TAP_S2C, br->d, br->n, 3000);
 	tap_conn_end(c, "client_eof", 4000);
 	tap_track_shutdown(t, 5000);
 	tap_track_free(t);
 	tap_observer_deinit(&o);
-	ck_assert_uint_eq(s->cap_len[1], cl.n);
-	ck_assert_uint_eq(s->cap_len[0], br.n);
+	ck_assert_uint_eq(s->cap_len[TAP_C2S], cl->n);
+	ck_assert_uint_eq(s->cap_len[TAP_S2C], br ? br->n : 0);
+}
+
+static void run(struct sink *s, size_t step, size_t cut)
+{
+	struct tap_bytes cl = {0}, br = {0};
+	client_stream(&cl);
+	broker_stream(&br);
+	run_streams(s, &cl, &br, step, cut);
+	tap_build_free(&cl);
+	tap_build_free(&br);
 }
 
 static size_t count(const char *hay, const char *needle)
@@ -214,6 +193,16 @@ static size_t count(const char *hay, const char *needle)
 	for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
 		n++;
 	return n;
+}
+
+/* No output holds a byte string of the password of 3 bytes or more. */
+static void assert_no_password(const struct sink *s, const char *pw)
+{
+	for (size_t i = 0; i + 3 <= strlen(pw); i++) {
+		ck_assert_msg(!memmem(s->captured[TAP_C2S], s->cap_len[TAP_C2S], pw + i, 3), "capture holds %.3s",
+			      pw + i);
+		ck_assert_msg(!memmem(s->records, s->len, pw + i, 3), "records hold %.3s", pw + i);
+	}
 }
 
 START_TEST(records_of_a_session)
@@ -227,7 +216,8 @@ START_TEST(records_of_a_session)
 	ck_assert_ptr_nonnull(strstr(s.records, "\"route\":\"returned\",\"reply_code\":312"));
 	ck_assert_ptr_nonnull(strstr(s.records, "\"order\":\"return_before_ack\""));
 	ck_assert_ptr_nonnull(strstr(s.records, "\"route\":\"routed\""));
-	ck_assert_ptr_null(strstr(s.records, PASSWORD));
+	ck_assert_ptr_null(strstr(s.records, "decode_error"));
+	assert_no_password(&s, PASSWORD);
 	ck_assert_int_eq(s.opened, 1);
 	ck_assert_int_eq(s.closed, 1);
 }
@@ -236,21 +226,20 @@ END_TEST
 START_TEST(capture_overwrites_only_the_password)
 {
 	static struct sink s;
-	static struct bytes cl;
-	cl.n = 0;
+	struct tap_bytes cl = {0};
 	client_stream(&cl);
 	run(&s, 0, 0);
 	const uint8_t *pw = memmem(cl.d, cl.n, PASSWORD, strlen(PASSWORD));
 	ck_assert_ptr_nonnull(pw);
 	size_t at = (size_t)(pw - cl.d);
-	ck_assert_ptr_null(memmem(s.captured[1], s.cap_len[1], PASSWORD, strlen(PASSWORD)));
 	for (size_t i = 0; i < cl.n; i++) {
 		if (i >= at && i < at + strlen(PASSWORD))
-			ck_assert_uint_eq(s.captured[1][i], TAP_REDACT_FILL);
+			ck_assert_uint_eq(s.captured[TAP_C2S][i], TAP_REDACT_FILL);
 		else
-			ck_assert_uint_eq(s.captured[1][i], cl.d[i]);
+			ck_assert_uint_eq(s.captured[TAP_C2S][i], cl.d[i]);
 	}
-	ck_assert_ptr_nonnull(memmem(s.captured[1], s.cap_len[1], "\0guest\0", 7));
+	ck_assert_ptr_nonnull(memmem(s.captured[TAP_C2S], s.cap_len[TAP_C2S], "\0guest\0", 7));
+	tap_build_free(&cl);
 }
 END_TEST
 
@@ -259,21 +248,124 @@ START_TEST(any_split_gives_the_same_result)
 {
 	static struct sink whole, part;
 	run(&whole, 0, 0);
-	static struct bytes cl;
-	cl.n = 0;
+	struct tap_bytes cl = {0};
 	client_stream(&cl);
 	for (size_t cut = 1; cut < cl.n; cut++) {
 		run(&part, 0, cut);
 		ck_assert_str_eq(part.records, whole.records);
-		ck_assert_mem_eq(part.captured[1], whole.captured[1], whole.cap_len[1]);
+		ck_assert_mem_eq(part.captured[TAP_C2S], whole.captured[TAP_C2S], whole.cap_len[TAP_C2S]);
 	}
 	run(&part, 1, 0);
 	ck_assert_str_eq(part.records, whole.records);
-	ck_assert_mem_eq(part.captured[1], whole.captured[1], whole.cap_len[1]);
+	ck_assert_mem_eq(part.captured[TAP_C2S], whole.captured[TAP_C2S], whole.cap_len[TAP_C2S]);
+	tap_build_free(&cl);
 }
 END_TEST
 
-START_TEST(foreign_protocol_is_a_decode_error_and_still_captured)
+/* AMQPLAIN with two PASSWORD keys: both are overwritten, LOGIN stays and is the user; at every split. */
+START_TEST(amqplain_two_passwords)
+{
+	static const char *const pw[] = {PASSWORD, PASSWORD2};
+	struct tap_bytes t = {0};
+	tap_build_amqplain(&t, "guest", pw, 2);
+	struct tap_bytes cl = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	tap_build_start_ok(&cl, NULL, "AMQPLAIN", t.d, t.n);
+	open_session(&cl);
+	struct tap_bytes br = {0};
+	tap_build_method(&br, 0, TAP_CONNECTION_OPEN_OK, "\0", 1);
+	static struct sink s;
+	for (size_t cut = 0; cut < cl.n; cut++) {
+		run_streams(&s, &cl, &br, 0, cut);
+		assert_no_password(&s, PASSWORD);
+		assert_no_password(&s, PASSWORD2);
+		ck_assert_ptr_nonnull(memmem(s.captured[TAP_C2S], s.cap_len[TAP_C2S], "LOGIN\x53\0\0\0\x05guest", 15));
+		ck_assert_ptr_nonnull(strstr(s.records, "\"user\":\"guest\""));
+	}
+	tap_build_free(&br);
+	tap_build_free(&cl);
+	tap_build_free(&t);
+}
+END_TEST
+
+/* A connection that ends anywhere inside its start-ok, even just before the end octet, leaves no byte of the
+ * password in the capture; the bytes are still there, overwritten. */
+START_TEST(cut_start_ok_is_overwritten)
+{
+	struct tap_bytes cl = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	plain_start_ok(&cl);
+	static struct sink s;
+	for (size_t end = 9; end <= cl.n; end++) {
+		struct tap_bytes part = {0};
+		tap_build_raw(&part, cl.d, end);
+		for (size_t step = 0; step < 3; step++) {
+			run_streams(&s, &part, NULL, step, 0);
+			assert_no_password(&s, PASSWORD);
+			ck_assert_mem_eq(s.captured[TAP_C2S], "AMQP\0\0\x09\x01", 8);
+		}
+		tap_build_free(&part);
+	}
+	tap_build_free(&cl);
+}
+END_TEST
+
+/* A connection.update-secret after the login, on channel 0 and (wrongly) on channel 1, split at every offset:
+ * the new secret never reaches the capture. */
+START_TEST(update_secret_split_anywhere)
+{
+	struct tap_bytes a = {0};
+	tap_build_longstr(&a, PASSWORD2, strlen(PASSWORD2));
+	tap_build_shortstr(&a, "refresh");
+	struct tap_bytes cl = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	plain_start_ok(&cl);
+	open_session(&cl);
+	for (int i = 0; i < 20; i++) /* publishes around it: frames of other classes split on other channels */
+		publish(&cl, 1, "k", "id", 4, "abcd");
+	tap_build_method(&cl, 0, TAP_CONNECTION_UPDATE_SECRET, a.d, a.n);
+	publish(&cl, 1, "k", "id", 4, "abcd");
+	tap_build_method(&cl, 1, TAP_CONNECTION_UPDATE_SECRET, a.d, a.n);
+	static struct sink s;
+	for (size_t cut = 8; cut < cl.n; cut++) {
+		run_streams(&s, &cl, NULL, 0, cut);
+		assert_no_password(&s, PASSWORD2);
+	}
+	for (size_t step = 1; step < 40; step++) {
+		run_streams(&s, &cl, NULL, step, 0);
+		assert_no_password(&s, PASSWORD2);
+	}
+	tap_build_free(&cl);
+	tap_build_free(&a);
+}
+END_TEST
+
+/* A start-ok whose arguments do not decode (the locale runs past the frame) is overwritten whole. */
+START_TEST(undecodable_start_ok_is_overwritten)
+{
+	struct tap_bytes a = {0};
+	tap_build_u32(&a, 0);
+	tap_build_shortstr(&a, "PLAIN");
+	tap_build_longstr(&a, "\0guest\0" PASSWORD, 7 + strlen(PASSWORD));
+	tap_build_u8(&a, 200); /* locale length past the end */
+	struct tap_bytes cl = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	tap_build_method(&cl, 0, TAP_CONNECTION_START_OK, a.d, a.n);
+	open_session(&cl);
+	static struct sink s;
+	run_streams(&s, &cl, NULL, 0, 0);
+	assert_no_password(&s, PASSWORD);
+	ck_assert_ptr_null(memmem(s.captured[TAP_C2S], s.cap_len[TAP_C2S], "guest", 5));
+	ck_assert_ptr_nonnull(strstr(s.records, "\"type\":\"connection\""));
+	tap_build_free(&cl);
+	tap_build_free(&a);
+}
+END_TEST
+
+/* AMQP 1.0 (SASL PLAIN would follow): one decode_error whose hex shows no byte past the protocol header, and
+ * every client byte from the error on overwritten in the capture, also those fed after it ("AMQP" had been
+ * passed on before the error was known). */
+START_TEST(foreign_protocol_is_a_decode_error_and_overwritten)
 {
 	static struct sink s;
 	memset(&s, 0, sizeof s);
@@ -285,17 +377,162 @@ START_TEST(foreign_protocol_is_a_decode_error_and_still_captured)
 	tap_observer_init(&o, t, emit, &s, NULL, 0);
 	o.capture = &cs;
 	struct tap_conn *c = tap_conn_new(&o, 1, "127.0.0.1:1", "127.0.0.1:2", 1);
-	static const uint8_t amqp10[] = "AMQP\x00\x01\x00\x00garbage-after";
-	tap_conn_feed(c, true, amqp10, 4, 2);
-	tap_conn_feed(c, true, amqp10 + 4, sizeof amqp10 - 5, 2);
-	tap_conn_feed(c, true, amqp10, 3, 3); /* after the error: still passed on */
+	static const uint8_t amqp10[] = "AMQP\x03\x01\x00\x00\x00\x00\x00\x1a\x02\x01\x00\x00" PASSWORD;
+	tap_conn_feed(c, TAP_C2S, amqp10, 4, 2);
+	tap_conn_feed(c, TAP_C2S, amqp10 + 4, sizeof amqp10 - 5, 2);
+	tap_conn_feed(c, TAP_C2S, (const uint8_t *)PASSWORD, 3, 3);
 	tap_conn_end(c, "client_eof", 4);
 	tap_track_free(t);
 	tap_observer_deinit(&o);
 	ck_assert_uint_eq(count(s.records, "\"type\":\"decode_error\""), 1);
-	ck_assert_ptr_nonnull(strstr(s.records, "\"dir\":\"c2s\",\"offset\":5"));
-	ck_assert_uint_eq(s.cap_len[1], sizeof amqp10 - 1 + 3);
-	ck_assert_mem_eq(s.captured[1], amqp10, sizeof amqp10 - 1);
+	ck_assert_ptr_nonnull(strstr(s.records, "\"dir\":\"c2s\",\"offset\":4"));
+	ck_assert_ptr_nonnull(strstr(s.records, "\"hex\":\"03010000\""));
+	ck_assert_uint_eq(s.cap_len[TAP_C2S], sizeof amqp10 - 1 + 3);
+	ck_assert_mem_eq(s.captured[TAP_C2S], "AMQP", 4);
+	for (size_t i = 4; i < s.cap_len[TAP_C2S]; i++)
+		ck_assert_uint_eq(s.captured[TAP_C2S][i], TAP_REDACT_FILL);
+}
+END_TEST
+
+/* RabbitMQ accepts the AMQP 0-8 headers "AMQP" 1 1 8 0 and 1 1 9 1 (rabbit_reader): the session is decoded with
+ * 0-8's method numbers (connection.close 10/60, channel.open-ok without arguments): its publish gets its record,
+ * the broker's close is a close (not connection.blocked), the password is overwritten. */
+START_TEST(amqp_0_8_session)
+{
+	static const char *const headers[] = {"AMQP\x01\x01\x08\x00", "AMQP\x01\x01\x09\x01"};
+	for (size_t h = 0; h < 2; h++) {
+		struct tap_bytes cl = {0}, br = {0}, a = {0};
+		tap_build_raw(&cl, headers[h], 8);
+		plain_start_ok(&cl);
+		open_session(&cl);
+		publish(&cl, 1, "nomatch", "id-1", 4, "abcd");
+		tap_build_shortstr(&a, "");
+		tap_build_method(&br, 0, TAP_CONNECTION_OPEN_OK, a.d, a.n);
+		tap_build_method(&br, 1, TAP_CHANNEL_OPEN_OK, NULL, 0);
+		a.n = 0;
+		tap_build_u16(&a, 320);
+		tap_build_shortstr(&a, "CONNECTION_FORCED - broker forced connection closure");
+		tap_build_u16(&a, 0);
+		tap_build_u16(&a, 0);
+		tap_build_method(&br, 0, TAP_METHOD_ID(10, 60), a.d, a.n);
+		static struct sink s;
+		run_streams(&s, &cl, &br, 0, 0);
+		ck_assert_ptr_null(strstr(s.records, "decode_error"));
+		ck_assert_ptr_null(strstr(s.records, "blocked"));
+		ck_assert_uint_eq(count(s.records, "\"type\":\"publish\""), 1);
+		ck_assert_ptr_nonnull(strstr(s.records, "\"routing_key\":\"nomatch\""));
+		ck_assert_ptr_nonnull(strstr(s.records, "\"user\":\"guest\""));
+		ck_assert_ptr_nonnull(strstr(s.records, "\"by\":\"broker\",\"code\":320"));
+		assert_no_password(&s, PASSWORD);
+		tap_build_free(&a);
+		tap_build_free(&cl);
+		tap_build_free(&br);
+	}
+}
+END_TEST
+
+/* The body frame that completes a content, with one of its slices. */
+static void body_frames(struct tap_bytes *c, uint16_t ch, uint64_t announced, const char *const *frames, size_t n)
+{
+	struct tap_bytes a = {0};
+	tap_build_u16(&a, 0);
+	tap_build_shortstr(&a, "x.d");
+	tap_build_shortstr(&a, "k");
+	tap_build_u8(&a, 0);
+	tap_build_method(c, ch, TAP_BASIC_PUBLISH, a.d, a.n);
+	tap_build_header(c, ch, announced);
+	for (size_t i = 0; i < n; i++)
+		tap_build_frame(c, 3, ch, frames[i], strlen(frames[i]));
+	tap_build_free(&a);
+}
+
+/* More body than the header announced is a decode error (PROTOCOL.md §4), in one frame that crosses the size
+ * (RabbitMQ never completes that content) or in a frame after the content ended (RabbitMQ's 505): the publish
+ * keeps its one record, nothing after it is decoded, and every client byte from the bad frame on is overwritten
+ * in the capture. The announced size exactly, in any number of frames, is no error. */
+START_TEST(body_longer_than_announced)
+{
+	static const char *const crossing[] = {"hello world"};
+	static const char *const after_end[] = {"hello", " world"};
+	static const char *const exact[] = {"hel", "", "lo"};
+	const char *const *cases[] = {crossing, after_end, exact};
+	const size_t n_frames[] = {1, 2, 3};
+	for (size_t k = 0; k < 3; k++) {
+		struct tap_bytes cl = {0};
+		tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+		plain_start_ok(&cl);
+		open_session(&cl);
+		size_t before = cl.n;
+		body_frames(&cl, 1, 5, cases[k], n_frames[k]);
+		size_t bad = before + (8 + 4 + 2 + 4 + 2 + 1) + (8 + 14) + (k == 1 ? 8 + 5 : 0);
+		size_t after = cl.n;
+		publish(&cl, 2, "k2", "id-2", 2, "ok");
+		static struct sink s;
+		for (size_t step = 0; step < 2; step++) {
+			run_streams(&s, &cl, NULL, step, 0);
+			ck_assert_uint_eq(count(s.records, "\"type\":\"decode_error\""), k < 2);
+			if (k == 2) {
+				ck_assert_uint_eq(count(s.records, "\"type\":\"publish\""), 2);
+				ck_assert_mem_eq(s.captured[TAP_C2S] + before, cl.d + before, cl.n - before);
+				continue;
+			}
+			ck_assert_ptr_nonnull(strstr(s.records, "\"status\":\"TAP_E_BODY_TOO_LONG\""));
+			char at[32];
+			snprintf(at, sizeof at, "\"offset\":%zu,", bad);
+			ck_assert_msg(strstr(s.records, at), "%s in %s", at, s.records);
+			ck_assert_uint_eq(count(s.records, "\"type\":\"publish\""), 1);
+			ck_assert_ptr_null(strstr(s.records, "\"routing_key\":\"k2\""));
+			/* fed whole, from the bad frame on; fed byte by byte, what was passed on before the error was
+			 * known (that frame's header and body bytes up to the announced size) stays */
+			size_t from = step ? after : bad;
+			ck_assert_mem_eq(s.captured[TAP_C2S] + before, cl.d + before, bad - before);
+			for (size_t i = from; i < cl.n; i++)
+				ck_assert_uint_eq(s.captured[TAP_C2S][i], TAP_REDACT_FILL);
+		}
+		tap_build_free(&cl);
+	}
+}
+END_TEST
+
+/* py-amqp sends product, product_version and capabilities, no version and no platform: the record must not show
+ * the capabilities table as version or platform. Values of the wrong type are left out. */
+START_TEST(client_properties_by_type)
+{
+	struct tap_bytes p = {0};
+	tap_build_key(&p, "product", 'S');
+	tap_build_longstr(&p, "py-amqp", 7);
+	tap_build_key(&p, "product_version", 'S');
+	tap_build_longstr(&p, "5.1.1", 5);
+	tap_build_key(&p, "capabilities", 'F');
+	tap_build_longstr(&p, "\x12" "connection.blocked" "t\x01", 21);
+	struct tap_bytes cl = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	tap_build_start_ok(&cl, &p, "PLAIN", "\0guest\0" PASSWORD, 7 + strlen(PASSWORD));
+	open_session(&cl);
+	struct tap_bytes br = {0};
+	tap_build_method(&br, 0, TAP_CONNECTION_OPEN_OK, "\0", 1);
+	static struct sink s;
+	run_streams(&s, &cl, &br, 0, 0);
+	ck_assert_ptr_nonnull(strstr(s.records, "\"product\":\"py-amqp\",\"version\":\"5.1.1\",\"platform\":null"));
+	ck_assert_ptr_null(strstr(s.records, "connection.blocked"));
+	/* wrong types: a numeric version, a table as platform; product_version is taken when version is no string */
+	p.n = 0;
+	tap_build_key(&p, "product", 'I');
+	tap_build_u32(&p, 7);
+	tap_build_key(&p, "version", 'I');
+	tap_build_u32(&p, 1);
+	tap_build_key(&p, "product_version", 'S');
+	tap_build_longstr(&p, "2.0", 3);
+	tap_build_key(&p, "platform", 'F');
+	tap_build_longstr(&p, "\x01k\x56", 3);
+	cl.n = 8;
+	tap_build_start_ok(&cl, &p, "PLAIN", "\0guest\0" PASSWORD, 7 + strlen(PASSWORD));
+	open_session(&cl);
+	run_streams(&s, &cl, &br, 0, 0);
+	ck_assert_ptr_nonnull(strstr(s.records, "\"product\":null,\"version\":\"2.0\",\"platform\":null"));
+	tap_build_free(&p);
+	tap_build_free(&cl);
+	tap_build_free(&br);
 }
 END_TEST
 
@@ -303,8 +540,7 @@ END_TEST
  * record, even when the connection ends inside its content. */
 START_TEST(cut_content_still_gets_its_record)
 {
-	static struct bytes cl;
-	cl.n = 0;
+	struct tap_bytes cl = {0};
 	client_stream(&cl);
 	size_t publish_ends[8], n_publish = 0;
 	for (size_t off = 8; off < cl.n;) { /* walk the frames */
@@ -325,7 +561,7 @@ START_TEST(cut_content_still_gets_its_record)
 		struct tap_observer o;
 		tap_observer_init(&o, t, emit, &s, NULL, 0);
 		struct tap_conn *c = tap_conn_new(&o, 1, "127.0.0.1:1", "127.0.0.1:2", 1);
-		tap_conn_feed(c, true, cl.d, cut, 2);
+		tap_conn_feed(c, TAP_C2S, cl.d, cut, 2);
 		tap_conn_end(c, "client_eof", 3);
 		tap_track_free(t);
 		tap_observer_deinit(&o);
@@ -334,6 +570,7 @@ START_TEST(cut_content_still_gets_its_record)
 			      count(s.records, "\"type\":\"publish\""), expect);
 		ck_assert_uint_eq(count(s.records, "\"route\":\"unknown\""), expect);
 	}
+	tap_build_free(&cl);
 }
 END_TEST
 
@@ -345,7 +582,14 @@ int main(void)
 	tcase_add_test(tc, records_of_a_session);
 	tcase_add_test(tc, capture_overwrites_only_the_password);
 	tcase_add_test(tc, any_split_gives_the_same_result);
-	tcase_add_test(tc, foreign_protocol_is_a_decode_error_and_still_captured);
+	tcase_add_test(tc, amqplain_two_passwords);
+	tcase_add_test(tc, cut_start_ok_is_overwritten);
+	tcase_add_test(tc, undecodable_start_ok_is_overwritten);
+	tcase_add_test(tc, update_secret_split_anywhere);
+	tcase_add_test(tc, foreign_protocol_is_a_decode_error_and_overwritten);
+	tcase_add_test(tc, amqp_0_8_session);
+	tcase_add_test(tc, body_longer_than_announced);
+	tcase_add_test(tc, client_properties_by_type);
 	tcase_add_test(tc, cut_content_still_gets_its_record);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);

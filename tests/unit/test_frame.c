@@ -8,136 +8,60 @@
 
 #include <check.h>
 
+#include "tap_build.h"
 #include "tap_check.h"
 #include <stdlib.h>
 #include <string.h>
 
-struct wbuf {
-	uint8_t *d;
-	size_t n, cap;
-};
-
-static void put(struct wbuf *w, const void *p, size_t n)
+static void publish(struct tap_bytes *w, uint16_t ch, const char *rk, size_t body, size_t frame_body)
 {
-	if (n == 0)
-		return;
-	if (w->n + n > w->cap) {
-		w->cap = (w->n + n) * 2;
-		w->d = realloc(w->d, w->cap);
-		ck_assert_ptr_nonnull(w->d);
-	}
-	memcpy(w->d + w->n, p, n);
-	w->n += n;
-}
-
-static void put8(struct wbuf *w, uint8_t v)
-{
-	put(w, &v, 1);
-}
-
-static void put16(struct wbuf *w, uint16_t v)
-{
-	put8(w, (uint8_t)(v >> 8));
-	put8(w, (uint8_t)v);
-}
-
-static void put32(struct wbuf *w, uint32_t v)
-{
-	put16(w, (uint16_t)(v >> 16));
-	put16(w, (uint16_t)v);
-}
-
-static void put64(struct wbuf *w, uint64_t v)
-{
-	put32(w, (uint32_t)(v >> 32));
-	put32(w, (uint32_t)v);
-}
-
-static void sstr(struct wbuf *w, const char *s)
-{
-	put8(w, (uint8_t)strlen(s));
-	put(w, s, strlen(s));
-}
-
-static void frame(struct wbuf *w, uint8_t type, uint16_t ch, const void *payload, uint32_t len)
-{
-	put8(w, type);
-	put16(w, ch);
-	put32(w, len);
-	put(w, payload, len);
-	put8(w, 0xCE);
-}
-
-static void method(struct wbuf *w, uint16_t ch, struct wbuf *args, uint32_t id)
-{
-	struct wbuf p = {0};
-	put32(&p, id);
-	if (args)
-		put(&p, args->d, args->n);
-	frame(w, 1, ch, p.d, (uint32_t)p.n);
-	free(p.d);
-}
-
-static void publish(struct wbuf *w, uint16_t ch, const char *rk, size_t body, size_t frame_body)
-{
-	struct wbuf a = {0};
-	put16(&a, 0);
-	sstr(&a, "x.direct");
-	sstr(&a, rk);
-	put8(&a, 1);
-	method(w, ch, &a, TAP_BASIC_PUBLISH);
-	free(a.d);
-	struct wbuf h = {0};
-	put16(&h, 60);
-	put16(&h, 0);
-	put64(&h, body);
-	put16(&h, 0x8000 | 0x1000 | 0x0080);
-	sstr(&h, "text/plain");
-	put8(&h, 2);
-	sstr(&h, "msg-1");
-	frame(w, 2, ch, h.d, (uint32_t)h.n);
-	free(h.d);
+	struct tap_bytes a = {0};
+	tap_build_u16(&a, 0);
+	tap_build_shortstr(&a, "x.direct");
+	tap_build_shortstr(&a, rk);
+	tap_build_u8(&a, 1);
+	tap_build_method(w, ch, TAP_BASIC_PUBLISH, a.d, a.n);
+	tap_build_free(&a);
+	struct tap_bytes h = {0};
+	tap_build_u16(&h, 60);
+	tap_build_u16(&h, 0);
+	tap_build_u64(&h, body);
+	tap_build_u16(&h, 0x8000 | 0x1000 | 0x0080);
+	tap_build_shortstr(&h, "text/plain");
+	tap_build_u8(&h, 2);
+	tap_build_shortstr(&h, "msg-1");
+	tap_build_frame(w, 2, ch, h.d, (uint32_t)h.n);
+	tap_build_free(&h);
 	uint8_t *b = malloc(body + 1);
 	for (size_t i = 0; i < body; i++)
 		b[i] = (uint8_t)(i * 7 + ch);
 	for (size_t off = 0; off < body; off += frame_body)
-		frame(w, 3, ch, b + off, (uint32_t)(body - off < frame_body ? body - off : frame_body));
+		tap_build_frame(w, 3, ch, b + off, (uint32_t)(body - off < frame_body ? body - off : frame_body));
 	free(b);
 }
 
 /* A client-side stream: header, handshake methods, publishes with multi-frame bodies on two channels, an
  * empty body frame, a heartbeat. */
-static void client_stream(struct wbuf *w)
+static void client_stream(struct tap_bytes *w)
 {
 	w->n = 0;
-	put(w, "AMQP\0\0\x09\x01", 8);
-	struct wbuf a = {0};
-	put32(&a, 0); /* empty client-properties */
-	sstr(&a, "PLAIN");
-	put32(&a, 12);
-	put(&a, "\0guest\0guest", 12);
-	sstr(&a, "en_US");
-	method(w, 0, &a, TAP_CONNECTION_START_OK);
+	tap_build_raw(w, "AMQP\0\0\x09\x01", 8);
+	tap_build_start_ok(w, NULL, "PLAIN", "\0guest\0guest", 12);
+	tap_build_tune_ok_open(w, "/");
+	struct tap_bytes a = {0};
+	tap_build_shortstr(&a, "");
+	tap_build_method(w, 1, TAP_CHANNEL_OPEN, a.d, a.n);
+	tap_build_method(w, 2, TAP_CHANNEL_OPEN, a.d, a.n);
 	a.n = 0;
-	put16(&a, 2047), put32(&a, 131072), put16(&a, 60);
-	method(w, 0, &a, TAP_CONNECTION_TUNE_OK);
-	a.n = 0;
-	sstr(&a, "/"), sstr(&a, ""), put8(&a, 0);
-	method(w, 0, &a, TAP_CONNECTION_OPEN);
-	a.n = 0;
-	sstr(&a, "");
-	method(w, 1, &a, TAP_CHANNEL_OPEN);
-	method(w, 2, &a, TAP_CHANNEL_OPEN);
-	a.n = 0;
-	put8(&a, 0);
-	method(w, 1, &a, TAP_CONFIRM_SELECT);
+	tap_build_u8(&a, 0);
+	tap_build_method(w, 1, TAP_CONFIRM_SELECT, a.d, a.n);
 	publish(w, 1, "k1", 10000, 4000);
-	frame(w, 8, 0, NULL, 0);
+	tap_build_frame(w, 8, 0, NULL, 0);
 	publish(w, 2, "k2", 64, 64);
 	publish(w, 1, "k3", 0, 1);
-	frame(w, 3, 2, NULL, 0);
+	tap_build_frame(w, 3, 2, NULL, 0);
 	publish(w, 2, "big", 131064 * 2 + 5, 131064);
-	free(a.d);
+	tap_build_free(&a);
 }
 
 /* Event log: every event's fields and payload; bodies concatenated per frame and logged at frame_end. */
@@ -205,7 +129,7 @@ static void log_deinit(struct log *l)
 
 START_TEST(splits_give_identical_events)
 {
-	struct wbuf w = {0};
+	struct tap_bytes w = {0};
 	client_stream(&w);
 	struct tap_frame_dec d;
 	struct log ref;
@@ -248,7 +172,7 @@ START_TEST(splits_give_identical_events)
 	tap_frame_dec_deinit(&d);
 	log_deinit(&l);
 	log_deinit(&ref);
-	free(w.d);
+	tap_build_free(&w);
 }
 END_TEST
 
@@ -282,14 +206,18 @@ START_TEST(protocol_headers)
 		const char *bytes;
 		int rc;
 		uint64_t off;
+		enum tap_amqp_version version;
 	} cases[] = {
-		{"AMQP\0\0\x09\x01", 0, 0},
-		{"AMQP\x01\x01\x00\x09", 0, 0},
-		{"AMQP\x00\x01\x00\x00", TAP_E_BAD_PROTOCOL_HEADER, 5}, /* AMQP 1.0 */
-		{"AMQP\x03\x01\x00\x00", TAP_E_BAD_PROTOCOL_HEADER, 4}, /* AMQP 1.0 SASL */
-		{"AMQP\0\0\x09\x00", TAP_E_BAD_PROTOCOL_HEADER, 7},     /* 0-9-0 */
-		{"\x16\x03\x01\x02\x00\x01\x00\x01", TAP_E_BAD_PROTOCOL_HEADER, 0}, /* TLS ClientHello */
-		{"GET / HT", TAP_E_BAD_PROTOCOL_HEADER, 0},
+		{"AMQP\0\0\x09\x01", 0, 0, TAP_AMQP_0_9_1},
+		{"AMQP\x01\x01\x00\x09", 0, 0, TAP_AMQP_0_9_1},                     /* 0-9 */
+		{"AMQP\x01\x01\x08\x00", 0, 0, TAP_AMQP_0_8},                       /* 0-8 */
+		{"AMQP\x01\x01\x09\x01", 0, 0, TAP_AMQP_0_8},                       /* 0-8 as on the AMQP site */
+		{"AMQP\x01\x01\x09\x00", TAP_E_BAD_PROTOCOL_HEADER, 7, TAP_AMQP_0_9_1},
+		{"AMQP\x00\x01\x00\x00", TAP_E_BAD_PROTOCOL_HEADER, 5, TAP_AMQP_0_9_1}, /* AMQP 1.0 */
+		{"AMQP\x03\x01\x00\x00", TAP_E_BAD_PROTOCOL_HEADER, 4, TAP_AMQP_0_9_1}, /* AMQP 1.0 SASL */
+		{"AMQP\0\0\x09\x00", TAP_E_BAD_PROTOCOL_HEADER, 7, TAP_AMQP_0_9_1},     /* 0-9-0 */
+		{"\x16\x03\x01\x02\x00\x01\x00\x01", TAP_E_BAD_PROTOCOL_HEADER, 0, TAP_AMQP_0_9_1}, /* TLS */
+		{"GET / HT", TAP_E_BAD_PROTOCOL_HEADER, 0, TAP_AMQP_0_9_1},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		for (int bytewise = 0; bytewise < 2; bytewise++) {
@@ -306,6 +234,15 @@ START_TEST(protocol_headers)
 				ck_assert_int_eq(tap_frame_feed(&d, p, 8, &e), TAP_E_DECODER_STOPPED);
 			} else {
 				ck_assert_uint_eq(ev, 1);
+				/* the version tags every later event */
+				const uint8_t hb[] = {8, 0, 0, 0, 0, 0, 0, 0xCE};
+				struct tap_frame_ev e;
+				ck_assert_int_eq(tap_frame_feed(&d, hb, sizeof hb, &e), 8);
+				ck_assert_int_eq(e.kind, TAP_EV_HEARTBEAT);
+				ck_assert_int_eq(e.version, cases[i].version);
+				enum tap_amqp_version v = TAP_AMQP_0_9_1;
+				ck_assert_ptr_nonnull(tap_frame_protocol(p, &v));
+				ck_assert_int_eq(v, cases[i].version);
 			}
 			tap_frame_dec_deinit(&d);
 		}
@@ -327,10 +264,10 @@ END_TEST
 
 START_TEST(bad_end_octet)
 {
-	struct wbuf w = {0};
-	put(&w, "AMQP\0\0\x09\x01", 8);
+	struct tap_bytes w = {0};
+	tap_build_raw(&w, "AMQP\0\0\x09\x01", 8);
 	uint8_t payload[] = {0, 20, 0, 41};
-	frame(&w, 1, 1, payload, 4);
+	tap_build_frame(&w, 1, 1, payload, 4);
 	w.d[w.n - 1] = 0xCD;
 	for (int bytewise = 0; bytewise < 2; bytewise++) {
 		struct tap_frame_dec d;
@@ -344,7 +281,7 @@ START_TEST(bad_end_octet)
 	}
 	/* on a body frame, split before and after its end octet */
 	w.n = 0;
-	frame(&w, 3, 1, "hello", 5);
+	tap_build_frame(&w, 3, 1, "hello", 5);
 	w.d[w.n - 1] = 0;
 	for (size_t cut = 1; cut < w.n; cut++) {
 		struct tap_frame_dec d;
@@ -357,19 +294,19 @@ START_TEST(bad_end_octet)
 		ck_assert_uint_eq(tap_frame_dec_error_offset(&d), w.n - 1);
 		tap_frame_dec_deinit(&d);
 	}
-	free(w.d);
+	tap_build_free(&w);
 }
 END_TEST
 
-static uint8_t hdr_bytes[7];
-
+/* A 7-byte frame header, valid until the next call. */
 static const uint8_t *header(uint8_t type, uint16_t ch, uint32_t size)
 {
-	hdr_bytes[0] = type;
-	hdr_bytes[1] = (uint8_t)(ch >> 8), hdr_bytes[2] = (uint8_t)ch;
-	hdr_bytes[3] = (uint8_t)(size >> 24), hdr_bytes[4] = (uint8_t)(size >> 16);
-	hdr_bytes[5] = (uint8_t)(size >> 8), hdr_bytes[6] = (uint8_t)size;
-	return hdr_bytes;
+	static struct tap_bytes h;
+	h.n = 0;
+	tap_build_u8(&h, type);
+	tap_build_u16(&h, ch);
+	tap_build_u32(&h, size);
+	return h.d;
 }
 
 START_TEST(frame_max_bound)
@@ -395,6 +332,39 @@ START_TEST(frame_max_bound)
 	tap_frame_dec_set_frame_max(&d, 4096);
 	ck_assert_int_eq(feed_bytewise(&d, header(3, 1, 4097), 7, &ev), TAP_E_FRAME_TOO_LARGE);
 	tap_frame_dec_deinit(&d);
+}
+END_TEST
+
+/* A negotiated frame_max of 4 GB does not let a method or header frame size the decoder's buffer: above
+ * TAP_FRAME_BUFFER_MAX it is TAP_E_FRAME_TOO_LARGE, below it the buffer grows with the bytes that came, on both
+ * paths. */
+START_TEST(huge_frame_max_does_not_size_the_buffer)
+{
+	struct tap_frame_dec d;
+	unsigned ev = 0;
+	for (uint8_t type = 1; type <= 2; type++) {
+		tap_frame_dec_init(&d);
+		tap_frame_dec_set_frame_max(&d, 0xFFFFFFF0u);
+		ck_assert_int_eq(feed_all(&d, header(type, 1, TAP_FRAME_BUFFER_MAX + 1), 7, &ev), TAP_E_FRAME_TOO_LARGE);
+		tap_frame_dec_deinit(&d);
+		tap_frame_dec_init(&d);
+		tap_frame_dec_set_frame_max(&d, 0xFFFFFFF0u);
+		ck_assert_int_eq(feed_all(&d, header(type, 1, TAP_FRAME_BUFFER_MAX), 7, &ev), 0);
+		ck_assert_uint_eq(d.cap, 0);
+		ck_assert_int_eq(feed_all(&d, (const uint8_t *)"\0\x0a\0\x32\0\0", 6, &ev), 0);
+		ck_assert_uint_le(d.cap, 512);
+		tap_frame_dec_deinit(&d);
+	}
+	/* the fast path agrees: a whole method frame above the bound in one input */
+	size_t n = TAP_FRAME_OVERHEAD + TAP_FRAME_BUFFER_MAX + 1;
+	uint8_t *big = calloc(1, n);
+	memcpy(big, header(1, 1, TAP_FRAME_BUFFER_MAX + 1), 7);
+	big[n - 1] = 0xCE;
+	tap_frame_dec_init(&d);
+	tap_frame_dec_set_frame_max(&d, 0);
+	ck_assert_int_eq(feed_all(&d, big, n, &ev), TAP_E_FRAME_TOO_LARGE);
+	tap_frame_dec_deinit(&d);
+	free(big);
 }
 END_TEST
 
@@ -458,8 +428,8 @@ END_TEST
  * is followed by an empty frame_end slice. */
 START_TEST(body_slices_point_into_input)
 {
-	struct wbuf w = {0};
-	frame(&w, 3, 7, "0123456789", 10);
+	struct tap_bytes w = {0};
+	tap_build_frame(&w, 3, 7, "0123456789", 10);
 	struct tap_frame_dec d;
 	struct tap_frame_ev e;
 	tap_frame_dec_init(&d);
@@ -483,7 +453,7 @@ START_TEST(body_slices_point_into_input)
 	ck_assert_uint_eq(e.channel, 7);
 	ck_assert_uint_eq(d.cap, 0);
 	tap_frame_dec_deinit(&d);
-	free(w.d);
+	tap_build_free(&w);
 }
 END_TEST
 
@@ -498,15 +468,15 @@ START_TEST(fast_path_matches_slow_path)
 	for (size_t k = 0; k < sizeof maxes / sizeof maxes[0]; k++) {
 		uint32_t fm = maxes[k];
 		uint32_t bound = fm == 0 ? 4097 : fm; /* largest payload allowed: frame_max - 8 + 8 */
-		struct wbuf w = {0};
-		frame(&w, TAP_FRAME_METHOD, 0, "\x00\x0a\x00\x33", 4); /* connection.close-ok */
-		frame(&w, TAP_FRAME_BODY, 1, big, bound < 4097 ? bound : 4096);
-		frame(&w, TAP_FRAME_HEADER, 1, big, 3);
-		frame(&w, TAP_FRAME_BODY, 2, big, 0);
-		frame(&w, TAP_FRAME_HEARTBEAT, 0, big, 0);
+		struct tap_bytes w = {0};
+		tap_build_frame(&w, TAP_FRAME_METHOD, 0, "\x00\x0a\x00\x33", 4); /* connection.close-ok */
+		tap_build_frame(&w, TAP_FRAME_BODY, 1, big, bound < 4097 ? bound : 4096);
+		tap_build_frame(&w, TAP_FRAME_HEADER, 1, big, 3);
+		tap_build_frame(&w, TAP_FRAME_BODY, 2, big, 0);
+		tap_build_frame(&w, TAP_FRAME_HEARTBEAT, 0, big, 0);
 		size_t bad_at = w.n;
 		if (fm != 0 && fm < 4096)
-			frame(&w, TAP_FRAME_BODY, 1, big, bound + 1);
+			tap_build_frame(&w, TAP_FRAME_BODY, 1, big, bound + 1);
 		struct tap_frame_dec whole, bytes;
 		struct log lw, lb;
 		log_init(&lw);
@@ -534,9 +504,54 @@ START_TEST(fast_path_matches_slow_path)
 		tap_frame_dec_deinit(&bytes);
 		log_deinit(&lw);
 		log_deinit(&lb);
-		free(w.d);
+		tap_build_free(&w);
 	}
 	free(big);
+}
+END_TEST
+
+/* tap_frame_dec_partial names the frame being assembled, at every split of a method and a body frame. */
+START_TEST(partial_frames)
+{
+	struct tap_bytes w = {0};
+	tap_build_raw(&w, "AMQP\x01\x01\x08\x00", 8);
+	tap_build_method(&w, 0, TAP_CONNECTION_TUNE_OK, "\x07\xff\x00\x02\x00\x00\x00\x3c", 8);
+	size_t body_at = w.n;
+	tap_build_frame(&w, 3, 5, "hello", 5);
+	for (size_t cut = 0; cut <= w.n; cut++) {
+		struct tap_frame_dec d;
+		unsigned ev = 0;
+		tap_frame_dec_init_client(&d);
+		ck_assert_int_eq(feed_all(&d, w.d, cut, &ev), 0);
+		struct tap_frame_partial f = {.offset = 99};
+		bool in = tap_frame_dec_partial(&d, &f);
+		if (cut <= 8 || cut == body_at || cut == w.n) {
+			ck_assert_msg(!in, "cut %zu", cut);
+		} else {
+			size_t start = cut < body_at ? 8 : body_at;
+			ck_assert_msg(in, "cut %zu", cut);
+			ck_assert_uint_eq(f.offset, start);
+			if (cut - start < 7) {
+				ck_assert_uint_eq(f.type, 0);
+			} else {
+				ck_assert_uint_eq(f.type, cut < body_at ? TAP_FRAME_METHOD : TAP_FRAME_BODY);
+				ck_assert_uint_eq(f.channel, cut < body_at ? 0 : 5);
+				ck_assert_uint_eq(f.class_id, cut < body_at && cut - start >= 9 ? 10 : 0);
+			}
+		}
+		tap_frame_dec_deinit(&d);
+	}
+	/* after an error: nothing */
+	struct tap_frame_dec d;
+	unsigned ev = 0;
+	struct tap_frame_partial f;
+	tap_frame_dec_init(&d);
+	ck_assert_int_eq(feed_all(&d, (const uint8_t *)"\x01\x00\x00\x00", 4, &ev), 0);
+	ck_assert(tap_frame_dec_partial(&d, &f));
+	ck_assert_int_eq(feed_all(&d, (const uint8_t *)"\xff\xff\xff", 3, &ev), TAP_E_FRAME_TOO_LARGE);
+	ck_assert(!tap_frame_dec_partial(&d, &f));
+	tap_frame_dec_deinit(&d);
+	tap_build_free(&w);
 }
 END_TEST
 
@@ -550,9 +565,11 @@ int main(void)
 	tcase_add_test(tc, bad_end_octet);
 	tcase_add_test(tc, frame_max_bound);
 	tcase_add_test(tc, size_ffffffff);
+	tcase_add_test(tc, huge_frame_max_does_not_size_the_buffer);
 	tcase_add_test(tc, bad_type_and_heartbeat);
 	tcase_add_test(tc, body_slices_point_into_input);
 	tcase_add_test(tc, fast_path_matches_slow_path);
+	tcase_add_test(tc, partial_frames);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;

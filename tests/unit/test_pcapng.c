@@ -3,11 +3,12 @@
 #include "amqptap/capture.h"
 #include "amqptap/jsonl.h"
 #include "amqptap/pcapng.h"
+#include "amqptap/spec.h"
 #include "amqptap/status.h"
 
 #include <check.h>
 
-#include "amqp_build.h"
+#include "tap_build.h"
 #include "tap_check.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,36 +25,31 @@ static void file_write(void *ctx, const void *block, size_t len)
 /* channel.open, confirm.select, basic.publish + header + body (client); the answers and basic.ack (broker). */
 static void exchange(struct tap_buf *c2s, struct tap_buf *s2c, size_t body_len)
 {
-	struct tap_buf a, p;
-	tap_buf_init(&a);
-	tap_buf_init(&p);
-	tap_buf_append(c2s, "AMQP\0\0\x09\x01", 8);
-	amqp_method(c2s, 1, 20, 10, "\0", 1);
-	amqp_method(s2c, 1, 20, 11, "\0\0\0\0", 4);
-	amqp_method(c2s, 1, 85, 10, "\0", 1);
-	amqp_method(s2c, 1, 85, 11, NULL, 0);
-	amqp_be16(&a, 0);
-	amqp_shortstr(&a, "");
-	amqp_shortstr(&a, "q");
-	tap_buf_putc(&a, 1);
-	amqp_method(c2s, 1, 60, 40, a.data, a.len);
-	amqp_be16(&p, 60);
-	amqp_be16(&p, 0);
-	amqp_be32(&p, 0);
-	amqp_be32(&p, (uint32_t)body_len);
-	amqp_be16(&p, 0);
-	amqp_frame(c2s, 2, 1, p.data, p.len);
-	tap_buf_reset(&p);
+	struct tap_bytes c = {0}, s = {0}, a = {0}, body = {0};
+	tap_build_raw(&c, "AMQP\0\0\x09\x01", 8);
+	tap_build_method(&c, 1, TAP_METHOD_ID(20, 10), "\0", 1);
+	tap_build_method(&s, 1, TAP_METHOD_ID(20, 11), "\0\0\0\0", 4);
+	tap_build_method(&c, 1, TAP_METHOD_ID(85, 10), "\0", 1);
+	tap_build_method(&s, 1, TAP_METHOD_ID(85, 11), NULL, 0);
+	tap_build_u16(&a, 0);
+	tap_build_shortstr(&a, "");
+	tap_build_shortstr(&a, "q");
+	tap_build_u8(&a, 1);
+	tap_build_method(&c, 1, TAP_METHOD_ID(60, 40), a.d, a.n);
+	tap_build_header(&c, 1, body_len);
 	for (size_t i = 0; i < body_len; i++)
-		tap_buf_putc(&p, (char)('a' + i % 26));
-	amqp_frame(c2s, 3, 1, p.data, p.len);
-	tap_buf_reset(&a);
-	amqp_be32(&a, 0);
-	amqp_be32(&a, 1);
-	tap_buf_putc(&a, 0);
-	amqp_method(s2c, 1, 60, 80, a.data, a.len);
-	tap_buf_deinit(&a);
-	tap_buf_deinit(&p);
+		tap_build_u8(&body, (uint8_t)('a' + i % 26));
+	tap_build_frame(&c, 3, 1, body.d, body.n);
+	a.n = 0;
+	tap_build_u64(&a, 1);
+	tap_build_u8(&a, 0);
+	tap_build_method(&s, 1, TAP_METHOD_ID(60, 80), a.d, a.n);
+	tap_buf_append(c2s, c.d, c.n);
+	tap_buf_append(s2c, s.d, s.n);
+	tap_build_free(&c);
+	tap_build_free(&s);
+	tap_build_free(&a);
+	tap_build_free(&body);
 }
 
 struct rb {
@@ -195,7 +191,7 @@ START_TEST(flushed_prefix_is_readable)
 	ck_assert_ptr_nonnull(out);
 	struct tap_pcapng *p = tap_pcapng_new(file_write, out);
 	struct tap_pcapng_conn *a = tap_pcapng_conn_open(p, "10.1.1.1:1234", "10.1.1.2:5672", 1000000);
-	tap_pcapng_conn_data(a, true, (const uint8_t *)"AMQP\0\0\x09\x01", 8, 1000001);
+	tap_pcapng_conn_data(a, TAP_C2S, (const uint8_t *)"AMQP\0\0\x09\x01", 8, 1000001);
 	fflush(out);
 	struct stat st;
 	ck_assert_int_eq(stat(path, &st), 0);
@@ -216,7 +212,7 @@ START_TEST(flushed_prefix_is_readable)
 	ck_assert_ptr_nonnull(out);
 	p = tap_pcapng_new(file_write, out);
 	a = tap_pcapng_conn_open(p, "unix-socket", "rabbit.example:5672", 1000000);
-	tap_pcapng_conn_data(a, false, (const uint8_t *)"x", 1, 1000001);
+	tap_pcapng_conn_data(a, TAP_S2C, (const uint8_t *)"x", 1, 1000001);
 	tap_pcapng_conn_close(a, 1000002);
 	tap_pcapng_free(p);
 	fclose(out);

@@ -348,6 +348,7 @@ int main(void)
 {
 	Suite *s = suite_create("props");
 	TCase *tc = tcase_create("core");
+	tcase_set_timeout(tc, 60); /* every flag subset at every cut: about 4 s alone, more on a loaded machine */
 	tcase_add_test(tc, minimal_and_malformed);
 	tcase_add_test(tc, fast_path_matches_reference);
 #ifdef TAP_HAVE_RABBITMQ

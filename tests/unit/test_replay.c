@@ -1,16 +1,19 @@
 /* Replay driver: a synthetic capture (written with the pcapng writer) of a confirm-mode publish and its ack gives
  * exactly the expected records with latencies from the capture; the same capture cut before the handshake
- * (mid-connection start, first bytes inside a frame) still yields the publish verdict. */
+ * (mid-connection start, first bytes inside a frame) still yields the publish verdict; a connection silent for
+ * the idle time is closed with a record that claims no reset, and a later packet of it starts a new one. */
+#include "amqptap/capture.h"
 #include "amqptap/conn.h"
 #include "amqptap/jsonl.h"
 #include "amqptap/pcapng.h"
 #include "amqptap/replay.h"
+#include "amqptap/spec.h"
 #include "amqptap/status.h"
 #include "amqptap/track.h"
 
 #include <check.h>
 
-#include "amqp_build.h"
+#include "tap_build.h"
 #include "tap_check.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,53 +74,55 @@ static char tmpdir[64];
  * chunk starts 5 bytes into its first frame. */
 static void write_capture(const char *path, int cut_at)
 {
-	struct tap_buf c[16], s[16], a;
-	for (int i = 0; i < 16; i++) {
-		tap_buf_init(&c[i]);
-		tap_buf_init(&s[i]);
-	}
-	tap_buf_init(&a);
-	tap_buf_append(&c[0], "AMQP\0\0\x09\x01", 8);
-	/* connection.start */
-	tap_buf_putc(&a, 0), tap_buf_putc(&a, 9), amqp_be32(&a, 0), amqp_longstr(&a, "PLAIN", 5), amqp_longstr(&a, "en_US", 5);
-	amqp_method(&s[0], 0, 10, 10, a.data, a.len);
-	tap_buf_reset(&a);
-	amqp_be32(&a, 0), amqp_shortstr(&a, "PLAIN"), amqp_longstr(&a, "\0guest\0guest", 12), amqp_shortstr(&a, "en_US");
-	amqp_method(&c[1], 0, 10, 11, a.data, a.len);
-	tap_buf_reset(&a);
-	amqp_be16(&a, 2047), amqp_be32(&a, 131072), amqp_be16(&a, 60);
-	amqp_method(&s[1], 0, 10, 30, a.data, a.len);
-	amqp_method(&c[2], 0, 10, 31, a.data, a.len);
-	tap_buf_reset(&a);
-	amqp_shortstr(&a, "/"), amqp_shortstr(&a, ""), tap_buf_putc(&a, 0);
-	amqp_method(&c[2], 0, 10, 40, a.data, a.len);
-	tap_buf_reset(&a);
-	amqp_shortstr(&a, "");
-	amqp_method(&s[2], 0, 10, 41, a.data, a.len);
-	amqp_method(&c[3], 1, 20, 10, a.data, a.len);
-	tap_buf_reset(&a);
-	amqp_longstr(&a, "", 0);
-	amqp_method(&s[3], 1, 20, 11, a.data, a.len);
-	tap_buf_reset(&a);
-	tap_buf_putc(&a, 0);
-	amqp_method(&c[4], 1, 85, 10, a.data, a.len);
-	amqp_method(&s[4], 1, 85, 11, NULL, 0);
-	tap_buf_reset(&a);
-	amqp_be16(&a, 0), amqp_shortstr(&a, "amq.direct"), amqp_shortstr(&a, "q1"), tap_buf_putc(&a, 1);
-	amqp_method(&c[5], 1, 60, 40, a.data, a.len);
-	tap_buf_reset(&a);
-	amqp_be16(&a, 60), amqp_be16(&a, 0), amqp_be32(&a, 0), amqp_be32(&a, 5), amqp_be16(&a, 0x1000), tap_buf_putc(&a, 2); /* delivery_mode 2 */
-	amqp_frame(&c[5], 2, 1, a.data, a.len);
-	tap_buf_reset(&a);
-	tap_buf_append(&a, "hello", 5);
-	amqp_frame(&c[5], 3, 1, a.data, a.len);
-	tap_buf_reset(&a);
-	amqp_be32(&a, 0), amqp_be32(&a, 1), tap_buf_putc(&a, 0);
-	amqp_method(&s[5], 1, 60, 80, a.data, a.len);
-	tap_buf_reset(&a);
-	amqp_be16(&a, 200), amqp_shortstr(&a, "bye"), amqp_be16(&a, 0), amqp_be16(&a, 0);
-	amqp_method(&c[6], 0, 10, 50, a.data, a.len);
-	amqp_method(&s[6], 0, 10, 51, NULL, 0);
+	struct tap_bytes c[16] = {{0}}, s[16] = {{0}}, a = {0};
+	tap_build_raw(&c[0], "AMQP\0\0\x09\x01", 8);
+	tap_build_u8(&a, 0);
+	tap_build_u8(&a, 9);
+	tap_build_u32(&a, 0);
+	tap_build_longstr(&a, "PLAIN", 5);
+	tap_build_longstr(&a, "en_US", 5);
+	tap_build_method(&s[0], 0, TAP_CONNECTION_START, a.d, a.n);
+	tap_build_start_ok(&c[1], NULL, "PLAIN", "\0guest\0guest", 12);
+	a.n = 0;
+	tap_build_u16(&a, 2047);
+	tap_build_u32(&a, 131072);
+	tap_build_u16(&a, 60);
+	tap_build_method(&s[1], 0, TAP_CONNECTION_TUNE, a.d, a.n);
+	tap_build_tune_ok_open(&c[2], "/");
+	a.n = 0;
+	tap_build_shortstr(&a, "");
+	tap_build_method(&s[2], 0, TAP_CONNECTION_OPEN_OK, a.d, a.n);
+	tap_build_method(&c[3], 1, TAP_CHANNEL_OPEN, a.d, a.n);
+	a.n = 0;
+	tap_build_longstr(&a, "", 0);
+	tap_build_method(&s[3], 1, TAP_CHANNEL_OPEN_OK, a.d, a.n);
+	tap_build_method(&c[4], 1, TAP_CONFIRM_SELECT, "\0", 1);
+	tap_build_method(&s[4], 1, TAP_CONFIRM_SELECT_OK, NULL, 0);
+	a.n = 0;
+	tap_build_u16(&a, 0);
+	tap_build_shortstr(&a, "amq.direct");
+	tap_build_shortstr(&a, "q1");
+	tap_build_u8(&a, 1);
+	tap_build_method(&c[5], 1, TAP_BASIC_PUBLISH, a.d, a.n);
+	a.n = 0;
+	tap_build_u16(&a, 60);
+	tap_build_u16(&a, 0);
+	tap_build_u64(&a, 5);
+	tap_build_u16(&a, 0x1000);
+	tap_build_u8(&a, 2); /* delivery_mode 2 */
+	tap_build_frame(&c[5], 2, 1, a.d, a.n);
+	tap_build_frame(&c[5], 3, 1, "hello", 5);
+	a.n = 0;
+	tap_build_u64(&a, 1);
+	tap_build_u8(&a, 0);
+	tap_build_method(&s[5], 1, TAP_BASIC_ACK, a.d, a.n);
+	a.n = 0;
+	tap_build_u16(&a, 200);
+	tap_build_shortstr(&a, "bye");
+	tap_build_u16(&a, 0);
+	tap_build_u16(&a, 0);
+	tap_build_method(&c[6], 0, TAP_CONNECTION_CLOSE, a.d, a.n);
+	tap_build_method(&s[6], 0, TAP_CONNECTION_CLOSE_OK, NULL, 0);
 
 	FILE *out = fopen(path, "wb");
 	ck_assert_ptr_nonnull(out);
@@ -128,10 +133,10 @@ static void write_capture(const char *path, int cut_at)
 		t += 1000;
 		if (i >= cut_at) {
 			size_t skip = (cut_at && i == cut_at) ? 5 : 0;
-			tap_pcapng_conn_data(cn, true, (const uint8_t *)c[i].data + skip, c[i].len - skip, t);
+			tap_pcapng_conn_data(cn, TAP_C2S, c[i].d + skip, c[i].n - skip, t);
 		}
 		if (i >= cut_at)
-			tap_pcapng_conn_data(cn, false, (const uint8_t *)s[i].data, s[i].len, t + 530);
+			tap_pcapng_conn_data(cn, TAP_S2C, s[i].d, s[i].n, t + 530);
 	}
 	tap_pcapng_conn_close(cn, t + 1000);
 	tap_pcapng_free(p);
@@ -155,10 +160,10 @@ static void write_capture(const char *path, int cut_at)
 		fclose(f);
 	}
 	for (int i = 0; i < 16; i++) {
-		tap_buf_deinit(&c[i]);
-		tap_buf_deinit(&s[i]);
+		tap_build_free(&c[i]);
+		tap_build_free(&s[i]);
 	}
-	tap_buf_deinit(&a);
+	tap_build_free(&a);
 }
 
 static int replay(const char *path, struct lines *l, char *err, size_t cap)
@@ -246,6 +251,66 @@ START_TEST(corrupt_capture_is_reported)
 }
 END_TEST
 
+/* Connection 1 publishes (confirm mode, no ack) and falls silent; connection 2 appears past the idle time:
+ * connection 1 is closed as capture_idle (its publish unknown for that reason), not as a reset or eof. A
+ * later data packet of connection 1 starts a mid-stream connection 3. */
+START_TEST(idle_connection_is_closed_with_a_record)
+{
+	char path[128], err[256] = "";
+	snprintf(path, sizeof path, "%s/idle.pcapng", tmpdir);
+	struct tap_bytes cl = {0}, br = {0}, a = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	tap_build_u16(&a, 2047);
+	tap_build_u32(&a, 131072);
+	tap_build_u16(&a, 0);
+	tap_build_method(&cl, 0, TAP_CONNECTION_TUNE_OK, a.d, a.n);
+	tap_build_method(&cl, 1, TAP_CONFIRM_SELECT, "\0", 1);
+	a.n = 0;
+	tap_build_u16(&a, 0);
+	tap_build_shortstr(&a, "");
+	tap_build_shortstr(&a, "q1");
+	tap_build_u8(&a, 0);
+	tap_build_method(&cl, 1, TAP_BASIC_PUBLISH, a.d, a.n);
+	tap_build_header(&cl, 1, 2);
+	tap_build_frame(&cl, 3, 1, "hi", 2);
+	tap_build_method(&br, 0, TAP_CONNECTION_CLOSE_OK, NULL, 0);
+	FILE *out = fopen(path, "wb");
+	ck_assert_ptr_nonnull(out);
+	struct tap_pcapng *p = tap_pcapng_new(file_write, out);
+	struct tap_pcapng_conn *c1 = tap_pcapng_conn_open(p, "127.0.0.1:40001", "127.0.0.1:5672", T0);
+	tap_pcapng_conn_data(c1, TAP_C2S, cl.d, cl.n, T0 + 1000);
+	int64_t later = T0 + TAP_CAPTURE_IDLE_US_DEFAULT + 2000;
+	struct tap_pcapng_conn *c2 = tap_pcapng_conn_open(p, "127.0.0.1:40002", "127.0.0.1:5672", later);
+	tap_pcapng_conn_data(c2, TAP_C2S, (const uint8_t *)"AMQP\0\0\x09\x01", 8, later);
+	tap_pcapng_conn_data(c1, TAP_S2C, br.d, br.n, later + 1000);
+	tap_pcapng_conn_close(c2, later + 2000);
+	tap_pcapng_conn_close(c1, later + 3000);
+	tap_pcapng_free(p);
+	fclose(out);
+	struct lines l = {0};
+	ck_assert_msg(replay(path, &l, err, sizeof err) == 0, "%s", err);
+	ck_assert_uint_eq(count_type(&l, "publish"), 1);
+	const char *pub = find_type(&l, "publish");
+	ck_assert_ptr_nonnull(strstr(pub, "\"conn\":1,"));
+	ck_assert_ptr_nonnull(strstr(pub, "\"route\":\"unknown\""));
+	ck_assert_ptr_nonnull(strstr(pub, "\"reason\":{\"by\":\"capture_idle\"}"));
+	bool closed1 = false, conn3 = false;
+	for (size_t i = 0; i < l.n; i++) {
+		ck_assert_ptr_null(strstr(l.v[i], "reset"));
+		closed1 |= strstr(l.v[i], "\"type\":\"connection\"") && strstr(l.v[i], "\"conn\":1,") &&
+			   strstr(l.v[i], "\"event\":\"close\"") && strstr(l.v[i], "\"by\":\"capture_idle\"");
+		conn3 |= strstr(l.v[i], "\"conn\":3,") != NULL;
+	}
+	ck_assert(closed1);
+	ck_assert(conn3); /* the close-ok after the idle close: a new mid-stream connection */
+	lines_free(&l);
+	unlink(path);
+	tap_build_free(&a);
+	tap_build_free(&cl);
+	tap_build_free(&br);
+}
+END_TEST
+
 int main(void)
 {
 	snprintf(tmpdir, sizeof tmpdir, "/tmp/test_replay.XXXXXX");
@@ -256,6 +321,7 @@ int main(void)
 	tcase_add_test(tc, publish_and_ack_give_the_expected_records);
 	tcase_add_test(tc, mid_connection_capture_resyncs);
 	tcase_add_test(tc, corrupt_capture_is_reported);
+	tcase_add_test(tc, idle_connection_is_closed_with_a_record);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	rmdir(tmpdir);

@@ -6,51 +6,92 @@
 #include <check.h>
 
 #include "tap_check.h"
-#include "wbuf.h"
+#include "tap_build.h"
 #include <stdlib.h>
 #include <string.h>
-
-static void key(struct wbuf *w, const char *k, char type)
-{
-	put8(w, (uint8_t)strlen(k));
-	put(w, k, strlen(k));
-	put8(w, (uint8_t)type);
-}
 
 /* Field boundaries of the table built by build_all, for the truncation test. */
 static size_t bounds[32];
 static size_t nbounds;
 
-static void mark(struct wbuf *w)
+static void mark(struct tap_bytes *w)
 {
 	bounds[nbounds++] = w->n;
 }
 
-static void build_all(struct wbuf *w)
+static void build_all(struct tap_bytes *w)
 {
 	static const uint8_t f32_1_5[] = {0x3f, 0xc0, 0, 0};
 	static const uint8_t f64_m2_25[] = {0xc0, 0x02, 0, 0, 0, 0, 0, 0};
 	w->n = 0;
 	nbounds = 0;
 	mark(w);
-	key(w, "t", 't'), put8(w, 1), mark(w);
-	key(w, "b", 'b'), put8(w, 0xfe), mark(w);
-	key(w, "B", 'B'), put8(w, 0xfe), mark(w);
-	key(w, "s", 's'), put(w, "\xff\xfe", 2), mark(w);
-	key(w, "u", 'u'), put(w, "\xff\xfe", 2), mark(w);
-	key(w, "I", 'I'), put32(w, 0xfffffffe), mark(w);
-	key(w, "i", 'i'), put32(w, 0xfffffffe), mark(w);
-	key(w, "l", 'l'), put32(w, 0xffffffff), put32(w, 0xfffffffe), mark(w);
-	key(w, "L", 'L'), put32(w, 0), put32(w, 7), mark(w);
-	key(w, "f", 'f'), put(w, f32_1_5, 4), mark(w);
-	key(w, "d", 'd'), put(w, f64_m2_25, 8), mark(w);
-	key(w, "D", 'D'), put8(w, 2), put32(w, 0xfffffff6), mark(w);
-	key(w, "S", 'S'), put32(w, 5), put(w, "a\"\n\xff", 4), put8(w, 'z'), mark(w);
-	key(w, "x", 'x'), put32(w, 2), put(w, "\x00\xab", 2), mark(w);
-	key(w, "T", 'T'), put32(w, 0), put32(w, 1700000000), mark(w);
-	key(w, "V", 'V'), mark(w);
-	key(w, "A", 'A'), put32(w, 11), put8(w, 'I'), put32(w, 1), put8(w, 'S'), put32(w, 1), put8(w, 'q'), mark(w);
-	key(w, "F", 'F'), put32(w, 3), key(w, "k", 'V'), mark(w);
+	tap_build_key(w, "t", 't');
+	tap_build_u8(w, 1);
+	mark(w);
+	tap_build_key(w, "b", 'b');
+	tap_build_u8(w, 0xfe);
+	mark(w);
+	tap_build_key(w, "B", 'B');
+	tap_build_u8(w, 0xfe);
+	mark(w);
+	tap_build_key(w, "s", 's');
+	tap_build_raw(w, "\xff\xfe", 2);
+	mark(w);
+	tap_build_key(w, "u", 'u');
+	tap_build_raw(w, "\xff\xfe", 2);
+	mark(w);
+	tap_build_key(w, "I", 'I');
+	tap_build_u32(w, 0xfffffffe);
+	mark(w);
+	tap_build_key(w, "i", 'i');
+	tap_build_u32(w, 0xfffffffe);
+	mark(w);
+	tap_build_key(w, "l", 'l');
+	tap_build_u32(w, 0xffffffff);
+	tap_build_u32(w, 0xfffffffe);
+	mark(w);
+	tap_build_key(w, "L", 'L');
+	tap_build_u32(w, 0);
+	tap_build_u32(w, 7);
+	mark(w);
+	tap_build_key(w, "f", 'f');
+	tap_build_raw(w, f32_1_5, 4);
+	mark(w);
+	tap_build_key(w, "d", 'd');
+	tap_build_raw(w, f64_m2_25, 8);
+	mark(w);
+	tap_build_key(w, "D", 'D');
+	tap_build_u8(w, 2);
+	tap_build_u32(w, 0xfffffff6);
+	mark(w);
+	tap_build_key(w, "S", 'S');
+	tap_build_u32(w, 5);
+	tap_build_raw(w, "a\"\n\xff", 4);
+	tap_build_u8(w, 'z');
+	mark(w);
+	tap_build_key(w, "x", 'x');
+	tap_build_u32(w, 2);
+	tap_build_raw(w, "\x00\xab", 2);
+	mark(w);
+	tap_build_key(w, "T", 'T');
+	tap_build_u32(w, 0);
+	tap_build_u32(w, 1700000000);
+	mark(w);
+	tap_build_key(w, "V", 'V');
+	mark(w);
+	tap_build_key(w, "A", 'A');
+	tap_build_u32(w, 11);
+	tap_build_u8(w, 'I');
+	tap_build_u32(w, 1);
+	tap_build_u8(w, 'S');
+	tap_build_u32(w, 1);
+	tap_build_u8(w, 'q');
+	mark(w);
+	tap_build_key(w, "F", 'F');
+	tap_build_u32(w, 3);
+	tap_build_key(w, "k", 'V');
+	mark(w);
 }
 
 static const char all_json[] =
@@ -73,7 +114,7 @@ static char *to_json(const uint8_t *p, size_t len, int *rc)
 
 START_TEST(every_type_letter)
 {
-	struct wbuf w;
+	struct tap_bytes w = {0};
 	build_all(&w);
 	ck_assert_int_eq(tap_table_validate(w.d, w.n), 0);
 	int rc;
@@ -81,12 +122,13 @@ START_TEST(every_type_letter)
 	ck_assert_int_eq(rc, 0);
 	ck_assert_str_eq(s, all_json);
 	free(s);
+	tap_build_free(&w);
 }
 END_TEST
 
 START_TEST(iterator_values)
 {
-	struct wbuf w;
+	struct tap_bytes w = {0};
 	build_all(&w);
 	struct tap_field f;
 	ck_assert(tap_table_find(w.d, w.n, "s", &f));
@@ -112,13 +154,43 @@ START_TEST(iterator_values)
 	ck_assert_int_eq(tap_table_next(&it, &f), 0);
 	ck_assert(!tap_table_find(w.d, w.n, "missing", &f));
 	ck_assert(!tap_table_find(w.d, w.n, "", &f));
+	tap_build_free(&w);
+}
+END_TEST
+
+/* A miss leaves nothing behind: not the last field walked (py-amqp's client properties end in a capabilities
+ * table, which was read as "version"), and not a field before a malformed one. */
+START_TEST(find_miss_leaves_nothing)
+{
+	struct tap_bytes w = {0};
+	tap_build_key(&w, "product", 'S');
+	tap_build_longstr(&w, "py-amqp", 7);
+	tap_build_key(&w, "capabilities", 'F');
+	tap_build_longstr(&w, "\x16" "consumer_cancel_notify" "t\x01", 25);
+	struct tap_field f;
+	memset(&f, 0x5a, sizeof f);
+	ck_assert(!tap_table_find(w.d, w.n, "version", &f));
+	ck_assert_ptr_null(f.ptr);
+	ck_assert_ptr_null(f.name);
+	ck_assert_uint_eq(f.len, 0);
+	ck_assert_int_eq(f.type, 0);
+	ck_assert(tap_table_find(w.d, w.n, "product", &f));
+	ck_assert_int_eq(f.type, 'S');
+	ck_assert_uint_eq(f.len, 7);
+	tap_build_key(&w, "broken", 'S');
+	tap_build_u32(&w, 99);
+	memset(&f, 0x5a, sizeof f);
+	ck_assert(!tap_table_find(w.d, w.n, "after", &f));
+	ck_assert_ptr_null(f.ptr);
+	ck_assert_int_eq(f.type, 0);
+	tap_build_free(&w);
 }
 END_TEST
 
 /* A cut at a field boundary is a shorter valid table; a cut anywhere else is TAP_E_TRUNCATED. */
 START_TEST(truncated_everywhere)
 {
-	struct wbuf w;
+	struct tap_bytes w = {0};
 	build_all(&w);
 	for (size_t cut = 0; cut < w.n; cut++) {
 		bool boundary = false;
@@ -131,6 +203,7 @@ START_TEST(truncated_everywhere)
 			ck_assert_str_eq(s, "null");
 		free(s);
 	}
+	tap_build_free(&w);
 }
 END_TEST
 
@@ -157,7 +230,7 @@ END_TEST
  * the innermost empty; kind 'F' nests tables {"k":{"F":...}}, 'A' nests arrays [[...]]. */
 static uint8_t *nest(size_t depth, char kind, size_t *len)
 {
-	size_t per = kind == 'F' ? 7 : 5; /* key(1+1) + letter + u32 ; array element: letter + u32 */
+	size_t per = kind == 'F' ? 7 : 5; /* key (1+1) + letter + u32 ; array element: letter + u32 */
 	size_t total = depth * per;
 	uint8_t *p = malloc(total);
 	ck_assert_ptr_nonnull(p);
@@ -178,7 +251,9 @@ static uint8_t *nest(size_t depth, char kind, size_t *len)
 			pos += 2;
 		pos++;
 		uint32_t n = (uint32_t)(used - pos - 4);
-		p[pos] = (uint8_t)(n >> 24), p[pos + 1] = (uint8_t)(n >> 16), p[pos + 2] = (uint8_t)(n >> 8),
+		p[pos] = (uint8_t)(n >> 24);
+		p[pos + 1] = (uint8_t)(n >> 16);
+		p[pos + 2] = (uint8_t)(n >> 8);
 		p[pos + 3] = (uint8_t)n;
 		pos += 4;
 	}
@@ -229,6 +304,7 @@ int main(void)
 	TCase *tc = tcase_create("core");
 	tcase_add_test(tc, every_type_letter);
 	tcase_add_test(tc, iterator_values);
+	tcase_add_test(tc, find_miss_leaves_nothing);
 	tcase_add_test(tc, truncated_everywhere);
 	tcase_add_test(tc, unknown_letters);
 	tcase_add_test(tc, depth_limit);
