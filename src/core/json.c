@@ -82,7 +82,8 @@ void tap_json_escape(struct tap_buf *b, const void *data, size_t len)
 	if (i == len && tap_buf_reserve(b, len + 2)) { /* the common case: one copy between the quotes */
 		char *p = b->data + b->len;
 		p[0] = '"';
-		memcpy(p + 1, s, len);
+		if (len) /* an empty slice may have no pointer */
+			memcpy(p + 1, s, len);
 		p[len + 1] = '"';
 		b->len += len + 2;
 		return;
