@@ -35,6 +35,7 @@ struct tap_conf {
 	uint32_t return_window_ms;
 	uint32_t late_return_ms;
 	uint32_t max_outstanding;
+	uint32_t max_tracking_memory; /* bytes; 0: TAP_TRACK_MAX_MEMORY_DEFAULT */
 	uint32_t grace_ms;
 	/* TLS towards clients (listener) */
 	const char *tls_cert, *tls_key, *tls_client_ca;

@@ -19,12 +19,21 @@
 #define TAP_TRACK_RETURN_WINDOW_US_DEFAULT 2000000
 #define TAP_TRACK_LATE_RETURN_US_DEFAULT 50000
 #define TAP_TRACK_MAX_OUTSTANDING_DEFAULT 1000000u
+#define TAP_TRACK_MAX_MEMORY_DEFAULT (UINT64_C(256) << 20)
+
+/* What a publish record keeps of the keys of its headers table: at most this many keys and this many bytes of
+ * their JSON (quotes, escapes and commas included); a record cut to fit says "headers_truncated":true. */
+#define TAP_TRACK_HEADER_KEYS_MAX 32u
+#define TAP_TRACK_HEADER_BYTES_MAX 1024u
 
 /* Zero fields take the defaults above. */
 struct tap_track_conf {
 	int64_t return_window_us; /* non-confirm mandatory publishes wait this long for a Return */
 	int64_t late_return_us;   /* an ack of a mandatory publish is held this long for a late Return */
 	uint32_t max_outstanding; /* per connection; beyond it the oldest is written as evicted */
+	/* Bytes of tracking state (outstanding publishes, their strings, channels, connections) for the whole
+	 * process; past it the oldest outstanding publishes of any connection are written as evicted. */
+	uint64_t max_memory;
 };
 
 /* One record, without its newline; json is valid only during the call. */
@@ -162,7 +171,11 @@ struct tap_track_stats {
 	uint64_t publish_records; /* `publish` records written: equals publishes once nothing is outstanding */
 	uint64_t routed, returned, unproven, unknown;
 	uint64_t acked, nacked, confirm_none, confirm_unknown;
-	uint64_t evicted;
+	uint64_t evicted;          /* by max_outstanding and by max_memory */
+	uint64_t evicted_memory;   /* of which by max_memory */
+	uint64_t headers_truncated; /* publishes whose header keys were cut to TAP_TRACK_HEADER_*_MAX */
+	uint64_t memory;           /* bytes of tracking state now (what max_memory bounds) */
+	uint64_t memory_peak;
 	uint64_t outstanding;    /* publishes not yet written (including acked ones held for a late Return) */
 	uint64_t held;           /* of which acked and held */
 	uint64_t stray_confirms; /* acks/nacks for a tag never published or already answered */

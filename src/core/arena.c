@@ -19,15 +19,6 @@ void tap_arena_deinit(struct tap_arena *a)
 	a->head = a->tail = 0;
 }
 
-static uint64_t cap_for(uint64_t cap, uint64_t need)
-{
-	if (!cap)
-		cap = TAP_ARENA_MIN_CAP;
-	while (cap < need)
-		cap *= 2;
-	return cap;
-}
-
 /* Moves the live bytes into a buffer of cap bytes at the same logical offsets. Growing by a power of two keeps
  * every blob contiguous: it did not straddle a multiple of the old capacity, so not one of the new. */
 static bool arena_move(struct tap_arena *a, uint64_t cap)
@@ -55,29 +46,8 @@ static bool arena_move(struct tap_arena *a, uint64_t cap)
 
 bool tap_arena_reserve(struct tap_arena *a, uint64_t n)
 {
-	uint64_t cap = cap_for(a->cap, n);
+	uint64_t cap = tap_arena_cap_for(a->cap, n);
 	return cap == a->cap || arena_move(a, cap);
-}
-
-/* Where a blob of n bytes would start, and whether it fits without growing. */
-static bool arena_fit(const struct tap_arena *a, uint64_t n, uint64_t *start)
-{
-	*start = a->tail;
-	if (!a->cap)
-		return false;
-	uint64_t p = *start & (a->cap - 1);
-	if (p + n > a->cap)
-		*start += a->cap - p;
-	return *start + n - a->head <= a->cap;
-}
-
-uint64_t tap_arena_growth(const struct tap_arena *a, uint64_t n)
-{
-	uint64_t start;
-	if (n == 0 || arena_fit(a, n, &start))
-		return 0;
-	/* growing keeps offsets; room for n more covers the padding before a wrap */
-	return cap_for(a->cap, a->tail - a->head + 2 * n) - a->cap;
 }
 
 uint64_t tap_arena_alloc(struct tap_arena *a, uint64_t n)
@@ -86,7 +56,7 @@ uint64_t tap_arena_alloc(struct tap_arena *a, uint64_t n)
 		return a->tail;
 	for (;;) {
 		uint64_t start;
-		if (arena_fit(a, n, &start)) {
+		if (tap_arena_fit(a, n, &start)) {
 			a->tail = start + n;
 			return start;
 		}

@@ -49,6 +49,8 @@ static const struct opt_def options[] = {
 	 "confirm channels: how long an acked mandatory publish waits for a late Return (default 50)"},
 	{"max-outstanding", 0, OPT_U32, FIELD(max_outstanding), 1, UINT32_MAX, "N",
 	 "tracked publishes per connection before the oldest is evicted (default 1000000)"},
+	{"max-tracking-memory", 0, OPT_U32, FIELD(max_tracking_memory), 65536, UINT32_MAX, "BYTES",
+	 "tracking state of all connections before the oldest publishes are evicted"},
 	{"grace", 0, OPT_U32, FIELD(grace_ms), 0, 3600u * 1000u, "MS",
 	 "on SIGINT/SIGTERM, how long live sessions may finish before they are closed (default 1000)"},
 	{"tls-cert", 0, OPT_PATH, FIELD(tls_cert), 0, 0, "FILE", "accept TLS from clients with this certificate (PEM chain)"},

@@ -5,9 +5,8 @@
 
 #include <string.h>
 
-#define MIN_KEYS 32u
-#define MIN_INDEX 64u
-/* Unreferenced keys are swept once there are more than this many and they outnumber the live ones. */
+/* Unreferenced keys are swept once there are more than this many and they outnumber the live ones, or when none
+ * is referenced any more and the arrays have grown past this many. */
 #define SWEEP_MIN_DEAD 256u
 
 void tap_intern_init(struct tap_intern *in, uint64_t *mem)
@@ -176,7 +175,7 @@ static void sweep(struct tap_intern *in)
 		in->n_indexed = in->n_dead = 0;
 		return;
 	}
-	uint32_t index_cap = pow2_at_least(4 * live, MIN_INDEX);
+	uint32_t index_cap = pow2_at_least(4 * live, TAP_INTERN_MIN_INDEX);
 	if (index_cap > in->index_cap)
 		index_cap = in->index_cap;
 	uint32_t *idx = tap_mem_calloc(in->mem, (size_t)index_cap * sizeof *idx);
@@ -197,25 +196,11 @@ static void sweep(struct tap_intern *in)
 		if (in->keys[id].state == TAP_INTERN_FREE)
 			in->free_ids[in->n_free++] = id;
 	index_fill(in, idx, index_cap);
-	uint32_t keys_cap = pow2_at_least(2 * top, MIN_KEYS);
+	uint32_t keys_cap = pow2_at_least(2 * top, TAP_INTERN_MIN_KEYS);
 	if (keys_cap < in->cap_keys) {
 		/* if the smaller arrays cannot be had, the larger ones stay */
 		(void)resize_keys(in, keys_cap);
 	}
-}
-
-uint64_t tap_intern_cost_bound(const struct tap_intern *in, size_t len)
-{
-	uint64_t cost = tap_mem_cost(len + 1);
-	if (in->n_free == 0 && in->n_keys == in->cap_keys) {
-		uint64_t cap = in->cap_keys ? (uint64_t)in->cap_keys * 2 : MIN_KEYS;
-		cost += tap_mem_cost(cap * sizeof *in->keys) + tap_mem_cost(cap * sizeof *in->free_ids);
-	}
-	if ((uint64_t)(in->n_indexed + 1) * 2 > in->index_cap) {
-		uint64_t cap = in->index_cap ? (uint64_t)in->index_cap * 2 : MIN_INDEX;
-		cost += tap_mem_cost(cap * sizeof *in->index);
-	}
-	return cost;
 }
 
 uint32_t tap_intern_get(struct tap_intern *in, uint8_t tag, const uint8_t *a, size_t alen, const uint8_t *b,
@@ -236,11 +221,11 @@ uint32_t tap_intern_get(struct tap_intern *in, uint8_t tag, const uint8_t *a, si
 		return id;
 	}
 	if ((uint64_t)(in->n_indexed + 1) * 2 > in->index_cap) {
-		uint32_t cap = in->index_cap ? in->index_cap * 2 : MIN_INDEX;
+		uint32_t cap = in->index_cap ? in->index_cap * 2 : TAP_INTERN_MIN_INDEX;
 		if (!rehash(in, cap))
 			return TAP_INTERN_NONE;
 	}
-	if (in->n_free == 0 && in->n_keys == in->cap_keys && !resize_keys(in, in->cap_keys ? in->cap_keys * 2 : MIN_KEYS))
+	if (in->n_free == 0 && in->n_keys == in->cap_keys && !resize_keys(in, in->cap_keys ? in->cap_keys * 2 : TAP_INTERN_MIN_KEYS))
 		return TAP_INTERN_NONE;
 	uint8_t *data = tap_mem_alloc(in->mem, alen + blen + 1);
 	if (!data)
@@ -281,7 +266,9 @@ void tap_intern_put(struct tap_intern *in, uint32_t id, enum tap_intern_keep kee
 		k->state = TAP_INTERN_DROPPED;
 	}
 	in->n_dead++;
-	if (in->n_dead > SWEEP_MIN_DEAD && in->n_dead > in->n_indexed - in->n_dead)
+	uint32_t live = in->n_indexed - in->n_dead;
+	/* the last reference of a burst also gives the grown arrays back; small tables keep their cache */
+	if ((in->n_dead > SWEEP_MIN_DEAD && in->n_dead > live) || (live == 0 && in->cap_keys > SWEEP_MIN_DEAD))
 		sweep(in);
 }
 

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mem.h"
+
 #define TAP_INTERN_NONE UINT32_MAX
 /* Bytes of unreferenced keys a table keeps for reuse. */
 #define TAP_INTERN_CACHE_BYTES 4096u
@@ -62,12 +64,28 @@ uint32_t tap_intern_find(const struct tap_intern *in, uint8_t tag, const uint8_t
 /* The id with one more reference; TAP_INTERN_NONE when out of memory or a string is longer than 65535 bytes. */
 uint32_t tap_intern_get(struct tap_intern *in, uint8_t tag, const uint8_t *a, size_t alen, const uint8_t *b,
                         size_t blen);
-/* At most how many bytes tap_intern_get of a new key of len bytes would allocate (no lookup). */
-uint64_t tap_intern_cost_bound(const struct tap_intern *in, size_t len);
 /* Drops one reference (TAP_INTERN_NONE: nothing). */
 void tap_intern_put(struct tap_intern *in, uint32_t id, enum tap_intern_keep keep);
 /* Frees the bytes of every cached key. */
 void tap_intern_drop_cached(struct tap_intern *in);
+
+#define TAP_INTERN_MIN_KEYS 32u
+#define TAP_INTERN_MIN_INDEX 64u
+
+/* At most how many bytes tap_intern_get of a new key of len bytes would allocate (no lookup). */
+static inline uint64_t tap_intern_cost_bound(const struct tap_intern *in, size_t len)
+{
+	uint64_t cost = tap_mem_cost(len + 1);
+	if (in->n_free == 0 && in->n_keys == in->cap_keys) {
+		uint64_t cap = in->cap_keys ? (uint64_t)in->cap_keys * 2 : TAP_INTERN_MIN_KEYS;
+		cost += tap_mem_cost(cap * sizeof *in->keys) + tap_mem_cost(cap * sizeof *in->free_ids);
+	}
+	if ((uint64_t)(in->n_indexed + 1) * 2 > in->index_cap) {
+		uint64_t cap = in->index_cap ? (uint64_t)in->index_cap * 2 : TAP_INTERN_MIN_INDEX;
+		cost += tap_mem_cost(cap * sizeof *in->index);
+	}
+	return cost;
+}
 
 static inline const struct tap_intern_key *tap_intern_key(const struct tap_intern *in, uint32_t id)
 {

@@ -1,6 +1,7 @@
 /* The publish lifecycle (DESIGN §3-§4, PROTOCOL §7-§11): decoded events of both directions move each outstanding
  * publish through the states drawn in track_int.h; verdict_of() alone decides its route, confirm and order, and
- * every publish ends in exactly one `publish` record, counted here and rendered by track_record.c. */
+ * every publish ends in exactly one `publish` record, counted here and rendered by track_record.c. Tracking
+ * memory is bounded by tap_track_conf.max_memory: past it the oldest outstanding publishes are evicted. */
 #include "track_int.h"
 
 #include "mem.h"
@@ -10,6 +11,8 @@
 
 static const struct trk_reason no_memory = {.by = "no_memory"};
 static const struct trk_reason evicted = {.by = "evicted"};
+static const struct trk_reason evicted_for_memory = {
+    .by = "evicted", .text = (const uint8_t *)"max-tracking-memory", .text_len = sizeof "max-tracking-memory" - 1};
 
 void trk_emit(struct tap_track *t)
 {
@@ -181,7 +184,7 @@ static void publish_done(struct tap_track_conn *c, uint16_t ch, const struct trk
 
 static void warn(struct tap_track_conn *c, uint16_t ch, const char *rule, uint64_t seq, int64_t now_us)
 {
-	trk_record_warning(&c->t->render, c, ch, rule, true, seq, now_us);
+	trk_record_warning(&c->t->render, c, ch, rule, seq, now_us);
 	trk_emit(c->t);
 	c->t->st.warnings++;
 }
@@ -224,6 +227,67 @@ void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, en
 		ch->warned_ack_before_return = true;
 		warn(c, ch->id, "ack_before_return", v.seq, stamp_us);
 	}
+}
+
+/* ---- the memory budget ---- */
+
+static bool fits(const struct tap_track *t, uint64_t need)
+{
+	return t->mem + need <= t->conf.max_memory;
+}
+
+/* The oldest outstanding publish of the whole process is written now as evicted for memory, after the cached
+ * strings of every connection are freed. Returns false when nothing is outstanding. */
+static bool evict_for_memory(struct tap_track *t, int64_t now_us)
+{
+	struct tap_track_conn *oldest_c = NULL;
+	struct trk_chan *oldest = NULL;
+	for (struct tap_track_conn *c = t->conns; c; c = c->next) {
+		tap_intern_drop_cached(&c->keys);
+		for (uint32_t i = 0; i < c->n_active; i++) {
+			struct trk_chan *ch = c->active[i];
+			if (ch->base < ch->next &&
+			    (!oldest || trk_slot(ch, ch->base)->t_pub < trk_slot(oldest, oldest->base)->t_pub)) {
+				oldest_c = c;
+				oldest = ch;
+			}
+		}
+	}
+	if (!oldest)
+		return false;
+	t->st.evicted++;
+	t->st.evicted_memory++;
+	t->squeeze = true;
+	trk_slot_step(oldest_c, oldest, oldest->base, TRK_EVENT_END, &evicted_for_memory, now_us);
+	t->squeeze = false;
+	return true;
+}
+
+void trk_make_room(struct tap_track *t, uint64_t need, int64_t now_us)
+{
+	while (!fits(t, need)) {
+		if (!evict_for_memory(t, now_us))
+			return; /* nothing left to evict: the allocation goes past the budget */
+	}
+}
+
+/* An interned string with room made for it: an existing one costs nothing. */
+static uint32_t intern_in_budget(struct tap_track_conn *c, enum trk_tag tag, const uint8_t *a, size_t alen,
+                                 const uint8_t *b, size_t blen, int64_t now_us)
+{
+	struct tap_track *t = c->t;
+	while (!fits(t, tap_intern_cost_bound(&c->keys, alen + blen)) &&
+	       tap_intern_find(&c->keys, tag, a, alen, b, blen) == TAP_INTERN_NONE) {
+		if (!evict_for_memory(t, now_us)) /* the oldest go first, the pinned channel's own included */
+			break;
+	}
+	return tap_intern_get(&c->keys, tag, a, alen, b, blen);
+}
+
+void *trk_alloc_in_budget(struct tap_track *t, size_t n, int64_t now_us)
+{
+	trk_make_room(t, tap_mem_cost(n), now_us);
+	return tap_mem_calloc(&t->mem, n);
 }
 
 /* ---- publishes ---- */
@@ -289,25 +353,60 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	publish_done(c, id, &v, &vd, now_us);
 }
 
+/* What a stored publish keeps in its channel's arena: [timestamp] message_id correlation_id (each id cut to 255
+ * bytes). */
+struct blob_lens {
+	size_t timestamp, message_id, correlation_id;
+	uint64_t total;
+};
+
+static struct blob_lens blob_lens_of(const struct tap_publish *p)
+{
+	struct blob_lens l = {
+	    .timestamp = p->has_timestamp ? sizeof p->timestamp : 0,
+	    .message_id = p->has_message_id ? (p->message_id.len > 255 ? 255 : p->message_id.len) : 0,
+	    .correlation_id = p->has_correlation_id ? (p->correlation_id.len > 255 ? 255 : p->correlation_id.len) : 0,
+	};
+	l.total = l.timestamp + l.message_id + l.correlation_id;
+	return l;
+}
+
+/* Whether storing a publish can go past the budget. Growth at most doubles a ring, an arena or an intern array
+ * (plus their minimum sizes and a blob of up to 518 bytes that may need 4x room), so while three times the
+ * tracker's memory fits, nothing needs looking at: the common case costs one comparison. */
+enum room {
+	ROOM_AMPLE,
+	ROOM_TIGHT,
+};
+
+static enum room room_for(const struct tap_track_conn *c, const struct trk_chan *ch, const struct tap_publish *p,
+                          uint64_t blob_len)
+{
+	const struct tap_track *t = c->t;
+	uint64_t strings = t->extra.len + p->exchange.len + p->routing_key.len;
+	if (fits(t, 2 * t->mem + 4096 + 4 * blob_len + strings))
+		return ROOM_AMPLE;
+	uint64_t worst = trk_ring_growth(ch) + tap_arena_growth(&ch->arena, blob_len) +
+	                 tap_intern_cost_bound(&c->keys, t->extra.len) +
+	                 tap_intern_cost_bound(&c->keys, p->exchange.len + p->routing_key.len);
+	return fits(t, worst) ? ROOM_AMPLE : ROOM_TIGHT;
+}
+
 /* Stores the publish in slot n = ch->next of a pinned channel whose ring has room, then makes it outstanding. */
-static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const struct tap_publish *p, int64_t now_us)
+static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const struct tap_publish *p,
+                          const struct blob_lens *len, enum room room, int64_t now_us)
 {
 	struct tap_track *t = c->t;
 	bool confirm_mode = ch->mode == TRK_MODE_CONFIRM;
 	uint64_t n = ch->next;
 	struct trk_slot *e = trk_slot(ch, n);
-	size_t message_id_len = p->has_message_id ? (p->message_id.len > 255 ? 255 : p->message_id.len) : 0;
-	size_t correlation_id_len =
-	    p->has_correlation_id ? (p->correlation_id.len > 255 ? 255 : p->correlation_id.len) : 0;
-	size_t ts_len = p->has_timestamp ? sizeof p->timestamp : 0;
-	uint64_t len = ts_len + message_id_len + correlation_id_len;
 	*e = (struct trk_slot){
 	    .t_pub = now_us,
 	    .body_size = p->body_size,
 	    .reply_text = TAP_INTERN_NONE,
 	    .extra = TAP_INTERN_NONE,
-	    .message_id_len = (uint8_t)message_id_len,
-	    .correlation_id_len = (uint8_t)correlation_id_len,
+	    .message_id_len = (uint8_t)len->message_id,
+	    .correlation_id_len = (uint8_t)len->correlation_id,
 	    .state = TRK_STATE_WAIT,
 	    .delivery_mode = p->delivery_mode,
 	};
@@ -317,23 +416,31 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	                      (p->has_correlation_id ? TRK_FLAG_HAS_CORRELATION_ID : 0) |
 	                      (p->has_delivery_mode ? TRK_FLAG_HAS_DELIVERY_MODE : 0) |
 	                      (p->has_timestamp ? TRK_FLAG_HAS_TIMESTAMP : 0));
-	e->blob = tap_arena_alloc(&ch->arena, len);
+	uint64_t need;
+	while (room == ROOM_TIGHT && (need = tap_arena_growth(&ch->arena, len->total)) && !fits(t, need)) {
+		if (!evict_for_memory(t, now_us)) /* the oldest go first: this channel's own free arena space */
+			break;
+	}
+	e->blob = tap_arena_alloc(&ch->arena, len->total);
 	if (e->blob == TAP_ARENA_NONE) {
 		e->flags |= TRK_FLAG_NO_BLOB;
 		t->st.oom++;
-	} else if (len) {
+	} else if (len->total) {
 		uint8_t *b = tap_arena_ptr(&ch->arena, e->blob);
-		if (ts_len)
-			memcpy(b, &p->timestamp, ts_len);
-		if (message_id_len)
-			memcpy(b + ts_len, p->message_id.ptr, message_id_len);
-		if (correlation_id_len)
-			memcpy(b + ts_len + message_id_len, p->correlation_id.ptr, correlation_id_len);
+		if (len->timestamp)
+			memcpy(b, &p->timestamp, len->timestamp);
+		if (len->message_id)
+			memcpy(b + len->timestamp, p->message_id.ptr, len->message_id);
+		if (len->correlation_id)
+			memcpy(b + len->timestamp + len->message_id, p->correlation_id.ptr, len->correlation_id);
 	}
+	const uint8_t *extra = (const uint8_t *)t->extra.data;
 	if (t->extra.len)
-		e->extra = tap_intern_get(&c->keys, TRK_TAG_EXTRA, (const uint8_t *)t->extra.data, t->extra.len, NULL, 0);
-	e->route_key = tap_intern_get(&c->keys, TRK_TAG_ROUTE, p->exchange.ptr, p->exchange.len, p->routing_key.ptr,
-	                              p->routing_key.len);
+		e->extra = room == ROOM_TIGHT ? intern_in_budget(c, TRK_TAG_EXTRA, extra, t->extra.len, NULL, 0, now_us)
+		                              : tap_intern_get(&c->keys, TRK_TAG_EXTRA, extra, t->extra.len, NULL, 0);
+	const struct tap_slice *x = &p->exchange, *rk = &p->routing_key;
+	e->route_key = room == ROOM_TIGHT ? intern_in_budget(c, TRK_TAG_ROUTE, x->ptr, x->len, rk->ptr, rk->len, now_us)
+	                                  : tap_intern_get(&c->keys, TRK_TAG_ROUTE, x->ptr, x->len, rk->ptr, rk->len);
 	ch->next++;
 	trk_slot_stored(c, ch, n);
 	if (!confirm_mode && p->mandatory && !ch->closing && !trk_fifo_push(t, &ch->win_q, n))
@@ -343,10 +450,11 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_publish *p, int64_t now_us)
 {
 	struct tap_track *t = c->t;
-	struct trk_chan *ch = trk_chan_get(c, id);
+	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
 	c->counts.publishes++;
 	t->st.publishes++;
-	trk_render_extra(&t->extra, p);
+	if (trk_render_extra(&t->extra, p))
+		t->st.headers_truncated++;
 	if (t->extra.oom) {
 		t->extra.len = 0; /* a cut rendering is no JSON: the optional members are left out */
 		t->st.oom++;
@@ -358,6 +466,13 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 		return;
 	}
 	ch->pinned = true;
+	struct blob_lens len = blob_lens_of(p);
+	enum room room = room_for(c, ch, p, len.total);
+	uint64_t need;
+	while (room == ROOM_TIGHT && (need = trk_ring_growth(ch)) && !fits(t, need)) {
+		if (!evict_for_memory(t, now_us)) /* the oldest go first: once one of this channel's goes, it has room */
+			break;
+	}
 	while (!trk_ring_reserve(c, ch) && ch->base < ch->next) {
 		t->st.oom++;
 		trk_slot_step(c, ch, ch->base, TRK_EVENT_END, &no_memory, now_us);
@@ -367,7 +482,7 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 		publish_untracked(c, id, ch, p, true, now_us);
 		return;
 	}
-	publish_store(c, ch, p, now_us);
+	publish_store(c, ch, p, &len, room, now_us);
 	trk_chan_unpin(t, ch);
 
 	if (c->outstanding > t->conf.max_outstanding)
@@ -540,6 +655,7 @@ void tap_track_summary(struct tap_track *t, struct tap_buf *out)
 void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s)
 {
 	*s = t->st;
+	s->memory = t->mem;
 }
 
 uint64_t tap_track_confirm_quantile(const struct tap_track *t, double q)

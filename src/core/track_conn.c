@@ -8,11 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void *alloc_counted(struct tap_track *t, size_t n)
-{
-	return tap_mem_calloc(&t->mem, n);
-}
-
 /* ---- connections ---- */
 
 struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emit_fn emit_fn, void *ctx)
@@ -28,6 +23,8 @@ struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emi
 		t->conf.late_return_us = TAP_TRACK_LATE_RETURN_US_DEFAULT;
 	if (t->conf.max_outstanding == 0)
 		t->conf.max_outstanding = TAP_TRACK_MAX_OUTSTANDING_DEFAULT;
+	if (t->conf.max_memory == 0)
+		t->conf.max_memory = TAP_TRACK_MAX_MEMORY_DEFAULT;
 	t->emit = emit_fn;
 	t->ctx = ctx;
 	trk_render_init(&t->render);
@@ -99,7 +96,7 @@ void tap_track_free(struct tap_track *t)
 struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id, const char *client_addr,
                                           const char *upstream_addr, int64_t now_us)
 {
-	struct tap_track_conn *c = alloc_counted(t, sizeof *c);
+	struct tap_track_conn *c = trk_alloc_in_budget(t, sizeof *c, now_us);
 	if (!c)
 		return NULL;
 	c->t = t;
@@ -253,6 +250,15 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 
 /* ---- channel events ---- */
 
+struct trk_chan *trk_chan_in_budget(struct tap_track_conn *c, uint16_t id, int64_t now_us)
+{
+	struct trk_chan *ch = trk_chan_find(c, id);
+	if (ch)
+		return ch;
+	trk_make_room(c->t, tap_mem_cost(sizeof *ch) + tap_mem_cost(c->cap_chans * 2 * sizeof *c->chans), now_us);
+	return trk_chan_get(c, id);
+}
+
 static void chan_event(struct tap_track_conn *c, uint16_t ch, const char *event, int64_t now_us)
 {
 	trk_record_channel(&c->t->render, c, ch, event, now_us);
@@ -266,25 +272,25 @@ void tap_track_channel_open(struct tap_track_conn *c, uint16_t id, int64_t now_u
 		struct trk_reason r = {.by = "reopen"};
 		chan_end(c, ch, &r, now_us);
 	}
-	(void)trk_chan_get(c, id); /* without memory it is created by its first publish, or never */
+	(void)trk_chan_in_budget(c, id, now_us); /* without memory it is created by its first publish, or never */
 	chan_event(c, id, "open", now_us);
 }
 
 void tap_track_confirm_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
-	struct trk_chan *ch = trk_chan_get(c, id);
+	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
 	if (ch && ch->mode == TRK_MODE_NONE) {
 		ch->mode = TRK_MODE_CONFIRM;
 		ch->sel_off = ch->next - 1;
 	}
 	if (!c->hist)
-		c->hist = alloc_counted(c->t, sizeof *c->hist);
+		c->hist = trk_alloc_in_budget(c->t, sizeof *c->hist, now_us);
 	chan_event(c, id, "confirm_select", now_us);
 }
 
 void tap_track_tx_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
-	struct trk_chan *ch = trk_chan_get(c, id);
+	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
 	if (ch && ch->mode == TRK_MODE_NONE)
 		ch->mode = TRK_MODE_TX;
 	chan_event(c, id, "tx_select", now_us);
@@ -293,8 +299,7 @@ void tap_track_tx_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 void tap_track_channel_close(struct tap_track_conn *c, uint16_t id, enum tap_peer by, uint16_t code,
                              struct tap_slice text, int64_t now_us)
 {
-	(void)now_us;
-	struct trk_chan *ch = trk_chan_get(c, id);
+	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
 	if (!ch)
 		return;
 	/* Closes can cross: the client closes while the broker's 404 is on its way. The broker's close says why

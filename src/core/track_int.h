@@ -1,7 +1,7 @@
 /* The tracker's own types, shared by its parts: track.c (the publish lifecycle: events in, one verdict per publish
- * out), track_conn.c (connections and channels open and close), track_store.c (where outstanding publishes live:
- * channels, slot rings, arenas, queues, and the bytes they cost) and track_record.c (the records of DESIGN §4 as
- * JSON: reads state, changes none). */
+ * out, and the memory budget), track_conn.c (connections and channels open and close), track_store.c (where
+ * outstanding publishes live: channels, slot rings, arenas, queues, and the bytes they cost) and track_record.c
+ * (the records of DESIGN §4 as JSON: reads state, changes none). */
 #ifndef AMQPTAP_TRACK_INT_H
 #define AMQPTAP_TRACK_INT_H
 
@@ -9,6 +9,7 @@
 
 #include "arena.h"
 #include "intern.h"
+#include "mem.h"
 
 /* What the connection's intern table holds, by tag. */
 enum trk_tag {
@@ -106,7 +107,8 @@ struct trk_chan {
 	uint16_t id;
 	uint8_t mode; /* enum trk_mode */
 	bool closing, close_by_broker, warned_confirm_without_mandatory, warned_ack_before_return;
-	bool pinned; /* slots are being stored or released in a loop: the ring and arena keep their place */
+	bool pinned;         /* slots are being stored or released in a loop: the ring and arena keep their place */
+	bool shrink_pending; /* slots were released while pinned */
 	uint16_t close_code;
 	char *close_text;
 	size_t close_text_len;
@@ -172,7 +174,8 @@ struct tap_track {
 	struct tap_track_stats st;
 	struct trk_counts closed_counts; /* of connections already ended */
 	struct tap_hist hist;
-	uint64_t mem;  /* bytes of tracking state */
+	uint64_t mem;  /* bytes counted against conf.max_memory */
+	bool squeeze;  /* making room: unreferenced strings are freed, not cached */
 };
 
 /* What a publish record is written from: a stored slot or the caller's tap_publish. */
@@ -222,6 +225,16 @@ void trk_emit(struct tap_track *t);
  * released. */
 void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, enum trk_event ev,
                    const struct trk_reason *why, int64_t stamp_us);
+/* Evicts the oldest outstanding publishes of the process until need more bytes fit in conf.max_memory, or
+ * nothing is left to evict. */
+void trk_make_room(struct tap_track *t, uint64_t need, int64_t now_us);
+/* Zeroed and counted, room made first; NULL when out of memory. */
+void *trk_alloc_in_budget(struct tap_track *t, size_t n, int64_t now_us);
+
+/* ---- track_conn.c ---- */
+
+/* The channel, created (room made first) when new; NULL when out of memory. */
+struct trk_chan *trk_chan_in_budget(struct tap_track_conn *c, uint16_t id, int64_t now_us);
 
 /* ---- track_store.c ---- */
 
@@ -229,16 +242,38 @@ struct trk_chan *trk_chan_find(const struct tap_track_conn *c, uint16_t id);
 /* The channel, created when new (NULL when out of memory). */
 struct trk_chan *trk_chan_get(struct tap_track_conn *c, uint16_t id);
 void trk_chan_free(struct tap_track_conn *c, struct trk_chan *ch);
+/* Rings this small (and arenas of TAP_ARENA_MIN_CAP) stay when their channel empties: a publish-and-wait client
+ * allocates nothing. */
+#define TRK_RING_MIN_CAP 16u
+
+/* Bytes growing the ring by one slot would allocate: 0 when a slot is free. */
+static inline uint64_t trk_ring_growth(const struct trk_chan *ch)
+{
+	if (ch->next - ch->base < ch->cap)
+		return 0;
+	return tap_mem_cost((ch->cap ? ch->cap * 2 : TRK_RING_MIN_CAP) * sizeof *ch->ring);
+}
 bool trk_ring_reserve(struct tap_track_conn *c, struct trk_chan *ch);
 bool trk_fifo_push(struct tap_track *t, struct trk_fifo *f, uint64_t v);
 uint64_t trk_fifo_front(const struct trk_fifo *f);
 void trk_fifo_pop(struct trk_fifo *f);
 /* A slot was stored at n (the ring's new tail): count it, put its channel on the active list. */
 void trk_slot_stored(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n);
-/* The slot's record has been written (or is being dropped): release what it holds, move the head. */
+/* The slot's record has been written (or is being dropped): release what it holds, move the head, give memory
+ * back (unless pinned) when the channel empties or its ring and arena are mostly unused. */
 void trk_slot_release(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n);
-/* Ends a pinned stretch. */
-void trk_chan_unpin(struct tap_track *t, struct trk_chan *ch);
+/* Gives memory back when the channel is empty or its ring or arena is a quarter used. */
+void trk_chan_shrink(struct tap_track *t, struct trk_chan *ch);
+
+/* Ends a pinned stretch: gives back what the releases in it would have. */
+static inline void trk_chan_unpin(struct tap_track *t, struct trk_chan *ch)
+{
+	ch->pinned = false;
+	if (ch->shrink_pending) {
+		ch->shrink_pending = false;
+		trk_chan_shrink(t, ch);
+	}
+}
 void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const struct trk_chan *ch, uint64_t n);
 /* Allocations counted in t->mem. */
 void *trk_alloc(struct tap_track *t, size_t n);
@@ -257,8 +292,9 @@ void trk_render_deinit(struct trk_render *r);
 /* The `publish` record. */
 void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
                         const struct trk_verdict *vd, int64_t now_us);
+/* A publisher anti-pattern seen on publish seq of channel ch. */
 void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
-                        bool has_seq, uint64_t seq, int64_t now_us);
+                        uint64_t seq, int64_t now_us);
 void trk_record_unmatched_return(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
                                  const struct tap_return *ret, int64_t now_us);
 void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *event,
@@ -273,8 +309,8 @@ void trk_record_blocked(struct trk_render *r, const struct tap_track_conn *c, bo
 /* The "conn", "client", "vhost", "user" members every publish record of c starts with, into c->prefix. */
 void trk_render_prefix(struct tap_buf *prefix, const struct tap_track_conn *c);
 /* The optional members of a publish record (content_type, message_type, app_id, headers), rendered once when
- * it is published, into out. */
-void trk_render_extra(struct tap_buf *out, const struct tap_publish *p);
+ * it is published, into out; returns whether the header keys were cut to TAP_TRACK_HEADER_*_MAX. */
+bool trk_render_extra(struct tap_buf *out, const struct tap_publish *p);
 void trk_summary(const struct tap_track *t, struct tap_buf *out);
 
 #endif

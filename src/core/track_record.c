@@ -195,9 +195,65 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 	tap_json_obj_end(&j);
 }
 
-void trk_render_extra(struct tap_buf *out, const struct tap_publish *p)
+/* The longest prefix of an escaped JSON string's contents (no quotes) of at most limit bytes that ends between
+ * two characters: never inside an escape or a UTF-8 sequence (tap_json_escape writes only whole ones). */
+static size_t escaped_cut(const char *s, size_t len, size_t limit)
+{
+	size_t i = 0;
+	while (i < len) {
+		unsigned char c = (unsigned char)s[i];
+		size_t step = 1;
+		if (c == '\\')
+			step = i + 1 < len && s[i + 1] == 'u' ? 6 : 2;
+		else if (c >= 0xF0)
+			step = 4;
+		else if (c >= 0xE0)
+			step = 3;
+		else if (c >= 0x80)
+			step = 2;
+		if (i + step > limit)
+			break;
+		i += step;
+	}
+	return i;
+}
+
+/* The keys of the headers table, at most TAP_TRACK_HEADER_KEYS_MAX and TAP_TRACK_HEADER_BYTES_MAX bytes between
+ * the brackets; a key that does not fit is kept as far as whole characters fit. Returns whether any was cut. */
+static bool write_header_keys(struct tap_json *j, const struct tap_slice *keys, size_t n_keys)
+{
+	struct tap_buf *b = j->b;
+	bool cut = n_keys > TAP_TRACK_HEADER_KEYS_MAX;
+	if (cut)
+		n_keys = TAP_TRACK_HEADER_KEYS_MAX;
+	tap_json_key(j, "headers");
+	tap_json_arr_begin(j);
+	size_t start = b->len;
+	for (size_t i = 0; i < n_keys; i++) {
+		size_t mark = b->len;
+		tap_json_strn(j, keys[i].ptr, keys[i].len);
+		if (b->oom || b->len - start <= TAP_TRACK_HEADER_BYTES_MAX)
+			continue;
+		cut = true;
+		size_t open = mark + (mark > start) + 1; /* after the comma and the opening quote */
+		size_t room = start + TAP_TRACK_HEADER_BYTES_MAX; /* where the closing quote must end */
+		size_t keep = room > open + 1 ? escaped_cut(b->data + open, b->len - 1 - open, room - 1 - open) : 0;
+		if (keep) {
+			b->len = open + keep;
+			tap_buf_putc(b, '"');
+		} else {
+			b->len = mark;
+		}
+		break;
+	}
+	tap_json_arr_end(j);
+	return cut;
+}
+
+bool trk_render_extra(struct tap_buf *out, const struct tap_publish *p)
 {
 	struct tap_json j;
+	bool cut = false;
 	tap_buf_reset(out);
 	tap_json_init(&j, out);
 	tap_json_obj_begin(&j); /* written so commas are tracked; the brace is cut off below */
@@ -208,27 +264,25 @@ void trk_render_extra(struct tap_buf *out, const struct tap_publish *p)
 	if (p->app_id.len)
 		tap_json_kv_strn(&j, "app_id", p->app_id.ptr, p->app_id.len);
 	if (p->n_header_keys) {
-		tap_json_key(&j, "headers");
-		tap_json_arr_begin(&j);
-		for (size_t i = 0; i < p->n_header_keys; i++)
-			tap_json_strn(&j, p->header_keys[i].ptr, p->header_keys[i].len);
-		tap_json_arr_end(&j);
+		cut = write_header_keys(&j, p->header_keys, p->n_header_keys);
+		if (cut)
+			kv_lit(&j, "headers_truncated", json_true);
 	}
 	if (out->len > 1)
 		memmove(out->data, out->data + 1, out->len - 1);
 	out->len = out->len ? out->len - 1 : 0;
+	return cut;
 }
 
 void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
-                        bool has_seq, uint64_t seq, int64_t now_us)
+                        uint64_t seq, int64_t now_us)
 {
 	struct tap_json j;
 	rec_begin(r, &j, "warning", now_us);
 	tap_json_kv_uint(&j, "conn", c->id);
 	tap_json_kv_uint(&j, "channel", ch);
 	tap_json_kv_str(&j, "rule", rule);
-	if (has_seq)
-		tap_json_kv_uint(&j, "seq", seq);
+	tap_json_kv_uint(&j, "seq", seq);
 	tap_json_obj_end(&j);
 }
 
@@ -366,4 +420,9 @@ void trk_summary(const struct tap_track *t, struct tap_buf *out)
 	}
 	tap_buf_printf(out, "total outstanding=%" PRIu64, t->st.outstanding);
 	summary_line(out, &total, &t->hist);
+	tap_buf_printf(out,
+	               "tracking memory %" PRIu64 " bytes (peak %" PRIu64 ", budget %" PRIu64 "), evicted %" PRIu64
+	               " (%" PRIu64 " for memory), headers truncated %" PRIu64 "\n",
+	               t->mem, t->st.memory_peak, t->conf.max_memory, t->st.evicted, t->st.evicted_memory,
+	               t->st.headers_truncated);
 }

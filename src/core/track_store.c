@@ -1,6 +1,7 @@
 /* Where the tracker keeps outstanding publishes: per connection a sorted array of channels created on first use,
  * per channel a ring of 64-byte slots, a FIFO arena for their strings and two queues of slot numbers for the
- * timers. Every byte allocated here is counted in t->mem. */
+ * timers. Every byte allocated here is counted in t->mem (the budget of tap_track_conf.max_memory), and given
+ * back when a channel empties or its ring and arena fall to a quarter of their size. */
 #include "track_int.h"
 
 #include "mem.h"
@@ -8,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RING_MIN_CAP 16u
+/* Queues this small stay when their channel empties. */
 #define FIFO_MIN_CAP 64u
 
 void *trk_alloc(struct tap_track *t, size_t n)
@@ -87,6 +88,17 @@ void trk_fifo_pop(struct trk_fifo *f)
 {
 	f->head = (f->head + 1) & (f->cap - 1);
 	f->len--;
+}
+
+static void fifo_clear(struct tap_track *t, struct trk_fifo *f)
+{
+	f->len = 0;
+	f->head = 0;
+	if (f->cap > FIFO_MIN_CAP) {
+		trk_free(t, f->v, (size_t)f->cap * sizeof *f->v);
+		f->v = NULL;
+		f->cap = 0;
+	}
 }
 
 /* ---- channels ---- */
@@ -203,7 +215,66 @@ static bool ring_resize(struct tap_track *t, struct trk_chan *ch, uint64_t cap)
 
 bool trk_ring_reserve(struct tap_track_conn *c, struct trk_chan *ch)
 {
-	return ch->next - ch->base < ch->cap || ring_resize(c->t, ch, ch->cap ? ch->cap * 2 : RING_MIN_CAP);
+	return ch->next - ch->base < ch->cap || ring_resize(c->t, ch, ch->cap ? ch->cap * 2 : TRK_RING_MIN_CAP);
+}
+
+/* ---- giving memory back ---- */
+
+static uint64_t blob_len(const struct trk_slot *e)
+{
+	return ((e->flags & TRK_FLAG_HAS_TIMESTAMP) ? sizeof(uint64_t) : 0) + e->message_id_len + e->correlation_id_len;
+}
+
+/* Copies the blobs of the live slots, in order, into an arena of half the size (holes of finished slots
+ * vanish). On failure the old arena stays. */
+static void arena_compact(struct tap_track *t, struct trk_chan *ch)
+{
+	struct tap_arena na;
+	tap_arena_init(&na, &t->mem);
+	if (!tap_arena_reserve(&na, ch->arena.cap / 2))
+		return;
+	for (uint64_t n = ch->base; n < ch->next; n++) {
+		struct trk_slot *e = trk_slot(ch, n);
+		if (e->state == TRK_STATE_DONE || (e->flags & TRK_FLAG_NO_BLOB))
+			continue;
+		uint64_t len = blob_len(e);
+		uint64_t off = tap_arena_alloc(&na, len);
+		if (off == TAP_ARENA_NONE) {
+			tap_arena_deinit(&na);
+			return;
+		}
+		if (len)
+			memcpy(tap_arena_ptr(&na, off), tap_arena_ptr(&ch->arena, e->blob), len);
+		e->blob = off;
+	}
+	tap_arena_deinit(&ch->arena);
+	ch->arena = na;
+}
+
+/* The channel emptied: keep only small buffers. */
+static void chan_shrink_empty(struct tap_track *t, struct trk_chan *ch)
+{
+	fifo_clear(t, &ch->held_q);
+	fifo_clear(t, &ch->win_q);
+	if (ch->cap > TRK_RING_MIN_CAP) {
+		trk_free(t, ch->ring, ch->cap * sizeof *ch->ring);
+		ch->ring = NULL;
+		ch->cap = 0;
+	}
+	if (ch->arena.cap > TAP_ARENA_MIN_CAP)
+		tap_arena_release(&ch->arena);
+}
+
+/* Halves the ring and the arena when a quarter of them is used: growth doubled them, so each halving follows
+ * at least as many releases as the copy costs. */
+static void chan_shrink(struct tap_track *t, struct trk_chan *ch)
+{
+	if (ch->cap > TRK_RING_MIN_CAP && (ch->next - ch->base) * 4 <= ch->cap) {
+		/* a failed resize leaves the ring as it was */
+		(void)ring_resize(t, ch, ch->cap / 2);
+	}
+	if (ch->arena.cap > TAP_ARENA_MIN_CAP && tap_arena_used(&ch->arena) * 4 <= ch->arena.cap)
+		arena_compact(t, ch);
 }
 
 void trk_slot_stored(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n)
@@ -215,13 +286,16 @@ void trk_slot_stored(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n)
 	}
 	c->outstanding++;
 	c->t->st.outstanding++;
+	if (c->t->mem > c->t->st.memory_peak)
+		c->t->st.memory_peak = c->t->mem;
 }
 
 void trk_slot_release(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n)
 {
 	struct tap_track *t = c->t;
 	struct trk_slot *e = trk_slot(ch, n);
-	enum tap_intern_keep keep = TAP_INTERN_KEEP_CACHE;
+	enum tap_intern_keep keep = t->squeeze || t->mem > t->conf.max_memory ? TAP_INTERN_KEEP_DROP
+	                                                                      : TAP_INTERN_KEEP_CACHE;
 	if (e->state == TRK_STATE_HELD)
 		t->st.held--;
 	e->state = TRK_STATE_DONE;
@@ -244,14 +318,18 @@ void trk_slot_release(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n)
 		if (!(h->flags & TRK_FLAG_NO_BLOB))
 			ch->arena.head = h->blob;
 	}
-	if (!ch->pinned)
-		trk_chan_unpin(t, ch);
+	if (ch->pinned)
+		ch->shrink_pending = true;
+	else
+		trk_chan_shrink(t, ch);
 }
 
-void trk_chan_unpin(struct tap_track *t, struct trk_chan *ch)
+void trk_chan_shrink(struct tap_track *t, struct trk_chan *ch)
 {
-	(void)t;
-	ch->pinned = false;
+	if (ch->base == ch->next)
+		chan_shrink_empty(t, ch);
+	else
+		chan_shrink(t, ch);
 }
 
 void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const struct trk_chan *ch, uint64_t n)

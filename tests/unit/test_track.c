@@ -1144,6 +1144,244 @@ START_TEST(every_record_has_type_and_ts)
 }
 END_TEST
 
+/* ---- bounds: header keys, JSON validity, the memory budget ---- */
+
+/* A JSON string at p (strictly: every escape complete, every byte >= 0x80 part of valid UTF-8); returns its end
+ * or NULL. */
+static const char *strict_string(const char *p)
+{
+	if (*p++ != '"')
+		return NULL;
+	while (*p != '"') {
+		unsigned char ch = (unsigned char)*p;
+		if (ch == '\0' || ch < 0x20)
+			return NULL;
+		if (ch == '\\') {
+			p++;
+			if (*p == 'u') {
+				for (int i = 1; i <= 4; i++)
+					if (!strchr("0123456789abcdefABCDEF", p[i]) || !p[i])
+						return NULL;
+				p += 5;
+			} else if (*p && strchr("\"\\/bfnrt", *p)) {
+				p++;
+			} else {
+				return NULL;
+			}
+			continue;
+		}
+		size_t n = ch < 0x80 ? 1 : ch >= 0xC2 && ch <= 0xDF ? 2 : ch >= 0xE0 && ch <= 0xEF ? 3 : ch >= 0xF0 && ch <= 0xF4 ? 4 : 0;
+		if (!n)
+			return NULL;
+		for (size_t i = 1; i < n; i++)
+			if (((unsigned char)p[i] & 0xC0) != 0x80)
+				return NULL;
+		p += n;
+	}
+	return p + 1;
+}
+
+/* The elements of the "headers" array of rec, checked strictly; returns how many, and the bytes between the
+ * brackets in *inner. */
+static size_t header_array(const char *rec, size_t *inner)
+{
+	const char *a = get(rec, "headers");
+	ck_assert_ptr_nonnull(a);
+	ck_assert_int_eq(a[0], '[');
+	const char *p = a + 1;
+	size_t n = 0;
+	while (*p != ']') {
+		if (n)
+			ck_assert_msg(*p++ == ',', "no comma in %s", a);
+		const char *e = strict_string(p);
+		ck_assert_msg(e != NULL, "element %zu is no JSON string: %s", n, p);
+		p = e;
+		n++;
+	}
+	*inner = (size_t)(p - a - 1);
+	return n;
+}
+
+START_TEST(header_keys_capped_in_number)
+{
+	confirm_channel(1);
+	struct tap_slice keys[40];
+	char names[40][8];
+	for (int i = 0; i < 40; i++) {
+		snprintf(names[i], sizeof names[i], "k%02d", i);
+		keys[i] = S(names[i]);
+	}
+	struct tap_publish p = pub("x", "k", false);
+	p.header_keys = keys;
+	p.n_header_keys = TAP_TRACK_HEADER_KEYS_MAX;
+	tap_track_publish(c, 1, &p, T0);
+	p.n_header_keys = 40;
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_ack(c, 1, 2, true, T0 + 1);
+	size_t inner;
+	ck_assert_uint_eq(header_array(pub_seq(1), &inner), TAP_TRACK_HEADER_KEYS_MAX);
+	ck_assert_ptr_null(get(pub_seq(1), "headers_truncated"));
+	ck_assert_uint_eq(header_array(pub_seq(2), &inner), TAP_TRACK_HEADER_KEYS_MAX);
+	assert_field(pub_seq(2), "headers_truncated", "true");
+	ck_assert_uint_eq(stats().headers_truncated, 1);
+}
+END_TEST
+
+/* 64 keys of 250 x 0x01 (6 bytes each escaped), bytes that are no UTF-8, and two-byte characters around the cut:
+ * the array stops at TAP_TRACK_HEADER_BYTES_MAX on a character boundary, marked, and the record parses. */
+START_TEST(header_keys_capped_in_bytes_on_character_boundaries)
+{
+	confirm_channel(1);
+	static uint8_t ctl[250], bad[250], utf8[250];
+	memset(ctl, 0x01, sizeof ctl);
+	for (size_t i = 0; i < sizeof bad; i++)
+		bad[i] = (uint8_t)(0x80 + i % 0x7f); /* continuation bytes and leads without their tails */
+	for (size_t i = 0; i + 1 < sizeof utf8; i += 2) {
+		utf8[i] = 0xC3; /* é */
+		utf8[i + 1] = 0xA9;
+	}
+	struct tap_slice hostile[64], bytes[3], chars[8];
+	for (int i = 0; i < 64; i++)
+		hostile[i] = (struct tap_slice){ctl, sizeof ctl};
+	for (int i = 0; i < 3; i++)
+		bytes[i] = (struct tap_slice){bad, sizeof bad - (size_t)i};
+	for (int i = 0; i < 8; i++) /* 2 + 250 + 1 each: the cut lands inside the fifth, at an odd offset */
+		chars[i] = (struct tap_slice){utf8, sizeof utf8 - (i == 4 ? 1 : 0)};
+	struct tap_slice *sets[] = {hostile, bytes, chars};
+	size_t sizes[] = {64, 3, 8};
+	struct tap_publish p = pub("x", "k", true);
+	for (int k = 0; k < 3; k++) {
+		p.header_keys = sets[k];
+		p.n_header_keys = sizes[k];
+		tap_track_publish(c, 1, &p, T0);
+	}
+	tap_track_ack(c, 1, 3, true, T0 + 1);
+	tap_track_tick(t, T0 + 1 + TAP_TRACK_LATE_RETURN_US_DEFAULT);
+	ck_assert_uint_eq(n_seen, 3);
+	for (uint64_t seq = 1; seq <= 3; seq++) {
+		const char *r = pub_seq(seq);
+		ck_assert(valid_json_object(r));
+		size_t inner, n = header_array(r, &inner);
+		ck_assert_uint_ge(n, 1);
+		ck_assert_uint_le(inner, TAP_TRACK_HEADER_BYTES_MAX);
+		ck_assert_uint_gt(inner, TAP_TRACK_HEADER_BYTES_MAX - 8); /* filled up to the last whole character */
+		assert_field(r, "headers_truncated", "true");
+		ck_assert_uint_lt(strlen(r), 2048);
+	}
+	/* the first key of 0x01 bytes alone is 1,502 bytes escaped: it is kept up to its 170th byte */
+	const char *h = get(pub_seq(1), "headers");
+	ck_assert_uint_eq(strlen(h), 2 + 2 + 170 * 6);
+	ck_assert_uint_eq(stats().headers_truncated, 3);
+}
+END_TEST
+
+/* A confirm client that never reads its acks: past the budget the oldest publishes are written unknown/evicted,
+ * the tracker's memory never exceeds the budget, every publish gets exactly one record (the acks that come at
+ * last find the evicted ones gone), and the memory is given back when they are answered. */
+START_TEST(memory_budget_evicts_the_oldest)
+{
+	enum { BUDGET = 256 * 1024, N = 20000 };
+	struct tap_track_conf conf = {.max_memory = BUDGET};
+	teardown();
+	setup_conf(&conf);
+	confirm_channel(1);
+	uint64_t base = stats().memory;
+	ck_assert_uint_lt(base, 16384);
+	char mid[32], key[96];
+	struct tap_slice hk = {(const uint8_t *)key, 0};
+	struct tap_publish p = pub("x", "k", true);
+	p.has_message_id = true;
+	p.header_keys = &hk;
+	p.n_header_keys = 1;
+	uint64_t peak = 0;
+	for (int i = 1; i <= N; i++) {
+		snprintf(mid, sizeof mid, "m%d", i);
+		hk.len = (size_t)snprintf(key, sizeof key, "x-unique-header-key-%d-%040d", i, i); /* no sharing */
+		p.message_id = S(mid);
+		tap_track_publish(c, 1, &p, T0 + i);
+		uint64_t m = stats().memory;
+		peak = m > peak ? m : peak;
+		REQUIRE(m <= BUDGET, "publish %d: %llu bytes over the budget", i, (unsigned long long)m);
+	}
+	struct tap_track_stats s = stats();
+	ck_assert_uint_gt(peak, BUDGET - BUDGET / 8); /* it did fill the budget */
+	ck_assert_uint_gt(s.evicted_memory, N / 2);
+	ck_assert_uint_eq(s.evicted, s.evicted_memory);
+	ck_assert_uint_eq(s.memory_peak, peak);
+	ck_assert_uint_eq(n_seen, s.evicted_memory);
+	for (size_t i = 0; i < n_seen; i++) { /* the oldest went first, in order */
+		REQUIRE(seen[i].v.seq == i + 1, "eviction %zu took seq %llu", i, (unsigned long long)seen[i].v.seq);
+		REQUIRE(seen[i].v.route == UNKNOWN && seen[i].v.confirm == CONFIRM_UNKNOWN, "verdict of %zu", i);
+		REQUIRE(!strcmp(seen[i].reason_by, "evicted") && !strcmp(seen[i].reason_text, "max-tracking-memory"),
+		        "reason of %zu", i);
+	}
+	assert_field(pub_seq(1), "reason", "{\"by\":\"evicted\",\"text\":\"max-tracking-memory\"}");
+	tap_track_ack(c, 1, N, true, T0 + N + 1);
+	tap_track_tick(t, T0 + N + 1 + TAP_TRACK_LATE_RETURN_US_DEFAULT);
+	s = stats();
+	ck_assert_uint_eq(s.publish_records, N);
+	ck_assert_uint_eq(s.outstanding, 0);
+	ck_assert_uint_eq(n_seen, N);
+	ck_assert_uint_eq(s.routed, N - s.evicted_memory);
+	ck_assert_uint_lt(s.memory, base + 8192); /* rings, arena and strings given back */
+}
+END_TEST
+
+START_TEST(memory_budget_evicts_across_connections)
+{
+	enum { BUDGET = 128 * 1024 };
+	struct tap_track_conf conf = {.max_memory = BUDGET};
+	teardown();
+	setup_conf(&conf);
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", false);
+	for (int i = 0; i < 100; i++)
+		tap_track_publish(c, 1, &p, T0 + i); /* older, on conn 3 */
+	struct tap_track_conn *c2 = tap_track_conn_new(t, 4, "127.0.0.1:2", "127.0.0.1:5672", T0);
+	tap_track_channel_open(c2, 1, T0);
+	tap_track_confirm_select(c2, 1, T0);
+	char mid[32];
+	p.has_message_id = true;
+	for (int i = 0; i < 5000 && stats().evicted_memory < 150; i++) {
+		snprintf(mid, sizeof mid, "%d", i);
+		struct tap_publish q = pub(mid, mid, false);
+		tap_track_publish(c2, 1, &q, T0 + 1000 + i);
+	}
+	ck_assert_uint_ge(stats().evicted_memory, 150);
+	for (size_t i = 0; i < 100; i++) /* conn 3's first: they are the oldest */
+		ck_assert_uint_eq(verdict(i)->v.conn, 3);
+	ck_assert_uint_eq(verdict(100)->v.conn, 4);
+	ck_assert_uint_le(stats().memory, BUDGET);
+}
+END_TEST
+
+/* A burst of non-confirm mandatory publishes held for their return window: once their records are written, the
+ * channel's ring, arena and queues and the connection's strings are given back. */
+START_TEST(memory_given_back_after_a_burst)
+{
+	tap_track_channel_open(c, 1, T0);
+	uint64_t base = stats().memory;
+	char key[40];
+	struct tap_slice hk = {(const uint8_t *)key, 0};
+	for (int i = 0; i < 6000; i++) {
+		struct tap_publish p = pub("x", "k", true);
+		hk.len = (size_t)snprintf(key, sizeof key, "h%d", i);
+		p.header_keys = &hk;
+		p.n_header_keys = 1;
+		tap_track_publish(c, 1, &p, T0 + i);
+	}
+	uint64_t full = stats().memory;
+	ck_assert_uint_gt(full, base + 6000 * 64);
+	ck_assert_uint_lt(full, base + 6000 * 300);
+	tap_track_tick(t, T0 + 3000 + TAP_TRACK_RETURN_WINDOW_US_DEFAULT); /* the first half */
+	ck_assert_uint_lt(stats().memory, full);
+	tap_track_tick(t, T0 + 6000 + TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
+	ck_assert_uint_eq(stats().outstanding, 0);
+	ck_assert_uint_eq(n_seen, 6000);
+	ck_assert_uint_lt(stats().memory, base + 8192);
+}
+END_TEST
+
 /* ---- randomized property: one publish record per publish, whatever happens ---- */
 
 static uint64_t rng_state;
@@ -1346,6 +1584,11 @@ int main(void)
 	tcase_add_test(tc, channels_anywhere_in_the_id_range);
 	tcase_add_test(tc, summary_and_latency);
 	tcase_add_test(tc, every_record_has_type_and_ts);
+	tcase_add_test(tc, header_keys_capped_in_number);
+	tcase_add_test(tc, header_keys_capped_in_bytes_on_character_boundaries);
+	tcase_add_test(tc, memory_budget_evicts_the_oldest);
+	tcase_add_test(tc, memory_budget_evicts_across_connections);
+	tcase_add_test(tc, memory_given_back_after_a_burst);
 	tcase_add_test(tc, random_interleavings);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
