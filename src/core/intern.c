@@ -112,7 +112,7 @@ uint32_t tap_intern_find(const struct tap_intern *in, uint8_t tag, const uint8_t
 static void index_fill(struct tap_intern *in, uint32_t *idx, uint32_t cap)
 {
 	for (uint32_t id = 0; id < in->n_keys; id++) {
-		if (in->keys[id].state == TAP_INTERN_FREE)
+		if (in->keys[id].state == TAP_INTERN_STATE_FREE)
 			continue;
 		uint32_t s = in->keys[id].hash & (cap - 1);
 		while (idx[s])
@@ -170,7 +170,7 @@ static void sweep(struct tap_intern *in)
 	uint32_t live = in->n_indexed - in->n_dead;
 	if (live == 0) {
 		for (uint32_t id = 0; id < in->n_keys; id++)
-			in->keys[id].state = TAP_INTERN_FREE;
+			in->keys[id].state = TAP_INTERN_STATE_FREE;
 		free_arrays(in);
 		in->n_indexed = in->n_dead = 0;
 		return;
@@ -183,9 +183,9 @@ static void sweep(struct tap_intern *in)
 		return;
 	uint32_t top = 0; /* one past the highest id still in use */
 	for (uint32_t id = 0; id < in->n_keys; id++) {
-		if (in->keys[id].state == TAP_INTERN_DROPPED)
-			in->keys[id].state = TAP_INTERN_FREE;
-		if (in->keys[id].state != TAP_INTERN_FREE)
+		if (in->keys[id].state == TAP_INTERN_STATE_DROPPED)
+			in->keys[id].state = TAP_INTERN_STATE_FREE;
+		if (in->keys[id].state != TAP_INTERN_STATE_FREE)
 			top = id + 1;
 	}
 	in->n_indexed = live;
@@ -193,7 +193,7 @@ static void sweep(struct tap_intern *in)
 	in->n_keys = top;
 	in->n_free = 0;
 	for (uint32_t id = 0; id < top; id++)
-		if (in->keys[id].state == TAP_INTERN_FREE)
+		if (in->keys[id].state == TAP_INTERN_STATE_FREE)
 			in->free_ids[in->n_free++] = id;
 	index_fill(in, idx, index_cap);
 	uint32_t keys_cap = pow2_at_least(2 * top, TAP_INTERN_MIN_KEYS);
@@ -212,8 +212,8 @@ uint32_t tap_intern_get(struct tap_intern *in, uint8_t tag, const uint8_t *a, si
 	uint32_t id = find_hashed(in, hash, tag, a, alen, b, blen);
 	if (id != TAP_INTERN_NONE) {
 		struct tap_intern_key *k = &in->keys[id];
-		if (k->state == TAP_INTERN_CACHED) {
-			k->state = TAP_INTERN_LIVE;
+		if (k->state == TAP_INTERN_STATE_CACHED) {
+			k->state = TAP_INTERN_STATE_LIVE;
 			in->n_dead--;
 			in->cached_bytes -= key_bytes(k);
 		}
@@ -241,7 +241,7 @@ uint32_t tap_intern_get(struct tap_intern *in, uint8_t tag, const uint8_t *a, si
 	                                       .alen = (uint16_t)alen,
 	                                       .blen = (uint16_t)blen,
 	                                       .tag = tag,
-	                                       .state = TAP_INTERN_LIVE};
+	                                       .state = TAP_INTERN_STATE_LIVE};
 	uint32_t s = hash & (in->index_cap - 1);
 	while (in->index[s])
 		s = (s + 1) & (in->index_cap - 1);
@@ -259,11 +259,11 @@ void tap_intern_put(struct tap_intern *in, uint32_t id, enum tap_intern_keep kee
 		return;
 	size_t bytes = key_bytes(k);
 	if (keep == TAP_INTERN_KEEP_CACHE && in->cached_bytes + bytes <= TAP_INTERN_CACHE_BYTES) {
-		k->state = TAP_INTERN_CACHED;
+		k->state = TAP_INTERN_STATE_CACHED;
 		in->cached_bytes += bytes;
 	} else {
 		key_free_data(in, k);
-		k->state = TAP_INTERN_DROPPED;
+		k->state = TAP_INTERN_STATE_DROPPED;
 	}
 	in->n_dead++;
 	uint32_t live = in->n_indexed - in->n_dead;
@@ -278,9 +278,9 @@ void tap_intern_drop_cached(struct tap_intern *in)
 		return;
 	for (uint32_t id = 0; id < in->n_keys; id++) {
 		struct tap_intern_key *k = &in->keys[id];
-		if (k->state == TAP_INTERN_CACHED) {
+		if (k->state == TAP_INTERN_STATE_CACHED) {
 			key_free_data(in, k);
-			k->state = TAP_INTERN_DROPPED;
+			k->state = TAP_INTERN_STATE_DROPPED;
 		}
 	}
 	in->cached_bytes = 0;

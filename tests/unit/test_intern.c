@@ -57,11 +57,11 @@ START_TEST(cache_then_drop)
 	tap_intern_init(&in, &mem);
 	uint32_t a = tap_intern_get(&in, 0, B("recurring"), 9, NULL, 0);
 	tap_intern_put(&in, a, TAP_INTERN_KEEP_CACHE);
-	ck_assert_uint_eq(tap_intern_key(&in, a)->state, TAP_INTERN_CACHED);
+	ck_assert_uint_eq(tap_intern_key(&in, a)->state, TAP_INTERN_STATE_CACHED);
 	ck_assert_uint_eq(tap_intern_get(&in, 0, B("recurring"), 9, NULL, 0), a); /* revived, same id */
-	ck_assert_uint_eq(tap_intern_key(&in, a)->state, TAP_INTERN_LIVE);
+	ck_assert_uint_eq(tap_intern_key(&in, a)->state, TAP_INTERN_STATE_LIVE);
 	tap_intern_put(&in, a, TAP_INTERN_KEEP_DROP);
-	ck_assert_uint_eq(tap_intern_key(&in, a)->state, TAP_INTERN_DROPPED);
+	ck_assert_uint_eq(tap_intern_key(&in, a)->state, TAP_INTERN_STATE_DROPPED);
 	ck_assert_ptr_null(tap_intern_key(&in, a)->data);
 	ck_assert_uint_eq(tap_intern_find(&in, 0, B("recurring"), 9, NULL, 0), TAP_INTERN_NONE);
 	uint32_t b = tap_intern_get(&in, 0, B("recurring"), 9, NULL, 0);
@@ -78,11 +78,11 @@ START_TEST(cache_then_drop)
 	for (int i = 0; i < 10; i++)
 		tap_intern_put(&in, ids[i], TAP_INTERN_KEEP_CACHE);
 	ck_assert_uint_le(in.cached_bytes, TAP_INTERN_CACHE_BYTES);
-	ck_assert_uint_eq(tap_intern_key(&in, ids[0])->state, TAP_INTERN_CACHED);
-	ck_assert_uint_eq(tap_intern_key(&in, ids[9])->state, TAP_INTERN_DROPPED);
+	ck_assert_uint_eq(tap_intern_key(&in, ids[0])->state, TAP_INTERN_STATE_CACHED);
+	ck_assert_uint_eq(tap_intern_key(&in, ids[9])->state, TAP_INTERN_STATE_DROPPED);
 	tap_intern_drop_cached(&in);
 	ck_assert_uint_eq(in.cached_bytes, 0);
-	ck_assert_uint_eq(tap_intern_key(&in, ids[0])->state, TAP_INTERN_DROPPED);
+	ck_assert_uint_eq(tap_intern_key(&in, ids[0])->state, TAP_INTERN_STATE_DROPPED);
 	tap_intern_put(&in, b, TAP_INTERN_KEEP_CACHE);
 	tap_intern_deinit(&in);
 	ck_assert_uint_eq(mem, 0);
