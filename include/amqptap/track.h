@@ -137,7 +137,7 @@ struct tap_publish {
 	uint8_t delivery_mode;
 	uint64_t timestamp;
 	uint64_t body_size;
-	const struct tap_slice *header_keys;
+	const struct tap_slice *header_keys; /* records keep TAP_TRACK_HEADER_KEYS_MAX / _BYTES_MAX of them */
 	size_t n_header_keys;
 };
 
