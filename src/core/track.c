@@ -237,28 +237,17 @@ static bool fits(const struct tap_track *t, uint64_t need)
 }
 
 /* The oldest outstanding publish of the whole process is written now as evicted for memory, after the cached
- * strings of every connection are freed. Returns false when nothing is outstanding. */
+ * strings of its connection are freed. Returns false when nothing is outstanding. */
 static bool evict_for_memory(struct tap_track *t, int64_t now_us)
 {
-	struct tap_track_conn *oldest_c = NULL;
-	struct trk_chan *oldest = NULL;
-	for (struct tap_track_conn *c = t->conns; c; c = c->next) {
-		tap_intern_drop_cached(&c->keys);
-		for (uint32_t i = 0; i < c->n_active; i++) {
-			struct trk_chan *ch = c->active[i];
-			if (ch->base < ch->next &&
-			    (!oldest || trk_slot(ch, ch->base)->t_pub < trk_slot(oldest, oldest->base)->t_pub)) {
-				oldest_c = c;
-				oldest = ch;
-			}
-		}
-	}
+	struct trk_chan *oldest = trk_oldest_chan(t);
 	if (!oldest)
 		return false;
+	tap_intern_drop_cached(&oldest->conn->keys);
 	t->st.evicted++;
 	t->st.evicted_memory++;
 	t->squeeze = true;
-	trk_slot_step(oldest_c, oldest, oldest->base, TRK_EVENT_END, &evicted_for_memory, now_us);
+	trk_slot_step(oldest->conn, oldest, oldest->base, TRK_EVENT_END, &evicted_for_memory, now_us);
 	t->squeeze = false;
 	return true;
 }

@@ -88,6 +88,7 @@ void tap_track_free(struct tap_track *t)
 		return;
 	while (t->conns)
 		conn_free(t->conns);
+	trk_oldest_free(t);
 	trk_render_deinit(&t->render);
 	tap_buf_deinit(&t->extra);
 	free(t);

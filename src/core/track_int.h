@@ -121,6 +121,8 @@ struct trk_chan {
 	struct trk_fifo held_q; /* slots acked and held, in ack order */
 	struct trk_fifo win_q;  /* non-confirm mandatory slots, in publish order */
 	int32_t active_idx;     /* index in conn->active or -1 */
+	uint32_t oldest_idx;    /* index in t->oldest + 1, 0: not in it */
+	struct tap_track_conn *conn;
 };
 
 struct trk_counts {
@@ -174,6 +176,10 @@ struct tap_track {
 	struct tap_track_stats st;
 	struct trk_counts closed_counts; /* of connections already ended */
 	struct tap_hist hist;
+	/* every channel with outstanding publishes, as a binary min-heap on the t_pub of its base slot: the oldest
+	 * outstanding publish of the process is the base of oldest[0] */
+	struct trk_chan **oldest;
+	uint32_t n_oldest, cap_oldest;
 	uint64_t mem;  /* bytes counted against conf.max_memory */
 	bool squeeze;  /* making room: unreferenced strings are freed, not cached */
 };
@@ -274,6 +280,9 @@ static inline void trk_chan_unpin(struct tap_track *t, struct trk_chan *ch)
 		trk_chan_shrink(t, ch);
 	}
 }
+/* The channel whose base slot is the oldest outstanding publish of the process, or NULL. */
+struct trk_chan *trk_oldest_chan(const struct tap_track *t);
+void trk_oldest_free(struct tap_track *t);
 void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const struct trk_chan *ch, uint64_t n);
 /* Allocations counted in t->mem. */
 void *trk_alloc(struct tap_track *t, size_t n);

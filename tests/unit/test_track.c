@@ -1355,6 +1355,67 @@ START_TEST(memory_budget_evicts_across_connections)
 }
 END_TEST
 
+static uint64_t rng_state;
+static uint32_t rnd(uint32_t n)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return (uint32_t)(rng_state % n);
+}
+
+/* Fifty connections, two channels each, publishing in a random order and acking some: whatever the budget evicts
+ * goes in publish order (the oldest outstanding publish of the process first). */
+START_TEST(memory_budget_evicts_in_publish_order_across_many_connections)
+{
+	enum { BUDGET = 2 * 1024 * 1024, CONNS = 50 };
+	struct tap_track_conf conf = {.max_memory = BUDGET};
+	teardown();
+	setup_conf(&conf);
+	struct tap_track_conn *cs[CONNS];
+	uint64_t seqs[CONNS][3] = {{0}};
+	for (int i = 0; i < CONNS; i++) {
+		cs[i] = tap_track_conn_new(t, 100 + (uint64_t)i, "c", "u", T0);
+		tap_track_channel_open(cs[i], 1, T0);
+		tap_track_confirm_select(cs[i], 1, T0);
+		tap_track_channel_open(cs[i], 2, T0);
+		tap_track_confirm_select(cs[i], 2, T0);
+	}
+	rng_state = 12345;
+	char key[48];
+	struct tap_slice hk = {(const uint8_t *)key, 0};
+	for (int i = 0; i < 20000; i++) {
+		int k = (int)rnd(CONNS);
+		uint16_t ch = (uint16_t)(1 + rnd(2));
+		struct tap_publish p = pub("x", "k", false);
+		hk.len = (size_t)snprintf(key, sizeof key, "unique-%d", i);
+		p.header_keys = &hk;
+		p.n_header_keys = 1;
+		tap_track_publish(cs[k], ch, &p, T0 + i);
+		seqs[k][ch]++;
+		if (rnd(8) == 0 && seqs[k][ch] > 200)
+			tap_track_ack(cs[k], ch, seqs[k][ch] - 200, true, T0 + i);
+		REQUIRE(stats().memory <= BUDGET, "publish %d: %llu bytes", i, (unsigned long long)stats().memory);
+	}
+	struct tap_track_stats s = stats();
+	ck_assert_uint_gt(s.evicted_memory, 1000);
+	int64_t last = 0;
+	size_t n = 0;
+	for (size_t i = 0; i < n_seen; i++) {
+		if (strcmp(seen[i].reason_text, "max-tracking-memory") != 0)
+			continue;
+		REQUIRE(seen[i].v.t_pub >= last, "eviction %zu of a publish at %lld after one at %lld", i,
+		        (long long)seen[i].v.t_pub, (long long)last);
+		last = seen[i].v.t_pub;
+		n++;
+	}
+	ck_assert_uint_eq(n, s.evicted_memory);
+	tap_track_shutdown(t, T0 + 30000);
+	c = NULL;
+	ck_assert_uint_eq(stats().publish_records, 20000);
+}
+END_TEST
+
 /* A burst of non-confirm mandatory publishes held for their return window: once their records are written, the
  * channel's ring, arena and queues and the connection's strings are given back. */
 START_TEST(memory_given_back_after_a_burst)
@@ -1384,14 +1445,6 @@ END_TEST
 
 /* ---- randomized property: one publish record per publish, whatever happens ---- */
 
-static uint64_t rng_state;
-static uint32_t rnd(uint32_t n)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return (uint32_t)(rng_state % n);
-}
 
 static const char *const route_json[] = {"\"routed\"", "\"returned\"", "\"unproven\"", "\"unknown\""};
 static const char *const confirm_json[] = {"\"ack\"", "\"nack\"", "\"none\"", "\"unknown\""};
@@ -1588,6 +1641,7 @@ int main(void)
 	tcase_add_test(tc, header_keys_capped_in_bytes_on_character_boundaries);
 	tcase_add_test(tc, memory_budget_evicts_the_oldest);
 	tcase_add_test(tc, memory_budget_evicts_across_connections);
+	tcase_add_test(tc, memory_budget_evicts_in_publish_order_across_many_connections);
 	tcase_add_test(tc, memory_given_back_after_a_burst);
 	tcase_add_test(tc, random_interleavings);
 	suite_add_tcase(s, tc);
