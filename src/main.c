@@ -355,6 +355,7 @@ static int outputs_open(struct app *app)
 		.return_window_us = (int64_t)conf->return_window_ms * 1000,
 		.late_return_us = (int64_t)conf->late_return_ms * 1000,
 		.max_outstanding = conf->max_outstanding,
+		.max_memory = conf->max_tracking_memory,
 	};
 	app->track = tap_track_new(&tconf, emit_record, app);
 	app->min_window_us = tconf.late_return_us < tconf.return_window_us ? tconf.late_return_us : tconf.return_window_us;

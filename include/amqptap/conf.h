@@ -45,6 +45,7 @@ struct tap_conf {
 	uint32_t return_window_ms;
 	uint32_t late_return_ms;
 	uint32_t max_outstanding;
+	uint32_t max_tracking_memory; /* bytes; 0: TAP_TRACK_MAX_MEMORY_DEFAULT */
 	uint32_t grace_ms;
 	char tap_id[TAP_CONF_TAP_ID_MAX]; /* names this tap in merged records; default: the host name */
 	/* TLS towards clients (listener) */

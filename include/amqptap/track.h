@@ -7,6 +7,7 @@
 
 
 #include "amqptap/dir.h"
+#include "amqptap/hist.h"
 #include "amqptap/jsonl.h"
 #include "amqptap/props.h" /* struct tap_slice */
 
@@ -14,15 +15,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The defaults of struct tap_track_conf (the single source: --help prints these). */
 #define TAP_TRACK_RETURN_WINDOW_US_DEFAULT 2000000
 #define TAP_TRACK_LATE_RETURN_US_DEFAULT 50000
 #define TAP_TRACK_MAX_OUTSTANDING_DEFAULT 1000000u
+#define TAP_TRACK_MAX_MEMORY_DEFAULT (UINT64_C(256) << 20)
+
+/* What a publish record keeps of the keys of its headers table: at most this many keys and this many bytes of
+ * their JSON (quotes, escapes and commas included); a record cut to fit says "headers_truncated":true. */
+#define TAP_TRACK_HEADER_KEYS_MAX 32u
+#define TAP_TRACK_HEADER_BYTES_MAX 1024u
 
 /* Zero fields take the defaults above. */
 struct tap_track_conf {
 	int64_t return_window_us; /* non-confirm mandatory publishes wait this long for a Return */
 	int64_t late_return_us;   /* an ack of a mandatory publish is held this long for a late Return */
 	uint32_t max_outstanding; /* per connection; beyond it the oldest is written as evicted */
+	/* Bytes of tracking state (outstanding publishes, their strings, channels, connections) for the whole
+	 * process; past it the oldest outstanding publishes of any connection are written as evicted. */
+	uint64_t max_memory;
 };
 
 /* One record, without its newline; json is valid only during the call. */
@@ -31,8 +42,55 @@ typedef void (*tap_track_emit_fn)(void *ctx, const char *json, size_t len);
 struct tap_track;
 struct tap_track_conn;
 
+/* The decided verdict of one publish, handed to the verdict hook once per `publish` record (DESIGN §4 names the
+ * values). Slices are valid only during the call. */
+enum tap_track_route {
+	TAP_TRACK_ROUTE_ROUTED,
+	TAP_TRACK_ROUTE_RETURNED,
+	TAP_TRACK_ROUTE_UNPROVEN,
+	TAP_TRACK_ROUTE_UNKNOWN,
+};
+enum tap_track_confirm {
+	TAP_TRACK_CONFIRM_ACK,
+	TAP_TRACK_CONFIRM_NACK,
+	TAP_TRACK_CONFIRM_NONE,
+	TAP_TRACK_CONFIRM_UNKNOWN,
+};
+enum tap_track_order {
+	TAP_TRACK_ORDER_NONE, /* no Return, or no confirm to order it against */
+	TAP_TRACK_ORDER_RETURN_BEFORE_ACK,
+	TAP_TRACK_ORDER_ACK_BEFORE_RETURN,
+};
+
+struct tap_track_verdict {
+	uint64_t conn;
+	uint16_t channel;
+	bool has_seq; /* the channel was in confirm mode */
+	uint64_t seq;
+	struct tap_slice exchange, routing_key, message_id; /* message_id.ptr NULL: none */
+	bool mandatory, tx;
+	uint64_t body_size;
+	enum tap_track_route route;
+	enum tap_track_confirm confirm;
+	enum tap_track_order order;
+	bool multiple;          /* the ack/nack had multiple set */
+	uint16_t reply_code;    /* route returned */
+	struct tap_slice reply_text;
+	const char *reason_by;  /* why it ended unknown: "broker", "client", "eof", "evicted", ...; NULL: none */
+	bool has_reason_code;
+	uint16_t reason_code;
+	struct tap_slice reason_text;
+	int64_t t_pub;          /* the publish's last frame went to the broker */
+	int64_t t_record;       /* the record's ts */
+	int64_t return_us;      /* -1: no Return */
+	int64_t confirm_us;     /* -1: no ack/nack */
+};
+typedef void (*tap_track_verdict_fn)(void *ctx, const struct tap_track_verdict *v);
+
 /* Returns NULL when out of memory. */
 struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emit_fn emit, void *ctx);
+/* fn (NULL: none) is called once per `publish` record, after the record is emitted. */
+void tap_track_set_verdict_hook(struct tap_track *t, tap_track_verdict_fn fn, void *ctx);
 /* Frees every connection still open without writing anything (call tap_track_shutdown first to write them). */
 void tap_track_free(struct tap_track *t);
 
@@ -79,7 +137,7 @@ struct tap_publish {
 	uint8_t delivery_mode;
 	uint64_t timestamp;
 	uint64_t body_size;
-	const struct tap_slice *header_keys;
+	const struct tap_slice *header_keys; /* records keep TAP_TRACK_HEADER_KEYS_MAX / _BYTES_MAX of them */
 	size_t n_header_keys;
 };
 
@@ -113,7 +171,11 @@ struct tap_track_stats {
 	uint64_t publish_records; /* `publish` records written: equals publishes once nothing is outstanding */
 	uint64_t routed, returned, unproven, unknown;
 	uint64_t acked, nacked, confirm_none, confirm_unknown;
-	uint64_t evicted;
+	uint64_t evicted;          /* by max_outstanding and by max_memory */
+	uint64_t evicted_memory;   /* of which by max_memory */
+	uint64_t headers_truncated; /* publishes whose header keys were cut to TAP_TRACK_HEADER_*_MAX */
+	uint64_t memory;           /* bytes of tracking state now (what max_memory bounds) */
+	uint64_t memory_peak;
 	uint64_t outstanding;    /* publishes not yet written (including acked ones held for a late Return) */
 	uint64_t held;           /* of which acked and held */
 	uint64_t stray_confirms; /* acks/nacks for a tag never published or already answered */
@@ -128,6 +190,8 @@ void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s);
 /* Confirm latency quantile (0..1) over every acked/nacked publish, in microseconds; 0 when none. Log-linear
  * histogram: within 1/16 (6.25 %) of the true value. */
 uint64_t tap_track_confirm_quantile(const struct tap_track *t, double q);
+/* The confirm latency histogram of the process (µs), e.g. for cumulative metrics buckets; valid while t is. */
+const struct tap_hist *tap_track_confirm_hist(const struct tap_track *t);
 
 /* ---- read access for the metrics endpoint (issue 16): what a scrape or the status page shows ---- */
 

@@ -1,0 +1,350 @@
+/* Connections and channels as the tracker sees them: what the client and broker said at open and close, the
+ * records of those events, and the end of a channel or connection, which ends every publish it left
+ * outstanding (through the lifecycle of track.c). */
+#include "track_int.h"
+
+#include "mem.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- connections ---- */
+
+struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emit_fn emit_fn, void *ctx)
+{
+	struct tap_track *t = calloc(1, sizeof *t);
+	if (!t)
+		return NULL;
+	if (conf)
+		t->conf = *conf;
+	if (t->conf.return_window_us <= 0)
+		t->conf.return_window_us = TAP_TRACK_RETURN_WINDOW_US_DEFAULT;
+	if (t->conf.late_return_us <= 0)
+		t->conf.late_return_us = TAP_TRACK_LATE_RETURN_US_DEFAULT;
+	if (t->conf.max_outstanding == 0)
+		t->conf.max_outstanding = TAP_TRACK_MAX_OUTSTANDING_DEFAULT;
+	if (t->conf.max_memory == 0)
+		t->conf.max_memory = TAP_TRACK_MAX_MEMORY_DEFAULT;
+	t->emit = emit_fn;
+	t->ctx = ctx;
+	trk_render_init(&t->render);
+	tap_buf_init(&t->extra);
+	return t;
+}
+
+void tap_track_set_verdict_hook(struct tap_track *t, tap_track_verdict_fn fn, void *ctx)
+{
+	t->verdict_hook = fn;
+	t->verdict_ctx = ctx;
+}
+
+static void conn_prefix_update(struct tap_track_conn *c)
+{
+	trk_render_prefix(&c->prefix, c);
+	c->t->mem += c->prefix.cap - c->prefix_cost;
+	c->prefix_cost = c->prefix.cap;
+}
+
+static void conn_free(struct tap_track_conn *c)
+{
+	struct tap_track *t = c->t;
+	while (c->n_chans > 0) {
+		struct trk_chan *ch = c->chans[c->n_chans - 1];
+		t->st.outstanding -= ch->live;
+		for (uint64_t n = ch->base; n < ch->next; n++)
+			if (trk_slot(ch, n)->state == TRK_STATE_HELD)
+				t->st.held--;
+		trk_chan_free(c, ch);
+	}
+	trk_free(t, c->chans, c->cap_chans * sizeof *c->chans);
+	trk_free(t, c->active, c->cap_active * sizeof *c->active);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		t->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	t->st.connections_open--;
+	tap_intern_deinit(&c->keys);
+	t->mem -= c->prefix_cost;
+	tap_buf_deinit(&c->prefix);
+	trk_free_str(t, &c->client);
+	trk_free_str(t, &c->upstream);
+	trk_free_str(t, &c->user);
+	trk_free_str(t, &c->vhost);
+	trk_free_str(t, &c->product);
+	trk_free_str(t, &c->version);
+	trk_free_str(t, &c->platform);
+	trk_free_str(t, &c->end_detail);
+	if (c->close_text)
+		trk_free(t, c->close_text, c->close_text_len + 1);
+	trk_free(t, c->hist, sizeof *c->hist);
+	trk_free(t, c, sizeof *c);
+}
+
+void tap_track_free(struct tap_track *t)
+{
+	if (!t)
+		return;
+	while (t->conns)
+		conn_free(t->conns);
+	trk_oldest_free(t);
+	trk_render_deinit(&t->render);
+	tap_buf_deinit(&t->extra);
+	free(t);
+}
+
+struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id, const char *client_addr,
+                                          const char *upstream_addr, int64_t now_us)
+{
+	struct tap_track_conn *c = trk_alloc_in_budget(t, sizeof *c, now_us);
+	if (!c)
+		return NULL;
+	c->t = t;
+	c->id = conn_id;
+	c->t_new = now_us;
+	tap_intern_init(&c->keys, &t->mem);
+	tap_buf_init(&c->prefix);
+	trk_set_cstr(t, &c->client, client_addr);
+	trk_set_cstr(t, &c->upstream, upstream_addr);
+	conn_prefix_update(c);
+	c->next = t->conns;
+	if (t->conns)
+		t->conns->prev = c;
+	t->conns = c;
+	t->st.connections_open++;
+	t->st.connections_total++;
+	return c;
+}
+
+void tap_track_conn_client_props(struct tap_track_conn *c, struct tap_slice product, struct tap_slice version,
+                                 struct tap_slice platform)
+{
+	if (product.ptr)
+		trk_set_str(c->t, &c->product, product);
+	if (version.ptr)
+		trk_set_str(c->t, &c->version, version);
+	if (platform.ptr)
+		trk_set_str(c->t, &c->platform, platform);
+}
+
+void tap_track_conn_user(struct tap_track_conn *c, struct tap_slice user)
+{
+	trk_set_str(c->t, &c->user, user);
+	conn_prefix_update(c);
+}
+
+void tap_track_conn_tune(struct tap_track_conn *c, uint16_t channel_max, uint32_t frame_max, uint16_t heartbeat)
+{
+	c->tuned = true;
+	c->channel_max = channel_max;
+	c->frame_max = frame_max;
+	c->heartbeat = heartbeat;
+}
+
+void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64_t now_us)
+{
+	if (c->opened)
+		return;
+	c->opened = true;
+	trk_set_str(c->t, &c->vhost, vhost);
+	conn_prefix_update(c);
+	trk_record_conn_open(&c->t->render, c, now_us);
+	trk_emit(c->t);
+}
+
+void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_slice reason, int64_t now_us)
+{
+	trk_record_blocked(&c->t->render, c, blocked, reason, now_us);
+	trk_emit(c->t);
+	if (blocked && !c->blocked)
+		c->blocked_since = now_us;
+	c->blocked = blocked;
+}
+
+void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t code, struct tap_slice text,
+                          int64_t now_us)
+{
+	(void)now_us;
+	if (c->closed)
+		return;
+	c->closed = true;
+	c->close_by_broker = by == TAP_BY_BROKER;
+	c->close_code = code;
+	c->close_text = trk_dup(c->t, text.ptr, text.len);
+	c->close_text_len = c->close_text ? text.len : 0;
+}
+
+void tap_track_conn_detail(struct tap_track_conn *c, const char *detail)
+{
+	trk_set_cstr(c->t, &c->end_detail, detail);
+}
+
+void tap_track_conn_close_ok(struct tap_track_conn *c, int64_t now_us)
+{
+	(void)now_us;
+	if (c->closed && !c->close_by_broker)
+		c->settled = true;
+}
+
+static void chan_reason(const struct trk_chan *ch, struct trk_reason *r)
+{
+	*r = (struct trk_reason){.by = ch->close_by_broker ? "broker" : "client",
+	                         .has_code = true,
+	                         .code = ch->close_code,
+	                         .text = (const uint8_t *)ch->close_text,
+	                         .text_len = ch->close_text_len};
+}
+
+static void conn_reason(const struct tap_track_conn *c, const char *reason_by, struct trk_reason *r)
+{
+	if (c->closed)
+		*r = (struct trk_reason){.by = c->close_by_broker ? "broker" : "client",
+		                         .has_code = true,
+		                         .code = c->close_code,
+		                         .text = (const uint8_t *)c->close_text,
+		                         .text_len = c->close_text_len};
+	else
+		*r = (struct trk_reason){.by = reason_by ? reason_by : "eof",
+		                         .text = (const uint8_t *)c->end_detail,
+		                         .text_len = c->end_detail ? strlen(c->end_detail) : 0};
+}
+
+/* Ends every outstanding publish of the channel, writes its close record and frees it. */
+static void chan_end(struct tap_track_conn *c, struct trk_chan *ch, const struct trk_reason *fallback, int64_t now_us)
+{
+	struct trk_reason r;
+	if (ch->closing) {
+		chan_reason(ch, &r);
+		r.settled = fallback->settled;
+	} else {
+		r = *fallback;
+	}
+	uint64_t unconfirmed = 0;
+	ch->pinned = true;
+	for (uint64_t n = ch->base; n < ch->next; n++) {
+		struct trk_slot *e = trk_slot(ch, n);
+		if (e->state == TRK_STATE_DONE)
+			continue;
+		if (e->state == TRK_STATE_WAIT && (e->flags & TRK_FLAG_CONFIRM))
+			unconfirmed++;
+		trk_slot_step(c, ch, n, TRK_EVENT_END, &r, now_us);
+	}
+	trk_record_channel_close(&c->t->render, c, ch->id, &r, unconfirmed, now_us);
+	trk_emit(c->t);
+	trk_chan_free(c, ch);
+}
+
+void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t now_us)
+{
+	struct tap_track *t = c->t;
+	struct trk_reason r;
+	conn_reason(c, reason_by, &r);
+	r.settled = c->settled;
+	while (c->n_chans > 0) /* in channel order; chan_end frees each */
+		chan_end(c, c->chans[0], &r, now_us);
+	trk_record_conn_close(&t->render, c, &r, now_us);
+	trk_emit(t);
+	trk_counts_add(&t->closed_counts, &c->counts);
+	conn_free(c);
+}
+
+/* ---- channel events ---- */
+
+struct trk_chan *trk_chan_in_budget(struct tap_track_conn *c, uint16_t id, int64_t now_us)
+{
+	struct trk_chan *ch = trk_chan_find(c, id);
+	if (ch)
+		return ch;
+	trk_make_room(c->t, tap_mem_cost(sizeof *ch) + tap_mem_cost(c->cap_chans * 2 * sizeof *c->chans), now_us);
+	return trk_chan_get(c, id);
+}
+
+static void chan_event(struct tap_track_conn *c, uint16_t ch, const char *event, int64_t now_us)
+{
+	trk_record_channel(&c->t->render, c, ch, event, now_us);
+	trk_emit(c->t);
+}
+
+void tap_track_channel_open(struct tap_track_conn *c, uint16_t id, int64_t now_us)
+{
+	struct trk_chan *ch = trk_chan_find(c, id);
+	if (ch) {
+		struct trk_reason r = {.by = "reopen"};
+		chan_end(c, ch, &r, now_us);
+	}
+	(void)trk_chan_in_budget(c, id, now_us); /* without memory it is created by its first publish, or never */
+	chan_event(c, id, "open", now_us);
+}
+
+void tap_track_confirm_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
+{
+	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
+	if (ch && ch->mode == TRK_MODE_NONE) {
+		ch->mode = TRK_MODE_CONFIRM;
+		ch->sel_off = ch->next - 1;
+	}
+	if (!c->hist)
+		c->hist = trk_alloc_in_budget(c->t, sizeof *c->hist, now_us);
+	chan_event(c, id, "confirm_select", now_us);
+}
+
+void tap_track_tx_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
+{
+	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
+	if (ch && ch->mode == TRK_MODE_NONE)
+		ch->mode = TRK_MODE_TX;
+	chan_event(c, id, "tx_select", now_us);
+}
+
+void tap_track_channel_close(struct tap_track_conn *c, uint16_t id, enum tap_peer by, uint16_t code,
+                             struct tap_slice text, int64_t now_us)
+{
+	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
+	if (!ch)
+		return;
+	/* Closes can cross: the client closes while the broker's 404 is on its way. The broker's close says why
+	 * the publishes went unanswered, so it wins over the client's; otherwise the first close stands. */
+	if (ch->closing && (ch->close_by_broker || by == TAP_BY_CLIENT))
+		return;
+	if (ch->close_text)
+		trk_free(c->t, ch->close_text, ch->close_text_len + 1);
+	ch->closing = true;
+	ch->close_by_broker = by == TAP_BY_BROKER;
+	ch->close_code = code;
+	ch->close_text = text.len ? trk_dup(c->t, text.ptr, text.len) : NULL;
+	ch->close_text_len = ch->close_text ? text.len : 0;
+}
+
+void tap_track_channel_close_ok(struct tap_track_conn *c, uint16_t id, int64_t now_us)
+{
+	struct trk_chan *ch = trk_chan_find(c, id);
+	if (!ch)
+		return;
+	/* the broker's close-ok to the client's close comes after everything the broker had to say */
+	struct trk_reason r = {.by = "close_ok", .settled = ch->closing && !ch->close_by_broker};
+	chan_end(c, ch, &r, now_us);
+}
+
+void tap_track_tx_commit_ok(struct tap_track_conn *c, uint16_t id, int64_t now_us)
+{
+	struct trk_chan *ch = trk_chan_find(c, id);
+	if (!ch)
+		return;
+	/* Returns of the committed publishes precede commit-ok: the ones still waiting got none. */
+	struct trk_reason r = {.by = "tx_commit_ok", .settled = true};
+	ch->pinned = true;
+	for (uint64_t n = ch->base; n < ch->next; n++) {
+		struct trk_slot *e = trk_slot(ch, n);
+		if (e->state == TRK_STATE_WAIT && !(e->flags & TRK_FLAG_CONFIRM))
+			trk_slot_step(c, ch, n, TRK_EVENT_END, &r, now_us);
+	}
+	trk_chan_unpin(c->t, ch);
+}
+
+void tap_track_shutdown(struct tap_track *t, int64_t now_us)
+{
+	while (t->conns)
+		tap_track_conn_end(t->conns, "shutdown", now_us);
+}
+

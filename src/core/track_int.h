@@ -1,0 +1,325 @@
+/* The tracker's own types, shared by its parts: track.c (the publish lifecycle: events in, one verdict per publish
+ * out, and the memory budget), track_conn.c (connections and channels open and close), track_store.c (where
+ * outstanding publishes live: channels, slot rings, arenas, queues, and the bytes they cost) and track_record.c
+ * (the records of DESIGN §4 as JSON: reads state, changes none). */
+#ifndef AMQPTAP_TRACK_INT_H
+#define AMQPTAP_TRACK_INT_H
+
+#include "amqptap/track.h"
+
+#include "arena.h"
+#include "intern.h"
+#include "mem.h"
+
+/* What the connection's intern table holds, by tag. */
+enum trk_tag {
+	TRK_TAG_ROUTE = 0, /* exchange, routing key */
+	TRK_TAG_TEXT = 1,  /* a Return's reply text */
+	TRK_TAG_EXTRA = 2, /* the pre-rendered optional members of a publish record */
+};
+
+/* The life of an outstanding publish (a slot). Every arrow that ends in DONE is decided by verdict_of() in
+ * track.c and writes the one `publish` record (route/confirm, order when both a Return and a confirm exist):
+ *
+ *   publish, nothing to wait for -------------------------------------------> DONE unproven/none
+ *   publish, confirm mode or mandatory or channel closing --> WAIT
+ *   WAIT --ack, mandatory, no Return yet---------------------> HELD (a late Return may still come, PROTOCOL §9)
+ *   WAIT --ack/nack, not mandatory---------------------------> DONE unproven/ack|nack
+ *   WAIT --ack/nack, Return seen-----------------------------> DONE returned/ack|nack, return_before_ack
+ *   WAIT --Return, confirm mode------------------------------> WAIT (+ RETURNED; the ack follows)
+ *   WAIT --Return, no confirm--------------------------------> DONE returned/none
+ *   WAIT --return window over (no confirm)-------------------> DONE unproven/none
+ *   WAIT --end, settled (no confirm)-------------------------> DONE unproven/none
+ *   WAIT --end (close, eof, eviction, shutdown, no memory)---> DONE unknown/unknown|none + reason
+ *                                                              (returned/unknown|none when a Return was seen)
+ *   HELD --late Return---------------------------------------> DONE returned/ack, ack_before_return
+ *   HELD --hold over, or end---------------------------------> DONE routed/ack
+ *
+ * "settled": the broker answered everything before this end (close-ok to the client's close, tx.commit-ok). */
+enum trk_state {
+	TRK_STATE_DONE = 0,
+	TRK_STATE_WAIT = 1,
+	TRK_STATE_HELD = 2,
+};
+
+/* What happens to a slot; the input of verdict_of(). */
+enum trk_event {
+	TRK_EVENT_ACK,
+	TRK_EVENT_NACK,
+	TRK_EVENT_RETURN,    /* a Return was paired with it (RETURNED, t_ret and reply already set) */
+	TRK_EVENT_TIMEOUT,   /* its return window or its late-return hold is over */
+	TRK_EVENT_END,       /* its channel or connection ended, or it is evicted: a reason says why */
+	TRK_EVENT_UNTRACKED, /* nothing to wait for: written at once */
+};
+
+enum trk_flag {
+	TRK_FLAG_MANDATORY = 1 << 0,
+	TRK_FLAG_CONFIRM = 1 << 1,
+	TRK_FLAG_TX = 1 << 2,
+	TRK_FLAG_HAS_MESSAGE_ID = 1 << 3,
+	TRK_FLAG_HAS_CORRELATION_ID = 1 << 4,
+	TRK_FLAG_HAS_DELIVERY_MODE = 1 << 5,
+	TRK_FLAG_RETURNED = 1 << 6,
+	TRK_FLAG_MULTIPLE = 1 << 7,
+	TRK_FLAG_NO_BLOB = 1 << 8, /* its strings could not be stored */
+	TRK_FLAG_HAS_TIMESTAMP = 1 << 9,
+};
+
+/* One outstanding publish (64 bytes). Its blob in the channel arena: [timestamp, 8 bytes, when present] then
+ * message_id then correlation_id. Repeating strings are interned per connection. */
+struct trk_slot {
+	int64_t t_pub, t_ret, t_ack;
+	uint64_t body_size;
+	uint64_t blob;
+	uint32_t route_key;  /* TRK_TAG_ROUTE id */
+	uint32_t reply_text; /* TRK_TAG_TEXT id, when RETURNED */
+	uint32_t extra;      /* TRK_TAG_EXTRA id, or TAP_INTERN_NONE */
+	uint16_t reply_code;
+	uint16_t flags;      /* enum trk_flag */
+	uint8_t message_id_len, correlation_id_len;
+	uint8_t state;       /* enum trk_state */
+	uint8_t delivery_mode;
+};
+_Static_assert(sizeof(struct trk_slot) == 64, "keep outstanding publishes compact");
+
+/* A queue of slot numbers; cap is a power of two. */
+struct trk_fifo {
+	uint64_t *v;
+	uint32_t cap, head, len;
+};
+
+enum trk_mode {
+	TRK_MODE_NONE = 0,
+	TRK_MODE_CONFIRM = 1,
+	TRK_MODE_TX = 2,
+};
+
+struct trk_reason {
+	const char *by; /* "broker", "client", "eof", ...; NULL: none */
+	bool settled;
+	bool has_code;
+	uint16_t code;
+	const uint8_t *text;
+	size_t text_len;
+};
+
+struct trk_chan {
+	uint16_t id;
+	uint8_t mode; /* enum trk_mode */
+	bool closing, close_by_broker, warned_confirm_without_mandatory, warned_ack_before_return;
+	bool pinned;         /* slots are being stored or released in a loop: the ring and arena keep their place */
+	bool shrink_pending; /* slots were released while pinned */
+	uint16_t close_code;
+	char *close_text;
+	size_t close_text_len;
+	uint64_t sel_off; /* slot n of confirm seq s is s + sel_off */
+	/* ring of slots [base, next): slot n at ring[n & (cap - 1)]; the slot at base is always live */
+	struct trk_slot *ring;
+	uint64_t cap, base, next;
+	uint64_t live;
+	struct tap_arena arena;
+	struct trk_fifo held_q; /* slots acked and held, in ack order */
+	struct trk_fifo win_q;  /* non-confirm mandatory slots, in publish order */
+	int32_t active_idx;     /* index in conn->active or -1 */
+	uint32_t oldest_idx;    /* index in t->oldest + 1, 0: not in it */
+	struct tap_track_conn *conn;
+};
+
+struct trk_counts {
+	uint64_t publishes, routed, returned, unproven, unknown, acked, nacked;
+};
+
+struct tap_track_conn {
+	struct tap_track *t;
+	struct tap_track_conn *prev, *next;
+	uint64_t id;
+	char *client, *upstream, *user, *vhost, *product, *version, *platform;
+	uint16_t channel_max, heartbeat;
+	uint32_t frame_max;
+	bool tuned, opened, blocked;
+	int64_t blocked_since, t_new;
+	bool closed, close_by_broker;
+	bool settled;     /* the broker's close-ok answered the client's connection.close */
+	char *end_detail; /* why the TCP/TLS connection failed, when no close method says it */
+	uint16_t close_code;
+	char *close_text;
+	size_t close_text_len;
+	struct trk_chan **chans; /* sorted by id: a connection has a few, usually one */
+	uint32_t n_chans, cap_chans;
+	struct trk_chan **active; /* channels with outstanding publishes */
+	uint32_t n_active, cap_active;
+	uint64_t outstanding;
+	struct tap_intern keys;
+	struct trk_counts counts;
+	struct tap_hist *hist; /* allocated at confirm.select: most of a connection's memory otherwise */
+	struct tap_buf prefix; /* "conn":..,"client":..,"vhost":..,"user":.. of its publish records */
+	size_t prefix_cost;    /* what prefix is counted as in the budget */
+};
+
+/* The record being written and the second whose date part is formatted (records are written in time order,
+ * a few per second share it). Only track_record.c writes these. */
+struct trk_render {
+	struct tap_buf rec;
+	int64_t ts_sec; /* second of ts_str, INT64_MIN: none */
+	char ts_str[32];
+};
+
+struct tap_track {
+	struct tap_track_conf conf;
+	tap_track_emit_fn emit;
+	void *ctx;
+	tap_track_verdict_fn verdict_hook;
+	void *verdict_ctx;
+	struct tap_track_conn *conns;
+	struct trk_render render;
+	struct tap_buf extra; /* the optional members of the publish being stored */
+	struct tap_track_stats st;
+	struct trk_counts closed_counts; /* of connections already ended */
+	struct tap_hist hist;
+	/* every channel with outstanding publishes, as a binary min-heap on the t_pub of its base slot: the oldest
+	 * outstanding publish of the process is the base of oldest[0] */
+	struct trk_chan **oldest;
+	uint32_t n_oldest, cap_oldest;
+	uint64_t mem;  /* bytes counted against conf.max_memory */
+	bool squeeze;  /* making room: unreferenced strings are freed, not cached */
+};
+
+/* What a publish record is written from: a stored slot or the caller's tap_publish. */
+struct trk_view {
+	const uint8_t *exchange, *routing_key, *message_id, *correlation_id, *extra;
+	size_t exchange_len, routing_key_len, message_id_len, correlation_id_len, extra_len;
+	bool mandatory, has_message_id, has_correlation_id, has_delivery_mode, has_timestamp, confirm_mode, tx;
+	uint8_t delivery_mode;
+	uint64_t body_size, seq, timestamp;
+	int64_t t_pub;
+};
+
+/* What verdict_of() decided. */
+struct trk_verdict {
+	enum tap_track_route route;
+	enum tap_track_confirm confirm;
+	enum tap_track_order order;
+	bool multiple;
+	int64_t t_ack, t_ret; /* valid for ack/nack, returned */
+	uint16_t reply_code;
+	const uint8_t *reply_text;
+	size_t reply_text_len;
+	const struct trk_reason *reason; /* NULL: none */
+};
+
+static inline struct trk_slot *trk_slot(const struct trk_chan *ch, uint64_t n)
+{
+	return &ch->ring[n & (ch->cap - 1)];
+}
+
+static inline void trk_counts_add(struct trk_counts *sum, const struct trk_counts *k)
+{
+	sum->publishes += k->publishes;
+	sum->routed += k->routed;
+	sum->returned += k->returned;
+	sum->unproven += k->unproven;
+	sum->unknown += k->unknown;
+	sum->acked += k->acked;
+	sum->nacked += k->nacked;
+}
+
+/* ---- track.c: the lifecycle ---- */
+
+/* Counts the record in t->render and hands it to the emit callback. */
+void trk_emit(struct tap_track *t);
+/* Applies ev to outstanding slot n: it waits on, is held, or its record is written (stamped stamp_us) and it is
+ * released. */
+void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, enum trk_event ev,
+                   const struct trk_reason *why, int64_t stamp_us);
+/* Evicts the oldest outstanding publishes of the process until need more bytes fit in conf.max_memory, or
+ * nothing is left to evict. */
+void trk_make_room(struct tap_track *t, uint64_t need, int64_t now_us);
+/* Zeroed and counted, room made first; NULL when out of memory. */
+void *trk_alloc_in_budget(struct tap_track *t, size_t n, int64_t now_us);
+
+/* ---- track_conn.c ---- */
+
+/* The channel, created (room made first) when new; NULL when out of memory. */
+struct trk_chan *trk_chan_in_budget(struct tap_track_conn *c, uint16_t id, int64_t now_us);
+
+/* ---- track_store.c ---- */
+
+struct trk_chan *trk_chan_find(const struct tap_track_conn *c, uint16_t id);
+/* The channel, created when new (NULL when out of memory). */
+struct trk_chan *trk_chan_get(struct tap_track_conn *c, uint16_t id);
+void trk_chan_free(struct tap_track_conn *c, struct trk_chan *ch);
+/* Rings this small (and arenas of TAP_ARENA_MIN_CAP) stay when their channel empties: a publish-and-wait client
+ * allocates nothing. */
+#define TRK_RING_MIN_CAP 16u
+
+/* Bytes growing the ring by one slot would allocate: 0 when a slot is free. */
+static inline uint64_t trk_ring_growth(const struct trk_chan *ch)
+{
+	if (ch->next - ch->base < ch->cap)
+		return 0;
+	return tap_mem_cost((ch->cap ? ch->cap * 2 : TRK_RING_MIN_CAP) * sizeof *ch->ring);
+}
+bool trk_ring_reserve(struct tap_track_conn *c, struct trk_chan *ch);
+bool trk_fifo_push(struct tap_track *t, struct trk_fifo *f, uint64_t v);
+uint64_t trk_fifo_front(const struct trk_fifo *f);
+void trk_fifo_pop(struct trk_fifo *f);
+/* A slot was stored at n (the ring's new tail): count it, put its channel on the active list. */
+void trk_slot_stored(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n);
+/* The slot's record has been written (or is being dropped): release what it holds, move the head, give memory
+ * back (unless pinned) when the channel empties or its ring and arena are mostly unused. */
+void trk_slot_release(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n);
+/* Gives memory back when the channel is empty or its ring or arena is a quarter used. */
+void trk_chan_shrink(struct tap_track *t, struct trk_chan *ch);
+
+/* Ends a pinned stretch: gives back what the releases in it would have. */
+static inline void trk_chan_unpin(struct tap_track *t, struct trk_chan *ch)
+{
+	ch->pinned = false;
+	if (ch->shrink_pending) {
+		ch->shrink_pending = false;
+		trk_chan_shrink(t, ch);
+	}
+}
+/* The channel whose base slot is the oldest outstanding publish of the process, or NULL. */
+struct trk_chan *trk_oldest_chan(const struct tap_track *t);
+void trk_oldest_free(struct tap_track *t);
+void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const struct trk_chan *ch, uint64_t n);
+/* Allocations counted in t->mem. */
+void *trk_alloc(struct tap_track *t, size_t n);
+void trk_free(struct tap_track *t, void *p, size_t n);
+/* len bytes and a NUL (free with trk_free(t, p, len + 1)); NULL when out of memory. */
+char *trk_dup(struct tap_track *t, const uint8_t *s, size_t len);
+/* C strings (printed up to their first NUL: they are kept up to it). */
+void trk_set_str(struct tap_track *t, char **dst, struct tap_slice s);
+void trk_set_cstr(struct tap_track *t, char **dst, const char *s);
+void trk_free_str(struct tap_track *t, char **s);
+
+/* ---- track_record.c: each builds one record in t->render.rec (the caller emits it) ---- */
+
+void trk_render_init(struct trk_render *r);
+void trk_render_deinit(struct trk_render *r);
+/* The `publish` record. */
+void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
+                        const struct trk_verdict *vd, int64_t now_us);
+/* A publisher anti-pattern seen on publish seq of channel ch. */
+void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
+                        uint64_t seq, int64_t now_us);
+void trk_record_unmatched_return(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
+                                 const struct tap_return *ret, int64_t now_us);
+void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *event,
+                        int64_t now_us);
+void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
+                              const struct trk_reason *why, uint64_t unconfirmed, int64_t now_us);
+void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, int64_t now_us);
+void trk_record_conn_close(struct trk_render *r, const struct tap_track_conn *c, const struct trk_reason *why,
+                           int64_t now_us);
+void trk_record_blocked(struct trk_render *r, const struct tap_track_conn *c, bool blocked, struct tap_slice reason,
+                        int64_t now_us);
+/* The "conn", "client", "vhost", "user" members every publish record of c starts with, into c->prefix. */
+void trk_render_prefix(struct tap_buf *prefix, const struct tap_track_conn *c);
+/* The optional members of a publish record (content_type, message_type, app_id, headers), rendered once when
+ * it is published, into out; returns whether the header keys were cut to TAP_TRACK_HEADER_*_MAX. */
+bool trk_render_extra(struct tap_buf *out, const struct tap_publish *p);
+void trk_summary(const struct tap_track *t, struct tap_buf *out);
+
+#endif

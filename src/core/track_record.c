@@ -1,0 +1,428 @@
+/* The tracker's records (DESIGN §4) as JSON: each function builds one record from the tracker's state into the
+ * render buffer and changes no tracker state; track.c decides, counts and emits. */
+#include "track_int.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+/* Constant values, quoted once here: written as they are, not scanned for escapes (most of a publish record). */
+struct json_lit {
+	const char *json;
+	size_t len;
+};
+#define LIT(s) {s, sizeof s - 1}
+#define QUOTED(s) LIT("\"" s "\"")
+
+static const struct json_lit route_json[] = {
+    [TAP_TRACK_ROUTE_ROUTED] = QUOTED("routed"),
+    [TAP_TRACK_ROUTE_RETURNED] = QUOTED("returned"),
+    [TAP_TRACK_ROUTE_UNPROVEN] = QUOTED("unproven"),
+    [TAP_TRACK_ROUTE_UNKNOWN] = QUOTED("unknown"),
+};
+static const struct json_lit confirm_json[] = {
+    [TAP_TRACK_CONFIRM_ACK] = QUOTED("ack"),
+    [TAP_TRACK_CONFIRM_NACK] = QUOTED("nack"),
+    [TAP_TRACK_CONFIRM_NONE] = QUOTED("none"),
+    [TAP_TRACK_CONFIRM_UNKNOWN] = QUOTED("unknown"),
+};
+static const struct json_lit order_json[] = {
+    [TAP_TRACK_ORDER_NONE] = LIT("null"),
+    [TAP_TRACK_ORDER_RETURN_BEFORE_ACK] = QUOTED("return_before_ack"),
+    [TAP_TRACK_ORDER_ACK_BEFORE_RETURN] = QUOTED("ack_before_return"),
+};
+static const struct json_lit json_null = LIT("null"), json_true = LIT("true"), json_false = LIT("false");
+static const struct json_lit type_publish = QUOTED("publish");
+
+static inline void kv_lit(struct tap_json *j, const char *key, struct json_lit v)
+{
+	tap_json_key(j, key);
+	tap_json_raw(j, v.json, v.len);
+}
+
+void trk_render_init(struct trk_render *r)
+{
+	tap_buf_init(&r->rec);
+	r->ts_sec = INT64_MIN;
+}
+
+void trk_render_deinit(struct trk_render *r)
+{
+	tap_buf_deinit(&r->rec);
+}
+
+static void str_or_null(struct tap_json *j, const char *key, const char *s)
+{
+	if (s)
+		tap_json_kv_str(j, key, s);
+	else
+		tap_json_kv_null(j, key);
+}
+
+/* Integers and timestamps are formatted here rather than through printf: they are most of a publish record.
+ * "ts" as tap_json_kv_ts writes it; the date part is formatted once per second. */
+static void kv_ts(struct trk_render *r, struct tap_json *j, int64_t now_us)
+{
+	int64_t sec = now_us / 1000000, us = now_us % 1000000;
+	if (us < 0) {
+		us += 1000000;
+		sec--;
+	}
+	if (sec != r->ts_sec) {
+		tap_format_ts(r->ts_str, sec * 1000000);
+		r->ts_sec = sec;
+	}
+	char q[34];
+	size_t len = strlen(r->ts_str);
+	if (len != 27 || r->ts_str[19] != '.') {
+		tap_json_kv_ts(j, "ts", now_us);
+		return;
+	}
+	q[0] = '"';
+	memcpy(q + 1, r->ts_str, len);
+	for (int i = 6; i > 0; i--) {
+		q[20 + i] = (char)('0' + us % 10);
+		us /= 10;
+	}
+	q[len + 1] = '"';
+	tap_json_key(j, "ts");
+	tap_json_raw(j, q, len + 2);
+}
+
+static void rec_begin_lit(struct trk_render *r, struct tap_json *j, struct json_lit type, int64_t now_us)
+{
+	tap_buf_reset(&r->rec);
+	tap_json_init(j, &r->rec);
+	tap_json_obj_begin(j);
+	kv_lit(j, "type", type);
+	kv_ts(r, j, now_us);
+}
+
+static void rec_begin(struct trk_render *r, struct tap_json *j, const char *type, int64_t now_us)
+{
+	tap_buf_reset(&r->rec);
+	tap_json_init(j, &r->rec);
+	tap_json_obj_begin(j);
+	tap_json_kv_str(j, "type", type);
+	kv_ts(r, j, now_us);
+}
+
+static void write_reason(struct tap_json *j, const struct trk_reason *why)
+{
+	tap_json_key(j, "reason");
+	tap_json_obj_begin(j);
+	tap_json_kv_str(j, "by", why->by);
+	if (why->has_code)
+		tap_json_kv_uint(j, "code", why->code);
+	if (why->text && why->text_len)
+		tap_json_kv_strn(j, "text", why->text, why->text_len);
+	tap_json_obj_end(j);
+}
+
+/* The "by", "code" and "text" of a channel or connection close record. */
+static void write_close_reason(struct tap_json *j, const struct trk_reason *why)
+{
+	tap_json_kv_str(j, "by", why->by);
+	if (why->has_code)
+		tap_json_kv_uint(j, "code", why->code);
+	else
+		tap_json_kv_null(j, "code");
+	if (why->text)
+		tap_json_kv_strn(j, "text", why->text, why->text_len);
+	else
+		tap_json_kv_null(j, "text");
+}
+
+void trk_render_prefix(struct tap_buf *prefix, const struct tap_track_conn *c)
+{
+	struct tap_json j;
+	tap_buf_reset(prefix);
+	tap_json_init(&j, prefix);
+	tap_json_obj_begin(&j);
+	tap_json_kv_uint(&j, "conn", c->id);
+	str_or_null(&j, "client", c->client);
+	str_or_null(&j, "vhost", c->vhost);
+	str_or_null(&j, "user", c->user);
+}
+
+void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
+                        const struct trk_verdict *vd, int64_t now_us)
+{
+	struct tap_json j;
+	rec_begin_lit(r, &j, type_publish, now_us);
+	if (c->prefix.len > 1 && !c->prefix.oom)
+		tap_json_raw(&j, c->prefix.data + 1, c->prefix.len - 1);
+	tap_json_kv_uint(&j, "channel", ch);
+	if (v->confirm_mode)
+		tap_json_kv_uint(&j, "seq", v->seq);
+	else
+		kv_lit(&j, "seq", json_null);
+	tap_json_kv_strn(&j, "exchange", v->exchange, v->exchange_len);
+	tap_json_kv_strn(&j, "routing_key", v->routing_key, v->routing_key_len);
+	kv_lit(&j, "mandatory", v->mandatory ? json_true : json_false);
+	if (v->has_message_id)
+		tap_json_kv_strn(&j, "message_id", v->message_id, v->message_id_len);
+	else
+		kv_lit(&j, "message_id", json_null);
+	if (v->has_correlation_id)
+		tap_json_kv_strn(&j, "correlation_id", v->correlation_id, v->correlation_id_len);
+	else
+		kv_lit(&j, "correlation_id", json_null);
+	if (v->has_delivery_mode)
+		tap_json_kv_uint(&j, "delivery_mode", v->delivery_mode);
+	else
+		kv_lit(&j, "delivery_mode", json_null);
+	if (v->extra_len)
+		tap_json_raw(&j, (const char *)v->extra, v->extra_len);
+	if (v->has_timestamp)
+		tap_json_kv_uint(&j, "timestamp", v->timestamp);
+	tap_json_kv_uint(&j, "body_size", v->body_size);
+	kv_lit(&j, "route", route_json[vd->route]);
+	if (vd->route == TAP_TRACK_ROUTE_RETURNED) {
+		tap_json_kv_uint(&j, "reply_code", vd->reply_code);
+		tap_json_kv_strn(&j, "reply_text", vd->reply_text, vd->reply_text_len);
+		tap_json_kv_int(&j, "return_us", vd->t_ret - v->t_pub);
+	}
+	kv_lit(&j, "confirm", confirm_json[vd->confirm]);
+	if (vd->confirm == TAP_TRACK_CONFIRM_ACK || vd->confirm == TAP_TRACK_CONFIRM_NACK) {
+		tap_json_kv_int(&j, "confirm_us", vd->t_ack - v->t_pub);
+		kv_lit(&j, "multiple", vd->multiple ? json_true : json_false);
+	}
+	kv_lit(&j, "order", order_json[vd->order]);
+	if (vd->reason)
+		write_reason(&j, vd->reason);
+	if (v->tx)
+		kv_lit(&j, "tx", json_true);
+	tap_json_obj_end(&j);
+}
+
+/* The longest prefix of an escaped JSON string's contents (no quotes) of at most limit bytes that ends between
+ * two characters: never inside an escape or a UTF-8 sequence (tap_json_escape writes only whole ones). */
+static size_t escaped_cut(const char *s, size_t len, size_t limit)
+{
+	size_t i = 0;
+	while (i < len) {
+		unsigned char c = (unsigned char)s[i];
+		size_t step = 1;
+		if (c == '\\')
+			step = i + 1 < len && s[i + 1] == 'u' ? 6 : 2;
+		else if (c >= 0xF0)
+			step = 4;
+		else if (c >= 0xE0)
+			step = 3;
+		else if (c >= 0x80)
+			step = 2;
+		if (i + step > limit)
+			break;
+		i += step;
+	}
+	return i;
+}
+
+/* The keys of the headers table, at most TAP_TRACK_HEADER_KEYS_MAX and TAP_TRACK_HEADER_BYTES_MAX bytes between
+ * the brackets; a key that does not fit is kept as far as whole characters fit. Returns whether any was cut. */
+static bool write_header_keys(struct tap_json *j, const struct tap_slice *keys, size_t n_keys)
+{
+	struct tap_buf *b = j->b;
+	bool cut = n_keys > TAP_TRACK_HEADER_KEYS_MAX;
+	if (cut)
+		n_keys = TAP_TRACK_HEADER_KEYS_MAX;
+	tap_json_key(j, "headers");
+	tap_json_arr_begin(j);
+	size_t start = b->len;
+	for (size_t i = 0; i < n_keys; i++) {
+		size_t mark = b->len;
+		tap_json_strn(j, keys[i].ptr, keys[i].len);
+		if (b->oom || b->len - start <= TAP_TRACK_HEADER_BYTES_MAX)
+			continue;
+		cut = true;
+		size_t open = mark + (mark > start) + 1; /* after the comma and the opening quote */
+		size_t room = start + TAP_TRACK_HEADER_BYTES_MAX; /* where the closing quote must end */
+		size_t keep = room > open + 1 ? escaped_cut(b->data + open, b->len - 1 - open, room - 1 - open) : 0;
+		if (keep) {
+			b->len = open + keep;
+			tap_buf_putc(b, '"');
+		} else {
+			b->len = mark;
+		}
+		break;
+	}
+	tap_json_arr_end(j);
+	return cut;
+}
+
+bool trk_render_extra(struct tap_buf *out, const struct tap_publish *p)
+{
+	struct tap_json j;
+	bool cut = false;
+	tap_buf_reset(out);
+	tap_json_init(&j, out);
+	tap_json_obj_begin(&j); /* written so commas are tracked; the brace is cut off below */
+	if (p->content_type.len)
+		tap_json_kv_strn(&j, "content_type", p->content_type.ptr, p->content_type.len);
+	if (p->type.len) /* the AMQP `type` property: the record's own "type" key is taken */
+		tap_json_kv_strn(&j, "message_type", p->type.ptr, p->type.len);
+	if (p->app_id.len)
+		tap_json_kv_strn(&j, "app_id", p->app_id.ptr, p->app_id.len);
+	if (p->n_header_keys) {
+		cut = write_header_keys(&j, p->header_keys, p->n_header_keys);
+		if (cut)
+			kv_lit(&j, "headers_truncated", json_true);
+	}
+	if (out->len > 1)
+		memmove(out->data, out->data + 1, out->len - 1);
+	out->len = out->len ? out->len - 1 : 0;
+	return cut;
+}
+
+void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
+                        uint64_t seq, int64_t now_us)
+{
+	struct tap_json j;
+	rec_begin(r, &j, "warning", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_uint(&j, "channel", ch);
+	tap_json_kv_str(&j, "rule", rule);
+	tap_json_kv_uint(&j, "seq", seq);
+	tap_json_obj_end(&j);
+}
+
+void trk_record_unmatched_return(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
+                                 const struct tap_return *ret, int64_t now_us)
+{
+	struct tap_json j;
+	rec_begin(r, &j, "warning", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_uint(&j, "channel", ch);
+	tap_json_kv_str(&j, "rule", "unmatched_return");
+	tap_json_kv_strn(&j, "exchange", ret->exchange.ptr, ret->exchange.len);
+	tap_json_kv_strn(&j, "routing_key", ret->routing_key.ptr, ret->routing_key.len);
+	if (ret->has_message_id)
+		tap_json_kv_strn(&j, "message_id", ret->message_id.ptr, ret->message_id.len);
+	else
+		tap_json_kv_null(&j, "message_id");
+	tap_json_kv_uint(&j, "body_size", ret->body_size);
+	tap_json_kv_uint(&j, "reply_code", ret->reply_code);
+	tap_json_kv_strn(&j, "reply_text", ret->reply_text.ptr, ret->reply_text.len);
+	tap_json_obj_end(&j);
+}
+
+void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *event,
+                        int64_t now_us)
+{
+	struct tap_json j;
+	rec_begin(r, &j, "channel", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_uint(&j, "channel", ch);
+	tap_json_kv_str(&j, "event", event);
+	tap_json_obj_end(&j);
+}
+
+void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
+                              const struct trk_reason *why, uint64_t unconfirmed, int64_t now_us)
+{
+	struct tap_json j;
+	rec_begin(r, &j, "channel", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_uint(&j, "channel", ch);
+	tap_json_kv_str(&j, "event", "close");
+	write_close_reason(&j, why);
+	tap_json_kv_uint(&j, "unconfirmed", unconfirmed);
+	tap_json_obj_end(&j);
+}
+
+void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, int64_t now_us)
+{
+	struct tap_json j;
+	rec_begin(r, &j, "connection", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_str(&j, "event", "open");
+	str_or_null(&j, "client", c->client);
+	str_or_null(&j, "upstream", c->upstream);
+	str_or_null(&j, "user", c->user);
+	str_or_null(&j, "vhost", c->vhost);
+	str_or_null(&j, "product", c->product);
+	str_or_null(&j, "version", c->version);
+	str_or_null(&j, "platform", c->platform);
+	if (c->tuned) {
+		tap_json_kv_uint(&j, "frame_max", c->frame_max);
+		tap_json_kv_uint(&j, "heartbeat", c->heartbeat);
+		tap_json_kv_uint(&j, "channel_max", c->channel_max);
+	} else {
+		tap_json_kv_null(&j, "frame_max");
+		tap_json_kv_null(&j, "heartbeat");
+		tap_json_kv_null(&j, "channel_max");
+	}
+	tap_json_obj_end(&j);
+}
+
+static void write_counts(struct tap_json *j, const struct trk_counts *k)
+{
+	tap_json_kv_uint(j, "publishes", k->publishes);
+	tap_json_kv_uint(j, "routed", k->routed);
+	tap_json_kv_uint(j, "returned", k->returned);
+	tap_json_kv_uint(j, "unproven", k->unproven);
+	tap_json_kv_uint(j, "unknown", k->unknown);
+	tap_json_kv_uint(j, "acked", k->acked);
+	tap_json_kv_uint(j, "nacked", k->nacked);
+}
+
+void trk_record_conn_close(struct trk_render *r, const struct tap_track_conn *c, const struct trk_reason *why,
+                           int64_t now_us)
+{
+	struct tap_json j;
+	rec_begin(r, &j, "connection", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_str(&j, "event", "close");
+	str_or_null(&j, "client", c->client);
+	write_close_reason(&j, why);
+	tap_json_kv_int(&j, "duration_us", now_us - c->t_new);
+	write_counts(&j, &c->counts);
+	tap_json_obj_end(&j);
+}
+
+void trk_record_blocked(struct trk_render *r, const struct tap_track_conn *c, bool blocked, struct tap_slice reason,
+                        int64_t now_us)
+{
+	struct tap_json j;
+	rec_begin(r, &j, blocked ? "blocked" : "unblocked", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	if (blocked)
+		tap_json_kv_strn(&j, "reason", reason.ptr, reason.len);
+	else if (c->blocked)
+		tap_json_kv_int(&j, "blocked_us", now_us - c->blocked_since);
+	tap_json_obj_end(&j);
+}
+
+/* ---- the human summary (SIGUSR1) ---- */
+
+static const struct tap_hist no_confirms;
+
+static void summary_line(struct tap_buf *out, const struct trk_counts *k, const struct tap_hist *h)
+{
+	tap_buf_printf(out,
+	               " publishes=%" PRIu64 " routed=%" PRIu64 " returned=%" PRIu64 " unproven=%" PRIu64
+	               " unknown=%" PRIu64 " acked=%" PRIu64 " nacked=%" PRIu64,
+	               k->publishes, k->routed, k->returned, k->unproven, k->unknown, k->acked, k->nacked);
+	tap_buf_printf(out, " confirm_us p50=%" PRIu64 " p99=%" PRIu64 " max=%" PRIu64 "\n", tap_hist_quantile(h, 0.5),
+	               tap_hist_quantile(h, 0.99), h->max);
+}
+
+void trk_summary(const struct tap_track *t, struct tap_buf *out)
+{
+	struct trk_counts total = t->closed_counts;
+	tap_buf_printf(out, "amqptap summary: %" PRIu64 " connections open, %" PRIu64 " in total\n",
+	               t->st.connections_open, t->st.connections_total);
+	for (const struct tap_track_conn *c = t->conns; c; c = c->next) {
+		tap_buf_printf(out, "conn %" PRIu64 " %s", c->id, c->client ? c->client : "-");
+		tap_buf_printf(out, " outstanding=%" PRIu64, c->outstanding);
+		summary_line(out, &c->counts, c->hist ? c->hist : &no_confirms);
+		trk_counts_add(&total, &c->counts);
+	}
+	tap_buf_printf(out, "total outstanding=%" PRIu64, t->st.outstanding);
+	summary_line(out, &total, &t->hist);
+	tap_buf_printf(out,
+	               "tracking memory %" PRIu64 " bytes (peak %" PRIu64 ", budget %" PRIu64 "), evicted %" PRIu64
+	               " (%" PRIu64 " for memory), headers truncated %" PRIu64 "\n",
+	               t->mem, t->st.memory_peak, t->conf.max_memory, t->st.evicted, t->st.evicted_memory,
+	               t->st.headers_truncated);
+}

@@ -1,0 +1,241 @@
+# The client cannot size the tap's memory, and whatever it sends every record parses (issue 12, items 3 and 4):
+# (a) a confirm client that never reads its socket and (b) a fast mandatory client without confirms, both with large
+# header keys, keep the tap's resident memory under --max-tracking-memory plus a fixed overhead, every publish still
+# gets exactly one record (the oldest written unknown/evicted past the budget), and the tracker gives its memory back
+# once they are written; (c) hostile header keys (64 x 250 bytes of 0x01, bytes that are no UTF-8) give records
+# that json.loads reads, cut on a character boundary and marked headers_truncated.
+
+import json
+import signal
+import socket
+import struct
+import threading
+import time
+
+from scenario_lib import RawClient, ScenarioCase
+from tapharness import MIB, is_asan_build, main, read_records, rss_kb, wait_for
+
+BUDGET = 4 * MIB
+# The tap's own memory besides tracking: the loop, the relay buffers (1 MiB watermark each way), the record
+# buffers and what malloc keeps. Peak VmRSS measured 10.8-11.9 MB with the 4 MiB budget (100 MB before the
+# budget and the header caps).
+OVERHEAD = 24 * MIB
+KEY_LEN = 250
+N_KEYS = 64
+
+
+def vm_hwm_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmHWM")
+
+
+class Sampler(threading.Thread):
+    """Peak VmRSS of a process, sampled every 10 ms."""
+
+    def __init__(self, pid):
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak_kb = rss_kb(pid)
+        self.stop_ev = threading.Event()
+
+    def run(self):
+        while not self.stop_ev.is_set():
+            try:
+                self.peak_kb = max(self.peak_kb, rss_kb(self.pid))
+            except (OSError, RuntimeError):
+                return
+            time.sleep(0.01)
+
+    def stop(self):
+        self.stop_ev.set()
+        self.join(5)
+        return self.peak_kb
+
+
+class Client(RawClient):
+    """RawClient that publishes with a headers table in one write, and reads or not as the test wants."""
+
+    @staticmethod
+    def header_table(keys):
+        """A field table of boolean entries under the given keys (bytes, at most 255 each)."""
+        entries = b"".join(struct.pack(">B", len(k)) + k + b"t\x01" for k in keys)
+        return struct.pack(">I", len(entries)) + entries
+
+    def publish_bytes(self, channel, exchange, routing_key, body, message_id, keys, mandatory=True):
+        """basic.publish + content header (headers, message_id) + body, as one byte string."""
+        def frame(ftype, payload):
+            return struct.pack(">BHI", ftype, channel, len(payload)) + payload + b"\xce"
+        method = struct.pack(">HH", 60, 40) + struct.pack(">H", 0) + self.short(exchange) + \
+            self.short(routing_key) + (b"\x01" if mandatory else b"\x00")
+        props = self.header_table(keys) + self.short(message_id)
+        header = struct.pack(">HHQH", 60, 0, len(body), 0x2080) + props
+        return frame(1, method) + frame(2, header) + frame(3, body)
+
+    def open_channel(self, channel):
+        self.method(channel, 20, 10, self.short(""))
+        self.expect(channel, 20, 11)
+
+    def drain(self, stop):
+        """Reads and drops everything until stop is set or EOF."""
+        self.sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                if not self.sock.recv(1 << 20):
+                    return
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+
+    def close_connection(self):
+        """connection.close, then waits (reading) for close-ok."""
+        self.sock.settimeout(30)
+        self.method(0, 10, 50, struct.pack(">H", 200) + self.short("bye") + struct.pack(">HH", 0, 0))
+        self.expect(0, 10, 51)
+        self.sock.close()
+
+
+def large_keys(i):
+    """64 distinct 250-byte ASCII keys, different for every publish (nothing the tracker can share)."""
+    return [(b"%08d-%02d-" % (i, k)).ljust(KEY_LEN, b"k") for k in range(N_KEYS)]
+
+
+def summary_memory(tap):
+    """The tracker's `tracking memory N bytes` from a SIGUSR1 summary."""
+    before = tap.stderr().count("tracking memory ")
+    tap.proc.send_signal(signal.SIGUSR1)
+    wait_for(lambda: tap.stderr().count("tracking memory ") > before, 10)
+    line = [ln for ln in tap.stderr().splitlines() if ln.startswith("tracking memory ")][-1]
+    return int(line.split()[2])
+
+
+class TrackingMemoryTest(ScenarioCase):
+    def assertUnderBudget(self, hwm_kb):
+        if is_asan_build():
+            return  # resident memory of an ASan build is mostly the sanitizer's
+        self.assertLess(hwm_kb, (BUDGET + OVERHEAD) // 1024, "VmHWM over the budget plus the fixed overhead")
+
+    def check_one_record_each(self, tap, n):
+        pubs = [r for r in read_records(tap.verdicts) if r.get("type") == "publish"]
+        ids = [r.get("message_id") for r in pubs]
+        self.assertEqual(len(pubs), n, "want exactly one publish record per basic.publish")
+        self.assertEqual(sorted(ids), sorted(f"m{i}" for i in range(n)))
+        return pubs
+
+    def test_never_reading_confirm_client(self):
+        """(a) confirm + mandatory, unroutable (each Return carries the 16 KB of keys back), the client never reads:
+        the tap stops reading the broker and its publishes stay outstanding; past the budget the oldest go."""
+        tap = self.start_tap(["--max-tracking-memory", str(BUDGET)], frames=False)
+        cl = Client(tap.port)
+        cl.open_channel(1)
+        cl.method(1, 85, 10, b"\x00")
+        cl.expect(1, 85, 11)
+        sampler = Sampler(tap.pid)
+        sampler.start()
+        cl.sock.settimeout(2)
+        sent = 0
+        n = 6000
+        for i in range(n):
+            data = cl.publish_bytes(1, "", self.name("nowhere"), b"x" * 16, f"m{i}".encode(), large_keys(i))
+            try:
+                cl.sock.sendall(data)
+            except socket.timeout:
+                break  # the broker stopped reading (its own memory alarm): what was sent is what counts
+            sent += 1
+        time.sleep(1)
+        stalled = [r for r in tap.records("publish")]
+        peak_stalled = sampler.peak_kb
+        # the client reads at last: the rest of the acks and Returns arrive, every publish gets its record
+        stop = threading.Event()
+        reader = threading.Thread(target=cl.drain, args=(stop,), daemon=True)
+        reader.start()
+        wait_for(lambda: len(tap.records("publish")) >= sent, 120, 0.2)
+        stop.set()
+        reader.join(5)
+        cl.close_connection()
+        peak_kb = sampler.stop()
+        hwm_kb = vm_hwm_kb(tap.pid)
+        memory_after = summary_memory(tap)
+        print(f"\n  never-reading confirm client: {sent} publishes sent, {len(stalled)} records while stalled, "
+              f"peak VmRSS {peak_stalled} kB stalled / {peak_kb} kB overall, VmHWM {hwm_kb} kB, "
+              f"tracking memory after {memory_after} B")
+        self.assertGreater(sent, 3000, "the client should get thousands of publishes through")
+        pubs = self.check_one_record_each(tap, sent)
+        evicted = [r for r in pubs if r.get("reason") == {"by": "evicted", "text": "max-tracking-memory"}]
+        self.assertGreater(len(evicted), 0, "the budget should have been reached")
+        for r in evicted:
+            self.assertEqual((r["route"], r["confirm"]), ("unknown", "unknown"))
+        self.assertUnderBudget(hwm_kb)
+        self.assertLess(memory_after, 64 * 1024, "the tracker gives its memory back")
+
+    def test_fast_mandatory_client_without_confirms(self):
+        """(b) 6,000 mandatory publishes without confirms, as fast as the socket takes them: each waits 2 s for a
+        Return that never comes (the queue takes them), so all are outstanding at once."""
+        q = self.declare_queue("q", arguments={"x-max-length": 10})
+        tap = self.start_tap(["--max-tracking-memory", str(BUDGET)], frames=False)
+        cl = Client(tap.port)
+        cl.open_channel(1)
+        sampler = Sampler(tap.pid)
+        sampler.start()
+        n = 6000
+        t0 = time.monotonic()
+        for i in range(n):
+            cl.sock.sendall(cl.publish_bytes(1, "", q, b"x" * 16, f"m{i}".encode(), large_keys(i)))
+        took = time.monotonic() - t0
+        wait_for(lambda: len(tap.records("publish")) >= n, 60, 0.2)
+        peak_kb = sampler.stop()
+        hwm_kb = vm_hwm_kb(tap.pid)
+        memory_after = summary_memory(tap)
+        cl.close_connection()
+        print(f"\n  fast mandatory client: {n} publishes in {took:.2f} s, peak VmRSS {peak_kb} kB, VmHWM {hwm_kb} kB, "
+              f"tracking memory after {memory_after} B")
+        pubs = self.check_one_record_each(tap, n)
+        routes = {(r["route"], r["confirm"]) for r in pubs}
+        self.assertLessEqual(routes, {("unproven", "none"), ("unknown", "none")})
+        self.assertUnderBudget(hwm_kb)
+        self.assertLess(memory_after, 64 * 1024, "the tracker gives its memory back")
+
+    def test_hostile_header_keys_parse(self):
+        """(c) 64 keys of 250 x 0x01 (1,500 bytes each once escaped), keys of bytes that are no UTF-8, and keys
+        of two-byte characters: every line of --verdicts and --frames is JSON, header keys cut on a character
+        boundary and marked."""
+        q = self.declare_queue("q", arguments={"x-max-length": 10})
+        tap = self.start_tap(["--max-tracking-memory", str(BUDGET)], frames=True)
+        cl = Client(tap.port)
+        cl.open_channel(1)
+        cl.method(1, 85, 10, b"\x00")
+        cl.expect(1, 85, 11)
+        sets = [
+            [b"\x01" * KEY_LEN] * N_KEYS,
+            [bytes([0x80 + (k + j) % 0x7f for j in range(KEY_LEN)]) for k in range(N_KEYS)],
+            [b"\xff\xfe" * (KEY_LEN // 2)] * N_KEYS,
+            [("é" * 124).encode() + b"\xc3" for _ in range(N_KEYS)],
+        ]
+        for i, keys in enumerate(sets):
+            cl.sock.sendall(cl.publish_bytes(1, "", q, b"x", f"m{i}".encode(), keys))
+        wait_for(lambda: len(tap.records("publish")) >= len(sets), 20, 0.1)
+        cl.close_connection()
+        rc = tap.stop()
+        self.assertEqual(rc, 0)
+        for path in (tap.verdicts, tap.frames):
+            with open(path, "rb") as f:
+                for n, line in enumerate(f, 1):
+                    try:
+                        json.loads(line.decode("utf-8"))
+                    except (UnicodeDecodeError, ValueError) as e:
+                        self.fail(f"{path}:{n} is not JSON ({e}): {line[:120]!r}... ({len(line)} bytes)")
+        pubs = self.check_one_record_each(tap, len(sets))
+        for r in pubs:
+            self.assertIs(r.get("headers_truncated"), True)
+            self.assertGreaterEqual(len(r["headers"]), 1)
+            self.assertLessEqual(len(json.dumps(r["headers"], ensure_ascii=False).encode()), 1024 + 2 + 64)
+            self.assertEqual((r["route"], r["confirm"]), ("routed", "ack"))
+        first = next(r for r in pubs if r["message_id"] == "m0")
+        self.assertEqual(first["headers"], ["\x01" * 170])  # 1,022 bytes escaped: what fits of the first key
+
+
+if __name__ == "__main__":
+    main()
