@@ -435,8 +435,8 @@ START_TEST(prometheus_text_of_a_real_tracker)
 		"{\"le_us\":300,\"count\":1}",
 		"{\"le_us\":1500,\"count\":1}",
 		"{\"le_us\":null,\"count\":0}",
-		"\"rows\":[{\"conn\":1,\"client\":\"127.0.0.1:4000\",\"product\":\"pika\",\"user\":\"guest\",\"vhost\":\"/\","
-		"\"publishes\":3,\"routed\":1,\"returned\":1,",
+		("\"rows\":[{\"conn\":1,\"client\":\"127.0.0.1:4000\",\"product\":\"pika\",\"user\":\"guest\",\"vhost\":\"/\","
+		 "\"publishes\":3,\"routed\":1,\"returned\":1,"),
 		"\"outstanding\":1,\"channels\":1,\"blocked\":true",
 		"\"total\":1",
 		"\"problems\":{\"seen\":1,\"rows\":[{\"type\":\"publish\"",
