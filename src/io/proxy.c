@@ -10,6 +10,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
@@ -29,41 +30,43 @@
 
 enum side { SIDE_CLIENT = 0, SIDE_UPSTREAM = 1 };
 
-static enum side other(enum side side)
-{
-	return side == SIDE_CLIENT ? SIDE_UPSTREAM : SIDE_CLIENT;
-}
-
 /* Buffers, per direction (client -> broker shown; the other is symmetric):
  *
  *   client socket --recv--> px->scratch --send--> broker socket
  *                                 |  (what the socket does not take)
- *                                 +--> bev[UPSTREAM].output --> broker socket
+ *                                 +--> upstream leg's bev output --> broker socket
  *
- * A TLS leg reads through its bufferevent instead (bev[side].input holds
- * the decrypted bytes) and a TLS peer is always written through its output.
+ * A TLS leg reads through its bufferevent instead (its input holds the
+ * decrypted bytes) and a TLS peer is always written through its output.
  * Invariant: no input is kept after a read callback; all queued bytes live
- * in the other side's output. When that output passes
- * TAP_PROXY_HIGH_WATER, reading from the side that fills it stops until the
- * output drains to half.
+ * in the peer's output. When that output passes TAP_PROXY_HIGH_WATER,
+ * reading from the leg that fills it stops until the output drains to half.
  *
  * Close: a FIN from one side is passed on as a FIN (shutdown(SHUT_WR)) once
  * everything before it was written, and the other direction keeps flowing
  * until it ends too. A reset or error on one side drains what is queued
  * for the other side, then closes it. */
+struct leg {
+	struct tap_session *s;
+	struct leg *peer;        /* the session's other leg */
+	enum side side;
+	enum tap_dir from_here;  /* the direction of the bytes read from this leg */
+	struct bufferevent *bev; /* plain legs: only the writing half is used; NULL once the leg is gone */
+	struct event *rd;        /* plain legs: the session's own read event */
+	evutil_socket_t fd;      /* plain legs: the socket; -1 on a TLS leg */
+	bool tls;                /* no half-close: a FIN ends the session after draining */
+	bool connected;          /* bytes can be written to it: accepted, or the upstream connect (and handshake) done */
+	bool handshaken;         /* TLS leg: the handshake completed */
+	bool reading;            /* reading it is wanted (backpressure and EOF turn it off) */
+	bool eof;                /* it sent FIN: nothing more to read from it */
+	bool shut_wr;            /* we sent it FIN */
+};
+
 struct tap_session {
 	TAILQ_ENTRY(tap_session) link;
 	struct tap_proxy *px;
 	uint64_t id;
-	struct bufferevent *bev[2]; /* plain legs: only the writing half is used */
-	struct event *rd[2];        /* plain legs: the session's own read event */
-	evutil_socket_t fd[2];      /* plain legs: the socket */
-	bool reading[2];            /* reading that side is wanted (backpressure and EOF turn it off) */
-	bool connected;    /* the upstream connect completed */
-	bool eof[2];       /* that side sent FIN: nothing more to read from it */
-	bool shut_wr[2];   /* we sent FIN to that side */
-	bool tls[2];       /* that leg is TLS: no half-close, a FIN ends the session after draining */
-	bool handshaken[2]; /* TLS leg: handshake complete (plain upstream: connected) */
+	struct leg leg[2]; /* indexed by enum side */
 	bool closing;      /* one side is gone (reset): drain the other, then close it */
 	enum tap_proxy_end why;
 	char detail[160];
@@ -136,15 +139,15 @@ static void set_nodelay(evutil_socket_t fd)
 }
 
 /* Frees one leg (its read event first: the bufferevent closes the socket). */
-static void leg_free(struct tap_session *s, enum side side)
+static void leg_free(struct leg *l)
 {
-	if (s->rd[side]) {
-		event_free(s->rd[side]);
-		s->rd[side] = NULL;
+	if (l->rd) {
+		event_free(l->rd);
+		l->rd = NULL;
 	}
-	if (s->bev[side]) {
-		bufferevent_free(s->bev[side]);
-		s->bev[side] = NULL;
+	if (l->bev) {
+		bufferevent_free(l->bev);
+		l->bev = NULL;
 	}
 }
 
@@ -155,108 +158,139 @@ static void session_end(struct tap_session *s)
 	px->stats.active--;
 	if (px->hooks.close)
 		px->hooks.close(px->hooks.ctx, s->obs, s->why, s->detail[0] ? s->detail : NULL, tap_now_us());
-	for (int i = 0; i < 2; i++)
-		leg_free(s, (enum side)i);
+	leg_free(&s->leg[SIDE_CLIENT]);
+	leg_free(&s->leg[SIDE_UPSTREAM]);
 	free(s);
 	if (px->stopped && px->stats.active == 0 && px->idle_cb)
 		px->idle_cb(px->idle_arg);
 }
 
-/* Turns reading from `side` on or off. A plain leg's read event waits for
- * the upstream connect; the wish is kept and applied then. */
-static void set_reading(struct tap_session *s, enum side side, bool on)
+/* Ends a session that failed before it could carry bytes: names the reason
+ * (detail, a printf format), says so on stderr, and closes both legs. */
+static void session_fail(struct tap_session *s, enum tap_proxy_end why, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void session_fail(struct tap_session *s, enum tap_proxy_end why, const char *fmt, ...)
 {
-	s->reading[side] = on;
-	if (s->tls[side]) {
-		if (s->bev[side])
-			(on ? bufferevent_enable : bufferevent_disable)(s->bev[side], EV_READ);
-		return;
+	struct tap_proxy *px = s->px;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(s->detail, sizeof s->detail, fmt, ap);
+	va_end(ap);
+	s->why = why;
+	switch (why) {
+	case TAP_END_UNREACHABLE:
+		px->stats.unreachable++;
+		fprintf(stderr, "amqptap: conn %llu: upstream %s unreachable: %s\n", (unsigned long long)s->id,
+			px->upstream_name, s->detail);
+		break;
+	case TAP_END_CLIENT_TLS:
+	case TAP_END_BROKER_TLS:
+		fprintf(stderr, "amqptap: conn %llu: TLS with the %s failed: %s\n", (unsigned long long)s->id,
+			why == TAP_END_CLIENT_TLS ? "client" : "broker", s->detail);
+		break;
+	default:
+		fprintf(stderr, "amqptap: conn %llu: %s\n", (unsigned long long)s->id, s->detail);
+		break;
 	}
-	if (!s->rd[side] || (side == SIDE_UPSTREAM && !s->connected))
-		return;
-	if (on)
-		event_add(s->rd[side], NULL);
-	else
-		event_del(s->rd[side]);
+	session_end(s);
 }
 
-/* The other side's output, when bytes for it have to be queued anyway: some
- * already wait there, it is TLS, the upstream is still connecting, or it
- * was sent its FIN. NULL when they can go straight into its socket. */
-static struct evbuffer *queue_for(const struct tap_session *s, enum side to)
+/* Turns reading from a leg on or off. A plain upstream leg's read event
+ * waits for the connect; the wish is kept and applied then. */
+static void set_reading(struct leg *l, bool on)
 {
-	struct evbuffer *out = bufferevent_get_output(s->bev[to]);
-	if (evbuffer_get_length(out) > 0 || s->tls[to] || s->shut_wr[to] || (to == SIDE_UPSTREAM && !s->connected))
+	l->reading = on;
+	if (l->tls) {
+		if (l->bev)
+			(on ? bufferevent_enable : bufferevent_disable)(l->bev, EV_READ);
+		return;
+	}
+	if (!l->rd || !l->connected)
+		return;
+	if (on)
+		event_add(l->rd, NULL);
+	else
+		event_del(l->rd);
+}
+
+/* The leg's output, when bytes for it have to be queued anyway: some
+ * already wait there, it is TLS, it is still connecting, or it was sent its
+ * FIN. NULL when they can go straight into its socket. */
+static struct evbuffer *queue_for(const struct leg *to)
+{
+	struct evbuffer *out = bufferevent_get_output(to->bev);
+	if (evbuffer_get_length(out) > 0 || to->tls || to->shut_wr || !to->connected)
 		return out;
 	return NULL;
 }
 
-/* Counts bytes `from` sent; past TAP_PROXY_HIGH_WATER queued for the other
- * side, stops reading `from` until that output drains to half. */
-static void account(struct tap_session *s, enum side from, size_t len)
+/* Counts bytes read from `from`; past TAP_PROXY_HIGH_WATER queued for its
+ * peer, stops reading `from` until that output drains to half. */
+static void account(struct leg *from, size_t len)
 {
-	struct tap_proxy *px = s->px;
-	struct bufferevent *dst = s->bev[other(from)];
-	if (from == SIDE_CLIENT)
+	struct tap_proxy *px = from->s->px;
+	struct bufferevent *dst = from->peer->bev;
+	if (from->from_here == TAP_C2S)
 		px->stats.bytes_c2s += len;
 	else
 		px->stats.bytes_s2c += len;
 	if (dst && evbuffer_get_length(bufferevent_get_output(dst)) >= TAP_PROXY_HIGH_WATER) {
-		set_reading(s, from, false);
+		set_reading(from, false);
 		bufferevent_setwatermark(dst, EV_WRITE, TAP_PROXY_HIGH_WATER / 2, 0);
 	}
 }
 
-static void observe(struct tap_session *s, enum side from, const void *data, size_t len, int64_t now)
+static void observe(struct leg *from, const void *data, size_t len, int64_t now)
 {
-	struct tap_proxy *px = s->px;
+	struct tap_proxy *px = from->s->px;
 	if (px->hooks.data)
-		px->hooks.data(px->hooks.ctx, s->obs, from == SIDE_CLIENT ? TAP_C2S : TAP_S2C, data, len, now);
+		px->hooks.data(px->hooks.ctx, from->s->obs, from->from_here, data, len, now);
 }
 
-/* Passes `len` bytes that `from` sent to the other side, then shows them to
- * the observer (forwarding first keeps the decoder off the latency path):
+/* Passes `len` bytes read from `from` to its peer, then shows them to the
+ * observer (forwarding first keeps the decoder off the latency path):
  * straight into the peer's socket when nothing has to be queued, and what
  * the socket does not take onto the peer's output. */
-static void pass_on(struct tap_session *s, enum side from, const void *data, size_t len, int64_t now)
+static void pass_on(struct leg *from, const void *data, size_t len, int64_t now)
 {
-	enum side to = other(from);
-	if (s->bev[to]) {
-		struct evbuffer *q = queue_for(s, to);
+	struct leg *to = from->peer;
+	if (to->bev) {
+		struct evbuffer *q = queue_for(to);
 		size_t sent = 0;
 		if (!q) {
 			/* a failed send is left for the bufferevent's own write to find and report */
-			ssize_t n = send(s->fd[to], data, len, MSG_NOSIGNAL);
+			ssize_t n = send(to->fd, data, len, MSG_NOSIGNAL);
 			sent = n > 0 ? (size_t)n : 0;
-			q = bufferevent_get_output(s->bev[to]);
+			q = bufferevent_get_output(to->bev);
 		}
 		if (sent < len)
 			evbuffer_add(q, (const char *)data + sent, len - sent);
 	}
-	account(s, from, len);
-	observe(s, from, data, len, now);
+	account(from, len);
+	observe(from, data, len, now);
 }
 
-/* Reads a plain leg straight onto the other side's output queue `q`, so that
+/* Reads a plain leg straight onto its peer's output queue `q`, so that
  * bytes that would wait there anyway are not copied into it. They are
  * observed before they are committed: committing can hand them to OpenSSL,
  * which consumes them at once. Returns what recv would. */
-static ssize_t recv_queued(struct tap_session *s, enum side from, struct evbuffer *q)
+static ssize_t recv_queued(struct leg *from, struct evbuffer *q)
 {
 	struct evbuffer_iovec v[2];
 	struct iovec iov[2];
 	int n = evbuffer_reserve_space(q, TAP_PROXY_MAX_IO, v, 2);
 	if (n <= 0) { /* no memory for the queue: the copying path says what happens */
-		ssize_t got = recv(s->fd[from], s->px->scratch, TAP_PROXY_MAX_IO, 0);
+		ssize_t got = recv(from->fd, from->s->px->scratch, TAP_PROXY_MAX_IO, 0);
 		if (got > 0)
-			pass_on(s, from, s->px->scratch, (size_t)got, tap_now_us());
+			pass_on(from, from->s->px->scratch, (size_t)got, tap_now_us());
 		return got;
 	}
 	for (int i = 0; i < n; i++) {
 		iov[i].iov_base = v[i].iov_base;
 		iov[i].iov_len = v[i].iov_len;
 	}
-	ssize_t got = readv(s->fd[from], iov, n);
+	ssize_t got = readv(from->fd, iov, n);
 	if (got <= 0) {
 		int err = errno;
 		evbuffer_commit_space(q, v, 0);
@@ -270,15 +304,15 @@ static ssize_t recv_queued(struct tap_session *s, enum side from, struct evbuffe
 		if (v[used].iov_len > left)
 			v[used].iov_len = left;
 		left -= v[used].iov_len;
-		observe(s, from, v[used].iov_base, v[used].iov_len, now);
+		observe(from, v[used].iov_base, v[used].iov_len, now);
 	}
 	evbuffer_commit_space(q, v, used);
-	account(s, from, (size_t)got);
+	account(from, (size_t)got);
 	return got;
 }
 
 /* Passes on everything in a TLS leg's input (the decrypted bytes). */
-static void pass_on_buffer(struct tap_session *s, enum side from, struct evbuffer *in)
+static void pass_on_buffer(struct leg *from, struct evbuffer *in)
 {
 	int64_t now = tap_now_us();
 	while (evbuffer_get_length(in) > 0) {
@@ -290,19 +324,14 @@ static void pass_on_buffer(struct tap_session *s, enum side from, struct evbuffe
 			n = 16;
 		size_t done = 0;
 		for (int i = 0; i < n; i++) {
-			pass_on(s, from, v[i].iov_base, v[i].iov_len, now);
+			pass_on(from, v[i].iov_base, v[i].iov_len, now);
 			done += v[i].iov_len;
 		}
 		evbuffer_drain(in, done);
 	}
 }
 
-static enum side side_of(const struct tap_session *s, const struct bufferevent *bev)
-{
-	return bev == s->bev[SIDE_CLIENT] ? SIDE_CLIENT : SIDE_UPSTREAM;
-}
-
-static void leg_event(struct tap_session *s, enum side side, short what, int err);
+static void leg_event(struct leg *l, short what, int err);
 
 /* Reads a plain leg's socket: one recv per wakeup in the common case (no
  * FIONREAD probe, no 4 KiB cap as in libevent 2.1's bufferevent reads), into
@@ -312,50 +341,48 @@ static void leg_event(struct tap_session *s, enum side side, short what, int err
  * the others. */
 static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
-	struct tap_session *s = arg;
-	enum side from = fd == s->fd[SIDE_CLIENT] ? SIDE_CLIENT : SIDE_UPSTREAM;
-	uint8_t *buf = s->px->scratch;
+	struct leg *from = arg;
+	uint8_t *buf = from->s->px->scratch;
 	(void)what;
-	for (size_t budget = TAP_PROXY_HIGH_WATER; budget > 0 && s->reading[from];) {
-		struct evbuffer *q = s->bev[other(from)] ? queue_for(s, other(from)) : NULL;
-		ssize_t got = q ? recv_queued(s, from, q) : recv(fd, buf, TAP_PROXY_MAX_IO, 0);
+	for (size_t budget = TAP_PROXY_HIGH_WATER; budget > 0 && from->reading;) {
+		struct evbuffer *q = from->peer->bev ? queue_for(from->peer) : NULL;
+		ssize_t got = q ? recv_queued(from, q) : recv(fd, buf, TAP_PROXY_MAX_IO, 0);
 		if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 			return;
 		if (got <= 0) {
-			leg_event(s, from, BEV_EVENT_READING | (got == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), errno);
+			leg_event(from, BEV_EVENT_READING | (got == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), errno);
 			return; /* the session may be gone */
 		}
 		if (!q)
-			pass_on(s, from, buf, (size_t)got, tap_now_us());
+			pass_on(from, buf, (size_t)got, tap_now_us());
 		if ((size_t)got < TAP_PROXY_MAX_IO)
 			return; /* the socket is empty */
 		budget = (size_t)got < budget ? budget - (size_t)got : 0;
 	}
 }
 
-/* Reads what `side` sent that still sits unread in its socket, so that it
+/* Reads what a leg sent that still sits unread in its socket, so that it
  * is observed and passed on: a broker's connection.close explaining why a
  * write to it failed, or a client's publishes held back by backpressure
  * when the broker went away. */
-static void read_rest(struct tap_session *s, enum side side)
+static void read_rest(struct leg *l)
 {
-	if (s->tls[side])
+	if (l->tls)
 		return;
 	ssize_t got;
-	while ((got = recv(s->fd[side], s->px->scratch, TAP_PROXY_MAX_IO, 0)) > 0)
-		pass_on(s, side, s->px->scratch, (size_t)got, tap_now_us());
+	while ((got = recv(l->fd, l->s->px->scratch, TAP_PROXY_MAX_IO, 0)) > 0)
+		pass_on(l, l->s->px->scratch, (size_t)got, tap_now_us());
 }
 
 /* TLS legs: the bufferevent decrypted something. */
 static void on_read(struct bufferevent *bev, void *arg)
 {
-	struct tap_session *s = arg;
-	pass_on_buffer(s, side_of(s, bev), bufferevent_get_input(bev));
+	pass_on_buffer(arg, bufferevent_get_input(bev));
 }
 
-static bool drained(const struct tap_session *s, enum side side)
+static bool drained(const struct leg *l)
 {
-	return !s->bev[side] || evbuffer_get_length(bufferevent_get_output(s->bev[side])) == 0;
+	return !l->bev || evbuffer_get_length(bufferevent_get_output(l->bev)) == 0;
 }
 
 /* One side is gone: what is queued for the other is written, then it is
@@ -367,60 +394,70 @@ static void begin_closing(struct tap_session *s)
 {
 	s->closing = true;
 	for (int i = 0; i < 2; i++) {
-		if (!s->bev[i])
+		struct leg *l = &s->leg[i];
+		if (!l->bev)
 			continue;
 		struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
-		bufferevent_setwatermark(s->bev[i], EV_WRITE, 0, 0);
-		bufferevent_set_timeouts(s->bev[i], NULL, &drain);
-		if (!s->eof[i])
-			set_reading(s, (enum side)i, true);
+		bufferevent_setwatermark(l->bev, EV_WRITE, 0, 0);
+		bufferevent_set_timeouts(l->bev, NULL, &drain);
+		if (!l->eof)
+			set_reading(l, true);
 	}
 }
 
-/* Passes a FIN on to `side` once its output is empty; ends the session when
- * both directions are finished. Returns true if the session was freed. */
+/* Passes a FIN on to `to` once its output is empty (TLS: starts closing
+ * the session instead, there is no half-close). */
+static void pass_fin(struct leg *to)
+{
+	struct tap_session *s = to->s;
+	if (!to->peer->eof || to->shut_wr || !to->bev || !to->connected)
+		return;
+	if (to->tls || to->peer->tls) {
+		if (!s->closing)
+			begin_closing(s);
+	} else if (drained(to)) {
+		shutdown(to->fd, SHUT_WR);
+		to->shut_wr = true;
+	}
+}
+
+/* Passes FINs on; ends the session when both directions are finished.
+ * Returns true if the session was freed. */
 static bool settle(struct tap_session *s)
 {
-	for (int side = 0; side < 2; side++) {
-		if (s->eof[!side] && !s->shut_wr[side] && s->bev[side] && (side == SIDE_CLIENT || s->connected)) {
-			if (s->tls[side] || s->tls[!side]) {
-				if (!s->closing)
-					begin_closing(s); /* TLS has no half-close: drain, then close */
-			} else if (drained(s, (enum side)side)) {
-				shutdown(bufferevent_getfd(s->bev[side]), SHUT_WR);
-				s->shut_wr[side] = true;
-			}
-		}
-	}
-	bool drained_both = s->closing && drained(s, SIDE_CLIENT) && drained(s, SIDE_UPSTREAM);
+	struct leg *client = &s->leg[SIDE_CLIENT];
+	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
+	pass_fin(client);
+	pass_fin(upstream);
+	bool drained_both = s->closing && drained(client) && drained(upstream);
 	if (drained_both) {
 		/* a survivor whose peer is gone may still hold bytes it sent before
 		 * the end, unread behind backpressure: observe them, each publish in
 		 * them needs its record */
-		for (int side = 0; side < 2; side++)
-			if (s->bev[side] && !s->bev[!side] && !s->eof[side])
-				read_rest(s, (enum side)side);
+		for (int i = 0; i < 2; i++) {
+			struct leg *l = &s->leg[i];
+			if (l->bev && !l->peer->bev && !l->eof)
+				read_rest(l);
+		}
 	}
-	if (drained_both ||
-	    (s->eof[SIDE_CLIENT] && s->eof[SIDE_UPSTREAM] && s->shut_wr[SIDE_CLIENT] && s->shut_wr[SIDE_UPSTREAM])) {
+	if (drained_both || (client->eof && upstream->eof && client->shut_wr && upstream->shut_wr)) {
 		session_end(s);
 		return true;
 	}
 	return false;
 }
 
-/* Called when a side's output fell to its low watermark. */
+/* Called when a leg's output fell to its low watermark. */
 static void on_write(struct bufferevent *bev, void *arg)
 {
-	struct tap_session *s = arg;
-	enum side side = side_of(s, bev);
-	if (s->closing || s->eof[!side]) {
-		settle(s);
+	struct leg *to = arg;
+	if (to->s->closing || to->peer->eof) {
+		settle(to->s);
 		return;
 	}
 	bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
-	if (s->bev[!side])
-		set_reading(s, !side, true);
+	if (to->peer->bev)
+		set_reading(to->peer, true);
 }
 
 /* The socket bufferevent under a leg (itself on a plain leg). */
@@ -432,15 +469,15 @@ static struct bufferevent *socket_bev(struct bufferevent *bev)
 
 /* Something happened to a leg: connected, timed out, EOF or error (from the
  * bufferevent, or from on_readable on a plain leg); err is the errno. */
-static void leg_event(struct tap_session *s, enum side side, short what, int err)
+static void leg_event(struct leg *l, short what, int err)
 {
-	struct bufferevent *bev = s->bev[side];
+	struct tap_session *s = l->s;
 	if (what & BEV_EVENT_CONNECTED) { /* TCP connect done, or a TLS handshake done (either leg) */
-		s->handshaken[side] = true;
-		if (side == SIDE_UPSTREAM) {
-			s->connected = true;
-			set_nodelay(bufferevent_getfd(socket_bev(bev)));
-			set_reading(s, side, s->reading[side]);
+		l->handshaken = true;
+		if (l->side == SIDE_UPSTREAM) {
+			l->connected = true;
+			set_nodelay(bufferevent_getfd(socket_bev(l->bev)));
+			set_reading(l, l->reading);
 			settle(s);
 		}
 		return;
@@ -451,64 +488,56 @@ static void leg_event(struct tap_session *s, enum side side, short what, int err
 	}
 	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)))
 		return;
-	if (s->tls[side] && !s->handshaken[side] && (what & BEV_EVENT_ERROR) &&
-	    tap_tls_error(bev, s->detail, sizeof s->detail)) {
+	char why[sizeof s->detail];
+	if (l->tls && !l->handshaken && (what & BEV_EVENT_ERROR) && tap_tls_error(l->bev, why, sizeof why)) {
 		/* a handshake failure: say why, close, touch no other session */
-		s->why = side == SIDE_CLIENT ? TAP_END_CLIENT_TLS : TAP_END_BROKER_TLS;
-		fprintf(stderr, "amqptap: conn %llu: TLS with the %s failed: %s\n", (unsigned long long)s->id,
-			side == SIDE_CLIENT ? "client" : "broker", s->detail);
-		session_end(s);
+		session_fail(s, l->side == SIDE_CLIENT ? TAP_END_CLIENT_TLS : TAP_END_BROKER_TLS, "%s", why);
 		return;
 	}
-	if (side == SIDE_UPSTREAM && !s->connected) {
-		s->why = TAP_END_UNREACHABLE;
-		snprintf(s->detail, sizeof s->detail, "%s", err ? evutil_socket_error_to_string(err) : "connection closed");
-		s->px->stats.unreachable++;
-		fprintf(stderr, "amqptap: conn %llu: upstream %s unreachable: %s\n", (unsigned long long)s->id,
-			s->px->upstream_name, s->detail);
-		session_end(s);
+	if (!l->connected) { /* only the upstream is ever unconnected */
+		session_fail(s, TAP_END_UNREACHABLE, "%s",
+			     err ? evutil_socket_error_to_string(err) : "connection closed");
 		return;
 	}
 	if (s->closing) { /* the side we were draining into went away too */
 		session_end(s);
 		return;
 	}
-	if (s->tls[side])
-		pass_on_buffer(s, side, bufferevent_get_input(bev)); /* whatever arrived with the EOF */
+	if (l->tls)
+		pass_on_buffer(l, bufferevent_get_input(l->bev)); /* whatever arrived with the EOF */
 	/* with deferred callbacks a failed write and the EOF that follows it can
 	 * arrive as one event: an error wins, or the bytes queued for a dead peer
 	 * would wait forever */
 	bool eof = (what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR);
-	if (!s->eof[!side]) /* the first side to go names the reason */
-		s->why = side == SIDE_CLIENT ? (eof ? TAP_END_CLIENT_EOF : TAP_END_CLIENT_RESET)
-					     : (eof ? TAP_END_BROKER_EOF : TAP_END_BROKER_RESET);
-	struct bufferevent *other = s->bev[!side];
+	if (!l->peer->eof) /* the first side to go names the reason */
+		s->why = l->side == SIDE_CLIENT ? (eof ? TAP_END_CLIENT_EOF : TAP_END_CLIENT_RESET)
+						: (eof ? TAP_END_BROKER_EOF : TAP_END_BROKER_RESET);
 	if (eof) {
-		s->eof[side] = true;
-		set_reading(s, side, false);
-		if (other)
-			bufferevent_setwatermark(other, EV_WRITE, 0, 0);
+		l->eof = true;
+		set_reading(l, false);
+		if (l->peer->bev)
+			bufferevent_setwatermark(l->peer->bev, EV_WRITE, 0, 0);
 		/* half-closed: a side that stops taking bytes for TAP_PROXY_DRAIN_SECONDS ends the session */
 		struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
 		for (int i = 0; i < 2; i++)
-			if (s->bev[i])
-				bufferevent_set_timeouts(s->bev[i], NULL, &drain);
+			if (s->leg[i].bev)
+				bufferevent_set_timeouts(s->leg[i].bev, NULL, &drain);
 		settle(s);
 		return;
 	}
-	if (!s->eof[!side])
+	if (!l->peer->eof)
 		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(err));
 	if (what & BEV_EVENT_WRITING)
-		read_rest(s, side);
-	leg_free(s, side);
+		read_rest(l);
+	leg_free(l);
 	begin_closing(s);
 	settle(s);
 }
 
 static void on_event(struct bufferevent *bev, short what, void *arg)
 {
-	struct tap_session *s = arg;
-	leg_event(s, side_of(s, bev), what, EVUTIL_SOCKET_ERROR());
+	(void)bev;
+	leg_event(arg, what, EVUTIL_SOCKET_ERROR());
 }
 
 /* A socket bufferevent; when tls, an OpenSSL filter over one. As a filter
@@ -539,10 +568,22 @@ static struct bufferevent *new_bev(struct tap_proxy *px, evutil_socket_t fd, boo
 	return bev;
 }
 
-static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
+static void leg_init(struct tap_session *s, enum side side, bool tls)
+{
+	struct leg *l = &s->leg[side];
+	l->s = s;
+	l->peer = &s->leg[side == SIDE_CLIENT ? SIDE_UPSTREAM : SIDE_CLIENT];
+	l->side = side;
+	l->from_here = side == SIDE_CLIENT ? TAP_C2S : TAP_S2C;
+	l->fd = -1; /* set once the socket exists, on plain legs only */
+	l->tls = tls;
+	l->connected = side == SIDE_CLIENT;
+}
+
+static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
 	struct tap_proxy *px = arg;
-	(void)l;
+	(void)listener;
 	(void)salen;
 	struct tap_session *s = calloc(1, sizeof *s);
 	if (!s) {
@@ -551,58 +592,53 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	}
 	s->px = px;
 	s->id = ++px->next_id;
-	s->fd[SIDE_CLIENT] = s->fd[SIDE_UPSTREAM] = -1; /* set for plain legs only: on_readable tells them apart */
 	set_nodelay(fd);
-	s->tls[SIDE_CLIENT] = tap_tls_listener(px->tls);
-	s->tls[SIDE_UPSTREAM] = tap_tls_upstream(px->tls);
-	s->bev[SIDE_CLIENT] = new_bev(px, fd, s->tls[SIDE_CLIENT], BUFFEREVENT_SSL_ACCEPTING);
-	s->bev[SIDE_UPSTREAM] = new_bev(px, -1, s->tls[SIDE_UPSTREAM], BUFFEREVENT_SSL_CONNECTING);
-	if (!s->bev[SIDE_CLIENT] || !s->bev[SIDE_UPSTREAM]) {
-		if (s->bev[SIDE_CLIENT])
-			bufferevent_free(s->bev[SIDE_CLIENT]);
+	leg_init(s, SIDE_CLIENT, tap_tls_listener(px->tls));
+	leg_init(s, SIDE_UPSTREAM, tap_tls_upstream(px->tls));
+	struct leg *client = &s->leg[SIDE_CLIENT];
+	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
+	client->bev = new_bev(px, fd, client->tls, BUFFEREVENT_SSL_ACCEPTING);
+	upstream->bev = new_bev(px, -1, upstream->tls, BUFFEREVENT_SSL_CONNECTING);
+	if (!client->bev || !upstream->bev) {
+		if (client->bev)
+			bufferevent_free(client->bev);
 		else
 			evutil_closesocket(fd);
-		if (s->bev[SIDE_UPSTREAM])
-			bufferevent_free(s->bev[SIDE_UPSTREAM]);
+		if (upstream->bev)
+			bufferevent_free(upstream->bev);
 		free(s);
 		return;
 	}
 	TAILQ_INSERT_TAIL(&px->sessions, s, link);
 	px->stats.accepted++;
 	px->stats.active++;
-	char client[80];
-	format_sockaddr(sa, client, sizeof client);
+	char peer_name[80];
+	format_sockaddr(sa, peer_name, sizeof peer_name);
 	if (px->hooks.open)
-		s->obs = px->hooks.open(px->hooks.ctx, s->id, client, px->upstream_addr, tap_now_us());
+		s->obs = px->hooks.open(px->hooks.ctx, s->id, peer_name, px->upstream_addr, tap_now_us());
 	for (int i = 0; i < 2; i++) {
-		bufferevent_setcb(s->bev[i], on_read, on_write, on_event, s);
-		bufferevent_enable(s->bev[i], s->tls[i] ? EV_READ | EV_WRITE : EV_WRITE);
-		s->reading[i] = true;
+		struct leg *l = &s->leg[i];
+		bufferevent_setcb(l->bev, on_read, on_write, on_event, l);
+		bufferevent_enable(l->bev, l->tls ? EV_READ | EV_WRITE : EV_WRITE);
+		l->reading = true;
 	}
-	if (bufferevent_socket_connect(socket_bev(s->bev[SIDE_UPSTREAM]), (struct sockaddr *)&px->upstream,
+	if (bufferevent_socket_connect(socket_bev(upstream->bev), (struct sockaddr *)&px->upstream,
 				       px->upstream_len) < 0) {
-		s->why = TAP_END_UNREACHABLE;
-		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-		px->stats.unreachable++;
-		fprintf(stderr, "amqptap: conn %llu: upstream %s unreachable: %s\n", (unsigned long long)s->id,
-			px->upstream_name, s->detail);
-		session_end(s);
+		session_fail(s, TAP_END_UNREACHABLE, "%s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
 		return;
 	}
 	for (int i = 0; i < 2; i++) {
-		if (s->tls[i])
+		struct leg *l = &s->leg[i];
+		if (l->tls)
 			continue;
-		s->fd[i] = bufferevent_getfd(s->bev[i]);
-		s->rd[i] = event_new(px->base, s->fd[i], EV_READ | EV_PERSIST, on_readable, s);
-		if (!s->rd[i]) {
-			s->why = TAP_END_SHUTDOWN;
-			snprintf(s->detail, sizeof s->detail, "out of memory");
-			fprintf(stderr, "amqptap: conn %llu: out of memory\n", (unsigned long long)s->id);
-			session_end(s);
+		l->fd = bufferevent_getfd(l->bev);
+		l->rd = event_new(px->base, l->fd, EV_READ | EV_PERSIST, on_readable, l);
+		if (!l->rd) {
+			session_fail(s, TAP_END_SHUTDOWN, "out of memory");
 			return;
 		}
 	}
-	set_reading(s, SIDE_CLIENT, true); /* the upstream is read once it is connected */
+	set_reading(client, true); /* the upstream is read once it is connected */
 }
 
 static void on_accept_error(struct evconnlistener *l, void *arg)
@@ -668,7 +704,7 @@ void tap_proxy_close_all(struct tap_proxy *px)
 {
 	struct tap_session *s;
 	while ((s = TAILQ_FIRST(&px->sessions)) != NULL) {
-		if (!s->closing && !s->eof[SIDE_CLIENT] && !s->eof[SIDE_UPSTREAM]) {
+		if (!s->closing && !s->leg[SIDE_CLIENT].eof && !s->leg[SIDE_UPSTREAM].eof) {
 			s->why = TAP_END_SHUTDOWN; /* a session already ending keeps its own reason */
 			s->detail[0] = '\0';
 		}
