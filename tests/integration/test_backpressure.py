@@ -13,7 +13,7 @@ import threading
 import time
 
 from scenario_lib import frame_lines, publish_records, traced_publishes
-from tapharness import MIB, Peer, TapTestCase, is_asan_build, main, rss_kb
+from tapharness import MIB, Peer, TapTestCase, is_asan_build, main, recv_exact_hash, rss_kb
 
 TOTAL = 200 * MIB
 CHUNK = 256 * 1024
@@ -43,18 +43,6 @@ class Writer(threading.Thread):
                 self.sent += len(c)
         except OSError as e:
             self.error = e
-
-
-def read_all(sock, n):
-    h = hashlib.sha256()
-    got = 0
-    while got < n:
-        data = sock.recv(min(MIB, n - got))
-        if not data:
-            break
-        h.update(data)
-        got += len(data)
-    return h.hexdigest(), got
 
 
 class Sampler(threading.Thread):
@@ -109,7 +97,7 @@ class BackpressureTest(TapTestCase):
         def handler(conn, _idx):
             conn.settimeout(120)
             self.resume.wait(60)
-            self.peer_result["r"] = read_all(conn, TOTAL)
+            self.peer_result["r"] = recv_exact_hash(conn, TOTAL)
 
         peer = Peer(handler)
         self.addCleanup(peer.close)
@@ -154,7 +142,7 @@ class BackpressureTest(TapTestCase):
         self.assertTrue(writers, "the peer got no connection")
         stalled_at = self.wait_stalled(writers[0])
         try:
-            result = read_all(c, TOTAL)
+            result = recv_exact_hash(c, TOTAL)
         except OSError as e:
             self.fail(f"reading from the tap failed ({e}); peer writer sent {writers[0].sent} bytes, "
                       f"error {writers[0].error!r}")

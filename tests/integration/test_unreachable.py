@@ -4,7 +4,7 @@
 import socket
 import time
 
-from tapharness import AMQP_091_HEADER, Peer, TapTestCase, echo_handler, free_port, main, wait_for
+from tapharness import AMQP_091_HEADER, Peer, TapTestCase, echo_handler, free_port, main, recv_bytes, wait_for
 
 
 class UnreachableTest(TapTestCase):
@@ -46,12 +46,7 @@ class UnreachableTest(TapTestCase):
         c.settimeout(5)
         msg = AMQP_091_HEADER + b"after the upstream came back"
         c.sendall(msg)
-        got = b""
-        while len(got) < len(msg):
-            data = c.recv(4096)
-            if not data:
-                break
-            got += data
+        got = recv_bytes(c, len(msg))
         c.close()
         self.assertEqual(got, msg)
         self.assertEqual(peer.accepted, 1)
