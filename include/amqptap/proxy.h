@@ -27,6 +27,7 @@ enum tap_proxy_end {
 	TAP_END_SHUTDOWN,    /* the tap closed it (grace period over) */
 	TAP_END_CLIENT_TLS,  /* TLS failure with the client (handshake, plaintext client, bad certificate) */
 	TAP_END_BROKER_TLS,  /* TLS failure with the broker (verification, handshake) */
+	TAP_END_FD_LIMIT,    /* the tap had no file descriptor left for the upstream connection */
 };
 
 const char *tap_proxy_end_name(enum tap_proxy_end why);
@@ -46,6 +47,7 @@ struct tap_proxy_stats {
 	uint64_t accepted;
 	uint64_t active;
 	uint64_t unreachable;
+	uint64_t fd_limit; /* clients closed because the tap had no descriptor for their upstream */
 	uint64_t bytes_c2s;
 	uint64_t bytes_s2c;
 };
@@ -56,6 +58,11 @@ struct tap_proxy_stats {
 #define TAP_PROXY_MAX_IO (256 * 1024)
 /* After one side is gone, how long the other may take to read what is left. */
 #define TAP_PROXY_DRAIN_SECONDS 10
+/* Out of file descriptors in accept(): accepting pauses until a session ends,
+ * or this long at most. */
+#define TAP_PROXY_ACCEPT_PAUSE_MS 250
+/* A descriptor shortage is over (and said so on stderr) after this long without one. */
+#define TAP_PROXY_FD_QUIET_SECONDS 10
 
 /* Creates a proxy that forwards to upstream (resolved by the caller), with
  * TLS on the legs `tls` asks for (NULL: plain TCP both ways; borrowed, must

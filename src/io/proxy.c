@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/queue.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -89,6 +90,12 @@ struct tap_proxy {
 	struct tap_proxy_stats stats;
 	uint8_t *scratch; /* TAP_PROXY_MAX_IO bytes: every plain read lands here, one session at a time */
 	bool stopped;
+	bool accept_paused; /* accept() ran out of descriptors: resumed when a session ends, or by resume_accept */
+	struct event *resume_accept;
+	bool out_of_fds; /* a descriptor shortage was said on stderr and is not over (shortage_over) */
+	struct event *shortage_over;
+	uint64_t fd_limit_before; /* stats.fd_limit when the shortage began */
+	uint64_t accept_pauses;   /* in this shortage */
 	void (*idle_cb)(void *);
 	void *idle_arg;
 };
@@ -98,6 +105,7 @@ static const char *const end_names[] = {
 	[TAP_END_CLIENT_RESET] = "client_reset", [TAP_END_BROKER_RESET] = "broker_reset",
 	[TAP_END_UNREACHABLE] = "unreachable",   [TAP_END_SHUTDOWN] = "shutdown",
 	[TAP_END_CLIENT_TLS] = "client_tls_error", [TAP_END_BROKER_TLS] = "broker_tls_error",
+	[TAP_END_FD_LIMIT] = "tap_fd_limit",
 };
 
 const char *tap_proxy_end_name(enum tap_proxy_end why)
@@ -138,6 +146,62 @@ static void set_nodelay(evutil_socket_t fd)
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+static bool out_of_fds(int err)
+{
+	return err == EMFILE || err == ENFILE;
+}
+
+/* The process has no descriptor for a new socket. Said on stderr once per
+ * shortage, not once per client (the records name each client it cost); the
+ * shortage is over when none was met for TAP_PROXY_FD_QUIET_SECONDS. */
+static void fd_shortage(struct tap_proxy *px, int err)
+{
+	struct timeval quiet = {TAP_PROXY_FD_QUIET_SECONDS, 0};
+	evtimer_add(px->shortage_over, &quiet);
+	if (px->out_of_fds)
+		return;
+	px->out_of_fds = true;
+	px->fd_limit_before = px->stats.fd_limit;
+	px->accept_pauses = 0;
+	struct rlimit rl;
+	char limit[32] = "?";
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		snprintf(limit, sizeof limit, "%llu", (unsigned long long)rl.rlim_cur);
+	fprintf(stderr,
+		"amqptap: out of file descriptors (%s; the limit is %s, %llu sessions active): new clients wait in "
+		"the accept queue or are closed with reason tap_fd_limit until connections end; raise it with ulimit -n\n",
+		evutil_socket_error_to_string(err), limit, (unsigned long long)px->stats.active);
+}
+
+static void on_shortage_over(evutil_socket_t fd, short what, void *arg)
+{
+	struct tap_proxy *px = arg;
+	(void)fd;
+	(void)what;
+	px->out_of_fds = false;
+	fprintf(stderr,
+		"amqptap: no file descriptor shortage for %d s: %llu clients were closed for want of one, accepting "
+		"paused %llu times\n",
+		TAP_PROXY_FD_QUIET_SECONDS, (unsigned long long)(px->stats.fd_limit - px->fd_limit_before),
+		(unsigned long long)px->accept_pauses);
+}
+
+static void resume_accepting(struct tap_proxy *px)
+{
+	px->accept_paused = false;
+	if (px->resume_accept)
+		event_del(px->resume_accept);
+	if (px->listener)
+		evconnlistener_enable(px->listener);
+}
+
+static void on_resume_accept(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	resume_accepting(arg);
+}
+
 /* Frees one leg (its read event first: the bufferevent closes the socket). */
 static void leg_free(struct leg *l)
 {
@@ -161,6 +225,8 @@ static void session_end(struct tap_session *s)
 	leg_free(&s->leg[SIDE_CLIENT]);
 	leg_free(&s->leg[SIDE_UPSTREAM]);
 	free(s);
+	if (px->accept_paused)
+		resume_accepting(px); /* its descriptors are free now */
 	if (px->stopped && px->stats.active == 0 && px->idle_cb)
 		px->idle_cb(px->idle_arg);
 }
@@ -183,6 +249,9 @@ static void session_fail(struct tap_session *s, enum tap_proxy_end why, const ch
 		px->stats.unreachable++;
 		fprintf(stderr, "amqptap: conn %llu: upstream %s unreachable: %s\n", (unsigned long long)s->id,
 			px->upstream_name, s->detail);
+		break;
+	case TAP_END_FD_LIMIT:
+		px->stats.fd_limit++; /* fd_shortage said it on stderr */
 		break;
 	case TAP_END_CLIENT_TLS:
 	case TAP_END_BROKER_TLS:
@@ -624,7 +693,13 @@ static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struc
 	}
 	if (bufferevent_socket_connect(socket_bev(upstream->bev), (struct sockaddr *)&px->upstream,
 				       px->upstream_len) < 0) {
-		session_fail(s, TAP_END_UNREACHABLE, "%s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+		int err = EVUTIL_SOCKET_ERROR();
+		if (out_of_fds(err)) {
+			fd_shortage(px, err);
+			session_fail(s, TAP_END_FD_LIMIT, "%s", evutil_socket_error_to_string(err));
+		} else {
+			session_fail(s, TAP_END_UNREACHABLE, "%s", evutil_socket_error_to_string(err));
+		}
 		return;
 	}
 	for (int i = 0; i < 2; i++) {
@@ -643,10 +718,21 @@ static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struc
 
 static void on_accept_error(struct evconnlistener *l, void *arg)
 {
-	(void)l;
-	(void)arg;
+	struct tap_proxy *px = arg;
 	int err = EVUTIL_SOCKET_ERROR();
-	fprintf(stderr, "amqptap: accept failed: %s\n", evutil_socket_error_to_string(err));
+	if (!out_of_fds(err)) {
+		fprintf(stderr, "amqptap: accept failed: %s\n", evutil_socket_error_to_string(err));
+		return;
+	}
+	/* the pending client stays queued and the listener would wake at once:
+	 * wait for a session to end (or a while) before trying again */
+	fd_shortage(px, err);
+	px->accept_paused = true;
+	px->accept_pauses++;
+	evconnlistener_disable(l);
+	struct timeval pause = {0, TAP_PROXY_ACCEPT_PAUSE_MS * 1000};
+	if (px->resume_accept)
+		evtimer_add(px->resume_accept, &pause);
 }
 
 struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *upstream, int upstream_len,
@@ -657,9 +743,17 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 		return NULL;
 	}
 	struct tap_proxy *px = calloc(1, sizeof *px);
-	if (px)
-		px->scratch = malloc(TAP_PROXY_MAX_IO);
-	if (!px || !px->scratch) {
+	if (!px)
+		return NULL;
+	px->scratch = malloc(TAP_PROXY_MAX_IO);
+	px->resume_accept = evtimer_new(base, on_resume_accept, px);
+	px->shortage_over = evtimer_new(base, on_shortage_over, px);
+	if (!px->scratch || !px->resume_accept || !px->shortage_over) {
+		if (px->resume_accept)
+			event_free(px->resume_accept);
+		if (px->shortage_over)
+			event_free(px->shortage_over);
+		free(px->scratch);
 		free(px);
 		return NULL;
 	}
@@ -694,6 +788,8 @@ int tap_proxy_listen(struct tap_proxy *px, const struct sockaddr *addr, int addr
 void tap_proxy_stop_accepting(struct tap_proxy *px)
 {
 	px->stopped = true;
+	px->accept_paused = false;
+	event_del(px->resume_accept);
 	if (px->listener) {
 		evconnlistener_free(px->listener);
 		px->listener = NULL;
@@ -735,6 +831,8 @@ void tap_proxy_free(struct tap_proxy *px)
 	px->idle_cb = NULL;
 	tap_proxy_stop_accepting(px);
 	tap_proxy_close_all(px);
+	event_free(px->resume_accept);
+	event_free(px->shortage_over);
 	free(px->scratch);
 	free(px);
 }

@@ -1,10 +1,20 @@
 # Unreachable upstream: the client's connection is closed promptly (within 1 s), stderr says why, and the tap
 # keeps serving: once something listens on that port, the next client gets through.
+# Out of file descriptors (RLIMIT_NOFILE lowered under the running tap): clients the tap cannot give an upstream
+# socket are recorded with reason tap_fd_limit (not unreachable: the broker is fine), stderr says so once, and
+# the tap neither spins on a listener it cannot accept from nor stops serving; the clients that waited get
+# through once a connection ends.
 
+import os
+import resource
 import socket
+import threading
 import time
 
-from tapharness import AMQP_091_HEADER, Peer, TapTestCase, echo_handler, free_port, main, recv_bytes, wait_for
+import pika
+
+from tapharness import (AMQP_091_HEADER, BROKER_PORT, Peer, TapTestCase, echo_handler, fd_count, free_port, main,
+                        recv_bytes, require_broker, wait_for)
 
 
 class UnreachableTest(TapTestCase):
@@ -51,6 +61,94 @@ class UnreachableTest(TapTestCase):
         self.assertEqual(got, msg)
         self.assertEqual(peer.accepted, 1)
         self.assertTrue(tap.alive())
+
+
+def cpu_seconds(pid):
+    """User plus system CPU time the process has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pika_connect(port):
+    params = pika.ConnectionParameters(host="127.0.0.1", port=port, connection_attempts=1, socket_timeout=10,
+                                       blocked_connection_timeout=30)
+    return pika.BlockingConnection(params)
+
+
+def confirm_publish(conn, body):
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    ch.basic_publish("", q, body, mandatory=True)  # raises if nacked or returned
+    return ch
+
+
+class FdLimitTest(TapTestCase):
+    def setUp(self):
+        super().setUp()
+        require_broker(self)
+        self.tap = self.start_tap(upstream_port=BROKER_PORT)
+
+    def limit_fds(self, spare):
+        """Lowers the tap's soft RLIMIT_NOFILE to what it has open plus `spare`."""
+        _, hard = resource.prlimit(self.tap.pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(self.tap.pid, resource.RLIMIT_NOFILE, (fd_count(self.tap.pid) + spare, hard))
+
+    def shortage_lines(self):
+        return [ln for ln in self.tap.stderr().splitlines() if "out of file descriptors" in ln]
+
+    def test_clients_without_an_upstream_socket_are_named_tap_fd_limit(self):
+        tap = self.tap
+        first = pika_connect(tap.port)  # before the limit: two descriptors (client and upstream)
+        self.limit_fds(1)  # room for one accepted client, none for its upstream
+        for _ in range(3):
+            with self.assertRaises(pika.exceptions.AMQPConnectionError):
+                pika_connect(tap.port)
+        confirm_publish(first, b"the tap still serves the connection it has")
+        first.close()
+        self.assertTrue(wait_for(lambda: len(tap.records("connection")) >= 4, 5.0))
+        closes = [r for r in tap.records("connection") if r.get("event") == "close"]
+        refused = [r for r in closes if r.get("by") == "tap_fd_limit"]
+        self.assertEqual(len(refused), 3, f"want three clients closed with reason tap_fd_limit: {closes}")
+        self.assertEqual([r for r in closes if r.get("by") == "unreachable"], [], "the broker was reachable")
+        self.assertEqual(len(self.shortage_lines()), 1, f"say it once, not per client: {tap.stderr()!r}")
+        self.assertNotIn("unreachable:", tap.stderr())
+        later = pika_connect(tap.port)  # two descriptors are free again
+        confirm_publish(later, b"after the shortage")
+        later.close()
+
+    def test_accept_pauses_instead_of_spinning_and_waiting_clients_get_through(self):
+        tap = self.tap
+        first = pika_connect(tap.port)
+        self.limit_fds(0)  # accept() itself fails
+        result = {}
+
+        def waiting_client():
+            try:
+                conn = pika_connect(tap.port)
+                confirm_publish(conn, b"waited in the accept queue")
+                conn.close()
+                result["ok"] = True
+            except Exception as e:  # reported through result
+                result["error"] = repr(e)
+
+        t = threading.Thread(target=waiting_client, daemon=True)
+        cpu0 = cpu_seconds(tap.pid)
+        t.start()
+        time.sleep(1.5)
+        spent = cpu_seconds(tap.pid) - cpu0
+        lines = len(tap.stderr().splitlines())
+        print(f"at the limit for 1.5 s: {spent:.2f} s of tap CPU, {lines} stderr lines")
+        self.assertTrue(t.is_alive(), f"the waiting client did not wait: {result}")
+        self.assertLess(spent, 0.3, "the tap spins on a listener it cannot accept from")
+        self.assertEqual(len(self.shortage_lines()), 1, tap.stderr()[-2000:])
+        self.assertLess(lines, 10, tap.stderr()[-2000:])
+        first.close()  # frees two descriptors: the waiting client is accepted
+        t.join(20)
+        self.assertEqual(result, {"ok": True})
+        closes = [r for r in tap.records("connection") if r.get("event") == "close"]
+        self.assertEqual([r.get("by") for r in closes if r.get("by") in ("tap_fd_limit", "unreachable")], [])
 
 
 if __name__ == "__main__":
