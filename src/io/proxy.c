@@ -231,6 +231,27 @@ static void session_end(struct tap_session *s)
 		px->idle_cb(px->idle_arg);
 }
 
+/* The socket bufferevent under a leg (itself on a plain leg). */
+static struct bufferevent *socket_bev(struct bufferevent *bev)
+{
+	struct bufferevent *under = bufferevent_get_underlying(bev);
+	return under ? under : bev;
+}
+
+/* Makes closing the client's socket send a reset instead of a FIN, the
+ * closest the tap can come to the "connection refused" a client gets from a
+ * broker that is down: client libraries take their connection-error path
+ * (py-amqp raises ConnectionResetError, not "Server unexpectedly closed
+ * connection"). */
+static void reset_client_on_close(struct tap_session *s)
+{
+	struct bufferevent *bev = s->leg[SIDE_CLIENT].bev;
+	struct linger now = {.l_onoff = 1, .l_linger = 0};
+	if (bev)
+		(void)setsockopt(bufferevent_getfd(socket_bev(bev)), SOL_SOCKET, SO_LINGER, &now,
+				 sizeof now); /* failing that, a FIN still closes it */
+}
+
 /* Ends a session that failed before it could carry bytes: names the reason
  * (detail, a printf format), says so on stderr, and closes both legs. */
 static void session_fail(struct tap_session *s, enum tap_proxy_end why, const char *fmt, ...)
@@ -249,9 +270,11 @@ static void session_fail(struct tap_session *s, enum tap_proxy_end why, const ch
 		px->stats.unreachable++;
 		fprintf(stderr, "amqptap: conn %llu: upstream %s unreachable: %s\n", (unsigned long long)s->id,
 			px->upstream_name, s->detail);
+		reset_client_on_close(s);
 		break;
 	case TAP_END_FD_LIMIT:
 		px->stats.fd_limit++; /* fd_shortage said it on stderr */
+		reset_client_on_close(s);
 		break;
 	case TAP_END_CLIENT_TLS:
 	case TAP_END_BROKER_TLS:
@@ -527,13 +550,6 @@ static void on_write(struct bufferevent *bev, void *arg)
 	bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
 	if (to->peer->bev)
 		set_reading(to->peer, true);
-}
-
-/* The socket bufferevent under a leg (itself on a plain leg). */
-static struct bufferevent *socket_bev(struct bufferevent *bev)
-{
-	struct bufferevent *under = bufferevent_get_underlying(bev);
-	return under ? under : bev;
 }
 
 /* Something happened to a leg: connected, timed out, EOF or error (from the

@@ -1,16 +1,22 @@
 # Unreachable upstream: the client's connection is closed promptly (within 1 s), stderr says why, and the tap
-# keeps serving: once something listens on that port, the next client gets through.
+# keeps serving: once something listens on that port, the next client gets through. The client is reset
+# (SO_LINGER 0), not closed cleanly, so that client libraries take their "broker down" path as they do for the
+# "connection refused" a direct connection gets: py-amqp raises ConnectionResetError (a ConnectionError, as
+# ConnectionRefusedError is) instead of OSError("Server unexpectedly closed connection"); pika's error names
+# ConnectionResetError instead of "Transport indicated EOF".
 # Out of file descriptors (RLIMIT_NOFILE lowered under the running tap): clients the tap cannot give an upstream
 # socket are recorded with reason tap_fd_limit (not unreachable: the broker is fine), stderr says so once, and
 # the tap neither spins on a listener it cannot accept from nor stops serving; the clients that waited get
 # through once a connection ends.
 
+import errno
 import os
 import resource
 import socket
 import threading
 import time
 
+import amqp
 import pika
 
 from tapharness import (AMQP_091_HEADER, BROKER_PORT, Peer, TapTestCase, echo_handler, fd_count, free_port, main,
@@ -61,6 +67,35 @@ class UnreachableTest(TapTestCase):
         self.assertEqual(got, msg)
         self.assertEqual(peer.accepted, 1)
         self.assertTrue(tap.alive())
+
+    def test_client_is_reset_as_if_refused(self):
+        port = free_port()
+        tap = self.start_tap(upstream_port=port)
+
+        c = tap.connect()  # sends nothing: a clean close would read as b""
+        c.settimeout(5)
+        with self.assertRaises(ConnectionResetError):
+            c.recv(4096)
+        c.close()
+
+        with self.assertRaises(ConnectionRefusedError):  # what py-amqp says straight to a port nobody serves
+            amqp.Connection(f"127.0.0.1:{port}", connect_timeout=5).connect()
+        try:
+            amqp.Connection(f"127.0.0.1:{tap.port}", connect_timeout=5).connect()
+            self.fail("py-amqp connected through a tap whose broker is down")
+        except OSError as e:
+            print(f"py-amqp through the tap: {e!r}")
+            self.assertIsInstance(e, ConnectionError, "py-amqp did not see a connection error")
+            self.assertEqual(e.errno, errno.ECONNRESET)
+
+        params = pika.ConnectionParameters(host="127.0.0.1", port=tap.port, connection_attempts=1, socket_timeout=5)
+        with self.assertRaises(pika.exceptions.AMQPConnectionError) as ctx:
+            pika.BlockingConnection(params)
+        print(f"pika through the tap: {ctx.exception!r}")
+        self.assertIn("ConnectionResetError", repr(ctx.exception))
+
+        self.assertTrue(wait_for(lambda: len(tap.records("connection")) >= 3, 5.0))
+        self.assertEqual({r.get("by") for r in tap.records("connection")}, {"unreachable"})
 
 
 def cpu_seconds(pid):
