@@ -36,6 +36,7 @@ struct tap_conf {
 	uint32_t late_return_ms;
 	uint32_t max_outstanding;
 	uint32_t grace_ms;
+	uint32_t handshake_timeout_ms; /* TLS handshakes and the upstream connect; 0: no limit */
 	/* TLS towards clients (listener) */
 	const char *tls_cert, *tls_key, *tls_client_ca;
 	/* TLS towards the broker */

@@ -78,6 +78,11 @@ void tap_proxy_stop_accepting(struct tap_proxy *p);
 void tap_proxy_close_all(struct tap_proxy *p);
 size_t tap_proxy_active(const struct tap_proxy *p);
 void tap_proxy_get_stats(const struct tap_proxy *p, struct tap_proxy_stats *s);
+/* Bounds setting up each session's legs: a client's TLS handshake, and the
+ * connection to the broker (TCP connect and, with TLS, its handshake). A
+ * leg not set up in time ends its session (client_tls_error, unreachable or
+ * broker_tls_error). 0: no limit (the default until this is called). */
+void tap_proxy_set_handshake_timeout(struct tap_proxy *p, uint32_t ms);
 /* Called when the last session ends after tap_proxy_stop_accepting. */
 void tap_proxy_on_idle(struct tap_proxy *p, void (*cb)(void *arg), void *arg);
 void tap_proxy_free(struct tap_proxy *p);

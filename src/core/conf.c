@@ -51,6 +51,9 @@ static const struct opt_def options[] = {
 	 "tracked publishes per connection before the oldest is evicted (default 1000000)"},
 	{"grace", 0, OPT_U32, FIELD(grace_ms), 0, 3600u * 1000u, "MS",
 	 "on SIGINT/SIGTERM, how long live sessions may finish before they are closed (default 1000)"},
+	{"handshake-timeout", 0, OPT_U32, FIELD(handshake_timeout_ms), 0, 3600u * 1000u, "MS",
+	 "longest a client's TLS handshake or the connection to the broker (connect, TLS) may take; 0: no limit "
+	 "(default 10000)"},
 	{"tls-cert", 0, OPT_PATH, FIELD(tls_cert), 0, 0, "FILE", "accept TLS from clients with this certificate (PEM chain)"},
 	{"tls-key", 0, OPT_PATH, FIELD(tls_key), 0, 0, "FILE", "private key of --tls-cert (PEM)"},
 	{"tls-client-ca", 0, OPT_PATH, FIELD(tls_client_ca), 0, 0, "FILE",
@@ -84,6 +87,7 @@ void tap_conf_defaults(struct tap_conf *c)
 	c->late_return_ms = 50;
 	c->max_outstanding = 1000000;
 	c->grace_ms = 1000;
+	c->handshake_timeout_ms = 10000;
 	c->replay_port = 5672;
 }
 

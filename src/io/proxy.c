@@ -96,6 +96,8 @@ struct tap_proxy {
 	struct event *shortage_over;
 	uint64_t fd_limit_before; /* stats.fd_limit when the shortage began */
 	uint64_t accept_pauses;   /* in this shortage */
+	uint32_t handshake_ms;    /* 0: setting up a leg may take forever */
+	struct timeval handshake_timeout;
 	void (*idle_cb)(void *);
 	void *idle_arg;
 };
@@ -552,6 +554,41 @@ static void on_write(struct bufferevent *bev, void *arg)
 		set_reading(to->peer, true);
 }
 
+/* Bounds how long a leg may take to be set up (TLS handshake; upstream
+ * connect). A TLS leg uses its bufferevent's read timeout, which libevent
+ * runs as a plain timer during the handshake (no data is read then, so
+ * nothing restarts it); a plain upstream its write timeout, which covers
+ * the connect. Both are cleared once the leg is set up; drain timeouts
+ * replace them if the session ends first. */
+static void arm_setup_timeout(struct leg *l)
+{
+	struct tap_proxy *px = l->s->px;
+	if (!px->handshake_ms || (!l->tls && l->connected))
+		return;
+	if (l->tls)
+		bufferevent_set_timeouts(l->bev, &px->handshake_timeout, NULL);
+	else
+		bufferevent_set_timeouts(l->bev, NULL, &px->handshake_timeout);
+}
+
+/* A leg was not set up within --handshake-timeout. */
+static void setup_timed_out(struct leg *l)
+{
+	struct tap_session *s = l->s;
+	unsigned ms = s->px->handshake_ms;
+	if (l->side == SIDE_CLIENT) {
+		session_fail(s, TAP_END_CLIENT_TLS, "TLS handshake timed out after %u ms", ms);
+		return;
+	}
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	bool tcp_up = getpeername(bufferevent_getfd(socket_bev(l->bev)), (struct sockaddr *)&ss, &len) == 0;
+	if (l->tls && tcp_up)
+		session_fail(s, TAP_END_BROKER_TLS, "TLS handshake timed out after %u ms", ms);
+	else
+		session_fail(s, TAP_END_UNREACHABLE, "connect timed out after %u ms", ms);
+}
+
 /* Something happened to a leg: connected, timed out, EOF or error (from the
  * bufferevent, or from on_readable on a plain leg); err is the errno. */
 static void leg_event(struct leg *l, short what, int err)
@@ -559,6 +596,8 @@ static void leg_event(struct leg *l, short what, int err)
 	struct tap_session *s = l->s;
 	if (what & BEV_EVENT_CONNECTED) { /* TCP connect done, or a TLS handshake done (either leg) */
 		l->handshaken = true;
+		if (s->px->handshake_ms && !s->closing && !l->eof && !l->peer->eof)
+			bufferevent_set_timeouts(l->bev, NULL, NULL); /* set up: the setup timeout is done */
 		if (l->side == SIDE_UPSTREAM) {
 			l->connected = true;
 			set_nodelay(bufferevent_getfd(socket_bev(l->bev)));
@@ -567,8 +606,11 @@ static void leg_event(struct leg *l, short what, int err)
 		}
 		return;
 	}
-	if (what & BEV_EVENT_TIMEOUT) { /* only armed while draining */
-		session_end(s);
+	if (what & BEV_EVENT_TIMEOUT) {
+		if (s->closing || l->eof || l->peer->eof)
+			session_end(s); /* a drain timeout: the peer took nothing for TAP_PROXY_DRAIN_SECONDS */
+		else
+			setup_timed_out(l);
 		return;
 	}
 	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)))
@@ -706,6 +748,7 @@ static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struc
 		bufferevent_setcb(l->bev, on_read, on_write, on_event, l);
 		bufferevent_enable(l->bev, l->tls ? EV_READ | EV_WRITE : EV_WRITE);
 		l->reading = true;
+		arm_setup_timeout(l);
 	}
 	if (bufferevent_socket_connect(socket_bev(upstream->bev), (struct sockaddr *)&px->upstream,
 				       px->upstream_len) < 0) {
@@ -832,6 +875,13 @@ size_t tap_proxy_active(const struct tap_proxy *px)
 void tap_proxy_get_stats(const struct tap_proxy *px, struct tap_proxy_stats *st)
 {
 	*st = px->stats;
+}
+
+void tap_proxy_set_handshake_timeout(struct tap_proxy *px, uint32_t ms)
+{
+	px->handshake_ms = ms;
+	px->handshake_timeout.tv_sec = ms / 1000;
+	px->handshake_timeout.tv_usec = (suseconds_t)(ms % 1000) * 1000;
 }
 
 void tap_proxy_on_idle(struct tap_proxy *px, void (*cb)(void *arg), void *arg)

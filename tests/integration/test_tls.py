@@ -2,6 +2,8 @@
 # and client certificates with the openssl command line, starts its own broker node with TLS (verify_peer,
 # fail_if_no_peer_cert: mTLS required), and checks verdicts over TLS, verification failures, mTLS, the key
 # log (tshark decrypts a raw capture of the client leg with it), and the decrypted --frames/--pcap.
+# --handshake-timeout: clients that open TCP and never finish (or never start) their TLS handshake delay
+# nobody and are closed after the timeout with a record; so is a broker that never answers the tap's handshake.
 
 import os
 import shutil
@@ -9,12 +11,14 @@ import signal
 import ssl
 import stat
 import subprocess
+import socket
 import tempfile
+import threading
 import time
 
 import pika
 
-from tapharness import AMQPTAP_BIN, SOURCE_DIR, TapTestCase, free_port, main, read_records, wait_for
+from tapharness import AMQPTAP_BIN, SOURCE_DIR, Peer, TapTestCase, free_port, main, read_records, wait_for
 
 TLS_PORT = int(os.environ.get("TAP_TLS_BROKER_PORT", "5751"))
 PLAIN_PORT = int(os.environ.get("TAP_TLS_BROKER_PLAIN_PORT", "5750"))
@@ -243,6 +247,81 @@ class Verification(TlsCase):
             self.assertEqual(r.returncode, 2, err)
             self.assertIn(name, err)
             self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+
+def closed_after(sock, limit):
+    """Seconds until the peer closes sock (EOF or reset), reading and dropping whatever it sends; None if it
+    stays open past limit."""
+    t0 = time.monotonic()
+    sock.settimeout(limit)
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    except socket.timeout:
+        return None
+    return time.monotonic() - t0
+
+
+class HandshakeTimeout(TlsCase):
+    def test_stalled_client_handshakes_delay_nobody_and_are_closed(self):
+        tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key"),
+                              "--handshake-timeout", "1000"], upstream_port=PLAIN_PORT)
+        silent = [socket.create_connection(("127.0.0.1", tap.port)) for _ in range(40)]
+        partial = []
+        for _ in range(10):  # the first bytes of a ClientHello record, then nothing
+            c = socket.create_connection(("127.0.0.1", tap.port))
+            c.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+            partial.append(c)
+        opened = time.monotonic()
+        t0 = time.monotonic()
+        c = pika.BlockingConnection(self.pika_params(tap.port))
+        ch = c.channel()
+        ch.confirm_delivery()
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.basic_publish("", q, b"past the stalled ones", pika.BasicProperties(message_id="past"), mandatory=True)
+        took = time.monotonic() - t0
+        print(f"a TLS client connected and had its publish confirmed in {took * 1000:.0f} ms beside 50 stalled "
+              "handshakes")
+        self.assertLess(took, 0.9, "a stalled handshake delayed another client")
+        closed = []
+        for sock in silent + partial:
+            closed.append(closed_after(sock, max(0.1, opened + 5 - time.monotonic())))
+            sock.close()
+        self.assertNotIn(None, closed, "a stalled handshake was not closed")
+        since_open = time.monotonic() - opened
+        print(f"all 50 closed {since_open:.2f} s after they connected (timeout 1 s)")
+        self.assertLess(since_open, 3.0)
+        c.close()
+        self.assertTrue(wait_for(lambda: len(tap.records("connection")) >= 52, 5))
+        timed_out = [r for r in tap.records("connection")
+                     if r.get("by") == "client_tls_error" and r.get("text") == "TLS handshake timed out after 1000 ms"]
+        self.assertEqual(len(timed_out), 50, tap.records("connection")[:3])
+        self.assertGreaterEqual(min(r["duration_us"] for r in timed_out), 950_000)
+        self.assertEqual([r["route"] for r in tap.records("publish")], ["routed"])
+
+    def test_broker_that_never_answers_the_handshake(self):
+        hold = threading.Event()
+        self.addCleanup(hold.set)
+
+        def mute_broker(conn, _idx):  # takes the ClientHello and says nothing
+            conn.recv(65536)
+            hold.wait(30)
+
+        peer = Peer(mute_broker)
+        self.addCleanup(peer.close)
+        tap = self.start_tap(["--upstream-tls", "--upstream-ca", self.p("ca.pem"), "--handshake-timeout", "500"],
+                             upstream_port=peer.port, upstream_host="localhost")
+        c = socket.create_connection(("127.0.0.1", tap.port))
+        c.sendall(b"AMQP\x00\x00\x09\x01")
+        took = closed_after(c, 5)
+        c.close()
+        self.assertIsNotNone(took, "the client waited on a broker that never answered")
+        self.assertGreaterEqual(took, 0.45)
+        self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
+        rec = tap.records("connection")[-1]
+        self.assertEqual((rec["by"], rec["text"]), ("broker_tls_error", "TLS handshake timed out after 500 ms"))
 
 
 class KeyLog(TlsCase):

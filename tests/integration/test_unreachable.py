@@ -97,6 +97,27 @@ class UnreachableTest(TapTestCase):
         self.assertTrue(wait_for(lambda: len(tap.records("connection")) >= 3, 5.0))
         self.assertEqual({r.get("by") for r in tap.records("connection")}, {"unreachable"})
 
+    def test_connect_that_hangs_times_out(self):
+        # a listener whose accept queue is full drops further SYNs: connecting to it hangs, as to a host that is
+        # down or firewalled
+        full = socket.socket()
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        self.addCleanup(full.close)
+        queued = socket.create_connection(full.getsockname())
+        self.addCleanup(queued.close)
+        tap = self.start_tap(["--handshake-timeout", "500"], upstream_port=full.getsockname()[1])
+        c = tap.connect()
+        c.sendall(AMQP_091_HEADER)
+        took = self.closed_within(c, 5.0)
+        c.close()
+        self.assertIsNotNone(took, "the client waited on a connect that never completed")
+        self.assertGreaterEqual(took, 0.45)
+        self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
+        rec = tap.records("connection")[-1]
+        self.assertEqual((rec["by"], rec["text"]), ("unreachable", "connect timed out after 500 ms"))
+        self.assertIn("connect timed out", tap.stderr())
+
 
 def cpu_seconds(pid):
     """User plus system CPU time the process has used."""
