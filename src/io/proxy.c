@@ -589,6 +589,8 @@ static void setup_timed_out(struct leg *l)
 		session_fail(s, TAP_END_UNREACHABLE, "connect timed out after %u ms", ms);
 }
 
+static bool connect_upstream(struct tap_session *s);
+
 /* Something happened to a leg: connected, timed out, EOF or error (from the
  * bufferevent, or from on_readable on a plain leg); err is the errno. */
 static void leg_event(struct leg *l, short what, int err)
@@ -603,6 +605,8 @@ static void leg_event(struct leg *l, short what, int err)
 			set_nodelay(bufferevent_getfd(socket_bev(l->bev)));
 			set_reading(l, l->reading);
 			settle(s);
+		} else {
+			(void)connect_upstream(s); /* on failure the session is gone */
 		}
 		return;
 	}
@@ -615,11 +619,20 @@ static void leg_event(struct leg *l, short what, int err)
 	}
 	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)))
 		return;
-	char why[sizeof s->detail];
-	if (l->tls && !l->handshaken && (what & BEV_EVENT_ERROR) && tap_tls_error(l->bev, why, sizeof why)) {
-		/* a handshake failure: say why, close, touch no other session */
-		session_fail(s, l->side == SIDE_CLIENT ? TAP_END_CLIENT_TLS : TAP_END_BROKER_TLS, "%s", why);
-		return;
+	if (l->tls && !l->handshaken) { /* ended during its handshake */
+		char why[sizeof s->detail];
+		if ((what & BEV_EVENT_ERROR) && tap_tls_error(l->bev, why, sizeof why)) {
+			/* a handshake failure: say why, close, touch no other session */
+			session_fail(s, l->side == SIDE_CLIENT ? TAP_END_CLIENT_TLS : TAP_END_BROKER_TLS, "%s", why);
+			return;
+		}
+		if (l->side == SIDE_CLIENT) { /* gone before the upstream was opened: nothing to pass on */
+			s->why = what & BEV_EVENT_ERROR ? TAP_END_CLIENT_RESET : TAP_END_CLIENT_EOF;
+			if (what & BEV_EVENT_ERROR)
+				snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(err));
+			session_end(s);
+			return;
+		}
 	}
 	if (!l->connected) { /* only the upstream is ever unconnected */
 		session_fail(s, TAP_END_UNREACHABLE, "%s",
@@ -707,6 +720,39 @@ static void leg_init(struct tap_session *s, enum side side, bool tls)
 	l->connected = side == SIDE_CLIENT;
 }
 
+/* Opens the connection to the broker. A TLS client's session opens it
+ * only once the client's handshake is done, as HAProxy does: a client that
+ * never finishes its handshake costs the broker no connection, and in a
+ * reconnect storm the broker's handshakes are not started long before the
+ * tap can take its part in them (RabbitMQ drops a TLS handshake that takes
+ * more than 5 s). Returns false when the session was ended. */
+static bool connect_upstream(struct tap_session *s)
+{
+	struct tap_proxy *px = s->px;
+	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
+	arm_setup_timeout(upstream);
+	if (bufferevent_socket_connect(socket_bev(upstream->bev), (struct sockaddr *)&px->upstream,
+				       px->upstream_len) < 0) {
+		int err = EVUTIL_SOCKET_ERROR();
+		if (out_of_fds(err)) {
+			fd_shortage(px, err);
+			session_fail(s, TAP_END_FD_LIMIT, "%s", evutil_socket_error_to_string(err));
+		} else {
+			session_fail(s, TAP_END_UNREACHABLE, "%s", evutil_socket_error_to_string(err));
+		}
+		return false;
+	}
+	if (upstream->tls)
+		return true;
+	upstream->fd = bufferevent_getfd(upstream->bev);
+	upstream->rd = event_new(px->base, upstream->fd, EV_READ | EV_PERSIST, on_readable, upstream);
+	if (!upstream->rd) {
+		session_fail(s, TAP_END_SHUTDOWN, "out of memory");
+		return false;
+	}
+	return true;
+}
+
 static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
 	struct tap_proxy *px = arg;
@@ -748,31 +794,19 @@ static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struc
 		bufferevent_setcb(l->bev, on_read, on_write, on_event, l);
 		bufferevent_enable(l->bev, l->tls ? EV_READ | EV_WRITE : EV_WRITE);
 		l->reading = true;
-		arm_setup_timeout(l);
 	}
-	if (bufferevent_socket_connect(socket_bev(upstream->bev), (struct sockaddr *)&px->upstream,
-				       px->upstream_len) < 0) {
-		int err = EVUTIL_SOCKET_ERROR();
-		if (out_of_fds(err)) {
-			fd_shortage(px, err);
-			session_fail(s, TAP_END_FD_LIMIT, "%s", evutil_socket_error_to_string(err));
-		} else {
-			session_fail(s, TAP_END_UNREACHABLE, "%s", evutil_socket_error_to_string(err));
-		}
+	if (client->tls) {
+		arm_setup_timeout(client);
+		return; /* the upstream is opened once the handshake is done */
+	}
+	client->fd = fd;
+	client->rd = event_new(px->base, fd, EV_READ | EV_PERSIST, on_readable, client);
+	if (!client->rd) {
+		session_fail(s, TAP_END_SHUTDOWN, "out of memory");
 		return;
 	}
-	for (int i = 0; i < 2; i++) {
-		struct leg *l = &s->leg[i];
-		if (l->tls)
-			continue;
-		l->fd = bufferevent_getfd(l->bev);
-		l->rd = event_new(px->base, l->fd, EV_READ | EV_PERSIST, on_readable, l);
-		if (!l->rd) {
-			session_fail(s, TAP_END_SHUTDOWN, "out of memory");
-			return;
-		}
-	}
-	set_reading(client, true); /* the upstream is read once it is connected */
+	if (connect_upstream(s))
+		set_reading(client, true); /* the upstream is read once it is connected */
 }
 
 static void on_accept_error(struct evconnlistener *l, void *arg)

@@ -301,6 +301,32 @@ class HandshakeTimeout(TlsCase):
         self.assertGreaterEqual(min(r["duration_us"] for r in timed_out), 950_000)
         self.assertEqual([r["route"] for r in tap.records("publish")], ["routed"])
 
+    def test_broker_connection_waits_for_the_client_handshake(self):
+        """The upstream connection is opened once the client's handshake is done: stalled, failed and abandoned
+        handshakes cost the broker no connection."""
+        peer = Peer(lambda conn, _idx: conn.sendall(conn.recv(64)))
+        self.addCleanup(peer.close)
+        tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key"),
+                              "--handshake-timeout", "300"], upstream_port=peer.port)
+        stalled = socket.create_connection(("127.0.0.1", tap.port))
+        plaintext = socket.create_connection(("127.0.0.1", tap.port))
+        plaintext.sendall(b"AMQP\x00\x00\x09\x01")
+        abandoned = socket.create_connection(("127.0.0.1", tap.port))
+        abandoned.sendall(b"\x16\x03\x01\x02\x00\x01")
+        abandoned.close()
+        for sock in (stalled, plaintext):
+            self.assertIsNotNone(closed_after(sock, 5))
+            sock.close()
+        self.assertTrue(wait_for(lambda: len(tap.records("connection")) == 3, 5), tap.records("connection"))
+        self.assertEqual(sorted(r["by"] for r in tap.records("connection")),
+                         ["client_eof", "client_tls_error", "client_tls_error"])
+        self.assertEqual(peer.accepted, 0, "a client that never finished its handshake opened a broker connection")
+        ctx = ssl.create_default_context(cafile=self.p("ca.pem"))
+        with ctx.wrap_socket(socket.create_connection(("127.0.0.1", tap.port)), server_hostname="localhost") as c:
+            c.sendall(b"AMQP\x00\x00\x09\x01")
+            self.assertEqual(c.recv(64), b"AMQP\x00\x00\x09\x01")
+        self.assertEqual(peer.accepted, 1)
+
     def test_broker_that_never_answers_the_handshake(self):
         hold = threading.Event()
         self.addCleanup(hold.set)
