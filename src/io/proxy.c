@@ -2,105 +2,46 @@
  * relayed both ways the moment they arrive, each chunk shown to the observer
  * right after it was passed on. Plain legs are read by the session itself
  * and written straight to the peer's socket when nothing is queued; TLS
- * legs are OpenSSL filter bufferevents. Backpressure and drain-then-close
- * follow libevent's sample/le-proxy.c. */
-#include "amqptap/proxy.h"
+ * legs are moved by OpenSSL on their own sockets (tlsleg.c). Backpressure
+ * and drain-then-close follow libevent's sample/le-proxy.c. */
+#include "session.h"
 
 #include "amqptap/tls.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/listener.h>
-#include <event2/util.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <openssl/ssl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/queue.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
-
-enum side { SIDE_CLIENT = 0, SIDE_UPSTREAM = 1 };
 
 /* Buffers, per direction (client -> broker shown; the other is symmetric):
  *
  *   client socket --recv--> px->scratch --send--> broker socket
  *                                 |  (what the socket does not take)
- *                                 +--> upstream leg's bev output --> broker socket
+ *                                 +--> upstream leg's `out` --> broker socket
  *
- * A TLS leg reads through its bufferevent instead (its input holds the
- * decrypted bytes) and a TLS peer is always written through its output.
- * Invariant: no input is kept after a read callback; all queued bytes live
- * in the peer's output. When that output passes TAP_PROXY_HIGH_WATER,
- * reading from the leg that fills it stops until the output drains to half.
+ * A TLS leg is read with SSL_read the same way (into the scratch buffer, or
+ * straight into the peer's `out` when the bytes must wait there anyway),
+ * and a TLS peer is always written from its `out`, one record per
+ * SSL_write. Invariant: no input is kept after a read callback; all queued
+ * bytes live in the peer's `out`. When that passes TAP_PROXY_HIGH_WATER,
+ * reading from the leg that fills it stops until it drains to half.
  *
  * Close: a FIN from one side is passed on as a FIN (shutdown(SHUT_WR)) once
  * everything before it was written, and the other direction keeps flowing
  * until it ends too. A reset or error on one side drains what is queued
- * for the other side, then closes it. */
-struct leg {
-	struct tap_session *s;
-	struct leg *peer;        /* the session's other leg */
-	enum side side;
-	enum tap_dir from_here;  /* the direction of the bytes read from this leg */
-	struct bufferevent *bev; /* plain legs: only the writing half is used; NULL once the leg is gone */
-	struct event *rd;        /* plain legs: the session's own read event */
-	evutil_socket_t fd;      /* plain legs: the socket; -1 on a TLS leg */
-	bool tls;                /* no half-close: a FIN ends the session after draining */
-	bool connected;          /* bytes can be written to it: accepted, or the upstream connect (and handshake) done */
-	bool handshaken;         /* TLS leg: the handshake completed */
-	bool reading;            /* reading it is wanted (backpressure and EOF turn it off) */
-	bool eof;                /* it sent FIN: nothing more to read from it */
-	bool shut_wr;            /* we sent it FIN */
-};
-
-struct tap_session {
-	TAILQ_ENTRY(tap_session) link;
-	struct tap_proxy *px;
-	uint64_t id;
-	struct leg leg[2]; /* indexed by enum side */
-	bool closing;      /* one side is gone (reset): drain the other, then close it */
-	enum tap_proxy_end why;
-	char detail[160];
-	void *obs;
-};
-
-TAILQ_HEAD(session_list, tap_session);
-
-struct tap_proxy {
-	struct event_base *base;
-	struct evconnlistener *listener;
-	struct sockaddr_storage upstream;
-	int upstream_len;
-	char upstream_name[300]; /* as configured, for messages */
-	char upstream_addr[80];  /* numeric, for observers */
-	struct tap_proxy_hooks hooks;
-	struct tap_tls *tls;
-	struct session_list sessions;
-	uint64_t next_id;
-	struct tap_proxy_stats stats;
-	uint8_t *scratch; /* TAP_PROXY_MAX_IO bytes: every plain read lands here, one session at a time */
-	bool stopped;
-	bool accept_paused; /* accept() ran out of descriptors: resumed when a session ends, or by resume_accept */
-	struct event *resume_accept;
-	bool out_of_fds; /* a descriptor shortage was said on stderr and is not over (shortage_over) */
-	struct event *shortage_over;
-	uint64_t fd_limit_before; /* stats.fd_limit when the shortage began */
-	uint64_t accept_pauses;   /* in this shortage */
-	uint32_t handshake_ms;    /* 0: setting up a leg may take forever */
-	struct timeval handshake_timeout;
-	void (*idle_cb)(void *);
-	void *idle_arg;
-};
+ * for the other side, then closes it. TLS has no half-close: a FIN on
+ * either side of a session with a TLS leg drains, then closes both. */
 
 static const char *const end_names[] = {
 	[TAP_END_CLIENT_EOF] = "client_eof",     [TAP_END_BROKER_EOF] = "broker_eof",
@@ -204,17 +145,20 @@ static void on_resume_accept(evutil_socket_t fd, short what, void *arg)
 	resume_accepting(arg);
 }
 
-/* Frees one leg (its read event first: the bufferevent closes the socket). */
+/* Frees one leg (its read event first: the socket is closed with it). */
 static void leg_free(struct leg *l)
 {
 	if (l->rd) {
 		event_free(l->rd);
 		l->rd = NULL;
 	}
-	if (l->bev) {
-		bufferevent_free(l->bev);
+	if (l->tls) {
+		tap_tls_leg_free(l, l->side == SIDE_CLIENT && l->s->reset_client);
+	} else if (l->bev) {
+		bufferevent_free(l->bev); /* closes the socket */
 		l->bev = NULL;
 	}
+	l->out = NULL;
 }
 
 static void session_end(struct tap_session *s)
@@ -233,13 +177,6 @@ static void session_end(struct tap_session *s)
 		px->idle_cb(px->idle_arg);
 }
 
-/* The socket bufferevent under a leg (itself on a plain leg). */
-static struct bufferevent *socket_bev(struct bufferevent *bev)
-{
-	struct bufferevent *under = bufferevent_get_underlying(bev);
-	return under ? under : bev;
-}
-
 /* Makes closing the client's socket send a reset instead of a FIN, the
  * closest the tap can come to the "connection refused" a client gets from a
  * broker that is down: client libraries take their connection-error path
@@ -247,10 +184,10 @@ static struct bufferevent *socket_bev(struct bufferevent *bev)
  * connection"). */
 static void reset_client_on_close(struct tap_session *s)
 {
-	struct bufferevent *bev = s->leg[SIDE_CLIENT].bev;
 	struct linger now = {.l_onoff = 1, .l_linger = 0};
-	if (bev)
-		(void)setsockopt(bufferevent_getfd(socket_bev(bev)), SOL_SOCKET, SO_LINGER, &now,
+	s->reset_client = true;
+	if (s->leg[SIDE_CLIENT].fd >= 0)
+		(void)setsockopt(s->leg[SIDE_CLIENT].fd, SOL_SOCKET, SO_LINGER, &now,
 				 sizeof now); /* failing that, a FIN still closes it */
 }
 
@@ -296,8 +233,7 @@ static void set_reading(struct leg *l, bool on)
 {
 	l->reading = on;
 	if (l->tls) {
-		if (l->bev)
-			(on ? bufferevent_enable : bufferevent_disable)(l->bev, EV_READ);
+		tap_tls_leg_reading(l);
 		return;
 	}
 	if (!l->rd || !l->connected)
@@ -311,31 +247,51 @@ static void set_reading(struct leg *l, bool on)
 /* The leg's output, when bytes for it have to be queued anyway: some
  * already wait there, it is TLS, it is still connecting, or it was sent its
  * FIN. NULL when they can go straight into its socket. */
-static struct evbuffer *queue_for(const struct leg *to)
+struct evbuffer *tap_leg_queue_for(const struct leg *to)
 {
-	struct evbuffer *out = bufferevent_get_output(to->bev);
-	if (evbuffer_get_length(out) > 0 || to->tls || to->shut_wr || !to->connected)
-		return out;
+	if (evbuffer_get_length(to->out) > 0 || to->tls || to->shut_wr || !to->connected)
+		return to->out;
 	return NULL;
+}
+
+/* Calls tap_leg_written once the leg's output drained to `low` bytes (the
+ * bufferevent's EV_WRITE low watermark on a plain leg). */
+static void set_low_water(struct leg *l, size_t low)
+{
+	if (l->tls)
+		l->low_water = low;
+	else
+		bufferevent_setwatermark(l->bev, EV_WRITE, low, 0);
+}
+
+/* From now on a leg whose writes make no progress for
+ * TAP_PROXY_DRAIN_SECONDS ends the session. */
+static void set_drain_timeout(struct leg *l)
+{
+	struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
+	if (l->tls)
+		tap_tls_leg_drain(l);
+	else
+		bufferevent_set_timeouts(l->bev, NULL, &drain);
 }
 
 /* Counts bytes read from `from`; past TAP_PROXY_HIGH_WATER queued for its
  * peer, stops reading `from` until that output drains to half. */
-static void account(struct leg *from, size_t len)
+void tap_leg_account(struct leg *from, size_t len)
 {
 	struct tap_proxy *px = from->s->px;
-	struct bufferevent *dst = from->peer->bev;
+	struct leg *to = from->peer;
 	if (from->from_here == TAP_C2S)
 		px->stats.bytes_c2s += len;
 	else
 		px->stats.bytes_s2c += len;
-	if (dst && evbuffer_get_length(bufferevent_get_output(dst)) >= TAP_PROXY_HIGH_WATER) {
+	if (to->out && evbuffer_get_length(to->out) >= TAP_PROXY_HIGH_WATER) {
 		set_reading(from, false);
-		bufferevent_setwatermark(dst, EV_WRITE, TAP_PROXY_HIGH_WATER / 2, 0);
+		set_low_water(to, TAP_PROXY_HIGH_WATER / 2);
 	}
 }
 
-static void observe(struct leg *from, const void *data, size_t len, int64_t now)
+void tap_leg_observe(struct leg *from, const void *data, size_t len, int64_t now)
 {
 	struct tap_proxy *px = from->s->px;
 	if (px->hooks.data)
@@ -346,29 +302,29 @@ static void observe(struct leg *from, const void *data, size_t len, int64_t now)
  * observer (forwarding first keeps the decoder off the latency path):
  * straight into the peer's socket when nothing has to be queued, and what
  * the socket does not take onto the peer's output. */
-static void pass_on(struct leg *from, const void *data, size_t len, int64_t now)
+void tap_leg_pass_on(struct leg *from, const void *data, size_t len, int64_t now)
 {
 	struct leg *to = from->peer;
-	if (to->bev) {
-		struct evbuffer *q = queue_for(to);
+	if (to->out) {
+		struct evbuffer *q = tap_leg_queue_for(to);
 		size_t sent = 0;
 		if (!q) {
 			/* a failed send is left for the bufferevent's own write to find and report */
 			ssize_t n = send(to->fd, data, len, MSG_NOSIGNAL);
 			sent = n > 0 ? (size_t)n : 0;
-			q = bufferevent_get_output(to->bev);
+			q = to->out;
 		}
 		if (sent < len)
 			evbuffer_add(q, (const char *)data + sent, len - sent);
 	}
-	account(from, len);
-	observe(from, data, len, now);
+	tap_leg_account(from, len);
+	tap_leg_observe(from, data, len, now);
 }
 
 /* Reads a plain leg straight onto its peer's output queue `q`, so that
  * bytes that would wait there anyway are not copied into it. They are
- * observed before they are committed: committing can hand them to OpenSSL,
- * which consumes them at once. Returns what recv would. */
+ * observed before they are committed, as a TLS peer's write may follow
+ * their commit. Returns what recv would. */
 static ssize_t recv_queued(struct leg *from, struct evbuffer *q)
 {
 	struct evbuffer_iovec v[2];
@@ -377,7 +333,7 @@ static ssize_t recv_queued(struct leg *from, struct evbuffer *q)
 	if (n <= 0) { /* no memory for the queue: the copying path says what happens */
 		ssize_t got = recv(from->fd, from->s->px->scratch, TAP_PROXY_MAX_IO, 0);
 		if (got > 0)
-			pass_on(from, from->s->px->scratch, (size_t)got, tap_now_us());
+			tap_leg_pass_on(from, from->s->px->scratch, (size_t)got, tap_now_us());
 		return got;
 	}
 	for (int i = 0; i < n; i++) {
@@ -398,34 +354,12 @@ static ssize_t recv_queued(struct leg *from, struct evbuffer *q)
 		if (v[used].iov_len > left)
 			v[used].iov_len = left;
 		left -= v[used].iov_len;
-		observe(from, v[used].iov_base, v[used].iov_len, now);
+		tap_leg_observe(from, v[used].iov_base, v[used].iov_len, now);
 	}
 	evbuffer_commit_space(q, v, used);
-	account(from, (size_t)got);
+	tap_leg_account(from, (size_t)got);
 	return got;
 }
-
-/* Passes on everything in a TLS leg's input (the decrypted bytes). */
-static void pass_on_buffer(struct leg *from, struct evbuffer *in)
-{
-	int64_t now = tap_now_us();
-	while (evbuffer_get_length(in) > 0) {
-		struct evbuffer_iovec v[16];
-		int n = evbuffer_peek(in, -1, NULL, v, 16);
-		if (n <= 0)
-			break;
-		if (n > 16)
-			n = 16;
-		size_t done = 0;
-		for (int i = 0; i < n; i++) {
-			pass_on(from, v[i].iov_base, v[i].iov_len, now);
-			done += v[i].iov_len;
-		}
-		evbuffer_drain(in, done);
-	}
-}
-
-static void leg_event(struct leg *l, short what, int err);
 
 /* Reads a plain leg's socket: one recv per wakeup in the common case (no
  * FIONREAD probe, no 4 KiB cap as in libevent 2.1's bufferevent reads), into
@@ -439,16 +373,16 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	uint8_t *buf = from->s->px->scratch;
 	(void)what;
 	for (size_t budget = TAP_PROXY_HIGH_WATER; budget > 0 && from->reading;) {
-		struct evbuffer *q = from->peer->bev ? queue_for(from->peer) : NULL;
+		struct evbuffer *q = from->peer->out ? tap_leg_queue_for(from->peer) : NULL;
 		ssize_t got = q ? recv_queued(from, q) : recv(fd, buf, TAP_PROXY_MAX_IO, 0);
 		if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 			return;
 		if (got <= 0) {
-			leg_event(from, BEV_EVENT_READING | (got == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), errno);
+			tap_leg_event(from, BEV_EVENT_READING | (got == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), errno, NULL);
 			return; /* the session may be gone */
 		}
 		if (!q)
-			pass_on(from, buf, (size_t)got, tap_now_us());
+			tap_leg_pass_on(from, buf, (size_t)got, tap_now_us());
 		if ((size_t)got < TAP_PROXY_MAX_IO)
 			return; /* the socket is empty */
 		budget = (size_t)got < budget ? budget - (size_t)got : 0;
@@ -465,18 +399,12 @@ static void read_rest(struct leg *l)
 		return;
 	ssize_t got;
 	while ((got = recv(l->fd, l->s->px->scratch, TAP_PROXY_MAX_IO, 0)) > 0)
-		pass_on(l, l->s->px->scratch, (size_t)got, tap_now_us());
-}
-
-/* TLS legs: the bufferevent decrypted something. */
-static void on_read(struct bufferevent *bev, void *arg)
-{
-	pass_on_buffer(arg, bufferevent_get_input(bev));
+		tap_leg_pass_on(l, l->s->px->scratch, (size_t)got, tap_now_us());
 }
 
 static bool drained(const struct leg *l)
 {
-	return !l->bev || evbuffer_get_length(bufferevent_get_output(l->bev)) == 0;
+	return !l->out || evbuffer_get_length(l->out) == 0;
 }
 
 /* One side is gone: what is queued for the other is written, then it is
@@ -489,11 +417,10 @@ static void begin_closing(struct tap_session *s)
 	s->closing = true;
 	for (int i = 0; i < 2; i++) {
 		struct leg *l = &s->leg[i];
-		if (!l->bev)
+		if (!l->out)
 			continue;
-		struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
-		bufferevent_setwatermark(l->bev, EV_WRITE, 0, 0);
-		bufferevent_set_timeouts(l->bev, NULL, &drain);
+		set_low_water(l, 0);
+		set_drain_timeout(l);
 		if (!l->eof)
 			set_reading(l, true);
 	}
@@ -504,7 +431,7 @@ static void begin_closing(struct tap_session *s)
 static void pass_fin(struct leg *to)
 {
 	struct tap_session *s = to->s;
-	if (!to->peer->eof || to->shut_wr || !to->bev || !to->connected)
+	if (!to->peer->eof || to->shut_wr || !to->out || !to->connected)
 		return;
 	if (to->tls || to->peer->tls) {
 		if (!s->closing)
@@ -530,7 +457,7 @@ static bool settle(struct tap_session *s)
 		 * them needs its record */
 		for (int i = 0; i < 2; i++) {
 			struct leg *l = &s->leg[i];
-			if (l->bev && !l->peer->bev && !l->eof)
+			if (l->out && !l->peer->out && !l->eof)
 				read_rest(l);
 		}
 	}
@@ -541,32 +468,36 @@ static bool settle(struct tap_session *s)
 	return false;
 }
 
-/* Called when a leg's output fell to its low watermark. */
-static void on_write(struct bufferevent *bev, void *arg)
+void tap_leg_written(struct leg *to)
 {
-	struct leg *to = arg;
 	if (to->s->closing || to->peer->eof) {
 		settle(to->s);
 		return;
 	}
-	bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
-	if (to->peer->bev)
+	set_low_water(to, 0);
+	if (to->peer->out)
 		set_reading(to->peer, true);
 }
 
+/* Plain legs: the bufferevent's output fell to its low watermark. */
+static void on_write(struct bufferevent *bev, void *arg)
+{
+	(void)bev;
+	tap_leg_written(arg);
+}
+
 /* Bounds how long a leg may take to be set up (TLS handshake; upstream
- * connect). A TLS leg uses its bufferevent's read timeout, which libevent
- * runs as a plain timer during the handshake (no data is read then, so
- * nothing restarts it); a plain upstream its write timeout, which covers
- * the connect. Both are cleared once the leg is set up; drain timeouts
- * replace them if the session ends first. */
+ * connect). A TLS leg has a timer until its handshake is done; a plain
+ * upstream uses its bufferevent's write timeout, which covers the connect,
+ * cleared once connected (drain timeouts replace it if the session ends
+ * first). */
 static void arm_setup_timeout(struct leg *l)
 {
 	struct tap_proxy *px = l->s->px;
 	if (!px->handshake_ms || (!l->tls && l->connected))
 		return;
 	if (l->tls)
-		bufferevent_set_timeouts(l->bev, &px->handshake_timeout, NULL);
+		tap_tls_leg_arm_setup(l);
 	else
 		bufferevent_set_timeouts(l->bev, NULL, &px->handshake_timeout);
 }
@@ -582,7 +513,7 @@ static void setup_timed_out(struct leg *l)
 	}
 	struct sockaddr_storage ss;
 	socklen_t len = sizeof ss;
-	bool tcp_up = getpeername(bufferevent_getfd(socket_bev(l->bev)), (struct sockaddr *)&ss, &len) == 0;
+	bool tcp_up = l->fd >= 0 && getpeername(l->fd, (struct sockaddr *)&ss, &len) == 0;
 	if (l->tls && tcp_up)
 		session_fail(s, TAP_END_BROKER_TLS, "TLS handshake timed out after %u ms", ms);
 	else
@@ -591,18 +522,16 @@ static void setup_timed_out(struct leg *l)
 
 static bool connect_upstream(struct tap_session *s);
 
-/* Something happened to a leg: connected, timed out, EOF or error (from the
- * bufferevent, or from on_readable on a plain leg); err is the errno. */
-static void leg_event(struct leg *l, short what, int err)
+void tap_leg_event(struct leg *l, short what, int err, const char *why)
 {
 	struct tap_session *s = l->s;
 	if (what & BEV_EVENT_CONNECTED) { /* TCP connect done, or a TLS handshake done (either leg) */
 		l->handshaken = true;
-		if (s->px->handshake_ms && !s->closing && !l->eof && !l->peer->eof)
+		if (!l->tls && s->px->handshake_ms && !s->closing && !l->eof && !l->peer->eof)
 			bufferevent_set_timeouts(l->bev, NULL, NULL); /* set up: the setup timeout is done */
 		if (l->side == SIDE_UPSTREAM) {
 			l->connected = true;
-			set_nodelay(bufferevent_getfd(socket_bev(l->bev)));
+			set_nodelay(l->fd);
 			set_reading(l, l->reading);
 			settle(s);
 		} else {
@@ -620,8 +549,7 @@ static void leg_event(struct leg *l, short what, int err)
 	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)))
 		return;
 	if (l->tls && !l->handshaken) { /* ended during its handshake */
-		char why[sizeof s->detail];
-		if ((what & BEV_EVENT_ERROR) && tap_tls_error(l->bev, why, sizeof why)) {
+		if ((what & BEV_EVENT_ERROR) && why) {
 			/* a handshake failure: say why, close, touch no other session */
 			session_fail(s, l->side == SIDE_CLIENT ? TAP_END_CLIENT_TLS : TAP_END_BROKER_TLS, "%s", why);
 			return;
@@ -643,8 +571,6 @@ static void leg_event(struct leg *l, short what, int err)
 		session_end(s);
 		return;
 	}
-	if (l->tls)
-		pass_on_buffer(l, bufferevent_get_input(l->bev)); /* whatever arrived with the EOF */
 	/* with deferred callbacks a failed write and the EOF that follows it can
 	 * arrive as one event: an error wins, or the bytes queued for a dead peer
 	 * would wait forever */
@@ -655,18 +581,17 @@ static void leg_event(struct leg *l, short what, int err)
 	if (eof) {
 		l->eof = true;
 		set_reading(l, false);
-		if (l->peer->bev)
-			bufferevent_setwatermark(l->peer->bev, EV_WRITE, 0, 0);
+		if (l->peer->out)
+			set_low_water(l->peer, 0);
 		/* half-closed: a side that stops taking bytes for TAP_PROXY_DRAIN_SECONDS ends the session */
-		struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
 		for (int i = 0; i < 2; i++)
-			if (s->leg[i].bev)
-				bufferevent_set_timeouts(s->leg[i].bev, NULL, &drain);
+			if (s->leg[i].out)
+				set_drain_timeout(&s->leg[i]);
 		settle(s);
 		return;
 	}
 	if (!l->peer->eof)
-		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(err));
+		snprintf(s->detail, sizeof s->detail, "%s", why ? why : evutil_socket_error_to_string(err));
 	if (what & BEV_EVENT_WRITING)
 		read_rest(l);
 	leg_free(l);
@@ -677,35 +602,26 @@ static void leg_event(struct leg *l, short what, int err)
 static void on_event(struct bufferevent *bev, short what, void *arg)
 {
 	(void)bev;
-	leg_event(arg, what, EVUTIL_SOCKET_ERROR());
+	tap_leg_event(arg, what, EVUTIL_SOCKET_ERROR(), NULL);
 }
 
-/* A socket bufferevent; when tls, an OpenSSL filter over one. As a filter
- * (rather than OpenSSL reading the socket itself) the socket is read in
- * large chunks and OpenSSL takes its records from memory: no read for each
- * record header and body. */
-static struct bufferevent *new_bev(struct tap_proxy *px, evutil_socket_t fd, bool tls, enum bufferevent_ssl_state st)
+/* A plain leg: a socket bufferevent (fd -1: the upstream, not connected
+ * yet) whose output is the leg's queue; the session reads the socket. */
+static int plain_leg_new(struct leg *l, evutil_socket_t fd)
 {
-	int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
-	struct bufferevent *raw = bufferevent_socket_new(px->base, fd, opts);
-	if (!raw)
-		return NULL;
-	/* a TLS leg's reads take at most 4 KiB per call in libevent 2.1; writes may be larger */
-	bufferevent_set_max_single_read(raw, TAP_PROXY_MAX_IO);
-	bufferevent_set_max_single_write(raw, TAP_PROXY_MAX_IO);
-	if (!tls)
-		return raw;
-	SSL *ssl = st == BUFFEREVENT_SSL_ACCEPTING ? tap_tls_accept_ssl(px->tls) : tap_tls_connect_ssl(px->tls);
-	struct bufferevent *bev = ssl ? bufferevent_openssl_filter_new(px->base, raw, ssl, st, opts) : NULL;
-	if (!bev) {
-		if (ssl)
-			SSL_free(ssl);
-		bufferevent_free(raw);
-		return NULL;
-	}
-	/* a peer that closes TCP without close_notify is an EOF, not an error */
-	bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
-	return bev;
+	struct tap_proxy *px = l->s->px;
+	l->bev = bufferevent_socket_new(px->base, fd, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+	if (!l->bev)
+		return ENOMEM;
+	bufferevent_set_max_single_write(l->bev, TAP_PROXY_MAX_IO);
+	bufferevent_setcb(l->bev, NULL, on_write, on_event, l);
+	bufferevent_enable(l->bev, EV_WRITE);
+	l->out = bufferevent_get_output(l->bev);
+	l->fd = fd;
+	if (fd < 0)
+		return 0;
+	l->rd = event_new(px->base, fd, EV_READ | EV_PERSIST, on_readable, l);
+	return l->rd ? 0 : ENOMEM;
 }
 
 static void leg_init(struct tap_session *s, enum side side, bool tls)
@@ -715,9 +631,10 @@ static void leg_init(struct tap_session *s, enum side side, bool tls)
 	l->peer = &s->leg[side == SIDE_CLIENT ? SIDE_UPSTREAM : SIDE_CLIENT];
 	l->side = side;
 	l->from_here = side == SIDE_CLIENT ? TAP_C2S : TAP_S2C;
-	l->fd = -1; /* set once the socket exists, on plain legs only */
+	l->fd = -1;
 	l->tls = tls;
 	l->connected = side == SIDE_CLIENT;
+	l->reading = true;
 }
 
 /* Opens the connection to the broker. A TLS client's session opens it
@@ -731,14 +648,18 @@ static bool connect_upstream(struct tap_session *s)
 	struct tap_proxy *px = s->px;
 	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
 	arm_setup_timeout(upstream);
-	if (bufferevent_socket_connect(socket_bev(upstream->bev), (struct sockaddr *)&px->upstream,
-				       px->upstream_len) < 0) {
-		int err = EVUTIL_SOCKET_ERROR();
+	int err = 0;
+	if (upstream->tls)
+		err = tap_tls_leg_connect(upstream);
+	else if (bufferevent_socket_connect(upstream->bev, (struct sockaddr *)&px->upstream, px->upstream_len) < 0)
+		err = EVUTIL_SOCKET_ERROR();
+	if (err) {
 		if (out_of_fds(err)) {
 			fd_shortage(px, err);
 			session_fail(s, TAP_END_FD_LIMIT, "%s", evutil_socket_error_to_string(err));
 		} else {
-			session_fail(s, TAP_END_UNREACHABLE, "%s", evutil_socket_error_to_string(err));
+			session_fail(s, err == ENOMEM ? TAP_END_SHUTDOWN : TAP_END_UNREACHABLE, "%s",
+				     evutil_socket_error_to_string(err));
 		}
 		return false;
 	}
@@ -770,18 +691,6 @@ static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struc
 	leg_init(s, SIDE_UPSTREAM, tap_tls_upstream(px->tls));
 	struct leg *client = &s->leg[SIDE_CLIENT];
 	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
-	client->bev = new_bev(px, fd, client->tls, BUFFEREVENT_SSL_ACCEPTING);
-	upstream->bev = new_bev(px, -1, upstream->tls, BUFFEREVENT_SSL_CONNECTING);
-	if (!client->bev || !upstream->bev) {
-		if (client->bev)
-			bufferevent_free(client->bev);
-		else
-			evutil_closesocket(fd);
-		if (upstream->bev)
-			bufferevent_free(upstream->bev);
-		free(s);
-		return;
-	}
 	TAILQ_INSERT_TAIL(&px->sessions, s, link);
 	px->stats.accepted++;
 	px->stats.active++;
@@ -789,21 +698,30 @@ static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struc
 	format_sockaddr(sa, peer_name, sizeof peer_name);
 	if (px->hooks.open)
 		s->obs = px->hooks.open(px->hooks.ctx, s->id, peer_name, px->upstream_addr, tap_now_us());
-	for (int i = 0; i < 2; i++) {
-		struct leg *l = &s->leg[i];
-		bufferevent_setcb(l->bev, on_read, on_write, on_event, l);
-		bufferevent_enable(l->bev, l->tls ? EV_READ | EV_WRITE : EV_WRITE);
-		l->reading = true;
+	int err;
+	if (client->tls) {
+		client->out = evbuffer_new();
+		err = client->out ? tap_tls_leg_accept(client, fd) : ENOMEM;
+		if (!client->out)
+			evutil_closesocket(fd);
+	} else {
+		err = plain_leg_new(client, fd);
+		if (!client->bev)
+			evutil_closesocket(fd);
+	}
+	if (!err) {
+		if (upstream->tls)
+			err = (upstream->out = evbuffer_new()) ? 0 : ENOMEM;
+		else
+			err = plain_leg_new(upstream, -1);
+	}
+	if (err) {
+		session_fail(s, TAP_END_SHUTDOWN, "out of memory");
+		return;
 	}
 	if (client->tls) {
 		arm_setup_timeout(client);
 		return; /* the upstream is opened once the handshake is done */
-	}
-	client->fd = fd;
-	client->rd = event_new(px->base, fd, EV_READ | EV_PERSIST, on_readable, client);
-	if (!client->rd) {
-		session_fail(s, TAP_END_SHUTDOWN, "out of memory");
-		return;
 	}
 	if (connect_upstream(s))
 		set_reading(client, true); /* the upstream is read once it is connected */
@@ -838,19 +756,20 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 	struct tap_proxy *px = calloc(1, sizeof *px);
 	if (!px)
 		return NULL;
+	px->base = base;
 	px->scratch = malloc(TAP_PROXY_MAX_IO);
 	px->resume_accept = evtimer_new(base, on_resume_accept, px);
 	px->shortage_over = evtimer_new(base, on_shortage_over, px);
-	if (!px->scratch || !px->resume_accept || !px->shortage_over) {
+	if (!px->scratch || !px->resume_accept || !px->shortage_over || tap_tls_turns_init(px) < 0) {
 		if (px->resume_accept)
 			event_free(px->resume_accept);
 		if (px->shortage_over)
 			event_free(px->shortage_over);
+		tap_tls_turns_free(px);
 		free(px->scratch);
 		free(px);
 		return NULL;
 	}
-	px->base = base;
 	px->tls = tls;
 	memcpy(&px->upstream, upstream, (size_t)upstream_len);
 	px->upstream_len = upstream_len;
@@ -933,6 +852,7 @@ void tap_proxy_free(struct tap_proxy *px)
 	tap_proxy_close_all(px);
 	event_free(px->resume_accept);
 	event_free(px->shortage_over);
+	tap_tls_turns_free(px);
 	free(px->scratch);
 	free(px);
 }

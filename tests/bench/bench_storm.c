@@ -15,6 +15,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
@@ -655,6 +656,7 @@ int main(int argc, char **argv)
 	if (!c.name)
 		c.name = c.host;
 	conf = &c;
+	signal(SIGPIPE, SIG_IGN); /* a close_notify to a peer that already closed */
 	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai;
 	char port[16];
 	snprintf(port, sizeof port, "%d", c.port);
