@@ -18,7 +18,8 @@ import time
 
 import pika
 
-from tapharness import AMQPTAP_BIN, SOURCE_DIR, Peer, TapTestCase, free_port, main, read_records, wait_for
+from tapharness import (AMQPTAP_BIN, SOURCE_DIR, Peer, TapTestCase, free_port, main, read_records, require_broker,
+                        wait_for)
 
 TLS_PORT = int(os.environ.get("TAP_TLS_BROKER_PORT", "5751"))
 PLAIN_PORT = int(os.environ.get("TAP_TLS_BROKER_PLAIN_PORT", "5750"))
@@ -55,13 +56,29 @@ def broker_sh(*args):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
 
 
-class TlsCase(TapTestCase):
+class PkiCase(TapTestCase):
+    """Certificates for the class's tests (no broker of its own)."""
     pki = None
 
     @classmethod
     def setUpClass(cls):
         cls.pki = tempfile.mkdtemp(prefix="amqptap-pki-")
         make_pki(cls.pki)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.pki, ignore_errors=True)
+
+    def p(self, name):
+        return os.path.join(self.pki, name)
+
+
+class TlsCase(PkiCase):
+    """Certificates and a broker with a TLS listener that wants client certificates."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
         BROKER_ENV.update({"TAP_BROKER_TLS_CA": f"{cls.pki}/ca.pem", "TAP_BROKER_TLS_CERT": f"{cls.pki}/server.pem",
                            "TAP_BROKER_TLS_KEY": f"{cls.pki}/server.key"})
         r = broker_sh("start")
@@ -71,10 +88,7 @@ class TlsCase(TapTestCase):
     @classmethod
     def tearDownClass(cls):
         broker_sh("stop")
-        shutil.rmtree(cls.pki, ignore_errors=True)
-
-    def p(self, name):
-        return os.path.join(self.pki, name)
+        super().tearDownClass()
 
     def tls_tap(self, client_tls=True, upstream_args=None, extra=()):
         args = []
@@ -264,10 +278,13 @@ def closed_after(sock, limit):
     return time.monotonic() - t0
 
 
-class HandshakeTimeout(TlsCase):
+class HandshakeTimeout(PkiCase):
+    pika_params = TlsCase.pika_params
+
     def test_stalled_client_handshakes_delay_nobody_and_are_closed(self):
+        require_broker(self)
         tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key"),
-                              "--handshake-timeout", "1000"], upstream_port=PLAIN_PORT)
+                              "--handshake-timeout", "1000"])
         silent = [socket.create_connection(("127.0.0.1", tap.port)) for _ in range(40)]
         partial = []
         for _ in range(10):  # the first bytes of a ClientHello record, then nothing
@@ -348,6 +365,34 @@ class HandshakeTimeout(TlsCase):
         self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
         rec = tap.records("connection")[-1]
         self.assertEqual((rec["by"], rec["text"]), ("broker_tls_error", "TLS handshake timed out after 500 ms"))
+
+
+class Resumption(PkiCase):
+    def test_upstream_connections_resume_the_brokers_session(self):
+        """The upstream leg offers the session the broker gave the previous connection: a resumed handshake has
+        no certificate and no signatures on either side (as HAProxy does by default)."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(self.p("server.pem"), self.p("server.key"))
+        reused = []
+
+        def tls_echo(conn, _idx):
+            with ctx.wrap_socket(conn, server_side=True) as tls:
+                reused.append(tls.session_reused)
+                data = tls.recv(64)
+                tls.sendall(data)
+                tls.recv(64)  # until the tap closes
+
+        peer = Peer(tls_echo)
+        self.addCleanup(peer.close)
+        tap = self.start_tap(["--upstream-tls", "--upstream-ca", self.p("ca.pem")], upstream_port=peer.port,
+                             upstream_host="localhost")
+        for _ in range(3):
+            c = tap.connect()
+            c.sendall(b"AMQP\x00\x00\x09\x01")
+            self.assertEqual(c.recv(64), b"AMQP\x00\x00\x09\x01")
+            c.close()
+            self.assertTrue(wait_for(lambda: len(tap.records("connection")) == len(reused), 5))
+        self.assertEqual(reused, [False, True, True])
 
 
 class KeyLog(TlsCase):
