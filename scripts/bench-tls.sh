@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # TLS benchmark, side by side: the publisher loads of bench.sh (tests/bench/bench_loadgen.c -T, rabbitmq-c's OpenSSL
 # socket) straight to a throwaway RabbitMQ's mTLS listener ("direct"), through HAProxy terminating and originating
-# TLS (bind ... ssl crt; server ... ssl verify required ca-file, SNI and host name checked, client certificate), and
-# through amqptap with TLS on both legs, alternating in every round; then a reconnect storm (tests/bench/bench_storm.c:
+# TLS (bind ... ssl crt; server ... ssl verify required ca-file, SNI and host name checked, client certificate),
+# through the TLS floor relay (tests/bench/bench_tls_relay.c: OpenSSL on the sockets and nothing else, the least a
+# TLS relay can cost here) and through amqptap with TLS on both legs, alternating in every round; then a reconnect storm (tests/bench/bench_storm.c:
 # 1,000 TLS clients connecting at once, each one confirmed mandatory publish) against the same three; and, with fresh
 # processes, the memory each idle TLS connection costs the tap and HAProxy. Prints Markdown tables (also written to
 # .run/bench-tls/latest.md): medians of msgs/s and the ratios, p50/p99 and what each relay adds, relay CPU per
@@ -13,7 +14,7 @@
 # (multiplies every message count), TAP_BENCH_STORM (clients per storm, 1000; 0 skips the storm and the idle
 # measurement), TAP_BENCH_BUILD (build dir, default build-tlsb), TAP_BENCH_BUILD_TYPE (Release), TAP_BENCH_OUT
 # (default .run/bench-tls), TAP_BENCH_TAP_PORT (5762; HAProxy listens one above, the idle-memory tap and HAProxy two
-# and three above), TAP_BENCH_TAP_ARGS (extra amqptap options), TAP_BENCH_PERF=1 (also profile the tap with perf
+# and three above, the floor relay four above), TAP_BENCH_TAP_ARGS (extra amqptap options), TAP_BENCH_PERF=1 (also profile the tap with perf
 # during TAP_BENCH_PERF_LOAD, default w100_4k, into $TAP_BENCH_OUT/perf-*.txt).
 # The broker: plain port 5760, TLS port 5761, node benchtls@localhost, data in $TAP_BENCH_OUT/broker; its listen
 # backlog is raised to 4096 (RabbitMQ's 128 drops SYNs in a storm, which would time the broker's backlog instead of
@@ -42,12 +43,13 @@ tap_port=${TAP_BENCH_TAP_PORT:-5762}
 hap_port=$((tap_port + 1))
 idle_tap_port=$((tap_port + 2))
 idle_hap_port=$((tap_port + 3))
+floor_port=$((tap_port + 4))
 perf_load=${TAP_BENCH_PERF_LOAD:-w100_4k}
 mode=${1:-run}
 results=$out/results.jsonl
 storms=$out/storm.jsonl
 idle=$out/idle.jsonl
-targets="direct haproxy tap"
+targets="direct haproxy floor tap"
 
 # name: connections window body-bytes messages-per-connection (the loads of bench.sh)
 declare -A LOAD=(
@@ -61,14 +63,14 @@ loads=${TAP_BENCH_LOADS:-"w1 w1000 w100_4k w10_1m c100_w100"}
 for l in $loads; do [ -n "${LOAD[$l]:-}" ] || tap_die "unknown load '$l' (known: ${!LOAD[*]})"; done
 
 if [ "$mode" = run ]; then
-tap_pid='' hap_pid='' idle_pid='' perf_pid='' broker_started=''
+tap_pid='' hap_pid='' floor_pid='' idle_pid='' perf_pid='' broker_started=''
 cleanup() {
 	local rc=$?
 	[ -n "$perf_pid" ] && kill -INT "$perf_pid" 2>/dev/null && wait "$perf_pid" 2>/dev/null
-	for p in $tap_pid $hap_pid $idle_pid; do
+	for p in $tap_pid $hap_pid $floor_pid $idle_pid; do
 		kill -TERM "$p" 2>/dev/null || true
 	done
-	for p in $tap_pid $hap_pid $idle_pid; do
+	for p in $tap_pid $hap_pid $floor_pid $idle_pid; do
 		wait "$p" 2>/dev/null || true
 	done
 	if [ -n "$broker_started" ]; then
@@ -112,8 +114,10 @@ tap_log "building (${TAP_BENCH_BUILD_TYPE:-Release}) in $build"
 tap_build "$build" -DCMAKE_BUILD_TYPE="${TAP_BENCH_BUILD_TYPE:-Release}" >/dev/null
 loadgen=$build/bench/bench_loadgen
 stormgen=$build/bench/bench_storm
+floorgen=$build/bench/bench_tls_relay
 [ -x "$loadgen" ] || tap_die "$loadgen was not built (is librabbitmq-dev installed?)"
 [ -x "$stormgen" ] || tap_die "$stormgen was not built"
+[ -x "$floorgen" ] || tap_die "$floorgen was not built"
 command -v haproxy >/dev/null || tap_need_pkgs haproxy || tap_die "cannot install haproxy"
 make_pki
 
@@ -167,16 +171,21 @@ verdicts=$out/verdicts.jsonl
 : >"$verdicts"
 : >"$out/amqptap.log"
 tap_pid=$(start_tap "$tap_port" "$verdicts")
+"$floorgen" "$floor_port" "$TAP_BROKER_TLS_PORT" "$pki/server.pem" "$pki/server.key" "$pki/ca.pem" \
+	"$pki/client.pem" "$pki/client.key" localhost 2>"$out/floor.log" &
+floor_pid=$!
 tap_wait_port "$hap_port"
+tap_wait_port "$floor_port"
 tap_wait_port "$tap_port"
 
 # The clients verify the server certificate against our CA and the name localhost (127.0.0.1 in /etc/hosts) on every
 # path; the broker wants a client certificate, the relays do not.
 port_of() {
-	case $1 in direct) echo "$TAP_BROKER_TLS_PORT" ;; haproxy) echo "$hap_port" ;; tap) echo "$tap_port" ;; esac
+	case $1 in direct) echo "$TAP_BROKER_TLS_PORT" ;; haproxy) echo "$hap_port" ;; floor) echo "$floor_port" ;;
+	tap) echo "$tap_port" ;; esac
 }
 pid_of() {
-	case $1 in haproxy) echo "$hap_pid" ;; tap) echo "$tap_pid" ;; *) echo "" ;; esac
+	case $1 in haproxy) echo "$hap_pid" ;; floor) echo "$floor_pid" ;; tap) echo "$tap_pid" ;; *) echo "" ;; esac
 }
 client_cert() {
 	[ "$1" = direct ] && echo "-E $pki/client.pem -K $pki/client.key"
@@ -267,7 +276,7 @@ for r in $(seq "$rounds"); do
 		done
 	done
 	if [ "$storm" -gt 0 ]; then
-		for t in $targets; do
+		for t in direct haproxy tap; do # the floor relay's handshakes block: no storm for it
 			storm_one "$r" "$t"
 			sleep 1 # let the broker finish closing the last storm's connections
 		done

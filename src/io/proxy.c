@@ -245,11 +245,14 @@ static void set_reading(struct leg *l, bool on)
 }
 
 /* The leg's output, when bytes for it have to be queued anyway: some
- * already wait there, it is TLS, it is still connecting, or it was sent its
- * FIN. NULL when they can go straight into its socket. */
+ * already wait there, it is still connecting (or in its TLS handshake), it
+ * was sent its FIN, or a TLS write is to be repeated. NULL when they can go
+ * straight into its socket. */
 struct evbuffer *tap_leg_queue_for(const struct leg *to)
 {
-	if (evbuffer_get_length(to->out) > 0 || to->tls || to->shut_wr || !to->connected)
+	if (evbuffer_get_length(to->out) > 0 || to->shut_wr || !to->connected)
+		return to->out;
+	if (to->tls && (!to->handshaken || to->retry_len || to->write_wants_read))
 		return to->out;
 	return NULL;
 }
@@ -308,7 +311,10 @@ void tap_leg_pass_on(struct leg *from, const void *data, size_t len, int64_t now
 	if (to->out) {
 		struct evbuffer *q = tap_leg_queue_for(to);
 		size_t sent = 0;
-		if (!q) {
+		if (!q && to->tls) {
+			sent = tap_tls_leg_send(to, data, len);
+			q = to->out;
+		} else if (!q) {
 			/* a failed send is left for the bufferevent's own write to find and report */
 			ssize_t n = send(to->fd, data, len, MSG_NOSIGNAL);
 			sent = n > 0 ? (size_t)n : 0;

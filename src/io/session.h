@@ -125,6 +125,10 @@ int tap_tls_leg_accept(struct leg *l, evutil_socket_t fd);
 /* Opens the upstream socket of TLS leg `l` and starts connecting. Returns 0
  * or an errno (EMFILE/ENFILE: out of descriptors). */
 int tap_tls_leg_connect(struct leg *l);
+/* Writes bytes to a TLS leg whose queue is empty, straight from `data`;
+ * returns how many it took. What it did not take must be queued next: an
+ * interrupted write is repeated from there (with the length it had). */
+size_t tap_tls_leg_send(struct leg *to, const void *data, size_t len);
 /* Starts the --handshake-timeout clock of a TLS leg. */
 void tap_tls_leg_arm_setup(struct leg *l);
 /* Applies l->reading to a handshaken TLS leg. */

@@ -129,13 +129,21 @@ static void read_some(struct leg *from)
 				cap = v.iov_len;
 			}
 		}
-		/* one record per SSL_read: fill the space with as many as have arrived */
+		/* one record per SSL_read: fill the space with as many as have
+		 * arrived; once OpenSSL holds nothing more, the socket is empty
+		 * (or, if read-ahead filled up, readable again: epoll says so),
+		 * so no read() is spent on EAGAIN */
+		bool emptied = false;
 		while (got < cap) {
 			size_t n = 0;
 			st = tap_tls_read(from->ssl, dst + got, cap - got, &n, why, sizeof why);
 			if (st != TAP_TLS_OK)
 				break;
 			got += n;
+			if (!tap_tls_pending(from->ssl)) {
+				emptied = true;
+				break;
+			}
 		}
 		int64_t now = tap_now_us();
 		if (q) {
@@ -149,6 +157,8 @@ static void read_some(struct leg *from)
 			tap_leg_pass_on(from, dst, got, now);
 		}
 		budget = got < budget ? budget - got : 0;
+		if (emptied)
+			return;
 	}
 	switch (st) {
 	case TAP_TLS_OK: /* out of budget, or reading was turned off */
@@ -264,6 +274,32 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 		return;
 	}
 	flush(l);
+}
+
+size_t tap_tls_leg_send(struct leg *to, const void *data, size_t len)
+{
+	char why[160];
+	size_t done = 0;
+	while (done < len) {
+		size_t n = len - done < TAP_TLS_RECORD ? len - done : TAP_TLS_RECORD;
+		size_t put = 0;
+		enum tap_tls_step st = tap_tls_write(to->ssl, (const uint8_t *)data + done, n, &put, why, sizeof why);
+		if (st == TAP_TLS_OK) {
+			done += put;
+			continue;
+		}
+		if (st == TAP_TLS_WANT_READ) {
+			to->retry_len = n;
+			to->write_wants_read = true;
+		} else if (st == TAP_TLS_WANT_WRITE) {
+			to->retry_len = n;
+			arm_write(to);
+		} else {
+			arm_write(to); /* the write event's flush meets the failure again and reports it */
+		}
+		break;
+	}
+	return done;
 }
 
 /* New bytes in the queue (a deferred callback: what one loop turn queued is
