@@ -464,6 +464,8 @@ static int run_proxy(const struct tap_conf *conf)
 		app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up, up_len, upstream_name, app.tls, &hooks);
 	if (app.proxy)
 		tap_proxy_on_idle(app.proxy, on_idle, &app);
+	if (app.proxy)
+		tap_proxy_set_handshake_timeout(app.proxy, conf->handshake_timeout_ms);
 	char bound[80];
 	if (!code && !app.proxy) {
 		fprintf(stderr, "amqptap: cannot start: %s\n", strerror(errno));

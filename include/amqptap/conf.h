@@ -47,6 +47,7 @@ struct tap_conf {
 	uint32_t max_outstanding;
 	uint32_t max_tracking_memory; /* bytes; 0: TAP_TRACK_MAX_MEMORY_DEFAULT */
 	uint32_t grace_ms;
+	uint32_t handshake_timeout_ms; /* TLS handshakes and the upstream connect; 0: no limit */
 	char tap_id[TAP_CONF_TAP_ID_MAX]; /* names this tap in merged records; default: the host name */
 	/* TLS towards clients (listener) */
 	const char *tls_cert, *tls_key, *tls_client_ca;

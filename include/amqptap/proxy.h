@@ -27,6 +27,7 @@ enum tap_proxy_end {
 	TAP_END_SHUTDOWN,    /* the tap closed it (grace period over) */
 	TAP_END_CLIENT_TLS,  /* TLS failure with the client (handshake, plaintext client, bad certificate) */
 	TAP_END_BROKER_TLS,  /* TLS failure with the broker (verification, handshake) */
+	TAP_END_FD_LIMIT,    /* the tap had no file descriptor left for the upstream connection */
 };
 
 const char *tap_proxy_end_name(enum tap_proxy_end why);
@@ -46,6 +47,7 @@ struct tap_proxy_stats {
 	uint64_t accepted;
 	uint64_t active;
 	uint64_t unreachable;
+	uint64_t fd_limit; /* clients closed because the tap had no descriptor for their upstream */
 	uint64_t bytes_c2s;
 	uint64_t bytes_s2c;
 };
@@ -56,6 +58,11 @@ struct tap_proxy_stats {
 #define TAP_PROXY_MAX_IO (256 * 1024)
 /* After one side is gone, how long the other may take to read what is left. */
 #define TAP_PROXY_DRAIN_SECONDS 10
+/* Out of file descriptors in accept(): accepting pauses until a session ends,
+ * or this long at most. */
+#define TAP_PROXY_ACCEPT_PAUSE_MS 250
+/* A descriptor shortage is over (and said so on stderr) after this long without one. */
+#define TAP_PROXY_FD_QUIET_SECONDS 10
 
 /* Creates a proxy that forwards to upstream (resolved by the caller), with
  * TLS on the legs `tls` asks for (NULL: plain TCP both ways; borrowed, must
@@ -71,6 +78,11 @@ void tap_proxy_stop_accepting(struct tap_proxy *p);
 void tap_proxy_close_all(struct tap_proxy *p);
 size_t tap_proxy_active(const struct tap_proxy *p);
 void tap_proxy_get_stats(const struct tap_proxy *p, struct tap_proxy_stats *s);
+/* Bounds setting up each session's legs: a client's TLS handshake, and the
+ * connection to the broker (TCP connect and, with TLS, its handshake). A
+ * leg not set up in time ends its session (client_tls_error, unreachable or
+ * broker_tls_error). 0: no limit (the default until this is called). */
+void tap_proxy_set_handshake_timeout(struct tap_proxy *p, uint32_t ms);
 /* Called when the last session ends after tap_proxy_stop_accepting. */
 void tap_proxy_on_idle(struct tap_proxy *p, void (*cb)(void *arg), void *arg);
 void tap_proxy_free(struct tap_proxy *p);

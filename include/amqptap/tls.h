@@ -10,8 +10,12 @@
 #include <stddef.h>
 
 struct ssl_st;
-struct bufferevent;
 struct tap_tls;
+
+/* Ciphertext one read() may take at once on a TLS leg (several records). */
+#define TAP_TLS_READ_AHEAD (64 * 1024)
+/* Plaintext per SSL_write: one full-size record. */
+#define TAP_TLS_RECORD 16384
 
 /* Builds the contexts the configuration asks for (none: a tap_tls that
  * does nothing). On failure returns NULL with a one-line message naming the
@@ -22,14 +26,30 @@ void tap_tls_free(struct tap_tls *t);
 bool tap_tls_listener(const struct tap_tls *t); /* clients speak TLS */
 bool tap_tls_upstream(const struct tap_tls *t); /* the broker speaks TLS */
 
-/* A fresh SSL for one accepted client / one upstream connection (SNI and
- * the expected host name set), or NULL when out of memory. */
-struct ssl_st *tap_tls_accept_ssl(struct tap_tls *t);
-struct ssl_st *tap_tls_connect_ssl(struct tap_tls *t);
+/* A fresh SSL on the socket fd of one accepted client / one upstream
+ * connection (SNI and the expected host name set, the last upstream session
+ * offered), or NULL when out of memory. The fd stays the caller's. */
+struct ssl_st *tap_tls_accept_ssl(struct tap_tls *t, int fd);
+struct ssl_st *tap_tls_connect_ssl(struct tap_tls *t, int fd);
 
-/* The reason OpenSSL gave for the last failure on bev (its error queue is
- * drained), as one line in out. False, with out untouched, when OpenSSL
- * reported nothing: the failure was the socket's (refused, reset, EOF). */
-bool tap_tls_error(struct bufferevent *bev, char *out, size_t cap);
+/* The outcome of one non-blocking step on a TLS leg. */
+enum tap_tls_step {
+	TAP_TLS_OK,         /* the handshake is done, or bytes were moved */
+	TAP_TLS_WANT_READ,  /* call again once the socket is readable */
+	TAP_TLS_WANT_WRITE, /* call again once the socket is writable (a write: with the same length) */
+	TAP_TLS_CLOSED,     /* the peer ended the stream (close_notify, or EOF without it) */
+	TAP_TLS_FAILED,     /* why: OpenSSL's reason (verification result included), or "" and errno */
+};
+
+/* Each writes why (cap bytes) only on TAP_TLS_FAILED. */
+enum tap_tls_step tap_tls_handshake(struct ssl_st *ssl, char *why, size_t cap);
+enum tap_tls_step tap_tls_read(struct ssl_st *ssl, void *buf, size_t cap, size_t *got, char *why, size_t why_cap);
+enum tap_tls_step tap_tls_write(struct ssl_st *ssl, const void *buf, size_t len, size_t *put, char *why,
+				size_t why_cap);
+/* OpenSSL holds input (records read ahead, or decrypted bytes) that no
+ * readiness event will announce. */
+bool tap_tls_pending(const struct ssl_st *ssl);
+/* Frees an SSL, first trying once to send close_notify when notify. */
+void tap_tls_free_ssl(struct ssl_st *ssl, bool notify);
 
 #endif

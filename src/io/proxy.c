@@ -2,99 +2,54 @@
  * relayed both ways the moment they arrive, each chunk shown to the observer
  * right after it was passed on. Plain legs are read by the session itself
  * and written straight to the peer's socket when nothing is queued; TLS
- * legs are OpenSSL filter bufferevents. Backpressure and drain-then-close
- * follow libevent's sample/le-proxy.c. */
-#include "amqptap/proxy.h"
+ * legs are moved by OpenSSL on their own sockets (tlsleg.c). Backpressure
+ * and drain-then-close follow libevent's sample/le-proxy.c. */
+#include "session.h"
 
+#include "amqptap/log.h"
 #include "amqptap/tls.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/listener.h>
-#include <event2/util.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <openssl/ssl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/queue.h>
-#include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <time.h>
-
-enum side { SIDE_CLIENT = 0, SIDE_UPSTREAM = 1 };
-
-static enum side other(enum side side)
-{
-	return side == SIDE_CLIENT ? SIDE_UPSTREAM : SIDE_CLIENT;
-}
 
 /* Buffers, per direction (client -> broker shown; the other is symmetric):
  *
  *   client socket --recv--> px->scratch --send--> broker socket
  *                                 |  (what the socket does not take)
- *                                 +--> bev[UPSTREAM].output --> broker socket
+ *                                 +--> upstream leg's `out` --> broker socket
  *
- * A TLS leg reads through its bufferevent instead (bev[side].input holds
- * the decrypted bytes) and a TLS peer is always written through its output.
- * Invariant: no input is kept after a read callback; all queued bytes live
- * in the other side's output. When that output passes
- * TAP_PROXY_HIGH_WATER, reading from the side that fills it stops until the
- * output drains to half.
+ * A TLS leg is read with SSL_read the same way (into the scratch buffer, or
+ * straight into the peer's `out` when the bytes must wait there anyway),
+ * and a TLS peer is always written from its `out`, one record per
+ * SSL_write. Invariant: no input is kept after a read callback; all queued
+ * bytes live in the peer's `out`. When that passes TAP_PROXY_HIGH_WATER,
+ * reading from the leg that fills it stops until it drains to half.
  *
  * Close: a FIN from one side is passed on as a FIN (shutdown(SHUT_WR)) once
  * everything before it was written, and the other direction keeps flowing
  * until it ends too. A reset or error on one side drains what is queued
- * for the other side, then closes it. */
-struct tap_session {
-	TAILQ_ENTRY(tap_session) link;
-	struct tap_proxy *px;
-	uint64_t id;
-	struct bufferevent *bev[2]; /* plain legs: only the writing half is used */
-	struct event *rd[2];        /* plain legs: the session's own read event */
-	evutil_socket_t fd[2];      /* plain legs: the socket */
-	bool reading[2];            /* reading that side is wanted (backpressure and EOF turn it off) */
-	bool connected;    /* the upstream connect completed */
-	bool eof[2];       /* that side sent FIN: nothing more to read from it */
-	bool shut_wr[2];   /* we sent FIN to that side */
-	bool tls[2];       /* that leg is TLS: no half-close, a FIN ends the session after draining */
-	bool handshaken[2]; /* TLS leg: handshake complete (plain upstream: connected) */
-	bool closing;      /* one side is gone (reset): drain the other, then close it */
-	enum tap_proxy_end why;
-	char detail[160];
-	void *obs;
-};
-
-TAILQ_HEAD(session_list, tap_session);
-
-struct tap_proxy {
-	struct event_base *base;
-	struct evconnlistener *listener;
-	struct sockaddr_storage upstream;
-	int upstream_len;
-	char upstream_name[300]; /* as configured, for messages */
-	char upstream_addr[80];  /* numeric, for observers */
-	struct tap_proxy_hooks hooks;
-	struct tap_tls *tls;
-	struct session_list sessions;
-	uint64_t next_id;
-	struct tap_proxy_stats stats;
-	uint8_t *scratch; /* TAP_PROXY_MAX_IO bytes: every plain read lands here, one session at a time */
-	bool stopped;
-	void (*idle_cb)(void *);
-	void *idle_arg;
-};
+ * for the other side, then closes it. TLS has no half-close: a FIN on
+ * either side of a session with a TLS leg drains, then closes both. */
 
 static const char *const end_names[] = {
 	[TAP_END_CLIENT_EOF] = "client_eof",     [TAP_END_BROKER_EOF] = "broker_eof",
 	[TAP_END_CLIENT_RESET] = "client_reset", [TAP_END_BROKER_RESET] = "broker_reset",
 	[TAP_END_UNREACHABLE] = "unreachable",   [TAP_END_SHUTDOWN] = "shutdown",
 	[TAP_END_CLIENT_TLS] = "client_tls_error", [TAP_END_BROKER_TLS] = "broker_tls_error",
+	[TAP_END_FD_LIMIT] = "tap_fd_limit",
 };
 
 const char *tap_proxy_end_name(enum tap_proxy_end why)
@@ -135,17 +90,75 @@ static void set_nodelay(evutil_socket_t fd)
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-/* Frees one leg (its read event first: the bufferevent closes the socket). */
-static void leg_free(struct tap_session *s, enum side side)
+static bool out_of_fds(int err)
 {
-	if (s->rd[side]) {
-		event_free(s->rd[side]);
-		s->rd[side] = NULL;
+	return err == EMFILE || err == ENFILE;
+}
+
+/* The process has no descriptor for a new socket. Said on stderr once per
+ * shortage, not once per client (the records name each client it cost); the
+ * shortage is over when none was met for TAP_PROXY_FD_QUIET_SECONDS. */
+static void fd_shortage(struct tap_proxy *px, int err)
+{
+	struct timeval quiet = {TAP_PROXY_FD_QUIET_SECONDS, 0};
+	evtimer_add(px->shortage_over, &quiet);
+	if (px->out_of_fds)
+		return;
+	px->out_of_fds = true;
+	px->fd_limit_before = px->stats.fd_limit;
+	px->accept_pauses = 0;
+	struct rlimit rl;
+	char limit[32] = "?";
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		snprintf(limit, sizeof limit, "%llu", (unsigned long long)rl.rlim_cur);
+	tap_log_error(
+	    "out of file descriptors (%s; the limit is %s, %llu sessions active): new clients wait in "
+	    "the accept queue or are closed with reason tap_fd_limit until connections end; raise it with ulimit -n",
+	    evutil_socket_error_to_string(err), limit, (unsigned long long)px->stats.active);
+}
+
+static void on_shortage_over(evutil_socket_t fd, short what, void *arg)
+{
+	struct tap_proxy *px = arg;
+	(void)fd;
+	(void)what;
+	px->out_of_fds = false;
+	tap_log_error("no file descriptor shortage for %d s: %llu clients were closed for want of one, accepting "
+	              "paused %llu times",
+	              TAP_PROXY_FD_QUIET_SECONDS, (unsigned long long)(px->stats.fd_limit - px->fd_limit_before),
+	              (unsigned long long)px->accept_pauses);
+}
+
+static void resume_accepting(struct tap_proxy *px)
+{
+	px->accept_paused = false;
+	if (px->resume_accept)
+		event_del(px->resume_accept);
+	if (px->listener)
+		evconnlistener_enable(px->listener);
+}
+
+static void on_resume_accept(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	resume_accepting(arg);
+}
+
+/* Frees one leg (its read event first: the socket is closed with it). */
+static void leg_free(struct leg *l)
+{
+	if (l->rd) {
+		event_free(l->rd);
+		l->rd = NULL;
 	}
-	if (s->bev[side]) {
-		bufferevent_free(s->bev[side]);
-		s->bev[side] = NULL;
+	if (l->tls) {
+		tap_tls_leg_free(l, l->side == SIDE_CLIENT && l->s->reset_client);
+	} else if (l->bev) {
+		bufferevent_free(l->bev); /* closes the socket */
+		l->bev = NULL;
 	}
+	l->out = NULL;
 }
 
 static void session_end(struct tap_session *s)
@@ -155,108 +168,185 @@ static void session_end(struct tap_session *s)
 	px->stats.active--;
 	if (px->hooks.close)
 		px->hooks.close(px->hooks.ctx, s->obs, s->why, s->detail[0] ? s->detail : NULL, tap_now_us());
-	for (int i = 0; i < 2; i++)
-		leg_free(s, (enum side)i);
+	leg_free(&s->leg[SIDE_CLIENT]);
+	leg_free(&s->leg[SIDE_UPSTREAM]);
 	free(s);
+	if (px->accept_paused)
+		resume_accepting(px); /* its descriptors are free now */
 	if (px->stopped && px->stats.active == 0 && px->idle_cb)
 		px->idle_cb(px->idle_arg);
 }
 
-/* Turns reading from `side` on or off. A plain leg's read event waits for
- * the upstream connect; the wish is kept and applied then. */
-static void set_reading(struct tap_session *s, enum side side, bool on)
+/* Makes closing the client's socket send a reset instead of a FIN, the
+ * closest the tap can come to the "connection refused" a client gets from a
+ * broker that is down: client libraries take their connection-error path
+ * (py-amqp raises ConnectionResetError, not "Server unexpectedly closed
+ * connection"). */
+static void reset_client_on_close(struct tap_session *s)
 {
-	s->reading[side] = on;
-	if (s->tls[side]) {
-		if (s->bev[side])
-			(on ? bufferevent_enable : bufferevent_disable)(s->bev[side], EV_READ);
-		return;
-	}
-	if (!s->rd[side] || (side == SIDE_UPSTREAM && !s->connected))
-		return;
-	if (on)
-		event_add(s->rd[side], NULL);
-	else
-		event_del(s->rd[side]);
+	struct linger now = {.l_onoff = 1, .l_linger = 0};
+	s->reset_client = true;
+	if (s->leg[SIDE_CLIENT].fd >= 0)
+		(void)setsockopt(s->leg[SIDE_CLIENT].fd, SOL_SOCKET, SO_LINGER, &now,
+				 sizeof now); /* failing that, a FIN still closes it */
 }
 
-/* The other side's output, when bytes for it have to be queued anyway: some
- * already wait there, it is TLS, the upstream is still connecting, or it
- * was sent its FIN. NULL when they can go straight into its socket. */
-static struct evbuffer *queue_for(const struct tap_session *s, enum side to)
+/* Ends a session that failed before it could carry bytes: names the reason
+ * (detail, a printf format), says so on stderr, and closes both legs. */
+static void session_fail(struct tap_session *s, enum tap_proxy_end why, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void session_fail(struct tap_session *s, enum tap_proxy_end why, const char *fmt, ...)
 {
-	struct evbuffer *out = bufferevent_get_output(s->bev[to]);
-	if (evbuffer_get_length(out) > 0 || s->tls[to] || s->shut_wr[to] || (to == SIDE_UPSTREAM && !s->connected))
-		return out;
+	struct tap_proxy *px = s->px;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(s->detail, sizeof s->detail, fmt, ap);
+	va_end(ap);
+	s->why = why;
+	switch (why) {
+	case TAP_END_UNREACHABLE:
+		px->stats.unreachable++;
+		tap_log_error("conn %llu: upstream %s unreachable: %s", (unsigned long long)s->id, px->upstream_name,
+		              s->detail);
+		reset_client_on_close(s);
+		break;
+	case TAP_END_FD_LIMIT:
+		px->stats.fd_limit++; /* fd_shortage said it on stderr */
+		reset_client_on_close(s);
+		break;
+	case TAP_END_CLIENT_TLS:
+	case TAP_END_BROKER_TLS:
+		tap_log_error("conn %llu: TLS with the %s failed: %s", (unsigned long long)s->id,
+		              why == TAP_END_CLIENT_TLS ? "client" : "broker", s->detail);
+		break;
+	default:
+		tap_log_error("conn %llu: %s", (unsigned long long)s->id, s->detail);
+		break;
+	}
+	session_end(s);
+}
+
+/* Turns reading from a leg on or off. A plain upstream leg's read event
+ * waits for the connect; the wish is kept and applied then. */
+static void set_reading(struct leg *l, bool on)
+{
+	l->reading = on;
+	if (l->tls) {
+		tap_tls_leg_reading(l);
+		return;
+	}
+	if (!l->rd || !l->connected)
+		return;
+	if (on)
+		event_add(l->rd, NULL);
+	else
+		event_del(l->rd);
+}
+
+/* The leg's output, when bytes for it have to be queued anyway: some
+ * already wait there, it is still connecting (or in its TLS handshake), it
+ * was sent its FIN, or a TLS write is to be repeated. NULL when they can go
+ * straight into its socket. */
+struct evbuffer *tap_leg_queue_for(const struct leg *to)
+{
+	if (evbuffer_get_length(to->out) > 0 || to->shut_wr || !to->connected)
+		return to->out;
+	if (to->tls && (!to->handshaken || to->retry_len || to->write_wants_read))
+		return to->out;
 	return NULL;
 }
 
-/* Counts bytes `from` sent; past TAP_PROXY_HIGH_WATER queued for the other
- * side, stops reading `from` until that output drains to half. */
-static void account(struct tap_session *s, enum side from, size_t len)
+/* Calls tap_leg_written once the leg's output drained to `low` bytes (the
+ * bufferevent's EV_WRITE low watermark on a plain leg). */
+static void set_low_water(struct leg *l, size_t low)
 {
-	struct tap_proxy *px = s->px;
-	struct bufferevent *dst = s->bev[other(from)];
-	if (from == SIDE_CLIENT)
+	if (l->tls)
+		l->low_water = low;
+	else
+		bufferevent_setwatermark(l->bev, EV_WRITE, low, 0);
+}
+
+/* From now on a leg whose writes make no progress for
+ * TAP_PROXY_DRAIN_SECONDS ends the session. */
+static void set_drain_timeout(struct leg *l)
+{
+	struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
+	if (l->tls)
+		tap_tls_leg_drain(l);
+	else
+		bufferevent_set_timeouts(l->bev, NULL, &drain);
+}
+
+/* Counts bytes read from `from`; past TAP_PROXY_HIGH_WATER queued for its
+ * peer, stops reading `from` until that output drains to half. */
+void tap_leg_account(struct leg *from, size_t len)
+{
+	struct tap_proxy *px = from->s->px;
+	struct leg *to = from->peer;
+	if (from->from_here == TAP_C2S)
 		px->stats.bytes_c2s += len;
 	else
 		px->stats.bytes_s2c += len;
-	if (dst && evbuffer_get_length(bufferevent_get_output(dst)) >= TAP_PROXY_HIGH_WATER) {
-		set_reading(s, from, false);
-		bufferevent_setwatermark(dst, EV_WRITE, TAP_PROXY_HIGH_WATER / 2, 0);
+	if (to->out && evbuffer_get_length(to->out) >= TAP_PROXY_HIGH_WATER) {
+		set_reading(from, false);
+		set_low_water(to, TAP_PROXY_HIGH_WATER / 2);
 	}
 }
 
-static void observe(struct tap_session *s, enum side from, const void *data, size_t len, int64_t now)
+void tap_leg_observe(struct leg *from, const void *data, size_t len, int64_t now)
 {
-	struct tap_proxy *px = s->px;
+	struct tap_proxy *px = from->s->px;
 	if (px->hooks.data)
-		px->hooks.data(px->hooks.ctx, s->obs, from == SIDE_CLIENT ? TAP_C2S : TAP_S2C, data, len, now);
+		px->hooks.data(px->hooks.ctx, from->s->obs, from->from_here, data, len, now);
 }
 
-/* Passes `len` bytes that `from` sent to the other side, then shows them to
- * the observer (forwarding first keeps the decoder off the latency path):
+/* Passes `len` bytes read from `from` to its peer, then shows them to the
+ * observer (forwarding first keeps the decoder off the latency path):
  * straight into the peer's socket when nothing has to be queued, and what
  * the socket does not take onto the peer's output. */
-static void pass_on(struct tap_session *s, enum side from, const void *data, size_t len, int64_t now)
+void tap_leg_pass_on(struct leg *from, const void *data, size_t len, int64_t now)
 {
-	enum side to = other(from);
-	if (s->bev[to]) {
-		struct evbuffer *q = queue_for(s, to);
+	struct leg *to = from->peer;
+	if (to->out) {
+		struct evbuffer *q = tap_leg_queue_for(to);
 		size_t sent = 0;
-		if (!q) {
+		if (!q && to->tls) {
+			sent = tap_tls_leg_send(to, data, len);
+			q = to->out;
+		} else if (!q) {
 			/* a failed send is left for the bufferevent's own write to find and report */
-			ssize_t n = send(s->fd[to], data, len, MSG_NOSIGNAL);
+			ssize_t n = send(to->fd, data, len, MSG_NOSIGNAL);
 			sent = n > 0 ? (size_t)n : 0;
-			q = bufferevent_get_output(s->bev[to]);
+			q = to->out;
 		}
 		if (sent < len)
 			evbuffer_add(q, (const char *)data + sent, len - sent);
 	}
-	account(s, from, len);
-	observe(s, from, data, len, now);
+	tap_leg_account(from, len);
+	tap_leg_observe(from, data, len, now);
 }
 
-/* Reads a plain leg straight onto the other side's output queue `q`, so that
+/* Reads a plain leg straight onto its peer's output queue `q`, so that
  * bytes that would wait there anyway are not copied into it. They are
- * observed before they are committed: committing can hand them to OpenSSL,
- * which consumes them at once. Returns what recv would. */
-static ssize_t recv_queued(struct tap_session *s, enum side from, struct evbuffer *q)
+ * observed before they are committed, as a TLS peer's write may follow
+ * their commit. Returns what recv would. */
+static ssize_t recv_queued(struct leg *from, struct evbuffer *q)
 {
 	struct evbuffer_iovec v[2];
 	struct iovec iov[2];
 	int n = evbuffer_reserve_space(q, TAP_PROXY_MAX_IO, v, 2);
 	if (n <= 0) { /* no memory for the queue: the copying path says what happens */
-		ssize_t got = recv(s->fd[from], s->px->scratch, TAP_PROXY_MAX_IO, 0);
+		ssize_t got = recv(from->fd, from->s->px->scratch, TAP_PROXY_MAX_IO, 0);
 		if (got > 0)
-			pass_on(s, from, s->px->scratch, (size_t)got, tap_now_us());
+			tap_leg_pass_on(from, from->s->px->scratch, (size_t)got, tap_now_us());
 		return got;
 	}
 	for (int i = 0; i < n; i++) {
 		iov[i].iov_base = v[i].iov_base;
 		iov[i].iov_len = v[i].iov_len;
 	}
-	ssize_t got = readv(s->fd[from], iov, n);
+	ssize_t got = readv(from->fd, iov, n);
 	if (got <= 0) {
 		int err = errno;
 		evbuffer_commit_space(q, v, 0);
@@ -270,39 +360,12 @@ static ssize_t recv_queued(struct tap_session *s, enum side from, struct evbuffe
 		if (v[used].iov_len > left)
 			v[used].iov_len = left;
 		left -= v[used].iov_len;
-		observe(s, from, v[used].iov_base, v[used].iov_len, now);
+		tap_leg_observe(from, v[used].iov_base, v[used].iov_len, now);
 	}
 	evbuffer_commit_space(q, v, used);
-	account(s, from, (size_t)got);
+	tap_leg_account(from, (size_t)got);
 	return got;
 }
-
-/* Passes on everything in a TLS leg's input (the decrypted bytes). */
-static void pass_on_buffer(struct tap_session *s, enum side from, struct evbuffer *in)
-{
-	int64_t now = tap_now_us();
-	while (evbuffer_get_length(in) > 0) {
-		struct evbuffer_iovec v[16];
-		int n = evbuffer_peek(in, -1, NULL, v, 16);
-		if (n <= 0)
-			break;
-		if (n > 16)
-			n = 16;
-		size_t done = 0;
-		for (int i = 0; i < n; i++) {
-			pass_on(s, from, v[i].iov_base, v[i].iov_len, now);
-			done += v[i].iov_len;
-		}
-		evbuffer_drain(in, done);
-	}
-}
-
-static enum side side_of(const struct tap_session *s, const struct bufferevent *bev)
-{
-	return bev == s->bev[SIDE_CLIENT] ? SIDE_CLIENT : SIDE_UPSTREAM;
-}
-
-static void leg_event(struct tap_session *s, enum side side, short what, int err);
 
 /* Reads a plain leg's socket: one recv per wakeup in the common case (no
  * FIONREAD probe, no 4 KiB cap as in libevent 2.1's bufferevent reads), into
@@ -312,50 +375,42 @@ static void leg_event(struct tap_session *s, enum side side, short what, int err
  * the others. */
 static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
-	struct tap_session *s = arg;
-	enum side from = fd == s->fd[SIDE_CLIENT] ? SIDE_CLIENT : SIDE_UPSTREAM;
-	uint8_t *buf = s->px->scratch;
+	struct leg *from = arg;
+	uint8_t *buf = from->s->px->scratch;
 	(void)what;
-	for (size_t budget = TAP_PROXY_HIGH_WATER; budget > 0 && s->reading[from];) {
-		struct evbuffer *q = s->bev[other(from)] ? queue_for(s, other(from)) : NULL;
-		ssize_t got = q ? recv_queued(s, from, q) : recv(fd, buf, TAP_PROXY_MAX_IO, 0);
+	for (size_t budget = TAP_PROXY_HIGH_WATER; budget > 0 && from->reading;) {
+		struct evbuffer *q = from->peer->out ? tap_leg_queue_for(from->peer) : NULL;
+		ssize_t got = q ? recv_queued(from, q) : recv(fd, buf, TAP_PROXY_MAX_IO, 0);
 		if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 			return;
 		if (got <= 0) {
-			leg_event(s, from, BEV_EVENT_READING | (got == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), errno);
+			tap_leg_event(from, BEV_EVENT_READING | (got == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), errno, NULL);
 			return; /* the session may be gone */
 		}
 		if (!q)
-			pass_on(s, from, buf, (size_t)got, tap_now_us());
+			tap_leg_pass_on(from, buf, (size_t)got, tap_now_us());
 		if ((size_t)got < TAP_PROXY_MAX_IO)
 			return; /* the socket is empty */
 		budget = (size_t)got < budget ? budget - (size_t)got : 0;
 	}
 }
 
-/* Reads what `side` sent that still sits unread in its socket, so that it
+/* Reads what a leg sent that still sits unread in its socket, so that it
  * is observed and passed on: a broker's connection.close explaining why a
  * write to it failed, or a client's publishes held back by backpressure
  * when the broker went away. */
-static void read_rest(struct tap_session *s, enum side side)
+static void read_rest(struct leg *l)
 {
-	if (s->tls[side])
+	if (l->tls)
 		return;
 	ssize_t got;
-	while ((got = recv(s->fd[side], s->px->scratch, TAP_PROXY_MAX_IO, 0)) > 0)
-		pass_on(s, side, s->px->scratch, (size_t)got, tap_now_us());
+	while ((got = recv(l->fd, l->s->px->scratch, TAP_PROXY_MAX_IO, 0)) > 0)
+		tap_leg_pass_on(l, l->s->px->scratch, (size_t)got, tap_now_us());
 }
 
-/* TLS legs: the bufferevent decrypted something. */
-static void on_read(struct bufferevent *bev, void *arg)
+static bool drained(const struct leg *l)
 {
-	struct tap_session *s = arg;
-	pass_on_buffer(s, side_of(s, bev), bufferevent_get_input(bev));
-}
-
-static bool drained(const struct tap_session *s, enum side side)
-{
-	return !s->bev[side] || evbuffer_get_length(bufferevent_get_output(s->bev[side])) == 0;
+	return !l->out || evbuffer_get_length(l->out) == 0;
 }
 
 /* One side is gone: what is queued for the other is written, then it is
@@ -367,182 +422,268 @@ static void begin_closing(struct tap_session *s)
 {
 	s->closing = true;
 	for (int i = 0; i < 2; i++) {
-		if (!s->bev[i])
+		struct leg *l = &s->leg[i];
+		if (!l->out)
 			continue;
-		struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
-		bufferevent_setwatermark(s->bev[i], EV_WRITE, 0, 0);
-		bufferevent_set_timeouts(s->bev[i], NULL, &drain);
-		if (!s->eof[i])
-			set_reading(s, (enum side)i, true);
+		set_low_water(l, 0);
+		set_drain_timeout(l);
+		if (!l->eof)
+			set_reading(l, true);
 	}
 }
 
-/* Passes a FIN on to `side` once its output is empty; ends the session when
- * both directions are finished. Returns true if the session was freed. */
+/* Passes a FIN on to `to` once its output is empty (TLS: starts closing
+ * the session instead, there is no half-close). */
+static void pass_fin(struct leg *to)
+{
+	struct tap_session *s = to->s;
+	if (!to->peer->eof || to->shut_wr || !to->out || !to->connected)
+		return;
+	if (to->tls || to->peer->tls) {
+		if (!s->closing)
+			begin_closing(s);
+	} else if (drained(to)) {
+		shutdown(to->fd, SHUT_WR);
+		to->shut_wr = true;
+	}
+}
+
+/* Passes FINs on; ends the session when both directions are finished.
+ * Returns true if the session was freed. */
 static bool settle(struct tap_session *s)
 {
-	for (int side = 0; side < 2; side++) {
-		if (s->eof[!side] && !s->shut_wr[side] && s->bev[side] && (side == SIDE_CLIENT || s->connected)) {
-			if (s->tls[side] || s->tls[!side]) {
-				if (!s->closing)
-					begin_closing(s); /* TLS has no half-close: drain, then close */
-			} else if (drained(s, (enum side)side)) {
-				shutdown(bufferevent_getfd(s->bev[side]), SHUT_WR);
-				s->shut_wr[side] = true;
-			}
-		}
-	}
-	bool drained_both = s->closing && drained(s, SIDE_CLIENT) && drained(s, SIDE_UPSTREAM);
+	struct leg *client = &s->leg[SIDE_CLIENT];
+	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
+	pass_fin(client);
+	pass_fin(upstream);
+	bool drained_both = s->closing && drained(client) && drained(upstream);
 	if (drained_both) {
 		/* a survivor whose peer is gone may still hold bytes it sent before
 		 * the end, unread behind backpressure: observe them, each publish in
 		 * them needs its record */
-		for (int side = 0; side < 2; side++)
-			if (s->bev[side] && !s->bev[!side] && !s->eof[side])
-				read_rest(s, (enum side)side);
+		for (int i = 0; i < 2; i++) {
+			struct leg *l = &s->leg[i];
+			if (l->out && !l->peer->out && !l->eof)
+				read_rest(l);
+		}
 	}
-	if (drained_both ||
-	    (s->eof[SIDE_CLIENT] && s->eof[SIDE_UPSTREAM] && s->shut_wr[SIDE_CLIENT] && s->shut_wr[SIDE_UPSTREAM])) {
+	if (drained_both || (client->eof && upstream->eof && client->shut_wr && upstream->shut_wr)) {
 		session_end(s);
 		return true;
 	}
 	return false;
 }
 
-/* Called when a side's output fell to its low watermark. */
-static void on_write(struct bufferevent *bev, void *arg)
+void tap_leg_written(struct leg *to)
 {
-	struct tap_session *s = arg;
-	enum side side = side_of(s, bev);
-	if (s->closing || s->eof[!side]) {
-		settle(s);
+	if (to->s->closing || to->peer->eof) {
+		settle(to->s);
 		return;
 	}
-	bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
-	if (s->bev[!side])
-		set_reading(s, !side, true);
+	set_low_water(to, 0);
+	if (to->peer->out)
+		set_reading(to->peer, true);
 }
 
-/* The socket bufferevent under a leg (itself on a plain leg). */
-static struct bufferevent *socket_bev(struct bufferevent *bev)
+/* Plain legs: the bufferevent's output fell to its low watermark. */
+static void on_write(struct bufferevent *bev, void *arg)
 {
-	struct bufferevent *under = bufferevent_get_underlying(bev);
-	return under ? under : bev;
+	(void)bev;
+	tap_leg_written(arg);
 }
 
-/* Something happened to a leg: connected, timed out, EOF or error (from the
- * bufferevent, or from on_readable on a plain leg); err is the errno. */
-static void leg_event(struct tap_session *s, enum side side, short what, int err)
+/* Bounds how long a leg may take to be set up (TLS handshake; upstream
+ * connect). A TLS leg has a timer until its handshake is done; a plain
+ * upstream uses its bufferevent's write timeout, which covers the connect,
+ * cleared once connected (drain timeouts replace it if the session ends
+ * first). */
+static void arm_setup_timeout(struct leg *l)
 {
-	struct bufferevent *bev = s->bev[side];
+	struct tap_proxy *px = l->s->px;
+	if (!px->handshake_ms || (!l->tls && l->connected))
+		return;
+	if (l->tls)
+		tap_tls_leg_arm_setup(l);
+	else
+		bufferevent_set_timeouts(l->bev, NULL, &px->handshake_timeout);
+}
+
+/* A leg was not set up within --handshake-timeout. */
+static void setup_timed_out(struct leg *l)
+{
+	struct tap_session *s = l->s;
+	unsigned ms = s->px->handshake_ms;
+	if (l->side == SIDE_CLIENT) {
+		session_fail(s, TAP_END_CLIENT_TLS, "TLS handshake timed out after %u ms", ms);
+		return;
+	}
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	bool tcp_up = l->fd >= 0 && getpeername(l->fd, (struct sockaddr *)&ss, &len) == 0;
+	if (l->tls && tcp_up)
+		session_fail(s, TAP_END_BROKER_TLS, "TLS handshake timed out after %u ms", ms);
+	else
+		session_fail(s, TAP_END_UNREACHABLE, "connect timed out after %u ms", ms);
+}
+
+static bool connect_upstream(struct tap_session *s);
+
+void tap_leg_event(struct leg *l, short what, int err, const char *why)
+{
+	struct tap_session *s = l->s;
 	if (what & BEV_EVENT_CONNECTED) { /* TCP connect done, or a TLS handshake done (either leg) */
-		s->handshaken[side] = true;
-		if (side == SIDE_UPSTREAM) {
-			s->connected = true;
-			set_nodelay(bufferevent_getfd(socket_bev(bev)));
-			set_reading(s, side, s->reading[side]);
+		l->handshaken = true;
+		if (!l->tls && s->px->handshake_ms && !s->closing && !l->eof && !l->peer->eof)
+			bufferevent_set_timeouts(l->bev, NULL, NULL); /* set up: the setup timeout is done */
+		if (l->side == SIDE_UPSTREAM) {
+			l->connected = true;
+			set_nodelay(l->fd);
+			set_reading(l, l->reading);
 			settle(s);
+		} else {
+			(void)connect_upstream(s); /* on failure the session is gone */
 		}
 		return;
 	}
-	if (what & BEV_EVENT_TIMEOUT) { /* only armed while draining */
-		session_end(s);
+	if (what & BEV_EVENT_TIMEOUT) {
+		if (s->closing || l->eof || l->peer->eof)
+			session_end(s); /* a drain timeout: the peer took nothing for TAP_PROXY_DRAIN_SECONDS */
+		else
+			setup_timed_out(l);
 		return;
 	}
 	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)))
 		return;
-	if (s->tls[side] && !s->handshaken[side] && (what & BEV_EVENT_ERROR) &&
-	    tap_tls_error(bev, s->detail, sizeof s->detail)) {
-		/* a handshake failure: say why, close, touch no other session */
-		s->why = side == SIDE_CLIENT ? TAP_END_CLIENT_TLS : TAP_END_BROKER_TLS;
-		fprintf(stderr, "amqptap: conn %llu: TLS with the %s failed: %s\n", (unsigned long long)s->id,
-			side == SIDE_CLIENT ? "client" : "broker", s->detail);
-		session_end(s);
-		return;
+	if (l->tls && !l->handshaken) { /* ended during its handshake */
+		if ((what & BEV_EVENT_ERROR) && why) {
+			/* a handshake failure: say why, close, touch no other session */
+			session_fail(s, l->side == SIDE_CLIENT ? TAP_END_CLIENT_TLS : TAP_END_BROKER_TLS, "%s", why);
+			return;
+		}
+		if (l->side == SIDE_CLIENT) { /* gone before the upstream was opened: nothing to pass on */
+			s->why = what & BEV_EVENT_ERROR ? TAP_END_CLIENT_RESET : TAP_END_CLIENT_EOF;
+			if (what & BEV_EVENT_ERROR)
+				snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(err));
+			session_end(s);
+			return;
+		}
 	}
-	if (side == SIDE_UPSTREAM && !s->connected) {
-		s->why = TAP_END_UNREACHABLE;
-		snprintf(s->detail, sizeof s->detail, "%s", err ? evutil_socket_error_to_string(err) : "connection closed");
-		s->px->stats.unreachable++;
-		fprintf(stderr, "amqptap: conn %llu: upstream %s unreachable: %s\n", (unsigned long long)s->id,
-			s->px->upstream_name, s->detail);
-		session_end(s);
+	if (!l->connected) { /* only the upstream is ever unconnected */
+		session_fail(s, TAP_END_UNREACHABLE, "%s",
+			     err ? evutil_socket_error_to_string(err) : "connection closed");
 		return;
 	}
 	if (s->closing) { /* the side we were draining into went away too */
 		session_end(s);
 		return;
 	}
-	if (s->tls[side])
-		pass_on_buffer(s, side, bufferevent_get_input(bev)); /* whatever arrived with the EOF */
 	/* with deferred callbacks a failed write and the EOF that follows it can
 	 * arrive as one event: an error wins, or the bytes queued for a dead peer
 	 * would wait forever */
 	bool eof = (what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR);
-	if (!s->eof[!side]) /* the first side to go names the reason */
-		s->why = side == SIDE_CLIENT ? (eof ? TAP_END_CLIENT_EOF : TAP_END_CLIENT_RESET)
-					     : (eof ? TAP_END_BROKER_EOF : TAP_END_BROKER_RESET);
-	struct bufferevent *other = s->bev[!side];
+	if (!l->peer->eof) /* the first side to go names the reason */
+		s->why = l->side == SIDE_CLIENT ? (eof ? TAP_END_CLIENT_EOF : TAP_END_CLIENT_RESET)
+						: (eof ? TAP_END_BROKER_EOF : TAP_END_BROKER_RESET);
 	if (eof) {
-		s->eof[side] = true;
-		set_reading(s, side, false);
-		if (other)
-			bufferevent_setwatermark(other, EV_WRITE, 0, 0);
+		l->eof = true;
+		set_reading(l, false);
+		if (l->peer->out)
+			set_low_water(l->peer, 0);
 		/* half-closed: a side that stops taking bytes for TAP_PROXY_DRAIN_SECONDS ends the session */
-		struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
 		for (int i = 0; i < 2; i++)
-			if (s->bev[i])
-				bufferevent_set_timeouts(s->bev[i], NULL, &drain);
+			if (s->leg[i].out)
+				set_drain_timeout(&s->leg[i]);
 		settle(s);
 		return;
 	}
-	if (!s->eof[!side])
-		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(err));
+	if (!l->peer->eof)
+		snprintf(s->detail, sizeof s->detail, "%s", why ? why : evutil_socket_error_to_string(err));
 	if (what & BEV_EVENT_WRITING)
-		read_rest(s, side);
-	leg_free(s, side);
+		read_rest(l);
+	leg_free(l);
 	begin_closing(s);
 	settle(s);
 }
 
 static void on_event(struct bufferevent *bev, short what, void *arg)
 {
-	struct tap_session *s = arg;
-	leg_event(s, side_of(s, bev), what, EVUTIL_SOCKET_ERROR());
+	(void)bev;
+	tap_leg_event(arg, what, EVUTIL_SOCKET_ERROR(), NULL);
 }
 
-/* A socket bufferevent; when tls, an OpenSSL filter over one. As a filter
- * (rather than OpenSSL reading the socket itself) the socket is read in
- * large chunks and OpenSSL takes its records from memory: no read for each
- * record header and body. */
-static struct bufferevent *new_bev(struct tap_proxy *px, evutil_socket_t fd, bool tls, enum bufferevent_ssl_state st)
+/* A plain leg: a socket bufferevent (fd -1: the upstream, not connected
+ * yet) whose output is the leg's queue; the session reads the socket. */
+static int plain_leg_new(struct leg *l, evutil_socket_t fd)
 {
-	int opts = BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS;
-	struct bufferevent *raw = bufferevent_socket_new(px->base, fd, opts);
-	if (!raw)
-		return NULL;
-	/* a TLS leg's reads take at most 4 KiB per call in libevent 2.1; writes may be larger */
-	bufferevent_set_max_single_read(raw, TAP_PROXY_MAX_IO);
-	bufferevent_set_max_single_write(raw, TAP_PROXY_MAX_IO);
-	if (!tls)
-		return raw;
-	SSL *ssl = st == BUFFEREVENT_SSL_ACCEPTING ? tap_tls_accept_ssl(px->tls) : tap_tls_connect_ssl(px->tls);
-	struct bufferevent *bev = ssl ? bufferevent_openssl_filter_new(px->base, raw, ssl, st, opts) : NULL;
-	if (!bev) {
-		if (ssl)
-			SSL_free(ssl);
-		bufferevent_free(raw);
-		return NULL;
-	}
-	/* a peer that closes TCP without close_notify is an EOF, not an error */
-	bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
-	return bev;
+	struct tap_proxy *px = l->s->px;
+	l->bev = bufferevent_socket_new(px->base, fd, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+	if (!l->bev)
+		return ENOMEM;
+	bufferevent_set_max_single_write(l->bev, TAP_PROXY_MAX_IO);
+	bufferevent_setcb(l->bev, NULL, on_write, on_event, l);
+	bufferevent_enable(l->bev, EV_WRITE);
+	l->out = bufferevent_get_output(l->bev);
+	l->fd = fd;
+	if (fd < 0)
+		return 0;
+	l->rd = event_new(px->base, fd, EV_READ | EV_PERSIST, on_readable, l);
+	return l->rd ? 0 : ENOMEM;
 }
 
-static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
+static void leg_init(struct tap_session *s, enum side side, bool tls)
+{
+	struct leg *l = &s->leg[side];
+	l->s = s;
+	l->peer = &s->leg[side == SIDE_CLIENT ? SIDE_UPSTREAM : SIDE_CLIENT];
+	l->side = side;
+	l->from_here = side == SIDE_CLIENT ? TAP_C2S : TAP_S2C;
+	l->fd = -1;
+	l->tls = tls;
+	l->connected = side == SIDE_CLIENT;
+	l->reading = true;
+}
+
+/* Opens the connection to the broker. A TLS client's session opens it
+ * only once the client's handshake is done, as HAProxy does: a client that
+ * never finishes its handshake costs the broker no connection, and in a
+ * reconnect storm the broker's handshakes are not started long before the
+ * tap can take its part in them (RabbitMQ drops a TLS handshake that takes
+ * more than 5 s). Returns false when the session was ended. */
+static bool connect_upstream(struct tap_session *s)
+{
+	struct tap_proxy *px = s->px;
+	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
+	arm_setup_timeout(upstream);
+	int err = 0;
+	if (upstream->tls)
+		err = tap_tls_leg_connect(upstream);
+	else if (bufferevent_socket_connect(upstream->bev, (struct sockaddr *)&px->upstream, px->upstream_len) < 0)
+		err = EVUTIL_SOCKET_ERROR();
+	if (err) {
+		if (out_of_fds(err)) {
+			fd_shortage(px, err);
+			session_fail(s, TAP_END_FD_LIMIT, "%s", evutil_socket_error_to_string(err));
+		} else {
+			session_fail(s, err == ENOMEM ? TAP_END_SHUTDOWN : TAP_END_UNREACHABLE, "%s",
+				     evutil_socket_error_to_string(err));
+		}
+		return false;
+	}
+	if (upstream->tls)
+		return true;
+	upstream->fd = bufferevent_getfd(upstream->bev);
+	upstream->rd = event_new(px->base, upstream->fd, EV_READ | EV_PERSIST, on_readable, upstream);
+	if (!upstream->rd) {
+		session_fail(s, TAP_END_SHUTDOWN, "out of memory");
+		return false;
+	}
+	return true;
+}
+
+static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
 {
 	struct tap_proxy *px = arg;
-	(void)l;
+	(void)listener;
 	(void)salen;
 	struct tap_session *s = calloc(1, sizeof *s);
 	if (!s) {
@@ -551,66 +692,64 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	}
 	s->px = px;
 	s->id = ++px->next_id;
-	s->fd[SIDE_CLIENT] = s->fd[SIDE_UPSTREAM] = -1; /* set for plain legs only: on_readable tells them apart */
 	set_nodelay(fd);
-	s->tls[SIDE_CLIENT] = tap_tls_listener(px->tls);
-	s->tls[SIDE_UPSTREAM] = tap_tls_upstream(px->tls);
-	s->bev[SIDE_CLIENT] = new_bev(px, fd, s->tls[SIDE_CLIENT], BUFFEREVENT_SSL_ACCEPTING);
-	s->bev[SIDE_UPSTREAM] = new_bev(px, -1, s->tls[SIDE_UPSTREAM], BUFFEREVENT_SSL_CONNECTING);
-	if (!s->bev[SIDE_CLIENT] || !s->bev[SIDE_UPSTREAM]) {
-		if (s->bev[SIDE_CLIENT])
-			bufferevent_free(s->bev[SIDE_CLIENT]);
-		else
-			evutil_closesocket(fd);
-		if (s->bev[SIDE_UPSTREAM])
-			bufferevent_free(s->bev[SIDE_UPSTREAM]);
-		free(s);
-		return;
-	}
+	leg_init(s, SIDE_CLIENT, tap_tls_listener(px->tls));
+	leg_init(s, SIDE_UPSTREAM, tap_tls_upstream(px->tls));
+	struct leg *client = &s->leg[SIDE_CLIENT];
+	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
 	TAILQ_INSERT_TAIL(&px->sessions, s, link);
 	px->stats.accepted++;
 	px->stats.active++;
-	char client[80];
-	format_sockaddr(sa, client, sizeof client);
+	char peer_name[80];
+	format_sockaddr(sa, peer_name, sizeof peer_name);
 	if (px->hooks.open)
-		s->obs = px->hooks.open(px->hooks.ctx, s->id, client, px->upstream_addr, tap_now_us());
-	for (int i = 0; i < 2; i++) {
-		bufferevent_setcb(s->bev[i], on_read, on_write, on_event, s);
-		bufferevent_enable(s->bev[i], s->tls[i] ? EV_READ | EV_WRITE : EV_WRITE);
-		s->reading[i] = true;
+		s->obs = px->hooks.open(px->hooks.ctx, s->id, peer_name, px->upstream_addr, tap_now_us());
+	int err;
+	if (client->tls) {
+		client->out = evbuffer_new();
+		err = client->out ? tap_tls_leg_accept(client, fd) : ENOMEM;
+		if (!client->out)
+			evutil_closesocket(fd);
+	} else {
+		err = plain_leg_new(client, fd);
+		if (!client->bev)
+			evutil_closesocket(fd);
 	}
-	if (bufferevent_socket_connect(socket_bev(s->bev[SIDE_UPSTREAM]), (struct sockaddr *)&px->upstream,
-				       px->upstream_len) < 0) {
-		s->why = TAP_END_UNREACHABLE;
-		snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-		px->stats.unreachable++;
-		fprintf(stderr, "amqptap: conn %llu: upstream %s unreachable: %s\n", (unsigned long long)s->id,
-			px->upstream_name, s->detail);
-		session_end(s);
+	if (!err) {
+		if (upstream->tls)
+			err = (upstream->out = evbuffer_new()) ? 0 : ENOMEM;
+		else
+			err = plain_leg_new(upstream, -1);
+	}
+	if (err) {
+		session_fail(s, TAP_END_SHUTDOWN, "out of memory");
 		return;
 	}
-	for (int i = 0; i < 2; i++) {
-		if (s->tls[i])
-			continue;
-		s->fd[i] = bufferevent_getfd(s->bev[i]);
-		s->rd[i] = event_new(px->base, s->fd[i], EV_READ | EV_PERSIST, on_readable, s);
-		if (!s->rd[i]) {
-			s->why = TAP_END_SHUTDOWN;
-			snprintf(s->detail, sizeof s->detail, "out of memory");
-			fprintf(stderr, "amqptap: conn %llu: out of memory\n", (unsigned long long)s->id);
-			session_end(s);
-			return;
-		}
+	if (client->tls) {
+		arm_setup_timeout(client);
+		return; /* the upstream is opened once the handshake is done */
 	}
-	set_reading(s, SIDE_CLIENT, true); /* the upstream is read once it is connected */
+	if (connect_upstream(s))
+		set_reading(client, true); /* the upstream is read once it is connected */
 }
 
 static void on_accept_error(struct evconnlistener *l, void *arg)
 {
-	(void)l;
-	(void)arg;
+	struct tap_proxy *px = arg;
 	int err = EVUTIL_SOCKET_ERROR();
-	fprintf(stderr, "amqptap: accept failed: %s\n", evutil_socket_error_to_string(err));
+	if (!out_of_fds(err)) {
+		tap_log_error("accept failed: %s", evutil_socket_error_to_string(err));
+		return;
+	}
+	/* the pending client stays queued and the listener would wake at once:
+	 * wait for a session to end (or a while) before trying again */
+	fd_shortage(px, err);
+	px->accept_paused = true;
+	px->accept_pauses++;
+	evconnlistener_disable(l);
+	struct timeval pause = {0, TAP_PROXY_ACCEPT_PAUSE_MS * 1000};
+	if (px->resume_accept)
+		evtimer_add(px->resume_accept, &pause);
 }
 
 struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *upstream, int upstream_len,
@@ -621,13 +760,22 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 		return NULL;
 	}
 	struct tap_proxy *px = calloc(1, sizeof *px);
-	if (px)
-		px->scratch = malloc(TAP_PROXY_MAX_IO);
-	if (!px || !px->scratch) {
+	if (!px)
+		return NULL;
+	px->base = base;
+	px->scratch = malloc(TAP_PROXY_MAX_IO);
+	px->resume_accept = evtimer_new(base, on_resume_accept, px);
+	px->shortage_over = evtimer_new(base, on_shortage_over, px);
+	if (!px->scratch || !px->resume_accept || !px->shortage_over || tap_tls_turns_init(px) < 0) {
+		if (px->resume_accept)
+			event_free(px->resume_accept);
+		if (px->shortage_over)
+			event_free(px->shortage_over);
+		tap_tls_turns_free(px);
+		free(px->scratch);
 		free(px);
 		return NULL;
 	}
-	px->base = base;
 	px->tls = tls;
 	memcpy(&px->upstream, upstream, (size_t)upstream_len);
 	px->upstream_len = upstream_len;
@@ -658,6 +806,8 @@ int tap_proxy_listen(struct tap_proxy *px, const struct sockaddr *addr, int addr
 void tap_proxy_stop_accepting(struct tap_proxy *px)
 {
 	px->stopped = true;
+	px->accept_paused = false;
+	event_del(px->resume_accept);
 	if (px->listener) {
 		evconnlistener_free(px->listener);
 		px->listener = NULL;
@@ -668,7 +818,7 @@ void tap_proxy_close_all(struct tap_proxy *px)
 {
 	struct tap_session *s;
 	while ((s = TAILQ_FIRST(&px->sessions)) != NULL) {
-		if (!s->closing && !s->eof[SIDE_CLIENT] && !s->eof[SIDE_UPSTREAM]) {
+		if (!s->closing && !s->leg[SIDE_CLIENT].eof && !s->leg[SIDE_UPSTREAM].eof) {
 			s->why = TAP_END_SHUTDOWN; /* a session already ending keeps its own reason */
 			s->detail[0] = '\0';
 		}
@@ -686,6 +836,13 @@ void tap_proxy_get_stats(const struct tap_proxy *px, struct tap_proxy_stats *st)
 	*st = px->stats;
 }
 
+void tap_proxy_set_handshake_timeout(struct tap_proxy *px, uint32_t ms)
+{
+	px->handshake_ms = ms;
+	px->handshake_timeout.tv_sec = ms / 1000;
+	px->handshake_timeout.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+}
+
 void tap_proxy_on_idle(struct tap_proxy *px, void (*cb)(void *arg), void *arg)
 {
 	px->idle_cb = cb;
@@ -699,6 +856,9 @@ void tap_proxy_free(struct tap_proxy *px)
 	px->idle_cb = NULL;
 	tap_proxy_stop_accepting(px);
 	tap_proxy_close_all(px);
+	event_free(px->resume_accept);
+	event_free(px->shortage_over);
+	tap_tls_turns_free(px);
 	free(px->scratch);
 	free(px);
 }

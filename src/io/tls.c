@@ -1,14 +1,17 @@
-/* OpenSSL contexts for both legs and the key log. Verification follows
+/* OpenSSL contexts for both legs, the key log, and the steps the proxy runs
+ * on a TLS leg (handshake, read, write), each a non-blocking call on the
+ * leg's socket whose outcome is one enum value. Verification follows
  * libevent's sample/https-client.c: SSL_VERIFY_PEER with the system store
  * or --upstream-ca, host name via SSL_set1_host (or the IP), SNI when the
- * name is not an address literal. */
+ * name is not an address literal. The upstream leg resumes the last session
+ * the broker gave (HAProxy's default): a resumed handshake spares both
+ * sides the certificate and the signatures. */
 #include "amqptap/tls.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
@@ -25,6 +28,7 @@ struct tap_tls {
 	char expect_name[256]; /* SNI / host name check for the broker */
 	bool expect_ip;
 	int keylog_fd;
+	SSL_SESSION *upstream_session; /* the broker's latest session, offered by the next upstream connection */
 };
 
 /* The oldest queued OpenSSL error as text, queue drained. */
@@ -75,6 +79,17 @@ static void keylog_line(const SSL *ssl, const char *line)
 		return;
 }
 
+/* Keeps the broker's newest session for the next upstream connection. */
+static int on_new_upstream_session(SSL *ssl, SSL_SESSION *session)
+{
+	struct tap_tls *t = SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl));
+	if (!t)
+		return 0;
+	SSL_SESSION_free(t->upstream_session);
+	t->upstream_session = session;
+	return 1; /* the reference is ours now */
+}
+
 static bool readable(const char *path)
 {
 	return access(path, R_OK) == 0;
@@ -87,7 +102,16 @@ static SSL_CTX *new_ctx(struct tap_tls *t, const SSL_METHOD *method)
 		return NULL;
 	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
 	SSL_CTX_set_app_data(ctx, t);
-	SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE);
+	/* partial writes: one record per SSL_write, retried from the queue's
+	 * head wherever it now lives; buffers released while a leg is idle */
+	SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE |
+				      SSL_MODE_RELEASE_BUFFERS);
+	/* read-ahead: one read() takes every record that has arrived, up to
+	 * TAP_TLS_READ_AHEAD bytes, instead of one read per header and body */
+	SSL_CTX_set_read_ahead(ctx, 1);
+	SSL_CTX_set_default_read_buffer_len(ctx, TAP_TLS_READ_AHEAD);
+	/* a peer that closes TCP without close_notify has ended, not failed */
+	SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
 	if (t->keylog_fd >= 0)
 		SSL_CTX_set_keylog_callback(ctx, keylog_line);
 	return ctx;
@@ -186,6 +210,8 @@ struct tap_tls *tap_tls_new(const struct tap_conf *conf, char *err, size_t cap, 
 		    !load_pair(t->client, "--upstream-cert", conf->upstream_cert, "--upstream-key", conf->upstream_key,
 			       what, sizeof what))
 			return fail(t, err, cap, exit_code, 2, "%s", what);
+		SSL_CTX_set_session_cache_mode(t->client, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+		SSL_CTX_sess_set_new_cb(t->client, on_new_upstream_session);
 		snprintf(t->expect_name, sizeof t->expect_name, "%s",
 			 conf->upstream_sni ? conf->upstream_sni : conf->upstream.host);
 		t->expect_ip = is_ip_literal(t->expect_name);
@@ -197,6 +223,7 @@ void tap_tls_free(struct tap_tls *t)
 {
 	if (!t)
 		return;
+	SSL_SESSION_free(t->upstream_session);
 	SSL_CTX_free(t->server);
 	SSL_CTX_free(t->client);
 	if (t->keylog_fd >= 0)
@@ -214,16 +241,29 @@ bool tap_tls_upstream(const struct tap_tls *t)
 	return t && t->client;
 }
 
-SSL *tap_tls_accept_ssl(struct tap_tls *t)
+SSL *tap_tls_accept_ssl(struct tap_tls *t, int fd)
 {
-	return SSL_new(t->server);
+	SSL *ssl = SSL_new(t->server);
+	if (!ssl)
+		return NULL;
+	if (SSL_set_fd(ssl, fd) != 1) {
+		SSL_free(ssl);
+		return NULL;
+	}
+	SSL_set_accept_state(ssl);
+	return ssl;
 }
 
-SSL *tap_tls_connect_ssl(struct tap_tls *t)
+SSL *tap_tls_connect_ssl(struct tap_tls *t, int fd)
 {
 	SSL *ssl = SSL_new(t->client);
 	if (!ssl)
 		return NULL;
+	if (SSL_set_fd(ssl, fd) != 1) {
+		SSL_free(ssl);
+		return NULL;
+	}
+	SSL_set_connect_state(ssl);
 	if (t->expect_ip) {
 		X509_VERIFY_PARAM *param = SSL_get0_param(ssl);
 		X509_VERIFY_PARAM_set1_ip_asc(param, t->expect_name);
@@ -232,29 +272,90 @@ SSL *tap_tls_connect_ssl(struct tap_tls *t)
 		SSL_set_hostflags(ssl, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
 		SSL_set1_host(ssl, t->expect_name);
 	}
+	if (t->upstream_session)
+		(void)SSL_set_session(ssl, t->upstream_session); /* failing that, a full handshake */
 	return ssl;
 }
 
-bool tap_tls_error(struct bufferevent *bev, char *out, size_t cap)
+/* What an SSL call's return value r means; on TAP_TLS_FAILED `why` holds
+ * OpenSSL's reason (and the verification result), or is empty when the
+ * socket failed (errno says how). The error queue is left empty. */
+static enum tap_tls_step outcome(SSL *ssl, int r, char *why, size_t cap)
 {
-	/* libevent queues SSL_get_error()'s code (a small number, no library)
-	 * before OpenSSL's own errors: keep the first real one. */
-	unsigned long e, first = 0;
-	while ((e = bufferevent_get_openssl_error(bev)) != 0)
-		if (!first && ERR_GET_LIB(e) != 0)
-			first = e;
-	while ((e = ERR_get_error()) != 0)
-		if (!first && ERR_GET_LIB(e) != 0)
-			first = e;
-	char reason[256] = "TLS connection failed";
-	if (!first)
-		return false; /* not OpenSSL's doing: a socket error or EOF */
-	ERR_error_string_n(first, reason, sizeof reason);
-	SSL *ssl = bufferevent_openssl_get_ssl(bev);
-	long vr = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
-	if (vr != X509_V_OK)
-		snprintf(out, cap, "%s (%s)", reason, X509_verify_cert_error_string(vr));
-	else
-		snprintf(out, cap, "%s", reason);
-	return true;
+	int err = SSL_get_error(ssl, r);
+	int saved = errno;
+	switch (err) {
+	case SSL_ERROR_WANT_READ:
+		return TAP_TLS_WANT_READ;
+	case SSL_ERROR_WANT_WRITE:
+		return TAP_TLS_WANT_WRITE;
+	case SSL_ERROR_ZERO_RETURN:
+		return TAP_TLS_CLOSED;
+	case SSL_ERROR_SYSCALL:
+		ERR_clear_error();
+		if (saved == 0)
+			return TAP_TLS_CLOSED; /* EOF without close_notify */
+		why[0] = '\0';
+		errno = saved;
+		return TAP_TLS_FAILED;
+	default: {
+		unsigned long e, first = 0;
+		while ((e = ERR_get_error()) != 0)
+			if (!first)
+				first = e;
+		char reason[256] = "TLS error";
+		if (first)
+			ERR_error_string_n(first, reason, sizeof reason);
+		long vr = SSL_get_verify_result(ssl);
+		if (vr != X509_V_OK)
+			snprintf(why, cap, "%s (%s)", reason, X509_verify_cert_error_string(vr));
+		else
+			snprintf(why, cap, "%s", reason);
+		errno = EPROTO;
+		return TAP_TLS_FAILED;
+	}
+	}
+}
+
+enum tap_tls_step tap_tls_handshake(SSL *ssl, char *why, size_t cap)
+{
+	ERR_clear_error();
+	errno = 0;
+	int r = SSL_do_handshake(ssl);
+	return r == 1 ? TAP_TLS_OK : outcome(ssl, r, why, cap);
+}
+
+/* The error queue is empty between calls (outcome() drains it), so the
+ * reads and writes do not clear it first: that costs a lookup per record. */
+enum tap_tls_step tap_tls_read(SSL *ssl, void *buf, size_t cap, size_t *got, char *why, size_t why_cap)
+{
+	errno = 0;
+	int r = SSL_read(ssl, buf, cap > INT_MAX ? INT_MAX : (int)cap);
+	*got = r > 0 ? (size_t)r : 0;
+	return r > 0 ? TAP_TLS_OK : outcome(ssl, r, why, why_cap);
+}
+
+enum tap_tls_step tap_tls_write(SSL *ssl, const void *buf, size_t len, size_t *put, char *why, size_t why_cap)
+{
+	errno = 0;
+	int r = SSL_write(ssl, buf, len > INT_MAX ? INT_MAX : (int)len);
+	*put = r > 0 ? (size_t)r : 0;
+	return r > 0 ? TAP_TLS_OK : outcome(ssl, r, why, why_cap);
+}
+
+bool tap_tls_pending(const SSL *ssl)
+{
+	return SSL_has_pending(ssl) == 1;
+}
+
+void tap_tls_free_ssl(SSL *ssl, bool notify)
+{
+	if (!ssl)
+		return;
+	if (notify) {
+		/* one try at a close_notify: a socket that cannot take it now is closed without */
+		(void)SSL_shutdown(ssl);
+		ERR_clear_error();
+	}
+	SSL_free(ssl);
 }

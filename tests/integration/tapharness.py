@@ -241,8 +241,8 @@ class Peer:
             idx = self.accepted
             self.accepted += 1
             t = threading.Thread(target=self._run, args=(conn, idx), daemon=True)
-            self.threads.append(t)
             t.start()
+            self.threads.append(t)  # after start: join() on a thread not yet started raises
 
     def _run(self, conn, idx):
         try:
@@ -274,14 +274,28 @@ def echo_handler(conn, _idx):
         conn.sendall(data)
 
 
+def recv_chunks(sock, n=None, chunk=MIB):
+    """Yields what sock receives, until n bytes came (n None: until EOF) or EOF came first. The one receive loop of
+    the integration tests: recv_bytes and recv_exact_hash are built on it."""
+    got = 0
+    while n is None or got < n:
+        data = sock.recv(chunk if n is None else min(chunk, n - got))
+        if not data:
+            return
+        got += len(data)
+        yield data
+
+
+def recv_bytes(sock, n=None, chunk=MIB):
+    """n bytes (n None: everything until EOF) as one bytes object; fewer when EOF came first."""
+    return b"".join(recv_chunks(sock, n, chunk))
+
+
 def recv_exact_hash(sock, n, chunk=MIB):
     """Reads exactly n bytes; returns (sha256 hexdigest, bytes read) — fewer bytes when EOF came first."""
     h = hashlib.sha256()
     got = 0
-    while got < n:
-        data = sock.recv(min(chunk, n - got))
-        if not data:
-            break
+    for data in recv_chunks(sock, n, chunk):
         h.update(data)
         got += len(data)
     return h.hexdigest(), got
@@ -351,5 +365,5 @@ def main():
 
 __all__ = ["AMQPTAP_BIN", "AMQP_091_HEADER", "BROKER_HOST", "BROKER_PORT", "CLIENTS_DIR", "MIB", "Peer", "SOURCE_DIR",
            "Tap", "TapTestCase", "broker_reachable", "check_confirmed_publishes", "echo_handler", "fd_count", "free_port", "is_asan_build", "main",
-           "random_chunks", "read_records", "recv_exact_hash", "require_broker", "rss_kb", "send_chunks",
+           "random_chunks", "read_records", "recv_bytes", "recv_chunks", "recv_exact_hash", "require_broker", "rss_kb", "send_chunks",
            "start_tap", "wait_for"]

@@ -2,59 +2,53 @@
 # reading from the writer instead of buffering (VmRSS sampled, must stay under 64 MB), and once the reader
 # resumes every byte arrives intact (SHA-256). Both directions. And when the stalled broker then resets, the
 # publishes the client had already delivered to the tap's socket, unread behind the backpressure, are still
-# observed: each gets its record.
+# observed: each gets its record. The same backpressure holds with TLS on both legs (64 MB each way).
 
 import fcntl
 import hashlib
+import os
+import shutil
 import socket
+import ssl
 import struct
+import tempfile
 import termios
 import threading
 import time
 
 from scenario_lib import frame_lines, publish_records, traced_publishes
-from tapharness import MIB, Peer, TapTestCase, is_asan_build, main, rss_kb
+from tapharness import MIB, Peer, TapTestCase, is_asan_build, main, recv_exact_hash, rss_kb, wait_for
+from test_tls import make_pki
 
 TOTAL = 200 * MIB
 CHUNK = 256 * 1024
 LIMIT_KB = 64 * 1024
 
 
-def stream_chunks():
-    """TOTAL bytes in CHUNK pieces, each stamped with its index so reordering or loss changes the hash."""
+def stream_chunks(total=TOTAL):
+    """total bytes in CHUNK pieces, each stamped with its index so reordering or loss changes the hash."""
     base = bytes(range(256)) * (CHUNK // 256)
-    for i in range(TOTAL // CHUNK):
+    for i in range(total // CHUNK):
         yield struct.pack(">Q", i) + base[8:]
 
 
 class Writer(threading.Thread):
-    def __init__(self, sock):
+    def __init__(self, sock, total=TOTAL):
         super().__init__(daemon=True)
         self.sock = sock
+        self.total = total
         self.sent = 0
         self.hash = hashlib.sha256()
         self.error = None
 
     def run(self):
         try:
-            for c in stream_chunks():
+            for c in stream_chunks(self.total):
                 self.sock.sendall(c)
                 self.hash.update(c)
                 self.sent += len(c)
         except OSError as e:
             self.error = e
-
-
-def read_all(sock, n):
-    h = hashlib.sha256()
-    got = 0
-    while got < n:
-        data = sock.recv(min(MIB, n - got))
-        if not data:
-            break
-        h.update(data)
-        got += len(data)
-    return h.hexdigest(), got
 
 
 class Sampler(threading.Thread):
@@ -97,11 +91,11 @@ class BackpressureTest(TapTestCase):
         sampler.join()
         limit = LIMIT_KB
         print(f"{name}: baseline RSS {baseline_kb} kB, peak RSS {sampler.peak} kB (limit {limit} kB), "
-              f"writer stalled after {stalled_at / MIB:.1f} MiB of {TOTAL // MIB} MiB"
+              f"writer stalled after {stalled_at / MIB:.1f} MiB of {writer.total // MIB} MiB"
               + (" [ASan build]" if self.asan else ""))
         self.assertIsNone(writer.error)
-        self.assertLess(stalled_at, TOTAL, "the writer never stalled: the tap buffered everything")
-        self.assertEqual(result, (writer.hash.hexdigest(), TOTAL), "data lost or changed after resuming")
+        self.assertLess(stalled_at, writer.total, "the writer never stalled: the tap buffered everything")
+        self.assertEqual(result, (writer.hash.hexdigest(), writer.total), "data lost or changed after resuming")
         self.assertLess(sampler.peak, limit, f"tap RSS peaked at {sampler.peak} kB")
         self.assertTrue(tap.alive())
 
@@ -109,7 +103,7 @@ class BackpressureTest(TapTestCase):
         def handler(conn, _idx):
             conn.settimeout(120)
             self.resume.wait(60)
-            self.peer_result["r"] = read_all(conn, TOTAL)
+            self.peer_result["r"] = recv_exact_hash(conn, TOTAL)
 
         peer = Peer(handler)
         self.addCleanup(peer.close)
@@ -154,7 +148,7 @@ class BackpressureTest(TapTestCase):
         self.assertTrue(writers, "the peer got no connection")
         stalled_at = self.wait_stalled(writers[0])
         try:
-            result = read_all(c, TOTAL)
+            result = recv_exact_hash(c, TOTAL)
         except OSError as e:
             self.fail(f"reading from the tap failed ({e}); peer writer sent {writers[0].sent} bytes, "
                       f"error {writers[0].error!r}")
@@ -162,6 +156,85 @@ class BackpressureTest(TapTestCase):
         c.close()
         self.check("broker->client", tap, baseline, sampler, stalled_at, writers[0], result)
 
+
+
+TLS_TOTAL = 64 * MIB
+
+
+class TlsBackpressureTest(BackpressureTest):
+    """TLS on both legs: client (Python ssl) -> tap -> a TLS peer standing in for the broker."""
+    pki = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.pki = tempfile.mkdtemp(prefix="amqptap-pki-")
+        make_pki(cls.pki)
+        cls.server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        cls.server_ctx.load_cert_chain(os.path.join(cls.pki, "server.pem"), os.path.join(cls.pki, "server.key"))
+        cls.client_ctx = ssl.create_default_context(cafile=os.path.join(cls.pki, "ca.pem"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.pki, ignore_errors=True)
+
+    def tls_tap(self, peer):
+        p = lambda name: os.path.join(self.pki, name)
+        return self.start_tap(["--tls-cert", p("server.pem"), "--tls-key", p("server.key"), "--upstream-tls",
+                               "--upstream-ca", p("ca.pem")], upstream_port=peer.port, upstream_host="localhost",
+                              env={"ASAN_OPTIONS": "quarantine_size_mb=16:detect_leaks=1"})
+
+    def connect(self, tap):
+        return self.client_ctx.wrap_socket(tap.connect(timeout=60), server_hostname="localhost")
+
+    def test_broker_stops_reading(self):
+        def handler(conn, _idx):
+            conn.settimeout(120)
+            with self.server_ctx.wrap_socket(conn, server_side=True) as tls:
+                self.resume.wait(60)
+                self.peer_result["r"] = recv_exact_hash(tls, TLS_TOTAL)
+
+        peer = Peer(handler)
+        self.addCleanup(peer.close)
+        tap = self.tls_tap(peer)
+        baseline = rss_kb(tap.pid)
+        sampler = Sampler(tap.pid)
+        sampler.start()
+        c = self.connect(tap)
+        writer = Writer(c, TLS_TOTAL)
+        writer.start()
+        stalled_at = self.wait_stalled(writer)
+        self.resume.set()
+        writer.join(120)
+        peer.join(120)
+        c.close()
+        self.check("TLS client->broker", tap, baseline, sampler, stalled_at, writer, self.peer_result.get("r"))
+
+    def test_client_stops_reading(self):
+        writers = []
+
+        def handler(conn, _idx):
+            conn.settimeout(120)
+            with self.server_ctx.wrap_socket(conn, server_side=True) as tls:
+                self.assertEqual(tls.recv(2), b"go")
+                w = Writer(tls, TLS_TOTAL)
+                writers.append(w)
+                w.run()
+                tls.recv(1)  # until the client is done: closing first would cut what is in flight
+
+        peer = Peer(handler)
+        self.addCleanup(peer.close)
+        tap = self.tls_tap(peer)
+        baseline = rss_kb(tap.pid)
+        sampler = Sampler(tap.pid)
+        sampler.start()
+        c = self.connect(tap)
+        c.sendall(b"go")
+        self.assertTrue(wait_for(lambda: writers, 10), "the peer got no connection")
+        stalled_at = self.wait_stalled(writers[0])
+        result = recv_exact_hash(c, TLS_TOTAL)
+        c.close()
+        peer.join(120)
+        self.check("TLS broker->client", tap, baseline, sampler, stalled_at, writers[0], result)
 
 
 def raw_frame(ftype, channel, payload):

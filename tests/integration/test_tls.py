@@ -2,6 +2,8 @@
 # and client certificates with the openssl command line, starts its own broker node with TLS (verify_peer,
 # fail_if_no_peer_cert: mTLS required), and checks verdicts over TLS, verification failures, mTLS, the key
 # log (tshark decrypts a raw capture of the client leg with it), and the decrypted --frames/--pcap.
+# --handshake-timeout: clients that open TCP and never finish (or never start) their TLS handshake delay
+# nobody and are closed after the timeout with a record; so is a broker that never answers the tap's handshake.
 
 import os
 import shutil
@@ -9,12 +11,15 @@ import signal
 import ssl
 import stat
 import subprocess
+import socket
 import tempfile
+import threading
 import time
 
 import pika
 
-from tapharness import AMQPTAP_BIN, SOURCE_DIR, TapTestCase, free_port, main, read_records, wait_for
+from tapharness import (AMQPTAP_BIN, SOURCE_DIR, Peer, TapTestCase, free_port, main, read_records, require_broker,
+                        wait_for)
 
 TLS_PORT = int(os.environ.get("TAP_TLS_BROKER_PORT", "5751"))
 PLAIN_PORT = int(os.environ.get("TAP_TLS_BROKER_PLAIN_PORT", "5750"))
@@ -51,13 +56,29 @@ def broker_sh(*args):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
 
 
-class TlsCase(TapTestCase):
+class PkiCase(TapTestCase):
+    """Certificates for the class's tests (no broker of its own)."""
     pki = None
 
     @classmethod
     def setUpClass(cls):
         cls.pki = tempfile.mkdtemp(prefix="amqptap-pki-")
         make_pki(cls.pki)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.pki, ignore_errors=True)
+
+    def p(self, name):
+        return os.path.join(self.pki, name)
+
+
+class TlsCase(PkiCase):
+    """Certificates and a broker with a TLS listener that wants client certificates."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
         BROKER_ENV.update({"TAP_BROKER_TLS_CA": f"{cls.pki}/ca.pem", "TAP_BROKER_TLS_CERT": f"{cls.pki}/server.pem",
                            "TAP_BROKER_TLS_KEY": f"{cls.pki}/server.key"})
         r = broker_sh("start")
@@ -67,10 +88,7 @@ class TlsCase(TapTestCase):
     @classmethod
     def tearDownClass(cls):
         broker_sh("stop")
-        shutil.rmtree(cls.pki, ignore_errors=True)
-
-    def p(self, name):
-        return os.path.join(self.pki, name)
+        super().tearDownClass()
 
     def tls_tap(self, client_tls=True, upstream_args=None, extra=()):
         args = []
@@ -243,6 +261,138 @@ class Verification(TlsCase):
             self.assertEqual(r.returncode, 2, err)
             self.assertIn(name, err)
             self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+
+def closed_after(sock, limit):
+    """Seconds until the peer closes sock (EOF or reset), reading and dropping whatever it sends; None if it
+    stays open past limit."""
+    t0 = time.monotonic()
+    sock.settimeout(limit)
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    except socket.timeout:
+        return None
+    return time.monotonic() - t0
+
+
+class HandshakeTimeout(PkiCase):
+    pika_params = TlsCase.pika_params
+
+    def test_stalled_client_handshakes_delay_nobody_and_are_closed(self):
+        require_broker(self)
+        tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key"),
+                              "--handshake-timeout", "1000"])
+        silent = [socket.create_connection(("127.0.0.1", tap.port)) for _ in range(40)]
+        partial = []
+        for _ in range(10):  # the first bytes of a ClientHello record, then nothing
+            c = socket.create_connection(("127.0.0.1", tap.port))
+            c.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+            partial.append(c)
+        opened = time.monotonic()
+        t0 = time.monotonic()
+        c = pika.BlockingConnection(self.pika_params(tap.port))
+        ch = c.channel()
+        ch.confirm_delivery()
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.basic_publish("", q, b"past the stalled ones", pika.BasicProperties(message_id="past"), mandatory=True)
+        took = time.monotonic() - t0
+        print(f"a TLS client connected and had its publish confirmed in {took * 1000:.0f} ms beside 50 stalled "
+              "handshakes")
+        self.assertLess(took, 0.9, "a stalled handshake delayed another client")
+        closed = []
+        for sock in silent + partial:
+            closed.append(closed_after(sock, max(0.1, opened + 5 - time.monotonic())))
+            sock.close()
+        self.assertNotIn(None, closed, "a stalled handshake was not closed")
+        since_open = time.monotonic() - opened
+        print(f"all 50 closed {since_open:.2f} s after they connected (timeout 1 s)")
+        self.assertLess(since_open, 3.0)
+        c.close()
+        self.assertTrue(wait_for(lambda: len(tap.records("connection")) >= 52, 5))
+        timed_out = [r for r in tap.records("connection")
+                     if r.get("by") == "client_tls_error" and r.get("text") == "TLS handshake timed out after 1000 ms"]
+        self.assertEqual(len(timed_out), 50, tap.records("connection")[:3])
+        self.assertGreaterEqual(min(r["duration_us"] for r in timed_out), 950_000)
+        self.assertEqual([r["route"] for r in tap.records("publish")], ["routed"])
+
+    def test_broker_connection_waits_for_the_client_handshake(self):
+        """The upstream connection is opened once the client's handshake is done: stalled, failed and abandoned
+        handshakes cost the broker no connection."""
+        peer = Peer(lambda conn, _idx: conn.sendall(conn.recv(64)))
+        self.addCleanup(peer.close)
+        tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key"),
+                              "--handshake-timeout", "300"], upstream_port=peer.port)
+        stalled = socket.create_connection(("127.0.0.1", tap.port))
+        plaintext = socket.create_connection(("127.0.0.1", tap.port))
+        plaintext.sendall(b"AMQP\x00\x00\x09\x01")
+        abandoned = socket.create_connection(("127.0.0.1", tap.port))
+        abandoned.sendall(b"\x16\x03\x01\x02\x00\x01")
+        abandoned.close()
+        for sock in (stalled, plaintext):
+            self.assertIsNotNone(closed_after(sock, 5))
+            sock.close()
+        self.assertTrue(wait_for(lambda: len(tap.records("connection")) == 3, 5), tap.records("connection"))
+        self.assertEqual(sorted(r["by"] for r in tap.records("connection")),
+                         ["client_eof", "client_tls_error", "client_tls_error"])
+        self.assertEqual(peer.accepted, 0, "a client that never finished its handshake opened a broker connection")
+        ctx = ssl.create_default_context(cafile=self.p("ca.pem"))
+        with ctx.wrap_socket(socket.create_connection(("127.0.0.1", tap.port)), server_hostname="localhost") as c:
+            c.sendall(b"AMQP\x00\x00\x09\x01")
+            self.assertEqual(c.recv(64), b"AMQP\x00\x00\x09\x01")
+        self.assertEqual(peer.accepted, 1)
+
+    def test_broker_that_never_answers_the_handshake(self):
+        hold = threading.Event()
+        self.addCleanup(hold.set)
+
+        def mute_broker(conn, _idx):  # takes the ClientHello and says nothing
+            conn.recv(65536)
+            hold.wait(30)
+
+        peer = Peer(mute_broker)
+        self.addCleanup(peer.close)
+        tap = self.start_tap(["--upstream-tls", "--upstream-ca", self.p("ca.pem"), "--handshake-timeout", "500"],
+                             upstream_port=peer.port, upstream_host="localhost")
+        c = socket.create_connection(("127.0.0.1", tap.port))
+        c.sendall(b"AMQP\x00\x00\x09\x01")
+        took = closed_after(c, 5)
+        c.close()
+        self.assertIsNotNone(took, "the client waited on a broker that never answered")
+        self.assertGreaterEqual(took, 0.45)
+        self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
+        rec = tap.records("connection")[-1]
+        self.assertEqual((rec["by"], rec["text"]), ("broker_tls_error", "TLS handshake timed out after 500 ms"))
+
+
+class Resumption(PkiCase):
+    def test_upstream_connections_resume_the_brokers_session(self):
+        """The upstream leg offers the session the broker gave the previous connection: a resumed handshake has
+        no certificate and no signatures on either side (as HAProxy does by default)."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(self.p("server.pem"), self.p("server.key"))
+        reused = []
+
+        def tls_echo(conn, _idx):
+            with ctx.wrap_socket(conn, server_side=True) as tls:
+                reused.append(tls.session_reused)
+                data = tls.recv(64)
+                tls.sendall(data)
+                tls.recv(64)  # until the tap closes
+
+        peer = Peer(tls_echo)
+        self.addCleanup(peer.close)
+        tap = self.start_tap(["--upstream-tls", "--upstream-ca", self.p("ca.pem")], upstream_port=peer.port,
+                             upstream_host="localhost")
+        for _ in range(3):
+            c = tap.connect()
+            c.sendall(b"AMQP\x00\x00\x09\x01")
+            self.assertEqual(c.recv(64), b"AMQP\x00\x00\x09\x01")
+            c.close()
+            self.assertTrue(wait_for(lambda: len(tap.records("connection")) == len(reused), 5))
+        self.assertEqual(reused, [False, True, True])
 
 
 class KeyLog(TlsCase):

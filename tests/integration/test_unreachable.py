@@ -1,10 +1,26 @@
 # Unreachable upstream: the client's connection is closed promptly (within 1 s), stderr says why, and the tap
-# keeps serving: once something listens on that port, the next client gets through.
+# keeps serving: once something listens on that port, the next client gets through. The client is reset
+# (SO_LINGER 0), not closed cleanly, so that client libraries take their "broker down" path as they do for the
+# "connection refused" a direct connection gets: py-amqp raises ConnectionResetError (a ConnectionError, as
+# ConnectionRefusedError is) instead of OSError("Server unexpectedly closed connection"); pika's error names
+# ConnectionResetError instead of "Transport indicated EOF".
+# Out of file descriptors (RLIMIT_NOFILE lowered under the running tap): clients the tap cannot give an upstream
+# socket are recorded with reason tap_fd_limit (not unreachable: the broker is fine), stderr says so once, and
+# the tap neither spins on a listener it cannot accept from nor stops serving; the clients that waited get
+# through once a connection ends.
 
+import errno
+import os
+import resource
 import socket
+import threading
 import time
 
-from tapharness import AMQP_091_HEADER, Peer, TapTestCase, echo_handler, free_port, main, wait_for
+import amqp
+import pika
+
+from tapharness import (AMQP_091_HEADER, BROKER_PORT, Peer, TapTestCase, echo_handler, fd_count, free_port, main,
+                        recv_bytes, require_broker, wait_for)
 
 
 class UnreachableTest(TapTestCase):
@@ -25,10 +41,15 @@ class UnreachableTest(TapTestCase):
     def test_closed_promptly_then_recovers(self):
         port = free_port()
         tap = self.start_tap(upstream_port=port)
-        c = tap.connect()
-        c.sendall(AMQP_091_HEADER)
-        took = self.closed_within(c, 1.0)
-        c.close()
+        # The client is reset, which can reach it before its own connect() has returned (the refusal from the
+        # upstream is that quick on loopback): that counts as closed at once.
+        try:
+            c = tap.connect()
+            c.sendall(AMQP_091_HEADER)
+            took = self.closed_within(c, 1.0)
+            c.close()
+        except (ConnectionResetError, BrokenPipeError):
+            took = 0.0
         self.assertIsNotNone(took, "client connection still open 1 s after the upstream refused")
         print(f"client closed {took * 1000:.1f} ms after connect to an unreachable upstream")
         self.assertTrue(wait_for(lambda: str(port) in tap.stderr(), 2.0),
@@ -36,9 +57,13 @@ class UnreachableTest(TapTestCase):
         self.assertTrue(tap.alive())
 
         # A silent client (sends nothing) is closed as well.
-        c = tap.connect()
-        self.assertIsNotNone(self.closed_within(c, 1.0), "silent client not closed")
-        c.close()
+        try:
+            c = tap.connect()
+        except ConnectionResetError:
+            c = None
+        if c is not None:
+            self.assertIsNotNone(self.closed_within(c, 1.0), "silent client not closed")
+            c.close()
 
         peer = Peer(echo_handler, port=port)
         self.addCleanup(peer.close)
@@ -46,16 +71,149 @@ class UnreachableTest(TapTestCase):
         c.settimeout(5)
         msg = AMQP_091_HEADER + b"after the upstream came back"
         c.sendall(msg)
-        got = b""
-        while len(got) < len(msg):
-            data = c.recv(4096)
-            if not data:
-                break
-            got += data
+        got = recv_bytes(c, len(msg))
         c.close()
         self.assertEqual(got, msg)
         self.assertEqual(peer.accepted, 1)
         self.assertTrue(tap.alive())
+
+    def test_client_is_reset_as_if_refused(self):
+        port = free_port()
+        tap = self.start_tap(upstream_port=port)
+
+        with self.assertRaises(ConnectionResetError):  # the reset may even reach connect() before it returns
+            c = tap.connect()  # sends nothing: a clean close would read as b""
+            self.addCleanup(c.close)
+            c.settimeout(5)
+            c.recv(4096)
+
+        with self.assertRaises(ConnectionRefusedError):  # what py-amqp says straight to a port nobody serves
+            amqp.Connection(f"127.0.0.1:{port}", connect_timeout=5).connect()
+        try:
+            amqp.Connection(f"127.0.0.1:{tap.port}", connect_timeout=5).connect()
+            self.fail("py-amqp connected through a tap whose broker is down")
+        except OSError as e:
+            print(f"py-amqp through the tap: {e!r}")
+            self.assertIsInstance(e, ConnectionError, "py-amqp did not see a connection error")
+            self.assertEqual(e.errno, errno.ECONNRESET)
+
+        params = pika.ConnectionParameters(host="127.0.0.1", port=tap.port, connection_attempts=1, socket_timeout=5)
+        with self.assertRaises(pika.exceptions.AMQPConnectionError) as ctx:
+            pika.BlockingConnection(params)
+        print(f"pika through the tap: {ctx.exception!r}")
+        self.assertIn("ConnectionResetError", repr(ctx.exception))
+
+        self.assertTrue(wait_for(lambda: len(tap.records("connection")) >= 3, 5.0))
+        self.assertEqual({r.get("by") for r in tap.records("connection")}, {"unreachable"})
+
+    def test_connect_that_hangs_times_out(self):
+        # a listener whose accept queue is full drops further SYNs: connecting to it hangs, as to a host that is
+        # down or firewalled
+        full = socket.socket()
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        self.addCleanup(full.close)
+        queued = socket.create_connection(full.getsockname())
+        self.addCleanup(queued.close)
+        tap = self.start_tap(["--handshake-timeout", "500"], upstream_port=full.getsockname()[1])
+        c = tap.connect()
+        c.sendall(AMQP_091_HEADER)
+        took = self.closed_within(c, 5.0)
+        c.close()
+        self.assertIsNotNone(took, "the client waited on a connect that never completed")
+        self.assertGreaterEqual(took, 0.45)
+        self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
+        rec = tap.records("connection")[-1]
+        self.assertEqual((rec["by"], rec["text"]), ("unreachable", "connect timed out after 500 ms"))
+        self.assertIn("connect timed out", tap.stderr())
+
+
+def cpu_seconds(pid):
+    """User plus system CPU time the process has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pika_connect(port):
+    params = pika.ConnectionParameters(host="127.0.0.1", port=port, connection_attempts=1, socket_timeout=10,
+                                       blocked_connection_timeout=30)
+    return pika.BlockingConnection(params)
+
+
+def confirm_publish(conn, body):
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    ch.basic_publish("", q, body, mandatory=True)  # raises if nacked or returned
+    return ch
+
+
+class FdLimitTest(TapTestCase):
+    def setUp(self):
+        super().setUp()
+        require_broker(self)
+        self.tap = self.start_tap(upstream_port=BROKER_PORT)
+
+    def limit_fds(self, spare):
+        """Lowers the tap's soft RLIMIT_NOFILE to what it has open plus `spare`."""
+        _, hard = resource.prlimit(self.tap.pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(self.tap.pid, resource.RLIMIT_NOFILE, (fd_count(self.tap.pid) + spare, hard))
+
+    def shortage_lines(self):
+        return [ln for ln in self.tap.stderr().splitlines() if "out of file descriptors" in ln]
+
+    def test_clients_without_an_upstream_socket_are_named_tap_fd_limit(self):
+        tap = self.tap
+        first = pika_connect(tap.port)  # before the limit: two descriptors (client and upstream)
+        self.limit_fds(1)  # room for one accepted client, none for its upstream
+        for _ in range(3):
+            with self.assertRaises(pika.exceptions.AMQPConnectionError):
+                pika_connect(tap.port)
+        confirm_publish(first, b"the tap still serves the connection it has")
+        first.close()
+        self.assertTrue(wait_for(lambda: len(tap.records("connection")) >= 4, 5.0))
+        closes = [r for r in tap.records("connection") if r.get("event") == "close"]
+        refused = [r for r in closes if r.get("by") == "tap_fd_limit"]
+        self.assertEqual(len(refused), 3, f"want three clients closed with reason tap_fd_limit: {closes}")
+        self.assertEqual([r for r in closes if r.get("by") == "unreachable"], [], "the broker was reachable")
+        self.assertEqual(len(self.shortage_lines()), 1, f"say it once, not per client: {tap.stderr()!r}")
+        self.assertNotIn("unreachable:", tap.stderr())
+        later = pika_connect(tap.port)  # two descriptors are free again
+        confirm_publish(later, b"after the shortage")
+        later.close()
+
+    def test_accept_pauses_instead_of_spinning_and_waiting_clients_get_through(self):
+        tap = self.tap
+        first = pika_connect(tap.port)
+        self.limit_fds(0)  # accept() itself fails
+        result = {}
+
+        def waiting_client():
+            try:
+                conn = pika_connect(tap.port)
+                confirm_publish(conn, b"waited in the accept queue")
+                conn.close()
+                result["ok"] = True
+            except Exception as e:  # reported through result
+                result["error"] = repr(e)
+
+        t = threading.Thread(target=waiting_client, daemon=True)
+        cpu0 = cpu_seconds(tap.pid)
+        t.start()
+        time.sleep(1.5)
+        spent = cpu_seconds(tap.pid) - cpu0
+        lines = len(tap.stderr().splitlines())
+        print(f"at the limit for 1.5 s: {spent:.2f} s of tap CPU, {lines} stderr lines")
+        self.assertTrue(t.is_alive(), f"the waiting client did not wait: {result}")
+        self.assertLess(spent, 0.3, "the tap spins on a listener it cannot accept from")
+        self.assertEqual(len(self.shortage_lines()), 1, tap.stderr()[-2000:])
+        self.assertLess(lines, 10, tap.stderr()[-2000:])
+        first.close()  # frees two descriptors: the waiting client is accepted
+        t.join(20)
+        self.assertEqual(result, {"ok": True})
+        closes = [r for r in tap.records("connection") if r.get("event") == "close"]
+        self.assertEqual([r.get("by") for r in closes if r.get("by") in ("tap_fd_limit", "unreachable")], [])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,145 @@
+/* What the forwarding engine's two files share (io layer, private): a
+ * session, its two legs and the proxy. proxy.c relays bytes between the
+ * legs and owns their lifecycle; tlsleg.c moves the bytes of a TLS leg
+ * (handshake, SSL_read, SSL_write on the leg's own socket). */
+#ifndef AMQPTAP_IO_SESSION_H
+#define AMQPTAP_IO_SESSION_H
+
+#include "amqptap/proxy.h"
+
+#include <event2/util.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+struct bufferevent;
+struct event;
+struct evbuffer;
+struct evconnlistener;
+struct ssl_st;
+
+enum side { SIDE_CLIENT = 0, SIDE_UPSTREAM = 1 };
+
+/* One side of a session. A plain leg is read by the session itself and
+ * written through its bufferevent; a TLS leg's socket is read and written
+ * by OpenSSL (tlsleg.c) and only its plaintext queue `out` is an evbuffer. */
+struct leg {
+	struct tap_session *s;
+	struct leg *peer; /* the session's other leg */
+	enum side side;
+	enum tap_dir from_here;    /* the direction of the bytes read from this leg */
+	struct evbuffer *out;      /* bytes waiting for this leg's socket (plaintext); NULL once the leg is gone */
+	struct bufferevent *bev;   /* plain legs: writes `out`, its output */
+	struct ssl_st *ssl;        /* TLS legs */
+	struct event *rd;          /* the session's own read event */
+	struct event *wr;          /* TLS legs: the socket is writable (or the upstream connect is done) */
+	struct event *setup_timer; /* TLS legs until set up: --handshake-timeout */
+	TAILQ_ENTRY(leg) turn;     /* TLS client legs waiting for their handshake turn */
+	evutil_socket_t fd;        /* -1 until the socket exists */
+	size_t low_water;          /* TLS legs: tap_leg_written once `out` drains to this */
+	size_t retry_len;          /* TLS legs: the length an interrupted SSL_write must be repeated with */
+	bool tls;                  /* no half-close: a FIN ends the session after draining */
+	bool connected;            /* bytes can be written to it: accepted, or the upstream connect (and handshake) done */
+	bool tcp_up;               /* TLS upstream legs: the TCP connect completed */
+	bool handshaken;           /* TLS legs: the handshake completed */
+	bool reading;              /* reading it is wanted (backpressure and EOF turn it off) */
+	bool eof;                  /* it sent FIN: nothing more to read from it */
+	bool shut_wr;              /* we sent it FIN */
+	bool draining;             /* TLS legs: a write stuck for TAP_PROXY_DRAIN_SECONDS ends the session */
+	bool queued;               /* TLS client legs: waiting in px->turns */
+	bool read_wants_write;     /* TLS legs: SSL_read needs the socket writable */
+	bool write_wants_read;     /* TLS legs: SSL_write needs the socket readable */
+	bool failed;               /* TLS legs: ended by an error (no close_notify) */
+};
+
+struct tap_session {
+	TAILQ_ENTRY(tap_session) link;
+	struct tap_proxy *px;
+	uint64_t id;
+	struct leg leg[2]; /* indexed by enum side */
+	bool closing;      /* one side is gone (reset): drain the other, then close it */
+	bool reset_client; /* the client is closed with a reset (no close_notify either) */
+	enum tap_proxy_end why;
+	char detail[160];
+	void *obs;
+};
+
+TAILQ_HEAD(session_list, tap_session);
+TAILQ_HEAD(leg_queue, leg);
+
+struct tap_proxy {
+	struct event_base *base;
+	struct evconnlistener *listener;
+	struct sockaddr_storage upstream;
+	int upstream_len;
+	char upstream_name[300]; /* as configured, for messages */
+	char upstream_addr[80];  /* numeric, for observers */
+	struct tap_proxy_hooks hooks;
+	struct tap_tls *tls;
+	struct session_list sessions;
+	uint64_t next_id;
+	struct tap_proxy_stats stats;
+	uint8_t *scratch; /* TAP_PROXY_MAX_IO bytes: reads land here when they can be sent on at once */
+	bool stopped;
+	bool accept_paused; /* accept() ran out of descriptors: resumed when a session ends, or by resume_accept */
+	struct event *resume_accept;
+	bool out_of_fds; /* a descriptor shortage was said on stderr and is not over (shortage_over) */
+	struct event *shortage_over;
+	uint64_t fd_limit_before; /* stats.fd_limit when the shortage began */
+	uint64_t accept_pauses;   /* in this shortage */
+	uint32_t handshake_ms;    /* 0: setting up a leg may take forever */
+	struct timeval handshake_timeout;
+	struct leg_queue turns;   /* TLS client legs whose handshake can go on: one step per loop turn */
+	struct event *turn;       /* runs the first of `turns` */
+	void (*idle_cb)(void *);
+	void *idle_arg;
+};
+
+/* proxy.c, for tlsleg.c: */
+
+/* Something happened to a leg (libevent's BEV_EVENT_* bits): connected,
+ * timed out, EOF or error; err is the errno, why OpenSSL's reason for a TLS
+ * failure or NULL. The session may be gone on return. */
+void tap_leg_event(struct leg *l, short what, int err, const char *why);
+/* A leg's output drained to its low watermark. The session may be gone on
+ * return. */
+void tap_leg_written(struct leg *l);
+/* The peer's output when bytes for it must be queued, else NULL. */
+struct evbuffer *tap_leg_queue_for(const struct leg *to);
+/* Shows `len` bytes read from `from` to the observer. */
+void tap_leg_observe(struct leg *from, const void *data, size_t len, int64_t now);
+/* Counts bytes read from `from` and applies backpressure. */
+void tap_leg_account(struct leg *from, size_t len);
+/* Passes bytes read from `from` to its peer (sent or queued), then
+ * observes and counts them. */
+void tap_leg_pass_on(struct leg *from, const void *data, size_t len, int64_t now);
+
+/* tlsleg.c: */
+
+/* Makes `l` a TLS leg on the accepted socket fd, waiting for the client's
+ * handshake. Returns 0 or an errno. */
+int tap_tls_leg_accept(struct leg *l, evutil_socket_t fd);
+/* Opens the upstream socket of TLS leg `l` and starts connecting. Returns 0
+ * or an errno (EMFILE/ENFILE: out of descriptors). */
+int tap_tls_leg_connect(struct leg *l);
+/* Writes bytes to a TLS leg whose queue is empty, straight from `data`;
+ * returns how many it took. What it did not take must be queued next: an
+ * interrupted write is repeated from there (with the length it had). */
+size_t tap_tls_leg_send(struct leg *to, const void *data, size_t len);
+/* Starts the --handshake-timeout clock of a TLS leg. */
+void tap_tls_leg_arm_setup(struct leg *l);
+/* Applies l->reading to a handshaken TLS leg. */
+void tap_tls_leg_reading(struct leg *l);
+/* From now on a write that makes no progress for TAP_PROXY_DRAIN_SECONDS
+ * ends the session. */
+void tap_tls_leg_drain(struct leg *l);
+/* Frees everything of a TLS leg (close_notify unless it failed or `reset`). */
+void tap_tls_leg_free(struct leg *l, bool reset);
+/* The proxy's handshake turns: set up / torn down with the proxy. */
+int tap_tls_turns_init(struct tap_proxy *px);
+void tap_tls_turns_free(struct tap_proxy *px);
+
+#endif

@@ -1,0 +1,432 @@
+/* A TLS leg of a session: OpenSSL reads and writes the leg's socket itself
+ * (read-ahead: one read() per burst of records), SSL_read decrypts straight
+ * into the peer's queue (or into the scratch buffer when the bytes can be
+ * sent on at once), and the leg's plaintext queue is written with one
+ * SSL_write per full-size record. No filter bufferevent and no ciphertext
+ * evbuffer: the bytes are copied once each way, as in HAProxy.
+ *
+ *   states: CONNECTING (upstream TCP) --writable--> HANDSHAKE --done--> OPEN
+ *
+ * A client's handshake steps take turns: a readiness event only queues the
+ * leg (px->turns), and one queued step runs per loop turn, after the other
+ * events of that turn. A burst of new clients then cannot hold up sessions
+ * that already carry traffic or whose broker handshake is under way (the
+ * broker gives up on a TLS handshake after 5 s), and the handshakes finish
+ * in the order their clients arrived, as HAProxy's scheduler runs its
+ * "heavy" TLS tasklets. Upstream handshake steps run at once. */
+#include "session.h"
+
+#include "amqptap/tls.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static void step_handshake(struct leg *l);
+static void flush(struct leg *l);
+
+static void arm_write(struct leg *l)
+{
+	struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
+	event_add(l->wr, l->draining ? &drain : NULL);
+}
+
+static void take_turn(struct leg *l)
+{
+	struct tap_proxy *px = l->s->px;
+	if (l->queued)
+		return;
+	event_del(l->rd); /* level-triggered: would fire every turn until the step runs */
+	event_del(l->wr);
+	TAILQ_INSERT_TAIL(&px->turns, l, turn);
+	l->queued = true;
+	struct timeval now = {0, 0};
+	if (!evtimer_pending(px->turn, NULL))
+		evtimer_add(px->turn, &now);
+}
+
+static void on_turn(evutil_socket_t fd, short what, void *arg)
+{
+	struct tap_proxy *px = arg;
+	(void)fd;
+	(void)what;
+	struct leg *l = TAILQ_FIRST(&px->turns);
+	if (!l)
+		return;
+	TAILQ_REMOVE(&px->turns, l, turn);
+	l->queued = false;
+	struct timeval now = {0, 0};
+	if (!TAILQ_EMPTY(&px->turns))
+		evtimer_add(px->turn, &now);
+	step_handshake(l); /* last: the session may be gone */
+}
+
+int tap_tls_turns_init(struct tap_proxy *px)
+{
+	TAILQ_INIT(&px->turns);
+	px->turn = evtimer_new(px->base, on_turn, px);
+	return px->turn ? 0 : -1;
+}
+
+void tap_tls_turns_free(struct tap_proxy *px)
+{
+	if (px->turn)
+		event_free(px->turn);
+	px->turn = NULL;
+}
+
+static void on_setup_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct leg *l = arg;
+	(void)fd;
+	(void)what;
+	tap_leg_event(l, BEV_EVENT_TIMEOUT, 0, NULL);
+}
+
+void tap_tls_leg_arm_setup(struct leg *l)
+{
+	struct tap_proxy *px = l->s->px;
+	if (!px->handshake_ms || l->handshaken)
+		return;
+	if (!l->setup_timer)
+		l->setup_timer = evtimer_new(px->base, on_setup_timeout, l);
+	if (l->setup_timer)
+		evtimer_add(l->setup_timer, &px->handshake_timeout);
+}
+
+/* The peer's output when the decrypted bytes must be queued there, else
+ * NULL (they go to px->scratch and straight on). */
+static struct evbuffer *target(const struct leg *from)
+{
+	return from->peer->out ? tap_leg_queue_for(from->peer) : NULL;
+}
+
+/* Decrypts what the leg has, up to TAP_PROXY_HIGH_WATER per wakeup. */
+static void read_some(struct leg *from)
+{
+	struct tap_proxy *px = from->s->px;
+	char why[160] = "";
+	size_t budget = TAP_PROXY_HIGH_WATER;
+	enum tap_tls_step st = TAP_TLS_OK;
+	while (budget > 0 && from->reading && st == TAP_TLS_OK) {
+		struct evbuffer *q = target(from);
+		size_t got = 0, cap = TAP_PROXY_MAX_IO;
+		struct evbuffer_iovec v;
+		uint8_t *dst = px->scratch;
+		if (q) {
+			if (evbuffer_reserve_space(q, TAP_TLS_READ_AHEAD, &v, 1) != 1) {
+				q = NULL; /* no memory for the queue: the copying path says what happens */
+			} else {
+				dst = v.iov_base;
+				cap = v.iov_len;
+			}
+		}
+		/* one record per SSL_read: fill the space with as many as have
+		 * arrived; once OpenSSL holds nothing more, the socket is empty
+		 * (or, if read-ahead filled up, readable again: epoll says so),
+		 * so no read() is spent on EAGAIN */
+		bool emptied = false;
+		while (got < cap) {
+			size_t n = 0;
+			st = tap_tls_read(from->ssl, dst + got, cap - got, &n, why, sizeof why);
+			if (st != TAP_TLS_OK)
+				break;
+			got += n;
+			if (!tap_tls_pending(from->ssl)) {
+				emptied = true;
+				break;
+			}
+		}
+		int64_t now = tap_now_us();
+		if (q) {
+			v.iov_len = got;
+			if (got)
+				tap_leg_observe(from, dst, got, now);
+			evbuffer_commit_space(q, &v, got ? 1 : 0);
+			if (got)
+				tap_leg_account(from, got);
+		} else if (got) {
+			tap_leg_pass_on(from, dst, got, now);
+		}
+		budget = got < budget ? budget - got : 0;
+		if (emptied)
+			return;
+	}
+	switch (st) {
+	case TAP_TLS_OK: /* out of budget, or reading was turned off */
+		if (from->reading && tap_tls_pending(from->ssl))
+			event_active(from->rd, EV_READ, 1); /* no readiness event will say so */
+		return;
+	case TAP_TLS_WANT_READ:
+		return;
+	case TAP_TLS_WANT_WRITE:
+		from->read_wants_write = true;
+		arm_write(from);
+		return;
+	case TAP_TLS_CLOSED:
+		tap_leg_event(from, BEV_EVENT_READING | BEV_EVENT_EOF, 0, NULL);
+		return;
+	case TAP_TLS_FAILED:
+		from->failed = true;
+		tap_leg_event(from, BEV_EVENT_READING | BEV_EVENT_ERROR, errno, why[0] ? why : NULL);
+		return;
+	}
+}
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+	struct leg *l = arg;
+	(void)fd;
+	(void)what;
+	if (!l->handshaken) {
+		if (l->side == SIDE_CLIENT)
+			take_turn(l);
+		else
+			step_handshake(l);
+		return;
+	}
+	if (l->write_wants_read) {
+		l->write_wants_read = false;
+		flush(l);
+		return; /* the session may be gone; a readable socket wakes us again */
+	}
+	read_some(l);
+}
+
+/* Writes the queue, one record per SSL_write; arms the write event when the
+ * socket is full, and says so when the queue drained to its low watermark. */
+static void flush(struct leg *l)
+{
+	char why[160] = "";
+	bool progress = false;
+	size_t len;
+	while ((len = evbuffer_get_length(l->out)) > 0) {
+		size_t n = len < TAP_TLS_RECORD ? len : TAP_TLS_RECORD;
+		if (n < l->retry_len)
+			n = l->retry_len;
+		const uint8_t *p = evbuffer_pullup(l->out, (ev_ssize_t)n);
+		size_t put = 0;
+		enum tap_tls_step st = p ? tap_tls_write(l->ssl, p, n, &put, why, sizeof why) : TAP_TLS_FAILED;
+		if (st == TAP_TLS_OK) {
+			evbuffer_drain(l->out, put);
+			l->retry_len = 0;
+			progress = true;
+			continue;
+		}
+		if (st == TAP_TLS_WANT_WRITE || st == TAP_TLS_WANT_READ) {
+			l->retry_len = n;
+			l->write_wants_read = st == TAP_TLS_WANT_READ;
+			if (st == TAP_TLS_WANT_WRITE)
+				arm_write(l);
+			break;
+		}
+		l->failed = true;
+		tap_leg_event(l, BEV_EVENT_WRITING | BEV_EVENT_ERROR, p ? errno : ENOMEM, why[0] ? why : NULL);
+		return;
+	}
+	if (len == 0 && !l->read_wants_write)
+		event_del(l->wr);
+	if (progress && evbuffer_get_length(l->out) <= l->low_water)
+		tap_leg_written(l); /* last: the session may be gone */
+}
+
+static void on_writable(evutil_socket_t fd, short what, void *arg)
+{
+	struct leg *l = arg;
+	if (what & EV_TIMEOUT) {
+		tap_leg_event(l, BEV_EVENT_WRITING | BEV_EVENT_TIMEOUT, 0, NULL);
+		return;
+	}
+	if (l->side == SIDE_UPSTREAM && !l->tcp_up) {
+		int err = 0;
+		socklen_t len = sizeof err;
+		if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+			err = errno;
+		if (err) {
+			tap_leg_event(l, BEV_EVENT_ERROR, err, NULL);
+			return;
+		}
+		l->tcp_up = true;
+		int one = 1;
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+		step_handshake(l);
+		return;
+	}
+	if (!l->handshaken) {
+		if (l->side == SIDE_CLIENT)
+			take_turn(l);
+		else
+			step_handshake(l);
+		return;
+	}
+	if (l->read_wants_write) {
+		l->read_wants_write = false;
+		event_del(l->wr);
+		read_some(l);
+		return;
+	}
+	flush(l);
+}
+
+size_t tap_tls_leg_send(struct leg *to, const void *data, size_t len)
+{
+	char why[160];
+	size_t done = 0;
+	while (done < len) {
+		size_t n = len - done < TAP_TLS_RECORD ? len - done : TAP_TLS_RECORD;
+		size_t put = 0;
+		enum tap_tls_step st = tap_tls_write(to->ssl, (const uint8_t *)data + done, n, &put, why, sizeof why);
+		if (st == TAP_TLS_OK) {
+			done += put;
+			continue;
+		}
+		if (st == TAP_TLS_WANT_READ) {
+			to->retry_len = n;
+			to->write_wants_read = true;
+		} else if (st == TAP_TLS_WANT_WRITE) {
+			to->retry_len = n;
+			arm_write(to);
+		} else {
+			arm_write(to); /* the write event's flush meets the failure again and reports it */
+		}
+		break;
+	}
+	return done;
+}
+
+/* New bytes in the queue (a deferred callback: what one loop turn queued is
+ * written together). */
+static void on_queued(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+	struct leg *l = arg;
+	(void)buf;
+	if (info->n_added > 0 && l->handshaken && !l->retry_len && !l->write_wants_read)
+		flush(l);
+}
+
+static void step_handshake(struct leg *l)
+{
+	char why[160] = "";
+	switch (tap_tls_handshake(l->ssl, why, sizeof why)) {
+	case TAP_TLS_OK:
+		l->handshaken = true;
+		if (l->setup_timer)
+			evtimer_del(l->setup_timer);
+		event_del(l->wr);
+		if (evbuffer_get_length(l->out) > 0)
+			event_active(l->wr, EV_WRITE, 1); /* what was queued during the handshake */
+		tap_tls_leg_reading(l);
+		tap_leg_event(l, BEV_EVENT_CONNECTED, 0, NULL);
+		/* the session may be gone (its upstream could not be opened) */
+		return;
+	case TAP_TLS_WANT_READ:
+		event_del(l->wr);
+		event_add(l->rd, NULL);
+		return;
+	case TAP_TLS_WANT_WRITE:
+		event_add(l->wr, NULL);
+		return;
+	case TAP_TLS_CLOSED:
+		tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_EOF, 0, NULL);
+		return;
+	case TAP_TLS_FAILED:
+		l->failed = true;
+		tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_ERROR, errno, why[0] ? why : NULL);
+		return;
+	}
+}
+
+/* The events and queue of a TLS leg on socket fd; 0 or an errno. */
+static int leg_setup(struct leg *l, evutil_socket_t fd)
+{
+	struct tap_proxy *px = l->s->px;
+	l->fd = fd;
+	l->rd = event_new(px->base, fd, EV_READ | EV_PERSIST, on_readable, l);
+	l->wr = event_new(px->base, fd, EV_WRITE | EV_PERSIST, on_writable, l);
+	if (!l->rd || !l->wr || !l->ssl)
+		return ENOMEM;
+	if (!evbuffer_add_cb(l->out, on_queued, l) || evbuffer_defer_callbacks(l->out, px->base) < 0)
+		return ENOMEM;
+	return 0;
+}
+
+int tap_tls_leg_accept(struct leg *l, evutil_socket_t fd)
+{
+	l->ssl = tap_tls_accept_ssl(l->s->px->tls, fd);
+	int err = leg_setup(l, fd);
+	if (err)
+		return err;
+	event_add(l->rd, NULL); /* the ClientHello */
+	return 0;
+}
+
+int tap_tls_leg_connect(struct leg *l)
+{
+	struct tap_proxy *px = l->s->px;
+	evutil_socket_t fd = socket(px->upstream.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return errno;
+	if (connect(fd, (struct sockaddr *)&px->upstream, (socklen_t)px->upstream_len) < 0 && errno != EINPROGRESS) {
+		int err = errno;
+		close(fd);
+		return err;
+	}
+	l->ssl = tap_tls_connect_ssl(px->tls, fd);
+	int err = leg_setup(l, fd);
+	if (err)
+		return err; /* the fd is the leg's now: freed with it */
+	event_add(l->wr, NULL); /* the connect */
+	return 0;
+}
+
+void tap_tls_leg_reading(struct leg *l)
+{
+	if (!l->handshaken || !l->rd)
+		return;
+	if (!l->reading) {
+		event_del(l->rd);
+		return;
+	}
+	event_add(l->rd, NULL);
+	if (tap_tls_pending(l->ssl))
+		event_active(l->rd, EV_READ, 1); /* what OpenSSL already holds wakes nobody */
+}
+
+void tap_tls_leg_drain(struct leg *l)
+{
+	l->draining = true;
+	if (l->wr && event_pending(l->wr, EV_WRITE, NULL))
+		arm_write(l);
+}
+
+void tap_tls_leg_free(struct leg *l, bool reset)
+{
+	struct tap_proxy *px = l->s->px;
+	if (l->queued) {
+		TAILQ_REMOVE(&px->turns, l, turn);
+		l->queued = false;
+	}
+	if (l->wr)
+		event_free(l->wr);
+	if (l->setup_timer)
+		event_free(l->setup_timer);
+	l->wr = l->setup_timer = NULL;
+	tap_tls_free_ssl(l->ssl, l->handshaken && !l->failed && !reset);
+	l->ssl = NULL;
+	if (l->out) {
+		/* a deferred callback may be pending: it holds the buffer, not the leg */
+		(void)evbuffer_remove_cb(l->out, on_queued, l); /* -1: it was never added */
+		evbuffer_free(l->out);
+	}
+	if (l->fd >= 0)
+		close(l->fd);
+	l->fd = -1;
+}
