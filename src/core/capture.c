@@ -1,15 +1,14 @@
 /* Capture reader: classic pcap (https://www.tcpdump.org/manpages/pcap-savefile.5.html) and pcapng
  * (draft-ietf-opsawg-pcapng §4), link layers per https://www.tcpdump.org/linktypes.html, IPv4 (RFC 791), IPv6
- * (RFC 8200 §4 extension headers), and TCP (RFC 9293 §3.4 sequence space) reassembled per direction. */
+ * (RFC 8200 §4 extension headers) and the TCP header; the segments go to the reassembler (reasm.h). */
 #include "amqptap/capture.h"
 
 #include "amqptap/status.h"
 #include "rd.h"
+#include "reasm.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,11 +24,6 @@
 #define PCAPNG_BOM 0x1A2B3C4Du
 #define PCAPNG_MAX_IFACES 1024
 
-#define TCP_FIN 0x01
-#define TCP_SYN 0x02
-#define TCP_RST 0x04
-#define TCP_ACK 0x10
-
 enum format { FMT_PCAP, FMT_PCAPNG };
 
 struct iface {
@@ -37,67 +31,6 @@ struct iface {
 	bool binary;   /* if_tsresol: 2^-exp instead of 10^-exp */
 	uint8_t exp;
 	int64_t offset_us; /* if_tsoffset */
-};
-
-/* One TCP segment as parsed from a packet; slices point into the block buffer. */
-struct segment {
-	bool v6;
-	uint8_t src[16], dst[16];
-	uint16_t sport, dport;
-	uint32_t seq, ack;
-	uint8_t flags;
-	const uint8_t *payload;
-	size_t len;
-};
-
-struct stream_key {
-	uint8_t client[16], server[16];
-	uint16_t cport, sport;
-	uint8_t v6;
-	uint8_t pad[3];
-};
-
-struct ooo_seg {
-	uint32_t seq;
-	uint32_t len;
-	bool fin;
-	uint8_t *data;
-};
-
-/* One direction of a stream: `next` is the sequence number of the next byte to deliver. */
-struct half {
-	bool init;
-	bool fin_done;
-	uint32_t next;
-	struct ooo_seg *segs; /* sorted by distance from next */
-	size_t n, cap;
-	size_t bytes;
-};
-
-/* A stream stays in the table after it closed (so late packets of it are recognised and dropped) until it has
- * been closed for the idle time or the closed ones exceed max_streams; an open stream that carried nothing for
- * the idle time, or the least recently active one when a new stream would exceed max_streams, is closed
- * (TAP_CAPTURE_END_IDLE, _LIMIT) and dropped at once, so a later packet of it starts a mid-stream stream. */
-struct stream {
-	struct stream_key key;
-	uint64_t id;
-	void *user;
-	bool closed;
-	bool fin_seen;
-	enum tap_dir first_fin; /* the direction of the first FIN, once fin_seen */
-	struct half h[TAP_DIR_COUNT];
-	int64_t last_ts; /* capture time of its last packet, or of its close once closed */
-	struct stream *hnext;  /* hash chain */
-	struct stream_link {
-		struct stream *prev, *next;
-	} by_start, by_age; /* open streams in creation order; open streams by last packet, or closed ones by close */
-};
-
-/* A list of streams through one of their links (the link's offset in struct stream), oldest first. */
-struct stream_list {
-	struct stream *head, *tail;
-	size_t n;
-	size_t link;
 };
 
 struct tap_capture {
@@ -118,15 +51,8 @@ struct tap_capture {
 	uint8_t *blk;
 	size_t blk_cap;
 	int64_t last_ts;
-	/* reassembly */
-	uint16_t port;
 	const struct tap_capture_cb *cb;
-	struct stream **tab;
-	size_t tab_size, n_streams;
-	struct stream_list open;       /* by_start */
-	struct stream_list live, dead; /* by_age: open streams by activity; closed ones kept for their late packets */
-	int64_t idle_us;
-	size_t max_streams;
+	struct tap_reasm reasm;
 	struct tap_capture_stats st;
 };
 
@@ -186,414 +112,9 @@ static bool blk_reserve(struct tap_capture *c, size_t n)
 	return true;
 }
 
-/* ---- TCP reassembly ---- */
-
-static size_t key_hash(const struct stream_key *k, size_t size)
-{
-	uint64_t h = 1469598103934665603ull;
-	const uint8_t *p = (const uint8_t *)k;
-	for (size_t i = 0; i < sizeof *k; i++)
-		h = (h ^ p[i]) * 1099511628211ull;
-	return (size_t)(h ^ (h >> 29)) & (size - 1);
-}
-
-static struct stream *stream_find(struct tap_capture *c, const struct stream_key *k)
-{
-	if (!c->tab)
-		return NULL;
-	for (struct stream *s = c->tab[key_hash(k, c->tab_size)]; s; s = s->hnext)
-		if (memcmp(&s->key, k, sizeof *k) == 0)
-			return s;
-	return NULL;
-}
-
-static bool tab_grow(struct tap_capture *c)
-{
-	size_t size = c->tab_size ? c->tab_size * 2 : 256;
-	struct stream **tab = calloc(size, sizeof *tab);
-	if (!tab)
-		return false;
-	for (size_t i = 0; i < c->tab_size; i++) {
-		struct stream *s = c->tab[i];
-		while (s) {
-			struct stream *next = s->hnext;
-			size_t h = key_hash(&s->key, size);
-			s->hnext = tab[h];
-			tab[h] = s;
-			s = next;
-		}
-	}
-	free(c->tab);
-	c->tab = tab;
-	c->tab_size = size;
-	return true;
-}
-
-static struct stream_link *link_of(const struct stream_list *l, struct stream *s)
-{
-	return (struct stream_link *)((char *)s + l->link);
-}
-
-static void list_unlink(struct stream_list *l, struct stream *s)
-{
-	struct stream_link *k = link_of(l, s);
-	if (k->prev)
-		link_of(l, k->prev)->next = k->next;
-	else
-		l->head = k->next;
-	if (k->next)
-		link_of(l, k->next)->prev = k->prev;
-	else
-		l->tail = k->prev;
-	*k = (struct stream_link){NULL, NULL};
-	l->n--;
-}
-
-static void list_append(struct stream_list *l, struct stream *s)
-{
-	struct stream_link *k = link_of(l, s);
-	*k = (struct stream_link){l->tail, NULL};
-	if (l->tail)
-		link_of(l, l->tail)->next = s;
-	else
-		l->head = s;
-	l->tail = s;
-	l->n++;
-}
-
-static void half_clear(struct half *h)
-{
-	for (size_t i = 0; i < h->n; i++)
-		free(h->segs[i].data);
-	free(h->segs);
-	memset(h, 0, sizeof *h);
-}
-
-static void addr_text(char out[64], bool v6, const uint8_t *addr, uint16_t port)
-{
-	char ip[INET6_ADDRSTRLEN];
-	if (!inet_ntop(v6 ? AF_INET6 : AF_INET, addr, ip, sizeof ip))
-		strcpy(ip, "?");
-	snprintf(out, 64, v6 ? "[%s]:%u" : "%s:%u", ip, port);
-}
-
-static enum tap_capture_end fin_end(const struct stream *s)
-{
-	return s->first_fin == TAP_C2S ? TAP_CAPTURE_END_CLIENT_FIN : TAP_CAPTURE_END_SERVER_FIN;
-}
-
-static void stream_close(struct tap_capture *c, struct stream *s, enum tap_capture_end how, int64_t ts)
-{
-	if (s->closed)
-		return;
-	s->closed = true;
-	s->last_ts = ts;
-	list_unlink(&c->live, s);
-	list_append(&c->dead, s);
-	if (c->cb->close)
-		c->cb->close(c->cb->ctx, s->user, how, ts);
-	s->user = NULL;
-	half_clear(&s->h[TAP_S2C]);
-	half_clear(&s->h[TAP_C2S]);
-	list_unlink(&c->open, s);
-}
-
-/* Takes a closed stream out of the table and frees it. */
-static void stream_free(struct tap_capture *c, struct stream *s)
-{
-	struct stream **pp = &c->tab[key_hash(&s->key, c->tab_size)];
-	while (*pp != s)
-		pp = &(*pp)->hnext;
-	*pp = s->hnext;
-	list_unlink(&c->dead, s);
-	c->n_streams--;
-	free(s);
-}
-
-/* Closes and frees streams idle for idle_us at capture time ts, and closed ones kept as long. */
-static void expire(struct tap_capture *c, int64_t ts)
-{
-	struct stream *s;
-	while ((s = c->live.head) && ts - s->last_ts >= c->idle_us) {
-		c->st.idle_closed++;
-		stream_close(c, s, TAP_CAPTURE_END_IDLE, ts);
-		stream_free(c, s);
-	}
-	while ((s = c->dead.head) && ts - s->last_ts >= c->idle_us)
-		stream_free(c, s);
-}
-
-/* Room for one more stream under max_streams: the oldest closed one is forgotten, else the least recently active
- * open one is closed. */
-static void make_room(struct tap_capture *c, int64_t ts)
-{
-	while (c->dead.n > 0 && c->dead.n + c->live.n >= c->max_streams)
-		stream_free(c, c->dead.head);
-	while (c->live.n > 0 && c->live.n >= c->max_streams) {
-		struct stream *s = c->live.head;
-		c->st.evicted++;
-		stream_close(c, s, TAP_CAPTURE_END_LIMIT, ts);
-		stream_free(c, s);
-	}
-}
-
-/* A new stream in place of a closed one with the same key, or a fresh one. */
-static struct stream *stream_open(struct tap_capture *c, struct stream *old, const struct stream_key *k, bool midstream,
-				  int64_t ts)
-{
-	struct stream *s = old;
-	if (!s) {
-		make_room(c, ts);
-		if (c->n_streams >= c->tab_size && !tab_grow(c))
-			return NULL;
-		s = calloc(1, sizeof *s);
-		if (!s)
-			return NULL;
-		s->key = *k;
-		size_t h = key_hash(k, c->tab_size);
-		s->hnext = c->tab[h];
-		c->tab[h] = s;
-		c->n_streams++;
-	} else {
-		list_unlink(&c->dead, s);
-		struct stream *hnext = s->hnext;
-		memset(s, 0, sizeof *s);
-		s->key = *k;
-		s->hnext = hnext;
-	}
-	s->last_ts = ts;
-	list_append(&c->live, s);
-	list_append(&c->open, s);
-	s->id = ++c->st.streams;
-	if (c->cb->open) {
-		char client[64], server[64];
-		addr_text(client, k->v6, k->client, k->cport);
-		addr_text(server, k->v6, k->server, k->sport);
-		s->user = c->cb->open(c->cb->ctx, s->id, client, server, midstream, ts);
-	}
-	return s;
-}
-
-static void emit(struct tap_capture *c, struct stream *s, enum tap_dir dir, const uint8_t *data, size_t len,
-		 int64_t ts)
-{
-	struct half *h = &s->h[dir];
-	h->next += (uint32_t)len;
-	c->st.bytes += len;
-	if (len && c->cb->data)
-		c->cb->data(c->cb->ctx, s->user, dir, data, len, ts);
-}
-
-static void reach_fin(struct stream *s, enum tap_dir dir)
-{
-	struct half *h = &s->h[dir];
-	h->fin_done = true;
-	h->next++;
-	if (!s->fin_seen) {
-		s->fin_seen = true;
-		s->first_fin = dir;
-	}
-}
-
-/* Delivers [seq, seq+len) (+FIN) if it starts at or before `next`; returns false when it lies ahead. */
-static bool deliver_inorder(struct tap_capture *c, struct stream *s, enum tap_dir dir, uint32_t seq, const uint8_t *data,
-			    size_t len, bool fin, int64_t ts)
-{
-	struct half *h = &s->h[dir];
-	int32_t rel = (int32_t)(seq - h->next);
-	if (rel > 0)
-		return false;
-	size_t old = (size_t)(-(int64_t)rel);
-	if (old >= len + (fin ? 1 : 0)) {
-		if (len || fin)
-			c->st.retransmitted++;
-		return true;
-	}
-	if (old > 0) {
-		c->st.retransmitted++;
-		if (old <= len) {
-			data += old;
-			len -= old;
-		}
-	}
-	emit(c, s, dir, data, len, ts);
-	if (fin && !h->fin_done)
-		reach_fin(s, dir);
-	return true;
-}
-
-static void drain(struct tap_capture *c, struct stream *s, enum tap_dir dir, int64_t ts)
-{
-	struct half *h = &s->h[dir];
-	while (h->n > 0 && !h->fin_done && !s->closed) {
-		struct ooo_seg g = h->segs[0];
-		if ((int32_t)(g.seq - h->next) > 0)
-			break;
-		memmove(h->segs, h->segs + 1, (h->n - 1) * sizeof *h->segs);
-		h->n--;
-		h->bytes -= g.len;
-		deliver_inorder(c, s, dir, g.seq, g.data, g.len, g.fin, ts);
-		free(g.data);
-	}
-}
-
-/* Gives up on the hole before the first buffered segment. */
-static void skip_hole(struct tap_capture *c, struct stream *s, enum tap_dir dir, int64_t ts)
-{
-	struct half *h = &s->h[dir];
-	uint32_t missing = h->segs[0].seq - h->next;
-	c->st.gaps++;
-	h->next = h->segs[0].seq;
-	if (c->cb->gap)
-		c->cb->gap(c->cb->ctx, s->user, dir, missing, ts);
-	drain(c, s, dir, ts);
-}
-
-static int buffer_ahead(struct tap_capture *c, struct stream *s, enum tap_dir dir, uint32_t seq, const uint8_t *data,
-			size_t len, bool fin, int64_t ts)
-{
-	struct half *h = &s->h[dir];
-	while (h->n > 0 && (h->n >= TAP_CAPTURE_MAX_OOO_SEGS || h->bytes + len > TAP_CAPTURE_MAX_OOO_BYTES)) {
-		skip_hole(c, s, dir, ts);
-		if (h->fin_done)
-			return TAP_OK;
-		if (deliver_inorder(c, s, dir, seq, data, len, fin, ts)) {
-			drain(c, s, dir, ts);
-			return TAP_OK;
-		}
-	}
-	if (len > TAP_CAPTURE_MAX_OOO_BYTES) { /* cannot be buffered at all: jump to it */
-		c->st.gaps++;
-		uint32_t missing = seq - h->next;
-		h->next = seq;
-		if (c->cb->gap)
-			c->cb->gap(c->cb->ctx, s->user, dir, missing, ts);
-		deliver_inorder(c, s, dir, seq, data, len, fin, ts);
-		return TAP_OK;
-	}
-	if (h->n == h->cap) {
-		size_t cap = h->cap ? h->cap * 2 : 8;
-		struct ooo_seg *p = realloc(h->segs, cap * sizeof *p);
-		if (!p)
-			return TAP_E_NOMEM;
-		h->segs = p;
-		h->cap = cap;
-	}
-	struct ooo_seg g = {seq, (uint32_t)len, fin, NULL};
-	if (len) {
-		g.data = malloc(len);
-		if (!g.data)
-			return TAP_E_NOMEM;
-		memcpy(g.data, data, len);
-	}
-	uint32_t rel = seq - h->next;
-	size_t i = h->n;
-	while (i > 0 && h->segs[i - 1].seq - h->next > rel)
-		i--;
-	memmove(h->segs + i + 1, h->segs + i, (h->n - i) * sizeof *h->segs);
-	h->segs[i] = g;
-	h->n++;
-	h->bytes += len;
-	c->st.out_of_order++;
-	return TAP_OK;
-}
-
-static int on_segment(struct tap_capture *c, const struct segment *g, int64_t ts)
-{
-	struct stream_key k;
-	memset(&k, 0, sizeof k);
-	k.v6 = g->v6;
-	size_t alen = g->v6 ? 16 : 4;
-	bool to_server = g->dport == c->port, from_server = g->sport == c->port;
-	if (!to_server && !from_server)
-		return TAP_OK;
-	c->st.tcp_packets++;
-	bool syn_only = (g->flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
-	enum tap_dir dir;
-	struct stream *s = NULL;
-	/* c2s orientation: sender is the client. */
-	struct stream_key kc = k, ks = k;
-	memcpy(kc.client, g->src, alen);
-	memcpy(kc.server, g->dst, alen);
-	kc.cport = g->sport;
-	kc.sport = g->dport;
-	memcpy(ks.client, g->dst, alen);
-	memcpy(ks.server, g->src, alen);
-	ks.cport = g->dport;
-	ks.sport = g->sport;
-	if (to_server && from_server) {
-		if ((s = stream_find(c, &kc)) != NULL)
-			dir = TAP_C2S;
-		else if ((s = stream_find(c, &ks)) != NULL)
-			dir = TAP_S2C;
-		else
-			dir = TAP_C2S;
-	} else {
-		dir = to_server ? TAP_C2S : TAP_S2C;
-		s = stream_find(c, dir == TAP_C2S ? &kc : &ks);
-	}
-	const struct stream_key *key = dir == TAP_C2S ? &kc : &ks;
-
-	if (!s || s->closed) {
-		bool handshake = (g->flags & TCP_SYN) != 0;
-		if (syn_only && dir == TAP_S2C && !(to_server && from_server))
-			return TAP_OK; /* a SYN from the broker port: not a connection to the broker */
-		if (!handshake && (g->len == 0 || (g->flags & TCP_RST)))
-			return TAP_OK; /* teardown or keepalive of a stream we never saw: nothing to deliver */
-		if (s && !handshake)
-			return TAP_OK; /* late packets of a closed stream */
-		s = stream_open(c, s, key, !handshake, ts);
-		if (!s)
-			return TAP_E_NOMEM;
-	} else {
-		s->last_ts = ts;
-		list_unlink(&c->live, s);
-		list_append(&c->live, s);
-	}
-	struct half *h = &s->h[dir];
-	uint32_t seq = g->seq;
-	if (g->flags & TCP_SYN) {
-		if (!h->init) {
-			h->init = true;
-			h->next = seq + 1;
-		}
-		seq++;
-		struct half *back = &s->h[tap_dir_reverse(dir)];
-		if ((g->flags & TCP_ACK) && !back->init) {
-			back->init = true;
-			back->next = g->ack;
-		}
-	}
-	if (!h->init) {
-		h->init = true;
-		h->next = seq;
-	}
-	if (g->flags & TCP_RST) {
-		drain(c, s, dir, ts);
-		enum tap_capture_end how = dir == TAP_C2S ? TAP_CAPTURE_END_CLIENT_RST : TAP_CAPTURE_END_SERVER_RST;
-		if (s->fin_seen) /* a reset answering a FIN: the FIN ended the connection */
-			how = fin_end(s);
-		stream_close(c, s, how, ts);
-		return TAP_OK;
-	}
-	bool fin = (g->flags & TCP_FIN) != 0;
-	if (h->fin_done || (g->len == 0 && !fin))
-		return TAP_OK;
-	if (deliver_inorder(c, s, dir, seq, g->payload, g->len, fin, ts)) {
-		drain(c, s, dir, ts);
-	} else {
-		int rc = buffer_ahead(c, s, dir, seq, g->payload, g->len, fin, ts);
-		if (rc < 0)
-			return rc;
-	}
-	if (s->h[TAP_S2C].fin_done && s->h[TAP_C2S].fin_done)
-		stream_close(c, s, fin_end(s), ts);
-	return TAP_OK;
-}
-
 /* ---- packet parsing ---- */
 
-static bool parse_tcp(struct segment *g, const uint8_t *p, size_t len)
+static bool parse_tcp(struct tap_segment *g, const uint8_t *p, size_t len)
 {
 	if (len < 20)
 		return false;
@@ -611,7 +132,7 @@ static bool parse_tcp(struct segment *g, const uint8_t *p, size_t len)
 }
 
 /* RFC 791 §3.1; fragments are not reassembled. */
-static bool parse_ipv4(struct segment *g, const uint8_t *p, size_t len)
+static bool parse_ipv4(struct tap_segment *g, const uint8_t *p, size_t len)
 {
 	if (len < 20 || (p[0] >> 4) != 4)
 		return false;
@@ -628,7 +149,7 @@ static bool parse_ipv4(struct segment *g, const uint8_t *p, size_t len)
 }
 
 /* RFC 8200 §4: hop-by-hop, routing, destination options and AH are skipped; fragments are not handled. */
-static bool parse_ipv6(struct segment *g, const uint8_t *p, size_t len)
+static bool parse_ipv6(struct tap_segment *g, const uint8_t *p, size_t len)
 {
 	if (len < 40 || (p[0] >> 4) != 6)
 		return false;
@@ -658,7 +179,7 @@ static bool parse_ipv6(struct segment *g, const uint8_t *p, size_t len)
 	return parse_tcp(g, p + off, end - off);
 }
 
-static bool parse_ip(struct segment *g, const uint8_t *p, size_t len)
+static bool parse_ip(struct tap_segment *g, const uint8_t *p, size_t len)
 {
 	if (len < 1)
 		return false;
@@ -669,7 +190,7 @@ static bool parse_ip(struct segment *g, const uint8_t *p, size_t len)
 	return false;
 }
 
-static bool parse_ethertype(struct segment *g, uint16_t type, const uint8_t *p, size_t len)
+static bool parse_ethertype(struct tap_segment *g, uint16_t type, const uint8_t *p, size_t len)
 {
 	if (type == 0x0800)
 		return parse_ipv4(g, p, len);
@@ -678,7 +199,7 @@ static bool parse_ethertype(struct segment *g, uint16_t type, const uint8_t *p, 
 	return false;
 }
 
-static bool parse_link(struct segment *g, uint32_t linktype, const uint8_t *p, size_t len)
+static bool parse_link(struct tap_segment *g, uint32_t linktype, const uint8_t *p, size_t len)
 {
 	switch (linktype) {
 	case TAP_CAPTURE_LINK_ETHERNET: {
@@ -716,13 +237,13 @@ static int on_packet(struct tap_capture *c, uint32_t linktype, int64_t ts, const
 	c->last_ts = ts;
 	if (c->cb->packet)
 		c->cb->packet(c->cb->ctx, ts);
-	expire(c, ts);
-	struct segment g;
+	tap_reasm_expire(&c->reasm, ts);
+	struct tap_segment g;
 	if (!parse_link(&g, linktype, p, caplen)) {
 		c->st.skipped++;
 		return TAP_OK;
 	}
-	return on_segment(c, &g, ts);
+	return tap_reasm_segment(&c->reasm, &g, ts);
 }
 
 /* ---- classic pcap ---- */
@@ -985,10 +506,8 @@ static int capture_new(struct tap_capture **out, const char *name)
 		free(c);
 		return TAP_E_NOMEM;
 	}
+	tap_reasm_init(&c->reasm, &c->st);
 	tap_capture_set_limits(c, 0, 0);
-	c->open.link = offsetof(struct stream, by_start);
-	c->live.link = offsetof(struct stream, by_age);
-	c->dead.link = offsetof(struct stream, by_age);
 	*out = c;
 	return TAP_OK;
 }
@@ -1037,17 +556,7 @@ void tap_capture_free(struct tap_capture *c)
 {
 	if (!c)
 		return;
-	for (size_t i = 0; i < c->tab_size; i++) {
-		struct stream *s = c->tab[i];
-		while (s) {
-			struct stream *next = s->hnext;
-			half_clear(&s->h[TAP_S2C]);
-			half_clear(&s->h[TAP_C2S]);
-			free(s);
-			s = next;
-		}
-	}
-	free(c->tab);
+	tap_reasm_deinit(&c->reasm);
 	if (c->f)
 		fclose(c->f);
 	free(c->ifs);
@@ -1062,23 +571,20 @@ int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_captu
 	if (c->ran)
 		return fail(err, cap, TAP_E_USAGE, "%s: capture already read", c->name);
 	c->ran = true;
-	c->port = port;
 	c->cb = cb ? cb : &none;
+	c->reasm.port = port;
+	c->reasm.cb = c->cb;
 	int rc = c->fmt == FMT_PCAP ? pcap_run(c, err, cap) : pcapng_run(c, err, cap);
 	if (rc == TAP_OK && c->f && ferror(c->f))
 		rc = fail(err, cap, TAP_E_IO, "%s: read error at offset %" PRIu64, c->name, c->off);
-	while (c->open.head) {
-		struct stream *s = c->open.head;
-		enum tap_capture_end how = s->fin_seen ? fin_end(s) : TAP_CAPTURE_END_CAPTURE;
-		stream_close(c, s, how, c->last_ts);
-	}
+	tap_reasm_close_all(&c->reasm, c->last_ts);
 	return rc;
 }
 
 void tap_capture_set_limits(struct tap_capture *c, int64_t idle_us, size_t max_streams)
 {
-	c->idle_us = idle_us > 0 ? idle_us : TAP_CAPTURE_IDLE_US_DEFAULT;
-	c->max_streams = max_streams > 0 ? max_streams : TAP_CAPTURE_MAX_STREAMS_DEFAULT;
+	c->reasm.idle_us = idle_us > 0 ? idle_us : TAP_CAPTURE_IDLE_US_DEFAULT;
+	c->reasm.max_streams = max_streams > 0 ? max_streams : TAP_CAPTURE_MAX_STREAMS_DEFAULT;
 }
 
 void tap_capture_get_stats(const struct tap_capture *c, struct tap_capture_stats *s)

@@ -1,0 +1,495 @@
+/* TCP reassembly for the capture reader (RFC 9293 §3.4 sequence space): one ordered byte stream per direction of
+ * every connection to the broker port, with out-of-order segments buffered (bounded), retransmissions and overlaps
+ * dropped, and the number and lifetime of streams bounded (see struct stream). */
+#include "reasm.h"
+
+#include "amqptap/status.h"
+
+#include <arpa/inet.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
+struct stream_key {
+	uint8_t client[16], server[16];
+	uint16_t cport, sport;
+	uint8_t v6;
+	uint8_t pad[3];
+};
+
+struct ooo_seg {
+	uint32_t seq;
+	uint32_t len;
+	bool fin;
+	uint8_t *data;
+};
+
+/* One direction of a stream: `next` is the sequence number of the next byte to deliver. */
+struct half {
+	bool init;
+	bool fin_done;
+	uint32_t next;
+	struct ooo_seg *segs; /* sorted by distance from next */
+	size_t n, cap;
+	size_t bytes;
+};
+
+/* A stream stays in the table after it closed (so late packets of it are recognised and dropped) until it has
+ * been closed for the idle time or the closed ones exceed max_streams; an open stream that carried nothing for
+ * the idle time, or the least recently active one when a new stream would exceed max_streams, is closed
+ * (TAP_CAPTURE_END_IDLE, _LIMIT) and dropped at once, so a later packet of it starts a mid-stream stream. */
+struct stream {
+	struct stream_key key;
+	uint64_t id;
+	void *user;
+	bool closed;
+	bool fin_seen;
+	enum tap_dir first_fin; /* the direction of the first FIN, once fin_seen */
+	struct half h[TAP_DIR_COUNT];
+	int64_t last_ts; /* capture time of its last packet, or of its close once closed */
+	struct stream *hnext; /* hash chain */
+	struct stream_link {
+		struct stream *prev, *next;
+	} by_start, by_age; /* open streams in creation order; open streams by last packet, or closed ones by close */
+};
+
+static size_t key_hash(const struct stream_key *k, size_t size)
+{
+	uint64_t h = 1469598103934665603ull;
+	const uint8_t *p = (const uint8_t *)k;
+	for (size_t i = 0; i < sizeof *k; i++)
+		h = (h ^ p[i]) * 1099511628211ull;
+	return (size_t)(h ^ (h >> 29)) & (size - 1);
+}
+
+static struct stream *stream_find(struct tap_reasm *r, const struct stream_key *k)
+{
+	if (!r->tab)
+		return NULL;
+	for (struct stream *s = r->tab[key_hash(k, r->tab_size)]; s; s = s->hnext)
+		if (memcmp(&s->key, k, sizeof *k) == 0)
+			return s;
+	return NULL;
+}
+
+static bool tab_grow(struct tap_reasm *r)
+{
+	size_t size = r->tab_size ? r->tab_size * 2 : 256;
+	struct stream **tab = calloc(size, sizeof *tab);
+	if (!tab)
+		return false;
+	for (size_t i = 0; i < r->tab_size; i++) {
+		struct stream *s = r->tab[i];
+		while (s) {
+			struct stream *next = s->hnext;
+			size_t h = key_hash(&s->key, size);
+			s->hnext = tab[h];
+			tab[h] = s;
+			s = next;
+		}
+	}
+	free(r->tab);
+	r->tab = tab;
+	r->tab_size = size;
+	return true;
+}
+
+static struct stream_link *link_of(const struct stream_list *l, struct stream *s)
+{
+	return (struct stream_link *)((char *)s + l->link);
+}
+
+static void list_unlink(struct stream_list *l, struct stream *s)
+{
+	struct stream_link *k = link_of(l, s);
+	if (k->prev)
+		link_of(l, k->prev)->next = k->next;
+	else
+		l->head = k->next;
+	if (k->next)
+		link_of(l, k->next)->prev = k->prev;
+	else
+		l->tail = k->prev;
+	*k = (struct stream_link){NULL, NULL};
+	l->n--;
+}
+
+static void list_append(struct stream_list *l, struct stream *s)
+{
+	struct stream_link *k = link_of(l, s);
+	*k = (struct stream_link){l->tail, NULL};
+	if (l->tail)
+		link_of(l, l->tail)->next = s;
+	else
+		l->head = s;
+	l->tail = s;
+	l->n++;
+}
+
+static void half_clear(struct half *h)
+{
+	for (size_t i = 0; i < h->n; i++)
+		free(h->segs[i].data);
+	free(h->segs);
+	memset(h, 0, sizeof *h);
+}
+
+static void addr_text(char out[64], bool v6, const uint8_t *addr, uint16_t port)
+{
+	char ip[INET6_ADDRSTRLEN];
+	if (!inet_ntop(v6 ? AF_INET6 : AF_INET, addr, ip, sizeof ip))
+		strcpy(ip, "?");
+	snprintf(out, 64, v6 ? "[%s]:%u" : "%s:%u", ip, port);
+}
+
+static enum tap_capture_end fin_end(const struct stream *s)
+{
+	return s->first_fin == TAP_C2S ? TAP_CAPTURE_END_CLIENT_FIN : TAP_CAPTURE_END_SERVER_FIN;
+}
+
+static void stream_close(struct tap_reasm *r, struct stream *s, enum tap_capture_end how, int64_t ts)
+{
+	if (s->closed)
+		return;
+	s->closed = true;
+	s->last_ts = ts;
+	list_unlink(&r->live, s);
+	list_append(&r->dead, s);
+	if (r->cb->close)
+		r->cb->close(r->cb->ctx, s->user, how, ts);
+	s->user = NULL;
+	half_clear(&s->h[TAP_S2C]);
+	half_clear(&s->h[TAP_C2S]);
+	list_unlink(&r->open, s);
+}
+
+/* Takes a closed stream out of the table and frees it. */
+static void stream_free(struct tap_reasm *r, struct stream *s)
+{
+	struct stream **pp = &r->tab[key_hash(&s->key, r->tab_size)];
+	while (*pp != s)
+		pp = &(*pp)->hnext;
+	*pp = s->hnext;
+	list_unlink(&r->dead, s);
+	r->n_streams--;
+	free(s);
+}
+
+void tap_reasm_expire(struct tap_reasm *r, int64_t ts)
+{
+	struct stream *s;
+	while ((s = r->live.head) && ts - s->last_ts >= r->idle_us) {
+		r->st->idle_closed++;
+		stream_close(r, s, TAP_CAPTURE_END_IDLE, ts);
+		stream_free(r, s);
+	}
+	while ((s = r->dead.head) && ts - s->last_ts >= r->idle_us)
+		stream_free(r, s);
+}
+
+/* Room for one more stream under max_streams: the oldest closed one is forgotten, else the least recently active
+ * open one is closed. */
+static void make_room(struct tap_reasm *r, int64_t ts)
+{
+	while (r->dead.n > 0 && r->dead.n + r->live.n >= r->max_streams)
+		stream_free(r, r->dead.head);
+	while (r->live.n > 0 && r->live.n >= r->max_streams) {
+		struct stream *s = r->live.head;
+		r->st->evicted++;
+		stream_close(r, s, TAP_CAPTURE_END_LIMIT, ts);
+		stream_free(r, s);
+	}
+}
+
+/* A new stream in place of a closed one with the same key, or a fresh one. */
+static struct stream *stream_open(struct tap_reasm *r, struct stream *old, const struct stream_key *k, bool midstream,
+				  int64_t ts)
+{
+	struct stream *s = old;
+	if (!s) {
+		make_room(r, ts);
+		if (r->n_streams >= r->tab_size && !tab_grow(r))
+			return NULL;
+		s = calloc(1, sizeof *s);
+		if (!s)
+			return NULL;
+		s->key = *k;
+		size_t h = key_hash(k, r->tab_size);
+		s->hnext = r->tab[h];
+		r->tab[h] = s;
+		r->n_streams++;
+	} else {
+		list_unlink(&r->dead, s);
+		struct stream *hnext = s->hnext;
+		memset(s, 0, sizeof *s);
+		s->key = *k;
+		s->hnext = hnext;
+	}
+	s->last_ts = ts;
+	list_append(&r->live, s);
+	list_append(&r->open, s);
+	s->id = ++r->st->streams;
+	if (r->cb->open) {
+		char client[64], server[64];
+		addr_text(client, k->v6, k->client, k->cport);
+		addr_text(server, k->v6, k->server, k->sport);
+		s->user = r->cb->open(r->cb->ctx, s->id, client, server, midstream, ts);
+	}
+	return s;
+}
+
+static void emit(struct tap_reasm *r, struct stream *s, enum tap_dir dir, const uint8_t *data, size_t len,
+		 int64_t ts)
+{
+	struct half *h = &s->h[dir];
+	h->next += (uint32_t)len;
+	r->st->bytes += len;
+	if (len && r->cb->data)
+		r->cb->data(r->cb->ctx, s->user, dir, data, len, ts);
+}
+
+static void reach_fin(struct stream *s, enum tap_dir dir)
+{
+	struct half *h = &s->h[dir];
+	h->fin_done = true;
+	h->next++;
+	if (!s->fin_seen) {
+		s->fin_seen = true;
+		s->first_fin = dir;
+	}
+}
+
+/* Delivers [seq, seq+len) (+FIN) if it starts at or before `next`; returns false when it lies ahead. */
+static bool deliver_inorder(struct tap_reasm *r, struct stream *s, enum tap_dir dir, uint32_t seq, const uint8_t *data,
+			    size_t len, bool fin, int64_t ts)
+{
+	struct half *h = &s->h[dir];
+	int32_t rel = (int32_t)(seq - h->next);
+	if (rel > 0)
+		return false;
+	size_t old = (size_t)(-(int64_t)rel);
+	if (old >= len + (fin ? 1 : 0)) {
+		if (len || fin)
+			r->st->retransmitted++;
+		return true;
+	}
+	if (old > 0) {
+		r->st->retransmitted++;
+		if (old <= len) {
+			data += old;
+			len -= old;
+		}
+	}
+	emit(r, s, dir, data, len, ts);
+	if (fin && !h->fin_done)
+		reach_fin(s, dir);
+	return true;
+}
+
+static void drain(struct tap_reasm *r, struct stream *s, enum tap_dir dir, int64_t ts)
+{
+	struct half *h = &s->h[dir];
+	while (h->n > 0 && !h->fin_done && !s->closed) {
+		struct ooo_seg g = h->segs[0];
+		if ((int32_t)(g.seq - h->next) > 0)
+			break;
+		memmove(h->segs, h->segs + 1, (h->n - 1) * sizeof *h->segs);
+		h->n--;
+		h->bytes -= g.len;
+		deliver_inorder(r, s, dir, g.seq, g.data, g.len, g.fin, ts);
+		free(g.data);
+	}
+}
+
+/* Gives up on the hole before the first buffered segment. */
+static void skip_hole(struct tap_reasm *r, struct stream *s, enum tap_dir dir, int64_t ts)
+{
+	struct half *h = &s->h[dir];
+	uint32_t missing = h->segs[0].seq - h->next;
+	r->st->gaps++;
+	h->next = h->segs[0].seq;
+	if (r->cb->gap)
+		r->cb->gap(r->cb->ctx, s->user, dir, missing, ts);
+	drain(r, s, dir, ts);
+}
+
+static int buffer_ahead(struct tap_reasm *r, struct stream *s, enum tap_dir dir, uint32_t seq, const uint8_t *data,
+			size_t len, bool fin, int64_t ts)
+{
+	struct half *h = &s->h[dir];
+	while (h->n > 0 && (h->n >= TAP_CAPTURE_MAX_OOO_SEGS || h->bytes + len > TAP_CAPTURE_MAX_OOO_BYTES)) {
+		skip_hole(r, s, dir, ts);
+		if (h->fin_done)
+			return TAP_OK;
+		if (deliver_inorder(r, s, dir, seq, data, len, fin, ts)) {
+			drain(r, s, dir, ts);
+			return TAP_OK;
+		}
+	}
+	if (len > TAP_CAPTURE_MAX_OOO_BYTES) { /* cannot be buffered at all: jump to it */
+		r->st->gaps++;
+		uint32_t missing = seq - h->next;
+		h->next = seq;
+		if (r->cb->gap)
+			r->cb->gap(r->cb->ctx, s->user, dir, missing, ts);
+		deliver_inorder(r, s, dir, seq, data, len, fin, ts);
+		return TAP_OK;
+	}
+	if (h->n == h->cap) {
+		size_t cap = h->cap ? h->cap * 2 : 8;
+		struct ooo_seg *p = realloc(h->segs, cap * sizeof *p);
+		if (!p)
+			return TAP_E_NOMEM;
+		h->segs = p;
+		h->cap = cap;
+	}
+	struct ooo_seg g = {seq, (uint32_t)len, fin, NULL};
+	if (len) {
+		g.data = malloc(len);
+		if (!g.data)
+			return TAP_E_NOMEM;
+		memcpy(g.data, data, len);
+	}
+	uint32_t rel = seq - h->next;
+	size_t i = h->n;
+	while (i > 0 && h->segs[i - 1].seq - h->next > rel)
+		i--;
+	memmove(h->segs + i + 1, h->segs + i, (h->n - i) * sizeof *h->segs);
+	h->segs[i] = g;
+	h->n++;
+	h->bytes += len;
+	r->st->out_of_order++;
+	return TAP_OK;
+}
+
+int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t ts)
+{
+	struct stream_key k;
+	memset(&k, 0, sizeof k);
+	k.v6 = g->v6;
+	size_t alen = g->v6 ? 16 : 4;
+	bool to_server = g->dport == r->port, from_server = g->sport == r->port;
+	if (!to_server && !from_server)
+		return TAP_OK;
+	r->st->tcp_packets++;
+	bool syn_only = (g->flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	enum tap_dir dir;
+	struct stream *s = NULL;
+	/* c2s orientation: sender is the client. */
+	struct stream_key kc = k, ks = k;
+	memcpy(kc.client, g->src, alen);
+	memcpy(kc.server, g->dst, alen);
+	kc.cport = g->sport;
+	kc.sport = g->dport;
+	memcpy(ks.client, g->dst, alen);
+	memcpy(ks.server, g->src, alen);
+	ks.cport = g->dport;
+	ks.sport = g->sport;
+	if (to_server && from_server) {
+		if ((s = stream_find(r, &kc)) != NULL)
+			dir = TAP_C2S;
+		else if ((s = stream_find(r, &ks)) != NULL)
+			dir = TAP_S2C;
+		else
+			dir = TAP_C2S;
+	} else {
+		dir = to_server ? TAP_C2S : TAP_S2C;
+		s = stream_find(r, dir == TAP_C2S ? &kc : &ks);
+	}
+	const struct stream_key *key = dir == TAP_C2S ? &kc : &ks;
+
+	if (!s || s->closed) {
+		bool handshake = (g->flags & TCP_SYN) != 0;
+		if (syn_only && dir == TAP_S2C && !(to_server && from_server))
+			return TAP_OK; /* a SYN from the broker port: not a connection to the broker */
+		if (!handshake && (g->len == 0 || (g->flags & TCP_RST)))
+			return TAP_OK; /* teardown or keepalive of a stream we never saw: nothing to deliver */
+		if (s && !handshake)
+			return TAP_OK; /* late packets of a closed stream */
+		s = stream_open(r, s, key, !handshake, ts);
+		if (!s)
+			return TAP_E_NOMEM;
+	} else {
+		s->last_ts = ts;
+		list_unlink(&r->live, s);
+		list_append(&r->live, s);
+	}
+	struct half *h = &s->h[dir];
+	uint32_t seq = g->seq;
+	if (g->flags & TCP_SYN) {
+		if (!h->init) {
+			h->init = true;
+			h->next = seq + 1;
+		}
+		seq++;
+		struct half *back = &s->h[tap_dir_reverse(dir)];
+		if ((g->flags & TCP_ACK) && !back->init) {
+			back->init = true;
+			back->next = g->ack;
+		}
+	}
+	if (!h->init) {
+		h->init = true;
+		h->next = seq;
+	}
+	if (g->flags & TCP_RST) {
+		drain(r, s, dir, ts);
+		enum tap_capture_end how = dir == TAP_C2S ? TAP_CAPTURE_END_CLIENT_RST : TAP_CAPTURE_END_SERVER_RST;
+		if (s->fin_seen) /* a reset answering a FIN: the FIN ended the connection */
+			how = fin_end(s);
+		stream_close(r, s, how, ts);
+		return TAP_OK;
+	}
+	bool fin = (g->flags & TCP_FIN) != 0;
+	if (h->fin_done || (g->len == 0 && !fin))
+		return TAP_OK;
+	if (deliver_inorder(r, s, dir, seq, g->payload, g->len, fin, ts)) {
+		drain(r, s, dir, ts);
+	} else {
+		int rc = buffer_ahead(r, s, dir, seq, g->payload, g->len, fin, ts);
+		if (rc < 0)
+			return rc;
+	}
+	if (s->h[TAP_S2C].fin_done && s->h[TAP_C2S].fin_done)
+		stream_close(r, s, fin_end(s), ts);
+	return TAP_OK;
+}
+
+void tap_reasm_init(struct tap_reasm *r, struct tap_capture_stats *st)
+{
+	memset(r, 0, sizeof *r);
+	r->st = st;
+	r->open.link = offsetof(struct stream, by_start);
+	r->live.link = offsetof(struct stream, by_age);
+	r->dead.link = offsetof(struct stream, by_age);
+}
+
+void tap_reasm_close_all(struct tap_reasm *r, int64_t ts)
+{
+	while (r->open.head) {
+		struct stream *s = r->open.head;
+		stream_close(r, s, s->fin_seen ? fin_end(s) : TAP_CAPTURE_END_CAPTURE, ts);
+	}
+}
+
+void tap_reasm_deinit(struct tap_reasm *r)
+{
+	for (size_t i = 0; i < r->tab_size; i++) {
+		struct stream *s = r->tab[i];
+		while (s) {
+			struct stream *next = s->hnext;
+			half_clear(&s->h[TAP_S2C]);
+			half_clear(&s->h[TAP_C2S]);
+			free(s);
+			s = next;
+		}
+	}
+	free(r->tab);
+	r->tab = NULL;
+}

@@ -1,0 +1,55 @@
+/* TCP reassembly for the capture reader (capture.h): segments in, per-direction ordered byte streams out through
+ * the tap_capture_cb callbacks. Internal to src/core. */
+#ifndef AMQPTAP_REASM_H
+#define AMQPTAP_REASM_H
+
+#include "amqptap/capture.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* One TCP segment as parsed from a packet; slices point into the packet. */
+struct tap_segment {
+	bool v6;
+	uint8_t src[16], dst[16];
+	uint16_t sport, dport;
+	uint32_t seq, ack;
+	uint8_t flags;
+	const uint8_t *payload;
+	size_t len;
+};
+
+struct stream;
+
+/* A list of streams through one of their links (the link's offset in struct stream), oldest first. */
+struct stream_list {
+	struct stream *head, *tail;
+	size_t n;
+	size_t link;
+};
+
+struct tap_reasm {
+	uint16_t port;                   /* the broker's */
+	const struct tap_capture_cb *cb; /* never NULL; its members may be */
+	struct tap_capture_stats *st;    /* the capture's: tcp_packets, streams, bytes, ... are counted here */
+	struct stream **tab;
+	size_t tab_size, n_streams;
+	struct stream_list open;       /* creation order */
+	struct stream_list live, dead; /* open streams by activity; closed ones kept for their late packets */
+	int64_t idle_us;
+	size_t max_streams;
+};
+
+/* Empty, counting into st; port, cb, idle_us and max_streams are set by the caller before the first segment. */
+void tap_reasm_init(struct tap_reasm *r, struct tap_capture_stats *st);
+/* Closes the streams silent for idle_us at capture time ts (TAP_CAPTURE_END_IDLE) and forgets the closed ones. */
+void tap_reasm_expire(struct tap_reasm *r, int64_t ts);
+/* One segment seen at ts: 0, or TAP_E_NOMEM. */
+int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t ts);
+/* The end of the capture: every open stream is closed (after a FIN as that FIN's end, else _END_CAPTURE). */
+void tap_reasm_close_all(struct tap_reasm *r, int64_t ts);
+/* Frees every stream without calling back. */
+void tap_reasm_deinit(struct tap_reasm *r);
+
+#endif
