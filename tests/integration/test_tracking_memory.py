@@ -167,7 +167,9 @@ class TrackingMemoryTest(ScenarioCase):
         evicted = [r for r in pubs if r.get("reason") == {"by": "evicted", "text": "max-tracking-memory"}]
         self.assertGreater(len(evicted), 0, "the budget should have been reached")
         for r in evicted:
-            self.assertEqual((r["route"], r["confirm"]), ("unknown", "unknown"))
+            # its Return may have arrived before it was evicted: then the route is known, only the ack is not
+            self.assertIn(r["route"], ("unknown", "returned"), r)
+            self.assertEqual(r["confirm"], "unknown", r)
         self.assertUnderBudget(hwm_kb)
         self.assertLess(memory_after, 64 * 1024, "the tracker gives its memory back")
 
