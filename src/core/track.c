@@ -178,6 +178,7 @@ static void publish_done(struct tap_track_conn *c, uint16_t ch, const struct trk
 	trk_record_publish(&t->render, c, ch, v, vd, now_us);
 	trk_emit(t);
 	count_verdict(c, v, vd);
+	trk_warn_done(c, v, vd);
 	if (t->verdict_hook)
 		call_verdict_hook(c, ch, v, vd, now_us);
 }

@@ -316,6 +316,9 @@ void trk_warn(struct tap_track_conn *c, uint16_t ch, enum tap_track_rule rule, u
 void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struct tap_publish *p, int64_t now_us);
 /* Slot e of ch leaves state WAIT (answered by ev, or ended) or HELD; call before its state changes. */
 void trk_warn_settled(struct trk_chan *ch, const struct trk_slot *e, enum trk_event ev, int64_t now_us);
+/* A publish record was written: an id whose publish the client may retransmit (nacked, returned, unknown) leaves
+ * the window of recent ids, so the retransmission is no duplicate. */
+void trk_warn_done(struct tap_track_conn *c, const struct trk_view *v, const struct trk_verdict *vd);
 /* ch ends (its close record is written; it is freed next). */
 void trk_warn_chan_end(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us);
 /* Frees what c keeps for the rules. */

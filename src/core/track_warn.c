@@ -46,7 +46,8 @@ static void warn_once(struct tap_track_conn *c, struct trk_chan *ch, enum tap_tr
  * A ring of the 64-bit hashes of the last `cap` distinct ids, oldest at `head`, and an open-addressing index
  * (linear probing, 2 * cap entries, so at most half full) from a hash to its ring position + 1 (0: empty). The
  * ring starts at 64 and doubles up to TAP_TRACK_RECENT_IDS: a connection costs what it has published, at most
- * 1,024 * (8 + 2 * 4) = 16 KiB, counted in the tracker's memory. Two ids are taken as equal when their hashes are. */
+ * 1,024 * (8 + 2 * 4) = 16 KiB, counted in the tracker's memory. Two ids are taken as equal when their hashes are.
+ * An id forgotten early (its publish may be retransmitted) stays in the ring as DEAD_ID, in no index entry. */
 struct trk_ids {
 	uint32_t cap, n, head;
 	uint64_t *ring;
@@ -54,6 +55,7 @@ struct trk_ids {
 };
 
 #define IDS_MIN_CAP 64u
+#define DEAD_ID UINT64_C(0)
 
 static uint64_t id_hash(const uint8_t *p, size_t len)
 {
@@ -62,7 +64,8 @@ static uint64_t id_hash(const uint8_t *p, size_t len)
 		h = (h ^ p[i]) * UINT64_C(0x100000001b3);
 	h = (h ^ (h >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
 	h = (h ^ (h >> 27)) * UINT64_C(0x94d049bb133111eb);
-	return h ^ (h >> 31);
+	h ^= h >> 31;
+	return h == DEAD_ID ? 1 : h;
 }
 
 static uint32_t ids_mask(const struct trk_ids *ids)
@@ -70,12 +73,13 @@ static uint32_t ids_mask(const struct trk_ids *ids)
 	return ids->cap * 2 - 1;
 }
 
-static bool ids_find(const struct trk_ids *ids, uint64_t h)
+/* The ring position of h, or UINT32_MAX. */
+static uint32_t ids_find(const struct trk_ids *ids, uint64_t h)
 {
 	for (uint32_t i = (uint32_t)h & ids_mask(ids); ids->index[i]; i = (i + 1) & ids_mask(ids))
 		if (ids->ring[ids->index[i] - 1] == h)
-			return true;
-	return false;
+			return ids->index[i] - 1;
+	return UINT32_MAX;
 }
 
 static void ids_index_put(struct trk_ids *ids, uint32_t pos)
@@ -128,14 +132,16 @@ static bool ids_resize(struct tap_track *t, struct trk_ids *ids, uint32_t cap)
 	ids->head = 0;
 	memset(index, 0, cap * 2 * sizeof *index);
 	for (uint32_t k = 0; k < ids->n; k++)
-		ids_index_put(ids, k);
+		if (ring[k] != DEAD_ID)
+			ids_index_put(ids, k);
 	return true;
 }
 
 static void ids_add(struct tap_track *t, struct trk_ids *ids, uint64_t h)
 {
 	if (ids->n == ids->cap && (ids->cap >= TAP_TRACK_RECENT_IDS || !ids_resize(t, ids, ids->cap * 2))) {
-		ids_index_drop(ids, ids->head); /* the oldest id leaves the window */
+		if (ids->ring[ids->head] != DEAD_ID)
+			ids_index_drop(ids, ids->head); /* the oldest id leaves the window */
 		ids->head = (ids->head + 1) & (ids->cap - 1);
 		ids->n--;
 	}
@@ -177,10 +183,23 @@ static bool seen_recently(struct tap_track_conn *c, struct tap_slice id)
 	if (!c->ids)
 		return false; /* no memory: the rule is blind, nothing else changes */
 	uint64_t h = id_hash(id.ptr, id.len);
-	if (ids_find(c->ids, h))
+	if (ids_find(c->ids, h) != UINT32_MAX)
 		return true;
 	ids_add(c->t, c->ids, h);
 	return false;
+}
+
+void trk_warn_done(struct tap_track_conn *c, const struct trk_view *v, const struct trk_verdict *vd)
+{
+	bool resend = vd->confirm == TAP_TRACK_CONFIRM_NACK || vd->confirm == TAP_TRACK_CONFIRM_UNKNOWN ||
+	              vd->route == TAP_TRACK_ROUTE_RETURNED || vd->route == TAP_TRACK_ROUTE_UNKNOWN;
+	if (!resend || !c->ids || !v->has_message_id || !v->message_id || !v->message_id_len)
+		return;
+	uint32_t pos = ids_find(c->ids, id_hash(v->message_id, v->message_id_len));
+	if (pos == UINT32_MAX)
+		return;
+	ids_index_drop(c->ids, pos);
+	c->ids->ring[pos] = DEAD_ID;
 }
 
 /* ---- the rules ---- */

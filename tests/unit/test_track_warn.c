@@ -363,6 +363,53 @@ START_TEST(duplicate_ids_on_other_connections_are_not_duplicates)
 }
 END_TEST
 
+START_TEST(retransmission_after_nack_return_or_unknown_is_no_duplicate)
+{
+	confirm_channel(1, T0);
+	publish_id(1, "n", T0);
+	tap_track_nack(c, 1, 1, false, T0 + 10);
+	publish_id(1, "n", T0 + 20); /* seq 2: resent after its nack */
+	struct tap_publish p = good();
+	p.message_id = S("r");
+	p.mandatory = true;
+	tap_track_publish(c, 1, &p, T0 + 30); /* seq 3, returned */
+	struct tap_return r = {.reply_code = 312, .reply_text = S("NO_ROUTE"), .exchange = S("x"), .routing_key = S("k"),
+	                       .message_id = S("r"), .has_message_id = true, .body_size = 10};
+	tap_track_return(c, 1, &r, T0 + 40);
+	tap_track_ack(c, 1, 3, true, T0 + 50);
+	tap_track_publish(c, 1, &p, T0 + 60); /* seq 4: resent after its return */
+	tap_track_channel_open(c, 2, T0 + 70);
+	tap_track_confirm_select(c, 2, T0 + 70);
+	publish_id(2, "u", T0 + 80);
+	tap_track_channel_close(c, 2, TAP_BY_BROKER, 404, S("NOT_FOUND"), T0 + 90);
+	tap_track_channel_close_ok(c, 2, T0 + 91); /* "u" ends unknown */
+	confirm_channel(2, T0 + 100);
+	publish_id(2, "u", T0 + 110);
+	ck_assert_uint_eq(warnings("duplicate_message_id"), 0);
+	publish_id(1, "n", T0 + 120); /* seq 2 is still waiting: this one is a duplicate */
+	ck_assert_uint_eq(warnings("duplicate_message_id"), 1);
+}
+END_TEST
+
+START_TEST(window_survives_forgotten_ids)
+{
+	confirm_channel(1, T0);
+	char id[32];
+	for (unsigned i = 0; i < 3 * TAP_TRACK_RECENT_IDS; i++) { /* every other one nacked: forgotten early */
+		snprintf(id, sizeof id, "w-%u", i);
+		publish_id(1, id, T0 + i);
+		if (i % 2)
+			tap_track_nack(c, 1, i + 1, false, T0 + i);
+		else
+			tap_track_ack(c, 1, i + 1, false, T0 + i);
+	}
+	ck_assert_uint_eq(warnings("duplicate_message_id"), 0);
+	snprintf(id, sizeof id, "w-%u", 3 * TAP_TRACK_RECENT_IDS - 2); /* acked, recent */
+	publish_id(1, id, T0 + 4 * TAP_TRACK_RECENT_IDS);
+	ck_assert_uint_eq(warnings("duplicate_message_id"), 1);
+}
+END_TEST
+
 /* ---- the blocked annotation ---- */
 
 START_TEST(blocked_annotation)
@@ -423,6 +470,8 @@ int main(void)
 	tcase_add_test(tc, duplicate_message_id_within_the_window);
 	tcase_add_test(tc, duplicate_message_id_forgotten_past_the_window);
 	tcase_add_test(tc, duplicate_ids_on_other_connections_are_not_duplicates);
+	tcase_add_test(tc, retransmission_after_nack_return_or_unknown_is_no_duplicate);
+	tcase_add_test(tc, window_survives_forgotten_ids);
 	tcase_add_test(tc, blocked_annotation);
 	tcase_add_test(tc, rule_names);
 	suite_add_tcase(s, tc);
