@@ -1,7 +1,7 @@
 /* What `--metrics` serves, rendered from a snapshot of the tap's counters: the Prometheus text exposition
  * (format 0.0.4) of /metrics, the JSON of /api/status behind the live status page and the body of /healthz; plus
- * the tally kept from the record stream (returns by reply code, warnings by rule, decode errors, the last problem
- * publishes) for what the tracker does not count itself. Pure core: the caller collects what the io layer knows
+ * the tally kept from the record stream (returns by reply code, decode errors, the last problem publishes) for
+ * what the tracker does not count itself (warnings by rule are the tracker's tap_track_stats.warnings_by_rule). Pure core: the caller collects what the io layer knows
  * (forwarding engine, process, HTTP side) and passes the clock. */
 #ifndef AMQPTAP_METRICS_H
 #define AMQPTAP_METRICS_H
@@ -33,8 +33,6 @@ void tap_metrics_hist_add(struct tap_metrics_hist *h, uint64_t lo_us, uint64_t h
 /* ---- what the record stream tells (fed with every record written to --verdicts) ---- */
 
 #define TAP_METRICS_MAX_CODES 16      /* distinct reply codes with their own series; more go to "other" */
-#define TAP_METRICS_MAX_RULES 32      /* distinct warning rules with their own series; more go to "other" */
-#define TAP_METRICS_RULE_LEN 48
 #define TAP_METRICS_PROBLEMS 32       /* problem publishes kept for the status page */
 #define TAP_METRICS_PROBLEM_BYTES 2048 /* a longer record is kept as a stub with its verdict only */
 
@@ -52,10 +50,6 @@ struct tap_metrics_tally {
 	uint64_t returns_by_code[TAP_METRICS_MAX_CODES];
 	size_t n_codes;
 	uint64_t returns_other_code;
-	char rules[TAP_METRICS_MAX_RULES][TAP_METRICS_RULE_LEN];
-	uint64_t warnings_by_rule[TAP_METRICS_MAX_RULES];
-	size_t n_rules;
-	uint64_t warnings_other_rule;
 	uint64_t decode_errors;
 	enum tap_metrics_upstream upstream;
 	uint64_t problems_seen;                 /* returned, nacked or unknown publishes, ack_before_return included */

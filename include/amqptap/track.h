@@ -166,6 +166,30 @@ void tap_track_shutdown(struct tap_track *t, int64_t now_us);
 /* Appends a human summary: per live connection and in total. */
 void tap_track_summary(struct tap_track *t, struct tap_buf *out);
 
+/* The publisher anti-patterns a `warning` record names (DESIGN §4; README "Warnings" says why each matters). */
+enum tap_track_rule {
+	TAP_TRACK_RULE_CONFIRM_WITHOUT_MANDATORY,
+	TAP_TRACK_RULE_ACK_BEFORE_RETURN,
+	TAP_TRACK_RULE_UNMATCHED_RETURN,
+	TAP_TRACK_RULE_TRANSIENT_IN_CONFIRM_MODE,
+	TAP_TRACK_RULE_MISSING_MESSAGE_ID,
+	TAP_TRACK_RULE_PUBLISH_AND_WAIT,
+	TAP_TRACK_RULE_CHANNEL_CHURN,
+	TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID,
+	TAP_TRACK_N_RULES,
+};
+/* The rule's name as records write it. */
+const char *tap_track_rule_name(enum tap_track_rule rule);
+
+/* publish_and_wait: this many consecutive confirm-mode publishes on a channel, each made with nothing of the
+ * channel awaiting its confirm and at most TAP_TRACK_WAIT_GAP_US after the confirm of the publish before it. */
+#define TAP_TRACK_WAIT_RUN 10u
+#define TAP_TRACK_WAIT_GAP_US 10000
+/* channel_churn: this many channels of a connection closed after carrying exactly one publish each. */
+#define TAP_TRACK_CHURN_CHANNELS 10u
+/* duplicate_message_id: a message_id repeats one of the last this many distinct ids published on the connection. */
+#define TAP_TRACK_RECENT_IDS 1024u
+
 struct tap_track_stats {
 	uint64_t publishes;       /* tap_track_publish calls */
 	uint64_t publish_records; /* `publish` records written: equals publishes once nothing is outstanding */
@@ -182,6 +206,7 @@ struct tap_track_stats {
 	uint64_t unmatched_returns;
 	uint64_t records; /* every record of every type */
 	uint64_t warnings;
+	uint64_t warnings_by_rule[TAP_TRACK_N_RULES];
 	uint64_t connections_open, connections_total;
 	uint64_t oom; /* records lost or truncated for lack of memory */
 };

@@ -28,17 +28,9 @@ void tap_metrics_hist_add(struct tap_metrics_hist *h, uint64_t lo_us, uint64_t h
 
 /* ---- the record stream ---- */
 
-/* Rules DESIGN §4 names: their series exist (at 0) before the first warning of the kind. */
-static const char *const known_rules[] = {
-	"confirm_without_mandatory", "ack_before_return", "transient_in_confirm_mode", "missing_message_id",
-	"publish_and_wait",          "channel_churn",     "duplicate_message_id",
-};
-
 void tap_metrics_tally_init(struct tap_metrics_tally *t)
 {
 	memset(t, 0, sizeof *t);
-	for (size_t i = 0; i < sizeof known_rules / sizeof known_rules[0]; i++)
-		snprintf(t->rules[t->n_rules++], TAP_METRICS_RULE_LEN, "%s", known_rules[i]);
 	t->codes[t->n_codes++] = 312; /* NO_ROUTE: the return every alert is about */
 }
 
@@ -199,35 +191,6 @@ static void tally_publish(struct tap_metrics_tally *t, const char *json, size_t 
 	tap_metrics_tally_verdict(t, &v);
 }
 
-static void tally_warning(struct tap_metrics_tally *t, const char *json, size_t len)
-{
-	const char *r = find_first(json, len, "\"rule\":\"");
-	if (!r)
-		return;
-	r += strlen("\"rule\":\"");
-	size_t n = value_len(r, json + len);
-	bool plain = n > 0 && n < TAP_METRICS_RULE_LEN;
-	for (size_t i = 0; plain && i < n; i++)
-		plain = (r[i] >= 'a' && r[i] <= 'z') || (r[i] >= '0' && r[i] <= '9') || r[i] == '_';
-	if (!plain) {
-		t->warnings_other_rule++;
-		return;
-	}
-	for (size_t i = 0; i < t->n_rules; i++) {
-		if (strlen(t->rules[i]) == n && memcmp(t->rules[i], r, n) == 0) {
-			t->warnings_by_rule[i]++;
-			return;
-		}
-	}
-	if (t->n_rules == TAP_METRICS_MAX_RULES) {
-		t->warnings_other_rule++;
-		return;
-	}
-	memcpy(t->rules[t->n_rules], r, n);
-	t->rules[t->n_rules][n] = '\0';
-	t->warnings_by_rule[t->n_rules++] = 1;
-}
-
 static void tally_connection(struct tap_metrics_tally *t, const char *json, size_t len)
 {
 	if (find_first(json, len, "\"event\":\"open\""))
@@ -247,8 +210,6 @@ void tap_metrics_tally_record(struct tap_metrics_tally *t, const char *json, siz
 	size_t rest = len - strlen(type_key);
 	if (has_prefix(ty, rest, "publish\""))
 		tally_publish(t, json, len);
-	else if (has_prefix(ty, rest, "warning\""))
-		tally_warning(t, json, len);
 	else if (has_prefix(ty, rest, "decode_error\""))
 		t->decode_errors++;
 	else if (has_prefix(ty, rest, "connection\""))
@@ -428,10 +389,9 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 		labelled(b, "returns_total", "reply_code", "other", t->returns_other_code);
 
 	family(b, "warnings_total", COUNTER, "Publisher anti-pattern warnings by rule.");
-	for (size_t i = 0; i < t->n_rules; i++)
-		labelled(b, "warnings_total", "rule", t->rules[i], t->warnings_by_rule[i]);
-	if (t->warnings_other_rule)
-		labelled(b, "warnings_total", "rule", "other", t->warnings_other_rule);
+	for (int r = 0; r < TAP_TRACK_N_RULES; r++) /* every rule, 0 until it fires */
+		labelled(b, "warnings_total", "rule", tap_track_rule_name((enum tap_track_rule)r),
+		         s->track.warnings_by_rule[r]);
 
 	family(b, "records_lost_total", COUNTER, "Records not written, by reason.");
 	labelled(b, "records_lost_total", "reason", "no_memory", s->track.oom);
@@ -617,10 +577,8 @@ void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struc
 	tap_json_obj_end(&j);
 	tap_json_key(&j, "warnings_by_rule");
 	tap_json_obj_begin(&j);
-	for (size_t i = 0; i < t->n_rules; i++)
-		tap_json_kv_uint(&j, t->rules[i], t->warnings_by_rule[i]);
-	if (t->warnings_other_rule)
-		tap_json_kv_uint(&j, "other", t->warnings_other_rule);
+	for (int r = 0; r < TAP_TRACK_N_RULES; r++)
+		tap_json_kv_uint(&j, tap_track_rule_name((enum tap_track_rule)r), s->track.warnings_by_rule[r]);
 	tap_json_obj_end(&j);
 
 	json_hist(&j, s);

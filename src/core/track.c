@@ -178,15 +178,9 @@ static void publish_done(struct tap_track_conn *c, uint16_t ch, const struct trk
 	trk_record_publish(&t->render, c, ch, v, vd, now_us);
 	trk_emit(t);
 	count_verdict(c, v, vd);
+	trk_warn_done(c, v, vd);
 	if (t->verdict_hook)
 		call_verdict_hook(c, ch, v, vd, now_us);
-}
-
-static void warn(struct tap_track_conn *c, uint16_t ch, const char *rule, uint64_t seq, int64_t now_us)
-{
-	trk_record_warning(&c->t->render, c, ch, rule, seq, now_us);
-	trk_emit(c->t);
-	c->t->st.warnings++;
 }
 
 void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, enum trk_event ev,
@@ -198,6 +192,7 @@ void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, en
 	enum trk_state next = verdict_of(e, ev, why, &vd);
 	if (next == TRK_STATE_WAIT)
 		return;
+	trk_warn_settled(ch, e, ev, stamp_us);
 	if (next == TRK_STATE_HELD) {
 		bool queued = trk_fifo_push(t, &ch->held_q, n);
 		e->state = TRK_STATE_HELD;
@@ -221,11 +216,11 @@ void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, en
 	trk_slot_release(c, ch, n);
 	if (vd.confirm == TAP_TRACK_CONFIRM_ACK && !v.mandatory && !ch->warned_confirm_without_mandatory) {
 		ch->warned_confirm_without_mandatory = true;
-		warn(c, ch->id, "confirm_without_mandatory", v.seq, stamp_us);
+		trk_warn(c, ch->id, TAP_TRACK_RULE_CONFIRM_WITHOUT_MANDATORY, v.seq, stamp_us);
 	}
 	if (vd.order == TAP_TRACK_ORDER_ACK_BEFORE_RETURN && !ch->warned_ack_before_return) {
 		ch->warned_ack_before_return = true;
-		warn(c, ch->id, "ack_before_return", v.seq, stamp_us);
+		trk_warn(c, ch->id, TAP_TRACK_RULE_ACK_BEFORE_RETURN, v.seq, stamp_us);
 	}
 }
 
@@ -328,6 +323,7 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	    .has_timestamp = p->has_timestamp,
 	    .confirm_mode = confirm_mode,
 	    .tx = ch && ch->mode == TRK_MODE_TX,
+	    .blocked = c->blocked,
 	    .delivery_mode = p->delivery_mode,
 	    .body_size = p->body_size,
 	    .timestamp = p->timestamp,
@@ -404,7 +400,7 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	                      (p->has_message_id ? TRK_FLAG_HAS_MESSAGE_ID : 0) |
 	                      (p->has_correlation_id ? TRK_FLAG_HAS_CORRELATION_ID : 0) |
 	                      (p->has_delivery_mode ? TRK_FLAG_HAS_DELIVERY_MODE : 0) |
-	                      (p->has_timestamp ? TRK_FLAG_HAS_TIMESTAMP : 0));
+	                      (p->has_timestamp ? TRK_FLAG_HAS_TIMESTAMP : 0) | (c->blocked ? TRK_FLAG_BLOCKED : 0));
 	uint64_t need;
 	while (room == ROOM_TIGHT && (need = tap_arena_growth(&ch->arena, len->total)) && !fits(t, need)) {
 		if (!evict_for_memory(t, now_us)) /* the oldest go first: this channel's own free arena space */
@@ -442,6 +438,7 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
 	c->counts.publishes++;
 	t->st.publishes++;
+	trk_warn_publish(c, ch, p, now_us);
 	if (trk_render_extra(&t->extra, p))
 		t->st.headers_truncated++;
 	if (t->extra.oom) {
@@ -563,6 +560,7 @@ void tap_track_return(struct tap_track_conn *c, uint16_t id, const struct tap_re
 		trk_record_unmatched_return(&c->t->render, c, id, r, now_us);
 		trk_emit(c->t);
 		c->t->st.warnings++;
+		c->t->st.warnings_by_rule[TAP_TRACK_RULE_UNMATCHED_RETURN]++;
 		c->t->st.unmatched_returns++;
 		return;
 	}

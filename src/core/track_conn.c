@@ -66,6 +66,7 @@ static void conn_free(struct tap_track_conn *c)
 		c->next->prev = c->prev;
 	t->st.connections_open--;
 	tap_intern_deinit(&c->keys);
+	trk_warn_conn_free(c);
 	t->mem -= c->prefix_cost;
 	tap_buf_deinit(&c->prefix);
 	trk_free_str(t, &c->client);
@@ -232,6 +233,7 @@ static void chan_end(struct tap_track_conn *c, struct trk_chan *ch, const struct
 	}
 	trk_record_channel_close(&c->t->render, c, ch->id, &r, unconfirmed, now_us);
 	trk_emit(c->t);
+	trk_warn_chan_end(c, ch, now_us);
 	trk_chan_free(c, ch);
 }
 

@@ -63,6 +63,7 @@ enum trk_flag {
 	TRK_FLAG_MULTIPLE = 1 << 7,
 	TRK_FLAG_NO_BLOB = 1 << 8, /* its strings could not be stored */
 	TRK_FLAG_HAS_TIMESTAMP = 1 << 9,
+	TRK_FLAG_BLOCKED = 1 << 10, /* published while the broker had the connection blocked */
 };
 
 /* One outstanding publish (64 bytes). Its blob in the channel arena: [timestamp, 8 bytes, when present] then
@@ -103,6 +104,15 @@ struct trk_reason {
 	size_t text_len;
 };
 
+/* What the warning rules (track_warn.c) keep per channel. */
+struct trk_warn_chan {
+	uint16_t warned;       /* bit (1 << enum tap_track_rule) per rule already written for the channel */
+	uint32_t waited_run;   /* consecutive publishes made after the confirm of the one before */
+	uint64_t publishes;    /* since the channel was opened */
+	uint64_t confirm_publishes, unanswered; /* confirm-mode publishes, of which not yet acked, nacked or ended */
+	int64_t t_answer;      /* the last ack or nack */
+};
+
 struct trk_chan {
 	uint16_t id;
 	uint8_t mode; /* enum trk_mode */
@@ -123,6 +133,7 @@ struct trk_chan {
 	int32_t active_idx;     /* index in conn->active or -1 */
 	uint32_t oldest_idx;    /* index in t->oldest + 1, 0: not in it */
 	struct tap_track_conn *conn;
+	struct trk_warn_chan warn;
 };
 
 struct trk_counts {
@@ -154,6 +165,9 @@ struct tap_track_conn {
 	struct tap_hist *hist; /* allocated at confirm.select: most of a connection's memory otherwise */
 	struct tap_buf prefix; /* "conn":..,"client":..,"vhost":..,"user":.. of its publish records */
 	size_t prefix_cost;    /* what prefix is counted as in the budget */
+	uint32_t one_publish_channels; /* closed after exactly one publish (channel_churn) */
+	bool warned_churn;
+	struct trk_ids *ids; /* the recent message ids (duplicate_message_id); NULL until the first */
 };
 
 /* The record being written and the second whose date part is formatted (records are written in time order,
@@ -188,7 +202,7 @@ struct tap_track {
 struct trk_view {
 	const uint8_t *exchange, *routing_key, *message_id, *correlation_id, *extra;
 	size_t exchange_len, routing_key_len, message_id_len, correlation_id_len, extra_len;
-	bool mandatory, has_message_id, has_correlation_id, has_delivery_mode, has_timestamp, confirm_mode, tx;
+	bool mandatory, has_message_id, has_correlation_id, has_delivery_mode, has_timestamp, confirm_mode, tx, blocked;
 	uint8_t delivery_mode;
 	uint64_t body_size, seq, timestamp;
 	int64_t t_pub;
@@ -293,6 +307,22 @@ char *trk_dup(struct tap_track *t, const uint8_t *s, size_t len);
 void trk_set_str(struct tap_track *t, char **dst, struct tap_slice s);
 void trk_set_cstr(struct tap_track *t, char **dst, const char *s);
 void trk_free_str(struct tap_track *t, char **s);
+
+/* ---- track_warn.c: the publisher anti-patterns (DESIGN §4) ---- */
+
+/* Writes the `warning` record of rule (seq 0: none) and counts it. */
+void trk_warn(struct tap_track_conn *c, uint16_t ch, enum tap_track_rule rule, uint64_t seq, int64_t now_us);
+/* A publish on ch (NULL: no memory for the channel) is about to be stored: the rules that look at publishes. */
+void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struct tap_publish *p, int64_t now_us);
+/* Slot e of ch leaves state WAIT (answered by ev, or ended) or HELD; call before its state changes. */
+void trk_warn_settled(struct trk_chan *ch, const struct trk_slot *e, enum trk_event ev, int64_t now_us);
+/* A publish record was written: an id whose publish the client may retransmit (nacked, returned, unknown) leaves
+ * the window of recent ids, so the retransmission is no duplicate. */
+void trk_warn_done(struct tap_track_conn *c, const struct trk_view *v, const struct trk_verdict *vd);
+/* ch ends (its close record is written; it is freed next). */
+void trk_warn_chan_end(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us);
+/* Frees what c keeps for the rules. */
+void trk_warn_conn_free(struct tap_track_conn *c);
 
 /* ---- track_record.c: each builds one record in t->render.rec (the caller emits it) ---- */
 

@@ -192,6 +192,8 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 		write_reason(&j, vd->reason);
 	if (v->tx)
 		kv_lit(&j, "tx", json_true);
+	if (v->blocked)
+		kv_lit(&j, "blocked", json_true);
 	tap_json_obj_end(&j);
 }
 
@@ -282,7 +284,10 @@ void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, ui
 	tap_json_kv_uint(&j, "conn", c->id);
 	tap_json_kv_uint(&j, "channel", ch);
 	tap_json_kv_str(&j, "rule", rule);
-	tap_json_kv_uint(&j, "seq", seq);
+	if (seq) /* confirm sequence numbers start at 1 */
+		tap_json_kv_uint(&j, "seq", seq);
+	else
+		kv_lit(&j, "seq", json_null);
 	tap_json_obj_end(&j);
 }
 

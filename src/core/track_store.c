@@ -463,6 +463,7 @@ void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const 
 	    .timestamp = ts,
 	    .confirm_mode = e->flags & TRK_FLAG_CONFIRM,
 	    .tx = e->flags & TRK_FLAG_TX,
+	    .blocked = e->flags & TRK_FLAG_BLOCKED,
 	    .delivery_mode = e->delivery_mode,
 	    .body_size = e->body_size,
 	    .seq = n - ch->sel_off,

@@ -1,0 +1,254 @@
+/* The publisher anti-patterns of DESIGN §4 seen on the wire: each rule writes one `warning` record per channel
+ * (channel_churn: per connection) the first time it matches, and every warning is counted by rule in the
+ * tracker's stats. The rules read the events track.c and track_conn.c hand them and change no verdict. */
+#include "track_int.h"
+
+#include <string.h>
+
+static const char *const rule_names[TAP_TRACK_N_RULES] = {
+    [TAP_TRACK_RULE_CONFIRM_WITHOUT_MANDATORY] = "confirm_without_mandatory",
+    [TAP_TRACK_RULE_ACK_BEFORE_RETURN] = "ack_before_return",
+    [TAP_TRACK_RULE_UNMATCHED_RETURN] = "unmatched_return",
+    [TAP_TRACK_RULE_TRANSIENT_IN_CONFIRM_MODE] = "transient_in_confirm_mode",
+    [TAP_TRACK_RULE_MISSING_MESSAGE_ID] = "missing_message_id",
+    [TAP_TRACK_RULE_PUBLISH_AND_WAIT] = "publish_and_wait",
+    [TAP_TRACK_RULE_CHANNEL_CHURN] = "channel_churn",
+    [TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID] = "duplicate_message_id",
+};
+
+const char *tap_track_rule_name(enum tap_track_rule rule)
+{
+	return rule < TAP_TRACK_N_RULES ? rule_names[rule] : "unknown";
+}
+
+void trk_warn(struct tap_track_conn *c, uint16_t ch, enum tap_track_rule rule, uint64_t seq, int64_t now_us)
+{
+	struct tap_track *t = c->t;
+	trk_record_warning(&t->render, c, ch, rule_names[rule], seq, now_us);
+	trk_emit(t);
+	t->st.warnings++;
+	t->st.warnings_by_rule[rule]++;
+}
+
+/* Writes rule for ch unless it was written for ch before. */
+static void warn_once(struct tap_track_conn *c, struct trk_chan *ch, enum tap_track_rule rule, uint64_t seq,
+                      int64_t now_us)
+{
+	uint16_t bit = (uint16_t)(1u << rule);
+	if (ch->warn.warned & bit)
+		return;
+	ch->warn.warned |= bit;
+	trk_warn(c, ch->id, rule, seq, now_us);
+}
+
+/* ---- the recent message ids of a connection ----
+ *
+ * A ring of the 64-bit hashes of the last `cap` distinct ids, oldest at `head`, and an open-addressing index
+ * (linear probing, 2 * cap entries, so at most half full) from a hash to its ring position + 1 (0: empty). The
+ * ring starts at 64 and doubles up to TAP_TRACK_RECENT_IDS: a connection costs what it has published, at most
+ * 1,024 * (8 + 2 * 4) = 16 KiB, counted in the tracker's memory. Two ids are taken as equal when their hashes are.
+ * An id forgotten early (its publish may be retransmitted) stays in the ring as DEAD_ID, in no index entry. */
+struct trk_ids {
+	uint32_t cap, n, head;
+	uint64_t *ring;
+	uint32_t *index;
+};
+
+#define IDS_MIN_CAP 64u
+#define DEAD_ID UINT64_C(0)
+
+static uint64_t id_hash(const uint8_t *p, size_t len)
+{
+	uint64_t h = UINT64_C(0xcbf29ce484222325); /* FNV-1a, then a splitmix64 finish for the low bits */
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ p[i]) * UINT64_C(0x100000001b3);
+	h = (h ^ (h >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+	h = (h ^ (h >> 27)) * UINT64_C(0x94d049bb133111eb);
+	h ^= h >> 31;
+	return h == DEAD_ID ? 1 : h;
+}
+
+static uint32_t ids_mask(const struct trk_ids *ids)
+{
+	return ids->cap * 2 - 1;
+}
+
+/* The ring position of h, or UINT32_MAX. */
+static uint32_t ids_find(const struct trk_ids *ids, uint64_t h)
+{
+	for (uint32_t i = (uint32_t)h & ids_mask(ids); ids->index[i]; i = (i + 1) & ids_mask(ids))
+		if (ids->ring[ids->index[i] - 1] == h)
+			return ids->index[i] - 1;
+	return UINT32_MAX;
+}
+
+static void ids_index_put(struct trk_ids *ids, uint32_t pos)
+{
+	uint32_t i = (uint32_t)ids->ring[pos] & ids_mask(ids);
+	while (ids->index[i])
+		i = (i + 1) & ids_mask(ids);
+	ids->index[i] = pos + 1;
+}
+
+/* Removes ring position pos from the index, shifting later entries of its probe run back (no tombstones). */
+static void ids_index_drop(struct trk_ids *ids, uint32_t pos)
+{
+	uint32_t mask = ids_mask(ids);
+	uint32_t i = (uint32_t)ids->ring[pos] & mask;
+	while (ids->index[i] != pos + 1)
+		i = (i + 1) & mask;
+	for (uint32_t j = (i + 1) & mask; ids->index[j]; j = (j + 1) & mask) {
+		uint32_t home = (uint32_t)ids->ring[ids->index[j] - 1] & mask;
+		bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+		if (stays)
+			continue;
+		ids->index[i] = ids->index[j];
+		i = j;
+	}
+	ids->index[i] = 0;
+}
+
+/* The ring and index at cap, the ids kept in order; false when out of memory (nothing changed). */
+static bool ids_resize(struct tap_track *t, struct trk_ids *ids, uint32_t cap)
+{
+	uint64_t *ring = trk_alloc(t, cap * sizeof *ring);
+	uint32_t *index = trk_alloc(t, cap * 2 * sizeof *index);
+	if (!ring || !index) {
+		if (ring)
+			trk_free(t, ring, cap * sizeof *ring);
+		if (index)
+			trk_free(t, index, cap * 2 * sizeof *index);
+		return false;
+	}
+	for (uint32_t k = 0; k < ids->n; k++)
+		ring[k] = ids->ring[(ids->head + k) & (ids->cap - 1)];
+	if (ids->cap) {
+		trk_free(t, ids->ring, ids->cap * sizeof *ids->ring);
+		trk_free(t, ids->index, ids->cap * 2 * sizeof *ids->index);
+	}
+	ids->ring = ring;
+	ids->index = index;
+	ids->cap = cap;
+	ids->head = 0;
+	memset(index, 0, cap * 2 * sizeof *index);
+	for (uint32_t k = 0; k < ids->n; k++)
+		if (ring[k] != DEAD_ID)
+			ids_index_put(ids, k);
+	return true;
+}
+
+static void ids_add(struct tap_track *t, struct trk_ids *ids, uint64_t h)
+{
+	if (ids->n == ids->cap && (ids->cap >= TAP_TRACK_RECENT_IDS || !ids_resize(t, ids, ids->cap * 2))) {
+		if (ids->ring[ids->head] != DEAD_ID)
+			ids_index_drop(ids, ids->head); /* the oldest id leaves the window */
+		ids->head = (ids->head + 1) & (ids->cap - 1);
+		ids->n--;
+	}
+	uint32_t pos = (ids->head + ids->n) & (ids->cap - 1);
+	ids->ring[pos] = h;
+	ids_index_put(ids, pos);
+	ids->n++;
+}
+
+static struct trk_ids *ids_new(struct tap_track *t)
+{
+	struct trk_ids *ids = trk_alloc(t, sizeof *ids);
+	if (!ids)
+		return NULL;
+	memset(ids, 0, sizeof *ids);
+	if (!ids_resize(t, ids, IDS_MIN_CAP)) {
+		trk_free(t, ids, sizeof *ids);
+		return NULL;
+	}
+	return ids;
+}
+
+void trk_warn_conn_free(struct tap_track_conn *c)
+{
+	struct trk_ids *ids = c->ids;
+	if (!ids)
+		return;
+	trk_free(c->t, ids->ring, ids->cap * sizeof *ids->ring);
+	trk_free(c->t, ids->index, ids->cap * 2 * sizeof *ids->index);
+	trk_free(c->t, ids, sizeof *ids);
+	c->ids = NULL;
+}
+
+/* Whether the id was among the connection's recent ones; it is one of them afterwards. */
+static bool seen_recently(struct tap_track_conn *c, struct tap_slice id)
+{
+	if (!c->ids)
+		c->ids = ids_new(c->t);
+	if (!c->ids)
+		return false; /* no memory: the rule is blind, nothing else changes */
+	uint64_t h = id_hash(id.ptr, id.len);
+	if (ids_find(c->ids, h) != UINT32_MAX)
+		return true;
+	ids_add(c->t, c->ids, h);
+	return false;
+}
+
+void trk_warn_done(struct tap_track_conn *c, const struct trk_view *v, const struct trk_verdict *vd)
+{
+	bool resend = vd->confirm == TAP_TRACK_CONFIRM_NACK || vd->confirm == TAP_TRACK_CONFIRM_UNKNOWN ||
+	              vd->route == TAP_TRACK_ROUTE_RETURNED || vd->route == TAP_TRACK_ROUTE_UNKNOWN;
+	if (!resend || !c->ids || !v->has_message_id || !v->message_id || !v->message_id_len)
+		return;
+	uint32_t pos = ids_find(c->ids, id_hash(v->message_id, v->message_id_len));
+	if (pos == UINT32_MAX)
+		return;
+	ids_index_drop(c->ids, pos);
+	c->ids->ring[pos] = DEAD_ID;
+}
+
+/* ---- the rules ---- */
+
+void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struct tap_publish *p, int64_t now_us)
+{
+	if (!ch)
+		return; /* no memory for the channel: nothing to remember the rules by */
+	struct trk_warn_chan *w = &ch->warn;
+	bool confirm_mode = ch->mode == TRK_MODE_CONFIRM;
+	uint64_t seq = confirm_mode ? ch->next - ch->sel_off : 0;
+	w->publishes++;
+
+	if (confirm_mode && !(p->has_delivery_mode && p->delivery_mode == 2))
+		warn_once(c, ch, TAP_TRACK_RULE_TRANSIENT_IN_CONFIRM_MODE, seq, now_us);
+
+	bool has_id = p->has_message_id && p->message_id.len;
+	if (!has_id)
+		warn_once(c, ch, TAP_TRACK_RULE_MISSING_MESSAGE_ID, seq, now_us);
+	else if (seen_recently(c, p->message_id))
+		warn_once(c, ch, TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID, seq, now_us);
+
+	if (confirm_mode) {
+		bool waited = w->confirm_publishes && !w->unanswered && now_us - w->t_answer <= TAP_TRACK_WAIT_GAP_US;
+		w->waited_run = waited ? w->waited_run + 1 : 0;
+		if (w->waited_run >= TAP_TRACK_WAIT_RUN)
+			warn_once(c, ch, TAP_TRACK_RULE_PUBLISH_AND_WAIT, seq, now_us);
+		w->confirm_publishes++;
+		w->unanswered++;
+	}
+}
+
+void trk_warn_settled(struct trk_chan *ch, const struct trk_slot *e, enum trk_event ev, int64_t now_us)
+{
+	if (e->state != TRK_STATE_WAIT || !(e->flags & TRK_FLAG_CONFIRM))
+		return;
+	if (ch->warn.unanswered)
+		ch->warn.unanswered--;
+	if (ev == TRK_EVENT_ACK || ev == TRK_EVENT_NACK)
+		ch->warn.t_answer = now_us;
+}
+
+void trk_warn_chan_end(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us)
+{
+	if (!ch->closing || ch->warn.publishes != 1 || c->warned_churn)
+		return;
+	if (++c->one_publish_channels < TAP_TRACK_CHURN_CHANNELS)
+		return;
+	c->warned_churn = true;
+	uint64_t seq = ch->mode == TRK_MODE_CONFIRM && ch->next > ch->sel_off ? ch->next - 1 - ch->sel_off : 0;
+	trk_warn(c, ch->id, TAP_TRACK_RULE_CHANNEL_CHURN, seq, now_us);
+}
