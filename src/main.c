@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 
@@ -64,6 +65,20 @@ struct app {
 	bool stopping;
 	int exit_code;
 };
+
+/* This process's run id (issue 17): 12 hex digits, 48 random bits, so (run, conn) names one connection whatever
+ * the tap or restart, at 21 bytes per record ("run" on every record, the tap id only on connection open). */
+static void make_run_id(char out[TAP_TRACK_RUN_MAX + 1], int64_t now_us)
+{
+	uint8_t r[6];
+	if (getrandom(r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+		uint64_t x = (uint64_t)now_us ^ ((uint64_t)getpid() << 40); /* no entropy yet: time and pid */
+		for (size_t i = 0; i < sizeof r; i++)
+			r[i] = (uint8_t)(x >> (8 * i));
+	}
+	for (size_t i = 0; i < sizeof r; i++)
+		(void)snprintf(out + 2 * i, 3, "%02x", r[i]);
+}
 
 /* What stderr gets at exit on top of the outputs' flush time, for the summary. */
 #define LOG_FLUSH_MS 500
@@ -357,6 +372,13 @@ static int outputs_open(struct app *app)
 		.max_outstanding = conf->max_outstanding,
 		.max_memory = conf->max_tracking_memory,
 	};
+	char run[TAP_TRACK_RUN_MAX + 1];
+	if (conf->mode != TAP_MODE_REPLAY) { /* replay leaves identity out: its records stay deterministic */
+		tconf.started_us = tap_now_us();
+		make_run_id(run, tconf.started_us);
+		tconf.run = run;
+		tconf.tap_id = conf->tap_id;
+	}
 	app->track = tap_track_new(&tconf, emit_record, app);
 	app->min_window_us = tconf.late_return_us < tconf.return_window_us ? tconf.late_return_us : tconf.return_window_us;
 	if (!app->track) {

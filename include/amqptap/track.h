@@ -21,6 +21,11 @@
 #define TAP_TRACK_MAX_OUTSTANDING_DEFAULT 1000000u
 #define TAP_TRACK_MAX_MEMORY_DEFAULT (UINT64_C(256) << 20)
 
+/* The version of the record layout, in each connection open record; raised when a member changes meaning. */
+#define TAP_TRACK_SCHEMA 1
+#define TAP_TRACK_RUN_MAX 16u
+#define TAP_TRACK_TAP_ID_MAX 256u
+
 /* What a publish record keeps of the keys of its headers table: at most this many keys and this many bytes of
  * their JSON (quotes, escapes and commas included); a record cut to fit says "headers_truncated":true. */
 #define TAP_TRACK_HEADER_KEYS_MAX 32u
@@ -34,6 +39,12 @@ struct tap_track_conf {
 	/* Bytes of tracking state (outstanding publishes, their strings, channels, connections) for the whole
 	 * process; past it the oldest outstanding publishes of any connection are written as evicted. */
 	uint64_t max_memory;
+	/* Identity (issue 17), copied; run NULL: left out of every record (replay, so its records stay
+	 * deterministic). Every record then carries "run", and the connection open record also "tap", "started" and
+	 * "schema"; (run, conn) names one connection across taps and restarts. */
+	const char *tap_id;  /* --tap-id */
+	const char *run;     /* this process's id: at most TAP_TRACK_RUN_MAX bytes of [0-9a-z] */
+	int64_t started_us;  /* when this process started */
 };
 
 /* One record, without its newline; json is valid only during the call. */

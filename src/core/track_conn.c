@@ -27,7 +27,7 @@ struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emi
 		t->conf.max_memory = TAP_TRACK_MAX_MEMORY_DEFAULT;
 	t->emit = emit_fn;
 	t->ctx = ctx;
-	trk_render_init(&t->render);
+	trk_render_init(&t->render, &t->conf);
 	tap_buf_init(&t->extra);
 	return t;
 }

@@ -176,6 +176,9 @@ struct trk_render {
 	struct tap_buf rec;
 	int64_t ts_sec; /* second of ts_str, INT64_MIN: none */
 	char ts_str[32];
+	char run[TAP_TRACK_RUN_MAX + 1];       /* "": no identity members */
+	char tap_id[TAP_TRACK_TAP_ID_MAX + 1];
+	int64_t started_us;
 };
 
 struct tap_track {
@@ -326,7 +329,8 @@ void trk_warn_conn_free(struct tap_track_conn *c);
 
 /* ---- track_record.c: each builds one record in t->render.rec (the caller emits it) ---- */
 
-void trk_render_init(struct trk_render *r);
+/* Takes the identity members (tap_id, run, started_us) of conf. */
+void trk_render_init(struct trk_render *r, const struct tap_track_conf *conf);
 void trk_render_deinit(struct trk_render *r);
 /* The `publish` record. */
 void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,

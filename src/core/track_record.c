@@ -3,6 +3,7 @@
 #include "track_int.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 /* Constant values, quoted once here: written as they are, not scanned for escapes (most of a publish record). */
@@ -39,10 +40,15 @@ static inline void kv_lit(struct tap_json *j, const char *key, struct json_lit v
 	tap_json_raw(j, v.json, v.len);
 }
 
-void trk_render_init(struct trk_render *r)
+void trk_render_init(struct trk_render *r, const struct tap_track_conf *conf)
 {
 	tap_buf_init(&r->rec);
 	r->ts_sec = INT64_MIN;
+	if (conf->run) {
+		(void)snprintf(r->run, sizeof r->run, "%s", conf->run); /* longer ones are cut to TAP_TRACK_RUN_MAX */
+		(void)snprintf(r->tap_id, sizeof r->tap_id, "%s", conf->tap_id ? conf->tap_id : "");
+		r->started_us = conf->started_us;
+	}
 }
 
 void trk_render_deinit(struct trk_render *r)
@@ -88,6 +94,13 @@ static void kv_ts(struct trk_render *r, struct tap_json *j, int64_t now_us)
 	tap_json_raw(j, q, len + 2);
 }
 
+/* The member every record carries (with conn, the join key of merged records), when there is an identity. */
+static void kv_run(const struct trk_render *r, struct tap_json *j)
+{
+	if (r->run[0])
+		tap_json_kv_str(j, "run", r->run);
+}
+
 static void rec_begin_lit(struct trk_render *r, struct tap_json *j, struct json_lit type, int64_t now_us)
 {
 	tap_buf_reset(&r->rec);
@@ -95,6 +108,7 @@ static void rec_begin_lit(struct trk_render *r, struct tap_json *j, struct json_
 	tap_json_obj_begin(j);
 	kv_lit(j, "type", type);
 	kv_ts(r, j, now_us);
+	kv_run(r, j);
 }
 
 static void rec_begin(struct trk_render *r, struct tap_json *j, const char *type, int64_t now_us)
@@ -104,6 +118,7 @@ static void rec_begin(struct trk_render *r, struct tap_json *j, const char *type
 	tap_json_obj_begin(j);
 	tap_json_kv_str(j, "type", type);
 	kv_ts(r, j, now_us);
+	kv_run(r, j);
 }
 
 static void write_reason(struct tap_json *j, const struct trk_reason *why)
@@ -341,6 +356,11 @@ void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, 
 	rec_begin(r, &j, "connection", now_us);
 	tap_json_kv_uint(&j, "conn", c->id);
 	tap_json_kv_str(&j, "event", "open");
+	if (r->run[0]) {
+		tap_json_kv_str(&j, "tap", r->tap_id);
+		tap_json_kv_ts(&j, "started", r->started_us);
+		tap_json_kv_uint(&j, "schema", TAP_TRACK_SCHEMA);
+	}
 	str_or_null(&j, "client", c->client);
 	str_or_null(&j, "upstream", c->upstream);
 	str_or_null(&j, "user", c->user);

@@ -1,0 +1,136 @@
+/* Record identity (issue 17): with a run id, every record the tracker writes carries "run" next to "conn" (the
+ * join key of records merged from several taps and restarts), and the connection open record names the tap, the
+ * start of the run and the schema; without one (replay) none of these members appear. */
+#include "amqptap/track.h"
+
+#include <check.h>
+
+#include "tap_check.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_RECS 64
+#define T0 INT64_C(1795947302000000) /* 2026-11-29T10:15:02Z */
+#define STARTED INT64_C(1795947000123456)
+#define S(lit) ((struct tap_slice){(const uint8_t *)(lit), sizeof(lit) - 1})
+
+static char *recs[MAX_RECS];
+static size_t n_recs;
+
+static void capture(void *ctx, const char *json, size_t len)
+{
+	(void)ctx;
+	ck_assert_uint_lt(n_recs, MAX_RECS);
+	char *r = malloc(len + 1);
+	memcpy(r, json, len);
+	r[len] = '\0';
+	recs[n_recs++] = r;
+}
+
+static void reset_recs(void)
+{
+	for (size_t i = 0; i < n_recs; i++)
+		free(recs[i]);
+	n_recs = 0;
+}
+
+/* One connection with a confirm channel, a publish acked, then the end: every kind of record a connection has. */
+static void one_session(const struct tap_track_conf *conf)
+{
+	reset_recs();
+	struct tap_track *t = tap_track_new(conf, capture, NULL);
+	ck_assert_ptr_nonnull(t);
+	struct tap_track_conn *c = tap_track_conn_new(t, 3, "127.0.0.1:51234", "127.0.0.1:5672", T0);
+	tap_track_conn_user(c, S("guest"));
+	tap_track_conn_tune(c, 2047, 131072, 60);
+	tap_track_conn_open(c, S("/"), T0);
+	tap_track_channel_open(c, 1, T0);
+	tap_track_confirm_select(c, 1, T0);
+	struct tap_publish p = {.exchange = S(""), .routing_key = S("q"), .body_size = 12};
+	tap_track_publish(c, 1, &p, T0 + 10);
+	tap_track_ack(c, 1, 1, false, T0 + 20);
+	tap_track_conn_end(c, "eof", T0 + 30);
+	tap_track_free(t);
+}
+
+static const char *find_rec(const char *type, const char *event)
+{
+	char want_type[64], want_event[64];
+	snprintf(want_type, sizeof want_type, "{\"type\":\"%s\"", type);
+	snprintf(want_event, sizeof want_event, "\"event\":\"%s\"", event);
+	for (size_t i = 0; i < n_recs; i++)
+		if (strncmp(recs[i], want_type, strlen(want_type)) == 0 && (!event[0] || strstr(recs[i], want_event)))
+			return recs[i];
+	ck_abort_msg("no %s %s record", type, event);
+	return NULL;
+}
+
+START_TEST(open_record_names_tap_run_schema)
+{
+	struct tap_track_conf conf = {.tap_id = "node-a", .run = "0a1b2c3d4e5f", .started_us = STARTED};
+	one_session(&conf);
+	ck_assert_str_eq(find_rec("connection", "open"),
+			 "{\"type\":\"connection\",\"ts\":\"2026-11-29T10:15:02.000000Z\",\"run\":\"0a1b2c3d4e5f\","
+			 "\"conn\":3,\"event\":\"open\",\"tap\":\"node-a\",\"started\":\"2026-11-29T10:10:00.123456Z\","
+			 "\"schema\":1,\"client\":\"127.0.0.1:51234\",\"upstream\":\"127.0.0.1:5672\",\"user\":\"guest\","
+			 "\"vhost\":\"/\",\"product\":null,\"version\":null,\"platform\":null,\"frame_max\":131072,"
+			 "\"heartbeat\":60,\"channel_max\":2047}");
+}
+END_TEST
+
+START_TEST(every_record_carries_run_before_conn)
+{
+	struct tap_track_conf conf = {.tap_id = "node-a", .run = "0a1b2c3d4e5f", .started_us = STARTED};
+	one_session(&conf);
+	ck_assert_uint_ge(n_recs, 5); /* connection open, channel open, publish, channel close, connection close */
+	for (size_t i = 0; i < n_recs; i++) {
+		const char *ts_end = strstr(recs[i], "Z\",");
+		ck_assert_msg(ts_end && strncmp(ts_end + 3, "\"run\":\"0a1b2c3d4e5f\",\"conn\":3,", 30) == 0,
+			      "record without run next to conn: %s", recs[i]);
+	}
+	ck_assert_ptr_null(strstr(find_rec("publish", ""), "\"tap\""));
+	ck_assert_ptr_null(strstr(find_rec("connection", "close"), "\"tap\""));
+}
+END_TEST
+
+START_TEST(no_identity_without_run)
+{
+	struct tap_track_conf conf = {.tap_id = "node-a"};
+	one_session(&conf);
+	ck_assert_uint_ge(n_recs, 5);
+	for (size_t i = 0; i < n_recs; i++) {
+		ck_assert_ptr_null(strstr(recs[i], "\"run\""));
+		ck_assert_ptr_null(strstr(recs[i], "\"tap\""));
+		ck_assert_ptr_null(strstr(recs[i], "\"schema\""));
+		ck_assert_ptr_null(strstr(recs[i], "\"started\""));
+	}
+	static const char want[] =
+	    "{\"type\":\"connection\",\"ts\":\"2026-11-29T10:15:02.000000Z\",\"conn\":3,\"event\":\"open\",\"client\"";
+	ck_assert(strncmp(find_rec("connection", "open"), want, sizeof want - 1) == 0);
+}
+END_TEST
+
+START_TEST(tap_id_escaped_run_bounded)
+{
+	struct tap_track_conf conf = {.tap_id = "a\"b\\c", .run = "0123456789abcdef-too-long", .started_us = STARTED};
+	one_session(&conf);
+	const char *open = find_rec("connection", "open");
+	ck_assert_ptr_nonnull(strstr(open, "\"tap\":\"a\\\"b\\\\c\""));
+	ck_assert_ptr_nonnull(strstr(open, "\"run\":\"0123456789abcdef\",\"conn\":3,"));
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("identity");
+	TCase *tc = tcase_create("core");
+	tcase_add_test(tc, open_record_names_tap_run_schema);
+	tcase_add_test(tc, every_record_carries_run_before_conn);
+	tcase_add_test(tc, no_identity_without_run);
+	tcase_add_test(tc, tap_id_escaped_run_bounded);
+	suite_add_tcase(s, tc);
+	int failed = tap_check_failures(s);
+	reset_recs();
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
