@@ -415,8 +415,12 @@ static int run_replay(const struct tap_conf *conf)
 	outputs_drain_until(&app, INT64_MAX);
 	if (code == 0) {
 		char err[512];
-		int rc = tap_replay_run(conf->replay_file, (uint16_t)conf->replay_port, &app.observer, app.track, err,
-					sizeof err);
+		struct tap_replay_stats rs;
+		int rc = tap_replay_run(conf->replay_file, (uint16_t)conf->replay_port, &app.observer, app.track, &rs,
+					err, sizeof err);
+		if (rs.gaps > 0)
+			fprintf(stderr, "amqptap: capture gaps: %" PRIu64 " (%" PRIu64 " bytes missing); the publishes they "
+				"may have affected are written route unknown, by capture_gap\n", rs.gaps, rs.gap_bytes);
 		if (rc != TAP_OK) {
 			fprintf(stderr, "amqptap: replay %s\n", err);
 			code = 1;

@@ -17,10 +17,16 @@
  * tap_track_tick + tap_track_shutdown at the last timestamp. A stream seen without its SYN is resynchronised on
  * the first plausible frame boundary of each direction. Returns 0 or a negative status with a message in err;
  * on a corrupt capture everything before the fault has been replayed and written. */
-int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track, char *err,
-		   size_t cap);
+struct tap_replay_stats {
+	uint64_t gaps;      /* holes in a stream direction: one capture_gap record each */
+	uint64_t gap_bytes; /* the bytes they lost */
+};
+/* path "-" reads standard input as it arrives (pcap or pcapng), so records follow a live `tcpdump -U -w -`.
+ * stats may be NULL. */
+int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track,
+		   struct tap_replay_stats *stats, char *err, size_t cap);
 /* The same over a capture in memory; name is used in messages. */
 int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t port, struct tap_observer *obs,
-		       struct tap_track *track, char *err, size_t cap);
+		       struct tap_track *track, struct tap_replay_stats *stats, char *err, size_t cap);
 
 #endif

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define PCAP_MAGIC_US 0xA1B2C3D4u
 #define PCAP_MAGIC_NS 0xA1B23C4Du
@@ -103,6 +104,8 @@ struct stream_list {
 struct tap_capture {
 	char *name;
 	FILE *f;
+	uint8_t back[4]; /* bytes read to tell the format, read again first (a pipe cannot seek back) */
+	size_t back_len, back_off;
 	const uint8_t *mem;
 	size_t mem_len;
 	uint64_t off; /* file offset of the next unread byte */
@@ -144,7 +147,16 @@ static int fail(char *err, size_t cap, int rc, const char *fmt, ...)
 
 static size_t src_read(struct tap_capture *c, void *buf, size_t n)
 {
-	size_t got;
+	size_t got = 0;
+	if (c->back_off < c->back_len && n > 0) {
+		got = c->back_len - c->back_off < n ? c->back_len - c->back_off : n;
+		memcpy(buf, c->back + c->back_off, got);
+		c->back_off += got;
+		c->off += got;
+		if (got == n)
+			return got;
+		return got + src_read(c, (uint8_t *)buf + got, n - got);
+	}
 	if (c->f) {
 		got = fread(buf, 1, n, c->f);
 	} else {
@@ -282,6 +294,8 @@ static enum tap_capture_end fin_end(const struct stream *s)
 	return s->first_fin == TAP_C2S ? TAP_CAPTURE_END_CLIENT_FIN : TAP_CAPTURE_END_SERVER_FIN;
 }
 
+static void flush_holes(struct tap_capture *c, struct stream *s, int64_t ts);
+
 static void stream_close(struct tap_capture *c, struct stream *s, enum tap_capture_end how, int64_t ts)
 {
 	if (s->closed)
@@ -316,6 +330,7 @@ static void expire(struct tap_capture *c, int64_t ts)
 	struct stream *s;
 	while ((s = c->live.head) && ts - s->last_ts >= c->idle_us) {
 		c->st.idle_closed++;
+		flush_holes(c, s, ts);
 		stream_close(c, s, TAP_CAPTURE_END_IDLE, ts);
 		stream_free(c, s);
 	}
@@ -332,6 +347,7 @@ static void make_room(struct tap_capture *c, int64_t ts)
 	while (c->live.n > 0 && c->live.n >= c->max_streams) {
 		struct stream *s = c->live.head;
 		c->st.evicted++;
+		flush_holes(c, s, ts);
 		stream_close(c, s, TAP_CAPTURE_END_LIMIT, ts);
 		stream_free(c, s);
 	}
@@ -447,6 +463,26 @@ static void skip_hole(struct tap_capture *c, struct stream *s, enum tap_dir dir,
 	if (c->cb->gap)
 		c->cb->gap(c->cb->ctx, s->user, dir, missing, ts);
 	drain(c, s, dir, ts);
+}
+
+/* The stream ends with segments still buffered behind holes: the holes are given up on (gap callbacks) and what
+ * follows them delivered, so the data and a FIN behind a lost segment are not lost with it. */
+static void flush_holes(struct tap_capture *c, struct stream *s, int64_t ts)
+{
+	for (int d = 0; d < TAP_DIR_COUNT; d++) {
+		struct half *h = &s->h[d];
+		while (h->n > 0 && !h->fin_done && !s->closed)
+			skip_hole(c, s, (enum tap_dir)d, ts);
+	}
+}
+
+/* The peer acknowledged bytes of `dir` up to `ack`: a hole below that was delivered on the wire and lost only by
+ * the capture, so it will never be retransmitted; it is given up on at once instead of when the buffer fills. */
+static void skip_acked(struct tap_capture *c, struct stream *s, enum tap_dir dir, uint32_t ack, int64_t ts)
+{
+	struct half *h = &s->h[dir];
+	while (h->init && h->n > 0 && !h->fin_done && !s->closed && (int32_t)(ack - h->next) > 0)
+		skip_hole(c, s, dir, ts);
 }
 
 static int buffer_ahead(struct tap_capture *c, struct stream *s, enum tap_dir dir, uint32_t seq, const uint8_t *data,
@@ -568,8 +604,13 @@ static int on_segment(struct tap_capture *c, const struct segment *g, int64_t ts
 		h->init = true;
 		h->next = seq;
 	}
+	if ((g->flags & TCP_ACK) && !(g->flags & TCP_SYN))
+		skip_acked(c, s, tap_dir_reverse(dir), g->ack, ts);
+	if (s->closed)
+		return TAP_OK;
 	if (g->flags & TCP_RST) {
 		drain(c, s, dir, ts);
+		flush_holes(c, s, ts);
 		enum tap_capture_end how = dir == TAP_C2S ? TAP_CAPTURE_END_CLIENT_RST : TAP_CAPTURE_END_SERVER_RST;
 		if (s->fin_seen) /* a reset answering a FIN: the FIN ended the connection */
 			how = fin_end(s);
@@ -946,8 +987,9 @@ static int open_common(struct tap_capture *c, char *err, size_t cap)
 	if (magic == PCAPNG_SHB) {
 		c->fmt = FMT_PCAPNG;
 		c->off = 0;
-		if (c->f && fseek(c->f, 0, SEEK_SET) != 0)
-			return fail(err, cap, TAP_E_IO, "%s: %s", c->name, strerror(errno));
+		memcpy(c->back, h, 4);
+		c->back_len = 4;
+		c->back_off = 0;
 		uint32_t type;
 		size_t len;
 		uint64_t at;
@@ -999,7 +1041,14 @@ int tap_capture_open(struct tap_capture **out, const char *path, char *err, size
 	struct tap_capture *c;
 	if (capture_new(&c, path) < 0)
 		return fail(err, cap, TAP_E_NOMEM, "out of memory");
-	c->f = fopen(path, "rb");
+	if (strcmp(path, "-") == 0) {
+		int fd = dup(STDIN_FILENO);
+		c->f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+		if (!c->f && fd >= 0)
+			(void)close(fd); /* fdopen failed: the descriptor is ours to close */
+	} else {
+		c->f = fopen(path, "rb");
+	}
 	if (!c->f) {
 		int rc = fail(err, cap, TAP_E_IO, "%s: %s", path, strerror(errno));
 		tap_capture_free(c);
@@ -1069,6 +1118,7 @@ int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_captu
 		rc = fail(err, cap, TAP_E_IO, "%s: read error at offset %" PRIu64, c->name, c->off);
 	while (c->open.head) {
 		struct stream *s = c->open.head;
+		flush_holes(c, s, c->last_ts);
 		enum tap_capture_end how = s->fin_seen ? fin_end(s) : TAP_CAPTURE_END_CAPTURE;
 		stream_close(c, s, how, c->last_ts);
 	}

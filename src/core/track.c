@@ -1786,3 +1786,38 @@ void tap_track_each_confirm_bucket(const struct tap_track *t, tap_track_bucket_f
 		fn(ctx, lo, hi, t->hist.b[i]);
 	}
 }
+
+/* A capture lost bytes of this connection (DESIGN §6b): whatever was lost may have been the Return, Ack, Nack or
+ * close that decides an outstanding publish, or (client side) publishes that shift every later confirm sequence
+ * number. Every outstanding publish ends now with {"by":"capture_gap"}: route unknown unless its Return was seen,
+ * confirm ack when its ack was seen, else unknown (none outside confirm mode). */
+void tap_track_conn_gap(struct tap_track_conn *c, enum tap_track_gap_seq seq, int64_t now_us)
+{
+	const struct trk_reason gap = {.by = "capture_gap"};
+	for (uint32_t i = 0; i < c->n_chans; i++) {
+		struct trk_chan *ch = c->chans[i];
+		for (uint64_t n = ch->base; n < ch->next; n++) {
+			struct trk_pub *e = slot(ch, n);
+			if (e->state == PUB_DONE)
+				continue;
+			struct trk_view v;
+			struct trk_verdict vd = {.route = ROUTE_UNKNOWN, .reason = &gap};
+			view_of_slot(&v, c, ch, n);
+			if (seq == TAP_TRACK_GAP_SEQ_LOST)
+				v.confirm_mode = false; /* its sequence number was counted across lost publishes */
+			if (e->flags & PF_RETURNED) {
+				vd.route = ROUTE_RETURNED;
+				reply_of_slot(c, e, &vd);
+			}
+			if (e->state == PUB_HELD) {
+				vd.confirm = CONF_ACK;
+				vd.t_ack = e->t_ack;
+				vd.multiple = e->flags & PF_MULTIPLE;
+			} else {
+				vd.confirm = (e->flags & PF_CONFIRM) ? CONF_UNKNOWN : CONF_NONE;
+			}
+			write_publish(c, ch->id, &v, &vd, now_us);
+			slot_done(c, ch, n);
+		}
+	}
+}
