@@ -408,6 +408,15 @@ static bool outputs_close(struct app *app, int64_t deadline_us)
 	return whole;
 }
 
+/* Replay from a pipe waits for packets: what the outputs batched goes out meanwhile (a live view). */
+static void replay_idle(void *ctx)
+{
+	struct app *app = ctx;
+	for (size_t i = 0; i < OUT_COUNT; i++)
+		if (app->out[i])
+			tap_out_flush(app->out[i]);
+}
+
 static int run_replay(const struct tap_conf *conf)
 {
 	struct app app = {.conf = conf};
@@ -416,8 +425,9 @@ static int run_replay(const struct tap_conf *conf)
 	if (code == 0) {
 		char err[512];
 		struct tap_replay_stats rs;
-		int rc = tap_replay_run(conf->replay_file, (uint16_t)conf->replay_port, &app.observer, app.track, &rs,
-					err, sizeof err);
+		struct tap_replay_hooks hooks = {.ctx = &app, .idle = replay_idle};
+		int rc = tap_replay_run(conf->replay_file, (uint16_t)conf->replay_port, &app.observer, app.track, &hooks,
+					&rs, err, sizeof err);
 		if (rs.gaps > 0)
 			fprintf(stderr, "amqptap: capture gaps: %" PRIu64 " (%" PRIu64 " bytes missing); the publishes they "
 				"may have affected are written route unknown, by capture_gap\n", rs.gaps, rs.gap_bytes);

@@ -59,6 +59,9 @@ struct tap_capture_cb {
 	void (*gap)(void *ctx, void *user, enum tap_dir dir, uint64_t missing, int64_t ts_us);
 	/* The stream is over; user is not used again. */
 	void (*close)(void *ctx, void *user, enum tap_capture_end how, int64_t ts_us);
+	/* Reading a pipe or device (standard input): nothing more has arrived yet and the next read may wait, so what
+	 * the caller holds back for a batch should go out now. */
+	void (*idle)(void *ctx);
 };
 
 struct tap_capture_stats {
@@ -77,7 +80,8 @@ struct tap_capture_stats {
 
 struct tap_capture;
 
-/* Opens a capture file and reads its header. Returns 0 or a negative status (TAP_E_IO, TAP_E_BAD_CAPTURE,
+/* Opens a capture file and reads its header; path "-" is standard input. A pipe or device is read as its bytes
+ * arrive (tcpdump -U -w -), the idle callback telling when the next read may wait. Returns 0 or a negative status (TAP_E_IO, TAP_E_BAD_CAPTURE,
  * TAP_E_NOMEM) with a message in err. */
 int tap_capture_open(struct tap_capture **c, const char *path, char *err, size_t cap);
 /* The same over a memory buffer, borrowed until tap_capture_free; name is used in messages. */

@@ -21,10 +21,15 @@ struct tap_replay_stats {
 	uint64_t gaps;      /* holes in a stream direction: one capture_gap record each */
 	uint64_t gap_bytes; /* the bytes they lost */
 };
+/* Reading a pipe, idle is called when the next read may wait: records batched by the caller should go out. */
+struct tap_replay_hooks {
+	void *ctx;
+	void (*idle)(void *ctx);
+};
 /* path "-" reads standard input as it arrives (pcap or pcapng), so records follow a live `tcpdump -U -w -`.
- * stats may be NULL. */
+ * hooks and stats may be NULL. */
 int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track,
-		   struct tap_replay_stats *stats, char *err, size_t cap);
+		   const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap);
 /* The same over a capture in memory; name is used in messages. */
 int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t port, struct tap_observer *obs,
 		       struct tap_track *track, struct tap_replay_stats *stats, char *err, size_t cap);

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define PCAP_MAGIC_US 0xA1B2C3D4u
@@ -104,6 +106,7 @@ struct stream_list {
 struct tap_capture {
 	char *name;
 	FILE *f;
+	bool stream; /* a pipe or device: unbuffered, idle callback before a read that may wait */
 	uint8_t back[4]; /* bytes read to tell the format, read again first (a pipe cannot seek back) */
 	size_t back_len, back_off;
 	const uint8_t *mem;
@@ -167,6 +170,16 @@ static size_t src_read(struct tap_capture *c, void *buf, size_t n)
 	}
 	c->off += got;
 	return got;
+}
+
+/* Before the next record of a pipe: when no byte is waiting, the caller hears so before the read blocks. */
+static void idle_hint(struct tap_capture *c)
+{
+	if (!c->stream || !c->cb || !c->cb->idle)
+		return;
+	struct pollfd p = {.fd = fileno(c->f), .events = POLLIN};
+	if (poll(&p, 1, 0) == 0)
+		c->cb->idle(c->cb->ctx);
 }
 
 static uint32_t rd32(const struct tap_capture *c, const uint8_t *p)
@@ -772,6 +785,7 @@ static int pcap_run(struct tap_capture *c, char *err, size_t cap)
 {
 	uint8_t rh[16];
 	for (;;) {
+		idle_hint(c);
 		uint64_t at = c->off;
 		size_t n = src_read(c, rh, sizeof rh);
 		if (n == 0)
@@ -866,6 +880,7 @@ static int idb(struct tap_capture *c, const uint8_t *b, size_t len)
 static int block_read(struct tap_capture *c, uint32_t *type, size_t *blen, uint64_t *at, char *err, size_t cap)
 {
 	uint8_t h[12];
+	idle_hint(c);
 	*at = c->off;
 	size_t n = src_read(c, h, 8);
 	if (n == 0)
@@ -1054,7 +1069,12 @@ int tap_capture_open(struct tap_capture **out, const char *path, char *err, size
 		tap_capture_free(c);
 		return rc;
 	}
-	setvbuf(c->f, NULL, _IOFBF, 1 << 20);
+	struct stat st;
+	c->stream = fstat(fileno(c->f), &st) == 0 && !S_ISREG(st.st_mode);
+	if (c->stream) /* stdio would wait to fill its buffer before handing over a packet */
+		setvbuf(c->f, NULL, _IONBF, 0);
+	else
+		setvbuf(c->f, NULL, _IOFBF, 1 << 20);
 	int rc = open_common(c, err, cap);
 	if (rc < 0) {
 		tap_capture_free(c);

@@ -34,6 +34,7 @@ struct replay {
 	int64_t now;
 	bool started;
 	uint64_t gaps, gap_bytes;
+	const struct tap_replay_hooks *hooks;
 };
 
 static void on_packet(void *ctx, int64_t ts)
@@ -188,12 +189,20 @@ static void on_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts
 	free(s);
 }
 
-static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs, struct tap_track *track,
-		  struct tap_replay_stats *stats, char *err, size_t cap)
+static void on_idle(void *ctx)
 {
-	struct replay r = {.obs = obs, .track = track};
+	struct replay *r = ctx;
+	if (r->hooks && r->hooks->idle)
+		r->hooks->idle(r->hooks->ctx);
+}
+
+static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs, struct tap_track *track,
+		  const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap)
+{
+	struct replay r = {.obs = obs, .track = track, .hooks = hooks};
 	struct tap_capture_cb cb = {
 		.ctx = &r, .packet = on_packet, .open = on_open, .data = on_data, .gap = on_gap, .close = on_close,
+		.idle = on_idle,
 	};
 	int rc = tap_capture_run(c, port, &cb, err, cap);
 	tap_track_tick(track, r.now);
@@ -205,13 +214,13 @@ static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs
 }
 
 int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track,
-		   struct tap_replay_stats *stats, char *err, size_t cap)
+		   const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap)
 {
 	struct tap_capture *c;
 	int rc = tap_capture_open(&c, path, err, cap);
 	if (rc < 0)
 		return rc;
-	return replay(c, port, obs, track, stats, err, cap);
+	return replay(c, port, obs, track, hooks, stats, err, cap);
 }
 
 int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t port, struct tap_observer *obs,
@@ -221,5 +230,5 @@ int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t 
 	int rc = tap_capture_open_mem(&c, data, len, name, err, cap);
 	if (rc < 0)
 		return rc;
-	return replay(c, port, obs, track, stats, err, cap);
+	return replay(c, port, obs, track, NULL, stats, err, cap);
 }

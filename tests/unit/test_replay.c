@@ -172,7 +172,7 @@ static int replay(const char *path, struct lines *l, char *err, size_t cap)
 	ck_assert_ptr_nonnull(t);
 	struct tap_observer o;
 	tap_observer_init(&o, t, collect, l, NULL, 0);
-	int rc = tap_replay_run(path, 5672, &o, t, NULL, err, cap);
+	int rc = tap_replay_run(path, 5672, &o, t, NULL, NULL, err, cap);
 	tap_observer_deinit(&o);
 	tap_track_free(t);
 	return rc;
