@@ -101,4 +101,13 @@ int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_captu
 
 void tap_capture_get_stats(const struct tap_capture *c, struct tap_capture_stats *s);
 
+/* Packets pushed one at a time (live capture, `amqptap sniff`): the same reassembly and callbacks as
+ * tap_capture_run, for server port `port`; cb is borrowed until tap_capture_free. */
+int tap_capture_new_push(struct tap_capture **c, uint16_t port, const struct tap_capture_cb *cb);
+/* One captured packet of link type `linktype` (TAP_CAPTURE_LINK_*), read only during the call. Returns 0 or
+ * TAP_E_NOMEM. */
+int tap_capture_push(struct tap_capture *c, uint32_t linktype, int64_t ts_us, const uint8_t *packet, size_t caplen);
+/* Ends every open stream as the end of a capture does (TAP_CAPTURE_END_CAPTURE unless a FIN was seen). */
+void tap_capture_end_all(struct tap_capture *c);
+
 #endif

@@ -34,4 +34,16 @@ int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, st
 int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t port, struct tap_observer *obs,
 		       struct tap_track *track, struct tap_replay_stats *stats, char *err, size_t cap);
 
+/* Packets pushed as they are captured (`amqptap sniff` on libpcap): the same streams, observers, gaps and
+ * records as a replay, the packets' timestamps as the clock. */
+struct tap_replay_live;
+int tap_replay_live_new(struct tap_replay_live **l, uint16_t port, struct tap_observer *obs,
+			struct tap_track *track);
+/* One packet of link type `linktype` (TAP_CAPTURE_LINK_*); 0 or TAP_E_NOMEM. */
+int tap_replay_live_packet(struct tap_replay_live *l, uint32_t linktype, int64_t ts_us, const uint8_t *packet,
+			   size_t caplen);
+/* Ends every open stream ("capture_end"), settles the tracker at now_us (or the last packet's time if later),
+ * fills stats (may be NULL) and frees l. */
+void tap_replay_live_end(struct tap_replay_live *l, int64_t now_us, struct tap_replay_stats *stats);
+
 #endif

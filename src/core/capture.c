@@ -1136,13 +1136,39 @@ int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_captu
 	int rc = c->fmt == FMT_PCAP ? pcap_run(c, err, cap) : pcapng_run(c, err, cap);
 	if (rc == TAP_OK && c->f && ferror(c->f))
 		rc = fail(err, cap, TAP_E_IO, "%s: read error at offset %" PRIu64, c->name, c->off);
+	tap_capture_end_all(c);
+	return rc;
+}
+
+int tap_capture_new_push(struct tap_capture **out, uint16_t port, const struct tap_capture_cb *cb)
+{
+	static const struct tap_capture_cb none;
+	*out = NULL;
+	struct tap_capture *c;
+	int rc = capture_new(&c, "live");
+	if (rc < 0)
+		return rc;
+	c->ran = true;
+	c->port = port;
+	c->cb = cb ? cb : &none;
+	*out = c;
+	return TAP_OK;
+}
+
+int tap_capture_push(struct tap_capture *c, uint32_t linktype, int64_t ts_us, const uint8_t *packet, size_t caplen)
+{
+	c->st.file_bytes += caplen;
+	return on_packet(c, linktype, ts_us, packet, caplen);
+}
+
+void tap_capture_end_all(struct tap_capture *c)
+{
 	while (c->open.head) {
 		struct stream *s = c->open.head;
 		flush_holes(c, s, c->last_ts);
 		enum tap_capture_end how = s->fin_seen ? fin_end(s) : TAP_CAPTURE_END_CAPTURE;
 		stream_close(c, s, how, c->last_ts);
 	}
-	return rc;
 }
 
 void tap_capture_set_limits(struct tap_capture *c, int64_t idle_us, size_t max_streams)

@@ -232,3 +232,50 @@ int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t 
 		return rc;
 	return replay(c, port, obs, track, NULL, stats, err, cap);
 }
+
+struct tap_replay_live {
+	struct replay r;
+	struct tap_capture_cb cb;
+	struct tap_capture *c;
+};
+
+int tap_replay_live_new(struct tap_replay_live **out, uint16_t port, struct tap_observer *obs,
+			struct tap_track *track)
+{
+	*out = NULL;
+	struct tap_replay_live *l = calloc(1, sizeof *l);
+	if (!l)
+		return TAP_E_NOMEM;
+	l->r = (struct replay){.obs = obs, .track = track};
+	l->cb = (struct tap_capture_cb){
+		.ctx = &l->r, .packet = on_packet, .open = on_open, .data = on_data, .gap = on_gap, .close = on_close,
+	};
+	int rc = tap_capture_new_push(&l->c, port, &l->cb);
+	if (rc < 0) {
+		free(l);
+		return rc;
+	}
+	*out = l;
+	return TAP_OK;
+}
+
+int tap_replay_live_packet(struct tap_replay_live *l, uint32_t linktype, int64_t ts_us, const uint8_t *packet,
+			   size_t caplen)
+{
+	return tap_capture_push(l->c, linktype, ts_us, packet, caplen);
+}
+
+void tap_replay_live_end(struct tap_replay_live *l, int64_t now_us, struct tap_replay_stats *stats)
+{
+	if (!l)
+		return;
+	if (now_us > l->r.now)
+		l->r.now = now_us;
+	tap_capture_end_all(l->c);
+	tap_track_tick(l->r.track, l->r.now);
+	tap_track_shutdown(l->r.track, l->r.now);
+	tap_capture_free(l->c);
+	if (stats)
+		*stats = (struct tap_replay_stats){.gaps = l->r.gaps, .gap_bytes = l->r.gap_bytes};
+	free(l);
+}
