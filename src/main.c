@@ -9,6 +9,8 @@
 #include "amqptap/pcapng.h"
 #include "amqptap/proxy.h"
 #include "amqptap/replay.h"
+#include "amqptap/sniff.h"
+#include "amqptap/json.h"
 #include "amqptap/status.h"
 #include "amqptap/tls.h"
 #include "amqptap/track.h"
@@ -64,6 +66,8 @@ struct app {
 	int64_t last_close_us, last_trim_us;
 	bool stopping;
 	int exit_code;
+	struct tap_sniff *sniff;  /* sniff mode */
+	uint64_t drops_reported; /* kernel drops already written as capture_drops records */
 };
 
 /* This process's run id (issue 17): 12 hex digits, 48 random bits, so (run, conn) names one connection whatever
@@ -431,6 +435,15 @@ static bool outputs_close(struct app *app, int64_t deadline_us)
 	return whole;
 }
 
+/* Replay from a pipe waits for packets: what the outputs batched goes out meanwhile (a live view). */
+static void replay_idle(void *ctx)
+{
+	struct app *app = ctx;
+	for (size_t i = 0; i < OUT_COUNT; i++)
+		if (app->out[i])
+			tap_out_flush(app->out[i]);
+}
+
 static int run_replay(const struct tap_conf *conf)
 {
 	struct app app = {.conf = conf};
@@ -438,8 +451,13 @@ static int run_replay(const struct tap_conf *conf)
 	outputs_drain_until(&app, INT64_MAX);
 	if (code == 0) {
 		char err[512];
-		int rc = tap_replay_run(conf->replay_file, (uint16_t)conf->replay_port, &app.observer, app.track, err,
-					sizeof err);
+		struct tap_replay_stats rs;
+		struct tap_replay_hooks hooks = {.ctx = &app, .idle = replay_idle};
+		int rc = tap_replay_run(conf->replay_file, (uint16_t)conf->replay_port, &app.observer, app.track, &hooks,
+					&rs, err, sizeof err);
+		if (rs.gaps > 0)
+			fprintf(stderr, "amqptap: capture gaps: %" PRIu64 " (%" PRIu64 " bytes missing); the publishes they "
+				"may have affected are written route unknown, by capture_gap\n", rs.gaps, rs.gap_bytes);
 		if (rc != TAP_OK) {
 			fprintf(stderr, "amqptap: replay %s\n", err);
 			code = 1;
@@ -448,6 +466,135 @@ static int run_replay(const struct tap_conf *conf)
 	if (!outputs_close(&app, INT64_MAX) && code == 0)
 		code = 1;
 	return code;
+}
+
+/* ---- sniff: live passive capture ---- */
+
+/* Kernel or interface drops since the last look become one capture_drops record and a log line; the streams
+ * they hit show their holes as capture_gap records. */
+static void report_drops(struct app *app, int64_t now_us)
+{
+	struct tap_sniff_stats st;
+	tap_sniff_get_stats(app->sniff, &st);
+	if (st.dropped <= app->drops_reported)
+		return;
+	uint64_t fresh = st.dropped - app->drops_reported;
+	app->drops_reported = st.dropped;
+	struct tap_buf b;
+	tap_buf_init(&b);
+	struct tap_json j;
+	tap_json_init(&j, &b);
+	tap_json_obj_begin(&j);
+	tap_json_kv_str(&j, "type", "capture_drops");
+	tap_json_kv_ts(&j, "ts", now_us);
+	tap_json_kv_uint(&j, "dropped", fresh);
+	tap_json_kv_uint(&j, "total", st.dropped);
+	tap_json_obj_end(&j);
+	if (!b.oom)
+		emit_record(app, b.data, b.len);
+	tap_buf_deinit(&b);
+	tap_log_error("the kernel dropped %" PRIu64 " packets (%" PRIu64 " in total): the streams they belonged to "
+		      "have capture gaps; try a larger --buffer-size", fresh, st.dropped);
+}
+
+static void on_sniff_tick(evutil_socket_t fd, short what, void *arg)
+{
+	struct app *app = arg;
+	(void)fd;
+	(void)what;
+	int64_t now_us = tap_now_us();
+	settle_deadlines(app, now_us);
+	report_drops(app, now_us);
+	flush_outputs(app);
+}
+
+static void on_sniff_signal(evutil_socket_t sig, short what, void *arg)
+{
+	struct app *app = arg;
+	(void)what;
+	if (sig == SIGINT || sig == SIGTERM) {
+		event_base_loopexit(app->base, NULL);
+	} else if (sig == SIGHUP) {
+		reopen_outputs(app);
+	} else if (sig == SIGUSR1) {
+		struct tap_sniff_stats st;
+		tap_sniff_get_stats(app->sniff, &st);
+		tap_log_info("%" PRIu64 " packets captured, %" PRIu64 " dropped by the kernel", st.packets, st.dropped);
+		print_summary(app);
+	}
+}
+
+static int run_sniff(const struct tap_conf *conf)
+{
+	signal(SIGPIPE, SIG_IGN);
+	struct app app = {.conf = conf};
+	char err[400];
+	int code = 0;
+	app.base = event_base_new();
+	if (!app.base) {
+		fprintf(stderr, "amqptap: cannot start: %s\n", strerror(errno));
+		return 1;
+	}
+	/* the capture first: a missing interface or permission is one line, before any output exists */
+	app.sniff = tap_sniff_new(app.base, conf->interface, (uint16_t)conf->replay_port, conf->buffer_kib, err,
+				  sizeof err, &code);
+	if (!app.sniff) {
+		fprintf(stderr, "amqptap: %s\n", err);
+		event_base_free(app.base);
+		return code;
+	}
+	code = outputs_open(&app);
+	struct tap_replay_live *live = NULL;
+	if (!code && tap_replay_live_new(&live, (uint16_t)conf->replay_port, &app.observer, app.track) != TAP_OK) {
+		fprintf(stderr, "amqptap: cannot start: out of memory\n");
+		code = 1;
+	}
+	if (!code)
+		tap_sniff_attach(app.sniff, live);
+	if (code) {
+		tap_sniff_free(app.sniff);
+		tap_replay_live_end(live, tap_now_us(), NULL);
+		(void)outputs_close(&app, tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000);
+		if (app.base)
+			event_base_free(app.base);
+		return code;
+	}
+	int sig_nums[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+	struct event *sigs[4];
+	for (size_t i = 0; i < 4; i++) {
+		sigs[i] = evsignal_new(app.base, sig_nums[i], on_sniff_signal, &app);
+		if (sigs[i])
+			evsignal_add(sigs[i], NULL);
+	}
+	app.tick_timer = event_new(app.base, -1, EV_PERSIST, on_sniff_tick, &app);
+	struct timeval tick = {0, 10000};
+	if (app.tick_timer)
+		evtimer_add(app.tick_timer, &tick);
+	if (tap_log_start() != 0)
+		fprintf(stderr, "amqptap: WARNING: cannot start the stderr writer; messages are written directly\n");
+	tap_log_info("sniffing on %s, broker port %u", conf->interface, conf->replay_port);
+
+	event_base_dispatch(app.base);
+
+	int64_t deadline = tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000;
+	outputs_drain_until(&app, deadline);
+	report_drops(&app, tap_now_us());
+	struct tap_replay_stats rs;
+	tap_replay_live_end(live, tap_now_us(), &rs);
+	if (rs.gaps > 0)
+		tap_log_error("capture gaps: %" PRIu64 " (%" PRIu64 " bytes missing); the publishes they may have "
+			      "affected are written route unknown, by capture_gap", rs.gaps, rs.gap_bytes);
+	tap_sniff_free(app.sniff);
+	if (!outputs_close(&app, deadline) && app.exit_code == 0)
+		app.exit_code = 1;
+	for (size_t i = 0; i < 4; i++)
+		if (sigs[i])
+			event_free(sigs[i]);
+	if (app.tick_timer)
+		event_free(app.tick_timer);
+	event_base_free(app.base);
+	(void)tap_log_stop(tap_out_clock_us() + LOG_FLUSH_MS * 1000);
+	return app.exit_code;
 }
 
 static int run_proxy(const struct tap_conf *conf)
@@ -579,6 +726,7 @@ static void print_version(void)
 	printf("amqptap %s (git %s)\n", TAP_VERSION, TAP_REVISION);
 	printf("libevent %s (compiled with %s)\n", event_get_version(), LIBEVENT_VERSION);
 	printf("%s (compiled with %s)\n", OpenSSL_version(OPENSSL_VERSION), OPENSSL_VERSION_TEXT);
+	printf("%s\n", tap_sniff_lib_version());
 }
 
 int main(int argc, char **argv)
@@ -604,6 +752,8 @@ int main(int argc, char **argv)
 		return 0;
 	case TAP_MODE_REPLAY:
 		return run_replay(&conf);
+	case TAP_MODE_SNIFF:
+		return run_sniff(&conf);
 	case TAP_MODE_PROXY:
 		break;
 	}

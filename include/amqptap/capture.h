@@ -59,6 +59,9 @@ struct tap_capture_cb {
 	void (*gap)(void *ctx, void *user, enum tap_dir dir, uint64_t missing, int64_t ts_us);
 	/* The stream is over; user is not used again. */
 	void (*close)(void *ctx, void *user, enum tap_capture_end how, int64_t ts_us);
+	/* Reading a pipe or device (standard input): nothing more has arrived yet and the next read may wait, so what
+	 * the caller holds back for a batch should go out now. */
+	void (*idle)(void *ctx);
 };
 
 struct tap_capture_stats {
@@ -77,7 +80,8 @@ struct tap_capture_stats {
 
 struct tap_capture;
 
-/* Opens a capture file and reads its header. Returns 0 or a negative status (TAP_E_IO, TAP_E_BAD_CAPTURE,
+/* Opens a capture file and reads its header; path "-" is standard input. A pipe or device is read as its bytes
+ * arrive (tcpdump -U -w -), the idle callback telling when the next read may wait. Returns 0 or a negative status (TAP_E_IO, TAP_E_BAD_CAPTURE,
  * TAP_E_NOMEM) with a message in err. */
 int tap_capture_open(struct tap_capture **c, const char *path, char *err, size_t cap);
 /* The same over a memory buffer, borrowed until tap_capture_free; name is used in messages. */
@@ -96,5 +100,14 @@ void tap_capture_set_limits(struct tap_capture *c, int64_t idle_us, size_t max_s
 int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_capture_cb *cb, char *err, size_t cap);
 
 void tap_capture_get_stats(const struct tap_capture *c, struct tap_capture_stats *s);
+
+/* Packets pushed one at a time (live capture, `amqptap sniff`): the same reassembly and callbacks as
+ * tap_capture_run, for server port `port`; cb is borrowed until tap_capture_free. */
+int tap_capture_new_push(struct tap_capture **c, uint16_t port, const struct tap_capture_cb *cb);
+/* One captured packet of link type `linktype` (TAP_CAPTURE_LINK_*), read only during the call. Returns 0 or
+ * TAP_E_NOMEM. */
+int tap_capture_push(struct tap_capture *c, uint32_t linktype, int64_t ts_us, const uint8_t *packet, size_t caplen);
+/* Ends every open stream as the end of a capture does (TAP_CAPTURE_END_CAPTURE unless a FIN was seen). */
+void tap_capture_end_all(struct tap_capture *c);
 
 #endif

@@ -20,6 +20,7 @@ struct tap_conf_addr {
 enum tap_conf_mode {
 	TAP_MODE_PROXY,
 	TAP_MODE_REPLAY,
+	TAP_MODE_SNIFF,
 	TAP_MODE_HELP,
 	TAP_MODE_VERSION,
 };
@@ -40,7 +41,9 @@ struct tap_conf {
 	const char *frames;         /* NULL = off */
 	const char *pcap;           /* NULL = off */
 	const char *replay_file;    /* replay mode: the capture */
-	uint32_t replay_port;       /* replay mode: the broker's TCP port in the capture */
+	uint32_t replay_port;       /* replay and sniff: the broker's TCP port in the capture */
+	const char *interface;      /* sniff mode: the interface libpcap captures on */
+	uint32_t buffer_kib;        /* sniff mode: the kernel capture buffer */
 	uint32_t body_bytes;
 	uint32_t return_window_ms;
 	uint32_t late_return_ms;

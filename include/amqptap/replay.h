@@ -17,10 +17,33 @@
  * tap_track_tick + tap_track_shutdown at the last timestamp. A stream seen without its SYN is resynchronised on
  * the first plausible frame boundary of each direction. Returns 0 or a negative status with a message in err;
  * on a corrupt capture everything before the fault has been replayed and written. */
-int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track, char *err,
-		   size_t cap);
+struct tap_replay_stats {
+	uint64_t gaps;      /* holes in a stream direction: one capture_gap record each */
+	uint64_t gap_bytes; /* the bytes they lost */
+};
+/* Reading a pipe, idle is called when the next read may wait: records batched by the caller should go out. */
+struct tap_replay_hooks {
+	void *ctx;
+	void (*idle)(void *ctx);
+};
+/* path "-" reads standard input as it arrives (pcap or pcapng), so records follow a live `tcpdump -U -w -`.
+ * hooks and stats may be NULL. */
+int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track,
+		   const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap);
 /* The same over a capture in memory; name is used in messages. */
 int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t port, struct tap_observer *obs,
-		       struct tap_track *track, char *err, size_t cap);
+		       struct tap_track *track, struct tap_replay_stats *stats, char *err, size_t cap);
+
+/* Packets pushed as they are captured (`amqptap sniff` on libpcap): the same streams, observers, gaps and
+ * records as a replay, the packets' timestamps as the clock. */
+struct tap_replay_live;
+int tap_replay_live_new(struct tap_replay_live **l, uint16_t port, struct tap_observer *obs,
+			struct tap_track *track);
+/* One packet of link type `linktype` (TAP_CAPTURE_LINK_*); 0 or TAP_E_NOMEM. */
+int tap_replay_live_packet(struct tap_replay_live *l, uint32_t linktype, int64_t ts_us, const uint8_t *packet,
+			   size_t caplen);
+/* Ends every open stream ("capture_end"), settles the tracker at now_us (or the last packet's time if later),
+ * fills stats (may be NULL) and frees l. */
+void tap_replay_live_end(struct tap_replay_live *l, int64_t now_us, struct tap_replay_stats *stats);
 
 #endif

@@ -250,4 +250,10 @@ typedef void (*tap_track_bucket_fn)(void *ctx, uint64_t lo_us, uint64_t hi_us, u
 /* Calls fn for every non-empty bucket of the process-wide confirm latency histogram, in ascending order. */
 void tap_track_each_confirm_bucket(const struct tap_track *t, tap_track_bucket_fn fn, void *ctx);
 
+/* The capture lost bytes of this connection (replay, sniff): every outstanding publish is written now, route
+ * "unknown" (or "returned" when its Return was seen) with {"by":"capture_gap"}; with TAP_TRACK_GAP_SEQ_LOST (the
+ * publishes came after a client-side gap, so their confirm sequence numbers are not known) with "seq": null. */
+enum tap_track_gap_seq { TAP_TRACK_GAP_SEQ_KNOWN, TAP_TRACK_GAP_SEQ_LOST };
+void tap_track_conn_gap(struct tap_track_conn *c, enum tap_track_gap_seq seq, int64_t now_us);
+
 #endif

@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define PCAP_MAGIC_US 0xA1B2C3D4u
 #define PCAP_MAGIC_NS 0xA1B23C4Du
@@ -36,6 +39,9 @@ struct iface {
 struct tap_capture {
 	char *name;
 	FILE *f;
+	bool stream; /* a pipe or device: unbuffered, idle callback before a read that may wait */
+	uint8_t back[4]; /* bytes read to tell the format, read again first (a pipe cannot seek back) */
+	size_t back_len, back_off;
 	const uint8_t *mem;
 	size_t mem_len;
 	uint64_t off; /* file offset of the next unread byte */
@@ -70,7 +76,16 @@ static int fail(char *err, size_t cap, int rc, const char *fmt, ...)
 
 static size_t src_read(struct tap_capture *c, void *buf, size_t n)
 {
-	size_t got;
+	size_t got = 0;
+	if (c->back_off < c->back_len && n > 0) {
+		got = c->back_len - c->back_off < n ? c->back_len - c->back_off : n;
+		memcpy(buf, c->back + c->back_off, got);
+		c->back_off += got;
+		c->off += got;
+		if (got == n)
+			return got;
+		return got + src_read(c, (uint8_t *)buf + got, n - got);
+	}
 	if (c->f) {
 		got = fread(buf, 1, n, c->f);
 	} else {
@@ -81,6 +96,16 @@ static size_t src_read(struct tap_capture *c, void *buf, size_t n)
 	}
 	c->off += got;
 	return got;
+}
+
+/* Before the next record of a pipe: when no byte is waiting, the caller hears so before the read blocks. */
+static void idle_hint(struct tap_capture *c)
+{
+	if (!c->stream || !c->cb || !c->cb->idle)
+		return;
+	struct pollfd p = {.fd = fileno(c->f), .events = POLLIN};
+	if (poll(&p, 1, 0) == 0)
+		c->cb->idle(c->cb->ctx);
 }
 
 static uint32_t rd32(const struct tap_capture *c, const uint8_t *p)
@@ -252,6 +277,7 @@ static int pcap_run(struct tap_capture *c, char *err, size_t cap)
 {
 	uint8_t rh[16];
 	for (;;) {
+		idle_hint(c);
 		uint64_t at = c->off;
 		size_t n = src_read(c, rh, sizeof rh);
 		if (n == 0)
@@ -346,6 +372,7 @@ static int idb(struct tap_capture *c, const uint8_t *b, size_t len)
 static int block_read(struct tap_capture *c, uint32_t *type, size_t *blen, uint64_t *at, char *err, size_t cap)
 {
 	uint8_t h[12];
+	idle_hint(c);
 	*at = c->off;
 	size_t n = src_read(c, h, 8);
 	if (n == 0)
@@ -467,8 +494,9 @@ static int open_common(struct tap_capture *c, char *err, size_t cap)
 	if (magic == PCAPNG_SHB) {
 		c->fmt = FMT_PCAPNG;
 		c->off = 0;
-		if (c->f && fseek(c->f, 0, SEEK_SET) != 0)
-			return fail(err, cap, TAP_E_IO, "%s: %s", c->name, strerror(errno));
+		memcpy(c->back, h, 4);
+		c->back_len = 4;
+		c->back_off = 0;
 		uint32_t type;
 		size_t len;
 		uint64_t at;
@@ -518,13 +546,25 @@ int tap_capture_open(struct tap_capture **out, const char *path, char *err, size
 	struct tap_capture *c;
 	if (capture_new(&c, path) < 0)
 		return fail(err, cap, TAP_E_NOMEM, "out of memory");
-	c->f = fopen(path, "rb");
+	if (strcmp(path, "-") == 0) {
+		int fd = dup(STDIN_FILENO);
+		c->f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+		if (!c->f && fd >= 0)
+			(void)close(fd); /* fdopen failed: the descriptor is ours to close */
+	} else {
+		c->f = fopen(path, "rb");
+	}
 	if (!c->f) {
 		int rc = fail(err, cap, TAP_E_IO, "%s: %s", path, strerror(errno));
 		tap_capture_free(c);
 		return rc;
 	}
-	setvbuf(c->f, NULL, _IOFBF, 1 << 20);
+	struct stat st;
+	c->stream = fstat(fileno(c->f), &st) == 0 && !S_ISREG(st.st_mode);
+	if (c->stream) /* stdio would wait to fill its buffer before handing over a packet */
+		setvbuf(c->f, NULL, _IONBF, 0);
+	else
+		setvbuf(c->f, NULL, _IOFBF, 1 << 20);
 	int rc = open_common(c, err, cap);
 	if (rc < 0) {
 		tap_capture_free(c);
@@ -577,8 +617,35 @@ int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_captu
 	int rc = c->fmt == FMT_PCAP ? pcap_run(c, err, cap) : pcapng_run(c, err, cap);
 	if (rc == TAP_OK && c->f && ferror(c->f))
 		rc = fail(err, cap, TAP_E_IO, "%s: read error at offset %" PRIu64, c->name, c->off);
-	tap_reasm_close_all(&c->reasm, c->last_ts);
+	tap_capture_end_all(c);
 	return rc;
+}
+
+int tap_capture_new_push(struct tap_capture **out, uint16_t port, const struct tap_capture_cb *cb)
+{
+	static const struct tap_capture_cb none;
+	*out = NULL;
+	struct tap_capture *c;
+	int rc = capture_new(&c, "live");
+	if (rc < 0)
+		return rc;
+	c->ran = true;
+	c->cb = cb ? cb : &none;
+	c->reasm.port = port;
+	c->reasm.cb = c->cb;
+	*out = c;
+	return TAP_OK;
+}
+
+int tap_capture_push(struct tap_capture *c, uint32_t linktype, int64_t ts_us, const uint8_t *packet, size_t caplen)
+{
+	c->st.file_bytes += caplen;
+	return on_packet(c, linktype, ts_us, packet, caplen);
+}
+
+void tap_capture_end_all(struct tap_capture *c)
+{
+	tap_reasm_close_all(&c->reasm, c->last_ts);
 }
 
 void tap_capture_set_limits(struct tap_capture *c, int64_t idle_us, size_t max_streams)

@@ -29,7 +29,11 @@ static const struct tap_conf_option options[] = {
 	{.name = "pcap", .kind = TAP_OPT_PATH, .offset = FIELD(pcap), .arg = "FILE", .def_shown = "off",
 	 .help = "the plaintext AMQP streams as pcapng for Wireshark"},
 	{.name = "port", .kind = TAP_OPT_U32, .offset = FIELD(replay_port), .min = 1, .max = 65535, .arg = "N",
-	 .def_u32 = 5672, .help = "replay: the broker's TCP port in the capture"},
+	 .def_u32 = 5672, .help = "replay, sniff: the broker's TCP port in the capture"},
+	{.name = "interface", .short_name = 'i', .kind = TAP_OPT_PATH, .offset = FIELD(interface), .arg = "IF",
+	 .def_shown = "none", .help = "sniff: the interface to capture on (lo, eth0, any)"},
+	{.name = "buffer-size", .kind = TAP_OPT_U32, .offset = FIELD(buffer_kib), .min = 256, .max = 4u << 20,
+	 .arg = "KIB", .def_u32 = 16384, .help = "sniff: the kernel capture buffer in KiB"},
 	{.name = "body-bytes", .kind = TAP_OPT_U32, .offset = FIELD(body_bytes), .min = 0, .max = 1u << 20, .arg = "N",
 	 .def_u32 = 0, .help = "include the first N body bytes in --frames"},
 	{.name = "return-window", .kind = TAP_OPT_U32, .offset = FIELD(return_window_ms), .min = 1,
@@ -342,6 +346,10 @@ static int positional(struct tap_conf *c, const char *a, bool first, char *err, 
 		c->mode = TAP_MODE_REPLAY;
 		return TAP_OK;
 	}
+	if (first && strcmp(a, "sniff") == 0) {
+		c->mode = TAP_MODE_SNIFF;
+		return TAP_OK;
+	}
 	if (c->mode == TAP_MODE_REPLAY && !c->replay_file) {
 		c->replay_file = a;
 		return TAP_OK;
@@ -375,7 +383,7 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 	struct option longopts[N_OPTIONS + 1];
 	char shortopts[2 + 2 * N_OPTIONS + 1];
 	build_getopt(longopts, shortopts);
-	bool port_given = false;
+	bool port_given = false, sniff_given = false;
 	int positionals = 0;
 	int rc;
 	opterr = 0; /* our one-line messages replace getopt's */
@@ -397,6 +405,8 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 			return unknown_long(long_element(o, argv), err, cap);
 		if (o->offset == FIELD(replay_port) && o->kind == TAP_OPT_U32)
 			port_given = true;
+		if (o->offset == FIELD(interface) || o->offset == FIELD(buffer_kib))
+			sniff_given = true;
 		rc = apply(c, o, optarg, err, cap);
 		if (rc)
 			return rc;
@@ -408,8 +418,12 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 		if (rc)
 			return rc;
 	}
-	if (port_given && c->mode != TAP_MODE_REPLAY)
-		return usage_error(err, cap, "--port: only for 'amqptap replay'");
+	if (port_given && c->mode != TAP_MODE_REPLAY && c->mode != TAP_MODE_SNIFF)
+		return usage_error(err, cap, "--port: only for 'amqptap replay' and 'amqptap sniff'");
+	if (sniff_given && c->mode != TAP_MODE_SNIFF)
+		return usage_error(err, cap, "--interface, --buffer-size: only for 'amqptap sniff'");
+	if (c->mode == TAP_MODE_SNIFF && !c->interface)
+		return usage_error(err, cap, "sniff: missing --interface (amqptap sniff --interface IF [--port N])");
 	if (c->mode == TAP_MODE_REPLAY && !c->replay_file)
 		return usage_error(err, cap, "replay: missing the CAPTURE file (amqptap replay CAPTURE [--port N])");
 	return check_combinations(c, err, cap);

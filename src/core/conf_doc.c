@@ -55,7 +55,8 @@ static const struct {
 	const char *what;
 } forms[] = {
 	{NULL, NULL, "transparent AMQP 0-9-1 wire-tap proxy"},
-	{"replay", "CAPTURE", "the same records from a pcap/pcapng capture"},
+	{"replay", "CAPTURE", "the same records from a pcap/pcapng capture (- for standard input)"},
+	{"sniff", NULL, "the same records from packets captured live (libpcap, --interface)"},
 };
 
 #define N_FORMS (sizeof forms / sizeof forms[0])

@@ -48,6 +48,7 @@ struct channel {
 struct direction {
 	struct tap_frame_dec dec;
 	bool stopped;
+	bool gapped; /* the capture lost bytes of this direction: decoding stopped there (tap_conn_gap) */
 	uint64_t fed;     /* bytes fed so far: the stream offset of the next chunk */
 	uint64_t decoded; /* the stream offset after the last whole frame decoded */
 	struct tap_buf body_prefix; /* first body_bytes of the current body frame, for the trace */
@@ -66,6 +67,9 @@ struct tap_conn {
 	char vhost[256];
 	size_t vhost_len;
 	bool login_done; /* the client's tune-ok or connection.open was decoded: no SASL exchange can follow */
+	enum tap_amqp_version version; /* of the client's protocol header, and the tune-ok's frame_max: a decoder */
+	uint32_t frame_max;            /* restarted after a capture gap needs them */
+	bool tuned;
 	/* capture copy of the client stream: held bytes start at held_offset */
 	void *capture;
 	struct tap_buf held;
@@ -336,6 +340,8 @@ static int on_body(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_
 
 static void set_frame_max(struct tap_conn *c, uint32_t frame_max)
 {
+	c->frame_max = frame_max;
+	c->tuned = true;
 	tap_frame_dec_set_frame_max(&c->dir[TAP_S2C].dec, frame_max);
 	tap_frame_dec_set_frame_max(&c->dir[TAP_C2S].dec, frame_max);
 }
@@ -622,6 +628,8 @@ static void capture_chunk(struct tap_conn *c, enum tap_dir dir, const uint8_t *d
 		return;
 	}
 	const struct direction *d = &c->dir[TAP_C2S];
+	if (d->gapped) /* the decoder restarted mid-stream: it cannot say where a secret lies, leave a hole */
+		return;
 	uint64_t end = chunk_offset + len;
 	uint64_t release = d->stopped ? end : hold_from(&d->dec);
 	if (release > end)
@@ -702,8 +710,10 @@ static void conn_decode(struct tap_conn *c, enum tap_dir dir, const uint8_t *dat
 			rc = on_body(c, dir, &ev, now_us);
 			break;
 		case TAP_EV_PROTOCOL_HEADER:
-			if (dir == TAP_C2S)
+			if (dir == TAP_C2S) {
+				c->version = ev.version;
 				tap_frame_dec_set_version(&c->dir[TAP_S2C].dec, ev.version);
+			}
 			trace_frame(c, dir, &ev, now_us);
 			break;
 		case TAP_EV_HEARTBEAT:
@@ -719,5 +729,46 @@ static void conn_decode(struct tap_conn *c, enum tap_dir dir, const uint8_t *dat
 		}
 		if (ev.kind != TAP_EV_NONE && (ev.kind != TAP_EV_BODY || ev.frame_end))
 			d->decoded = chunk_offset + (size_t)(data - chunk);
+		/* after a broker-side gap no answer can be seen; after a client-side one no sequence number is known */
+		if (dir == TAP_C2S && d->gapped)
+			tap_track_conn_gap(c->tc, TAP_TRACK_GAP_SEQ_LOST, now_us);
+		else if (dir == TAP_C2S && c->dir[TAP_S2C].gapped)
+			tap_track_conn_gap(c->tc, TAP_TRACK_GAP_SEQ_KNOWN, now_us);
 	}
+}
+
+void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t missing, int64_t now_us)
+{
+	if (!c)
+		return;
+	struct direction *d = &c->dir[dir];
+	struct tap_observer *o = c->o;
+	struct tap_json j;
+	tap_buf_reset(&o->scratch);
+	tap_json_init(&j, &o->scratch);
+	tap_json_obj_begin(&j);
+	tap_json_kv_str(&j, "type", "capture_gap");
+	tap_json_kv_ts(&j, "ts", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_str(&j, "dir", tap_dir_name(dir));
+	tap_json_kv_uint(&j, "offset", d->fed);
+	tap_json_kv_uint(&j, "missing", missing);
+	tap_json_obj_end(&j);
+	if (o->emit)
+		o->emit(o->emit_ctx, o->scratch.data, o->scratch.len);
+	for (size_t i = 0; i < c->n_chans; i++) /* a content cut by the gap can never finish */
+		pending_cut(c, c->chans[i].number, &c->chans[i].dir[dir], now_us);
+	tap_track_conn_gap(c->tc, d->gapped && dir == TAP_C2S ? TAP_TRACK_GAP_SEQ_LOST : TAP_TRACK_GAP_SEQ_KNOWN,
+			   now_us);
+	d->gapped = true;
+	if (dir == TAP_S2C || d->stopped) {
+		d->stopped = true;
+		return;
+	}
+	/* the caller feeds the client side again from a frame boundary */
+	tap_frame_dec_deinit(&d->dec);
+	tap_frame_dec_init(&d->dec);
+	tap_frame_dec_set_version(&d->dec, c->version);
+	if (c->tuned)
+		tap_frame_dec_set_frame_max(&d->dec, c->frame_max);
 }

@@ -181,11 +181,14 @@ static void stream_free(struct tap_reasm *r, struct stream *s)
 	free(s);
 }
 
+static void flush_holes(struct tap_reasm *r, struct stream *s, int64_t ts);
+
 void tap_reasm_expire(struct tap_reasm *r, int64_t ts)
 {
 	struct stream *s;
 	while ((s = r->live.head) && ts - s->last_ts >= r->idle_us) {
 		r->st->idle_closed++;
+		flush_holes(r, s, ts);
 		stream_close(r, s, TAP_CAPTURE_END_IDLE, ts);
 		stream_free(r, s);
 	}
@@ -202,6 +205,7 @@ static void make_room(struct tap_reasm *r, int64_t ts)
 	while (r->live.n > 0 && r->live.n >= r->max_streams) {
 		struct stream *s = r->live.head;
 		r->st->evicted++;
+		flush_holes(r, s, ts);
 		stream_close(r, s, TAP_CAPTURE_END_LIMIT, ts);
 		stream_free(r, s);
 	}
@@ -317,6 +321,26 @@ static void skip_hole(struct tap_reasm *r, struct stream *s, enum tap_dir dir, i
 	if (r->cb->gap)
 		r->cb->gap(r->cb->ctx, s->user, dir, missing, ts);
 	drain(r, s, dir, ts);
+}
+
+/* The stream ends with segments still buffered behind holes: the holes are given up on (gap callbacks) and what
+ * follows them delivered, so the data and a FIN behind a lost segment are not lost with it. */
+static void flush_holes(struct tap_reasm *r, struct stream *s, int64_t ts)
+{
+	for (int d = 0; d < TAP_DIR_COUNT; d++) {
+		struct half *h = &s->h[d];
+		while (h->n > 0 && !h->fin_done && !s->closed)
+			skip_hole(r, s, (enum tap_dir)d, ts);
+	}
+}
+
+/* The peer acknowledged bytes of `dir` up to `ack`: a hole below that was delivered on the wire and lost only by
+ * the capture, so it will never be retransmitted; it is given up on at once instead of when the buffer fills. */
+static void skip_acked(struct tap_reasm *r, struct stream *s, enum tap_dir dir, uint32_t ack, int64_t ts)
+{
+	struct half *h = &s->h[dir];
+	while (h->init && h->n > 0 && !h->fin_done && !s->closed && (int32_t)(ack - h->next) > 0)
+		skip_hole(r, s, dir, ts);
 }
 
 static int buffer_ahead(struct tap_reasm *r, struct stream *s, enum tap_dir dir, uint32_t seq, const uint8_t *data,
@@ -438,8 +462,13 @@ int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t 
 		h->init = true;
 		h->next = seq;
 	}
+	if ((g->flags & TCP_ACK) && !(g->flags & TCP_SYN))
+		skip_acked(r, s, tap_dir_reverse(dir), g->ack, ts);
+	if (s->closed)
+		return TAP_OK;
 	if (g->flags & TCP_RST) {
 		drain(r, s, dir, ts);
+		flush_holes(r, s, ts);
 		enum tap_capture_end how = dir == TAP_C2S ? TAP_CAPTURE_END_CLIENT_RST : TAP_CAPTURE_END_SERVER_RST;
 		if (s->fin_seen) /* a reset answering a FIN: the FIN ended the connection */
 			how = fin_end(s);
@@ -474,6 +503,7 @@ void tap_reasm_close_all(struct tap_reasm *r, int64_t ts)
 {
 	while (r->open.head) {
 		struct stream *s = r->open.head;
+		flush_holes(r, s, ts);
 		stream_close(r, s, s->fin_seen ? fin_end(s) : TAP_CAPTURE_END_CAPTURE, ts);
 	}
 }

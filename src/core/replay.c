@@ -1,6 +1,7 @@
 /* Offline replay (DESIGN §6): TCP streams from a capture drive one tap_conn each, with capture time as the clock.
  * Streams seen without their SYN are resynchronised on the first plausible AMQP frame (0-9-1 §4.2.3) of each
- * direction; the client side then gets a synthetic protocol header so its decoder starts in frame state. */
+ * direction; the client side then gets a synthetic protocol header so its decoder starts in frame state. After a
+ * capture gap (DESIGN §6b) the client side is resynchronised the same way, the broker side is given up. */
 #include "amqptap/replay.h"
 
 #include "amqptap/capture.h"
@@ -17,7 +18,8 @@
 
 struct rp_dir {
 	bool synced;
-	bool dead; /* bytes were lost: the decoder cannot follow any more */
+	bool dead;      /* broker bytes were lost: nothing after them is decoded */
+	bool after_gap; /* client bytes were lost: the decoder restarts at the next frame boundary */
 	struct tap_buf hold;
 };
 
@@ -31,6 +33,8 @@ struct replay {
 	struct tap_track *track;
 	int64_t now;
 	bool started;
+	uint64_t gaps, gap_bytes;
+	const struct tap_replay_hooks *hooks;
 };
 
 static void on_packet(void *ctx, int64_t ts)
@@ -126,7 +130,7 @@ static void resync(struct rp_stream *s, enum tap_dir dir, const uint8_t *data, s
 	d->synced = true;
 	const uint8_t *p = (const uint8_t *)d->hold.data + at;
 	size_t n = d->hold.len - (size_t)at;
-	if (dir == TAP_C2S && (n < 4 || memcmp(p, "AMQP", 4) != 0))
+	if (dir == TAP_C2S && !d->after_gap && (n < 4 || memcmp(p, "AMQP", 4) != 0))
 		tap_conn_feed(s->conn, TAP_C2S, (const uint8_t *)"AMQP\0\0\x09\x01", 8, now);
 	tap_conn_feed(s->conn, dir, p, n, now);
 	tap_buf_deinit(&d->hold);
@@ -147,12 +151,22 @@ static void on_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data
 
 static void on_gap(void *ctx, void *user, enum tap_dir dir, uint64_t missing, int64_t ts)
 {
+	struct replay *r = ctx;
 	struct rp_stream *s = user;
-	(void)ctx;
-	(void)missing;
 	(void)ts;
-	if (s)
-		s->d[dir].dead = true;
+	if (!s)
+		return;
+	r->gaps++;
+	r->gap_bytes += missing;
+	tap_conn_gap(s->conn, dir, missing, r->now);
+	struct rp_dir *d = &s->d[dir];
+	if (dir == TAP_S2C) {
+		d->dead = true;
+		return;
+	}
+	d->synced = false;
+	d->after_gap = true;
+	tap_buf_reset(&d->hold);
 }
 
 static void on_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts)
@@ -175,36 +189,93 @@ static void on_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts
 	free(s);
 }
 
-static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs, struct tap_track *track, char *err,
-		  size_t cap)
+static void on_idle(void *ctx)
 {
-	struct replay r = {.obs = obs, .track = track};
+	struct replay *r = ctx;
+	if (r->hooks && r->hooks->idle)
+		r->hooks->idle(r->hooks->ctx);
+}
+
+static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs, struct tap_track *track,
+		  const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap)
+{
+	struct replay r = {.obs = obs, .track = track, .hooks = hooks};
 	struct tap_capture_cb cb = {
 		.ctx = &r, .packet = on_packet, .open = on_open, .data = on_data, .gap = on_gap, .close = on_close,
+		.idle = on_idle,
 	};
 	int rc = tap_capture_run(c, port, &cb, err, cap);
 	tap_track_tick(track, r.now);
 	tap_track_shutdown(track, r.now);
 	tap_capture_free(c);
+	if (stats)
+		*stats = (struct tap_replay_stats){.gaps = r.gaps, .gap_bytes = r.gap_bytes};
 	return rc;
 }
 
-int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track, char *err,
-		   size_t cap)
+int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track,
+		   const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap)
 {
 	struct tap_capture *c;
 	int rc = tap_capture_open(&c, path, err, cap);
 	if (rc < 0)
 		return rc;
-	return replay(c, port, obs, track, err, cap);
+	return replay(c, port, obs, track, hooks, stats, err, cap);
 }
 
 int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t port, struct tap_observer *obs,
-		       struct tap_track *track, char *err, size_t cap)
+		       struct tap_track *track, struct tap_replay_stats *stats, char *err, size_t cap)
 {
 	struct tap_capture *c;
 	int rc = tap_capture_open_mem(&c, data, len, name, err, cap);
 	if (rc < 0)
 		return rc;
-	return replay(c, port, obs, track, err, cap);
+	return replay(c, port, obs, track, NULL, stats, err, cap);
+}
+
+struct tap_replay_live {
+	struct replay r;
+	struct tap_capture_cb cb;
+	struct tap_capture *c;
+};
+
+int tap_replay_live_new(struct tap_replay_live **out, uint16_t port, struct tap_observer *obs,
+			struct tap_track *track)
+{
+	*out = NULL;
+	struct tap_replay_live *l = calloc(1, sizeof *l);
+	if (!l)
+		return TAP_E_NOMEM;
+	l->r = (struct replay){.obs = obs, .track = track};
+	l->cb = (struct tap_capture_cb){
+		.ctx = &l->r, .packet = on_packet, .open = on_open, .data = on_data, .gap = on_gap, .close = on_close,
+	};
+	int rc = tap_capture_new_push(&l->c, port, &l->cb);
+	if (rc < 0) {
+		free(l);
+		return rc;
+	}
+	*out = l;
+	return TAP_OK;
+}
+
+int tap_replay_live_packet(struct tap_replay_live *l, uint32_t linktype, int64_t ts_us, const uint8_t *packet,
+			   size_t caplen)
+{
+	return tap_capture_push(l->c, linktype, ts_us, packet, caplen);
+}
+
+void tap_replay_live_end(struct tap_replay_live *l, int64_t now_us, struct tap_replay_stats *stats)
+{
+	if (!l)
+		return;
+	if (now_us > l->r.now)
+		l->r.now = now_us;
+	tap_capture_end_all(l->c);
+	tap_track_tick(l->r.track, l->r.now);
+	tap_track_shutdown(l->r.track, l->r.now);
+	tap_capture_free(l->c);
+	if (stats)
+		*stats = (struct tap_replay_stats){.gaps = l->r.gaps, .gap_bytes = l->r.gap_bytes};
+	free(l);
 }

@@ -38,7 +38,10 @@ static enum trk_state verdict_of(const struct trk_slot *e, enum trk_event ev, co
 
 	if (e->state == TRK_STATE_HELD) {
 		vd->confirm = TAP_TRACK_CONFIRM_ACK;
-		if (ev == TRK_EVENT_RETURN) {
+		if (ev == TRK_EVENT_GAP) { /* acked, but a late Return may have been in the lost bytes */
+			vd->route = TAP_TRACK_ROUTE_UNKNOWN;
+			vd->reason = why;
+		} else if (ev == TRK_EVENT_RETURN) {
 			vd->route = TAP_TRACK_ROUTE_RETURNED;
 			vd->order = TAP_TRACK_ORDER_ACK_BEFORE_RETURN;
 		} else {
@@ -83,6 +86,11 @@ static enum trk_state verdict_of(const struct trk_slot *e, enum trk_event ev, co
 		}
 		if (vd->confirm == TAP_TRACK_CONFIRM_UNKNOWN || vd->route == TAP_TRACK_ROUTE_UNKNOWN)
 			vd->reason = why;
+		return TRK_STATE_DONE;
+	case TRK_EVENT_GAP: /* whatever decided it may have been lost: only what was seen stands */
+		vd->route = returned ? TAP_TRACK_ROUTE_RETURNED : TAP_TRACK_ROUTE_UNKNOWN;
+		vd->confirm = unanswered;
+		vd->reason = why;
 		return TRK_STATE_DONE;
 	}
 	return TRK_STATE_WAIT;
@@ -691,5 +699,24 @@ void tap_track_each_confirm_bucket(const struct tap_track *t, tap_track_bucket_f
 		if (t->hist.bucket[i])
 			fn(ctx, lo, hi, t->hist.bucket[i]);
 		lo = top + 1;
+	}
+}
+
+/* A capture lost bytes of this connection (DESIGN §6b): whatever was lost may have been the Return, Ack, Nack or
+ * close that decides an outstanding publish, or (client side) publishes that shift every later confirm sequence
+ * number. Every outstanding publish ends now with {"by":"capture_gap"} (verdict_of, TRK_EVENT_GAP). */
+void tap_track_conn_gap(struct tap_track_conn *c, enum tap_track_gap_seq seq, int64_t now_us)
+{
+	static const struct trk_reason gap = {.by = "capture_gap"};
+	for (uint32_t i = 0; i < c->n_chans; i++) {
+		struct trk_chan *ch = c->chans[i];
+		for (uint64_t n = ch->base; n < ch->next; n++) {
+			struct trk_slot *e = trk_slot(ch, n);
+			if (e->state == TRK_STATE_DONE)
+				continue;
+			if (seq == TAP_TRACK_GAP_SEQ_LOST)
+				e->flags |= TRK_FLAG_SEQ_LOST; /* counted across lost publishes */
+			trk_slot_step(c, ch, n, TRK_EVENT_GAP, &gap, now_us);
+		}
 	}
 }

@@ -50,6 +50,7 @@ enum trk_event {
 	TRK_EVENT_TIMEOUT,   /* its return window or its late-return hold is over */
 	TRK_EVENT_END,       /* its channel or connection ended, or it is evicted: a reason says why */
 	TRK_EVENT_UNTRACKED, /* nothing to wait for: written at once */
+	TRK_EVENT_GAP,       /* the capture lost bytes of its connection (replay, sniff): a reason says so */
 };
 
 enum trk_flag {
@@ -64,6 +65,7 @@ enum trk_flag {
 	TRK_FLAG_NO_BLOB = 1 << 8, /* its strings could not be stored */
 	TRK_FLAG_HAS_TIMESTAMP = 1 << 9,
 	TRK_FLAG_BLOCKED = 1 << 10, /* published while the broker had the connection blocked */
+	TRK_FLAG_SEQ_LOST = 1 << 11, /* published after a client-side capture gap: its confirm sequence number is not known */
 };
 
 /* One outstanding publish (64 bytes). Its blob in the channel arena: [timestamp, 8 bytes, when present] then

@@ -461,7 +461,7 @@ void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const 
 	    .has_delivery_mode = e->flags & TRK_FLAG_HAS_DELIVERY_MODE,
 	    .has_timestamp = blob && (e->flags & TRK_FLAG_HAS_TIMESTAMP),
 	    .timestamp = ts,
-	    .confirm_mode = e->flags & TRK_FLAG_CONFIRM,
+	    .confirm_mode = (e->flags & (TRK_FLAG_CONFIRM | TRK_FLAG_SEQ_LOST)) == TRK_FLAG_CONFIRM,
 	    .tx = e->flags & TRK_FLAG_TX,
 	    .blocked = e->flags & TRK_FLAG_BLOCKED,
 	    .delivery_mode = e->delivery_mode,

@@ -119,7 +119,7 @@ int main(int argc, char **argv)
 	tap_observer_init(&o, t, count, &cnt, NULL, 0);
 	char err[256];
 	double t2 = now_s();
-	int rc = tap_replay_run(path, 5672, &o, t, err, sizeof err);
+	int rc = tap_replay_run(path, 5672, &o, t, NULL, NULL, err, sizeof err);
 	double t3 = now_s();
 	struct tap_track_stats ts_;
 	tap_track_get_stats(t, &ts_);

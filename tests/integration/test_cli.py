@@ -107,13 +107,14 @@ class CliTest(TapTestCase):
             r = run(flag)
             self.assertEqual(r.returncode, 0)
             lines = r.stdout.decode().splitlines()
-            self.assertEqual(len(lines), 3, lines)
+            self.assertEqual(len(lines), 4, lines)
             m = re.fullmatch(r"amqptap \d+\.\d+\.\d+ \(git ([0-9a-f]{12}(-dirty)?|unknown)\)", lines[0])
             self.assertIsNotNone(m, lines[0])
             if os.path.exists(os.path.join(SOURCE_DIR, ".git")):
                 self.assertNotEqual(m.group(1), "unknown", "built from a git checkout: the revision is known")
             self.assertRegex(lines[1], r"^libevent \d+\.\d+\.\d+\S* \(compiled with \d+\.\d+\.\d+\S*\)$")
             self.assertRegex(lines[2], r"^OpenSSL \d+\.\d+\.\d+.* \(compiled with OpenSSL \d+\.\d+\.\d+.*\)$")
+            self.assertRegex(lines[3], r"^libpcap version \d+\.\d+\.\d+")
 
     def test_signals_exit_zero(self):
         for sig in (signal.SIGTERM, signal.SIGINT):

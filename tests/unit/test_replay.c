@@ -172,7 +172,7 @@ static int replay(const char *path, struct lines *l, char *err, size_t cap)
 	ck_assert_ptr_nonnull(t);
 	struct tap_observer o;
 	tap_observer_init(&o, t, collect, l, NULL, 0);
-	int rc = tap_replay_run(path, 5672, &o, t, err, cap);
+	int rc = tap_replay_run(path, 5672, &o, t, NULL, NULL, err, cap);
 	tap_observer_deinit(&o);
 	tap_track_free(t);
 	return rc;
@@ -208,6 +208,59 @@ START_TEST(publish_and_ack_give_the_expected_records)
 	ck_assert_ptr_nonnull(strstr(last, "\"type\":\"connection\""));
 	ck_assert_ptr_nonnull(strstr(last, "close"));
 	lines_free(&l);
+	unlink(path);
+}
+END_TEST
+
+/* Packets pushed one by one (the sniff path) give the records the file gives. */
+START_TEST(pushed_packets_give_the_file_records)
+{
+	char path[128], err[256] = "";
+	snprintf(path, sizeof path, "%s/push.pcapng", tmpdir);
+	write_capture(path, 0);
+	struct lines want = {0}, got = {0};
+	ck_assert_msg(replay(path, &want, err, sizeof err) == 0, "%s", err);
+
+	FILE *f = fopen(path, "rb");
+	ck_assert_ptr_nonnull(f);
+	static uint8_t buf[1 << 16];
+	size_t n = fread(buf, 1, sizeof buf, f);
+	fclose(f);
+	struct tap_track *t = tap_track_new(NULL, collect, &got);
+	struct tap_observer o;
+	tap_observer_init(&o, t, collect, &got, NULL, 0);
+	struct tap_replay_live *live;
+	ck_assert_int_eq(tap_replay_live_new(&live, 5672, &o, t), 0);
+	uint32_t linktype = 0;
+	size_t pushed = 0;
+	for (size_t off = 0; off + 12 <= n;) { /* pcapng blocks of our own writer: host byte order, µs */
+		uint32_t type, len;
+		memcpy(&type, buf + off, 4);
+		memcpy(&len, buf + off + 4, 4);
+		if (type == 1) {
+			uint16_t lt;
+			memcpy(&lt, buf + off + 8, 2);
+			linktype = lt;
+		} else if (type == 6) {
+			uint32_t hi, lo, caplen;
+			memcpy(&hi, buf + off + 12, 4);
+			memcpy(&lo, buf + off + 16, 4);
+			memcpy(&caplen, buf + off + 20, 4);
+			int64_t ts = (int64_t)((uint64_t)hi << 32 | lo);
+			ck_assert_int_eq(tap_replay_live_packet(live, linktype, ts, buf + off + 28, caplen), 0);
+			pushed++;
+		}
+		off += len;
+	}
+	ck_assert_uint_gt(pushed, 10);
+	tap_replay_live_end(live, 0, NULL);
+	tap_observer_deinit(&o);
+	tap_track_free(t);
+	ck_assert_uint_eq(got.n, want.n);
+	for (size_t i = 0; i < want.n; i++)
+		ck_assert_str_eq(got.v[i], want.v[i]);
+	lines_free(&want);
+	lines_free(&got);
 	unlink(path);
 }
 END_TEST
@@ -320,6 +373,7 @@ int main(void)
 	TCase *tc = tcase_create("core");
 	tcase_add_test(tc, publish_and_ack_give_the_expected_records);
 	tcase_add_test(tc, mid_connection_capture_resyncs);
+	tcase_add_test(tc, pushed_packets_give_the_file_records);
 	tcase_add_test(tc, corrupt_capture_is_reported);
 	tcase_add_test(tc, idle_connection_is_closed_with_a_record);
 	suite_add_tcase(s, tc);

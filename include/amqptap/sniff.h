@@ -1,0 +1,32 @@
+/* Live passive capture for `amqptap sniff` (DESIGN §6b): libpcap on one interface, a BPF filter for the broker
+ * port, packets read from the libevent loop and pushed into a tap_replay_live. Only the io side links libpcap. */
+#ifndef AMQPTAP_SNIFF_H
+#define AMQPTAP_SNIFF_H
+
+#include "amqptap/replay.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct event_base;
+struct tap_sniff;
+
+struct tap_sniff_stats {
+	uint64_t packets;  /* handed to the reassembly */
+	uint64_t dropped;  /* pcap_stats ps_drop + ps_ifdrop: packets the kernel or the interface lost */
+};
+
+/* Opens and activates the capture (immediate mode, buffer_kib of kernel buffer, filter "tcp port PORT") and
+ * reads it on base once the loop runs. Returns NULL with a one-line message in err and *exit_code 2 when the
+ * interface does not exist, 1 otherwise (no permission: the message names CAP_NET_RAW). */
+struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, uint16_t port, uint32_t buffer_kib,
+				char *err, size_t cap, int *exit_code);
+/* Where the packets go; before the loop runs. */
+void tap_sniff_attach(struct tap_sniff *s, struct tap_replay_live *live);
+/* Reads what libpcap still holds, then the kernel's drop counters. */
+void tap_sniff_get_stats(struct tap_sniff *s, struct tap_sniff_stats *st);
+void tap_sniff_free(struct tap_sniff *s);
+/* "libpcap version 1.10.x ...". */
+const char *tap_sniff_lib_version(void);
+
+#endif

@@ -1,0 +1,139 @@
+/* Live passive capture on libpcap (pcap(3PCAP)): pcap_create + immediate mode + buffer size, a BPF filter for
+ * the broker port, the selectable descriptor watched by libevent and drained with non-blocking pcap_dispatch. */
+#include "amqptap/sniff.h"
+
+#include "amqptap/capture.h"
+
+#include <event2/event.h>
+#include <pcap/pcap.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct tap_sniff {
+	pcap_t *p;
+	struct event *ev;
+	struct tap_replay_live *live;
+	uint32_t linktype;
+	uint64_t packets;
+};
+
+static void on_pcap_packet(u_char *user, const struct pcap_pkthdr *h, const u_char *bytes)
+{
+	struct tap_sniff *s = (struct tap_sniff *)user;
+	int64_t ts = (int64_t)h->ts.tv_sec * 1000000 + h->ts.tv_usec;
+	s->packets++;
+	if (s->live)
+		(void)tap_replay_live_packet(s->live, s->linktype, ts, bytes, h->caplen); /* out of memory: counted there */
+}
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+	struct tap_sniff *s = arg;
+	(void)fd;
+	(void)what;
+	(void)pcap_dispatch(s->p, -1, on_pcap_packet, (u_char *)s); /* non-blocking: 0 when nothing is left */
+}
+
+/* DLT_ values as libpcap returns them, to the LINKTYPE_ values the capture reader parses. */
+static uint32_t linktype_of(int dlt)
+{
+	if (dlt == DLT_RAW)
+		return TAP_CAPTURE_LINK_RAW;
+	return (uint32_t)dlt;
+}
+
+struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, uint16_t port, uint32_t buffer_kib,
+				char *err, size_t cap, int *exit_code)
+{
+	char ebuf[PCAP_ERRBUF_SIZE] = "";
+	*exit_code = 1;
+	struct tap_sniff *s = calloc(1, sizeof *s);
+	if (!s) {
+		snprintf(err, cap, "out of memory");
+		return NULL;
+	}
+	s->p = pcap_create(iface, ebuf);
+	if (!s->p) {
+		snprintf(err, cap, "--interface %s: %s", iface, ebuf);
+		free(s);
+		return NULL;
+	}
+	(void)pcap_set_snaplen(s->p, 262144);      /* these only fail on an activated handle */
+	(void)pcap_set_promisc(s->p, 0);
+	(void)pcap_set_immediate_mode(s->p, 1);
+	(void)pcap_set_buffer_size(s->p, (int)(buffer_kib > 0x1FFFFF ? 0x1FFFFF : buffer_kib) * 1024);
+	int rc = pcap_activate(s->p);
+	if (rc == PCAP_ERROR_NO_SUCH_DEVICE) {
+		snprintf(err, cap, "--interface %s: no such interface", iface);
+		*exit_code = 2;
+	} else if (rc == PCAP_ERROR_PERM_DENIED) {
+		snprintf(err, cap, "--interface %s: permission denied: capturing needs CAP_NET_RAW (run as root, or "
+			 "setcap cap_net_raw+ep on the binary)", iface);
+	} else if (rc < 0) {
+		snprintf(err, cap, "--interface %s: %s", iface, pcap_geterr(s->p));
+	}
+	if (rc < 0) {
+		pcap_close(s->p);
+		free(s);
+		return NULL;
+	}
+	char filter[64];
+	snprintf(filter, sizeof filter, "tcp port %u", port);
+	struct bpf_program prog;
+	if (pcap_compile(s->p, &prog, filter, 1, PCAP_NETMASK_UNKNOWN) < 0 || pcap_setfilter(s->p, &prog) < 0) {
+		snprintf(err, cap, "--interface %s: filter '%s': %s", iface, filter, pcap_geterr(s->p));
+		pcap_close(s->p);
+		free(s);
+		return NULL;
+	}
+	pcap_freecode(&prog);
+	s->linktype = linktype_of(pcap_datalink(s->p));
+	int fd = pcap_get_selectable_fd(s->p);
+	if (fd < 0 || pcap_setnonblock(s->p, 1, ebuf) < 0) {
+		snprintf(err, cap, "--interface %s: no selectable descriptor: %s", iface, ebuf);
+		pcap_close(s->p);
+		free(s);
+		return NULL;
+	}
+	s->ev = event_new(base, fd, EV_READ | EV_PERSIST, on_readable, s);
+	if (!s->ev || event_add(s->ev, NULL) < 0) {
+		snprintf(err, cap, "--interface %s: cannot watch the capture", iface);
+		tap_sniff_free(s);
+		return NULL;
+	}
+	*exit_code = 0;
+	return s;
+}
+
+void tap_sniff_attach(struct tap_sniff *s, struct tap_replay_live *live)
+{
+	s->live = live;
+}
+
+void tap_sniff_get_stats(struct tap_sniff *s, struct tap_sniff_stats *st)
+{
+	struct pcap_stat ps;
+	memset(st, 0, sizeof *st);
+	if (!s)
+		return;
+	(void)pcap_dispatch(s->p, -1, on_pcap_packet, (u_char *)s); /* what is already buffered */
+	st->packets = s->packets;
+	if (pcap_stats(s->p, &ps) == 0)
+		st->dropped = (uint64_t)ps.ps_drop + ps.ps_ifdrop;
+}
+
+void tap_sniff_free(struct tap_sniff *s)
+{
+	if (!s)
+		return;
+	if (s->ev)
+		event_free(s->ev);
+	pcap_close(s->p);
+	free(s);
+}
+
+const char *tap_sniff_lib_version(void)
+{
+	return pcap_lib_version();
+}
