@@ -125,6 +125,13 @@ void tap_track_confirm_select(struct tap_track_conn *c, uint16_t ch, int64_t now
 void tap_track_tx_select(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 void tap_track_channel_close(struct tap_track_conn *c, uint16_t ch, enum tap_peer by, uint16_t code,
                              struct tap_slice text, int64_t now_us);
+/* The broker's channel.close on ch (given first with tap_track_channel_close), or with ch 0 its connection.close
+ * (given first with tap_track_conn_close), names basic.publish (class 60, method 40) as its cause: the earliest
+ * outstanding publish whose exchange the close text names is the culprit. It and the publishes after it on its
+ * channel end with the close's reason (route unknown, "refused":"culprit" / "after_culprit"); the ones before it
+ * keep their verdict; the channel close record names the culprit. Without a named exchange (e.g. 406 for a
+ * user_id) nothing is marked. */
+void tap_track_publish_refused(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 /* tx.commit-ok from the broker: the channel's publishes still waiting for a Return got none (unproven). */
 void tap_track_tx_commit_ok(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 /* channel.close-ok from either side: the channel is gone; its outstanding publishes end with the close's reason. */

@@ -437,6 +437,9 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 	case TAP_CONNECTION_CLOSE:
 		tap_track_conn_close(tc, TAP_BY_BROKER, (uint16_t)m->args[TAP_ARG_CONNECTION_CLOSE_REPLY_CODE].u,
 				     arg_slice(m, TAP_ARG_CONNECTION_CLOSE_REPLY_TEXT), now_us);
+		if (m->args[TAP_ARG_CONNECTION_CLOSE_CLASS_ID].u == TAP_CLASS_BASIC &&
+		    m->args[TAP_ARG_CONNECTION_CLOSE_METHOD_ID].u == (TAP_BASIC_PUBLISH & 0xFFFF))
+			tap_track_publish_refused(tc, 0, now_us);
 		break;
 	case TAP_CONNECTION_BLOCKED:
 		tap_track_conn_blocked(tc, true, arg_slice(m, TAP_ARG_CONNECTION_BLOCKED_REASON), now_us);
@@ -447,6 +450,9 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 	case TAP_CHANNEL_CLOSE:
 		tap_track_channel_close(tc, channel, TAP_BY_BROKER, (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
 					arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
+		if (m->args[TAP_ARG_CHANNEL_CLOSE_CLASS_ID].u == TAP_CLASS_BASIC &&
+		    m->args[TAP_ARG_CHANNEL_CLOSE_METHOD_ID].u == (TAP_BASIC_PUBLISH & 0xFFFF))
+			tap_track_publish_refused(tc, channel, now_us);
 		break;
 	case TAP_CHANNEL_CLOSE_OK:
 		tap_track_channel_close_ok(tc, channel, now_us);

@@ -21,7 +21,10 @@ enum trk_tag {
 /* The life of an outstanding publish (a slot). Every arrow that ends in DONE is decided by verdict_of() in
  * track.c and writes the one `publish` record (route/confirm, order when both a Return and a confirm exist):
  *
- *   publish, nothing to wait for -------------------------------------------> DONE unproven/none
+ *   publish, nothing to wait for (late-return hold 0) ------------------------> DONE unproven/none
+ *   publish, plain (no confirm, not mandatory) --> WAIT (PLAIN: held for a publish-caused close)
+ *   WAIT, PLAIN --hold over, settled, or end----------------> DONE unproven/none
+ *   WAIT, PLAIN --the broker's publish-caused close names it or an earlier one--> WAIT (REFUSED)
  *   publish, confirm mode or mandatory or channel closing --> WAIT
  *   WAIT --ack, mandatory, no Return yet---------------------> HELD (a late Return may still come, PROTOCOL §9)
  *   WAIT --ack/nack, not mandatory---------------------------> DONE unproven/ack|nack
@@ -31,6 +34,7 @@ enum trk_tag {
  *   WAIT --return window over (no confirm)-------------------> DONE unproven/none
  *   WAIT --end, settled (no confirm)-------------------------> DONE unproven/none
  *   WAIT --end (close, eof, eviction, shutdown, no memory)---> DONE unknown/unknown|none + reason
+ *                                                              (REFUSED: unknown/none + the broker's close)
  *                                                              (returned/unknown|none when a Return was seen)
  *   HELD --late Return---------------------------------------> DONE returned/ack, ack_before_return
  *   HELD --hold over, or end---------------------------------> DONE routed/ack
@@ -63,6 +67,9 @@ enum trk_flag {
 	TRK_FLAG_MULTIPLE = 1 << 7,
 	TRK_FLAG_NO_BLOB = 1 << 8, /* its strings could not be stored */
 	TRK_FLAG_HAS_TIMESTAMP = 1 << 9,
+	TRK_FLAG_PLAIN = 1 << 10,   /* neither confirm nor mandatory: held only for a publish-caused close */
+	TRK_FLAG_REFUSED = 1 << 11, /* the culprit of a publish-caused close, or sent after it on its channel */
+	TRK_FLAG_CULPRIT = 1 << 12, /* the publish the broker's close names */
 };
 
 /* One outstanding publish (64 bytes). Its blob in the channel arena: [timestamp, 8 bytes, when present] then
@@ -120,6 +127,9 @@ struct trk_chan {
 	struct tap_arena arena;
 	struct trk_fifo held_q; /* slots acked and held, in ack order */
 	struct trk_fifo win_q;  /* non-confirm mandatory slots, in publish order */
+	struct trk_fifo plain_q; /* PLAIN slots, in publish order: held conf.late_return_us */
+	char *culprit;           /* the JSON object naming the publish that made the broker close it, or NULL */
+	size_t culprit_len;
 	int32_t active_idx;     /* index in conn->active or -1 */
 	uint32_t oldest_idx;    /* index in t->oldest + 1, 0: not in it */
 	struct tap_track_conn *conn;
@@ -189,6 +199,7 @@ struct trk_view {
 	const uint8_t *exchange, *routing_key, *message_id, *correlation_id, *extra;
 	size_t exchange_len, routing_key_len, message_id_len, correlation_id_len, extra_len;
 	bool mandatory, has_message_id, has_correlation_id, has_delivery_mode, has_timestamp, confirm_mode, tx;
+	bool refused, culprit; /* REFUSED, CULPRIT */
 	uint8_t delivery_mode;
 	uint64_t body_size, seq, timestamp;
 	int64_t t_pub;
@@ -308,8 +319,12 @@ void trk_record_unmatched_return(struct trk_render *r, const struct tap_track_co
                                  const struct tap_return *ret, int64_t now_us);
 void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *event,
                         int64_t now_us);
+/* culprit (NULL: none) is the JSON object of trk_render_culprit. */
 void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
-                              const struct trk_reason *why, uint64_t unconfirmed, int64_t now_us);
+                              const struct trk_reason *why, uint64_t unconfirmed, const char *culprit,
+                              size_t culprit_len, int64_t now_us);
+/* {"conn":..,"channel":..,"seq":..,"message_id":..,"exchange":..,"routing_key":..} of a refused publish. */
+void trk_render_culprit(struct tap_buf *out, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v);
 void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, int64_t now_us);
 void trk_record_conn_close(struct trk_render *r, const struct tap_track_conn *c, const struct trk_reason *why,
                            int64_t now_us);

@@ -190,6 +190,8 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 	kv_lit(&j, "order", order_json[vd->order]);
 	if (vd->reason)
 		write_reason(&j, vd->reason);
+	if (v->refused)
+		tap_json_kv_str(&j, "refused", v->culprit ? "culprit" : "after_culprit");
 	if (v->tx)
 		kv_lit(&j, "tx", json_true);
 	tap_json_obj_end(&j);
@@ -318,7 +320,8 @@ void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, ui
 }
 
 void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
-                              const struct trk_reason *why, uint64_t unconfirmed, int64_t now_us)
+                              const struct trk_reason *why, uint64_t unconfirmed, const char *culprit,
+                              size_t culprit_len, int64_t now_us)
 {
 	struct tap_json j;
 	rec_begin(r, &j, "channel", now_us);
@@ -327,6 +330,31 @@ void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn 
 	tap_json_kv_str(&j, "event", "close");
 	write_close_reason(&j, why);
 	tap_json_kv_uint(&j, "unconfirmed", unconfirmed);
+	if (culprit) {
+		tap_json_key(&j, "culprit");
+		tap_json_raw(&j, culprit, culprit_len);
+	}
+	tap_json_obj_end(&j);
+}
+
+void trk_render_culprit(struct tap_buf *out, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v)
+{
+	struct tap_json j;
+	tap_buf_reset(out);
+	tap_json_init(&j, out);
+	tap_json_obj_begin(&j);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_uint(&j, "channel", ch);
+	if (v->confirm_mode)
+		tap_json_kv_uint(&j, "seq", v->seq);
+	else
+		kv_lit(&j, "seq", json_null);
+	if (v->has_message_id)
+		tap_json_kv_strn(&j, "message_id", v->message_id, v->message_id_len);
+	else
+		kv_lit(&j, "message_id", json_null);
+	tap_json_kv_strn(&j, "exchange", v->exchange, v->exchange_len);
+	tap_json_kv_strn(&j, "routing_key", v->routing_key, v->routing_key_len);
 	tap_json_obj_end(&j);
 }
 
