@@ -356,6 +356,7 @@ static int outputs_open(struct app *app)
 		.late_return_us = (int64_t)conf->late_return_ms * 1000,
 		.max_outstanding = conf->max_outstanding,
 		.max_memory = conf->max_tracking_memory,
+		.header_values = conf->header_values,
 	};
 	app->track = tap_track_new(&tconf, emit_record, app);
 	app->min_window_us = tconf.late_return_us < tconf.return_window_us ? tconf.late_return_us : tconf.return_window_us;

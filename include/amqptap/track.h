@@ -26,6 +26,13 @@
 #define TAP_TRACK_HEADER_KEYS_MAX 32u
 #define TAP_TRACK_HEADER_BYTES_MAX 1024u
 
+/* --header-values: what a publish record keeps of the values of the headers it names: at most this many keys, this
+ * many bytes of JSON per value (a string is cut to fit and ends with "…"; a table or array that does not fit is
+ * null) and in all; anything cut says "header_values_truncated":true. */
+#define TAP_TRACK_HEADER_VALUES_KEYS_MAX 8u
+#define TAP_TRACK_HEADER_VALUE_BYTES_MAX 256u
+#define TAP_TRACK_HEADER_VALUES_BYTES_MAX 1024u
+
 /* Zero fields take the defaults above. */
 struct tap_track_conf {
 	int64_t return_window_us; /* non-confirm mandatory publishes wait this long for a Return */
@@ -34,6 +41,9 @@ struct tap_track_conf {
 	/* Bytes of tracking state (outstanding publishes, their strings, channels, connections) for the whole
 	 * process; past it the oldest outstanding publishes of any connection are written as evicted. */
 	uint64_t max_memory;
+	/* Comma-separated header keys whose values publish records carry (--header-values); NULL: none. Not copied:
+	 * it must outlive the tracker. */
+	const char *header_values;
 };
 
 /* One record, without its newline; json is valid only during the call. */
@@ -146,6 +156,7 @@ struct tap_publish {
 	uint64_t body_size;
 	const struct tap_slice *header_keys; /* records keep TAP_TRACK_HEADER_KEYS_MAX / _BYTES_MAX of them */
 	size_t n_header_keys;
+	struct tap_slice headers; /* the headers table (without its length), for header values and traceparent */
 };
 
 /* A publish is complete: its last frame was forwarded to the broker at now_us. */
@@ -181,6 +192,8 @@ struct tap_track_stats {
 	uint64_t evicted;          /* by max_outstanding and by max_memory */
 	uint64_t evicted_memory;   /* of which by max_memory */
 	uint64_t headers_truncated; /* publishes whose header keys were cut to TAP_TRACK_HEADER_*_MAX */
+	uint64_t header_values_truncated; /* publishes whose header values were cut (TAP_TRACK_HEADER_VALUE*) */
+	uint64_t traceparent_malformed;   /* publishes with a traceparent header that is no W3C traceparent */
 	uint64_t memory;           /* bytes of tracking state now (what max_memory bounds) */
 	uint64_t memory_peak;
 	uint64_t outstanding;    /* publishes not yet written (including acked ones held for a late Return) */

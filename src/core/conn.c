@@ -32,7 +32,7 @@ struct pending {
 	/* offsets into store */
 	struct span {
 		uint32_t off, len;
-	} exchange, routing_key, reply_text, message_id, correlation_id, content_type, type, app_id;
+	} exchange, routing_key, reply_text, message_id, correlation_id, content_type, type, app_id, headers;
 	uint32_t header_keys_off, n_header_keys;
 	bool has_message_id, has_correlation_id, has_delivery_mode, has_timestamp;
 	uint8_t delivery_mode;
@@ -234,6 +234,7 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 			.body_size = p->body_size,
 			.header_keys = keys,
 			.n_header_keys = p->store.oom ? 0 : n,
+			.headers = span_slice(p, p->headers),
 		};
 		tap_track_publish(c->tc, channel, &pub, now_us);
 	} else if (p->kind == PENDING_RETURN) {
@@ -298,6 +299,7 @@ static void on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_fra
 		if (props.flags & TAP_PROP_HEADERS) {
 			struct tap_table_it it;
 			struct tap_field f;
+			p->headers = keep(p, props.headers.ptr, props.headers.len);
 			p->header_keys_off = (uint32_t)p->store.len;
 			tap_table_it_init(&it, props.headers.ptr, props.headers.len);
 			while (p->n_header_keys < MAX_HEADER_KEYS && tap_table_next(&it, &f) > 0) {

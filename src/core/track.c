@@ -449,8 +449,13 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
 	c->counts.publishes++;
 	t->st.publishes++;
-	if (trk_render_extra(&t->extra, p))
+	unsigned notes = trk_render_extra(&t->extra, p, t->conf.header_values);
+	if (notes & TRK_EXTRA_KEYS_CUT)
 		t->st.headers_truncated++;
+	if (notes & TRK_EXTRA_VALUES_CUT)
+		t->st.header_values_truncated++;
+	if (notes & TRK_EXTRA_TRACE_BAD)
+		t->st.traceparent_malformed++;
 	if (t->extra.oom) {
 		t->extra.len = 0; /* a cut rendering is no JSON: the optional members are left out */
 		t->st.oom++;

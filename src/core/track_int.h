@@ -332,9 +332,16 @@ void trk_record_blocked(struct trk_render *r, const struct tap_track_conn *c, bo
                         int64_t now_us);
 /* The "conn", "client", "vhost", "user" members every publish record of c starts with, into c->prefix. */
 void trk_render_prefix(struct tap_buf *prefix, const struct tap_track_conn *c);
-/* The optional members of a publish record (content_type, message_type, app_id, headers), rendered once when
- * it is published, into out; returns whether the header keys were cut to TAP_TRACK_HEADER_*_MAX. */
-bool trk_render_extra(struct tap_buf *out, const struct tap_publish *p);
+/* What trk_render_extra found worth counting. */
+enum trk_extra_note {
+	TRK_EXTRA_KEYS_CUT = 1 << 0,     /* header keys cut to TAP_TRACK_HEADER_*_MAX */
+	TRK_EXTRA_VALUES_CUT = 1 << 1,   /* header values cut to TAP_TRACK_HEADER_VALUE*_MAX */
+	TRK_EXTRA_TRACE_BAD = 1 << 2,    /* a traceparent header that is no W3C traceparent: left out */
+};
+/* The optional members of a publish record (content_type, message_type, app_id, headers, header_values of the
+ * comma-separated keys in header_values (NULL: none), trace_id and span_id), rendered once when it is published,
+ * into out; returns enum trk_extra_note bits. */
+unsigned trk_render_extra(struct tap_buf *out, const struct tap_publish *p, const char *header_values);
 void trk_summary(const struct tap_track *t, struct tap_buf *out);
 
 #endif
