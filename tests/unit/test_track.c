@@ -5,6 +5,7 @@
 
 #include <check.h>
 
+#include "tap_build.h"
 #include "tap_check.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -946,6 +947,182 @@ START_TEST(plain_publish_held_ends_unproven)
 }
 END_TEST
 
+/* ---- issue 14 items 3-4: header values (opt-in) and trace context ---- */
+
+static void hdr_str(struct tap_bytes *b, const char *k, const char *v)
+{
+	tap_build_key(b, k, 'S');
+	tap_build_longstr(b, v, strlen(v));
+}
+
+/* One plain publish with these headers, written (held plain publishes are flushed by a tick); its record. */
+static const char *publish_with_headers(const struct tap_bytes *h)
+{
+	tap_track_channel_open(c, 1, T0);
+	struct tap_publish p = pub("celery", "celery", false);
+	p.headers = (struct tap_slice){h->d, h->n};
+	size_t before = count_type("publish");
+	tap_track_publish(c, 1, &p, T0 + 1);
+	tap_track_tick(t, T0 + 1 + TAP_TRACK_LATE_RETURN_US_DEFAULT);
+	return nth("publish", before);
+}
+
+static void celery_headers(struct tap_bytes *h)
+{
+	hdr_str(h, "lang", "py");
+	hdr_str(h, "task", "proj.add");
+	hdr_str(h, "id", "6f1c2a4e-0b7d-4c11-9a3e-000000000001");
+	tap_build_key(h, "retries", 'l');
+	tap_build_u64(h, 3);
+	struct tap_bytes inner = {0};
+	tap_build_key(&inner, "k", 't');
+	tap_build_u8(&inner, 1);
+	tap_build_key(h, "meta", 'F');
+	tap_build_longstr(h, inner.d, inner.n);
+	tap_build_free(&inner);
+	struct tap_bytes arr = {0};
+	tap_build_u8(&arr, 'I');
+	tap_build_u32(&arr, 1);
+	tap_build_u8(&arr, 'S');
+	tap_build_longstr(&arr, "a", 1);
+	tap_build_key(h, "list", 'A');
+	tap_build_longstr(h, arr.d, arr.n);
+	tap_build_free(&arr);
+	tap_build_key(h, "say \"hi\"", 'b');
+	tap_build_u8(h, 0xFF);
+}
+
+START_TEST(header_values_written_when_asked)
+{
+	struct tap_track_conf conf = {.header_values = "task,id,retries,meta,list,missing,say \"hi\""};
+	teardown();
+	setup_conf(&conf);
+	struct tap_bytes h = {0};
+	celery_headers(&h);
+	const char *r = publish_with_headers(&h);
+	assert_field(r, "header_values",
+	             "{\"task\":\"proj.add\",\"id\":\"6f1c2a4e-0b7d-4c11-9a3e-000000000001\",\"retries\":3,"
+	             "\"meta\":{\"k\":{\"t\":true}},\"list\":[{\"I\":1},{\"S\":\"a\"}],\"say \\\"hi\\\"\":-1}");
+	ck_assert_ptr_null(get(r, "header_values_truncated"));
+	tap_build_free(&h);
+}
+END_TEST
+
+START_TEST(header_values_never_by_default)
+{
+	struct tap_bytes h = {0};
+	celery_headers(&h);
+	const char *r = publish_with_headers(&h);
+	ck_assert_ptr_null(get(r, "header_values"));
+	ck_assert_ptr_null(strstr(r, "proj.add"));
+	tap_build_free(&h);
+}
+END_TEST
+
+START_TEST(header_values_bounded)
+{
+	struct tap_track_conf conf = {.header_values = "big,k0,k1,k2,k3,k4,k5,k6,k7,k8,tbl"};
+	teardown();
+	setup_conf(&conf);
+	char big[1000];
+	memset(big, 'a', sizeof big - 1);
+	big[sizeof big - 1] = '\0';
+	struct tap_bytes h = {0};
+	hdr_str(&h, "big", big);
+	const char *r = publish_with_headers(&h);
+	const char *v = get(r, "header_values");
+	ck_assert_ptr_nonnull(v);
+	ck_assert_uint_le(strlen(v), TAP_TRACK_HEADER_VALUE_BYTES_MAX + sizeof "{\"big\":}" - 1);
+	ck_assert_ptr_nonnull(strstr(v, "aaa\xe2\x80\xa6\"}"));
+	assert_field(r, "header_values_truncated", "true");
+	/* more keys than TAP_TRACK_HEADER_VALUES_KEYS_MAX: the first 8 stay */
+	tap_build_free(&h);
+	for (int i = 0; i < 9; i++) {
+		char k[8];
+		snprintf(k, sizeof k, "k%d", i);
+		hdr_str(&h, k, "v");
+	}
+	r = publish_with_headers(&h);
+	ck_assert_ptr_nonnull(strstr(r, "\"k7\":\"v\"}"));
+	ck_assert_ptr_null(strstr(r, "\"k8\""));
+	assert_field(r, "header_values_truncated", "true");
+	/* a table too big for one value is null */
+	tap_build_free(&h);
+	struct tap_bytes inner = {0};
+	for (int i = 0; i < 40; i++) {
+		char k[8];
+		snprintf(k, sizeof k, "n%d", i);
+		tap_build_key(&inner, k, 'l');
+		tap_build_u64(&inner, (uint64_t)i);
+	}
+	tap_build_key(&h, "tbl", 'F');
+	tap_build_longstr(&h, inner.d, inner.n);
+	tap_build_free(&inner);
+	r = publish_with_headers(&h);
+	assert_field(r, "header_values", "{\"tbl\":null}");
+	struct tap_track_stats st;
+	tap_track_get_stats(t, &st);
+	ck_assert_uint_eq(st.header_values_truncated, 3);
+	tap_build_free(&h);
+}
+END_TEST
+
+START_TEST(traceparent_written)
+{
+	struct tap_bytes h = {0};
+	hdr_str(&h, "traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+	const char *r = publish_with_headers(&h);
+	assert_field(r, "trace_id", "\"4bf92f3577b34da6a3ce929d0e0e4736\"");
+	assert_field(r, "span_id", "\"00f067aa0ba902b7\"");
+	tap_build_free(&h);
+	hdr_str(&h, "traceparent", "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-later");
+	r = publish_with_headers(&h); /* a later version may append fields */
+	assert_field(r, "trace_id", "\"4bf92f3577b34da6a3ce929d0e0e4736\"");
+	struct tap_track_stats st;
+	tap_track_get_stats(t, &st);
+	ck_assert_uint_eq(st.traceparent_malformed, 0);
+	tap_build_free(&h);
+}
+END_TEST
+
+START_TEST(traceparent_malformed_ignored_and_counted)
+{
+	static const char *const bad[] = {
+	    "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", /* upper case */
+	    "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",  /* short trace id */
+	    "00-00000000000000000000000000000000-00f067aa0ba902b7-01", /* zero trace id */
+	    "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", /* zero span id */
+	    "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", /* version ff */
+	    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x", /* 00 with more */
+	    "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01", /* separators */
+	    "",
+	};
+	size_t n = sizeof bad / sizeof bad[0];
+	for (size_t i = 0; i < n; i++) {
+		struct tap_bytes h = {0};
+		hdr_str(&h, "traceparent", bad[i]);
+		const char *r = publish_with_headers(&h);
+		ck_assert_msg(!get(r, "trace_id") && !get(r, "span_id"), "%s: %s", bad[i], r);
+		tap_build_free(&h);
+	}
+	struct tap_bytes h = {0};
+	tap_build_key(&h, "traceparent", 'l'); /* not a string */
+	tap_build_u64(&h, 1);
+	(void)publish_with_headers(&h);
+	tap_build_free(&h);
+	struct tap_track_stats st;
+	tap_track_get_stats(t, &st);
+	ck_assert_uint_eq(st.traceparent_malformed, n + 1);
+	struct tap_buf sum;
+	tap_buf_init(&sum);
+	tap_track_summary(t, &sum);
+	char want[64];
+	snprintf(want, sizeof want, "malformed traceparent %zu", n + 1);
+	ck_assert_msg(sum.len && memmem(sum.data, sum.len, want, strlen(want)), "%.*s", (int)sum.len, sum.data);
+	tap_buf_deinit(&sum);
+}
+END_TEST
+
 START_TEST(non_confirm_mandatory_window)
 {
 	struct tap_track_conf conf = {.return_window_us = 1000, .late_return_us = 5};
@@ -1757,6 +1934,11 @@ int main(void)
 	tcase_add_test(tc, publish_caused_close_without_a_named_exchange);
 	tcase_add_test(tc, publish_caused_connection_close);
 	tcase_add_test(tc, plain_publish_held_ends_unproven);
+	tcase_add_test(tc, header_values_written_when_asked);
+	tcase_add_test(tc, header_values_never_by_default);
+	tcase_add_test(tc, header_values_bounded);
+	tcase_add_test(tc, traceparent_written);
+	tcase_add_test(tc, traceparent_malformed_ignored_and_counted);
 	tcase_add_test(tc, returned_before_ack);
 	tcase_add_test(tc, nacked);
 	tcase_add_test(tc, confirm_without_mandatory_warns_once);
