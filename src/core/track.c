@@ -198,8 +198,8 @@ void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, en
 	struct trk_slot *e = trk_slot(ch, n);
 	struct trk_verdict vd;
 	enum trk_state next = verdict_of(e, ev, why, &vd);
-	if ((e->flags & (TRK_FLAG_PLAIN | TRK_FLAG_REFUSED)) == TRK_FLAG_PLAIN)
-		stamp_us = e->t_pub; /* the record it had before plain publishes were held */
+	if (e->flags & TRK_FLAG_PLAIN)
+		stamp_us = e->t_pub; /* the ts it had before plain publishes were held */
 	if (next == TRK_STATE_WAIT)
 		return;
 	if (next == TRK_STATE_HELD) {
