@@ -375,6 +375,7 @@ static int outputs_open(struct app *app)
 		.late_return_us = (int64_t)conf->late_return_ms * 1000,
 		.max_outstanding = conf->max_outstanding,
 		.max_memory = conf->max_tracking_memory,
+		.header_values = conf->header_values,
 	};
 	char run[TAP_TRACK_RUN_MAX + 1];
 	if (conf->mode != TAP_MODE_REPLAY) { /* replay leaves identity out: its records stay deterministic */

@@ -57,6 +57,7 @@ struct tap_conf {
 	/* TLS towards the broker */
 	bool upstream_tls, upstream_insecure;
 	const char *upstream_ca, *upstream_sni, *upstream_cert, *upstream_key;
+	const char *header_values; /* --header-values KEY[,KEY...]; NULL: off */
 	const char *keylog; /* NULL: $SSLKEYLOGFILE if set (main decides) */
 	struct tap_conf_addr metrics; /* --metrics: host "" = off */
 };

@@ -57,5 +57,7 @@ bool tap_table_find(const uint8_t *p, size_t len, const char *name, struct tap_f
  * S is a JSON string (invalid UTF-8 escaped as \u00XX), x is lowercase hex. The input is validated first:
  * on a malformed table it writes null and returns the status; otherwise 0. */
 int tap_table_to_json(struct tap_json *j, const uint8_t *p, size_t len);
+/* The same for the body of an 'A' field array: a JSON array of one-key objects. */
+int tap_array_to_json(struct tap_json *j, const uint8_t *p, size_t len);
 
 #endif

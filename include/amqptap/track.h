@@ -31,6 +31,13 @@
 #define TAP_TRACK_HEADER_KEYS_MAX 32u
 #define TAP_TRACK_HEADER_BYTES_MAX 1024u
 
+/* --header-values: what a publish record keeps of the values of the headers it names: at most this many keys, this
+ * many bytes of JSON per value (a string is cut to fit and ends with "…"; a table or array that does not fit is
+ * null) and in all; anything cut says "header_values_truncated":true. */
+#define TAP_TRACK_HEADER_VALUES_KEYS_MAX 8u
+#define TAP_TRACK_HEADER_VALUE_BYTES_MAX 256u
+#define TAP_TRACK_HEADER_VALUES_BYTES_MAX 1024u
+
 /* Zero fields take the defaults above. */
 struct tap_track_conf {
 	int64_t return_window_us; /* non-confirm mandatory publishes wait this long for a Return */
@@ -45,6 +52,9 @@ struct tap_track_conf {
 	const char *tap_id;  /* --tap-id */
 	const char *run;     /* this process's id: at most TAP_TRACK_RUN_MAX bytes of [0-9a-z] */
 	int64_t started_us;  /* when this process started */
+	/* Comma-separated header keys whose values publish records carry (--header-values); NULL: none. Not copied:
+	 * it must outlive the tracker. */
+	const char *header_values;
 };
 
 /* One record, without its newline; json is valid only during the call. */
@@ -136,6 +146,13 @@ void tap_track_confirm_select(struct tap_track_conn *c, uint16_t ch, int64_t now
 void tap_track_tx_select(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 void tap_track_channel_close(struct tap_track_conn *c, uint16_t ch, enum tap_peer by, uint16_t code,
                              struct tap_slice text, int64_t now_us);
+/* The broker's channel.close on ch (given first with tap_track_channel_close), or with ch 0 its connection.close
+ * (given first with tap_track_conn_close), names basic.publish (class 60, method 40) as its cause: the earliest
+ * outstanding publish whose exchange the close text names is the culprit. It and the publishes after it on its
+ * channel end with the close's reason (route unknown, "refused":"culprit" / "after_culprit"); the ones before it
+ * keep their verdict; the channel close record names the culprit. Without a named exchange (e.g. 406 for a
+ * user_id) nothing is marked. */
+void tap_track_publish_refused(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 /* tx.commit-ok from the broker: the channel's publishes still waiting for a Return got none (unproven). */
 void tap_track_tx_commit_ok(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 /* channel.close-ok from either side: the channel is gone; its outstanding publishes end with the close's reason. */
@@ -150,6 +167,7 @@ struct tap_publish {
 	uint64_t body_size;
 	const struct tap_slice *header_keys; /* records keep TAP_TRACK_HEADER_KEYS_MAX / _BYTES_MAX of them */
 	size_t n_header_keys;
+	struct tap_slice headers; /* the headers table (without its length), for header values and traceparent */
 };
 
 /* A publish is complete: its last frame was forwarded to the broker at now_us. */
@@ -209,6 +227,8 @@ struct tap_track_stats {
 	uint64_t evicted;          /* by max_outstanding and by max_memory */
 	uint64_t evicted_memory;   /* of which by max_memory */
 	uint64_t headers_truncated; /* publishes whose header keys were cut to TAP_TRACK_HEADER_*_MAX */
+	uint64_t header_values_truncated; /* publishes whose header values were cut (TAP_TRACK_HEADER_VALUE*) */
+	uint64_t traceparent_malformed;   /* publishes with a traceparent header that is no W3C traceparent */
 	uint64_t memory;           /* bytes of tracking state now (what max_memory bounds) */
 	uint64_t memory_peak;
 	uint64_t outstanding;    /* publishes not yet written (including acked ones held for a late Return) */

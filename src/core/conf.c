@@ -41,7 +41,11 @@ static const struct tap_conf_option options[] = {
 	 .help = "non-confirm channels: how long a mandatory publish waits for a Return"},
 	{.name = "late-return", .kind = TAP_OPT_U32, .offset = FIELD(late_return_ms), .min = 1, .max = 60u * 1000u,
 	 .arg = "MS", .def_u32 = TAP_TRACK_LATE_RETURN_US_DEFAULT / 1000,
-	 .help = "confirm channels: how long an acked mandatory publish waits for a late Return"},
+	 .help = "how long an acked mandatory publish waits for a late Return, and a plain-channel publish for a "
+	         "close that refuses it"},
+	{.name = "header-values", .kind = TAP_OPT_TEXT, .offset = FIELD(header_values), .arg = "KEY[,KEY...]",
+	 .def_shown = "off",
+	 .help = "write these headers' values in publish records (header_values; they may hold personal data)"},
 	{.name = "max-outstanding", .kind = TAP_OPT_U32, .offset = FIELD(max_outstanding), .min = 1, .max = UINT32_MAX,
 	 .arg = "N", .def_u32 = TAP_TRACK_MAX_OUTSTANDING_DEFAULT,
 	 .help = "tracked publishes per connection before the oldest is evicted"},

@@ -32,7 +32,7 @@ struct pending {
 	/* offsets into store */
 	struct span {
 		uint32_t off, len;
-	} exchange, routing_key, reply_text, message_id, correlation_id, content_type, type, app_id;
+	} exchange, routing_key, reply_text, message_id, correlation_id, content_type, type, app_id, headers;
 	uint32_t header_keys_off, n_header_keys;
 	bool has_message_id, has_correlation_id, has_delivery_mode, has_timestamp;
 	uint8_t delivery_mode;
@@ -238,6 +238,7 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 			.body_size = p->body_size,
 			.header_keys = keys,
 			.n_header_keys = p->store.oom ? 0 : n,
+			.headers = span_slice(p, p->headers),
 		};
 		tap_track_publish(c->tc, channel, &pub, now_us);
 	} else if (p->kind == PENDING_RETURN) {
@@ -302,6 +303,7 @@ static void on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_fra
 		if (props.flags & TAP_PROP_HEADERS) {
 			struct tap_table_it it;
 			struct tap_field f;
+			p->headers = keep(p, props.headers.ptr, props.headers.len);
 			p->header_keys_off = (uint32_t)p->store.len;
 			tap_table_it_init(&it, props.headers.ptr, props.headers.len);
 			while (p->n_header_keys < MAX_HEADER_KEYS && tap_table_next(&it, &f) > 0) {
@@ -443,6 +445,9 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 	case TAP_CONNECTION_CLOSE:
 		tap_track_conn_close(tc, TAP_BY_BROKER, (uint16_t)m->args[TAP_ARG_CONNECTION_CLOSE_REPLY_CODE].u,
 				     arg_slice(m, TAP_ARG_CONNECTION_CLOSE_REPLY_TEXT), now_us);
+		if (m->args[TAP_ARG_CONNECTION_CLOSE_CLASS_ID].u == TAP_CLASS_BASIC &&
+		    m->args[TAP_ARG_CONNECTION_CLOSE_METHOD_ID].u == (TAP_BASIC_PUBLISH & 0xFFFF))
+			tap_track_publish_refused(tc, 0, now_us);
 		break;
 	case TAP_CONNECTION_BLOCKED:
 		tap_track_conn_blocked(tc, true, arg_slice(m, TAP_ARG_CONNECTION_BLOCKED_REASON), now_us);
@@ -453,6 +458,9 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 	case TAP_CHANNEL_CLOSE:
 		tap_track_channel_close(tc, channel, TAP_BY_BROKER, (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
 					arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
+		if (m->args[TAP_ARG_CHANNEL_CLOSE_CLASS_ID].u == TAP_CLASS_BASIC &&
+		    m->args[TAP_ARG_CHANNEL_CLOSE_METHOD_ID].u == (TAP_BASIC_PUBLISH & 0xFFFF))
+			tap_track_publish_refused(tc, channel, now_us);
 		break;
 	case TAP_CHANNEL_CLOSE_OK:
 		tap_track_channel_close_ok(tc, channel, now_us);

@@ -229,3 +229,14 @@ int tap_table_to_json(struct tap_json *j, const uint8_t *p, size_t len)
 	container_json(j, p, len, false);
 	return TAP_OK;
 }
+
+int tap_array_to_json(struct tap_json *j, const uint8_t *p, size_t len)
+{
+	int rc = tap_array_validate(p, len);
+	if (rc < 0) {
+		tap_json_null(j);
+		return rc;
+	}
+	container_json(j, p, len, true);
+	return TAP_OK;
+}

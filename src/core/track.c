@@ -77,8 +77,10 @@ static enum trk_state verdict_of(const struct trk_slot *e, enum trk_event ev, co
 		if (returned) {
 			vd->route = TAP_TRACK_ROUTE_RETURNED;
 			vd->confirm = unanswered;
-		} else if (why->settled && !confirm_mode) {
-			vd->route = TAP_TRACK_ROUTE_UNPROVEN; /* its return window closed early: no Return came */
+		} else if ((why->settled && !confirm_mode) ||
+		           (e->flags & (TRK_FLAG_PLAIN | TRK_FLAG_REFUSED)) == TRK_FLAG_PLAIN) {
+			/* its return window closed early: no Return came; or a plain publish no close refused */
+			vd->route = TAP_TRACK_ROUTE_UNPROVEN;
 			vd->confirm = TAP_TRACK_CONFIRM_NONE;
 		} else {
 			vd->route = TAP_TRACK_ROUTE_UNKNOWN;
@@ -198,6 +200,8 @@ void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, en
 	struct trk_slot *e = trk_slot(ch, n);
 	struct trk_verdict vd;
 	enum trk_state next = verdict_of(e, ev, why, &vd);
+	if (e->flags & TRK_FLAG_PLAIN)
+		stamp_us = e->t_pub; /* the ts it had before plain publishes were held */
 	if (next == TRK_STATE_WAIT)
 		return;
 	trk_warn_settled(ch, e, ev, stamp_us);
@@ -387,7 +391,7 @@ static enum room room_for(const struct tap_track_conn *c, const struct trk_chan 
 
 /* Stores the publish in slot n = ch->next of a pinned channel whose ring has room, then makes it outstanding. */
 static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const struct tap_publish *p,
-                          const struct blob_lens *len, enum room room, int64_t now_us)
+                          const struct blob_lens *len, enum room room, bool plain, int64_t now_us)
 {
 	struct tap_track *t = c->t;
 	bool confirm_mode = ch->mode == TRK_MODE_CONFIRM;
@@ -408,7 +412,8 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	                      (p->has_message_id ? TRK_FLAG_HAS_MESSAGE_ID : 0) |
 	                      (p->has_correlation_id ? TRK_FLAG_HAS_CORRELATION_ID : 0) |
 	                      (p->has_delivery_mode ? TRK_FLAG_HAS_DELIVERY_MODE : 0) |
-	                      (p->has_timestamp ? TRK_FLAG_HAS_TIMESTAMP : 0) | (c->blocked ? TRK_FLAG_BLOCKED : 0));
+	                      (p->has_timestamp ? TRK_FLAG_HAS_TIMESTAMP : 0) | (c->blocked ? TRK_FLAG_BLOCKED : 0) |
+	                      (plain ? TRK_FLAG_PLAIN : 0) | (ch->culprit ? TRK_FLAG_REFUSED : 0));
 	uint64_t need;
 	while (room == ROOM_TIGHT && (need = tap_arena_growth(&ch->arena, len->total)) && !fits(t, need)) {
 		if (!evict_for_memory(t, now_us)) /* the oldest go first: this channel's own free arena space */
@@ -438,6 +443,8 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	trk_slot_stored(c, ch, n);
 	if (!confirm_mode && p->mandatory && !ch->closing && !trk_fifo_push(t, &ch->win_q, n))
 		t->st.oom++; /* written when the channel ends instead of at the window's end */
+	if (plain && !trk_fifo_push(t, &ch->plain_q, n))
+		t->st.oom++; /* written when the channel ends instead of at the hold's end */
 }
 
 void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_publish *p, int64_t now_us)
@@ -447,15 +454,22 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 	c->counts.publishes++;
 	t->st.publishes++;
 	trk_warn_publish(c, ch, p, now_us);
-	if (trk_render_extra(&t->extra, p))
+	unsigned notes = trk_render_extra(&t->extra, p, t->conf.header_values);
+	if (notes & TRK_EXTRA_KEYS_CUT)
 		t->st.headers_truncated++;
+	if (notes & TRK_EXTRA_VALUES_CUT)
+		t->st.header_values_truncated++;
+	if (notes & TRK_EXTRA_TRACE_BAD)
+		t->st.traceparent_malformed++;
 	if (t->extra.oom) {
 		t->extra.len = 0; /* a cut rendering is no JSON: the optional members are left out */
 		t->st.oom++;
 	}
 	/* a publish after a channel.close is dropped by the broker: it waits for close-ok like the others */
 	bool want = p->mandatory || (ch && (ch->mode == TRK_MODE_CONFIRM || ch->closing));
-	if (!want || !ch) {
+	/* a plain publish is held conf.late_return_us: the broker's close, if it refuses it, comes within that */
+	bool plain = !want && ch && t->conf.late_return_us > 0;
+	if (!(want || plain)) {
 		publish_untracked(c, id, ch, p, want, now_us); /* nothing to wait for, or no memory to wait */
 		return;
 	}
@@ -473,10 +487,10 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 	}
 	if (ch->next - ch->base >= ch->cap) {
 		trk_chan_unpin(t, ch);
-		publish_untracked(c, id, ch, p, true, now_us);
+		publish_untracked(c, id, ch, p, want, now_us);
 		return;
 	}
-	publish_store(c, ch, p, &len, room, now_us);
+	publish_store(c, ch, p, &len, room, plain, now_us);
 	trk_chan_unpin(t, ch);
 
 	if (c->outstanding > t->conf.max_outstanding)
@@ -580,6 +594,95 @@ void tap_track_return(struct tap_track_conn *c, uint16_t id, const struct tap_re
 	trk_slot_step(c, ch, n, TRK_EVENT_RETURN, NULL, now_us);
 }
 
+/* ---- publish-caused closes ---- */
+
+/* Whether the close text names the publish's exchange ('X'; the default exchange is 'amq.default'), as the
+ * broker's 404, 403 and 540 texts do. */
+static bool names_exchange(const struct tap_intern_key *k, const uint8_t *text, size_t text_len)
+{
+	const uint8_t *x = k->data;
+	size_t xlen = k->alen;
+	if (xlen == 0) {
+		x = (const uint8_t *)"amq.default";
+		xlen = sizeof "amq.default" - 1;
+	}
+	for (size_t i = 0; i + xlen + 2 <= text_len; i++) {
+		if (text[i] == '\'' && text[i + xlen + 1] == '\'' && memcmp(text + i + 1, x, xlen) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* The earliest publish of the channel still waiting whose exchange the close text names, or false. */
+static bool culprit_of(const struct tap_track_conn *c, const struct trk_chan *ch, const uint8_t *text,
+                       size_t text_len, uint64_t *found)
+{
+	for (uint64_t n = ch->base; n < ch->next; n++) {
+		const struct trk_slot *e = trk_slot(ch, n);
+		if (e->state != TRK_STATE_WAIT || e->route_key == TAP_INTERN_NONE ||
+		    (e->flags & (TRK_FLAG_RETURNED | TRK_FLAG_REFUSED)))
+			continue;
+		if (names_exchange(tap_intern_key(&c->keys, e->route_key), text, text_len)) {
+			*found = n;
+			return true;
+		}
+	}
+	return false;
+}
+
+/* The culprit at slot `at`: the publishes before it that wait for nothing but the close are written with the
+ * verdict they would have had (the broker took them), it and those after it are marked REFUSED and end with
+ * the channel (unknown, the broker's reason), and the channel remembers it for its close record. */
+static void refuse_from(struct tap_track_conn *c, struct trk_chan *ch, uint64_t at, int64_t now_us)
+{
+	struct tap_track *t = c->t;
+	static const struct trk_reason before = {.by = "publish_close", .settled = true};
+	struct trk_view v;
+	trk_view_of_slot(&v, c, ch, at);
+	struct tap_buf b;
+	tap_buf_init(&b);
+	trk_render_culprit(&b, c, ch->id, &v);
+	if (!b.oom && !ch->culprit) {
+		ch->culprit = trk_dup(t, (const uint8_t *)b.data, b.len);
+		ch->culprit_len = ch->culprit ? b.len : 0;
+	}
+	tap_buf_deinit(&b);
+	ch->pinned = true;
+	for (uint64_t n = at; n < ch->next; n++) {
+		struct trk_slot *e = trk_slot(ch, n);
+		if (e->state == TRK_STATE_WAIT)
+			e->flags |= TRK_FLAG_REFUSED;
+	}
+	trk_slot(ch, at)->flags |= TRK_FLAG_CULPRIT;
+	for (uint64_t n = ch->base; n < at; n++) {
+		struct trk_slot *e = trk_slot(ch, n);
+		if (e->state == TRK_STATE_WAIT && !(e->flags & TRK_FLAG_CONFIRM))
+			trk_slot_step(c, ch, n, TRK_EVENT_END, &before, now_us);
+	}
+	trk_chan_unpin(t, ch);
+}
+
+void tap_track_publish_refused(struct tap_track_conn *c, uint16_t id, int64_t now_us)
+{
+	uint64_t n;
+	if (id == 0) {
+		if (!c->closed)
+			return;
+		for (uint32_t i = 0; i < c->n_chans; i++) {
+			struct trk_chan *ch = c->chans[i];
+			if (culprit_of(c, ch, (const uint8_t *)c->close_text, c->close_text_len, &n)) {
+				refuse_from(c, ch, n, now_us);
+				return;
+			}
+		}
+		return;
+	}
+	struct trk_chan *ch = trk_chan_find(c, id);
+	if (ch && ch->closing && ch->close_by_broker &&
+	    culprit_of(c, ch, (const uint8_t *)ch->close_text, ch->close_text_len, &n))
+		refuse_from(c, ch, n, now_us);
+}
+
 /* ---- timers ---- */
 
 static int64_t chan_tick(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us)
@@ -617,6 +720,24 @@ static int64_t chan_tick(struct tap_track_conn *c, struct trk_chan *ch, int64_t 
 			break;
 		}
 		trk_fifo_pop(&ch->win_q);
+		trk_slot_step(c, ch, n, TRK_EVENT_TIMEOUT, NULL, due);
+		if (!ch->live)
+			return INT64_MAX;
+	}
+	while (ch->plain_q.len) {
+		uint64_t n = trk_fifo_front(&ch->plain_q);
+		const struct trk_slot *e = n >= ch->base && n < ch->next ? trk_slot(ch, n) : NULL;
+		if (!e || e->state != TRK_STATE_WAIT || (e->flags & TRK_FLAG_REFUSED)) {
+			trk_fifo_pop(&ch->plain_q); /* written, or refused: it ends with its channel */
+			continue;
+		}
+		int64_t due = e->t_pub + t->conf.late_return_us;
+		if (due > now_us) {
+			if (due < next)
+				next = due;
+			break;
+		}
+		trk_fifo_pop(&ch->plain_q);
 		trk_slot_step(c, ch, n, TRK_EVENT_TIMEOUT, NULL, due);
 		if (!ch->live)
 			return INT64_MAX;

@@ -231,7 +231,7 @@ static void chan_end(struct tap_track_conn *c, struct trk_chan *ch, const struct
 			unconfirmed++;
 		trk_slot_step(c, ch, n, TRK_EVENT_END, &r, now_us);
 	}
-	trk_record_channel_close(&c->t->render, c, ch->id, &r, unconfirmed, now_us);
+	trk_record_channel_close(&c->t->render, c, ch->id, &r, unconfirmed, ch->culprit, ch->culprit_len, now_us);
 	trk_emit(c->t);
 	trk_warn_chan_end(c, ch, now_us);
 	trk_chan_free(c, ch);

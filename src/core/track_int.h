@@ -21,7 +21,10 @@ enum trk_tag {
 /* The life of an outstanding publish (a slot). Every arrow that ends in DONE is decided by verdict_of() in
  * track.c and writes the one `publish` record (route/confirm, order when both a Return and a confirm exist):
  *
- *   publish, nothing to wait for -------------------------------------------> DONE unproven/none
+ *   publish, nothing to wait for (late-return hold 0) ------------------------> DONE unproven/none
+ *   publish, plain (no confirm, not mandatory) --> WAIT (PLAIN: held for a publish-caused close)
+ *   WAIT, PLAIN --hold over, settled, or end----------------> DONE unproven/none
+ *   WAIT, PLAIN --the broker's publish-caused close names it or an earlier one--> WAIT (REFUSED)
  *   publish, confirm mode or mandatory or channel closing --> WAIT
  *   WAIT --ack, mandatory, no Return yet---------------------> HELD (a late Return may still come, PROTOCOL §9)
  *   WAIT --ack/nack, not mandatory---------------------------> DONE unproven/ack|nack
@@ -31,6 +34,7 @@ enum trk_tag {
  *   WAIT --return window over (no confirm)-------------------> DONE unproven/none
  *   WAIT --end, settled (no confirm)-------------------------> DONE unproven/none
  *   WAIT --end (close, eof, eviction, shutdown, no memory)---> DONE unknown/unknown|none + reason
+ *                                                              (REFUSED: unknown/none + the broker's close)
  *                                                              (returned/unknown|none when a Return was seen)
  *   HELD --late Return---------------------------------------> DONE returned/ack, ack_before_return
  *   HELD --hold over, or end---------------------------------> DONE routed/ack
@@ -64,8 +68,11 @@ enum trk_flag {
 	TRK_FLAG_MULTIPLE = 1 << 7,
 	TRK_FLAG_NO_BLOB = 1 << 8, /* its strings could not be stored */
 	TRK_FLAG_HAS_TIMESTAMP = 1 << 9,
-	TRK_FLAG_BLOCKED = 1 << 10, /* published while the broker had the connection blocked */
+	TRK_FLAG_BLOCKED = 1 << 10,  /* published while the broker had the connection blocked */
 	TRK_FLAG_SEQ_LOST = 1 << 11, /* published after a client-side capture gap: its confirm sequence number is not known */
+	TRK_FLAG_PLAIN = 1 << 12,    /* neither confirm nor mandatory: held only for a publish-caused close */
+	TRK_FLAG_REFUSED = 1 << 13,  /* the culprit of a publish-caused close, or sent after it on its channel */
+	TRK_FLAG_CULPRIT = 1 << 14,  /* the publish the broker's close names */
 };
 
 /* One outstanding publish (64 bytes). Its blob in the channel arena: [timestamp, 8 bytes, when present] then
@@ -132,6 +139,9 @@ struct trk_chan {
 	struct tap_arena arena;
 	struct trk_fifo held_q; /* slots acked and held, in ack order */
 	struct trk_fifo win_q;  /* non-confirm mandatory slots, in publish order */
+	struct trk_fifo plain_q; /* PLAIN slots, in publish order: held conf.late_return_us */
+	char *culprit;           /* the JSON object naming the publish that made the broker close it, or NULL */
+	size_t culprit_len;
 	int32_t active_idx;     /* index in conn->active or -1 */
 	uint32_t oldest_idx;    /* index in t->oldest + 1, 0: not in it */
 	struct tap_track_conn *conn;
@@ -208,6 +218,7 @@ struct trk_view {
 	const uint8_t *exchange, *routing_key, *message_id, *correlation_id, *extra;
 	size_t exchange_len, routing_key_len, message_id_len, correlation_id_len, extra_len;
 	bool mandatory, has_message_id, has_correlation_id, has_delivery_mode, has_timestamp, confirm_mode, tx, blocked;
+	bool refused, culprit; /* REFUSED, CULPRIT */
 	uint8_t delivery_mode;
 	uint64_t body_size, seq, timestamp;
 	int64_t t_pub;
@@ -344,8 +355,12 @@ void trk_record_unmatched_return(struct trk_render *r, const struct tap_track_co
                                  const struct tap_return *ret, int64_t now_us);
 void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *event,
                         int64_t now_us);
+/* culprit (NULL: none) is the JSON object of trk_render_culprit. */
 void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
-                              const struct trk_reason *why, uint64_t unconfirmed, int64_t now_us);
+                              const struct trk_reason *why, uint64_t unconfirmed, const char *culprit,
+                              size_t culprit_len, int64_t now_us);
+/* {"conn":..,"channel":..,"seq":..,"message_id":..,"exchange":..,"routing_key":..} of a refused publish. */
+void trk_render_culprit(struct tap_buf *out, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v);
 void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, int64_t now_us);
 void trk_record_conn_close(struct trk_render *r, const struct tap_track_conn *c, const struct trk_reason *why,
                            int64_t now_us);
@@ -353,9 +368,16 @@ void trk_record_blocked(struct trk_render *r, const struct tap_track_conn *c, bo
                         int64_t now_us);
 /* The "conn", "client", "vhost", "user" members every publish record of c starts with, into c->prefix. */
 void trk_render_prefix(struct tap_buf *prefix, const struct tap_track_conn *c);
-/* The optional members of a publish record (content_type, message_type, app_id, headers), rendered once when
- * it is published, into out; returns whether the header keys were cut to TAP_TRACK_HEADER_*_MAX. */
-bool trk_render_extra(struct tap_buf *out, const struct tap_publish *p);
+/* What trk_render_extra found worth counting. */
+enum trk_extra_note {
+	TRK_EXTRA_KEYS_CUT = 1 << 0,     /* header keys cut to TAP_TRACK_HEADER_*_MAX */
+	TRK_EXTRA_VALUES_CUT = 1 << 1,   /* header values cut to TAP_TRACK_HEADER_VALUE*_MAX */
+	TRK_EXTRA_TRACE_BAD = 1 << 2,    /* a traceparent header that is no W3C traceparent: left out */
+};
+/* The optional members of a publish record (content_type, message_type, app_id, headers, header_values of the
+ * comma-separated keys in header_values (NULL: none), trace_id and span_id), rendered once when it is published,
+ * into out; returns enum trk_extra_note bits. */
+unsigned trk_render_extra(struct tap_buf *out, const struct tap_publish *p, const char *header_values);
 void trk_summary(const struct tap_track *t, struct tap_buf *out);
 
 #endif

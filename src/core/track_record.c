@@ -2,6 +2,8 @@
  * render buffer and changes no tracker state; track.c decides, counts and emits. */
 #include "track_int.h"
 
+#include "amqptap/table.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -205,6 +207,8 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 	kv_lit(&j, "order", order_json[vd->order]);
 	if (vd->reason)
 		write_reason(&j, vd->reason);
+	if (v->refused)
+		tap_json_kv_str(&j, "refused", v->culprit ? "culprit" : "after_culprit");
 	if (v->tx)
 		kv_lit(&j, "tx", json_true);
 	if (v->blocked)
@@ -267,10 +271,142 @@ static bool write_header_keys(struct tap_json *j, const struct tap_slice *keys, 
 	return cut;
 }
 
-bool trk_render_extra(struct tap_buf *out, const struct tap_publish *p)
+static bool is_lower_hex(const uint8_t *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return false;
+	}
+	return true;
+}
+
+static bool all_zero(const uint8_t *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] != '0')
+			return false;
+	}
+	return true;
+}
+
+/* A W3C traceparent: version-traceid-parentid-flags, 2-32-16-2 lowercase hex, ids not all zero, version not ff;
+ * version 00 is exactly 55 bytes, a later version may append "-..." (W3C Trace Context §3.2.4). */
+static bool traceparent_ok(const uint8_t *s, size_t n)
+{
+	if (n < 55 || s[2] != '-' || s[35] != '-' || s[52] != '-')
+		return false;
+	if (!is_lower_hex(s, 2) || !is_lower_hex(s + 3, 32) || !is_lower_hex(s + 36, 16) || !is_lower_hex(s + 53, 2))
+		return false;
+	if ((s[0] == 'f' && s[1] == 'f') || all_zero(s + 3, 32) || all_zero(s + 36, 16))
+		return false;
+	if (s[0] == '0' && s[1] == '0')
+		return n == 55;
+	return n == 55 || s[55] == '-';
+}
+
+/* trace_id and span_id of a string traceparent header; whether one was there but malformed. */
+static bool write_trace(struct tap_json *j, struct tap_slice headers)
+{
+	struct tap_field f;
+	if (!headers.len || !tap_table_find(headers.ptr, headers.len, "traceparent", &f))
+		return false;
+	if ((f.type != 'S' && f.type != 'x') || !traceparent_ok(f.ptr, f.len))
+		return true;
+	tap_json_kv_strn(j, "trace_id", f.ptr + 3, 32);
+	tap_json_kv_strn(j, "span_id", f.ptr + 36, 16);
+	return false;
+}
+
+/* One header value as JSON into out (strings as strings, numbers as numbers, booleans, void as null, tables and
+ * arrays as tap_table_to_json writes them), at most TAP_TRACK_HEADER_VALUE_BYTES_MAX bytes; returns whether it
+ * was cut. */
+static bool header_value_json(struct tap_buf *out, const struct tap_field *f)
+{
+	static const char ellipsis[] = "\xe2\x80\xa6";
+	struct tap_json j;
+	tap_buf_reset(out);
+	tap_json_init(&j, out);
+	switch (f->type) {
+	case 't': tap_json_bool(&j, f->i != 0); break;
+	case 'b': case 's': case 'I': case 'l': case 'L': tap_json_int(&j, f->i); break;
+	case 'B': case 'u': case 'i': case 'T': tap_json_uint(&j, f->u); break;
+	case 'f': case 'd': tap_json_double(&j, f->f); break;
+	case 'S': case 'x': tap_json_strn(&j, f->ptr, f->len); break;
+	case 'F': (void)tap_table_to_json(&j, f->ptr, f->len); break; /* a malformed table is null */
+	case 'A': (void)tap_array_to_json(&j, f->ptr, f->len); break;
+	default: tap_json_null(&j); break;
+	}
+	if (out->oom || out->len <= TAP_TRACK_HEADER_VALUE_BYTES_MAX)
+		return false;
+	if (f->type == 'S' || f->type == 'x') {
+		size_t keep = escaped_cut(out->data + 1, out->len - 2, TAP_TRACK_HEADER_VALUE_BYTES_MAX - 2 - 3);
+		out->len = 1 + keep;
+		tap_buf_append(out, ellipsis, 3);
+		tap_buf_putc(out, '"');
+	} else {
+		tap_buf_reset(out);
+		tap_buf_append(out, "null", 4);
+	}
+	return true;
+}
+
+/* "header_values":{key:value,...} of the keys in the comma-separated list that the headers table has; returns
+ * whether anything was cut. */
+static bool write_header_values(struct tap_json *j, struct tap_slice headers, const char *list)
+{
+	struct tap_buf v, all;
+	tap_buf_init(&v);
+	tap_buf_init(&all);
+	bool cut = false;
+	size_t n = 0;
+	struct tap_json o;
+	tap_json_init(&o, &all);
+	tap_json_obj_begin(&o);
+	for (const char *k = list; *k;) {
+		const char *end = strchr(k, ',');
+		size_t klen = end ? (size_t)(end - k) : strlen(k);
+		char name[256];
+		if (klen && klen < sizeof name) {
+			memcpy(name, k, klen);
+			name[klen] = '\0';
+			struct tap_field f;
+			if (tap_table_find(headers.ptr, headers.len, name, &f)) {
+				if (n == TAP_TRACK_HEADER_VALUES_KEYS_MAX) {
+					cut = true;
+					break;
+				}
+				cut |= header_value_json(&v, &f);
+				size_t before = all.len;
+				tap_json_strn(&o, name, klen); /* a key given by the user: escaped like a value */
+				tap_buf_putc(&all, ':');
+				o.after_key = true;
+				tap_json_raw(&o, v.data, v.len);
+				if (all.len + 1 > TAP_TRACK_HEADER_VALUES_BYTES_MAX) {
+					all.len = before; /* this one does not fit: the ones after it are left out */
+					cut = true;
+					break;
+				}
+				n++;
+			}
+		}
+		if (!end)
+			break;
+		k = end + 1;
+	}
+	if (n && !all.oom && !v.oom) {
+		tap_buf_putc(&all, '}');
+		tap_json_key(j, "header_values");
+		tap_json_raw(j, all.data, all.len);
+	}
+	tap_buf_deinit(&v);
+	tap_buf_deinit(&all);
+	return cut;
+}
+
+unsigned trk_render_extra(struct tap_buf *out, const struct tap_publish *p, const char *header_values)
 {
 	struct tap_json j;
-	bool cut = false;
+	unsigned notes = 0;
 	tap_buf_reset(out);
 	tap_json_init(&j, out);
 	tap_json_obj_begin(&j); /* written so commas are tracked; the brace is cut off below */
@@ -281,14 +417,21 @@ bool trk_render_extra(struct tap_buf *out, const struct tap_publish *p)
 	if (p->app_id.len)
 		tap_json_kv_strn(&j, "app_id", p->app_id.ptr, p->app_id.len);
 	if (p->n_header_keys) {
-		cut = write_header_keys(&j, p->header_keys, p->n_header_keys);
-		if (cut)
+		if (write_header_keys(&j, p->header_keys, p->n_header_keys)) {
+			notes |= TRK_EXTRA_KEYS_CUT;
 			kv_lit(&j, "headers_truncated", json_true);
+		}
 	}
+	if (header_values && p->headers.len && write_header_values(&j, p->headers, header_values)) {
+		notes |= TRK_EXTRA_VALUES_CUT;
+		kv_lit(&j, "header_values_truncated", json_true);
+	}
+	if (write_trace(&j, p->headers))
+		notes |= TRK_EXTRA_TRACE_BAD;
 	if (out->len > 1)
 		memmove(out->data, out->data + 1, out->len - 1);
 	out->len = out->len ? out->len - 1 : 0;
-	return cut;
+	return notes;
 }
 
 void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
@@ -338,7 +481,8 @@ void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, ui
 }
 
 void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
-                              const struct trk_reason *why, uint64_t unconfirmed, int64_t now_us)
+                              const struct trk_reason *why, uint64_t unconfirmed, const char *culprit,
+                              size_t culprit_len, int64_t now_us)
 {
 	struct tap_json j;
 	rec_begin(r, &j, "channel", now_us);
@@ -347,6 +491,31 @@ void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn 
 	tap_json_kv_str(&j, "event", "close");
 	write_close_reason(&j, why);
 	tap_json_kv_uint(&j, "unconfirmed", unconfirmed);
+	if (culprit) {
+		tap_json_key(&j, "culprit");
+		tap_json_raw(&j, culprit, culprit_len);
+	}
+	tap_json_obj_end(&j);
+}
+
+void trk_render_culprit(struct tap_buf *out, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v)
+{
+	struct tap_json j;
+	tap_buf_reset(out);
+	tap_json_init(&j, out);
+	tap_json_obj_begin(&j);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_uint(&j, "channel", ch);
+	if (v->confirm_mode)
+		tap_json_kv_uint(&j, "seq", v->seq);
+	else
+		kv_lit(&j, "seq", json_null);
+	if (v->has_message_id)
+		tap_json_kv_strn(&j, "message_id", v->message_id, v->message_id_len);
+	else
+		kv_lit(&j, "message_id", json_null);
+	tap_json_kv_strn(&j, "exchange", v->exchange, v->exchange_len);
+	tap_json_kv_strn(&j, "routing_key", v->routing_key, v->routing_key_len);
 	tap_json_obj_end(&j);
 }
 
@@ -447,7 +616,8 @@ void trk_summary(const struct tap_track *t, struct tap_buf *out)
 	summary_line(out, &total, &t->hist);
 	tap_buf_printf(out,
 	               "tracking memory %" PRIu64 " bytes (peak %" PRIu64 ", budget %" PRIu64 "), evicted %" PRIu64
-	               " (%" PRIu64 " for memory), headers truncated %" PRIu64 "\n",
+	               " (%" PRIu64 " for memory), headers truncated %" PRIu64 ", header values truncated %" PRIu64
+	               ", malformed traceparent %" PRIu64 "\n",
 	               t->mem, t->st.memory_peak, t->conf.max_memory, t->st.evicted, t->st.evicted_memory,
-	               t->st.headers_truncated);
+	               t->st.headers_truncated, t->st.header_values_truncated, t->st.traceparent_malformed);
 }

@@ -292,6 +292,9 @@ void trk_chan_free(struct tap_track_conn *c, struct trk_chan *ch)
 	tap_arena_deinit(&ch->arena);
 	trk_free(t, ch->held_q.v, (size_t)ch->held_q.cap * sizeof *ch->held_q.v);
 	trk_free(t, ch->win_q.v, (size_t)ch->win_q.cap * sizeof *ch->win_q.v);
+	trk_free(t, ch->plain_q.v, (size_t)ch->plain_q.cap * sizeof *ch->plain_q.v);
+	if (ch->culprit)
+		trk_free(t, ch->culprit, ch->culprit_len + 1);
 	trk_free(t, ch, sizeof *ch);
 }
 
@@ -353,6 +356,7 @@ static void chan_shrink_empty(struct tap_track *t, struct trk_chan *ch)
 {
 	fifo_clear(t, &ch->held_q);
 	fifo_clear(t, &ch->win_q);
+	fifo_clear(t, &ch->plain_q);
 	if (ch->cap > TRK_RING_MIN_CAP) {
 		trk_free(t, ch->ring, ch->cap * sizeof *ch->ring);
 		ch->ring = NULL;
@@ -409,6 +413,7 @@ void trk_slot_release(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n)
 		ch->arena.head = ch->arena.tail;
 		ch->held_q.len = 0;
 		ch->win_q.len = 0;
+		ch->plain_q.len = 0;
 		active_remove(c, ch);
 	} else {
 		const struct trk_slot *h = trk_slot(ch, ch->base);
@@ -464,6 +469,8 @@ void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const 
 	    .confirm_mode = (e->flags & (TRK_FLAG_CONFIRM | TRK_FLAG_SEQ_LOST)) == TRK_FLAG_CONFIRM,
 	    .tx = e->flags & TRK_FLAG_TX,
 	    .blocked = e->flags & TRK_FLAG_BLOCKED,
+	    .refused = e->flags & TRK_FLAG_REFUSED,
+	    .culprit = e->flags & TRK_FLAG_CULPRIT,
 	    .delivery_mode = e->delivery_mode,
 	    .body_size = e->body_size,
 	    .seq = n - ch->sel_off,

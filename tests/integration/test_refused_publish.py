@@ -1,0 +1,120 @@
+# A publish that makes the broker close its channel (issue 14 §2), with real clients through the tap to the real
+# broker: a burst on one plain channel (no confirms, not mandatory) — ok, missing exchange, ok-after — with pika and
+# with py-amqp (Debian python3-amqp). Each library reports the 404 channel close; the queue holds only the first
+# message (the broker discarded the one after the culprit). The records must say the same: ok unproven with no
+# reason, the missing-exchange publish unknown with the broker's 404 and "refused":"culprit", ok-after unknown with
+# the same reason and "refused":"after_culprit", and the channel close record names the culprit.
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import pika  # noqa: E402
+
+from scenario_lib import params  # noqa: E402
+from tapharness import TapTestCase, main, require_broker, wait_for  # noqa: E402
+
+PY_AMQP_BURST = r"""
+import json, sys, amqp
+port, queue, missing = sys.argv[1], sys.argv[2], sys.argv[3]
+c = amqp.Connection('127.0.0.1:' + port)
+c.connect()
+ch = c.channel()
+out = {}
+try:
+    # py-amqp reads pending input before each publish: a close that is already in raises there, unsent
+    for mid, x, rk in (('ok', '', queue), ('bad', missing, 'k'), ('after', '', queue)):
+        out['raised_at'] = mid
+        ch.basic_publish(amqp.Message(mid, message_id=mid), exchange=x, routing_key=rk)
+    out['raised_at'] = None
+    c.drain_events(timeout=5)
+except amqp.exceptions.AMQPError as e:
+    out.update(code=e.reply_code, text=e.reply_text, method=list(e.method_sig or ()))
+c.close()
+print(json.dumps(out))
+"""
+
+
+class RefusedPublishCase(TapTestCase):
+    def setUp(self):
+        super().setUp()
+        require_broker(self)
+        self.queue = "refused." + uuid.uuid4().hex[:8]
+        self.missing = "refused.missing." + uuid.uuid4().hex[:8]
+        self.admin = pika.BlockingConnection(params(int(os.environ.get("TAP_BROKER_PORT", "5672"))))
+        self.admin.channel().queue_declare(self.queue)
+
+    def tearDown(self):
+        ch = self.admin.channel()
+        ch.queue_delete(self.queue)
+        self.admin.close()
+        super().tearDown()
+
+    def queued(self):
+        return self.admin.channel().queue_declare(self.queue, passive=True).method.message_count
+
+    def check(self, tap, reported, sent_after=True):
+        self.assertEqual(reported["code"], 404, reported)
+        want = ["after", "bad", "ok"] if sent_after else ["bad", "ok"]
+        wait_for(lambda: len(tap.records("publish")) >= len(want), 10)
+        pubs = {r["message_id"]: r for r in tap.records("publish")}
+        self.assertEqual(sorted(pubs), want, pubs)
+        ok, bad = pubs["ok"], pubs["bad"]
+        self.assertEqual(self.queued(), 1, "the broker took ok and discarded after")
+        self.assertEqual((ok["route"], ok["confirm"]), ("unproven", "none"), json.dumps(ok))
+        self.assertNotIn("reason", ok)
+        self.assertNotIn("refused", ok)
+        reason = {"by": "broker", "code": 404, "text": reported["text"]}
+        for rec, refused in ((bad, "culprit"), (pubs.get("after"), "after_culprit")):
+            if rec is None:
+                continue
+            self.assertEqual((rec["route"], rec["confirm"]), ("unknown", "none"), json.dumps(rec))
+            self.assertEqual(rec["reason"], reason, json.dumps(rec))
+            self.assertEqual(rec["refused"], refused, json.dumps(rec))
+        closes = [r for r in tap.records("channel") if r.get("event") == "close" and r.get("code") == 404]
+        self.assertEqual(len(closes), 1, tap.records("channel"))
+        culprit = closes[0]["culprit"]
+        self.assertEqual(culprit, {"conn": bad["conn"], "channel": bad["channel"], "seq": None, "message_id": "bad",
+                                   "exchange": self.missing, "routing_key": "k"})
+
+    def test_pika_burst(self):
+        tap = self.start_tap()
+        conn = pika.BlockingConnection(params(tap.port))
+        ch = conn.channel()
+        reported = {}
+
+        def on_close(_channel, reason):
+            reported.update(code=reason.reply_code, text=reason.reply_text)
+
+        ch._impl.add_on_close_callback(on_close)  # what the library reports, as its channel close reason
+        try:  # pika writes each publish, then may raise a close that came in meanwhile
+            ch.basic_publish("", self.queue, b"ok", pika.BasicProperties(message_id="ok"))
+            ch.basic_publish(self.missing, "k", b"bad", pika.BasicProperties(message_id="bad"))
+            ch.basic_publish("", self.queue, b"after", pika.BasicProperties(message_id="after"))
+        except pika.exceptions.ChannelClosedByBroker:
+            pass
+        for _ in range(50):
+            if ch.is_closed:
+                break
+            conn.process_data_events(time_limit=0.1)
+        self.assertIsInstance(ch._closing_reason, pika.exceptions.ChannelClosedByBroker)
+        conn.close()
+        self.check(tap, reported)
+
+    def test_py_amqp_burst(self):
+        tap = self.start_tap()
+        out = subprocess.run(["/usr/bin/python3", "-c", PY_AMQP_BURST, str(tap.port), self.queue, self.missing],
+                             timeout=30, capture_output=True, text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        reported = json.loads(out.stdout)
+        self.assertEqual(reported.get("method"), [60, 40], reported)  # py-amqp names basic.publish as the cause
+        self.assertIn(reported.get("raised_at"), (None, "after"), reported)
+        self.check(tap, reported, sent_after=reported.get("raised_at") is None)
+
+
+if __name__ == "__main__":
+    main()
