@@ -50,6 +50,7 @@ struct leg {
 	bool shut_wr;              /* we sent it FIN */
 	bool draining;             /* TLS legs: a write stuck for TAP_PROXY_DRAIN_SECONDS ends the session */
 	bool queued;               /* TLS client legs: waiting in px->turns */
+	bool first_step_done;      /* TLS client legs: the ClientHello was answered (later steps need no turn) */
 	bool read_wants_write;     /* TLS legs: SSL_read needs the socket writable */
 	bool write_wants_read;     /* TLS legs: SSL_write needs the socket readable */
 	bool failed;               /* TLS legs: ended by an error (no close_notify) */
