@@ -9,8 +9,8 @@
  *
  * A client's first handshake step (its ClientHello answered with the
  * server's flight: the signature, the costly part) takes turns: readiness
- * only queues the leg (px->turns), and one queued step runs per loop turn,
- * after the other events of that turn. A burst of new clients then cannot
+ * only queues the leg (px->turns), and queued steps run for up to TURN_US
+ * per loop turn, after the other events of that turn. A burst of new clients then cannot
  * hold up sessions that already carry traffic or whose broker handshake is
  * under way (the broker gives up on a TLS handshake after 5 s), and the
  * handshakes are started in the order their clients arrived, as HAProxy's
@@ -415,7 +415,7 @@ int tap_tls_leg_connect(struct leg *l)
 	l->ssl = tap_tls_connect_ssl(px->tls, fd);
 	int err = leg_setup(l, fd);
 	if (err)
-		return err; /* the fd is the leg's now: freed with it */
+		return err;     /* the fd is the leg's now: freed with it */
 	event_add(l->wr, NULL); /* the connect */
 	return 0;
 }
