@@ -63,6 +63,8 @@ struct tap_session {
 	struct leg leg[2]; /* indexed by enum side */
 	bool closing;      /* one side is gone (reset): drain the other, then close it */
 	bool reset_client; /* the client is closed with a reset (no close_notify either) */
+	bool client_spoke; /* a byte came from the client */
+	struct event *reset_later; /* the client is to be reset once it speaks, or when this fires */
 	enum tap_proxy_end why;
 	char detail[160];
 	void *obs;
