@@ -63,6 +63,9 @@ struct tap_proxy_stats {
 #define TAP_PROXY_ACCEPT_PAUSE_MS 250
 /* A descriptor shortage is over (and said so on stderr) after this long without one. */
 #define TAP_PROXY_FD_QUIET_SECONDS 10
+/* A client reset because its broker is unreachable gets its reset once it
+ * has spoken (its protocol header), or after this long if it stays silent. */
+#define TAP_PROXY_RESET_GRACE_MS 100
 
 /* Creates a proxy that forwards to upstream (resolved by the caller), with
  * TLS on the legs `tls` asks for (NULL: plain TCP both ways; borrowed, must

@@ -45,7 +45,7 @@ enum tap_tls_step {
 enum tap_tls_step tap_tls_handshake(struct ssl_st *ssl, char *why, size_t cap);
 enum tap_tls_step tap_tls_read(struct ssl_st *ssl, void *buf, size_t cap, size_t *got, char *why, size_t why_cap);
 enum tap_tls_step tap_tls_write(struct ssl_st *ssl, const void *buf, size_t len, size_t *put, char *why,
-				size_t why_cap);
+                                size_t why_cap);
 /* OpenSSL holds input (records read ahead, or decrypted bytes) that no
  * readiness event will announce. */
 bool tap_tls_pending(const struct ssl_st *ssl);

@@ -170,6 +170,8 @@ static void session_end(struct tap_session *s)
 		px->hooks.close(px->hooks.ctx, s->obs, s->why, s->detail[0] ? s->detail : NULL, tap_now_us());
 	leg_free(&s->leg[SIDE_CLIENT]);
 	leg_free(&s->leg[SIDE_UPSTREAM]);
+	if (s->reset_later)
+		event_free(s->reset_later);
 	free(s);
 	if (px->accept_paused)
 		resume_accepting(px); /* its descriptors are free now */
@@ -191,6 +193,36 @@ static void reset_client_on_close(struct tap_session *s)
 				 sizeof now); /* failing that, a FIN still closes it */
 }
 
+static void on_reset_later(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	session_end(arg);
+}
+
+/* Ends a session whose client is to be reset. A client that has not spoken
+ * yet is reset once it has (any readiness ends the session) or after
+ * TAP_PROXY_RESET_GRACE_MS: on a fast link a reset right after the accept
+ * can reach the client between its connect and its first look at the
+ * socket, where some libraries (pika 1.2: a ValueError from getpeername())
+ * do not take their connection-error path. */
+static void end_with_reset(struct tap_session *s)
+{
+	struct leg *client = &s->leg[SIDE_CLIENT];
+	if (s->reset_later)
+		return; /* already waiting */
+	reset_client_on_close(s);
+	struct timeval grace = {0, TAP_PROXY_RESET_GRACE_MS * 1000};
+	if (s->client_spoke || client->tls || !client->rd ||
+	    !(s->reset_later = evtimer_new(s->px->base, on_reset_later, s))) {
+		session_end(s);
+		return;
+	}
+	leg_free(&s->leg[SIDE_UPSTREAM]); /* its socket, if any, is of no use */
+	evtimer_add(s->reset_later, &grace);
+	event_add(client->rd, NULL);
+}
+
 /* Ends a session that failed before it could carry bytes: names the reason
  * (detail, a printf format), says so on stderr, and closes both legs. */
 static void session_fail(struct tap_session *s, enum tap_proxy_end why, const char *fmt, ...)
@@ -209,12 +241,12 @@ static void session_fail(struct tap_session *s, enum tap_proxy_end why, const ch
 		px->stats.unreachable++;
 		tap_log_error("conn %llu: upstream %s unreachable: %s", (unsigned long long)s->id, px->upstream_name,
 		              s->detail);
-		reset_client_on_close(s);
-		break;
+		end_with_reset(s);
+		return;
 	case TAP_END_FD_LIMIT:
 		px->stats.fd_limit++; /* fd_shortage said it on stderr */
-		reset_client_on_close(s);
-		break;
+		end_with_reset(s);
+		return;
 	case TAP_END_CLIENT_TLS:
 	case TAP_END_BROKER_TLS:
 		tap_log_error("conn %llu: TLS with the %s failed: %s", (unsigned long long)s->id,
@@ -284,6 +316,8 @@ void tap_leg_account(struct leg *from, size_t len)
 {
 	struct tap_proxy *px = from->s->px;
 	struct leg *to = from->peer;
+	if (from->side == SIDE_CLIENT)
+		from->s->client_spoke = true;
 	if (from->from_here == TAP_C2S)
 		px->stats.bytes_c2s += len;
 	else
@@ -378,6 +412,10 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	struct leg *from = arg;
 	uint8_t *buf = from->s->px->scratch;
 	(void)what;
+	if (from->s->reset_later) { /* the client spoke (or left): reset it now */
+		session_end(from->s);
+		return;
+	}
 	for (size_t budget = TAP_PROXY_HIGH_WATER; budget > 0 && from->reading;) {
 		struct evbuffer *q = from->peer->out ? tap_leg_queue_for(from->peer) : NULL;
 		ssize_t got = q ? recv_queued(from, q) : recv(fd, buf, TAP_PROXY_MAX_IO, 0);

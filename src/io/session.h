@@ -42,17 +42,18 @@ struct leg {
 	size_t low_water;          /* TLS legs: tap_leg_written once `out` drains to this */
 	size_t retry_len;          /* TLS legs: the length an interrupted SSL_write must be repeated with */
 	bool tls;                  /* no half-close: a FIN ends the session after draining */
-	bool connected;            /* bytes can be written to it: accepted, or the upstream connect (and handshake) done */
-	bool tcp_up;               /* TLS upstream legs: the TCP connect completed */
-	bool handshaken;           /* TLS legs: the handshake completed */
-	bool reading;              /* reading it is wanted (backpressure and EOF turn it off) */
-	bool eof;                  /* it sent FIN: nothing more to read from it */
-	bool shut_wr;              /* we sent it FIN */
-	bool draining;             /* TLS legs: a write stuck for TAP_PROXY_DRAIN_SECONDS ends the session */
-	bool queued;               /* TLS client legs: waiting in px->turns */
-	bool read_wants_write;     /* TLS legs: SSL_read needs the socket writable */
-	bool write_wants_read;     /* TLS legs: SSL_write needs the socket readable */
-	bool failed;               /* TLS legs: ended by an error (no close_notify) */
+	bool connected;        /* bytes can be written to it: accepted, or the upstream connect (and handshake) done */
+	bool tcp_up;           /* TLS upstream legs: the TCP connect completed */
+	bool handshaken;       /* TLS legs: the handshake completed */
+	bool reading;          /* reading it is wanted (backpressure and EOF turn it off) */
+	bool eof;              /* it sent FIN: nothing more to read from it */
+	bool shut_wr;          /* we sent it FIN */
+	bool draining;         /* TLS legs: a write stuck for TAP_PROXY_DRAIN_SECONDS ends the session */
+	bool queued;           /* TLS client legs: waiting in px->turns */
+	bool first_step_done;  /* TLS client legs: the ClientHello was answered (later steps need no turn) */
+	bool read_wants_write; /* TLS legs: SSL_read needs the socket writable */
+	bool write_wants_read; /* TLS legs: SSL_write needs the socket readable */
+	bool failed;           /* TLS legs: ended by an error (no close_notify) */
 };
 
 struct tap_session {
@@ -62,6 +63,8 @@ struct tap_session {
 	struct leg leg[2]; /* indexed by enum side */
 	bool closing;      /* one side is gone (reset): drain the other, then close it */
 	bool reset_client; /* the client is closed with a reset (no close_notify either) */
+	bool client_spoke; /* a byte came from the client */
+	struct event *reset_later; /* the client is to be reset once it speaks, or when this fires */
 	enum tap_proxy_end why;
 	char detail[160];
 	void *obs;
@@ -92,8 +95,8 @@ struct tap_proxy {
 	uint64_t accept_pauses;   /* in this shortage */
 	uint32_t handshake_ms;    /* 0: setting up a leg may take forever */
 	struct timeval handshake_timeout;
-	struct leg_queue turns;   /* TLS client legs whose handshake can go on: one step per loop turn */
-	struct event *turn;       /* runs the first of `turns` */
+	struct leg_queue turns; /* TLS client legs whose handshake can go on: one step per loop turn */
+	struct event *turn;     /* runs the first of `turns` */
 	void (*idle_cb)(void *);
 	void *idle_arg;
 };

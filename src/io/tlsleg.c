@@ -7,13 +7,16 @@
  *
  *   states: CONNECTING (upstream TCP) --writable--> HANDSHAKE --done--> OPEN
  *
- * A client's handshake steps take turns: a readiness event only queues the
- * leg (px->turns), and one queued step runs per loop turn, after the other
- * events of that turn. A burst of new clients then cannot hold up sessions
- * that already carry traffic or whose broker handshake is under way (the
- * broker gives up on a TLS handshake after 5 s), and the handshakes finish
- * in the order their clients arrived, as HAProxy's scheduler runs its
- * "heavy" TLS tasklets. Upstream handshake steps run at once. */
+ * A client's first handshake step (its ClientHello answered with the
+ * server's flight: the signature, the costly part) takes turns: readiness
+ * only queues the leg (px->turns), and queued steps run for up to TURN_US
+ * per loop turn, after the other events of that turn. A burst of new clients then cannot
+ * hold up sessions that already carry traffic or whose broker handshake is
+ * under way (the broker gives up on a TLS handshake after 5 s), and the
+ * handshakes are started in the order their clients arrived, as HAProxy's
+ * scheduler runs its "heavy" TLS tasklets. The steps after it (the client's
+ * Finished) and every upstream step run at once, so that a handshake once
+ * started finishes without waiting behind the ones not started yet. */
 #include "session.h"
 
 #include "amqptap/tls.h"
@@ -46,6 +49,10 @@ static void take_turn(struct leg *l)
 		return;
 	event_del(l->rd); /* level-triggered: would fire every turn until the step runs */
 	event_del(l->wr);
+	/* --handshake-timeout bounds the client, not this queue: its clock
+	 * restarts when the step runs */
+	if (l->setup_timer)
+		evtimer_del(l->setup_timer);
 	TAILQ_INSERT_TAIL(&px->turns, l, turn);
 	l->queued = true;
 	struct timeval now = {0, 0};
@@ -53,20 +60,46 @@ static void take_turn(struct leg *l)
 		evtimer_add(px->turn, &now);
 }
 
+/* The client closed (or reset) its connection while it waited for its
+ * turn: in a storm, clients that give up and reconnect would otherwise cost
+ * a signature each time. */
+static bool gone(const struct leg *l)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof ti;
+	if (getsockopt(l->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+		return false;
+	return ti.tcpi_state != TCP_ESTABLISHED;
+}
+
+/* Runs queued first steps for up to TURN_US of one loop turn (at least
+ * one): a step costs a signature, a turn costs a trip through epoll, and on
+ * a busy machine each trip may also wait for the CPU. */
+#define TURN_US 2000
+
 static void on_turn(evutil_socket_t fd, short what, void *arg)
 {
 	struct tap_proxy *px = arg;
 	(void)fd;
 	(void)what;
-	struct leg *l = TAILQ_FIRST(&px->turns);
-	if (!l)
-		return;
-	TAILQ_REMOVE(&px->turns, l, turn);
-	l->queued = false;
+	int64_t until = tap_now_us() + TURN_US;
+	struct leg *l;
+	while ((l = TAILQ_FIRST(&px->turns)) != NULL) {
+		TAILQ_REMOVE(&px->turns, l, turn);
+		l->queued = false;
+		l->first_step_done = true;
+		if (gone(l)) {
+			tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_EOF, 0, NULL);
+			continue;
+		}
+		tap_tls_leg_arm_setup(l);
+		step_handshake(l); /* may end l's session: nothing of it is touched after */
+		if (tap_now_us() >= until)
+			break;
+	}
 	struct timeval now = {0, 0};
 	if (!TAILQ_EMPTY(&px->turns))
 		evtimer_add(px->turn, &now);
-	step_handshake(l); /* last: the session may be gone */
 }
 
 int tap_tls_turns_init(struct tap_proxy *px)
@@ -187,7 +220,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	if (!l->handshaken) {
-		if (l->side == SIDE_CLIENT)
+		if (l->side == SIDE_CLIENT && !l->first_step_done)
 			take_turn(l);
 		else
 			step_handshake(l);
@@ -261,7 +294,7 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 		return;
 	}
 	if (!l->handshaken) {
-		if (l->side == SIDE_CLIENT)
+		if (l->side == SIDE_CLIENT && !l->first_step_done)
 			take_turn(l);
 		else
 			step_handshake(l);
@@ -382,7 +415,7 @@ int tap_tls_leg_connect(struct leg *l)
 	l->ssl = tap_tls_connect_ssl(px->tls, fd);
 	int err = leg_setup(l, fd);
 	if (err)
-		return err; /* the fd is the leg's now: freed with it */
+		return err;     /* the fd is the leg's now: freed with it */
 	event_add(l->wr, NULL); /* the connect */
 	return 0;
 }

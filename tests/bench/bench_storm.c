@@ -704,6 +704,7 @@ int main(int argc, char **argv)
 	}
 	close(setup->fd);
 	SSL_free(setup->ssl);
+	free(setup->out);
 
 	uint64_t t0 = now_us();
 	run(cs, c.conns, &ss, sslen, deadline);
