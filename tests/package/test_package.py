@@ -98,7 +98,7 @@ class PackageTest(unittest.TestCase):
             self.assertIn(path, self.files)
             self.assertTrue(os.path.exists(path), path)
         fields = sh("dpkg-deb", "-f", self.deb, "Depends", "Version").stdout
-        for lib in ("libc6", "libevent-2.1-7", "libevent-openssl-2.1-7", "libssl3"):
+        for lib in ("libc6", "libevent-2.1-7", "libevent-openssl-2.1-7", "libssl3", "libpcap0.8"):
             self.assertIn(lib, fields, "Depends from dpkg-shlibdeps")
         conffiles = sh("dpkg-query", "-W", "-f=${Conffiles}", "amqptap").stdout
         self.assertIn(DEFAULTS, conffiles)
