@@ -63,6 +63,7 @@ struct app {
 	struct tap_observer observer;
 	struct tap_admin *admin; /* --metrics; NULL: off */
 	unsigned closed_since_trim; /* sessions ended since the heap was last trimmed */
+	uint64_t tracking_high;     /* the most tracking memory since the heap was last trimmed */
 	int64_t last_close_us, last_trim_us;
 	bool stopping;
 	int exit_code;
@@ -193,6 +194,9 @@ static void flush_outputs(struct app *app)
 			tap_out_flush(app->out[i]);
 }
 
+/* Tracking memory freed since the last trim that is worth handing back to the kernel. */
+#define TRIM_AFTER_TRACKING_BYTES (16u << 20)
+
 /* Return windows, late-return holds, and the 10 ms flush of the outputs. */
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
@@ -204,11 +208,19 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	flush_outputs(app);
 	/* glibc keeps the heap pages of ended sessions (1,000 closed connections left about 24 MB resident):
 	 * hand them back once a wave of closes is over (200 ms without one), or every 10 s under steady churn */
-	if (app->closed_since_trim >= 64 &&
-	    (now_us - app->last_close_us >= 200000 || now_us - app->last_trim_us >= 10000000)) {
+	bool wave_over = app->closed_since_trim >= 64 &&
+	                 (now_us - app->last_close_us >= 200000 || now_us - app->last_trim_us >= 10000000);
+	/* the same after a burst of outstanding publishes: the tracker freed most of what it held */
+	struct tap_track_stats st;
+	tap_track_get_stats(app->track, &st);
+	if (st.memory > app->tracking_high)
+		app->tracking_high = st.memory;
+	bool burst_over = app->tracking_high - st.memory >= TRIM_AFTER_TRACKING_BYTES && st.memory < app->tracking_high / 2;
+	if (wave_over || burst_over) {
 		malloc_trim(0);
 		app->closed_since_trim = 0;
 		app->last_trim_us = now_us;
+		app->tracking_high = st.memory;
 	}
 }
 
