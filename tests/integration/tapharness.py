@@ -55,6 +55,18 @@ def read_records(path):
     return out
 
 
+IDENTITY_FIELDS = ("run", "tap", "started", "schema")
+
+
+def without_identity(testcase, records):
+    """Live records with the process identity (which replay leaves out) removed, checking each live one had it."""
+    out = []
+    for r in records:
+        testcase.assertIn("run", r, r)
+        out.append({k: v for k, v in r.items() if k not in IDENTITY_FIELDS})
+    return out
+
+
 def rss_kb(pid):
     """Resident set size (VmRSS) of pid in KiB."""
     with open(f"/proc/{pid}/status") as f:
