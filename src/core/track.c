@@ -685,63 +685,54 @@ void tap_track_publish_refused(struct tap_track_conn *c, uint16_t id, int64_t no
 
 /* ---- timers ---- */
 
-static int64_t chan_tick(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us)
+/* One of a channel's timer queues: slots in the order their deadlines come, each due `window` after its start. */
+struct timer_queue {
+	struct trk_fifo *q;
+	enum trk_state state; /* a slot still timed here is in this state */
+	uint16_t skip_flags;  /* ... and has none of these flags */
+	bool from_ack;        /* its deadline counts from its ack, else from its publish */
+	int64_t window;
+};
+
+/* Settles the slots of one queue whose deadline has passed and lowers *next to the first one still to come.
+ * False when that ended the channel's last outstanding publish. */
+static bool settle_due(struct tap_track_conn *c, struct trk_chan *ch, const struct timer_queue *tq, int64_t now_us,
+                       int64_t *next)
 {
-	struct tap_track *t = c->t;
-	int64_t next = INT64_MAX;
-	while (ch->held_q.len) {
-		uint64_t n = trk_fifo_front(&ch->held_q);
-		if (n < ch->base || n >= ch->next || trk_slot(ch, n)->state != TRK_STATE_HELD) {
-			trk_fifo_pop(&ch->held_q);
+	while (tq->q->len) {
+		uint64_t n = trk_fifo_front(tq->q);
+		const struct trk_slot *e = n >= ch->base && n < ch->next ? trk_slot(ch, n) : NULL;
+		if (!e || e->state != tq->state || (e->flags & tq->skip_flags)) {
+			trk_fifo_pop(tq->q); /* settled since, or refused: it ends with its channel */
 			continue;
 		}
-		int64_t due = trk_slot(ch, n)->t_ack + t->conf.late_return_us;
+		int64_t due = (tq->from_ack ? e->t_ack : e->t_pub) + tq->window;
 		if (due > now_us) {
-			next = due;
-			break;
+			if (due < *next)
+				*next = due;
+			return true;
 		}
-		trk_fifo_pop(&ch->held_q);
+		trk_fifo_pop(tq->q);
 		/* stamped with its deadline, not with whenever the timer ran: live and replay agree */
 		trk_slot_step(c, ch, n, TRK_EVENT_TIMEOUT, NULL, due);
 		if (!ch->live)
-			return INT64_MAX;
+			return false;
 	}
-	while (ch->win_q.len) {
-		uint64_t n = trk_fifo_front(&ch->win_q);
-		const struct trk_slot *e = n >= ch->base && n < ch->next ? trk_slot(ch, n) : NULL;
-		if (!e || e->state != TRK_STATE_WAIT || (e->flags & TRK_FLAG_CONFIRM)) {
-			trk_fifo_pop(&ch->win_q);
-			continue;
-		}
-		int64_t due = e->t_pub + t->conf.return_window_us;
-		if (due > now_us) {
-			if (due < next)
-				next = due;
-			break;
-		}
-		trk_fifo_pop(&ch->win_q);
-		trk_slot_step(c, ch, n, TRK_EVENT_TIMEOUT, NULL, due);
-		if (!ch->live)
+	return true;
+}
+
+static int64_t chan_tick(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us)
+{
+	const struct tap_track_conf *conf = &c->t->conf;
+	const struct timer_queue queues[] = {
+	    {&ch->held_q, TRK_STATE_HELD, 0, true, conf->late_return_us},                   /* acked, awaiting a late Return */
+	    {&ch->win_q, TRK_STATE_WAIT, TRK_FLAG_CONFIRM, false, conf->return_window_us},  /* mandatory, no confirms */
+	    {&ch->plain_q, TRK_STATE_WAIT, TRK_FLAG_REFUSED, false, conf->late_return_us}, /* plain: a refusing close */
+	};
+	int64_t next = INT64_MAX;
+	for (size_t i = 0; i < sizeof queues / sizeof queues[0]; i++)
+		if (!settle_due(c, ch, &queues[i], now_us, &next))
 			return INT64_MAX;
-	}
-	while (ch->plain_q.len) {
-		uint64_t n = trk_fifo_front(&ch->plain_q);
-		const struct trk_slot *e = n >= ch->base && n < ch->next ? trk_slot(ch, n) : NULL;
-		if (!e || e->state != TRK_STATE_WAIT || (e->flags & TRK_FLAG_REFUSED)) {
-			trk_fifo_pop(&ch->plain_q); /* written, or refused: it ends with its channel */
-			continue;
-		}
-		int64_t due = e->t_pub + t->conf.late_return_us;
-		if (due > now_us) {
-			if (due < next)
-				next = due;
-			break;
-		}
-		trk_fifo_pop(&ch->plain_q);
-		trk_slot_step(c, ch, n, TRK_EVENT_TIMEOUT, NULL, due);
-		if (!ch->live)
-			return INT64_MAX;
-	}
 	return next;
 }
 
