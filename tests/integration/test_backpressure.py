@@ -86,6 +86,21 @@ class BackpressureTest(TapTestCase):
             time.sleep(0.02)
         return writer.sent
 
+    def write_until_stalled_then_resume(self, name, tap, peer, c, total):
+        """The client writes total bytes into a broker that stops reading, until the tap stalls it; then the broker
+        reads again. Checks memory stayed bounded and every byte arrived (check)."""
+        baseline = rss_kb(tap.pid)
+        sampler = Sampler(tap.pid)
+        sampler.start()
+        writer = Writer(c, total)
+        writer.start()
+        stalled_at = self.wait_stalled(writer)
+        self.resume.set()
+        writer.join(120)
+        peer.join(120)
+        c.close()
+        self.check(name, tap, baseline, sampler, stalled_at, writer, self.peer_result.get("r"))
+
     def check(self, name, tap, baseline_kb, sampler, stalled_at, writer, result):
         sampler.stop_ev.set()
         sampler.join()
@@ -108,18 +123,7 @@ class BackpressureTest(TapTestCase):
         peer = Peer(handler)
         self.addCleanup(peer.close)
         tap = self.start_tap(upstream_port=peer.port, env={"ASAN_OPTIONS": "quarantine_size_mb=16:detect_leaks=1"})
-        baseline = rss_kb(tap.pid)
-        sampler = Sampler(tap.pid)
-        sampler.start()
-        c = tap.connect(timeout=30)
-        writer = Writer(c)
-        writer.start()
-        stalled_at = self.wait_stalled(writer)
-        self.resume.set()
-        writer.join(120)
-        peer.join(120)
-        c.close()
-        self.check("client->broker", tap, baseline, sampler, stalled_at, writer, self.peer_result.get("r"))
+        self.write_until_stalled_then_resume("client->broker", tap, peer, tap.connect(timeout=30), TOTAL)
 
     def test_client_stops_reading(self):
         writers = []
@@ -196,18 +200,7 @@ class TlsBackpressureTest(BackpressureTest):
         peer = Peer(handler)
         self.addCleanup(peer.close)
         tap = self.tls_tap(peer)
-        baseline = rss_kb(tap.pid)
-        sampler = Sampler(tap.pid)
-        sampler.start()
-        c = self.connect(tap)
-        writer = Writer(c, TLS_TOTAL)
-        writer.start()
-        stalled_at = self.wait_stalled(writer)
-        self.resume.set()
-        writer.join(120)
-        peer.join(120)
-        c.close()
-        self.check("TLS client->broker", tap, baseline, sampler, stalled_at, writer, self.peer_result.get("r"))
+        self.write_until_stalled_then_resume("TLS client->broker", tap, peer, self.connect(tap), TLS_TOTAL)
 
     def test_client_stops_reading(self):
         writers = []
