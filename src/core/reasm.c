@@ -183,16 +183,22 @@ static void stream_free(struct tap_reasm *r, struct stream *s)
 
 static void flush_holes(struct tap_reasm *r, struct stream *s, int64_t ts);
 
+/* Capture timestamps can be any value a file holds: compared without a signed subtraction that could overflow. */
+static bool idle_for(int64_t ts, int64_t last_ts, int64_t idle_us)
+{
+	return ts > last_ts && (uint64_t)ts - (uint64_t)last_ts >= (uint64_t)idle_us;
+}
+
 void tap_reasm_expire(struct tap_reasm *r, int64_t ts)
 {
 	struct stream *s;
-	while ((s = r->live.head) && ts - s->last_ts >= r->idle_us) {
+	while ((s = r->live.head) && idle_for(ts, s->last_ts, r->idle_us)) {
 		r->st->idle_closed++;
 		flush_holes(r, s, ts);
 		stream_close(r, s, TAP_CAPTURE_END_IDLE, ts);
 		stream_free(r, s);
 	}
-	while ((s = r->dead.head) && ts - s->last_ts >= r->idle_us)
+	while ((s = r->dead.head) && idle_for(ts, s->last_ts, r->idle_us))
 		stream_free(r, s);
 }
 
