@@ -32,9 +32,9 @@ struct pending {
 	/* offsets into store */
 	struct span {
 		uint32_t off, len;
-	} exchange, routing_key, reply_text, message_id, correlation_id, content_type, type, app_id, headers;
+	} exchange, routing_key, reply_text, message_id, correlation_id, content_type, type, app_id, user_id, headers;
 	uint32_t header_keys_off, n_header_keys;
-	bool has_message_id, has_correlation_id, has_delivery_mode, has_timestamp;
+	bool has_message_id, has_correlation_id, has_user_id, has_delivery_mode, has_timestamp;
 	uint8_t delivery_mode;
 	uint64_t timestamp;
 };
@@ -228,8 +228,10 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 			.content_type = span_slice(p, p->content_type),
 			.type = span_slice(p, p->type),
 			.app_id = span_slice(p, p->app_id),
+			.user_id = span_slice(p, p->user_id),
 			.mandatory = p->mandatory,
 			.has_message_id = p->has_message_id,
+			.has_user_id = p->has_user_id,
 			.has_correlation_id = p->has_correlation_id,
 			.has_delivery_mode = p->has_delivery_mode,
 			.has_timestamp = p->has_timestamp,
@@ -296,6 +298,10 @@ static void on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_fra
 			p->type = keep(p, props.type.ptr, props.type.len);
 		if (props.flags & TAP_PROP_APP_ID)
 			p->app_id = keep(p, props.app_id.ptr, props.app_id.len);
+		if (props.flags & TAP_PROP_USER_ID) {
+			p->has_user_id = true;
+			p->user_id = keep(p, props.user_id.ptr, props.user_id.len);
+		}
 		p->has_delivery_mode = (props.flags & TAP_PROP_DELIVERY_MODE) != 0;
 		p->delivery_mode = props.delivery_mode;
 		p->has_timestamp = (props.flags & TAP_PROP_TIMESTAMP) != 0;

@@ -389,6 +389,14 @@ static enum room room_for(const struct tap_track_conn *c, const struct trk_chan 
 	return fits(t, worst) ? ROOM_AMPLE : ROOM_TIGHT;
 }
 
+/* Whether p carries a user_id RabbitMQ may refuse (406): not the login user, or the login was not seen. */
+static bool foreign_user_id(const struct tap_track_conn *c, const struct tap_publish *p)
+{
+	if (!p->has_user_id)
+		return false;
+	return !c->user || strlen(c->user) != p->user_id.len || memcmp(c->user, p->user_id.ptr, p->user_id.len) != 0;
+}
+
 /* Stores the publish in slot n = ch->next of a pinned channel whose ring has room, then makes it outstanding. */
 static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const struct tap_publish *p,
                           const struct blob_lens *len, enum room room, bool plain, int64_t now_us)
@@ -413,7 +421,8 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	                      (p->has_correlation_id ? TRK_FLAG_HAS_CORRELATION_ID : 0) |
 	                      (p->has_delivery_mode ? TRK_FLAG_HAS_DELIVERY_MODE : 0) |
 	                      (p->has_timestamp ? TRK_FLAG_HAS_TIMESTAMP : 0) | (c->blocked ? TRK_FLAG_BLOCKED : 0) |
-	                      (plain ? TRK_FLAG_PLAIN : 0) | (ch->culprit ? TRK_FLAG_REFUSED : 0));
+	                      (plain ? TRK_FLAG_PLAIN : 0) | (ch->refusal ? TRK_FLAG_REFUSED : 0) |
+	                      (foreign_user_id(c, p) ? TRK_FLAG_FOREIGN_USER_ID : 0));
 	uint64_t need;
 	while (room == ROOM_TIGHT && (need = tap_arena_growth(&ch->arena, len->total)) && !fits(t, need)) {
 		if (!evict_for_memory(t, now_us)) /* the oldest go first: this channel's own free arena space */
@@ -613,16 +622,45 @@ static bool names_exchange(const struct tap_intern_key *k, const uint8_t *text, 
 	return false;
 }
 
-/* The earliest publish of the channel still waiting whose exchange the close text names, or false. */
+static bool text_has(const uint8_t *text, size_t text_len, const char *word)
+{
+	return memmem(text, text_len, word, strlen(word)) != NULL;
+}
+
+/* The message size a 406 text gives ("message size N is larger than configured max size M"), or -1. */
+static int64_t message_size_in(const uint8_t *text, size_t text_len)
+{
+	static const char lead[] = "message size ";
+	const uint8_t *at = memmem(text, text_len, lead, sizeof lead - 1);
+	if (!at)
+		return -1;
+	const uint8_t *d = at + sizeof lead - 1, *end = text + text_len;
+	int64_t n = 0;
+	if (d == end || *d < '0' || *d > '9')
+		return -1;
+	for (; d < end && *d >= '0' && *d <= '9'; d++) {
+		if (n > (INT64_MAX - 9) / 10)
+			return -1;
+		n = n * 10 + (*d - '0');
+	}
+	return n;
+}
+
+/* The earliest publish of the channel still waiting that the close text points at (see tap_track_publish_refused),
+ * or false. */
 static bool culprit_of(const struct tap_track_conn *c, const struct trk_chan *ch, const uint8_t *text,
                        size_t text_len, uint64_t *found)
 {
+	bool about_user_id = text_has(text, text_len, "user_id");
+	int64_t size = message_size_in(text, text_len);
 	for (uint64_t n = ch->base; n < ch->next; n++) {
 		const struct trk_slot *e = trk_slot(ch, n);
-		if (e->state != TRK_STATE_WAIT || e->route_key == TAP_INTERN_NONE ||
-		    (e->flags & (TRK_FLAG_RETURNED | TRK_FLAG_REFUSED)))
+		if (e->state != TRK_STATE_WAIT || (e->flags & (TRK_FLAG_RETURNED | TRK_FLAG_REFUSED)))
 			continue;
-		if (names_exchange(tap_intern_key(&c->keys, e->route_key), text, text_len)) {
+		bool named = e->route_key != TAP_INTERN_NONE &&
+		             names_exchange(tap_intern_key(&c->keys, e->route_key), text, text_len);
+		if (named || (about_user_id && (e->flags & TRK_FLAG_FOREIGN_USER_ID)) ||
+		    (size >= 0 && e->body_size == (uint64_t)size)) {
 			*found = n;
 			return true;
 		}
@@ -630,36 +668,43 @@ static bool culprit_of(const struct tap_track_conn *c, const struct trk_chan *ch
 	return false;
 }
 
-/* The culprit at slot `at`: the publishes before it that wait for nothing but the close are written with the
- * verdict they would have had (the broker took them), it and those after it are marked REFUSED and end with
- * the channel (unknown, the broker's reason), and the channel remembers it for its close record. */
-static void refuse_from(struct tap_track_conn *c, struct trk_chan *ch, uint64_t at, int64_t now_us)
+/* Marks the publishes of the channel from slot `at` on as refused (those still waiting, and any sent later);
+ * the ones before it that wait for nothing but the close are written with the verdict they would have had. */
+static void refuse_from(struct tap_track_conn *c, struct trk_chan *ch, uint64_t at, enum trk_refusal how,
+                        int64_t now_us)
 {
-	struct tap_track *t = c->t;
 	static const struct trk_reason before = {.by = "publish_close", .settled = true};
-	struct trk_view v;
-	trk_view_of_slot(&v, c, ch, at);
-	struct tap_buf b;
-	tap_buf_init(&b);
-	trk_render_culprit(&b, c, ch->id, &v);
-	if (!b.oom && !ch->culprit) {
-		ch->culprit = trk_dup(t, (const uint8_t *)b.data, b.len);
-		ch->culprit_len = ch->culprit ? b.len : 0;
-	}
-	tap_buf_deinit(&b);
+	ch->refusal = (uint8_t)how;
 	ch->pinned = true;
 	for (uint64_t n = at; n < ch->next; n++) {
 		struct trk_slot *e = trk_slot(ch, n);
 		if (e->state == TRK_STATE_WAIT)
 			e->flags |= TRK_FLAG_REFUSED;
 	}
-	trk_slot(ch, at)->flags |= TRK_FLAG_CULPRIT;
 	for (uint64_t n = ch->base; n < at; n++) {
 		struct trk_slot *e = trk_slot(ch, n);
 		if (e->state == TRK_STATE_WAIT && !(e->flags & TRK_FLAG_CONFIRM))
 			trk_slot_step(c, ch, n, TRK_EVENT_END, &before, now_us);
 	}
-	trk_chan_unpin(t, ch);
+	trk_chan_unpin(c->t, ch);
+}
+
+/* The culprit at slot `at`: it and those after it are refused (they end with the channel: unknown, the broker's
+ * reason), and the channel remembers it for its close record. */
+static void refuse_culprit(struct tap_track_conn *c, struct trk_chan *ch, uint64_t at, int64_t now_us)
+{
+	struct trk_view v;
+	trk_view_of_slot(&v, c, ch, at);
+	struct tap_buf b;
+	tap_buf_init(&b);
+	trk_render_culprit(&b, c, ch->id, &v);
+	if (!b.oom && !ch->culprit) {
+		ch->culprit = trk_dup(c->t, (const uint8_t *)b.data, b.len);
+		ch->culprit_len = ch->culprit ? b.len : 0;
+	}
+	tap_buf_deinit(&b);
+	trk_slot(ch, at)->flags |= TRK_FLAG_CULPRIT;
+	refuse_from(c, ch, at, TRK_REFUSAL_NAMED, now_us);
 }
 
 void tap_track_publish_refused(struct tap_track_conn *c, uint16_t id, int64_t now_us)
@@ -671,16 +716,22 @@ void tap_track_publish_refused(struct tap_track_conn *c, uint16_t id, int64_t no
 		for (uint32_t i = 0; i < c->n_chans; i++) {
 			struct trk_chan *ch = c->chans[i];
 			if (culprit_of(c, ch, (const uint8_t *)c->close_text, c->close_text_len, &n)) {
-				refuse_from(c, ch, n, now_us);
+				refuse_culprit(c, ch, n, now_us);
 				return;
 			}
 		}
+		for (uint32_t i = 0; i < c->n_chans; i++)
+			if (c->chans[i]->base < c->chans[i]->next)
+				refuse_from(c, c->chans[i], c->chans[i]->base, TRK_REFUSAL_UNNAMED, now_us);
 		return;
 	}
 	struct trk_chan *ch = trk_chan_find(c, id);
-	if (ch && ch->closing && ch->close_by_broker &&
-	    culprit_of(c, ch, (const uint8_t *)ch->close_text, ch->close_text_len, &n))
-		refuse_from(c, ch, n, now_us);
+	if (!ch || !ch->closing || !ch->close_by_broker || ch->refusal)
+		return;
+	if (culprit_of(c, ch, (const uint8_t *)ch->close_text, ch->close_text_len, &n))
+		refuse_culprit(c, ch, n, now_us);
+	else
+		refuse_from(c, ch, ch->base, TRK_REFUSAL_UNNAMED, now_us);
 }
 
 /* ---- timers ---- */

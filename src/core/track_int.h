@@ -73,6 +73,14 @@ enum trk_flag {
 	TRK_FLAG_PLAIN = 1 << 12,    /* neither confirm nor mandatory: held only for a publish-caused close */
 	TRK_FLAG_REFUSED = 1 << 13,  /* the culprit of a publish-caused close, or sent after it on its channel */
 	TRK_FLAG_CULPRIT = 1 << 14,  /* the publish the broker's close names */
+	TRK_FLAG_FOREIGN_USER_ID = 1 << 15, /* a user_id property that is not the login user (or the login is unknown) */
+};
+
+/* How the broker's publish-caused close (if any) on a channel pointed at the publish it refused. */
+enum trk_refusal {
+	TRK_REFUSAL_NONE = 0,
+	TRK_REFUSAL_NAMED,   /* one publish is the culprit: ch->culprit */
+	TRK_REFUSAL_UNNAMED, /* the close text points at none: every publish then waiting is a candidate */
 };
 
 /* One outstanding publish (64 bytes). Its blob in the channel arena: [timestamp, 8 bytes, when present] then
@@ -140,6 +148,7 @@ struct trk_chan {
 	struct trk_fifo held_q; /* slots acked and held, in ack order */
 	struct trk_fifo win_q;  /* non-confirm mandatory slots, in publish order */
 	struct trk_fifo plain_q; /* PLAIN slots, in publish order: held conf.late_return_us */
+	uint8_t refusal;         /* enum trk_refusal */
 	char *culprit;           /* the JSON object naming the publish that made the broker close it, or NULL */
 	size_t culprit_len;
 	int32_t active_idx;     /* index in conn->active or -1 */
@@ -219,6 +228,7 @@ struct trk_view {
 	size_t exchange_len, routing_key_len, message_id_len, correlation_id_len, extra_len;
 	bool mandatory, has_message_id, has_correlation_id, has_delivery_mode, has_timestamp, confirm_mode, tx, blocked;
 	bool refused, culprit; /* REFUSED, CULPRIT */
+	bool refused_unnamed;  /* REFUSED on a channel whose close named no culprit */
 	uint8_t delivery_mode;
 	uint64_t body_size, seq, timestamp;
 	int64_t t_pub;

@@ -208,7 +208,7 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 	if (vd->reason)
 		write_reason(&j, vd->reason);
 	if (v->refused)
-		tap_json_kv_str(&j, "refused", v->culprit ? "culprit" : "after_culprit");
+		tap_json_kv_str(&j, "refused", v->culprit ? "culprit" : v->refused_unnamed ? "candidate" : "after_culprit");
 	if (v->tx)
 		kv_lit(&j, "tx", json_true);
 	if (v->blocked)

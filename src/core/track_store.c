@@ -471,6 +471,7 @@ void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const 
 	    .blocked = e->flags & TRK_FLAG_BLOCKED,
 	    .refused = e->flags & TRK_FLAG_REFUSED,
 	    .culprit = e->flags & TRK_FLAG_CULPRIT,
+	    .refused_unnamed = ch->refusal == TRK_REFUSAL_UNNAMED,
 	    .delivery_mode = e->delivery_mode,
 	    .body_size = e->body_size,
 	    .seq = n - ch->sel_off,

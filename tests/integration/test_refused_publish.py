@@ -1,6 +1,7 @@
 # A publish that makes the broker close its channel (issue 14 §2), with real clients through the tap to the real
 # broker: a burst on one plain channel (no confirms, not mandatory) — ok, missing exchange, ok-after — with pika and
-# with py-amqp (Debian python3-amqp). Each library reports the 404 channel close; the queue holds only the first
+# with py-amqp (Debian python3-amqp); and the same burst where the middle publish goes to the queue but carries a
+# user_id that is not the login user (RabbitMQ's 406, whose text names no exchange). Each library reports the 404 channel close; the queue holds only the first
 # message (the broker discarded the one after the culprit). The records must say the same: ok unproven with no
 # reason, the missing-exchange publish unknown with the broker's 404 and "refused":"culprit", ok-after unknown with
 # the same reason and "refused":"after_culprit", and the channel close record names the culprit.
@@ -20,7 +21,7 @@ from tapharness import TapTestCase, main, require_broker, wait_for  # noqa: E402
 
 PY_AMQP_BURST = r"""
 import json, sys, amqp
-port, queue, missing = sys.argv[1], sys.argv[2], sys.argv[3]
+port, queue, missing, wrong_user = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == 'user_id'
 c = amqp.Connection('127.0.0.1:' + port)
 c.connect()
 ch = c.channel()
@@ -29,7 +30,10 @@ try:
     # py-amqp reads pending input before each publish: a close that is already in raises there, unsent
     for mid, x, rk in (('ok', '', queue), ('bad', missing, 'k'), ('after', '', queue)):
         out['raised_at'] = mid
-        ch.basic_publish(amqp.Message(mid, message_id=mid), exchange=x, routing_key=rk)
+        props = {}
+        if wrong_user and mid == 'bad':
+            x, rk, props = '', queue, {'user_id': 'not-the-login-user'}
+        ch.basic_publish(amqp.Message(mid, message_id=mid, **props), exchange=x, routing_key=rk)
     out['raised_at'] = None
     c.drain_events(timeout=5)
 except amqp.exceptions.AMQPError as e:
@@ -57,8 +61,8 @@ class RefusedPublishCase(TapTestCase):
     def queued(self):
         return self.admin.channel().queue_declare(self.queue, passive=True).method.message_count
 
-    def check(self, tap, reported, sent_after=True):
-        self.assertEqual(reported["code"], 404, reported)
+    def check(self, tap, reported, sent_after=True, code=404):
+        self.assertEqual(reported["code"], code, reported)
         want = ["after", "bad", "ok"] if sent_after else ["bad", "ok"]
         wait_for(lambda: len(tap.records("publish")) >= len(want), 10)
         pubs = {r["message_id"]: r for r in tap.records("publish")}
@@ -68,20 +72,21 @@ class RefusedPublishCase(TapTestCase):
         self.assertEqual((ok["route"], ok["confirm"]), ("unproven", "none"), json.dumps(ok))
         self.assertNotIn("reason", ok)
         self.assertNotIn("refused", ok)
-        reason = {"by": "broker", "code": 404, "text": reported["text"]}
+        reason = {"by": "broker", "code": code, "text": reported["text"]}
         for rec, refused in ((bad, "culprit"), (pubs.get("after"), "after_culprit")):
             if rec is None:
                 continue
             self.assertEqual((rec["route"], rec["confirm"]), ("unknown", "none"), json.dumps(rec))
             self.assertEqual(rec["reason"], reason, json.dumps(rec))
             self.assertEqual(rec["refused"], refused, json.dumps(rec))
-        closes = [r for r in tap.records("channel") if r.get("event") == "close" and r.get("code") == 404]
+        closes = [r for r in tap.records("channel") if r.get("event") == "close" and r.get("code") == code]
         self.assertEqual(len(closes), 1, tap.records("channel"))
         culprit = closes[0]["culprit"]
+        x, rk = (self.missing, "k") if code == 404 else ("", self.queue)
         self.assertEqual(culprit, {"conn": bad["conn"], "channel": bad["channel"], "seq": None, "message_id": "bad",
-                                   "exchange": self.missing, "routing_key": "k"})
+                                   "exchange": x, "routing_key": rk})
 
-    def test_pika_burst(self):
+    def pika_burst(self, wrong_user):
         tap = self.start_tap()
         conn = pika.BlockingConnection(params(tap.port))
         ch = conn.channel()
@@ -91,9 +96,11 @@ class RefusedPublishCase(TapTestCase):
             reported.update(code=reason.reply_code, text=reason.reply_text)
 
         ch._impl.add_on_close_callback(on_close)  # what the library reports, as its channel close reason
+        bad = (("", self.queue, pika.BasicProperties(message_id="bad", user_id="not-the-login-user")) if wrong_user
+               else (self.missing, "k", pika.BasicProperties(message_id="bad")))
         try:  # pika writes each publish, then may raise a close that came in meanwhile
             ch.basic_publish("", self.queue, b"ok", pika.BasicProperties(message_id="ok"))
-            ch.basic_publish(self.missing, "k", b"bad", pika.BasicProperties(message_id="bad"))
+            ch.basic_publish(bad[0], bad[1], b"bad", bad[2])
             ch.basic_publish("", self.queue, b"after", pika.BasicProperties(message_id="after"))
         except pika.exceptions.ChannelClosedByBroker:
             pass
@@ -103,17 +110,29 @@ class RefusedPublishCase(TapTestCase):
             conn.process_data_events(time_limit=0.1)
         self.assertIsInstance(ch._closing_reason, pika.exceptions.ChannelClosedByBroker)
         conn.close()
-        self.check(tap, reported)
+        self.check(tap, reported, code=406 if wrong_user else 404)
 
-    def test_py_amqp_burst(self):
+    def py_amqp_burst(self, wrong_user):
         tap = self.start_tap()
-        out = subprocess.run(["/usr/bin/python3", "-c", PY_AMQP_BURST, str(tap.port), self.queue, self.missing],
-                             timeout=30, capture_output=True, text=True)
+        out = subprocess.run(["/usr/bin/python3", "-c", PY_AMQP_BURST, str(tap.port), self.queue, self.missing,
+                              "user_id" if wrong_user else "exchange"], timeout=30, capture_output=True, text=True)
         self.assertEqual(out.returncode, 0, out.stderr)
         reported = json.loads(out.stdout)
         self.assertEqual(reported.get("method"), [60, 40], reported)  # py-amqp names basic.publish as the cause
         self.assertIn(reported.get("raised_at"), (None, "after"), reported)
-        self.check(tap, reported, sent_after=reported.get("raised_at") is None)
+        self.check(tap, reported, sent_after=reported.get("raised_at") is None, code=406 if wrong_user else 404)
+
+    def test_pika_burst(self):
+        self.pika_burst(wrong_user=False)
+
+    def test_py_amqp_burst(self):
+        self.py_amqp_burst(wrong_user=False)
+
+    def test_pika_burst_user_id(self):
+        self.pika_burst(wrong_user=True)
+
+    def test_py_amqp_burst_user_id(self):
+        self.py_amqp_burst(wrong_user=True)
 
 
 if __name__ == "__main__":

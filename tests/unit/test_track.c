@@ -905,21 +905,75 @@ START_TEST(publish_caused_close_in_confirm_mode)
 }
 END_TEST
 
-/* A close that names no exchange (406 for a user_id) marks nothing: plain publishes keep "unproven"; a close
- * not caused by a publish, or a client close, never calls tap_track_publish_refused. */
-START_TEST(publish_caused_close_without_a_named_exchange)
+/* Three publishes on a plain channel, the broker's publish-caused close with this code and text, close-ok: the
+ * records, in publish order, are returned by nth("publish", i). */
+static void refused_burst(struct tap_publish *p, uint16_t code, const char *text)
 {
 	tap_track_channel_open(c, 1, T0);
-	struct tap_publish p = pub_id("x", "a", false, "m1");
-	tap_track_publish(c, 1, &p, T0 + 1);
-	tap_track_channel_close(c, 1, TAP_BY_BROKER, 406,
-	                        S("PRECONDITION_FAILED - user_id property set to 'bob' but authenticated user was 'guest'"),
-	                        T0 + 2);
-	tap_track_publish_refused(c, 1, T0 + 2);
-	tap_track_channel_close_ok(c, 1, T0 + 3);
-	ck_assert_uint_eq(n_seen, 1);
+	for (int i = 0; i < 3; i++)
+		tap_track_publish(c, 1, &p[i], T0 + 1 + i);
+	tap_track_channel_close(c, 1, TAP_BY_BROKER, code, S(text), T0 + 10);
+	tap_track_publish_refused(c, 1, T0 + 10);
+	tap_track_channel_close_ok(c, 1, T0 + 11);
+	ck_assert_uint_eq(n_seen, 3);
+}
+
+static void assert_refused_from_second(uint16_t code, const char *exchange)
+{
+	ck_assert_ptr_null(get(nth("publish", 0), "refused"));
 	assert_verdict(verdict(0), UNPROVEN, NONE, NO_ORDER);
-	ck_assert_int_eq(verdict(0)->v.t_record, T0 + 1);
+	assert_field(nth("publish", 1), "refused", "\"culprit\"");
+	assert_field(nth("publish", 2), "refused", "\"after_culprit\"");
+	for (size_t i = 1; i < 3; i++) {
+		assert_verdict(verdict(i), UNKNOWN, NONE, NO_ORDER);
+		ck_assert_uint_eq(verdict(i)->v.reason_code, code);
+	}
+	char want[160];
+	snprintf(want, sizeof want,
+	         "{\"conn\":3,\"channel\":1,\"seq\":null,\"message_id\":\"m2\",\"exchange\":\"%s\",\"routing_key\":\"b\"}",
+	         exchange);
+	assert_field(nth("channel", 1), "culprit", want);
+}
+
+/* RabbitMQ's 406 for a user_id names no exchange: the culprit is the first publish whose user_id is not the
+ * login user's. */
+START_TEST(publish_caused_close_by_user_id)
+{
+	tap_track_conn_user(c, S("guest"));
+	struct tap_publish p[3] = {pub_id("x", "a", false, "m1"), pub_id("x", "b", false, "m2"),
+	                           pub_id("x", "c", false, "m3")};
+	p[0].has_user_id = true;
+	p[0].user_id = S("guest"); /* the login user: allowed */
+	p[1].has_user_id = true;
+	p[1].user_id = S("bob");
+	refused_burst(p, 406, "PRECONDITION_FAILED - user_id property set to 'bob' but authenticated user was 'guest'");
+	assert_refused_from_second(406, "x");
+}
+END_TEST
+
+/* A 406 for a message over max_message_size gives the size: the culprit is the first publish of that body size. */
+START_TEST(publish_caused_close_by_message_size)
+{
+	struct tap_publish p[3] = {pub_id("x", "a", false, "m1"), pub_id("x", "b", false, "m2"),
+	                           pub_id("x", "c", false, "m3")};
+	p[1].body_size = 2000;
+	refused_burst(p, 406, "PRECONDITION_FAILED - message size 2000 is larger than configured max size 1024");
+	assert_refused_from_second(406, "x");
+}
+END_TEST
+
+/* A publish-caused close whose text points at no publish: each one still waiting may be the culprit, so each ends
+ * unknown with the broker's reason ("refused":"candidate"), never unproven; the close record names none. */
+START_TEST(publish_caused_close_naming_nothing)
+{
+	struct tap_publish p[3] = {pub_id("x", "a", false, "m1"), pub_id("x", "b", false, "m2"),
+	                           pub_id("x", "c", false, "m3")};
+	refused_burst(p, 406, "PRECONDITION_FAILED - something no publish field names");
+	for (size_t i = 0; i < 3; i++) {
+		assert_verdict(verdict(i), UNKNOWN, NONE, NO_ORDER);
+		ck_assert_uint_eq(verdict(i)->v.reason_code, 406);
+		assert_field(nth("publish", i), "refused", "\"candidate\"");
+	}
 	ck_assert_ptr_null(get(nth("channel", 1), "culprit"));
 }
 END_TEST
@@ -1953,7 +2007,9 @@ int main(void)
 	tcase_add_test(tc, routed_after_late_return_window);
 	tcase_add_loop_test(tc, publish_caused_close_names_the_culprit, 0, 2);
 	tcase_add_test(tc, publish_caused_close_in_confirm_mode);
-	tcase_add_test(tc, publish_caused_close_without_a_named_exchange);
+	tcase_add_test(tc, publish_caused_close_by_user_id);
+	tcase_add_test(tc, publish_caused_close_by_message_size);
+	tcase_add_test(tc, publish_caused_close_naming_nothing);
 	tcase_add_test(tc, publish_caused_connection_close);
 	tcase_add_test(tc, plain_publish_held_ends_unproven);
 	tcase_add_test(tc, header_values_written_when_asked);
