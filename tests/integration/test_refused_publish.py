@@ -1,7 +1,8 @@
 # A publish that makes the broker close its channel (issue 14 §2), with real clients through the tap to the real
 # broker: a burst on one plain channel (no confirms, not mandatory) — ok, missing exchange, ok-after — with pika and
 # with py-amqp (Debian python3-amqp); and the same burst where the middle publish goes to the queue but carries a
-# user_id that is not the login user (RabbitMQ's 406, whose text names no exchange). Each library reports the 404 channel close; the queue holds only the first
+# user_id that is not the login user, or a body over the broker's max_message_size (RabbitMQ's 406s, whose texts name
+# no exchange). Each library reports the 404 channel close; the queue holds only the first
 # message (the broker discarded the one after the culprit). The records must say the same: ok unproven with no
 # reason, the missing-exchange publish unknown with the broker's 404 and "refused":"culprit", ok-after unknown with
 # the same reason and "refused":"after_culprit", and the channel close record names the culprit.
@@ -16,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pika  # noqa: E402
 
-from scenario_lib import params  # noqa: E402
+from scenario_lib import broker_sh, params  # noqa: E402
 from tapharness import TapTestCase, main, require_broker, wait_for  # noqa: E402
 
 PY_AMQP_BURST = r"""
@@ -86,7 +87,7 @@ class RefusedPublishCase(TapTestCase):
         self.assertEqual(culprit, {"conn": bad["conn"], "channel": bad["channel"], "seq": None, "message_id": "bad",
                                    "exchange": x, "routing_key": rk})
 
-    def pika_burst(self, wrong_user):
+    def pika_burst(self, kind):
         tap = self.start_tap()
         conn = pika.BlockingConnection(params(tap.port))
         ch = conn.channel()
@@ -96,11 +97,13 @@ class RefusedPublishCase(TapTestCase):
             reported.update(code=reason.reply_code, text=reason.reply_text)
 
         ch._impl.add_on_close_callback(on_close)  # what the library reports, as its channel close reason
-        bad = (("", self.queue, pika.BasicProperties(message_id="bad", user_id="not-the-login-user")) if wrong_user
-               else (self.missing, "k", pika.BasicProperties(message_id="bad")))
+        bad = {"exchange": (self.missing, "k", pika.BasicProperties(message_id="bad"), b"bad"),
+               "user_id": ("", self.queue, pika.BasicProperties(message_id="bad", user_id="not-the-login-user"),
+                           b"bad"),
+               "size": ("", self.queue, pika.BasicProperties(message_id="bad"), b"b" * 2000)}[kind]
         try:  # pika writes each publish, then may raise a close that came in meanwhile
             ch.basic_publish("", self.queue, b"ok", pika.BasicProperties(message_id="ok"))
-            ch.basic_publish(bad[0], bad[1], b"bad", bad[2])
+            ch.basic_publish(bad[0], bad[1], bad[3], bad[2])
             ch.basic_publish("", self.queue, b"after", pika.BasicProperties(message_id="after"))
         except pika.exceptions.ChannelClosedByBroker:
             pass
@@ -110,7 +113,7 @@ class RefusedPublishCase(TapTestCase):
             conn.process_data_events(time_limit=0.1)
         self.assertIsInstance(ch._closing_reason, pika.exceptions.ChannelClosedByBroker)
         conn.close()
-        self.check(tap, reported, code=406 if wrong_user else 404)
+        self.check(tap, reported, code=404 if kind == "exchange" else 406)
 
     def py_amqp_burst(self, wrong_user):
         tap = self.start_tap()
@@ -123,13 +126,19 @@ class RefusedPublishCase(TapTestCase):
         self.check(tap, reported, sent_after=reported.get("raised_at") is None, code=406 if wrong_user else 404)
 
     def test_pika_burst(self):
-        self.pika_burst(wrong_user=False)
+        self.pika_burst("exchange")
 
     def test_py_amqp_burst(self):
         self.py_amqp_burst(wrong_user=False)
 
     def test_pika_burst_user_id(self):
-        self.pika_burst(wrong_user=True)
+        self.pika_burst("user_id")
+
+    def test_pika_burst_message_size(self):
+        # a channel takes the broker's max_message_size when it opens: 1 KiB for this test's channel only
+        broker_sh("ctl", "eval", "application:set_env(rabbit, max_message_size, 1024).")
+        self.addCleanup(broker_sh, "ctl", "eval", "application:set_env(rabbit, max_message_size, 134217728).")
+        self.pika_burst("size")
 
     def test_py_amqp_burst_user_id(self):
         self.py_amqp_burst(wrong_user=True)
