@@ -48,7 +48,7 @@ struct tap_conf {
 	uint32_t return_window_ms;
 	uint32_t late_return_ms;
 	uint32_t max_outstanding;
-	uint32_t max_tracking_memory; /* bytes; 0: TAP_TRACK_MAX_MEMORY_DEFAULT */
+	uint64_t max_tracking_memory; /* bytes; 0: TAP_TRACK_MAX_MEMORY_DEFAULT */
 	uint32_t grace_ms;
 	uint32_t handshake_timeout_ms; /* TLS handshakes and the upstream connect; 0: no limit */
 	char tap_id[TAP_CONF_TAP_ID_MAX]; /* names this tap in merged records; default: the host name */
@@ -70,6 +70,7 @@ enum tap_conf_opt_kind {
 	TAP_OPT_TEXT,        /* a name: printable, without spaces or quotes */
 	TAP_OPT_ID,          /* copied into a char array: letters, digits and . _ - : @ / */
 	TAP_OPT_U32,         /* a whole number within [min, max] */
+	TAP_OPT_SIZE,        /* bytes (uint64_t) within [min, max]: a whole number, optionally with K, M or G (KiB, MiB, GiB) */
 	TAP_OPT_FLAG,        /* sets a bool */
 	TAP_OPT_LEVEL,       /* sets the verbosity to .level */
 	TAP_OPT_HELP,
@@ -82,7 +83,7 @@ struct tap_conf_option {
 	char short_name;   /* 0: none */
 	enum tap_conf_opt_kind kind;
 	size_t offset;     /* of the field in struct tap_conf */
-	uint32_t min, max; /* TAP_OPT_U32 bounds */
+	uint64_t min, max; /* TAP_OPT_U32 and TAP_OPT_SIZE bounds */
 	enum tap_conf_verbosity level;
 	const char *arg;   /* placeholder of the value; NULL for options that take none */
 	/* The default: def is a command-line value that tap_conf_defaults applies through the parser (text kinds),

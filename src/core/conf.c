@@ -8,11 +8,13 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #define FIELD(f) offsetof(struct tap_conf, f)
@@ -49,9 +51,9 @@ static const struct tap_conf_option options[] = {
 	{.name = "max-outstanding", .kind = TAP_OPT_U32, .offset = FIELD(max_outstanding), .min = 1, .max = UINT32_MAX,
 	 .arg = "N", .def_u32 = TAP_TRACK_MAX_OUTSTANDING_DEFAULT,
 	 .help = "tracked publishes per connection before the oldest is evicted"},
-	{.name = "max-tracking-memory", .kind = TAP_OPT_U32, .offset = FIELD(max_tracking_memory), .min = 65536,
-	 .max = UINT32_MAX, .arg = "BYTES", .def_u32 = (uint32_t)TAP_TRACK_MAX_MEMORY_DEFAULT,
-	 .help = "tracking state of all connections before the oldest publishes are evicted"},
+	{.name = "max-tracking-memory", .kind = TAP_OPT_SIZE, .offset = FIELD(max_tracking_memory), .min = 65536,
+	 .max = UINT64_C(1) << 40, .arg = "BYTES", .def = "256M",
+	 .help = "tracking state of all connections before the oldest publishes are evicted (K, M, G: KiB, MiB, GiB)"},
 	{.name = "grace", .kind = TAP_OPT_U32, .offset = FIELD(grace_ms), .min = 0, .max = 3600u * 1000u, .arg = "MS",
 	 .def_u32 = 1000, .help = "on SIGINT/SIGTERM, how long live sessions may finish before they are closed"},
 	{.name = "handshake-timeout", .kind = TAP_OPT_U32, .offset = FIELD(handshake_timeout_ms), .min = 0,
@@ -182,6 +184,31 @@ static bool valid_text(const char *s)
 	return true;
 }
 
+/* A whole number of bytes with an optional K, M or G (KiB, MiB, GiB; either case, "KiB" etc. too). */
+static bool parse_size(const char *value, uint64_t *out)
+{
+	static const struct {
+		const char *suffix;
+		unsigned shift;
+	} units[] = {{"", 0}, {"k", 10}, {"kib", 10}, {"m", 20}, {"mib", 20}, {"g", 30}, {"gib", 30}};
+	if (*value < '0' || *value > '9')
+		return false;
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(value, &end, 10);
+	if (errno)
+		return false;
+	for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+		if (strcasecmp(end, units[i].suffix) != 0)
+			continue;
+		if (v > (UINT64_MAX >> units[i].shift))
+			return false;
+		*out = (uint64_t)v << units[i].shift;
+		return true;
+	}
+	return false;
+}
+
 static int apply(struct tap_conf *c, const struct tap_conf_option *o, const char *value, char *err, size_t cap)
 {
 	char *field = (char *)c + o->offset;
@@ -222,9 +249,18 @@ static int apply(struct tap_conf *c, const struct tap_conf_option *o, const char
 		errno = 0;
 		unsigned long long v = (*value >= '0' && *value <= '9') ? strtoull(value, &end, 10) : ULLONG_MAX;
 		if (*value < '0' || *value > '9' || errno || *end || v > o->max || v < o->min)
-			return usage_error(err, cap, "--%s: expected a whole number from %u to %u, got '%s'", o->name,
-					   o->min, o->max, value);
+			return usage_error(err, cap, "--%s: expected a whole number from %" PRIu64 " to %" PRIu64 ", got '%s'",
+					   o->name, o->min, o->max, value);
 		*(uint32_t *)(void *)field = (uint32_t)v;
+		return TAP_OK;
+	}
+	case TAP_OPT_SIZE: {
+		uint64_t v;
+		if (!parse_size(value, &v) || v > o->max || v < o->min)
+			return usage_error(err, cap,
+					   "--%s: expected bytes from %" PRIu64 " to %" PRIu64 " (suffix K, M or G allowed), got '%s'",
+					   o->name, o->min, o->max, value);
+		*(uint64_t *)(void *)field = v;
 		return TAP_OK;
 	}
 	case TAP_OPT_FLAG:

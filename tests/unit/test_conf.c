@@ -67,6 +67,7 @@ START_TEST(tracker_defaults_come_from_track_h)
 	ck_assert_uint_eq((uint64_t)c.return_window_ms * 1000, TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
 	ck_assert_uint_eq((uint64_t)c.late_return_ms * 1000, TAP_TRACK_LATE_RETURN_US_DEFAULT);
 	ck_assert_uint_eq(c.max_outstanding, TAP_TRACK_MAX_OUTSTANDING_DEFAULT);
+	ck_assert_uint_eq(c.max_tracking_memory, TAP_TRACK_MAX_MEMORY_DEFAULT);
 	ck_assert_uint_eq(option_named("return-window")->def_u32 * 1000u, TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
 }
 END_TEST
@@ -116,6 +117,23 @@ START_TEST(accepted_forms)
 	ck_assert_int_eq(c.mode, TAP_MODE_VERSION);
 	ck_assert_int_eq(PARSE(&c, err, "-V"), TAP_OK);
 	ck_assert_int_eq(c.mode, TAP_MODE_VERSION);
+}
+END_TEST
+
+/* Byte sizes: plain bytes or K, M, G (powers of 1024), either case, with or without "iB". */
+START_TEST(byte_sizes)
+{
+	static const struct {
+		const char *in;
+		uint64_t bytes;
+	} cases[] = {{"65536", 65536}, {"64k", 65536}, {"64KiB", 65536}, {"300M", UINT64_C(300) << 20},
+	             {"300mib", UINT64_C(300) << 20}, {"4G", UINT64_C(4) << 30}, {"1024G", UINT64_C(1) << 40}};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct tap_conf c;
+		char err[256] = "";
+		ck_assert_msg(PARSE(&c, err, "--max-tracking-memory", (char *)cases[i].in) == TAP_OK, "%s: %s", cases[i].in, err);
+		ck_assert_uint_eq(c.max_tracking_memory, cases[i].bytes);
+	}
 }
 END_TEST
 
@@ -222,6 +240,12 @@ static const struct bad_case bad_cases[] = {
 	{{"--max-outstanding", "99999999999"}, "--max-outstanding"},
 	{{"--max-outstanding", "0"}, "--max-outstanding"},
 	{{"--late-return", "0"}, "--late-return"},
+	{{"--max-tracking-memory", "1T"}, "--max-tracking-memory"},
+	{{"--max-tracking-memory", "64"}, "--max-tracking-memory"},       /* below 64 KiB */
+	{{"--max-tracking-memory", "2048G"}, "--max-tracking-memory"},    /* above 1 TiB */
+	{{"--max-tracking-memory", "18014398509481984K"}, "--max-tracking-memory"}, /* overflows */
+	{{"--max-tracking-memory", "M"}, "--max-tracking-memory"},
+	{{"--max-tracking-memory", "-1M"}, "--max-tracking-memory"},
 	{{"--port", "5672"}, "--port"},
 	{{"replay"}, "replay"},
 	{{"replay", "a.pcap", "b.pcap"}, "b.pcap"},
@@ -439,6 +463,7 @@ int main(void)
 	tcase_add_test(tc, tracker_defaults_come_from_track_h);
 	tcase_add_test(tc, every_default_parses);
 	tcase_add_test(tc, accepted_forms);
+	tcase_add_test(tc, byte_sizes);
 	tcase_add_test(tc, short_forms_and_bundles);
 	tcase_add_test(tc, replay_and_double_dash);
 	tcase_add_test(tc, tap_id);
