@@ -245,6 +245,8 @@ struct tap_track_stats {
 	uint64_t oom; /* records lost or truncated for lack of memory */
 };
 void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s);
+/* The run id every record carries, "" when records carry none (replay). */
+const char *tap_track_run(const struct tap_track *t);
 
 /* Confirm latency quantile (0..1) over every acked/nacked publish, in microseconds; 0 when none. Log-linear
  * histogram: within 1/16 (6.25 %) of the true value. */

@@ -604,6 +604,9 @@ static void decode_error(struct tap_conn *c, enum tap_dir dir, int status, uint6
 	tap_json_obj_begin(&j);
 	tap_json_kv_str(&j, "type", "decode_error");
 	tap_json_kv_ts(&j, "ts", now_us);
+	const char *run = tap_track_run(o->track);
+	if (run[0])
+		tap_json_kv_str(&j, "run", run);
 	tap_json_kv_uint(&j, "conn", c->id);
 	tap_json_kv_str(&j, "dir", tap_dir_name(dir));
 	tap_json_kv_uint(&j, "offset", at);
@@ -763,6 +766,9 @@ void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t missing, int64_
 	tap_json_obj_begin(&j);
 	tap_json_kv_str(&j, "type", "capture_gap");
 	tap_json_kv_ts(&j, "ts", now_us);
+	const char *run = tap_track_run(o->track);
+	if (run[0])
+		tap_json_kv_str(&j, "run", run);
 	tap_json_kv_uint(&j, "conn", c->id);
 	tap_json_kv_str(&j, "dir", tap_dir_name(dir));
 	tap_json_kv_uint(&j, "offset", d->fed);

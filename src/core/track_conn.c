@@ -32,6 +32,11 @@ struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emi
 	return t;
 }
 
+const char *tap_track_run(const struct tap_track *t)
+{
+	return t->render.run;
+}
+
 void tap_track_set_verdict_hook(struct tap_track *t, tap_track_verdict_fn fn, void *ctx)
 {
 	t->verdict_hook = fn;

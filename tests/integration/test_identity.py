@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import unittest
@@ -110,6 +111,27 @@ class IdentityTest(TapTestCase):
         self.run_tap("node-a", both, "identity.restart")
         self.run_tap("node-a", both, "identity.restart")
         self.check_merged(read_records(both), ["node-a", "node-a"])
+
+    def test_decode_error_carries_run(self):
+        # a record written by the decoder, not the tracker: it must carry the process's run like every other one
+        v = os.path.join(self.dir, "garbage.jsonl")
+        tap = self.start_tap(["--tap-id", "node-a", "--verdicts", v], frames=False)
+        with socket.create_connection(("127.0.0.1", tap.port)) as s:
+            s.sendall(b"AMQP\x00\x00\x09\x01")
+            s.sendall(b"\x01\x00\x00\xff\xff\xff\xff" + b"\x00" * 16)  # a method frame far over any frame_max
+            s.settimeout(5)
+            try:
+                while s.recv(4096):
+                    pass
+            except OSError:
+                pass
+        self.assertEqual(tap.stop(), 0)
+        records = read_records(v)
+        errors = [r for r in records if r["type"] == "decode_error"]
+        self.assertEqual(len(errors), 1, records)
+        runs = {r.get("run") for r in records}
+        self.assertEqual(len(runs), 1, records)
+        self.assertRegex(errors[0]["run"], r"^[0-9a-f]{12}$")
 
 
 if __name__ == "__main__":
