@@ -149,8 +149,9 @@ void tap_track_channel_close(struct tap_track_conn *c, uint16_t ch, enum tap_pee
 /* The broker's channel.close on ch (given first with tap_track_channel_close), or with ch 0 its connection.close
  * (given first with tap_track_conn_close), names basic.publish (class 60, method 40) as its cause. The culprit is
  * the earliest outstanding publish the close text points at: its exchange is named ('x', as in 404, 403 and 540
- * texts), or the text is about user_id and the publish's user_id is not the login user, or the text gives a
- * message size equal to the publish's body size. It and the publishes after it on its channel end with the
+ * texts), or the text is about user_id and the publish's user_id is not the login user, or about immediate and
+ * the publish set it (RabbitMQ implements neither: 540), or the text gives a message size equal to the publish's
+ * body size. It and the publishes after it on its channel end with the
  * close's reason (route unknown, "refused":"culprit" / "after_culprit"); the ones before it keep their verdict;
  * the channel close record names the culprit. When the text points at none, every publish still waiting on the
  * channel (on every channel, for a connection.close) may be it: each ends unknown with the reason and
@@ -164,7 +165,7 @@ void tap_track_channel_close_ok(struct tap_track_conn *c, uint16_t ch, int64_t n
 /* Slices are valid only during the call; the tracker copies what it keeps. */
 struct tap_publish {
 	struct tap_slice exchange, routing_key, message_id, correlation_id, content_type, type, app_id, user_id;
-	bool mandatory, has_message_id, has_user_id, has_correlation_id, has_delivery_mode, has_timestamp;
+	bool mandatory, immediate, has_message_id, has_user_id, has_correlation_id, has_delivery_mode, has_timestamp;
 	uint8_t delivery_mode;
 	uint64_t timestamp;
 	uint64_t body_size;

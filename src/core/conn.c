@@ -25,7 +25,7 @@ struct pending {
 	enum pending_kind kind;
 	bool ended; /* a content just ended here: the next frame on the channel must be a method */
 	bool have_header;
-	bool mandatory;
+	bool mandatory, immediate;
 	uint16_t reply_code;
 	uint64_t body_size, body_got;
 	struct tap_buf store;
@@ -230,6 +230,7 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 			.app_id = span_slice(p, p->app_id),
 			.user_id = span_slice(p, p->user_id),
 			.mandatory = p->mandatory,
+			.immediate = p->immediate,
 			.has_message_id = p->has_message_id,
 			.has_user_id = p->has_user_id,
 			.has_correlation_id = p->has_correlation_id,
@@ -430,6 +431,7 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 		p->exchange = keep(p, x.ptr, x.len);
 		p->routing_key = keep(p, rk.ptr, rk.len);
 		p->mandatory = m->args[TAP_ARG_BASIC_PUBLISH_MANDATORY].u != 0;
+		p->immediate = m->args[TAP_ARG_BASIC_PUBLISH_IMMEDIATE].u != 0;
 		break;
 	}
 	default:

@@ -389,9 +389,12 @@ static enum room room_for(const struct tap_track_conn *c, const struct trk_chan 
 	return fits(t, worst) ? ROOM_AMPLE : ROOM_TIGHT;
 }
 
-/* Whether p carries a user_id RabbitMQ may refuse (406): not the login user, or the login was not seen. */
-static bool foreign_user_id(const struct tap_track_conn *c, const struct tap_publish *p)
+/* Whether RabbitMQ may refuse p whatever its route: immediate (540, not implemented), or a user_id that is not
+ * the login user (406; or the login was not seen). */
+static bool refusable(const struct tap_track_conn *c, const struct tap_publish *p)
 {
+	if (p->immediate)
+		return true;
 	if (!p->has_user_id)
 		return false;
 	return !c->user || strlen(c->user) != p->user_id.len || memcmp(c->user, p->user_id.ptr, p->user_id.len) != 0;
@@ -422,7 +425,7 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	                      (p->has_delivery_mode ? TRK_FLAG_HAS_DELIVERY_MODE : 0) |
 	                      (p->has_timestamp ? TRK_FLAG_HAS_TIMESTAMP : 0) | (c->blocked ? TRK_FLAG_BLOCKED : 0) |
 	                      (plain ? TRK_FLAG_PLAIN : 0) | (ch->refusal ? TRK_FLAG_REFUSED : 0) |
-	                      (foreign_user_id(c, p) ? TRK_FLAG_FOREIGN_USER_ID : 0));
+	                      (refusable(c, p) ? TRK_FLAG_REFUSABLE : 0));
 	uint64_t need;
 	while (room == ROOM_TIGHT && (need = tap_arena_growth(&ch->arena, len->total)) && !fits(t, need)) {
 		if (!evict_for_memory(t, now_us)) /* the oldest go first: this channel's own free arena space */
@@ -651,7 +654,7 @@ static int64_t message_size_in(const uint8_t *text, size_t text_len)
 static bool culprit_of(const struct tap_track_conn *c, const struct trk_chan *ch, const uint8_t *text,
                        size_t text_len, uint64_t *found)
 {
-	bool about_user_id = text_has(text, text_len, "user_id");
+	bool about_content = text_has(text, text_len, "user_id") || text_has(text, text_len, "immediate");
 	int64_t size = message_size_in(text, text_len);
 	for (uint64_t n = ch->base; n < ch->next; n++) {
 		const struct trk_slot *e = trk_slot(ch, n);
@@ -659,7 +662,7 @@ static bool culprit_of(const struct tap_track_conn *c, const struct trk_chan *ch
 			continue;
 		bool named = e->route_key != TAP_INTERN_NONE &&
 		             names_exchange(tap_intern_key(&c->keys, e->route_key), text, text_len);
-		if (named || (about_user_id && (e->flags & TRK_FLAG_FOREIGN_USER_ID)) ||
+		if (named || (about_content && (e->flags & TRK_FLAG_REFUSABLE)) ||
 		    (size >= 0 && e->body_size == (uint64_t)size)) {
 			*found = n;
 			return true;

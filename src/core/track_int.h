@@ -73,7 +73,7 @@ enum trk_flag {
 	TRK_FLAG_PLAIN = 1 << 12,    /* neither confirm nor mandatory: held only for a publish-caused close */
 	TRK_FLAG_REFUSED = 1 << 13,  /* the culprit of a publish-caused close, or sent after it on its channel */
 	TRK_FLAG_CULPRIT = 1 << 14,  /* the publish the broker's close names */
-	TRK_FLAG_FOREIGN_USER_ID = 1 << 15, /* a user_id property that is not the login user (or the login is unknown) */
+	TRK_FLAG_REFUSABLE = 1 << 15, /* what RabbitMQ refuses whatever the route: immediate, or a user_id not the login's */
 };
 
 /* How the broker's publish-caused close (if any) on a channel pointed at the publish it refused. */

@@ -2,7 +2,7 @@
 # broker: a burst on one plain channel (no confirms, not mandatory) — ok, missing exchange, ok-after — with pika and
 # with py-amqp (Debian python3-amqp); and the same burst where the middle publish goes to the queue but carries a
 # user_id that is not the login user, or a body over the broker's max_message_size (RabbitMQ's 406s, whose texts name
-# no exchange). Each library reports the 404 channel close; the queue holds only the first
+# no exchange), or the immediate flag (540, a connection.close). Each library reports the 404 channel close; the queue holds only the first
 # message (the broker discarded the one after the culprit). The records must say the same: ok unproven with no
 # reason, the missing-exchange publish unknown with the broker's 404 and "refused":"culprit", ok-after unknown with
 # the same reason and "refused":"after_culprit", and the channel close record names the culprit.
@@ -22,7 +22,7 @@ from tapharness import TapTestCase, main, require_broker, wait_for  # noqa: E402
 
 PY_AMQP_BURST = r"""
 import json, sys, amqp
-port, queue, missing, wrong_user = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == 'user_id'
+port, queue, missing, kind = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 c = amqp.Connection('127.0.0.1:' + port)
 c.connect()
 ch = c.channel()
@@ -31,10 +31,12 @@ try:
     # py-amqp reads pending input before each publish: a close that is already in raises there, unsent
     for mid, x, rk in (('ok', '', queue), ('bad', missing, 'k'), ('after', '', queue)):
         out['raised_at'] = mid
-        props = {}
-        if wrong_user and mid == 'bad':
+        props, immediate = {}, False
+        if kind == 'user_id' and mid == 'bad':
             x, rk, props = '', queue, {'user_id': 'not-the-login-user'}
-        ch.basic_publish(amqp.Message(mid, message_id=mid, **props), exchange=x, routing_key=rk)
+        if kind == 'immediate' and mid == 'bad':
+            x, rk, immediate = '', queue, True
+        ch.basic_publish(amqp.Message(mid, message_id=mid, **props), exchange=x, routing_key=rk, immediate=immediate)
     out['raised_at'] = None
     c.drain_events(timeout=5)
 except amqp.exceptions.AMQPError as e:
@@ -115,21 +117,22 @@ class RefusedPublishCase(TapTestCase):
         conn.close()
         self.check(tap, reported, code=404 if kind == "exchange" else 406)
 
-    def py_amqp_burst(self, wrong_user):
+    def py_amqp_burst(self, kind):
         tap = self.start_tap()
         out = subprocess.run(["/usr/bin/python3", "-c", PY_AMQP_BURST, str(tap.port), self.queue, self.missing,
-                              "user_id" if wrong_user else "exchange"], timeout=30, capture_output=True, text=True)
+                              kind], timeout=30, capture_output=True, text=True)
         self.assertEqual(out.returncode, 0, out.stderr)
         reported = json.loads(out.stdout)
         self.assertEqual(reported.get("method"), [60, 40], reported)  # py-amqp names basic.publish as the cause
         self.assertIn(reported.get("raised_at"), (None, "after"), reported)
-        self.check(tap, reported, sent_after=reported.get("raised_at") is None, code=406 if wrong_user else 404)
+        return tap, reported
 
     def test_pika_burst(self):
         self.pika_burst("exchange")
 
     def test_py_amqp_burst(self):
-        self.py_amqp_burst(wrong_user=False)
+        tap, reported = self.py_amqp_burst("exchange")
+        self.check(tap, reported, sent_after=reported.get("raised_at") is None)
 
     def test_pika_burst_user_id(self):
         self.pika_burst("user_id")
@@ -141,7 +144,13 @@ class RefusedPublishCase(TapTestCase):
         self.pika_burst("size")
 
     def test_py_amqp_burst_user_id(self):
-        self.py_amqp_burst(wrong_user=True)
+        tap, reported = self.py_amqp_burst("user_id")
+        self.check(tap, reported, sent_after=reported.get("raised_at") is None, code=406)
+
+    def test_py_amqp_burst_immediate(self):
+        # RabbitMQ implements no immediate flag: it closes the whole connection (540), naming basic.publish
+        tap, reported = self.py_amqp_burst("immediate")
+        self.check(tap, reported, sent_after=reported.get("raised_at") is None, code=540)
 
 
 if __name__ == "__main__":

@@ -1003,6 +1003,25 @@ START_TEST(publish_caused_connection_close)
 }
 END_TEST
 
+/* RabbitMQ does not implement immediate: a connection.close 540 "immediate=true" whose culprit is the publish that
+ * set it; the one before it on the same channel keeps its verdict. */
+START_TEST(publish_caused_connection_close_by_immediate)
+{
+	tap_track_channel_open(c, 1, T0);
+	struct tap_publish p[3] = {pub_id("x", "a", false, "m1"), pub_id("x", "b", false, "m2"),
+	                           pub_id("x", "c", false, "m3")};
+	p[1].immediate = true;
+	for (int i = 0; i < 3; i++)
+		tap_track_publish(c, 1, &p[i], T0 + 1 + i);
+	tap_track_conn_close(c, TAP_BY_BROKER, 540, S("NOT_IMPLEMENTED - immediate=true"), T0 + 10);
+	tap_track_publish_refused(c, 0, T0 + 10);
+	tap_track_conn_end(c, "eof", T0 + 11);
+	c = NULL;
+	ck_assert_uint_eq(n_seen, 3);
+	assert_refused_from_second(540, "x");
+}
+END_TEST
+
 /* Held plain publishes that no close refuses end as before: unproven at once when the connection ends. */
 START_TEST(plain_publish_held_ends_unproven)
 {
@@ -2011,6 +2030,7 @@ int main(void)
 	tcase_add_test(tc, publish_caused_close_by_message_size);
 	tcase_add_test(tc, publish_caused_close_naming_nothing);
 	tcase_add_test(tc, publish_caused_connection_close);
+	tcase_add_test(tc, publish_caused_connection_close_by_immediate);
 	tcase_add_test(tc, plain_publish_held_ends_unproven);
 	tcase_add_test(tc, header_values_written_when_asked);
 	tcase_add_test(tc, header_values_never_by_default);
