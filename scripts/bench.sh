@@ -65,12 +65,12 @@ trap 'exit 130' INT TERM
 
 
 
+tap_need_pkgs "${TAP_BENCH_PKGS[@]}" || tap_die "could not install the packages the benchmark needs"
 tap_log "building (${TAP_BENCH_BUILD_TYPE:-Release}) in $build"
 tap_build "$build" -DCMAKE_BUILD_TYPE="${TAP_BENCH_BUILD_TYPE:-Release}" >/dev/null
 loadgen=$build/bench/bench_loadgen
 [ -x "$loadgen" ] || tap_die "$loadgen was not built (is librabbitmq-dev installed?)"
 [ -x "$build/bench/bench_relay" ] || tap_die "$build/bench/bench_relay was not built"
-command -v haproxy >/dev/null || tap_need_pkgs haproxy || tap_die "cannot install haproxy"
 
 mkdir -p "$out"
 rm -f "$out"/perf-*.txt "$out/peak_kb"

@@ -24,7 +24,7 @@ cleanup() {
 trap cleanup EXIT
 
 # Everything the build and the demo need, installed before anything is built (a fresh machine has none of it).
-tap_need_pkgs build-essential cmake pkg-config libevent-dev libssl-dev libpcap-dev rabbitmq-server python3-pika ||
+tap_need_pkgs "${TAP_BUILD_PKGS[@]}" rabbitmq-server python3-pika ||
 	tap_die "could not install the packages the demo needs"
 tap_build "$build" >/dev/null || tap_die "build failed in $build"
 

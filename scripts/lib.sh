@@ -16,6 +16,10 @@ RMQ_BIN=/usr/lib/rabbitmq/bin
 tap_log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
 tap_die() { tap_log "$*"; exit 1; }
 
+# What building amqptap needs from Debian; TAP_BENCH_PKGS adds the load generators' client library and HAProxy.
+TAP_BUILD_PKGS=(build-essential cmake pkg-config libevent-dev libssl-dev libpcap-dev)
+TAP_BENCH_PKGS=("${TAP_BUILD_PKGS[@]}" librabbitmq-dev haproxy)
+
 # Installs the Debian packages given that are not installed yet (apt-get update at most once).
 tap_need_pkgs() {
 	local missing=() p

@@ -36,7 +36,7 @@ step() {
 	fi
 }
 
-step packages tap_need_pkgs build-essential cmake pkg-config libevent-dev libssl-dev libpcap-dev check librabbitmq-dev \
+step packages tap_need_pkgs "${TAP_BUILD_PKGS[@]}" check librabbitmq-dev \
 	rabbitmq-server python3-pika python3-amqp jq golang-go golang-github-rabbitmq-amqp091-go-dev nodejs amqp-specs tshark clang \
 	valgrind haproxy libclang-rt-14-dev dpkg-dev file man-db bash-completion systemd logrotate strace \
 	prometheus chromium || exit 1
