@@ -8,9 +8,13 @@
  * sides the certificate and the signatures. */
 #include "amqptap/tls.h"
 
+#include "amqptap/log.h"
+#include "amqptap/out.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -28,6 +32,7 @@ struct tap_tls {
 	char expect_name[256]; /* SNI / host name check for the broker */
 	bool expect_ip;
 	int keylog_fd;
+	struct tap_out *keylog; /* the key log's writer thread: a slow or stuck file never holds the loop up */
 	SSL_SESSION *upstream_session; /* the broker's latest session, offered by the next upstream connection */
 };
 
@@ -66,7 +71,7 @@ static struct tap_tls *fail(struct tap_tls *t, char *err, size_t cap, int *exit_
 static void keylog_line(const SSL *ssl, const char *line)
 {
 	struct tap_tls *t = SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl));
-	if (!t || t->keylog_fd < 0)
+	if (!t || !t->keylog)
 		return;
 	size_t n = strlen(line);
 	char buf[1024];
@@ -74,9 +79,7 @@ static void keylog_line(const SSL *ssl, const char *line)
 		return;
 	memcpy(buf, line, n);
 	buf[n] = '\n';
-	/* one write per line on an O_APPEND file: lines from both legs never interleave */
-	if (write(t->keylog_fd, buf, n + 1) < 0)
-		return;
+	tap_out_text(t->keylog, buf, n + 1); /* whole lines: the two legs' lines never interleave */
 }
 
 /* Keeps the broker's newest session for the next upstream connection. */
@@ -163,8 +166,11 @@ struct tap_tls *tap_tls_new(const struct tap_conf *conf, char *err, size_t cap, 
 	const char *keylog = conf->keylog ? conf->keylog : getenv("SSLKEYLOGFILE");
 	bool any_tls = conf->tls_cert || conf->upstream_tls;
 	if (keylog && *keylog && any_tls) {
+		/* secrets: 0600 even when the file existed */
 		t->keylog_fd = open(keylog, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-		if (t->keylog_fd < 0 || fchmod(t->keylog_fd, 0600) < 0) {
+		const struct tap_out_conf oc = {.name = "keylog", .path = keylog, .kind = TAP_OUT_TEXT};
+		if (t->keylog_fd < 0 || fchmod(t->keylog_fd, 0600) < 0 ||
+		    !(t->keylog = tap_out_open_fd(&oc, t->keylog_fd))) {
 			snprintf(err, cap, "--keylog %s: %s", keylog, strerror(errno));
 			*exit_code = 2;
 			tap_tls_free(t);
@@ -226,6 +232,12 @@ void tap_tls_free(struct tap_tls *t)
 	SSL_SESSION_free(t->upstream_session);
 	SSL_CTX_free(t->server);
 	SSL_CTX_free(t->client);
+	if (t->keylog) {
+		struct tap_out_stats st;
+		tap_out_close(t->keylog, tap_out_clock_us() + TAP_OUT_FLUSH_MS * 1000, &st);
+		if (st.lost)
+			tap_log_error("--keylog: %" PRIu64 " key lines lost (not written)", st.lost);
+	}
 	if (t->keylog_fd >= 0)
 		close(t->keylog_fd);
 	free(t);

@@ -460,5 +460,34 @@ class KeyLog(TlsCase):
             shutil.rmtree(d, ignore_errors=True)
 
 
+class KeyLogStuck(PkiCase):
+    def test_a_key_log_nobody_reads_delays_no_handshake(self):
+        """--keylog on a FIFO whose reader never reads: the pipe fills after a few dozen handshakes. Key lines are
+        written by their own thread, so every later client is still served (before, the loop blocked in write()
+        and every connection froze), and the lines that could not be written are counted on stderr."""
+        require_broker(self)
+        d = tempfile.mkdtemp(prefix="amqptap-keylog-fifo-")
+        self.addCleanup(shutil.rmtree, d, True)
+        fifo = os.path.join(d, "keys.fifo")
+        os.mkfifo(fifo, 0o600)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # held open, never read
+        self.addCleanup(os.close, reader)
+        tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key"),
+                              "--keylog", fifo], frames=False)
+        ctx = ssl.create_default_context(cafile=self.p("ca.pem"))
+        n = 200  # about 1 KB of key lines per TLS 1.3 handshake: three times a 64 KiB pipe
+        t0 = time.monotonic()
+        for i in range(n):
+            with socket.create_connection(("127.0.0.1", tap.port), timeout=5) as raw:
+                with ctx.wrap_socket(raw, server_hostname="localhost") as c:
+                    c.sendall(b"AMQP\x00\x00\x09\x01")
+                    start = c.recv(7)
+                    self.assertEqual(start[:3], b"\x01\x00\x00", f"client {i}: no connection.start")
+        elapsed = time.monotonic() - t0
+        print(f"{n} TLS clients through a stuck key log in {elapsed:.2f} s")
+        self.assertEqual(tap.stop(), 0)
+        self.assertRegex(tap.stderr(), r"--keylog: \d+ key lines lost")
+
+
 if __name__ == "__main__":
     main()
