@@ -288,7 +288,7 @@ START_TEST(warnings_by_rule_from_the_tracker_stats)
 }
 END_TEST
 
-START_TEST(tally_sees_the_upstream_and_the_observer_counts_decode_errors)
+START_TEST(tally_sees_the_upstream_and_the_observer_counts_decode_errors_and_gaps)
 {
 	struct tap_metrics_tally *t = malloc(sizeof *t);
 	tap_metrics_tally_init(t);
@@ -313,8 +313,12 @@ START_TEST(tally_sees_the_upstream_and_the_observer_counts_decode_errors)
 	struct tap_conn *tc = tap_conn_new(&o, 4, "127.0.0.1:1", "127.0.0.1:2", T0 + 7);
 	static const uint8_t http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
 	tap_conn_feed(tc, TAP_C2S, http, sizeof http - 1, T0 + 8);
-	tap_conn_end(tc, "client_eof", T0 + 9);
 	ck_assert_uint_eq(o.decode_errors, 1);
+	/* and a capture that lost 100 bytes of the broker's side */
+	tap_conn_gap(tc, TAP_S2C, 100, T0 + 9);
+	ck_assert_uint_eq(o.capture_gaps, 1);
+	ck_assert_uint_eq(o.gap_bytes, 100);
+	tap_conn_end(tc, "client_eof", T0 + 10);
 	struct tap_metrics_snapshot s = {.version = "1", .listening = true, .decode_errors = o.decode_errors};
 	struct tap_buf b;
 	tap_buf_init(&b);
@@ -707,7 +711,7 @@ int main(void)
 	tcase_add_test(tc, tally_counts_problem_publishes_and_returns);
 	tcase_add_test(tc, tally_keeps_the_newest_problems);
 	tcase_add_test(tc, warnings_by_rule_from_the_tracker_stats);
-	tcase_add_test(tc, tally_sees_the_upstream_and_the_observer_counts_decode_errors);
+	tcase_add_test(tc, tally_sees_the_upstream_and_the_observer_counts_decode_errors_and_gaps);
 	tcase_add_test(tc, prometheus_text_of_a_real_tracker);
 	tcase_add_test(tc, exchanges_are_bounded_ranked_and_escaped);
 	tcase_add_test(tc, status_rows_are_bounded);
