@@ -355,6 +355,13 @@ class StatusPage(ScenarioCase):
         self.assertIn("Pika", row.group(1))
         self.assertIn(f"<td class=\"n\">{total}</td>", row.group(1))
         self.assertIn("<svg", dom)  # the latency chart
+        # publishes by exchange: the default one carries everything but the publish to the missing exchange
+        xrows = dict(re.findall(r'<tr class="exchange[^"]*" data-exchange="([^"]*)">(.*?)</tr>', dom, re.S))
+        self.assertEqual(set(xrows), {"(default)", f"missing.{self.prefix}"}, dom[:3000])
+        nums = lambda row: [int(n.replace(",", "")) for n in re.findall(r'<td class="n">([\d,]+)</td>', row)]  # noqa
+        self.assertEqual(nums(xrows["(default)"]), [routes["routed"], RETURNED, routes["unproven"], 0])
+        self.assertEqual(nums(xrows[f"missing.{self.prefix}"]), [0, 0, 0, MISSING_X])
+        self.assertRegex(dom, r"return latency \(publish forwarded → return\): p50 ")
 
         shot = os.path.join(ARTIFACT_DIR, "test_metrics-status-page.png")
         run = chromium(self, f"http://127.0.0.1:{mport}/", f"--screenshot={shot}", "--window-size=1400,1700",
