@@ -123,7 +123,7 @@ START_TEST(hist_folds_buckets_by_their_midpoint)
 }
 END_TEST
 
-/* ---- the record stream ---- */
+/* ---- the tally, fed by a real tracker's hooks ---- */
 
 #define T0 1796000000000000LL
 
