@@ -135,7 +135,6 @@ static void emit_record(void *ctx, const char *json, size_t len)
 {
 	struct app *app = ctx;
 	tap_out_line(app->out[OUT_VERDICTS], json, len);
-	tap_admin_record(app->admin, json, len);
 }
 
 static void frame_line(void *ctx, const char *json, size_t len)
@@ -481,6 +480,21 @@ static int run_replay(const struct tap_conf *conf)
 	return code;
 }
 
+/* --metrics: the endpoint, and the tracker's hooks feeding its tally. Returns the exit code. */
+static int start_metrics(struct app *app, const struct tap_admin_sources *src)
+{
+	char metrics_at[80], err[400];
+	app->admin = tap_admin_new(app->base, &app->conf->metrics, src, metrics_at, sizeof metrics_at, err, sizeof err);
+	if (!app->admin) {
+		tap_log_error("%s", err);
+		return 1;
+	}
+	tap_log_info("metrics on http://%s/", metrics_at);
+	tap_track_set_verdict_hook(app->track, tap_metrics_tally_verdict, tap_admin_tally(app->admin));
+	tap_track_set_conn_hook(app->track, tap_metrics_tally_conn, tap_admin_tally(app->admin));
+	return 0;
+}
+
 /* ---- sniff: live passive capture ---- */
 
 /* Kernel or interface drops since the last look become one capture_drops record and a log line; the streams
@@ -564,7 +578,16 @@ static int run_sniff(const struct tap_conf *conf)
 	}
 	if (!code)
 		tap_sniff_attach(app.sniff, live);
+	char capture_name[300];
+	snprintf(capture_name, sizeof capture_name, "capture on %s, port %u", conf->interface, conf->replay_port);
+	if (!code && conf->metrics.host[0]) {
+		struct tap_admin_sources src = {
+			capture_name, app.track, NULL,
+			{app.out[OUT_VERDICTS], app.out[OUT_FRAMES], app.out[OUT_PCAP]}, &app.observer, app.sniff};
+		code = start_metrics(&app, &src);
+	}
 	if (code) {
+		tap_admin_free(app.admin);
 		tap_sniff_free(app.sniff);
 		tap_replay_live_end(live, tap_now_us(), NULL);
 		(void)outputs_close(&app, tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000);
@@ -597,9 +620,10 @@ static int run_sniff(const struct tap_conf *conf)
 	if (rs.gaps > 0)
 		tap_log_error("capture gaps: %" PRIu64 " (%" PRIu64 " bytes missing); the publishes they may have "
 			      "affected are written route unknown, by capture_gap", rs.gaps, rs.gap_bytes);
-	tap_sniff_free(app.sniff);
 	if (!outputs_close(&app, deadline) && app.exit_code == 0)
 		app.exit_code = 1;
+	tap_admin_free(app.admin); /* it reads the capture: before that goes */
+	tap_sniff_free(app.sniff);
 	for (size_t i = 0; i < 4; i++)
 		if (sigs[i])
 			event_free(sigs[i]);
@@ -661,14 +685,8 @@ static int run_proxy(const struct tap_conf *conf)
 	if (!code && conf->metrics.host[0]) {
 		struct tap_admin_sources src = {
 			upstream_name, app.track, app.proxy,
-			{app.out[OUT_VERDICTS], app.out[OUT_FRAMES], app.out[OUT_PCAP]}};
-		char metrics_at[80];
-		app.admin = tap_admin_new(app.base, &conf->metrics, &src, metrics_at, sizeof metrics_at, err, sizeof err);
-		if (app.admin)
-			tap_log_info("metrics on http://%s/", metrics_at);
-		else
-			tap_log_error("%s", err);
-		code = app.admin ? 0 : 1;
+			{app.out[OUT_VERDICTS], app.out[OUT_FRAMES], app.out[OUT_PCAP]}, &app.observer, NULL};
+		code = start_metrics(&app, &src);
 	}
 	if (code) {
 		tap_proxy_free(app.proxy);

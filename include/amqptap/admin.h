@@ -20,7 +20,9 @@
 
 struct event_base;
 struct tap_admin;
+struct tap_observer;
 struct tap_proxy;
+struct tap_sniff;
 struct tap_track;
 
 /* What a request reads; every pointer borrowed, NULL when absent, and must outlive the admin. */
@@ -29,6 +31,8 @@ struct tap_admin_sources {
 	const struct tap_track *track;
 	const struct tap_proxy *proxy;
 	struct tap_out *outputs[TAP_METRICS_N_OUT]; /* by enum tap_metrics_out; NULL: not asked for */
+	const struct tap_observer *observer;         /* decode errors and capture gaps */
+	struct tap_sniff *sniff;                     /* `amqptap sniff`: packets and kernel drops */
 };
 
 /* Listens on addr with the base's loop. Returns NULL with a one-line reason in err. Writes the bound address
@@ -36,8 +40,9 @@ struct tap_admin_sources {
 struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_addr *addr,
                                 const struct tap_admin_sources *src, char *bound, size_t bound_cap, char *err,
                                 size_t err_cap);
-/* Every record written to --verdicts, as it is written (see tap_metrics_tally_record). a may be NULL. */
-void tap_admin_record(struct tap_admin *a, const char *json, size_t len);
+/* The tally to hand the tracker's hooks as their ctx (tap_metrics_tally_verdict, tap_metrics_tally_conn); it lives
+ * until tap_admin_free. */
+struct tap_metrics_tally *tap_admin_tally(struct tap_admin *a);
 /* The AMQP listener stopped accepting (shutdown began): /healthz answers 503 from now on. a may be NULL. */
 void tap_admin_stopping(struct tap_admin *a);
 /* Closes the endpoint; a may be NULL. Call before freeing the event base. */

@@ -48,6 +48,8 @@ struct tap_observer {
 	uint32_t body_bytes;    /* body prefix length in the frame trace */
 	struct tap_buf scratch; /* one record being built */
 	const struct tap_capture_sink *capture; /* NULL: no capture */
+	uint64_t decode_errors;           /* decode_error records written */
+	uint64_t capture_gaps, gap_bytes; /* capture_gap records written, and the bytes they name missing */
 };
 
 void tap_observer_init(struct tap_observer *o, struct tap_track *track, tap_track_emit_fn emit, void *emit_ctx,

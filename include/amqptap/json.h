@@ -81,6 +81,8 @@ void tap_json_hex(struct tap_json *j, const void *data, size_t len);
 void tap_json_ts(struct tap_json *j, int64_t unix_us);
 /* A pre-rendered JSON value, copied verbatim. */
 void tap_json_raw(struct tap_json *j, const char *json, size_t len);
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 if invalid (also for other escapers, e.g. metrics labels). */
+size_t tap_json_utf8_len(const unsigned char *s, size_t avail);
 
 /* key + value in one call */
 static inline void tap_json_kv_str(struct tap_json *j, const char *key, const char *s)

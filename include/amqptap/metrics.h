@@ -1,8 +1,9 @@
 /* What `--metrics` serves, rendered from a snapshot of the tap's counters: the Prometheus text exposition
  * (format 0.0.4) of /metrics, the JSON of /api/status behind the live status page and the body of /healthz; plus
- * the tally kept from the record stream (returns by reply code, decode errors, the last problem publishes) for
- * what the tracker does not count itself (warnings by rule are the tracker's tap_track_stats.warnings_by_rule). Pure core: the caller collects what the io layer knows
- * (forwarding engine, process, HTTP side) and passes the clock. */
+ * the tally the tracker's verdict and connection hooks feed with what the tracker does not count itself (returns by
+ * reply code, return latency, publishes by exchange, the last problem publishes, the upstream's state). Pure core:
+ * the caller collects what the io layer knows (forwarding engine, capture, process, HTTP side) and passes the
+ * clock. */
 #ifndef AMQPTAP_METRICS_H
 #define AMQPTAP_METRICS_H
 
@@ -30,14 +31,26 @@ struct tap_metrics_hist {
  * first bound at or above the midpoint (the tracker's buckets are 1/8 wide, so a bound moves by at most 1/16). */
 void tap_metrics_hist_add(struct tap_metrics_hist *h, uint64_t lo_us, uint64_t hi_us, uint64_t count);
 
-/* ---- what the record stream tells (fed with every record written to --verdicts) ---- */
+/* Folds a whole tracker histogram (µs) into h, bucket by bucket. */
+void tap_metrics_hist_fold(struct tap_metrics_hist *h, const struct tap_hist *from);
+
+/* ---- what the tracker's hooks tell (tap_track_set_verdict_hook, tap_track_set_conn_hook) ---- */
 
 #define TAP_METRICS_MAX_CODES 16      /* distinct reply codes with their own series; more go to "other" */
 #define TAP_METRICS_PROBLEMS 32       /* problem publishes kept for the status page */
 #define TAP_METRICS_PROBLEM_BYTES 2048 /* a longer record is kept as a stub with its verdict only */
+/* Publishes by exchange: at most TAP_METRICS_EXCHANGES exchanges have their own series, the busiest ones (counted
+ * with the Space-Saving algorithm over TAP_METRICS_EXCHANGE_CANDIDATES candidates); every other publish counts in
+ * exchange="(other)". The first TAP_METRICS_EXCHANGES exchanges seen get a series at once, so a tap that sees no
+ * more exchanges than that counts each exactly. Past that, tap_metrics_tally_rank gives a series to a candidate
+ * whose certain count is an eighth above that of the least busy exchange with one, which loses its series. A series counts from when it
+ * was given, so every series, "(other)" included, only grows. */
+#define TAP_METRICS_EXCHANGES 10
+#define TAP_METRICS_EXCHANGE_CANDIDATES 64
+#define TAP_METRICS_N_ROUTES 4 /* by enum tap_track_route */
 
-/* The broker seen at the last connection attempt: an `open` record says it answered, an `unreachable` close that
- * the TCP connection could not be made. */
+/* The broker seen at the last connection attempt: a connection.open says it answered, a connection that ended
+ * "unreachable" that the TCP connection could not be made. */
 enum tap_metrics_upstream { TAP_UPSTREAM_UNSEEN, TAP_UPSTREAM_REACHABLE, TAP_UPSTREAM_UNREACHABLE };
 
 struct tap_metrics_problem {
@@ -45,38 +58,40 @@ struct tap_metrics_problem {
 	char json[TAP_METRICS_PROBLEM_BYTES]; /* the publish record as written, or a stub object */
 };
 
+struct tap_metrics_exchange {
+	uint8_t len;
+	char name[255]; /* an AMQP exchange name is a shortstr */
+	bool labelled;  /* has its own series */
+	uint64_t seen;      /* Space-Saving count: over-counts by at most inherited */
+	uint64_t inherited; /* the count of the candidate it replaced; seen - inherited is certain (the ranking's) */
+	uint64_t by_route[TAP_METRICS_N_ROUTES]; /* since it got its series; 0 while it has none */
+};
+
 struct tap_metrics_tally {
 	uint16_t codes[TAP_METRICS_MAX_CODES];
 	uint64_t returns_by_code[TAP_METRICS_MAX_CODES];
 	size_t n_codes;
 	uint64_t returns_other_code;
-	uint64_t decode_errors;
+	struct tap_hist return_us; /* publish to its Basic.Return, returned publishes */
 	enum tap_metrics_upstream upstream;
 	uint64_t problems_seen;                 /* returned, nacked or unknown publishes, ack_before_return included */
 	size_t problem_next;                    /* ring position of the next one */
 	struct tap_metrics_problem problems[TAP_METRICS_PROBLEMS];
+	struct tap_metrics_exchange exchanges[TAP_METRICS_EXCHANGE_CANDIDATES];
+	size_t n_exchanges, n_labelled;
+	size_t last_exchange; /* where the last publish's exchange was found: most publishers use one */
+	uint64_t other_by_route[TAP_METRICS_N_ROUTES];
 };
 
-/* One settled publish. route and confirm are the record's words ("returned", "nack", ...); json is the record, kept
- * for the status page when the publish is returned, nacked or unknown (NULL or longer than
- * TAP_METRICS_PROBLEM_BYTES: a stub with the verdict is kept). */
-struct tap_metrics_verdict {
-	const char *route, *confirm;
-	size_t route_len, confirm_len;
-	uint16_t reply_code; /* of the Return; 0: none */
-	const char *json;
-	size_t len;
-};
-
-/* Known warning rules start at 0 so their series exist before the first one fires. */
+/* Reply code 312 (NO_ROUTE) has its series before the first return. */
 void tap_metrics_tally_init(struct tap_metrics_tally *t);
-/* One record without its newline, as the tracker or the observer wrote it. A `publish` record costs a backward
- * search of its tail for the verdict (about 80 bytes for a routed one; a problem publish is also copied); other
- * types are rare. */
-void tap_metrics_tally_record(struct tap_metrics_tally *t, const char *json, size_t len);
-/* What tap_metrics_tally_record does with a `publish` record, for a caller that has the verdict at hand (the
- * tracker's per-publish verdict hook); such a caller must not feed the same publish record again. */
-void tap_metrics_tally_verdict(struct tap_metrics_tally *t, const struct tap_metrics_verdict *v);
+/* A tap_track_verdict_fn (ctx: the tally): one settled publish. A few compares and the exchange lookup for a routed
+ * one; a problem publish's record is copied (a stub if it is longer than TAP_METRICS_PROBLEM_BYTES or was lost). */
+void tap_metrics_tally_verdict(void *tally, const struct tap_track_verdict *v);
+/* A tap_track_conn_event_fn (ctx: the tally): the upstream's state. */
+void tap_metrics_tally_conn(void *tally, const struct tap_track_conn_event *e);
+/* Gives the busiest exchanges their series (see TAP_METRICS_EXCHANGES); call before rendering. */
+void tap_metrics_tally_rank(struct tap_metrics_tally *t);
 
 /* ---- the snapshot a request renders ---- */
 
@@ -98,6 +113,10 @@ struct tap_metrics_snapshot {
 	struct tap_metrics_hist confirm;
 	uint64_t confirm_p50_us, confirm_p90_us, confirm_p99_us, confirm_max_us;
 	uint64_t channels_open, connections_blocked;
+	uint64_t decode_errors; /* decode_error records (tap_observer) */
+	/* the capture (sniff); have_capture false: not capturing */
+	bool have_capture;
+	uint64_t capture_packets, capture_drops, capture_gaps, capture_gap_bytes;
 	/* the forwarding engine */
 	uint64_t accepted, active, unreachable;
 	uint64_t bytes[2]; /* by enum tap_dir */

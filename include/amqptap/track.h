@@ -105,13 +105,31 @@ struct tap_track_verdict {
 	int64_t t_record;       /* the record's ts */
 	int64_t return_us;      /* -1: no Return */
 	int64_t confirm_us;     /* -1: no ack/nack */
+	struct tap_slice record; /* the publish record as emitted, without its newline; ptr NULL: lost (no memory) */
 };
 typedef void (*tap_track_verdict_fn)(void *ctx, const struct tap_track_verdict *v);
 
+/* A connection's life as the connection hook sees it, once per `connection` or `blocked` record. */
+enum tap_track_conn_change {
+	TAP_TRACK_CONN_OPENED,    /* connection.open seen: the broker answered the handshake */
+	TAP_TRACK_CONN_BLOCKED,   /* connection.blocked */
+	TAP_TRACK_CONN_UNBLOCKED, /* connection.unblocked */
+	TAP_TRACK_CONN_ENDED,     /* the TCP connection is gone; reason_by says why ("unreachable", "client_eof", ...) */
+};
+struct tap_track_conn_event {
+	uint64_t conn;
+	enum tap_track_conn_change change;
+	const char *reason_by; /* TAP_TRACK_CONN_ENDED only; else NULL */
+	int64_t now_us;
+};
+typedef void (*tap_track_conn_event_fn)(void *ctx, const struct tap_track_conn_event *e);
+
 /* Returns NULL when out of memory. */
 struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emit_fn emit, void *ctx);
-/* fn (NULL: none) is called once per `publish` record, after the record is emitted. */
+/* fn (NULL: none) is called once per `publish` record, right after the record is emitted. */
 void tap_track_set_verdict_hook(struct tap_track *t, tap_track_verdict_fn fn, void *ctx);
+/* fn (NULL: none) is called after each connection open, blocked and close record is emitted. */
+void tap_track_set_conn_hook(struct tap_track *t, tap_track_conn_event_fn fn, void *ctx);
 /* Frees every connection still open without writing anything (call tap_track_shutdown first to write them). */
 void tap_track_free(struct tap_track *t);
 

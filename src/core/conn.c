@@ -604,6 +604,7 @@ static void decode_error(struct tap_conn *c, enum tap_dir dir, int status, uint6
 	tap_buf_reset(&o->scratch);
 	tap_json_init(&j, &o->scratch);
 	tap_json_obj_begin(&j);
+	o->decode_errors++;
 	tap_json_kv_str(&j, "type", "decode_error");
 	tap_json_kv_ts(&j, "ts", now_us);
 	const char *run = tap_track_run(o->track);
@@ -766,6 +767,8 @@ void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t missing, int64_
 	tap_buf_reset(&o->scratch);
 	tap_json_init(&j, &o->scratch);
 	tap_json_obj_begin(&j);
+	o->capture_gaps++;
+	o->gap_bytes += missing;
 	tap_json_kv_str(&j, "type", "capture_gap");
 	tap_json_kv_ts(&j, "ts", now_us);
 	const char *run = tap_track_run(o->track);

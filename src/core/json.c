@@ -35,8 +35,7 @@ void tap_json_obj_end(struct tap_json *j) { json_close(j, '}'); }
 void tap_json_arr_begin(struct tap_json *j) { json_open(j, '['); }
 void tap_json_arr_end(struct tap_json *j) { json_close(j, ']'); }
 
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 if invalid. */
-static size_t utf8_seq_len(const unsigned char *s, size_t avail)
+size_t tap_json_utf8_len(const unsigned char *s, size_t avail)
 {
 	unsigned char c = s[0];
 	size_t n;
@@ -96,7 +95,7 @@ void tap_json_escape(struct tap_buf *b, const void *data, size_t len)
 			i++;
 			continue;
 		}
-		if (c >= 0x80 && (n = utf8_seq_len(s + i, len - i)) > 0) {
+		if (c >= 0x80 && (n = tap_json_utf8_len(s + i, len - i)) > 0) {
 			i += n;
 			continue;
 		}

@@ -1,5 +1,5 @@
 /* The text of /metrics (Prometheus exposition format 0.0.4), /api/status and /healthz from a snapshot of the
- * counters, and the tally of what only the record stream tells. Every one-number metric is defined once, in
+ * counters, and the tally the tracker's verdict and connection hooks feed. Every one-number metric is defined once, in
  * METRICS_SCALARS, which feeds both /metrics and the "counters" object of /api/status. */
 #include "amqptap/metrics.h"
 
@@ -26,61 +26,24 @@ void tap_metrics_hist_add(struct tap_metrics_hist *h, uint64_t lo_us, uint64_t h
 	h->sum_us += count * mid;
 }
 
-/* ---- the record stream ---- */
+void tap_metrics_hist_fold(struct tap_metrics_hist *h, const struct tap_hist *from)
+{
+	uint64_t lo = 0;
+	for (unsigned i = 0; i < TAP_HIST_BUCKETS; i++) {
+		uint64_t top = tap_hist_bucket_max(i);
+		uint64_t hi = i == TAP_HIST_BUCKETS - 1 ? from->max + 1 : top + 1; /* the last takes every larger value */
+		if (from->bucket[i])
+			tap_metrics_hist_add(h, lo, hi, from->bucket[i]);
+		lo = top + 1;
+	}
+}
+
+/* ---- the tracker's hooks ---- */
 
 void tap_metrics_tally_init(struct tap_metrics_tally *t)
 {
 	memset(t, 0, sizeof *t);
 	t->codes[t->n_codes++] = 312; /* NO_ROUTE: the return every alert is about */
-}
-
-/* The last occurrence of needle in s. A key of a record can be searched for as `"name":"`: inside a JSON string
- * every quote is escaped, so the pattern only ever matches the key itself. */
-static const char *find_last(const char *s, size_t len, const char *needle)
-{
-	size_t n = strlen(needle);
-	if (len < n)
-		return NULL;
-	for (size_t i = len - n + 1; i-- > 0;)
-		if (s[i] == needle[0] && s[i + 1] == needle[1] && memcmp(s + i, needle, n) == 0)
-			return s + i;
-	return NULL;
-}
-
-/* memmem's setup costs more than the search on the few dozen bytes searched here. */
-static const char *find_first(const char *s, size_t len, const char *needle)
-{
-	size_t n = strlen(needle);
-	for (const char *end = s + len, *p = s; (size_t)(end - p) >= n; p++) {
-		p = memchr(p, needle[0], (size_t)(end - p) - n + 1);
-		if (!p)
-			return NULL;
-		if (p[1] == needle[1] && memcmp(p, needle, n) == 0)
-			return p;
-	}
-	return NULL;
-}
-
-static bool has_prefix(const char *s, size_t len, const char *prefix)
-{
-	size_t n = strlen(prefix);
-	return len >= n && memcmp(s, prefix, n) == 0;
-}
-
-/* The digits after `"reply_code":`, 0 when absent. */
-static uint16_t reply_code_of(const char *json, size_t len)
-{
-	const char *p = find_first(json, len, "\"reply_code\":");
-	if (!p)
-		return 0;
-	p += strlen("\"reply_code\":");
-	unsigned code = 0;
-	size_t digits = 0;
-	while (p < json + len && *p >= '0' && *p <= '9' && digits < 6) {
-		code = code * 10 + (unsigned)(*p++ - '0');
-		digits++;
-	}
-	return code <= UINT16_MAX ? (uint16_t)code : 0;
 }
 
 static void count_return(struct tap_metrics_tally *t, uint16_t code)
@@ -99,121 +62,141 @@ static void count_return(struct tap_metrics_tally *t, uint16_t code)
 	t->returns_by_code[t->n_codes++] = 1;
 }
 
-static bool is(const char *s, size_t len, const char *word)
-{
-	return len == strlen(word) && memcmp(s, word, len) == 0;
-}
+static const char *const route_names[TAP_METRICS_N_ROUTES] = {"routed", "returned", "unproven", "unknown"};
+static const char *const confirm_names[] = {"ack", "nack", "none", "unknown"};
 
-static void keep_problem(struct tap_metrics_tally *t, const struct tap_metrics_verdict *v)
+static void keep_problem(struct tap_metrics_tally *t, const struct tap_track_verdict *v)
 {
 	struct tap_metrics_problem *p = &t->problems[t->problem_next];
 	t->problem_next = (t->problem_next + 1) % TAP_METRICS_PROBLEMS;
 	t->problems_seen++;
-	if (v->json && v->len <= sizeof p->json) {
-		memcpy(p->json, v->json, v->len);
-		p->len = (uint16_t)v->len;
+	if (v->record.ptr && v->record.len <= sizeof p->json) {
+		memcpy(p->json, v->record.ptr, v->record.len);
+		p->len = (uint16_t)v->record.len;
 		return;
 	}
 	int n = snprintf(p->json, sizeof p->json,
-	                 "{\"type\":\"publish\",\"route\":\"%.*s\",\"confirm\":\"%.*s\",\"truncated\":true,\"bytes\":%zu}",
-	                 (int)v->route_len, v->route, (int)v->confirm_len, v->confirm, v->len);
+	                 "{\"type\":\"publish\",\"conn\":%" PRIu64 ",\"channel\":%u,\"route\":\"%s\",\"confirm\":\"%s\","
+	                 "\"truncated\":true,\"bytes\":%zu}",
+	                 v->conn, v->channel, route_names[v->route], confirm_names[v->confirm], v->record.len);
 	p->len = n > 0 && (size_t)n < sizeof p->json ? (uint16_t)n : 0;
 }
 
-void tap_metrics_tally_verdict(struct tap_metrics_tally *t, const struct tap_metrics_verdict *v)
+static bool same_exchange(const struct tap_metrics_exchange *e, struct tap_slice x)
 {
-	bool returned = is(v->route, v->route_len, "returned");
-	bool unknown = is(v->route, v->route_len, "unknown") || is(v->confirm, v->confirm_len, "unknown");
-	bool nacked = is(v->confirm, v->confirm_len, "nack");
-	if (returned && v->reply_code)
-		count_return(t, v->reply_code);
-	if (returned || unknown || nacked)
-		keep_problem(t, v);
+	return e->len == x.len && memcmp(e->name, x.ptr, x.len) == 0;
 }
 
-/* The value of a string member found at key (`"name":"` included): up to its closing quote. */
-static size_t value_len(const char *v, const char *end)
+/* The candidate slot of exchange x: found, new, or (Space-Saving) the least counted one without a series, which
+ * x inherits with its count. */
+static struct tap_metrics_exchange *exchange_slot(struct tap_metrics_tally *t, struct tap_slice x)
 {
-	const char *q = memchr(v, '"', (size_t)(end - v));
-	return q ? (size_t)(q - v) : 0;
-}
-
-/* Whether [s, *end) ends with word; if so *end moves before it. Inlined with a literal word, a few compares. */
-static inline bool take_suffix(const char *s, const char **end, const char *word)
-{
-	size_t n = strlen(word);
-	if ((size_t)(*end - s) < n || memcmp(*end - n, word, n) != 0)
-		return false;
-	*end -= n;
-	return true;
-}
-
-/* The tail the tracker writes for a publish that is neither returned, nacked nor unknown, recognised from the end
- * in a few compares (nearly every record, so it must cost next to nothing: about 130 instructions):
- *   "route":"routed"|"unproven","confirm":"ack"|"none"[,"confirm_us":N,"multiple":B],"order":null[,"tx":true]}
- * Anything else, a problem or not, takes the search of tally_publish. */
-static bool plainly_settled(const char *json, size_t len)
-{
-	const char *e = json + len;
-	if (!take_suffix(json, &e, "}"))
-		return false;
-	(void)take_suffix(json, &e, ",\"tx\":true"); /* only on transactional channels */
-	if (!take_suffix(json, &e, ",\"order\":null"))
-		return false;
-	if (take_suffix(json, &e, ",\"multiple\":false") || take_suffix(json, &e, ",\"multiple\":true")) {
-		while (e > json && e[-1] >= '0' && e[-1] <= '9')
-			e--;
-		(void)take_suffix(json, &e, "-"); /* a clock step can make it negative */
-		if (!take_suffix(json, &e, ",\"confirm_us\":") || !take_suffix(json, &e, ",\"confirm\":\"ack\""))
-			return false;
-	} else if (!take_suffix(json, &e, ",\"confirm\":\"none\"")) {
-		return false;
+	if (t->n_exchanges && same_exchange(&t->exchanges[t->last_exchange], x))
+		return &t->exchanges[t->last_exchange];
+	size_t at = t->n_exchanges;
+	for (size_t i = 0; i < t->n_exchanges; i++) {
+		if (same_exchange(&t->exchanges[i], x)) {
+			t->last_exchange = i;
+			return &t->exchanges[i];
+		}
 	}
-	return take_suffix(json, &e, "\"route\":\"routed\"") || take_suffix(json, &e, "\"route\":\"unproven\"");
+	uint64_t inherited = 0;
+	if (at == TAP_METRICS_EXCHANGE_CANDIDATES) {
+		for (size_t i = 0; i < TAP_METRICS_EXCHANGE_CANDIDATES; i++)
+			if (!t->exchanges[i].labelled && (at == TAP_METRICS_EXCHANGE_CANDIDATES ||
+			                                  t->exchanges[i].seen < t->exchanges[at].seen))
+				at = i;
+		inherited = t->exchanges[at].seen;
+	} else {
+		t->n_exchanges++;
+	}
+	struct tap_metrics_exchange *e = &t->exchanges[at];
+	memset(e, 0, sizeof *e);
+	e->len = (uint8_t)(x.len < sizeof e->name ? x.len : sizeof e->name);
+	memcpy(e->name, x.ptr, e->len);
+	e->seen = inherited;
+	e->inherited = inherited;
+	if (t->n_labelled < TAP_METRICS_EXCHANGES) { /* a free series: counted exactly from its first publish */
+		e->labelled = true;
+		t->n_labelled++;
+	}
+	t->last_exchange = at;
+	return e;
 }
 
-/* The verdict read back from a publish record: the route is searched from the end, where it is near. */
-static void tally_publish(struct tap_metrics_tally *t, const char *json, size_t len)
+static void count_exchange(struct tap_metrics_tally *t, const struct tap_track_verdict *v)
 {
-	const char *end = json + len;
-	const char *r = find_last(json, len, "\"route\":\"");
-	if (!r)
-		return;
-	r += strlen("\"route\":\"");
-	const char *c = find_first(r, (size_t)(end - r), "\"confirm\":\"");
-	if (!c)
-		return;
-	c += strlen("\"confirm\":\"");
-	struct tap_metrics_verdict v = {.route = r, .route_len = value_len(r, end), .confirm = c,
-	                                .confirm_len = value_len(c, end), .json = json, .len = len};
-	if (is(v.route, v.route_len, "returned"))
-		v.reply_code = reply_code_of(r, (size_t)(end - r));
-	tap_metrics_tally_verdict(t, &v);
+	struct tap_slice x = v->exchange;
+	if (!x.ptr)
+		x = (struct tap_slice){(const uint8_t *)"", 0};
+	struct tap_metrics_exchange *e = exchange_slot(t, x);
+	e->seen++;
+	if (e->labelled)
+		e->by_route[v->route]++;
+	else
+		t->other_by_route[v->route]++;
 }
 
-static void tally_connection(struct tap_metrics_tally *t, const char *json, size_t len)
+void tap_metrics_tally_verdict(void *tally, const struct tap_track_verdict *v)
 {
-	if (find_first(json, len, "\"event\":\"open\""))
+	struct tap_metrics_tally *t = tally;
+	count_exchange(t, v);
+	if (v->route == TAP_TRACK_ROUTE_ROUTED || v->route == TAP_TRACK_ROUTE_UNPROVEN) {
+		if (v->confirm == TAP_TRACK_CONFIRM_ACK || v->confirm == TAP_TRACK_CONFIRM_NONE)
+			return; /* nearly every publish */
+	}
+	if (v->route == TAP_TRACK_ROUTE_RETURNED) {
+		if (v->reply_code)
+			count_return(t, v->reply_code);
+		if (v->return_us >= 0)
+			tap_hist_add(&t->return_us, v->return_us);
+	}
+	keep_problem(t, v);
+}
+
+void tap_metrics_tally_conn(void *tally, const struct tap_track_conn_event *e)
+{
+	struct tap_metrics_tally *t = tally;
+	if (e->change == TAP_TRACK_CONN_OPENED)
 		t->upstream = TAP_UPSTREAM_REACHABLE;
-	else if (find_first(json, len, "\"event\":\"close\"") && find_first(json, len, "\"by\":\"unreachable\""))
+	else if (e->change == TAP_TRACK_CONN_ENDED && e->reason_by && strcmp(e->reason_by, "unreachable") == 0)
 		t->upstream = TAP_UPSTREAM_UNREACHABLE;
 }
 
-void tap_metrics_tally_record(struct tap_metrics_tally *t, const char *json, size_t len)
+static uint64_t certain(const struct tap_metrics_exchange *e)
 {
-	static const char type_key[] = "{\"type\":\"";
-	if (plainly_settled(json, len)) /* nearly every record: nothing to count */
-		return;
-	if (!has_prefix(json, len, type_key))
-		return;
-	const char *ty = json + strlen(type_key);
-	size_t rest = len - strlen(type_key);
-	if (has_prefix(ty, rest, "publish\""))
-		tally_publish(t, json, len);
-	else if (has_prefix(ty, rest, "decode_error\""))
-		t->decode_errors++;
-	else if (has_prefix(ty, rest, "connection\""))
-		tally_connection(t, json, len);
+	return e->seen - e->inherited;
+}
+
+/* The candidate without a series that has the highest certain count, or the one with a series with the lowest. */
+static struct tap_metrics_exchange *extreme(struct tap_metrics_tally *t, bool labelled)
+{
+	struct tap_metrics_exchange *best = NULL;
+	for (size_t i = 0; i < t->n_exchanges; i++) {
+		struct tap_metrics_exchange *e = &t->exchanges[i];
+		if (e->labelled != labelled)
+			continue;
+		if (!best || (labelled ? certain(e) < certain(best) : certain(e) > certain(best)))
+			best = e;
+	}
+	return best;
+}
+
+void tap_metrics_tally_rank(struct tap_metrics_tally *t)
+{
+	for (size_t swaps = 0; swaps < TAP_METRICS_EXCHANGES; swaps++) {
+		struct tap_metrics_exchange *in = extreme(t, false);
+		struct tap_metrics_exchange *out = extreme(t, true);
+		if (!in || (out && certain(in) <= certain(out) + certain(out) / 8))
+			return;
+		if (out) { /* its series ends; its publishes count in "(other)" from now on */
+			out->labelled = false;
+			memset(out->by_route, 0, sizeof out->by_route);
+		} else {
+			t->n_labelled++;
+		}
+		in->labelled = true;
+	}
 }
 
 /* ---- collecting the tracker's part ---- */
@@ -226,16 +209,11 @@ static void add_conn(void *ctx, const struct tap_track_conn_info *c)
 		s->connections_blocked++;
 }
 
-static void add_bucket(void *ctx, uint64_t lo_us, uint64_t hi_us, uint64_t count)
-{
-	tap_metrics_hist_add(ctx, lo_us, hi_us, count);
-}
-
 void tap_metrics_collect_track(struct tap_metrics_snapshot *s, const struct tap_track *t)
 {
 	tap_track_get_stats(t, &s->track);
 	memset(&s->confirm, 0, sizeof s->confirm);
-	tap_track_each_confirm_bucket(t, add_bucket, &s->confirm);
+	tap_metrics_hist_fold(&s->confirm, tap_track_confirm_hist(t));
 	s->confirm_p50_us = tap_track_confirm_quantile(t, 0.5);
 	s->confirm_p90_us = tap_track_confirm_quantile(t, 0.9);
 	s->confirm_p99_us = tap_track_confirm_quantile(t, 0.99);
@@ -248,6 +226,8 @@ void tap_metrics_collect_track(struct tap_metrics_snapshot *s, const struct tap_
 /* ---- one-number metrics, defined once ---- */
 
 enum metric_type { COUNTER, GAUGE, HISTOGRAM };
+#define TAP_METRICS_XSTR(x) #x
+#define TAP_METRICS_STR(x) TAP_METRICS_XSTR(x)
 static const char *const type_names[] = {"counter", "gauge", "histogram"};
 
 /* X(name after "amqptap_", type, help, value from s (snapshot) and t (tally), key in /api/status "counters") */
@@ -267,7 +247,7 @@ static const char *const type_names[] = {"counter", "gauge", "histogram"};
 	X("returns_unmatched_total", COUNTER, "Basic.Return frames that matched no outstanding publish.",        \
 	  s->track.unmatched_returns, "unmatched_returns")                                                         \
 	X("decode_errors_total", COUNTER, "Streams whose decoding stopped (decode_error records).",              \
-	  t->decode_errors, "decode_errors")                                                                       \
+	  s->decode_errors, "decode_errors")                                                                       \
 	X("records_written_total", COUNTER, "Records handed to --verdicts (every type).",                       \
 	  s->out[TAP_METRICS_OUT_VERDICTS].lines, "records_written")                                               \
 	X("connections_open", GAUGE, "Client connections being forwarded.", s->active, "connections_open")        \
@@ -293,17 +273,31 @@ static void family(struct tap_buf *b, const char *name, enum metric_type type, c
 	tap_buf_printf(b, "# HELP amqptap_%s %s\n# TYPE amqptap_%s %s\n", name, help, name, type_names[type]);
 }
 
-static void label_value(struct tap_buf *b, const char *v)
+/* A label value as the text format wants it: UTF-8 with \\, \" and \n escaped; a byte that is not valid UTF-8
+ * (an exchange name is any shortstr) becomes U+FFFD. */
+static void label_valuen(struct tap_buf *b, const char *v, size_t len)
 {
-	for (; *v; v++) {
-		if (*v == '\\' || *v == '"')
-			tap_buf_putc(b, '\\');
-		if (*v == '\n') {
-			tap_buf_puts(b, "\\n");
+	const unsigned char *u = (const unsigned char *)v;
+	for (size_t i = 0; i < len;) {
+		size_t n = tap_json_utf8_len(u + i, len - i);
+		if (n == 0) {
+			tap_buf_puts(b, "\xEF\xBF\xBD");
+			i++;
 			continue;
 		}
-		tap_buf_putc(b, *v);
+		if (u[i] == '\\' || u[i] == '"')
+			tap_buf_putc(b, '\\');
+		if (u[i] == '\n')
+			tap_buf_puts(b, "\\n");
+		else
+			tap_buf_append(b, v + i, n);
+		i += n;
 	}
+}
+
+static void label_value(struct tap_buf *b, const char *v)
+{
+	label_valuen(b, v, strlen(v));
 }
 
 /* amqptap_NAME{LABEL="VALUE"} N */
@@ -319,20 +313,65 @@ static void le_label(char out[24], uint64_t us)
 	snprintf(out, 24, "%.6g", (double)us / 1e6);
 }
 
-static void render_hist(struct tap_buf *b, const struct tap_metrics_hist *h)
+static void render_hist(struct tap_buf *b, const char *name, const char *help, const struct tap_metrics_hist *h)
 {
-	family(b, "confirm_latency_seconds", HISTOGRAM,
-	       "Time from the publish's last frame forwarded to the broker to its Basic.Ack or Basic.Nack.");
+	family(b, name, HISTOGRAM, help);
 	uint64_t cum = 0;
 	for (size_t k = 0; k < TAP_METRICS_N_LE; k++) {
 		cum += h->in_le[k];
 		char le[24];
 		le_label(le, tap_metrics_le_us[k]);
-		tap_buf_printf(b, "amqptap_confirm_latency_seconds_bucket{le=\"%s\"} %" PRIu64 "\n", le, cum);
+		tap_buf_printf(b, "amqptap_%s_bucket{le=\"%s\"} %" PRIu64 "\n", name, le, cum);
 	}
-	tap_buf_printf(b, "amqptap_confirm_latency_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", h->count);
-	tap_buf_printf(b, "amqptap_confirm_latency_seconds_sum %.6f\n", (double)h->sum_us / 1e6);
-	tap_buf_printf(b, "amqptap_confirm_latency_seconds_count %" PRIu64 "\n", h->count);
+	tap_buf_printf(b, "amqptap_%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, h->count);
+	tap_buf_printf(b, "amqptap_%s_sum %.6f\n", name, (double)h->sum_us / 1e6);
+	tap_buf_printf(b, "amqptap_%s_count %" PRIu64 "\n", name, h->count);
+}
+
+/* The label value of an exchange: names from the spec's [a-zA-Z0-9-_.:] never hold parentheses, so neither
+ * pseudo name can be a real exchange's. An empty label value would mean no label at all to Prometheus. */
+#define EXCHANGE_DEFAULT "(AMQP default)"
+#define EXCHANGE_OTHER "(other)"
+
+static void exchange_routes(struct tap_buf *b, const char *name, size_t len, const uint64_t *by_route)
+{
+	for (size_t r = 0; r < TAP_METRICS_N_ROUTES; r++) {
+		tap_buf_puts(b, "amqptap_exchange_publishes_total{exchange=\"");
+		label_valuen(b, name, len);
+		tap_buf_printf(b, "\",route=\"%s\"} %" PRIu64 "\n", route_names[r], by_route[r]);
+	}
+}
+
+static void render_exchanges(struct tap_buf *b, const struct tap_metrics_tally *t)
+{
+	family(b, "exchange_publishes_total", COUNTER,
+	       "Publish records by exchange and route for the " TAP_METRICS_STR(TAP_METRICS_EXCHANGES)
+	       " busiest exchanges, each counted since it got its series; every other publish in exchange=\""
+	       EXCHANGE_OTHER "\". The default exchange is \"" EXCHANGE_DEFAULT "\".");
+	for (size_t i = 0; i < t->n_exchanges; i++) {
+		const struct tap_metrics_exchange *e = &t->exchanges[i];
+		if (!e->labelled)
+			continue;
+		if (e->len == 0)
+			exchange_routes(b, EXCHANGE_DEFAULT, strlen(EXCHANGE_DEFAULT), e->by_route);
+		else
+			exchange_routes(b, e->name, e->len, e->by_route);
+	}
+	exchange_routes(b, EXCHANGE_OTHER, strlen(EXCHANGE_OTHER), t->other_by_route);
+}
+
+static void render_capture(struct tap_buf *b, const struct tap_metrics_snapshot *s)
+{
+	if (!s->have_capture)
+		return;
+	family(b, "capture_packets_total", COUNTER, "Packets the capture handed to the TCP reassembly.");
+	tap_buf_printf(b, "amqptap_capture_packets_total %" PRIu64 "\n", s->capture_packets);
+	family(b, "capture_drops_total", COUNTER, "Packets the kernel or the interface dropped (pcap_stats).");
+	tap_buf_printf(b, "amqptap_capture_drops_total %" PRIu64 "\n", s->capture_drops);
+	family(b, "capture_gaps_total", COUNTER, "Holes in a captured stream direction (capture_gap records).");
+	tap_buf_printf(b, "amqptap_capture_gaps_total %" PRIu64 "\n", s->capture_gaps);
+	family(b, "capture_gap_bytes_total", COUNTER, "Stream bytes the capture gaps lost.");
+	tap_buf_printf(b, "amqptap_capture_gap_bytes_total %" PRIu64 "\n", s->capture_gap_bytes);
 }
 
 static void render_process(struct tap_buf *b, const struct tap_metrics_snapshot *s)
@@ -409,7 +448,15 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 	labelled(b, "forwarded_bytes_total", "dir", "c2s", s->bytes[TAP_C2S]);
 	labelled(b, "forwarded_bytes_total", "dir", "s2c", s->bytes[TAP_S2C]);
 
-	render_hist(b, &s->confirm);
+	render_hist(b, "confirm_latency_seconds",
+	            "Time from the publish's last frame forwarded to the broker to its Basic.Ack or Basic.Nack.", &s->confirm);
+	struct tap_metrics_hist ret;
+	memset(&ret, 0, sizeof ret);
+	tap_metrics_hist_fold(&ret, &t->return_us);
+	render_hist(b, "return_latency_seconds",
+	            "Time from the publish's last frame forwarded to the broker to its Basic.Return.", &ret);
+	render_exchanges(b, t);
+	render_capture(b, s);
 
 	family(b, "listening", GAUGE, "1 while the AMQP listener accepts clients, 0 while shutting down.");
 	tap_buf_printf(b, "amqptap_listening %d\n", s->listening ? 1 : 0);
@@ -537,6 +584,63 @@ static void json_hist(struct tap_json *j, const struct tap_metrics_snapshot *s)
 	tap_json_obj_end(j);
 }
 
+static void json_routes(struct tap_json *j, const uint64_t *by_route)
+{
+	for (size_t r = 0; r < TAP_METRICS_N_ROUTES; r++)
+		tap_json_kv_uint(j, route_names[r], by_route[r]);
+}
+
+/* Exchanges with their own series (the default one named ""), then the rest. */
+static void json_exchanges(struct tap_json *j, const struct tap_metrics_tally *t)
+{
+	tap_json_key(j, "exchanges");
+	tap_json_obj_begin(j);
+	tap_json_key(j, "rows");
+	tap_json_arr_begin(j);
+	for (size_t i = 0; i < t->n_exchanges; i++) {
+		const struct tap_metrics_exchange *e = &t->exchanges[i];
+		if (!e->labelled)
+			continue;
+		tap_json_obj_begin(j);
+		tap_json_key(j, "exchange");
+		tap_json_strn(j, e->name, e->len);
+		json_routes(j, e->by_route);
+		tap_json_obj_end(j);
+	}
+	tap_json_arr_end(j);
+	tap_json_key(j, "other");
+	tap_json_obj_begin(j);
+	json_routes(j, t->other_by_route);
+	tap_json_obj_end(j);
+	tap_json_obj_end(j);
+}
+
+static void json_return_latency(struct tap_json *j, const struct tap_metrics_tally *t)
+{
+	tap_json_key(j, "return_latency");
+	tap_json_obj_begin(j);
+	tap_json_kv_uint(j, "count", t->return_us.n);
+	tap_json_kv_uint(j, "p50_us", tap_hist_quantile(&t->return_us, 0.5));
+	tap_json_kv_uint(j, "p99_us", tap_hist_quantile(&t->return_us, 0.99));
+	tap_json_kv_uint(j, "max_us", t->return_us.max);
+	tap_json_obj_end(j);
+}
+
+static void json_capture(struct tap_json *j, const struct tap_metrics_snapshot *s)
+{
+	tap_json_key(j, "capture");
+	if (!s->have_capture) {
+		tap_json_null(j);
+		return;
+	}
+	tap_json_obj_begin(j);
+	tap_json_kv_uint(j, "packets", s->capture_packets);
+	tap_json_kv_uint(j, "drops", s->capture_drops);
+	tap_json_kv_uint(j, "gaps", s->capture_gaps);
+	tap_json_kv_uint(j, "gap_bytes", s->capture_gap_bytes);
+	tap_json_obj_end(j);
+}
+
 void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struct tap_metrics_tally *t,
                                const struct tap_track *track, struct tap_buf *out)
 {
@@ -582,6 +686,9 @@ void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struc
 	tap_json_obj_end(&j);
 
 	json_hist(&j, s);
+	json_return_latency(&j, t);
+	json_exchanges(&j, t);
+	json_capture(&j, s);
 
 	tap_json_key(&j, "process");
 	tap_json_obj_begin(&j);

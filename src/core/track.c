@@ -176,11 +176,13 @@ static void call_verdict_hook(struct tap_track_conn *c, uint16_t ch, const struc
 	    .t_record = now_us,
 	    .return_us = returned ? vd->t_ret - v->t_pub : -1,
 	    .confirm_us = answered ? vd->t_ack - v->t_pub : -1,
+	    .record = {t->render.rec.oom ? NULL : (const uint8_t *)t->render.rec.data, t->render.rec.oom ? 0 : t->render.rec.len},
 	};
 	t->verdict_hook(t->verdict_ctx, &h);
 }
 
-/* The one place a publish ends: its record is written, counted and shown to the verdict hook. */
+/* The one place a publish ends: its record is written, counted and shown to the verdict hook (while the render
+ * buffer still holds the record: a warning may be written next). */
 static void publish_done(struct tap_track_conn *c, uint16_t ch, const struct trk_view *v, const struct trk_verdict *vd,
                          int64_t now_us)
 {
@@ -188,9 +190,9 @@ static void publish_done(struct tap_track_conn *c, uint16_t ch, const struct trk
 	trk_record_publish(&t->render, c, ch, v, vd, now_us);
 	trk_emit(t);
 	count_verdict(c, v, vd);
-	trk_warn_done(c, v, vd);
 	if (t->verdict_hook)
 		call_verdict_hook(c, ch, v, vd, now_us);
+	trk_warn_done(c, v, vd);
 }
 
 void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, enum trk_event ev,

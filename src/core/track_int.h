@@ -208,6 +208,8 @@ struct tap_track {
 	void *ctx;
 	tap_track_verdict_fn verdict_hook;
 	void *verdict_ctx;
+	tap_track_conn_event_fn conn_hook;
+	void *conn_ctx;
 	struct tap_track_conn *conns;
 	struct trk_render render;
 	struct tap_buf extra; /* the optional members of the publish being stored */

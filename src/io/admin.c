@@ -4,7 +4,9 @@
 #include "amqptap/admin.h"
 #include "amqptap/out.h"
 
+#include "amqptap/conn.h"
 #include "amqptap/proxy.h"
+#include "amqptap/sniff.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -141,6 +143,18 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 	s->now_us = tap_now_us();
 	s->start_us = a->start_us;
 	s->listening = !a->stopping;
+	/* first: reading the capture's counters decodes what libpcap still holds, which the tracker then counts */
+	if (a->src.sniff) {
+		struct tap_sniff_stats ss;
+		tap_sniff_get_stats(a->src.sniff, &ss);
+		s->have_capture = true;
+		s->capture_packets = ss.packets;
+		s->capture_drops = ss.dropped;
+		if (a->src.observer) {
+			s->capture_gaps = a->src.observer->capture_gaps;
+			s->capture_gap_bytes = a->src.observer->gap_bytes;
+		}
+	}
 	if (a->src.track)
 		tap_metrics_collect_track(s, a->src.track);
 	if (a->src.proxy) {
@@ -161,6 +175,8 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 		s->out[i] = (struct tap_metrics_output){
 		    .on = true, .lines = st.records, .lost = st.lost, .write_errors = st.write_errors};
 	}
+	if (a->src.observer)
+		s->decode_errors = a->src.observer->decode_errors;
 	snapshot_process(a, s);
 	s->http_open = a->open;
 	s->http_total = a->total;
@@ -358,6 +374,7 @@ static void on_request(struct evhttp_request *req, void *arg)
 	}
 	struct tap_metrics_snapshot s;
 	snapshot(a, &s);
+	tap_metrics_tally_rank(a->tally);
 	tap_buf_reset(&a->body);
 	int code = HTTP_OK;
 	const char *type = "application/json";
@@ -449,10 +466,9 @@ struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_a
 	return a;
 }
 
-void tap_admin_record(struct tap_admin *a, const char *json, size_t len)
+struct tap_metrics_tally *tap_admin_tally(struct tap_admin *a)
 {
-	if (a)
-		tap_metrics_tally_record(a->tally, json, len);
+	return a->tally;
 }
 
 void tap_admin_stopping(struct tap_admin *a)

@@ -204,13 +204,27 @@ class PrometheusScrape(ScenarioCase):
 
         # the median from the histogram lands in the bucket of the records' median (bounds moved by at most 1/16:
         # the tracker's own buckets are 1/8 wide and fold into a bound by their midpoint)
-        median = statistics.median(answered)
-        q = self.query(prom, "histogram_quantile(0.5, amqptap_confirm_latency_seconds_bucket)") * 1e6
-        lo = max([0] + [b for b in LE_US if b < median / 1.07])
-        hi = min([b for b in LE_US if b >= median * 1.07] + [LE_US[-1]])
-        note(f"records' median confirm_us {median:.0f}, histogram_quantile(0.5) {q:.0f} us, bucket bounds {lo}..{hi}")
-        self.assertGreaterEqual(q, lo)
-        self.assertLessEqual(q, hi)
+        self.assert_quantile_near(prom, "confirm_latency_seconds", answered)
+
+        # the return latency histogram: one observation per returned publish, its median near the records'
+        returned = [r["return_us"] for r in recs if r["route"] == "returned"]
+        self.assertEqual(len(returned), RETURNED)
+        self.assertEqual(self.query(prom, "amqptap_return_latency_seconds_count"), RETURNED)
+        self.assertEqual(self.query(prom, 'amqptap_return_latency_seconds_bucket{le="+Inf"}'), RETURNED)
+        self.assert_quantile_near(prom, "return_latency_seconds", returned)
+
+        # publishes by exchange: the default exchange and the missing one have their series, nothing is "other",
+        # and the series add up to every publish
+        by_exchange = {}
+        for r in recs:
+            key = (r["exchange"] or "(AMQP default)", r["route"])
+            by_exchange[key] = by_exchange.get(key, 0) + 1
+        for (exchange, route), n in by_exchange.items():
+            self.assertEqual(self.query(prom, f'amqptap_exchange_publishes_total{{exchange="{exchange}",'
+                                              f'route="{route}"}}'), n, (exchange, route))
+        self.assertEqual(self.query(prom, 'sum(amqptap_exchange_publishes_total{exchange="(other)"})'), 0)
+        self.assertEqual(self.query(prom, "sum(amqptap_exchange_publishes_total)"), total)
+        self.assertIsNone(self.query(prom, "amqptap_capture_gaps_total"), "no capture in proxy mode")
 
         # promtool lints the exposition as served
         status, headers, body = http_get(mport, "/metrics")
@@ -223,7 +237,71 @@ class PrometheusScrape(ScenarioCase):
             self.assertTrue(n.startswith("amqptap_") or n.startswith("process_"), n)
         labels = {m for k in metric_samples(body.decode()) for m in re.findall(r'[{,](\w+)="', k)}
         self.assertLessEqual(labels, {"route", "confirm", "reply_code", "rule", "reason", "output", "dir", "le",
-                                      "version"}, "a label per routing key, exchange or message would be unbounded")
+                                      "version", "exchange"},
+                             "a label per routing key or message would be unbounded (exchanges are: top N)")
+
+    def assert_quantile_near(self, prom, histogram, values):
+        """histogram_quantile(0.5) of amqptap_<histogram> lands in the bucket of the median of values (µs); bounds
+        move by at most 1/16: the tracker's own buckets are 1/8 wide and fold into a bound by their midpoint."""
+        median = statistics.median(values)
+        q = self.query(prom, f"histogram_quantile(0.5, amqptap_{histogram}_bucket)") * 1e6
+        lo = max([0] + [b for b in LE_US if b < median / 1.07])
+        hi = min([b for b in LE_US if b >= median * 1.07] + [LE_US[-1]])
+        note(f"{histogram}: records' median {median:.0f} us, histogram_quantile(0.5) {q:.0f} us, bucket bounds "
+             f"{lo}..{hi}")
+        self.assertGreaterEqual(q, lo)
+        self.assertLessEqual(q, hi)
+
+    def test_sniff_serves_capture_metrics(self):
+        """`amqptap sniff --metrics`: pika publishes straight to the broker while the sniffer captures lo; its
+        /metrics (linted by promtool) counts the capture (packets, kernel drops, gaps) and the publishes, and a real
+        Prometheus reads them."""
+        mport = free_port()
+        d = tempfile.mkdtemp(prefix="amqptap-sniff-metrics-")
+        self.addCleanup(shutil.rmtree, d, True)
+        err = open(os.path.join(d, "sniff.err"), "w+")
+        self.addCleanup(err.close)
+        p = subprocess.Popen([AMQPTAP_BIN, "sniff", "-i", "lo", "--port", str(BROKER_PORT), "--verdicts",
+                              os.path.join(d, "sniff.jsonl"), "--return-window", "300", "--metrics",
+                              f"127.0.0.1:{mport}"], stdout=subprocess.DEVNULL, stderr=err)
+
+        def stop():
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+                p.wait(timeout=20)
+        self.addCleanup(stop)
+        self.assertTrue(wait_for(lambda: "sniffing on lo" in open(err.name).read() or p.poll() is not None, 10))
+        self.assertIsNone(p.poll(), open(err.name).read())
+        self.assertIn(f"metrics on http://127.0.0.1:{mport}/", open(err.name).read())
+        prom = self.start_prometheus(mport)
+        self.assertTrue(wait_for(lambda: self.query(prom, 'up{job="amqptap"}') == 1, 20, 0.3),
+                        "prometheus never scraped the sniffer")
+        queue = self.declare_queue("sniffed")
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(5):
+            ch.basic_publish("", queue, b"s", pika.BasicProperties(message_id=f"s-{i}"), mandatory=True)
+        with self.assertRaises(pika.exceptions.UnroutableError):
+            ch.basic_publish("", f"nowhere.{self.prefix}", b"x", mandatory=True)
+        conn.close()
+        self.assertTrue(wait_for(lambda: self.query(prom, "amqptap_publish_records_total") == 6, 20, 0.3),
+                        "prometheus never saw the sniffed publishes")
+        self.assertEqual(self.query(prom, 'amqptap_returns_total{reply_code="312"}'), 1)
+        self.assertEqual(self.query(prom, "amqptap_return_latency_seconds_count"), 1)
+        self.assertGreater(self.query(prom, "amqptap_capture_packets_total"), 10)
+        self.assertEqual(self.query(prom, "amqptap_capture_drops_total"), 0)
+        self.assertEqual(self.query(prom, "amqptap_capture_gaps_total"), 0)
+        self.assertEqual(self.query(prom, "amqptap_capture_gap_bytes_total"), 0)
+        status, _, body = http_get(mport, "/metrics")
+        self.assertEqual(status, 200)
+        lint = subprocess.run([PROMTOOL, "check", "metrics"], input=body, capture_output=True, timeout=30)
+        self.assertEqual((lint.returncode, lint.stdout + lint.stderr), (0, b""))
+        st = json.loads(http_get(mport, "/api/status")[2])
+        self.assertEqual(st["capture"]["gaps"], 0)
+        self.assertGreater(st["capture"]["packets"], 10)
+        p.send_signal(signal.SIGINT)
+        self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
 
 
 def chromium(case, url, *args, timeout=120):
@@ -277,6 +355,13 @@ class StatusPage(ScenarioCase):
         self.assertIn("Pika", row.group(1))
         self.assertIn(f"<td class=\"n\">{total}</td>", row.group(1))
         self.assertIn("<svg", dom)  # the latency chart
+        # publishes by exchange: the default one carries everything but the publish to the missing exchange
+        xrows = dict(re.findall(r'<tr class="exchange[^"]*" data-exchange="([^"]*)">(.*?)</tr>', dom, re.S))
+        self.assertEqual(set(xrows), {"(default)", f"missing.{self.prefix}"}, dom[:3000])
+        nums = lambda row: [int(n.replace(",", "")) for n in re.findall(r'<td class="n">([\d,]+)</td>', row)]  # noqa
+        self.assertEqual(nums(xrows["(default)"]), [routes["routed"], RETURNED, routes["unproven"], 0])
+        self.assertEqual(nums(xrows[f"missing.{self.prefix}"]), [0, 0, 0, MISSING_X])
+        self.assertRegex(dom, r"return latency \(publish forwarded → return\): p50 ")
 
         shot = os.path.join(ARTIFACT_DIR, "test_metrics-status-page.png")
         run = chromium(self, f"http://127.0.0.1:{mport}/", f"--screenshot={shot}", "--window-size=1400,1700",

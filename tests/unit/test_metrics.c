@@ -1,7 +1,9 @@
-/* What --metrics serves, rendered without a socket: the histogram fold into fixed le bounds, the tally of the record
- * stream, the Prometheus exposition of a real tracker's counters (checked line by line against the format's rules)
- * and the JSON of /api/status and /healthz; plus the --metrics option's forms. */
+/* What --metrics serves, rendered without a socket: the histogram fold into fixed le bounds, the tally a real
+ * tracker's verdict and connection hooks feed (problem publishes, returns, return latency, the bounded
+ * per-exchange series), the Prometheus exposition of a real tracker's counters (checked line by line against the
+ * format's rules) and the JSON of /api/status and /healthz; plus the --metrics option's forms. */
 #include "amqptap/conf.h"
+#include "amqptap/conn.h"
 #include "amqptap/metrics.h"
 #include "amqptap/status.h"
 #include "amqptap/track.h"
@@ -19,11 +21,6 @@
 		if (!(cond))                                                                                           \
 			ck_abort_msg(__VA_ARGS__);                                                                     \
 	} while (0)
-
-static void feed(struct tap_metrics_tally *t, const char *json)
-{
-	tap_metrics_tally_record(t, json, strlen(json));
-}
 
 static struct tap_slice sl(const char *s)
 {
@@ -126,76 +123,112 @@ START_TEST(hist_folds_buckets_by_their_midpoint)
 }
 END_TEST
 
-/* ---- the record stream ---- */
+/* ---- the tally, fed by a real tracker's hooks ---- */
 
-#define PUB_HEAD "{\"type\":\"publish\",\"ts\":\"2026-11-29T10:15:02.000412Z\",\"conn\":3,\"client\":\"127.0.0.1:5\",\"channel\":1,\"seq\":1,"
+#define T0 1796000000000000LL
+
+/* The records a tracker wrote, the last one kept whole: what the tally must have kept of a problem publish. */
+struct sink {
+	char last[4096];
+	size_t last_len;
+	uint64_t records;
+};
+
+static void to_sink(void *ctx, const char *json, size_t len)
+{
+	struct sink *k = ctx;
+	k->records++;
+	k->last_len = len < sizeof k->last ? len : 0;
+	memcpy(k->last, json, k->last_len);
+}
+
+/* A tracker whose hooks feed t, as main.c wires them for --metrics. */
+static struct tap_track *hooked_tracker(struct tap_metrics_tally *t, struct sink *k)
+{
+	struct tap_track *tr = tap_track_new(NULL, to_sink, k);
+	tap_track_set_verdict_hook(tr, tap_metrics_tally_verdict, t);
+	tap_track_set_conn_hook(tr, tap_metrics_tally_conn, t);
+	return tr;
+}
+
+static bool kept_last_record(const struct tap_metrics_tally *t, const struct sink *k)
+{
+	const struct tap_metrics_problem *p = &t->problems[(t->problem_next + TAP_METRICS_PROBLEMS - 1) % TAP_METRICS_PROBLEMS];
+	return p->len == k->last_len && memcmp(p->json, k->last, p->len) == 0;
+}
 
 START_TEST(tally_counts_problem_publishes_and_returns)
 {
 	struct tap_metrics_tally *t = malloc(sizeof *t);
 	tap_metrics_tally_init(t);
-	feed(t, PUB_HEAD "\"exchange\":\"\",\"routing_key\":\"q\",\"body_size\":1,\"route\":\"routed\",\"confirm\":\"ack\","
-	              "\"confirm_us\":5,\"multiple\":false,\"order\":null}");
-	feed(t, PUB_HEAD "\"exchange\":\"\",\"routing_key\":\"q\",\"route\":\"unproven\",\"confirm\":\"none\",\"order\":null}");
-	feed(t, PUB_HEAD "\"exchange\":\"\",\"routing_key\":\"q\",\"route\":\"unproven\",\"confirm\":\"none\",\"order\":null,"
-	              "\"tx\":true}");
-	feed(t, PUB_HEAD "\"exchange\":\"\",\"routing_key\":\"q\",\"route\":\"routed\",\"confirm\":\"ack\","
-	              "\"confirm_us\":-3,\"multiple\":true,\"order\":null}");
+	struct sink k = {0};
+	struct tap_track *tr = hooked_tracker(t, &k);
+	struct tap_track_conn *c = tap_track_conn_new(tr, 1, "127.0.0.1:4000", "127.0.0.1:5672", T0);
+	tap_track_conn_open(c, sl("/"), T0);
+	tap_track_channel_open(c, 1, T0);
+	tap_track_confirm_select(c, 1, T0);
+	tap_track_channel_open(c, 2, T0); /* no confirms */
+	struct tap_publish plain = {.exchange = sl(""), .routing_key = sl("q"), .body_size = 1};
+	struct tap_publish mand = {.exchange = sl("x"), .routing_key = sl("nomatch"), .mandatory = true, .body_size = 1};
+	/* settled well: routed/ack (ch 1), unproven/none (ch 2) */
+	tap_track_publish(c, 1, &plain, T0 + 10);
+	tap_track_ack(c, 1, 1, false, T0 + 20);
+	tap_track_publish(c, 2, &plain, T0 + 30);
+	tap_track_tick(tr, T0 + 10000000);
 	ck_assert_uint_eq(t->problems_seen, 0);
-	/* the same tails, but a problem: the quick look from the end must not take them for settled ones */
-	feed(t, PUB_HEAD "\"route\":\"unknown\",\"confirm\":\"none\",\"order\":null,\"tx\":true}");
-	feed(t, PUB_HEAD "\"route\":\"routed\",\"confirm\":\"nack\",\"confirm_us\":5,\"multiple\":true,\"order\":null}");
+	/* returned 312 then acked (ch 1, seq 2): the record is kept verbatim */
+	tap_track_publish(c, 1, &mand, T0 + 100);
+	struct tap_return r = {.reply_code = 312, .reply_text = sl("NO_ROUTE"), .exchange = sl("x"),
+	                       .routing_key = sl("nomatch"), .body_size = 1};
+	tap_track_return(c, 1, &r, T0 + 400);
+	tap_track_ack(c, 1, 2, false, T0 + 500);
+	ck_assert_uint_eq(t->problems_seen, 1);
+	ck_assert(kept_last_record(t, &k));
+	ck_assert_ptr_nonnull(strstr(t->problems[0].json, "\"reply_code\":312"));
+	/* returned 313 without confirms (ch 2) */
+	tap_track_publish(c, 2, &mand, T0 + 600);
+	r.reply_code = 313;
+	r.reply_text = sl("NO_CONSUMERS");
+	tap_track_return(c, 2, &r, T0 + 2600);
+	tap_track_tick(tr, T0 + 20000000);
 	ck_assert_uint_eq(t->problems_seen, 2);
-	t->problems_seen = 0;
-	t->problem_next = 0;
-	/* a routing key that spells a returned route inside its (escaped) string is still a routed publish */
-	feed(t, PUB_HEAD "\"exchange\":\"\",\"routing_key\":\"\\\"route\\\":\\\"returned\\\"\",\"route\":\"routed\","
-	              "\"confirm\":\"ack\",\"order\":null}");
-	ck_assert_uint_eq(t->problems_seen, 0);
-	feed(t, PUB_HEAD "\"exchange\":\"x\",\"routing_key\":\"nomatch\",\"route\":\"returned\",\"reply_code\":312,"
-	              "\"reply_text\":\"NO_ROUTE\",\"return_us\":4,\"confirm\":\"ack\",\"order\":\"return_before_ack\"}");
-	feed(t, PUB_HEAD "\"exchange\":\"x\",\"routing_key\":\"nomatch\",\"route\":\"returned\",\"reply_code\":313,"
-	              "\"reply_text\":\"NO_CONSUMERS\",\"return_us\":4,\"confirm\":\"none\",\"order\":null}");
-	feed(t, PUB_HEAD "\"exchange\":\"\",\"routing_key\":\"full\",\"route\":\"unproven\",\"confirm\":\"nack\","
-	              "\"confirm_us\":9,\"multiple\":false,\"order\":null}");
-	feed(t, PUB_HEAD "\"exchange\":\"nope\",\"routing_key\":\"k\",\"route\":\"unknown\",\"confirm\":\"unknown\","
-	              "\"order\":null,\"reason\":{\"by\":\"broker\",\"code\":404,\"text\":\"NOT_FOUND\"}}");
+	ck_assert(kept_last_record(t, &k));
+	/* nacked (ch 1, seq 3) */
+	tap_track_publish(c, 1, &plain, T0 + 3000);
+	tap_track_nack(c, 1, 3, false, T0 + 3100);
+	ck_assert_uint_eq(t->problems_seen, 3);
+	ck_assert_ptr_nonnull(strstr(t->problems[2].json, "\"confirm\":\"nack\""));
+	/* unknown: still outstanding when the connection ends */
+	tap_track_publish(c, 1, &plain, T0 + 4000);
+	tap_track_conn_end(c, "client_eof", T0 + 5000);
 	ck_assert_uint_eq(t->problems_seen, 4);
+	ck_assert_ptr_nonnull(strstr(t->problems[3].json, "\"route\":\"unknown\""));
 	ck_assert_uint_eq(t->n_codes, 2);
 	ck_assert_uint_eq(t->codes[0], 312);
 	ck_assert_uint_eq(t->returns_by_code[0], 1);
 	ck_assert_uint_eq(t->codes[1], 313);
 	ck_assert_uint_eq(t->returns_by_code[1], 1);
-	/* kept verbatim, in the ring */
-	ck_assert_ptr_nonnull(strstr(t->problems[0].json, "\"reply_code\":312"));
-	ck_assert_ptr_nonnull(strstr(t->problems[3].json, "NOT_FOUND"));
+	/* return latency: 300 µs and 2000 µs after their publishes */
+	ck_assert_uint_eq(t->return_us.n, 2);
+	ck_assert_uint_eq(t->return_us.max, 2000);
+	ck_assert_uint_eq(tap_hist_quantile(&t->return_us, 0.5), 304); /* [288, 320) */
 
-	/* a record too long to keep leaves a stub with its verdict */
-	size_t big = TAP_METRICS_PROBLEM_BYTES + 100;
-	char *rec = malloc(big + 256);
-	int n = snprintf(rec, big + 256, PUB_HEAD "\"exchange\":\"x\",\"routing_key\":\"%0*d\",\"route\":\"returned\","
-	                                          "\"reply_code\":312,\"confirm\":\"ack\",\"order\":\"ack_before_return\"}",
-	                 (int)big, 7);
-	tap_metrics_tally_record(t, rec, (size_t)n);
-	const struct tap_metrics_problem *p = &t->problems[4];
-	ck_assert_uint_gt(p->len, 0);
-	char want[160];
-	snprintf(want, sizeof want,
-	         "{\"type\":\"publish\",\"route\":\"returned\",\"confirm\":\"ack\",\"truncated\":true,\"bytes\":%d}", n);
-	ck_assert_uint_eq(p->len, strlen(want));
-	ck_assert_int_eq(memcmp(p->json, want, p->len), 0);
-	free(rec);
-
-	/* the same from a verdict hook, without a record */
-	struct tap_metrics_verdict v = {.route = "returned", .route_len = 8, .confirm = "ack", .confirm_len = 3,
-	                                .reply_code = 312};
+	/* a record too long to keep, or lost for lack of memory, leaves a stub with its verdict */
+	struct tap_track_verdict v = {.conn = 7, .channel = 2, .route = TAP_TRACK_ROUTE_RETURNED,
+	                              .confirm = TAP_TRACK_CONFIRM_ACK, .reply_code = 312, .return_us = 5,
+	                              .record = {(const uint8_t *)"x", TAP_METRICS_PROBLEM_BYTES + 1}};
 	tap_metrics_tally_verdict(t, &v);
-	ck_assert_uint_eq(t->returns_by_code[0], 3);
-	ck_assert_uint_eq(t->problems_seen, 6);
-	ck_assert_ptr_nonnull(strstr(t->problems[5].json, "\"route\":\"returned\",\"confirm\":\"ack\",\"truncated\":true"));
-	v = (struct tap_metrics_verdict){.route = "routed", .route_len = 6, .confirm = "ack", .confirm_len = 3};
+	ck_assert_str_eq(t->problems[4].json, "{\"type\":\"publish\",\"conn\":7,\"channel\":2,\"route\":\"returned\","
+	                                      "\"confirm\":\"ack\",\"truncated\":true,\"bytes\":2049}");
+	ck_assert_uint_eq(t->problems[4].len, strlen(t->problems[4].json));
+	v.record = (struct tap_slice){NULL, 0};
+	v.route = TAP_TRACK_ROUTE_UNKNOWN;
+	v.confirm = TAP_TRACK_CONFIRM_UNKNOWN;
 	tap_metrics_tally_verdict(t, &v);
+	ck_assert_ptr_nonnull(strstr(t->problems[5].json, "\"route\":\"unknown\",\"confirm\":\"unknown\",\"truncated\":true"));
+	ck_assert_uint_eq(t->returns_by_code[0], 2);
 	ck_assert_uint_eq(t->problems_seen, 6);
+	tap_track_free(tr);
 	free(t);
 }
 END_TEST
@@ -206,8 +239,10 @@ START_TEST(tally_keeps_the_newest_problems)
 	tap_metrics_tally_init(t);
 	char rec[256];
 	for (int i = 0; i < TAP_METRICS_PROBLEMS + 9; i++) {
-		snprintf(rec, sizeof rec, PUB_HEAD "\"message_id\":\"m-%d\",\"route\":\"unknown\",\"confirm\":\"unknown\"}", i);
-		feed(t, rec);
+		int n = snprintf(rec, sizeof rec, "{\"type\":\"publish\",\"message_id\":\"m-%d\",\"route\":\"unknown\"}", i);
+		struct tap_track_verdict v = {.route = TAP_TRACK_ROUTE_UNKNOWN, .confirm = TAP_TRACK_CONFIRM_UNKNOWN,
+		                              .record = {(const uint8_t *)rec, (size_t)n}};
+		tap_metrics_tally_verdict(t, &v);
 	}
 	ck_assert_uint_eq(t->problems_seen, TAP_METRICS_PROBLEMS + 9);
 	struct tap_metrics_snapshot s = {.version = "1", .listening = true};
@@ -233,7 +268,6 @@ START_TEST(warnings_by_rule_from_the_tracker_stats)
 {
 	struct tap_metrics_tally *t = malloc(sizeof *t);
 	tap_metrics_tally_init(t);
-	feed(t, "{\"type\":\"warning\",\"ts\":\"x\",\"conn\":1,\"channel\":1,\"rule\":\"publish_and_wait\"}");
 	struct tap_metrics_snapshot s = {.version = "9.9.9", .listening = true};
 	s.track.warnings_by_rule[TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID] = 4;
 	s.track.warnings_by_rule[TAP_TRACK_RULE_CHANNEL_CHURN] = 1;
@@ -243,7 +277,6 @@ START_TEST(warnings_by_rule_from_the_tracker_stats)
 	char *text = text_of(&b);
 	ck_assert_ptr_nonnull(strstr(text, "\namqptap_warnings_total{rule=\"duplicate_message_id\"} 4\n"));
 	ck_assert_ptr_nonnull(strstr(text, "\namqptap_warnings_total{rule=\"channel_churn\"} 1\n"));
-	/* the record stream is not counted twice: the tracker's stats are the one count */
 	ck_assert_ptr_nonnull(strstr(text, "\namqptap_warnings_total{rule=\"publish_and_wait\"} 0\n"));
 	for (int r = 0; r < TAP_TRACK_N_RULES; r++) {
 		char want[96];
@@ -255,43 +288,56 @@ START_TEST(warnings_by_rule_from_the_tracker_stats)
 }
 END_TEST
 
-START_TEST(tally_counts_decode_errors_and_sees_the_upstream)
+START_TEST(tally_sees_the_upstream_and_the_observer_counts_decode_errors_and_gaps)
 {
 	struct tap_metrics_tally *t = malloc(sizeof *t);
 	tap_metrics_tally_init(t);
+	struct sink k = {0};
+	struct tap_track *tr = hooked_tracker(t, &k);
 	ck_assert_int_eq(t->upstream, TAP_UPSTREAM_UNSEEN);
-	feed(t, "{\"type\":\"decode_error\",\"ts\":\"x\",\"conn\":1,\"dir\":\"c2s\"}");
-	feed(t, "{\"type\":\"connection\",\"ts\":\"x\",\"conn\":1,\"event\":\"close\",\"client\":\"a\",\"by\":\"unreachable\"}");
-	ck_assert_uint_eq(t->decode_errors, 1);
+	struct tap_track_conn *c = tap_track_conn_new(tr, 1, "127.0.0.1:1", "127.0.0.1:2", T0);
+	tap_track_conn_end(c, "unreachable", T0 + 1);
 	ck_assert_int_eq(t->upstream, TAP_UPSTREAM_UNREACHABLE);
-	feed(t, "{\"type\":\"connection\",\"ts\":\"x\",\"conn\":2,\"event\":\"open\",\"client\":\"a\"}");
+	c = tap_track_conn_new(tr, 2, "127.0.0.1:1", "127.0.0.1:2", T0 + 2);
+	tap_track_conn_open(c, sl("/"), T0 + 3);
 	ck_assert_int_eq(t->upstream, TAP_UPSTREAM_REACHABLE);
-	feed(t, "{\"type\":\"connection\",\"ts\":\"x\",\"conn\":2,\"event\":\"close\",\"client\":\"a\",\"by\":\"client\"}");
+	tap_track_conn_end(c, "client_eof", T0 + 4);
 	ck_assert_int_eq(t->upstream, TAP_UPSTREAM_REACHABLE);
-	feed(t, "not json");
-	feed(t, "");
+	c = tap_track_conn_new(tr, 3, "127.0.0.1:1", "127.0.0.1:2", T0 + 5);
+	tap_track_conn_end(c, NULL, T0 + 6);
+	ck_assert_int_eq(t->upstream, TAP_UPSTREAM_REACHABLE);
+
+	/* a client that does not speak AMQP: one decode_error record, counted by the observer */
+	struct tap_observer o;
+	tap_observer_init(&o, tr, to_sink, &k, NULL, 0);
+	struct tap_conn *tc = tap_conn_new(&o, 4, "127.0.0.1:1", "127.0.0.1:2", T0 + 7);
+	static const uint8_t http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+	tap_conn_feed(tc, TAP_C2S, http, sizeof http - 1, T0 + 8);
+	ck_assert_uint_eq(o.decode_errors, 1);
+	/* and a capture that lost 100 bytes of the broker's side */
+	tap_conn_gap(tc, TAP_S2C, 100, T0 + 9);
+	ck_assert_uint_eq(o.capture_gaps, 1);
+	ck_assert_uint_eq(o.gap_bytes, 100);
+	tap_conn_end(tc, "client_eof", T0 + 10);
+	struct tap_metrics_snapshot s = {.version = "1", .listening = true, .decode_errors = o.decode_errors};
+	struct tap_buf b;
+	tap_buf_init(&b);
+	tap_metrics_render_prometheus(&s, t, &b);
+	ck_assert_ptr_nonnull(strstr(text_of(&b), "\namqptap_decode_errors_total 1\n"));
+	tap_buf_deinit(&b);
+	tap_observer_deinit(&o);
+	tap_track_free(tr);
 	free(t);
 }
 END_TEST
 
 /* ---- Prometheus text from a real tracker ---- */
 
-static struct tap_metrics_tally *sink_tally;
-
-static void to_tally(void *ctx, const char *json, size_t len)
-{
-	(void)ctx;
-	tap_metrics_tally_record(sink_tally, json, len);
-}
-
-#define T0 1796000000000000LL
-
 /* One connection, a confirm channel: publish 1 acked after 250 µs (routed), publish 2 returned and acked after
  * 1.2 ms, publish 3 unanswered; the connection is blocked. */
-static struct tap_track *scenario(struct tap_metrics_tally *t)
+static struct tap_track *scenario(struct tap_metrics_tally *t, struct sink *k)
 {
-	sink_tally = t;
-	struct tap_track *tr = tap_track_new(NULL, to_tally, NULL);
+	struct tap_track *tr = hooked_tracker(t, k);
 	struct tap_track_conn *c = tap_track_conn_new(tr, 1, "127.0.0.1:4000", "127.0.0.1:5672", T0);
 	tap_track_conn_client_props(c, sl("pika"), sl("1.2"), sl("Python"));
 	tap_track_conn_user(c, sl("guest"));
@@ -372,7 +418,8 @@ START_TEST(prometheus_text_of_a_real_tracker)
 {
 	struct tap_metrics_tally *t = malloc(sizeof *t);
 	tap_metrics_tally_init(t);
-	struct tap_track *tr = scenario(t);
+	struct sink k = {0};
+	struct tap_track *tr = scenario(t, &k);
 	struct tap_metrics_snapshot s = {.version = "9.9.9", .listening = true, .accepted = 5, .active = 1,
 	                                 .bytes = {[TAP_C2S] = 100, [TAP_S2C] = 50},
 	                                 .out = {[TAP_METRICS_OUT_VERDICTS] = {.on = true, .lines = 7}},
@@ -410,6 +457,18 @@ START_TEST(prometheus_text_of_a_real_tracker)
 		"\namqptap_confirm_latency_seconds_bucket{le=\"+Inf\"} 2\n",
 		"\namqptap_confirm_latency_seconds_sum 0.001464\n",
 		"\namqptap_confirm_latency_seconds_count 2\n",
+		/* the Return matched publish 1 (acked, held for a late Return): 2.1 ms after it, [2048, 2304), midpoint
+		 * 2176 µs */
+		"\namqptap_return_latency_seconds_bucket{le=\"0.002\"} 0\n",
+		"\namqptap_return_latency_seconds_bucket{le=\"0.003\"} 1\n",
+		"\namqptap_return_latency_seconds_bucket{le=\"+Inf\"} 1\n",
+		"\namqptap_return_latency_seconds_sum 0.002176\n",
+		"\namqptap_return_latency_seconds_count 1\n",
+		"\namqptap_exchange_publishes_total{exchange=\"x\",route=\"routed\"} 1\n",
+		"\namqptap_exchange_publishes_total{exchange=\"x\",route=\"returned\"} 1\n",
+		"\namqptap_exchange_publishes_total{exchange=\"x\",route=\"unknown\"} 0\n",
+		"\namqptap_exchange_publishes_total{exchange=\"(other)\",route=\"routed\"} 0\n",
+		"\namqptap_decode_errors_total 0\n",
 		"\namqptap_upstream_up 1\n",
 		"\namqptap_listening 1\n",
 		"\namqptap_build_info{version=\"9.9.9\"} 1\n",
@@ -417,9 +476,29 @@ START_TEST(prometheus_text_of_a_real_tracker)
 		"\nprocess_cpu_seconds_total 1.50\n",
 	};
 	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
-		REQUIRE(strstr(text, want[i]), "missing %s in:\n%s", want[i], text);
+		REQUIRE(strstr(text, want[i]), "missing %s in:\n%.3000s", want[i], strstr(text, "amqptap_return_latency") ? strstr(text, "amqptap_return_latency") : text);
 	ck_assert_ptr_null(strstr(text, "routing_key"));
 	ck_assert_ptr_null(strstr(text, "amqptap_upstream_up 0"));
+	ck_assert_ptr_null(strstr(text, "amqptap_capture_")); /* not capturing */
+	tap_buf_deinit(&b);
+
+	s.have_capture = true;
+	s.capture_packets = 10;
+	s.capture_drops = 2;
+	s.capture_gaps = 3;
+	s.capture_gap_bytes = 4000;
+	tap_buf_init(&b);
+	tap_metrics_render_prometheus(&s, t, &b);
+	text = text_of(&b);
+	lint_exposition(text);
+	static const char *const want_capture[] = {
+		"\namqptap_capture_packets_total 10\n",
+		"\namqptap_capture_drops_total 2\n",
+		"\namqptap_capture_gaps_total 3\n",
+		"\namqptap_capture_gap_bytes_total 4000\n",
+	};
+	for (size_t i = 0; i < sizeof want_capture / sizeof want_capture[0]; i++)
+		REQUIRE(strstr(text, want_capture[i]), "missing %s", want_capture[i]);
 	tap_buf_deinit(&b);
 
 	tap_buf_init(&b);
@@ -441,9 +520,13 @@ START_TEST(prometheus_text_of_a_real_tracker)
 		"\"outstanding\":1,\"channels\":1,\"blocked\":true",
 		"\"total\":1",
 		"\"problems\":{\"seen\":1,\"rows\":[{\"type\":\"publish\"",
+		"\"return_latency\":{\"count\":1,\"p50_us\":2100,",
+		("\"exchanges\":{\"rows\":[{\"exchange\":\"x\",\"routed\":1,\"returned\":1,\"unproven\":0,\"unknown\":0}],"
+		 "\"other\":{\"routed\":0,"),
+		"\"capture\":{\"packets\":10,\"drops\":2,\"gaps\":3,\"gap_bytes\":4000}",
 	};
 	for (size_t i = 0; i < sizeof want_json / sizeof want_json[0]; i++)
-		REQUIRE(strstr(json, want_json[i]), "missing %s in:\n%s", want_json[i], json);
+		REQUIRE(strstr(json, want_json[i]), "missing %s in:\n%.3000s", want_json[i], strstr(json, "\"problems\"") ? strstr(json, "\"problems\"") : json);
 	tap_buf_deinit(&b);
 
 	s.listening = false;
@@ -461,12 +544,110 @@ START_TEST(prometheus_text_of_a_real_tracker)
 }
 END_TEST
 
+/* The sample of exchange_publishes_total for (exchange, route), -1 when there is none. */
+static long long exchange_sample(const char *text, const char *exchange, const char *route)
+{
+	char want[600];
+	snprintf(want, sizeof want, "\namqptap_exchange_publishes_total{exchange=\"%s\",route=\"%s\"} ", exchange, route);
+	const char *p = strstr(text, want);
+	return p ? strtoll(p + strlen(want), NULL, 10) : -1;
+}
+
+static size_t count_of(const char *text, const char *needle)
+{
+	size_t n = 0;
+	for (const char *p = text; (p = strstr(p, needle)); p++)
+		n++;
+	return n;
+}
+
+static void publish_to(struct tap_metrics_tally *t, const char *exchange, size_t len, enum tap_track_route route,
+                       int times)
+{
+	struct tap_track_verdict v = {.exchange = {(const uint8_t *)exchange, len}, .route = route,
+	                              .confirm = TAP_TRACK_CONFIRM_NONE, .return_us = -1, .confirm_us = -1};
+	for (int i = 0; i < times; i++)
+		tap_metrics_tally_verdict(t, &v);
+}
+
+static char *render(const struct tap_metrics_tally *t, struct tap_buf *b)
+{
+	struct tap_metrics_snapshot s = {.version = "1", .listening = true};
+	tap_buf_reset(b);
+	tap_metrics_render_prometheus(&s, t, b);
+	char *text = text_of(b);
+	lint_exposition(text);
+	return text;
+}
+
+START_TEST(exchanges_are_bounded_ranked_and_escaped)
+{
+	struct tap_metrics_tally *t = malloc(sizeof *t);
+	tap_metrics_tally_init(t);
+	struct tap_buf b;
+	tap_buf_init(&b);
+	/* the default exchange, names that need escaping and a byte that is no UTF-8 */
+	publish_to(t, "", 0, TAP_TRACK_ROUTE_ROUTED, 5);
+	publish_to(t, "a\"b\\c\nd", 7, TAP_TRACK_ROUTE_RETURNED, 2);
+	publish_to(t, "caf\xc3\xa9\xff", 6, TAP_TRACK_ROUTE_ROUTED, 1);
+	char *text = render(t, &b);
+	ck_assert_int_eq(exchange_sample(text, "(AMQP default)", "routed"), 5);
+	ck_assert_int_eq(exchange_sample(text, "a\\\"b\\\\c\\nd", "returned"), 2);
+	ck_assert_int_eq(exchange_sample(text, "caf\xc3\xa9\xef\xbf\xbd", "routed"), 1);
+	ck_assert_int_eq(exchange_sample(text, "(other)", "routed"), 0);
+
+	/* 30 more exchanges: the first 10 seen have series (3 taken above, 7 more), the rest count in "(other)" */
+	char name[16];
+	for (int i = 0; i < 30; i++) {
+		snprintf(name, sizeof name, "ex%02d", i);
+		publish_to(t, name, strlen(name), TAP_TRACK_ROUTE_ROUTED, 1);
+	}
+	tap_metrics_tally_rank(t); /* no one is busier by an eighth than the least busy with a series: nothing moves */
+	text = render(t, &b);
+	ck_assert_uint_eq(count_of(text, "amqptap_exchange_publishes_total{"), (TAP_METRICS_EXCHANGES + 1) * 4);
+	ck_assert_int_eq(exchange_sample(text, "ex06", "routed"), 1);
+	ck_assert_int_eq(exchange_sample(text, "ex07", "routed"), -1);
+	long long other = exchange_sample(text, "(other)", "routed");
+	ck_assert_int_eq(other, 23); /* ex07..ex29 */
+
+	/* ex29 becomes the busiest: the next ranking gives it a series (counting from then) and takes the least busy
+	 * one's (the first with 1 publish: the café one); "(other)" only grows */
+	publish_to(t, "ex29", 4, TAP_TRACK_ROUTE_ROUTED, 50);
+	tap_metrics_tally_rank(t);
+	publish_to(t, "ex29", 4, TAP_TRACK_ROUTE_UNKNOWN, 3);
+	publish_to(t, "caf\xc3\xa9\xff", 6, TAP_TRACK_ROUTE_ROUTED, 1);
+	text = render(t, &b);
+	ck_assert_int_eq(exchange_sample(text, "ex29", "routed"), 0);
+	ck_assert_int_eq(exchange_sample(text, "ex29", "unknown"), 3);
+	ck_assert_int_eq(exchange_sample(text, "caf\xc3\xa9\xef\xbf\xbd", "routed"), -1);
+	ck_assert_int_eq(exchange_sample(text, "ex00", "routed"), 1);
+	ck_assert_int_eq(exchange_sample(text, "(other)", "routed"), other + 50 + 1);
+	ck_assert_uint_eq(count_of(text, "amqptap_exchange_publishes_total{"), (TAP_METRICS_EXCHANGES + 1) * 4);
+
+	/* a thousand distinct exchanges later the candidates and the series are still bounded, and a steady heavy
+	 * exchange among them gets its series */
+	for (int i = 0; i < 1000; i++) {
+		snprintf(name, sizeof name, "burst%d", i);
+		publish_to(t, name, strlen(name), TAP_TRACK_ROUTE_ROUTED, 1);
+		publish_to(t, "heavy", 5, TAP_TRACK_ROUTE_ROUTED, 1);
+	}
+	tap_metrics_tally_rank(t);
+	ck_assert_uint_le(t->n_exchanges, TAP_METRICS_EXCHANGE_CANDIDATES);
+	text = render(t, &b);
+	ck_assert_int_ge(exchange_sample(text, "heavy", "routed"), 0);
+	ck_assert_uint_eq(count_of(text, "amqptap_exchange_publishes_total{"), (TAP_METRICS_EXCHANGES + 1) * 4);
+	ck_assert_ptr_null(strstr(text, "burst"));
+	tap_buf_deinit(&b);
+	free(t);
+}
+END_TEST
+
 START_TEST(status_rows_are_bounded)
 {
 	struct tap_metrics_tally *t = malloc(sizeof *t);
 	tap_metrics_tally_init(t);
-	sink_tally = t;
-	struct tap_track *tr = tap_track_new(NULL, to_tally, NULL);
+	struct sink k = {0};
+	struct tap_track *tr = hooked_tracker(t, &k);
 	for (uint64_t i = 0; i < TAP_METRICS_MAX_ROWS + 20; i++)
 		(void)tap_track_conn_new(tr, i, "127.0.0.1:1", "127.0.0.1:2", T0); /* owned by the tracker */
 	struct tap_metrics_snapshot s = {.version = "1", .listening = true};
@@ -530,8 +711,9 @@ int main(void)
 	tcase_add_test(tc, tally_counts_problem_publishes_and_returns);
 	tcase_add_test(tc, tally_keeps_the_newest_problems);
 	tcase_add_test(tc, warnings_by_rule_from_the_tracker_stats);
-	tcase_add_test(tc, tally_counts_decode_errors_and_sees_the_upstream);
+	tcase_add_test(tc, tally_sees_the_upstream_and_the_observer_counts_decode_errors_and_gaps);
 	tcase_add_test(tc, prometheus_text_of_a_real_tracker);
+	tcase_add_test(tc, exchanges_are_bounded_ranked_and_escaped);
 	tcase_add_test(tc, status_rows_are_bounded);
 	tcase_add_test(tc, metrics_option_forms);
 	suite_add_tcase(s, tc);
