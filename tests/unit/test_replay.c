@@ -230,7 +230,8 @@ START_TEST(pushed_packets_give_the_file_records)
 	struct tap_observer o;
 	tap_observer_init(&o, t, collect, &got, NULL, 0);
 	struct tap_replay_live *live;
-	ck_assert_int_eq(tap_replay_live_new(&live, 5672, &o, t), 0);
+	uint16_t port = 5672;
+	ck_assert_int_eq(tap_replay_live_new(&live, &port, 1, 0, &o, t), 0);
 	uint32_t linktype = 0;
 	size_t pushed = 0;
 	for (size_t off = 0; off + 12 <= n;) { /* pcapng blocks of our own writer: host byte order, µs */
