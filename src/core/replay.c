@@ -65,6 +65,8 @@ static void *on_open(void *ctx, uint64_t id, const char *client, const char *ser
 	if (!s)
 		return NULL;
 	s->conn = tap_conn_new(r->obs, id, client, server, r->now);
+	if (midstream)
+		tap_conn_start_unseen(s->conn, r->now);
 	fed(r);
 	for (int d = 0; d < TAP_DIR_COUNT; d++) {
 		s->d[d].synced = !midstream;

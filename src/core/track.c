@@ -314,7 +314,13 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	                     .flags = (uint16_t)((p->mandatory ? TRK_FLAG_MANDATORY : 0) |
 	                                         (confirm_mode ? TRK_FLAG_CONFIRM : 0))};
 	struct trk_verdict vd;
-	(void)verdict_of(&e, want ? TRK_EVENT_END : TRK_EVENT_UNTRACKED, &no_memory, &vd);
+	struct trk_reason unseen = {.by = c->unseen_by};
+	if (ch && ch->mode == TRK_MODE_UNKNOWN) { /* nothing it is answered with can be placed: DESIGN §6b */
+		vd = (struct trk_verdict){
+		    .route = TAP_TRACK_ROUTE_UNKNOWN, .confirm = TAP_TRACK_CONFIRM_UNKNOWN, .reason = &unseen};
+	} else {
+		(void)verdict_of(&e, want ? TRK_EVENT_END : TRK_EVENT_UNTRACKED, &no_memory, &vd);
+	}
 	if (want)
 		t->st.oom++;
 	struct trk_view v = {
@@ -450,7 +456,10 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_publish *p, int64_t now_us)
 {
 	struct tap_track *t = c->t;
+	bool known = trk_chan_find(c, id) != NULL;
 	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
+	if (ch && !known)
+		trk_chan_first_publish(c, ch, now_us);
 	c->counts.publishes++;
 	t->st.publishes++;
 	trk_warn_publish(c, ch, p, now_us);
@@ -469,6 +478,10 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 	bool want = p->mandatory || (ch && (ch->mode == TRK_MODE_CONFIRM || ch->closing));
 	/* a plain publish is held conf.late_return_us: the broker's close, if it refuses it, comes within that */
 	bool plain = !want && ch && t->conf.late_return_us > 0;
+	if (ch && ch->mode == TRK_MODE_UNKNOWN) {
+		publish_untracked(c, id, ch, p, false, now_us);
+		return;
+	}
 	if (!(want || plain)) {
 		publish_untracked(c, id, ch, p, want, now_us); /* nothing to wait for, or no memory to wait */
 		return;
