@@ -589,7 +589,8 @@ static int run_sniff(const struct tap_conf *conf)
 		evtimer_add(app.tick_timer, &tick);
 	if (tap_log_start() != 0)
 		fprintf(stderr, "amqptap: WARNING: cannot start the stderr writer; messages are written directly\n");
-	tap_log_info("sniffing on %s, filter: %s", conf->interface, tap_sniff_filter(app.sniff));
+	tap_log_info("sniffing on %s (link type %s), filter: %s", conf->interface, tap_sniff_link_name(app.sniff),
+		     tap_sniff_filter(app.sniff));
 
 	event_base_dispatch(app.base);
 

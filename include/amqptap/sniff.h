@@ -25,6 +25,8 @@ struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, cons
 				uint32_t buffer_kib, char *err, size_t cap, int *exit_code);
 /* The BPF filter in use. */
 const char *tap_sniff_filter(const struct tap_sniff *s);
+/* The link type libpcap delivers ("EN10MB", "LINUX_SLL2", ...). */
+const char *tap_sniff_link_name(const struct tap_sniff *s);
 /* Where the packets go; before the loop runs. */
 void tap_sniff_attach(struct tap_sniff *s, struct tap_replay_live *live);
 /* Reads what libpcap still holds, then the kernel's drop counters. */

@@ -26,8 +26,11 @@ struct tap_sniff {
 /* Packets wait at most this long in a block of the ring before the descriptor becomes readable. */
 #define SNIFF_TIMEOUT_MS 5
 
-/* "tcp port A or tcp port B ...", and the same behind a VLAN tag (BPF's `vlan` shifts the offsets after it). */
-static bool build_filter(char *out, size_t cap, const uint16_t *ports, size_t n)
+/* "tcp port A or tcp port B ...", and on Ethernet the same behind a VLAN tag. Where the kernel takes the tag
+ * off into packet metadata (VLAN offload: the usual case) the filter sees the untagged frame and libpcap puts
+ * the tag back for the reader; the `vlan` clause is for tags that stay in the frame. Linux cooked headers
+ * (`any`) carry no tag, and libpcap refuses `vlan` there. */
+static bool build_filter(char *out, size_t cap, const uint16_t *ports, size_t n, bool ethernet)
 {
 	char any[TAP_SNIFF_FILTER_MAX / 2] = "";
 	size_t len = 0;
@@ -37,7 +40,7 @@ static bool build_filter(char *out, size_t cap, const uint16_t *ports, size_t n)
 			return false;
 		len += (size_t)w;
 	}
-	int w = snprintf(out, cap, "(%s) or (vlan and (%s))", any, any);
+	int w = ethernet ? snprintf(out, cap, "(%s) or (vlan and (%s))", any, any) : snprintf(out, cap, "%s", any);
 	return w > 0 && (size_t)w < cap;
 }
 
@@ -103,7 +106,7 @@ struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, cons
 	}
 	const char *filter = s->filter;
 	struct bpf_program prog;
-	if (!build_filter(s->filter, sizeof s->filter, ports, n_ports)) {
+	if (!build_filter(s->filter, sizeof s->filter, ports, n_ports, pcap_datalink(s->p) == DLT_EN10MB)) {
 		snprintf(err, cap, "--port: too many ports for the capture filter");
 		pcap_close(s->p);
 		free(s);
@@ -164,6 +167,12 @@ void tap_sniff_free(struct tap_sniff *s)
 const char *tap_sniff_filter(const struct tap_sniff *s)
 {
 	return s->filter;
+}
+
+const char *tap_sniff_link_name(const struct tap_sniff *s)
+{
+	const char *name = pcap_datalink_val_to_name(pcap_datalink(s->p));
+	return name ? name : "unknown";
 }
 
 const char *tap_sniff_lib_version(void)

@@ -10,6 +10,8 @@ import collections
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -21,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 
-from tapharness import AMQPTAP_BIN, BROKER_PORT, TapTestCase, main, read_records, require_broker, wait_for  # noqa
+from tapharness import AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, TapTestCase, main, read_records, require_broker, wait_for  # noqa
 from scenario_lib import read_until_progress, stream_publisher  # noqa: E402
 
 VOLATILE = {"ts", "conn", "client", "return_us", "confirm_us", "duration_us", "multiple", "run", "started"}
@@ -223,6 +225,164 @@ class Sniff(TapTestCase):
         self.assertEqual(r.returncode, 2)
         self.assertEqual(r.stderr.strip().splitlines(), ["amqptap: --interface nosuch0: no such interface"])
         self.assertEqual(r.stdout, "")
+
+
+def v6_free_port():
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+        s.bind(("::1", 0))
+        return s.getsockname()[1]
+
+
+def comparable(recs, drop=("conn",)):
+    """Records without process identity, timings and what `drop` names, as sorted JSON texts."""
+    out = []
+    for r in recs:
+        r = {k: v for k, v in r.items() if k not in IDENTITY and k not in drop and k != "ts" and not k.endswith("_us")
+             and k != "multiple"}
+        out.append(json.dumps(r, sort_keys=True))
+    return sorted(out)
+
+
+IDENTITY = ("run", "tap", "started", "schema")
+
+
+def publish_some(host, port, tag):
+    """Confirmed mandatory publishes on one connection: routed, returned, and one without mandatory."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters(host, port, heartbeat=0))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = f"sniff.{tag}.{os.getpid()}"
+    ch.queue_declare(q, auto_delete=True)
+    for i in range(5):
+        ch.basic_publish("", q, b"x" * i, pika.BasicProperties(message_id=f"{tag}-{i}"), mandatory=True)
+    try:
+        ch.basic_publish("", q + ".absent", b"r", pika.BasicProperties(message_id=f"{tag}-ret"), mandatory=True)
+    except pika.exceptions.UnroutableError:
+        pass
+    conn.close()
+
+
+class SniffLinks(TapTestCase):
+    """Several --port, IPv6 on lo, the `any` interface (Linux cooked link type), VLAN-tagged Ethernet frames."""
+
+    def setUp(self):
+        super().setUp()
+        require_broker(self)
+
+    def start_sniff(self, d, name, iface, ports, *extra):
+        verdicts = os.path.join(d, f"{name}.jsonl")
+        err = open(os.path.join(d, f"{name}.err"), "w+")
+        args = [AMQPTAP_BIN, "sniff", "-i", iface, "--verdicts", verdicts, *extra]
+        for port in ports:
+            args += ["--port", str(port)]
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
+        self.assertTrue(wait_for(lambda: "sniffing on" in open(err.name).read() or p.poll() is not None, 10))
+        self.assertIsNone(p.poll(), open(err.name).read())
+        return p, verdicts, err
+
+    def stop_sniff(self, p, err):
+        p.send_signal(signal.SIGINT)
+        self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
+        return open(err.name).read()
+
+    def test_two_ports_one_of_them_ipv6(self):
+        """A tap on [::1]:P in front of the broker; pika connects to it over IPv6. `sniff -i lo --port P --port
+        BROKER` sees both legs: the IPv6 one gives exactly the tap's own records (same connection: the client
+        address too), the IPv4 one (tap to broker) the same verdicts. With only --port P, only the IPv6 leg."""
+        p6 = v6_free_port()
+        tap = self.start_tap(["--listen", f"[::1]:{p6}", "--return-window", "300"])
+        with tempfile.TemporaryDirectory() as d:
+            both, both_out, both_err = self.start_sniff(d, "both", "lo", [p6, BROKER_PORT], "--return-window", "300")
+            one, one_out, one_err = self.start_sniff(d, "one", "lo", [p6], "--return-window", "300")
+            publish_some("::1", p6, "v6")
+            time.sleep(0.5)
+            log = self.stop_sniff(both, both_err)
+            self.stop_sniff(one, one_err)
+            both_recs, one_recs = read_records(both_out), read_records(one_out)
+        self.assertIn(f"tcp port {p6} or tcp port {BROKER_PORT}", log)
+        self.assertEqual(tap.stop(), 0)
+        tap_recs = read_records(tap.verdicts)
+        legs = {}
+        for r in both_recs:
+            if "client" in r:
+                legs.setdefault(r["conn"], r["client"])
+        v6 = [c for c, a in legs.items() if a.startswith("[::1]:")]
+        v4 = [c for c, a in legs.items() if a.startswith("127.0.0.1:")]
+        self.assertEqual((len(v6), len(v4)), (1, 1), legs)
+        leg6 = [r for r in both_recs if r.get("conn") == v6[0]]
+        leg4 = [r for r in both_recs if r.get("conn") == v4[0]]
+        # "upstream" is the far end of the captured leg: the tap's [::1]:P for the sniffer, the broker for the tap
+        self.assertEqual(comparable(leg6, ("conn", "upstream")), comparable(tap_recs, ("conn", "upstream")))
+        self.assertEqual(comparable(one_recs, ("conn", "upstream")), comparable(tap_recs, ("conn", "upstream")))
+        self.assertEqual({r["upstream"] for r in leg6 if "upstream" in r}, {f"[::1]:{p6}"})
+        verdicts = lambda recs: sorted((r["message_id"], r["route"], r["confirm"], r["seq"])  # noqa: E731
+                                       for r in recs if r["type"] == "publish")
+        self.assertEqual(verdicts(leg4), verdicts(tap_recs))
+        self.assertEqual(len(verdicts(leg4)), 6)
+
+    def test_any_interface_gives_what_lo_gives(self):
+        """`-i any` (Linux cooked link type) and `-i lo` (Ethernet) capture the same session at once: the same
+        records."""
+        with tempfile.TemporaryDirectory() as d:
+            anyp, any_out, any_err = self.start_sniff(d, "any", "any", [BROKER_PORT])
+            lo, lo_out, lo_err = self.start_sniff(d, "lo", "lo", [BROKER_PORT])
+            publish_some("127.0.0.1", BROKER_PORT, "any")
+            time.sleep(0.5)
+            log = self.stop_sniff(anyp, any_err)
+            self.stop_sniff(lo, lo_err)
+            any_recs, lo_recs = read_records(any_out), read_records(lo_out)
+        self.assertRegex(log, r"link type LINUX_SLL2?\b")
+        self.assertEqual(len([r for r in lo_recs if r["type"] == "publish"]), 6)
+        self.assertEqual(comparable(any_recs, drop=()), comparable(lo_recs, drop=()))
+
+    def test_vlan_tagged_frames_live(self):
+        """802.1Q-tagged frames of a committed capture sent on one end of a veth pair while `sniff` captures the
+        other: the records are those `replay` gives for the untagged capture (the kernel takes the tag off into
+        packet metadata; libpcap puts it back; the filter's `vlan` clause matches it). Skipped where veth pairs
+        cannot be made (no CAP_NET_ADMIN)."""
+        name = f"snv{os.getpid() % 100000}"
+        r = subprocess.run(["ip", "link", "add", f"{name}a", "type", "veth", "peer", "name", f"{name}b"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            self.skipTest(f"cannot make a veth pair: {r.stderr.strip()}")
+        self.addCleanup(subprocess.run, ["ip", "link", "del", f"{name}a"], capture_output=True)
+        for end in "ab":
+            subprocess.run(["ip", "link", "set", f"{name}{end}", "mtu", "9000", "up"], check=True)
+        cap = os.path.join(SOURCE_DIR, "captures", "confirm_mandatory.pcapng")
+        port = int(open(cap[:-len(".pcapng")] + ".port").read().strip())
+        frames = [vlan_tag(f, 7) for f in ethernet_frames(cap)]
+        with tempfile.TemporaryDirectory() as d:
+            p, out, err = self.start_sniff(d, "vlan", f"{name}b", [port], "--return-window", "300")
+            with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
+                s.bind((f"{name}a", 0))
+                for f in frames:
+                    s.send(f)
+            time.sleep(0.5)
+            self.stop_sniff(p, err)
+            live = read_records(out)
+            rep = subprocess.run([AMQPTAP_BIN, "replay", cap, "--port", str(port), "--return-window", "300"],
+                                 capture_output=True, text=True, check=True)
+        want = [json.loads(line) for line in rep.stdout.splitlines()]
+        self.assertTrue([r for r in want if r["type"] == "publish"])
+        self.assertEqual(comparable(live), comparable(want))
+
+
+def ethernet_frames(path):
+    """The packets of a little-endian pcapng file whose interface is Ethernet."""
+    data, off, out = open(path, "rb").read(), 0, []
+    while off < len(data):
+        btype, blen = struct.unpack_from("<II", data, off)
+        if btype == 1:
+            assert struct.unpack_from("<H", data, off + 8)[0] == 1, "not Ethernet"
+        if btype == 6:
+            caplen = struct.unpack_from("<I", data, off + 20)[0]
+            out.append(data[off + 28:off + 28 + caplen])
+        off += blen
+    return out
+
+
+def vlan_tag(frame, vid):
+    return frame[:12] + struct.pack(">HH", 0x8100, vid) + frame[12:]
 
 
 if __name__ == "__main__":
