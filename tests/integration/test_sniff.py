@@ -217,6 +217,9 @@ class Sniff(TapTestCase):
         chan = [(r["channel"], r["event"]) for r in recs if r["type"] == "channel"]
         self.assertIn((1, "mode_unknown"), chan)
         self.assertNotIn((2, "mode_unknown"), chan)
+        self.assertFalse([r for r in recs if r["type"] == "connection" and r["event"] == "open"], "handshake unseen")
+        unmatched = [r for r in recs if r["type"] == "warning" and r.get("rule") == "unmatched_return"]
+        self.assertEqual([(r["channel"], r.get("reply_code")) for r in unmatched], [(1, 312)], unmatched)
         self.assertFalse([r for r in recs if r["type"] in ("capture_gap", "capture_drops")])
 
     def test_missing_interface_is_one_line_and_exit_2(self):
