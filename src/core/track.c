@@ -193,6 +193,16 @@ static void publish_done(struct tap_track_conn *c, uint16_t ch, const struct trk
 		call_verdict_hook(c, ch, v, vd, now_us);
 }
 
+/* A timer of c's channels runs out at start + window: tap_track_tick must not skip c past it. */
+static void due_at(struct tap_track_conn *c, int64_t start, int64_t window)
+{
+	int64_t due;
+	if (__builtin_add_overflow(start, window, &due))
+		due = INT64_MAX;
+	if (due < c->next_due)
+		c->next_due = due;
+}
+
 void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, enum trk_event ev,
                    const struct trk_reason *why, int64_t stamp_us)
 {
@@ -209,8 +219,10 @@ void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, en
 		bool queued = trk_fifo_push(t, &ch->held_q, n);
 		e->state = TRK_STATE_HELD;
 		t->st.held++;
-		if (queued)
+		if (queued) {
+			due_at(c, e->t_ack, t->conf.late_return_us);
 			return;
+		}
 		t->st.oom++; /* no room to hold it: written now, as if its hold were over */
 		next = verdict_of(e, TRK_EVENT_TIMEOUT, NULL, &vd);
 	}
@@ -447,10 +459,18 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	                                  : tap_intern_get(&c->keys, TRK_TAG_ROUTE, x->ptr, x->len, rk->ptr, rk->len);
 	ch->next++;
 	trk_slot_stored(c, ch, n);
-	if (!confirm_mode && p->mandatory && !ch->closing && !trk_fifo_push(t, &ch->win_q, n))
-		t->st.oom++; /* written when the channel ends instead of at the window's end */
-	if (plain && !trk_fifo_push(t, &ch->plain_q, n))
-		t->st.oom++; /* written when the channel ends instead of at the hold's end */
+	if (!confirm_mode && p->mandatory && !ch->closing) {
+		if (trk_fifo_push(t, &ch->win_q, n))
+			due_at(c, now_us, t->conf.return_window_us);
+		else
+			t->st.oom++; /* written when the channel ends instead of at the window's end */
+	}
+	if (plain) {
+		if (trk_fifo_push(t, &ch->plain_q, n))
+			due_at(c, now_us, t->conf.late_return_us);
+		else
+			t->st.oom++; /* written when the channel ends instead of at the hold's end */
+	}
 }
 
 void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_publish *p, int64_t now_us)
@@ -753,14 +773,23 @@ int64_t tap_track_tick(struct tap_track *t, int64_t now_us)
 {
 	int64_t next = INT64_MAX;
 	for (struct tap_track_conn *c = t->conns; c; c = c->next) {
+		if (c->next_due > now_us) { /* nothing of it is due: its channels are not walked */
+			if (c->next_due < next)
+				next = c->next_due;
+			continue;
+		}
+		int64_t conn_next = INT64_MAX;
 		for (uint32_t i = 0; i < c->n_active;) {
 			struct trk_chan *ch = c->active[i];
 			int64_t d = chan_tick(c, ch, now_us);
-			if (d < next)
-				next = d;
+			if (d < conn_next)
+				conn_next = d;
 			if (i < c->n_active && c->active[i] == ch)
 				i++;
 		}
+		c->next_due = conn_next;
+		if (conn_next < next)
+			next = conn_next;
 	}
 	return next;
 }

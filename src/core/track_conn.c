@@ -104,6 +104,7 @@ struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id,
 	c->t = t;
 	c->id = conn_id;
 	c->t_new = now_us;
+	c->next_due = INT64_MAX;
 	tap_intern_init(&c->keys, &t->mem);
 	tap_buf_init(&c->prefix);
 	trk_set_cstr(t, &c->client, client_addr);

@@ -182,6 +182,7 @@ struct tap_track_conn {
 	bool warned_churn;
 	struct trk_ids *ids; /* the recent message ids (duplicate_message_id); NULL until the first */
 	const char *unseen_by; /* set by tap_track_conn_unseen: a channel first seen at a publish has an unknown mode */
+	int64_t next_due;      /* no timer of its channels is due before this: tap_track_tick skips it until then */
 };
 
 /* The record being written and the second whose date part is formatted (records are written in time order,

@@ -2,7 +2,7 @@
  * CONNS connections) with the pcapng writer, then replays it through the observers and tracker twice: with the
  * tracker ticked at every packet (no hooks: every connection walked per packet) and only when a deadline may be
  * due (hooks.min_window_us, as `amqptap replay` and `sniff` do). Prints MB/s for each and checks both wrote the
- * same number of records. Usage: bench_replay [FILE] [MB] [CONNS] (default /tmp/amqptap-bench.pcapng, 200, 8). */
+ * same records (count and a hash of their bytes, in order). Usage: bench_replay [FILE] [MB] [CONNS] (default /tmp/amqptap-bench.pcapng, 200, 8). */
 #include "amqptap/conn.h"
 #include "amqptap/buf.h"
 #include "amqptap/pcapng.h"
@@ -29,12 +29,15 @@ static double now_s(void)
 
 struct counts {
 	uint64_t records;
+	uint64_t hash; /* FNV-1a over every record in order: two replays wrote the same records */
 };
 
 static void count(void *ctx, const char *json, size_t len)
 {
-	(void)json, (void)len;
-	((struct counts *)ctx)->records++;
+	struct counts *c = ctx;
+	c->records++;
+	for (size_t i = 0; i < len; i++)
+		c->hash = (c->hash ^ (uint8_t)json[i]) * 0x100000001b3ull;
 }
 
 /* The pcapng blocks go to a stdio file, as the tap's writer thread would write them. */
@@ -121,9 +124,9 @@ int main(int argc, char **argv)
 	free(seq);
 	tap_build_free(&cb);
 	tap_build_free(&sb);
-	uint64_t records[2] = {0};
+	uint64_t records[2] = {0}, hash[2] = {0};
 	for (int due = 0; due < 2; due++) {
-		struct counts cnt = {0};
+		struct counts cnt = {0, 0xcbf29ce484222325ull};
 		struct tap_track *t = tap_track_new(NULL, count, &cnt);
 		struct tap_observer o;
 		tap_observer_init(&o, t, count, &cnt, NULL, 0);
@@ -141,16 +144,17 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		printf("replay (%d connections, tick %s): %.1f MB in %.2f s = %.0f MB/s, %" PRIu64 " records, %" PRIu64
-		       " publish records (%" PRIu64 " publishes)\n",
+		       " publish records (%" PRIu64 " publishes), records hash %016" PRIx64 "\n",
 		       NCONN, due ? "when due      " : "at every packet", mb, t3 - t2, mb / (t3 - t2), cnt.records,
-		       ts_.publish_records, pubs);
+		       ts_.publish_records, pubs, cnt.hash);
 		if (ts_.publish_records != pubs) {
 			fprintf(stderr, "publish records %" PRIu64 " != publishes %" PRIu64 "\n", ts_.publish_records, pubs);
 			return 1;
 		}
 		records[due] = cnt.records;
+		hash[due] = cnt.hash;
 	}
-	if (records[0] != records[1]) {
+	if (records[0] != records[1] || hash[0] != hash[1]) {
 		fprintf(stderr, "records differ: %" PRIu64 " ticking at every packet, %" PRIu64 " when due\n", records[0],
 			records[1]);
 		return 1;
