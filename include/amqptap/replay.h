@@ -11,13 +11,13 @@
 #include <stdint.h>
 
 /* Per TCP stream of server port `port`: one tap_conn (id = stream number from 1), fed both directions with the
- * capture's timestamps; stream close -> tap_conn_end with "client_eof", "broker_eof", "client_reset",
- * "broker_reset", "capture_idle" for a stream that carried nothing for TAP_CAPTURE_IDLE_US_DEFAULT,
- * "capture_limit" for the least recently active one when more than TAP_CAPTURE_MAX_STREAMS_DEFAULT are open (a
- * later packet of either starts a new mid-stream connection), or "capture_end" for streams open at the end. tap_track_tick runs at a packet when a deadline may be due, and
- * tap_track_tick + tap_track_shutdown at the last timestamp. A stream seen without its SYN is resynchronised on
- * the first plausible frame boundary of each direction. Returns 0 or a negative status with a message in err;
- * on a corrupt capture everything before the fault has been replayed and written. */
+ * capture's timestamps; stream close -> tap_conn_end with "client_eof", "broker_eof", "client_reset", "broker_reset",
+ * "capture_idle" for a stream that carried nothing for TAP_CAPTURE_IDLE_US_DEFAULT, "capture_limit" for the least
+ * recently active one when more than TAP_CAPTURE_MAX_STREAMS_DEFAULT are open (a later packet of either starts a new
+ * mid-stream connection), or "capture_end" for streams open at the end. tap_track_tick runs at a packet when a deadline
+ * may be due, and tap_track_tick + tap_track_shutdown at the last timestamp. A stream seen without its SYN is
+ * resynchronised on the first plausible frame boundary of each direction. Returns 0 or a negative status with a message
+ * in err; on a corrupt capture everything before the fault has been replayed and written. */
 struct tap_replay_stats {
 	uint64_t gaps;      /* holes in a stream direction: one capture_gap record each */
 	uint64_t gap_bytes; /* the bytes they lost */

@@ -19,8 +19,8 @@ struct tap_sniff_stats {
 #define TAP_SNIFF_FILTER_MAX 1024
 
 /* Opens and activates the capture (buffer_kib of kernel buffer, a filter for TCP on any of the n_ports ports,
- * VLAN-tagged or not) and reads it on base once the loop runs. Returns NULL with a one-line message in err and *exit_code 2 when the
- * interface does not exist, 1 otherwise (no permission: the message names CAP_NET_RAW). */
+ * VLAN-tagged or not) and reads it on base once the loop runs. Returns NULL with a one-line message in err and
+ * *exit_code 2 when the interface does not exist, 1 otherwise (no permission: the message names CAP_NET_RAW). */
 struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, const uint16_t *ports, size_t n_ports,
 				uint32_t buffer_kib, char *err, size_t cap, int *exit_code);
 /* The BPF filter in use. */

@@ -30,7 +30,7 @@ struct tap_sniff {
  * off into packet metadata (VLAN offload: the usual case) the filter sees the untagged frame and libpcap puts
  * the tag back for the reader; the `vlan` clause is for tags that stay in the frame. Linux cooked headers
  * (`any`) carry no tag, and libpcap refuses `vlan` there. */
-static bool build_filter(char *out, size_t cap, const uint16_t *ports, size_t n, bool ethernet)
+static bool build_filter(char *out, size_t cap, const uint16_t *ports, size_t n, int dlt)
 {
 	char any[TAP_SNIFF_FILTER_MAX / 2] = "";
 	size_t len = 0;
@@ -40,7 +40,11 @@ static bool build_filter(char *out, size_t cap, const uint16_t *ports, size_t n,
 			return false;
 		len += (size_t)w;
 	}
-	int w = ethernet ? snprintf(out, cap, "(%s) or (vlan and (%s))", any, any) : snprintf(out, cap, "%s", any);
+	int w;
+	if (dlt == DLT_EN10MB)
+		w = snprintf(out, cap, "(%s) or (vlan and (%s))", any, any);
+	else
+		w = snprintf(out, cap, "%s", any);
 	return w > 0 && (size_t)w < cap;
 }
 
@@ -106,7 +110,7 @@ struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, cons
 	}
 	const char *filter = s->filter;
 	struct bpf_program prog;
-	if (!build_filter(s->filter, sizeof s->filter, ports, n_ports, pcap_datalink(s->p) == DLT_EN10MB)) {
+	if (!build_filter(s->filter, sizeof s->filter, ports, n_ports, pcap_datalink(s->p))) {
 		snprintf(err, cap, "--port: too many ports for the capture filter");
 		pcap_close(s->p);
 		free(s);

@@ -1,8 +1,9 @@
-/* Replay throughput: writes a capture of mixed publish traffic (confirm and plain channels, 64 B..64 kB bodies,
- * CONNS connections) with the pcapng writer, then replays it through the observers and tracker twice: with the
- * tracker ticked at every packet (no hooks: every connection walked per packet) and only when a deadline may be
- * due (hooks.min_window_us, as `amqptap replay` and `sniff` do). Prints MB/s for each and checks both wrote the
- * same records (count and a hash of their bytes, in order). Usage: bench_replay [FILE] [MB] [CONNS] (default /tmp/amqptap-bench.pcapng, 200, 8). */
+/* Replay throughput: writes a capture of mixed publish traffic (confirm and plain channels, 64 B..64 kB bodies, CONNS
+ * connections) with the pcapng writer, then replays it through the observers and tracker twice: with the tracker ticked
+ * at every packet (no hooks: every connection walked per packet) and only when a deadline may be due
+ * (hooks.min_window_us, as `amqptap replay` and `sniff` do). Prints MB/s for each and checks both wrote the same
+ * records (count and a hash of their bytes, in order). Usage: bench_replay [FILE] [MB] [CONNS] (default
+ * /tmp/amqptap-bench.pcapng, 200, 8). */
 #include "amqptap/conn.h"
 #include "amqptap/buf.h"
 #include "amqptap/pcapng.h"

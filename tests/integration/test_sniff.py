@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 
-from tapharness import AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, TapTestCase, main, read_records, require_broker, wait_for  # noqa
+from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, TapTestCase, main, read_records,  # noqa: E402
+                        require_broker, wait_for)
 from scenario_lib import read_until_progress, stream_publisher  # noqa: E402
 
 VOLATILE = {"ts", "conn", "client", "return_us", "confirm_us", "duration_us", "multiple", "run", "started"}
@@ -153,7 +154,8 @@ class Sniff(TapTestCase):
             if r["route"] in ("routed", "returned"):
                 claims[r["route"]] += 1
             if r.get("message_id") is None:  # its content header was lost: nothing may be claimed for it
-                self.assertEqual((r["route"], r["confirm"], r["reason"]["by"]), ("unknown", "unknown", "capture_gap"), r)
+                self.assertEqual((r["route"], r["confirm"], r["reason"]["by"]), ("unknown", "unknown", "capture_gap"),
+                                 r)
                 continue
             truth = ref_pubs.get((r.get("routing_key"), r.get("message_id")))
             self.assertIsNotNone(truth, r)
