@@ -464,7 +464,10 @@ static int run_replay(const struct tap_conf *conf)
 	if (code == 0) {
 		char err[512];
 		struct tap_replay_stats rs;
-		struct tap_replay_hooks hooks = {.ctx = &app, .idle = replay_idle};
+		struct tap_replay_hooks hooks = {
+			.ctx = &app, .idle = replay_idle, .ports = conf->ports + 1, .n_ports = conf->n_ports - 1,
+			.min_window_us = app.min_window_us,
+		};
 		int rc = tap_replay_run(conf->replay_file, (uint16_t)conf->replay_port, &app.observer, app.track, &hooks,
 					&rs, err, sizeof err);
 		if (rs.gaps > 0)
@@ -563,7 +566,7 @@ static int run_sniff(const struct tap_conf *conf)
 		return 1;
 	}
 	/* the capture first: a missing interface or permission is one line, before any output exists */
-	app.sniff = tap_sniff_new(app.base, conf->interface, (uint16_t)conf->replay_port, conf->buffer_kib, err,
+	app.sniff = tap_sniff_new(app.base, conf->interface, conf->ports, conf->n_ports, conf->buffer_kib, err,
 				  sizeof err, &code);
 	if (!app.sniff) {
 		fprintf(stderr, "amqptap: %s\n", err);
@@ -572,7 +575,8 @@ static int run_sniff(const struct tap_conf *conf)
 	}
 	code = outputs_open(&app);
 	struct tap_replay_live *live = NULL;
-	if (!code && tap_replay_live_new(&live, (uint16_t)conf->replay_port, &app.observer, app.track) != TAP_OK) {
+	if (!code && tap_replay_live_new(&live, conf->ports, conf->n_ports, app.min_window_us, &app.observer,
+					 app.track) != TAP_OK) {
 		fprintf(stderr, "amqptap: cannot start: out of memory\n");
 		code = 1;
 	}
@@ -608,7 +612,8 @@ static int run_sniff(const struct tap_conf *conf)
 		evtimer_add(app.tick_timer, &tick);
 	if (tap_log_start() != 0)
 		fprintf(stderr, "amqptap: WARNING: cannot start the stderr writer; messages are written directly\n");
-	tap_log_info("sniffing on %s, broker port %u", conf->interface, conf->replay_port);
+	tap_log_info("sniffing on %s (link type %s), filter: %s", conf->interface, tap_sniff_link_name(app.sniff),
+		     tap_sniff_filter(app.sniff));
 
 	event_base_dispatch(app.base);
 

@@ -24,6 +24,8 @@
 #define TAP_CAPTURE_MAX_BLOCK (16u << 20)
 #define TAP_CAPTURE_MAX_OOO_BYTES (4u << 20)
 #define TAP_CAPTURE_MAX_OOO_SEGS 4096u
+/* Broker ports one capture follows (a node's AMQP listeners, or several nodes on one host). */
+#define TAP_CAPTURE_MAX_PORTS 16u
 /* Stream limits (tap_capture_set_limits): an open stream that carries nothing for this long in capture time is
  * closed (an AMQP connection with the default 60 s heartbeat sends a frame at least every 30 s); at most this
  * many open streams, and as many closed ones remembered to drop their late packets. */
@@ -100,6 +102,9 @@ void tap_capture_set_limits(struct tap_capture *c, int64_t idle_us, size_t max_s
 int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_capture_cb *cb, char *err, size_t cap);
 
 void tap_capture_get_stats(const struct tap_capture *c, struct tap_capture_stats *s);
+/* One more broker port, besides the one tap_capture_run or tap_capture_new_push names; before the first packet.
+ * TAP_E_USAGE past TAP_CAPTURE_MAX_PORTS. */
+int tap_capture_add_port(struct tap_capture *c, uint16_t port);
 
 /* Packets pushed one at a time (live capture, `amqptap sniff`): the same reassembly and callbacks as
  * tap_capture_run, for server port `port`; cb is borrowed until tap_capture_free. */

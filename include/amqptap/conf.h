@@ -11,6 +11,7 @@
 
 #define TAP_CONF_HOST_MAX 256
 #define TAP_CONF_TAP_ID_MAX 256 /* bytes, with the NUL */
+#define TAP_CONF_PORTS_MAX 16   /* --port given this many times at most */
 
 struct tap_conf_addr {
 	char host[TAP_CONF_HOST_MAX]; /* without brackets for IPv6 */
@@ -41,7 +42,9 @@ struct tap_conf {
 	const char *frames;         /* NULL = off */
 	const char *pcap;           /* NULL = off */
 	const char *replay_file;    /* replay mode: the capture */
-	uint32_t replay_port;       /* replay and sniff: the broker's TCP port in the capture */
+	uint32_t replay_port;       /* replay and sniff: the broker's TCP port in the capture (the first --port) */
+	uint16_t ports[TAP_CONF_PORTS_MAX]; /* every --port in order (replay_port first); at least the default */
+	size_t n_ports;
 	const char *interface;      /* sniff mode: the interface libpcap captures on */
 	uint32_t buffer_kib;        /* sniff mode: the kernel capture buffer */
 	uint32_t body_bytes;

@@ -75,6 +75,9 @@ void tap_conn_note(struct tap_conn *c, const char *detail);
  * frame state: the caller feeds it again from a frame boundary; every later publish ends as it completes, with
  * "seq": null since publishes in the hole shifted the count. The capture copy gets no client bytes after it. */
 void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t missing, int64_t now_us);
+/* The capture began after the connection did (replay, sniff): the channels' confirm and tx modes were not seen
+ * (tap_track_conn_unseen). */
+void tap_conn_start_unseen(struct tap_conn *c, int64_t now_us);
 /* The TCP connection is gone: every outstanding publish is written with
  * {"by": reason_by} unless a close method said more; frees c. */
 void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us);

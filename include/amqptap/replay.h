@@ -7,24 +7,31 @@
 #include "amqptap/conn.h"
 #include "amqptap/track.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Per TCP stream of server port `port`: one tap_conn (id = stream number from 1), fed both directions with the
- * capture's timestamps; stream close -> tap_conn_end with "client_eof", "broker_eof", "client_reset",
- * "broker_reset", "capture_idle" for a stream that carried nothing for TAP_CAPTURE_IDLE_US_DEFAULT,
- * "capture_limit" for the least recently active one when more than TAP_CAPTURE_MAX_STREAMS_DEFAULT are open (a
- * later packet of either starts a new mid-stream connection), or "capture_end" for streams open at the end. tap_track_tick runs at every packet, and
- * tap_track_tick + tap_track_shutdown at the last timestamp. A stream seen without its SYN is resynchronised on
- * the first plausible frame boundary of each direction. Returns 0 or a negative status with a message in err;
- * on a corrupt capture everything before the fault has been replayed and written. */
+ * capture's timestamps; stream close -> tap_conn_end with "client_eof", "broker_eof", "client_reset", "broker_reset",
+ * "capture_idle" for a stream that carried nothing for TAP_CAPTURE_IDLE_US_DEFAULT, "capture_limit" for the least
+ * recently active one when more than TAP_CAPTURE_MAX_STREAMS_DEFAULT are open (a later packet of either starts a new
+ * mid-stream connection), or "capture_end" for streams open at the end. tap_track_tick runs at a packet when a deadline
+ * may be due, and tap_track_tick + tap_track_shutdown at the last timestamp. A stream seen without its SYN is
+ * resynchronised on the first plausible frame boundary of each direction. Returns 0 or a negative status with a message
+ * in err; on a corrupt capture everything before the fault has been replayed and written. */
 struct tap_replay_stats {
 	uint64_t gaps;      /* holes in a stream direction: one capture_gap record each */
 	uint64_t gap_bytes; /* the bytes they lost */
 };
-/* Reading a pipe, idle is called when the next read may wait: records batched by the caller should go out. */
+/* Reading a pipe, idle is called when the next read may wait: records batched by the caller should go out.
+ * ports: more broker ports besides `port`. min_window_us: the shorter of the tracker's return window and
+ * late-return hold; tap_track_tick then runs only when one of its deadlines may be due instead of at every
+ * packet (0: at every packet). */
 struct tap_replay_hooks {
 	void *ctx;
 	void (*idle)(void *ctx);
+	const uint16_t *ports;
+	size_t n_ports;
+	int64_t min_window_us;
 };
 /* path "-" reads standard input as it arrives (pcap or pcapng), so records follow a live `tcpdump -U -w -`.
  * hooks and stats may be NULL. */
@@ -37,8 +44,9 @@ int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t 
 /* Packets pushed as they are captured (`amqptap sniff` on libpcap): the same streams, observers, gaps and
  * records as a replay, the packets' timestamps as the clock. */
 struct tap_replay_live;
-int tap_replay_live_new(struct tap_replay_live **l, uint16_t port, struct tap_observer *obs,
-			struct tap_track *track);
+/* ports: the broker ports (1 to TAP_CAPTURE_MAX_PORTS, else TAP_E_USAGE); min_window_us as in tap_replay_hooks. */
+int tap_replay_live_new(struct tap_replay_live **l, const uint16_t *ports, size_t n_ports, int64_t min_window_us,
+			struct tap_observer *obs, struct tap_track *track);
 /* One packet of link type `linktype` (TAP_CAPTURE_LINK_*); 0 or TAP_E_NOMEM. */
 int tap_replay_live_packet(struct tap_replay_live *l, uint32_t linktype, int64_t ts_us, const uint8_t *packet,
 			   size_t caplen);

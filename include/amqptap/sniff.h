@@ -16,11 +16,17 @@ struct tap_sniff_stats {
 	uint64_t dropped;  /* pcap_stats ps_drop + ps_ifdrop: packets the kernel or the interface lost */
 };
 
-/* Opens and activates the capture (immediate mode, buffer_kib of kernel buffer, filter "tcp port PORT") and
- * reads it on base once the loop runs. Returns NULL with a one-line message in err and *exit_code 2 when the
- * interface does not exist, 1 otherwise (no permission: the message names CAP_NET_RAW). */
-struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, uint16_t port, uint32_t buffer_kib,
-				char *err, size_t cap, int *exit_code);
+#define TAP_SNIFF_FILTER_MAX 1024
+
+/* Opens and activates the capture (buffer_kib of kernel buffer, a filter for TCP on any of the n_ports ports,
+ * VLAN-tagged or not) and reads it on base once the loop runs. Returns NULL with a one-line message in err and
+ * *exit_code 2 when the interface does not exist, 1 otherwise (no permission: the message names CAP_NET_RAW). */
+struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, const uint16_t *ports, size_t n_ports,
+				uint32_t buffer_kib, char *err, size_t cap, int *exit_code);
+/* The BPF filter in use. */
+const char *tap_sniff_filter(const struct tap_sniff *s);
+/* The link type libpcap delivers ("EN10MB", "LINUX_SLL2", ...). */
+const char *tap_sniff_link_name(const struct tap_sniff *s);
 /* Where the packets go; before the loop runs. */
 void tap_sniff_attach(struct tap_sniff *s, struct tap_replay_live *live);
 /* Reads what libpcap still holds, then the kernel's drop counters. */

@@ -299,5 +299,11 @@ void tap_track_each_confirm_bucket(const struct tap_track *t, tap_track_bucket_f
  * publishes came after a client-side gap, so their confirm sequence numbers are not known) with "seq": null. */
 enum tap_track_gap_seq { TAP_TRACK_GAP_SEQ_KNOWN, TAP_TRACK_GAP_SEQ_LOST };
 void tap_track_conn_gap(struct tap_track_conn *c, enum tap_track_gap_seq seq, int64_t now_us);
+/* Client bytes of this connection were not captured: by = "capture_start" (the capture began after the
+ * connection) or "capture_gap" (a client-side hole). A confirm.select or tx.select may have been among them, so
+ * every channel in no known mode, and every channel first seen at a publish from now on, has an unknown mode (a
+ * `channel` record with "event":"mode_unknown"): its publishes are written at once with route and confirm
+ * "unknown", "seq": null and {"by": by}, until a confirm.select, tx.select or channel.open is seen on it. */
+void tap_track_conn_unseen(struct tap_track_conn *c, const char *by, int64_t now_us);
 
 #endif

@@ -612,7 +612,7 @@ int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_captu
 		return fail(err, cap, TAP_E_USAGE, "%s: capture already read", c->name);
 	c->ran = true;
 	c->cb = cb ? cb : &none;
-	c->reasm.port = port;
+	c->reasm.ports[0] = port;
 	c->reasm.cb = c->cb;
 	int rc = c->fmt == FMT_PCAP ? pcap_run(c, err, cap) : pcapng_run(c, err, cap);
 	if (rc == TAP_OK && c->f && ferror(c->f))
@@ -631,7 +631,7 @@ int tap_capture_new_push(struct tap_capture **out, uint16_t port, const struct t
 		return rc;
 	c->ran = true;
 	c->cb = cb ? cb : &none;
-	c->reasm.port = port;
+	c->reasm.ports[0] = port;
 	c->reasm.cb = c->cb;
 	*out = c;
 	return TAP_OK;
@@ -641,6 +641,14 @@ int tap_capture_push(struct tap_capture *c, uint32_t linktype, int64_t ts_us, co
 {
 	c->st.file_bytes += caplen;
 	return on_packet(c, linktype, ts_us, packet, caplen);
+}
+
+int tap_capture_add_port(struct tap_capture *c, uint16_t port)
+{
+	if (c->reasm.n_ports >= TAP_CAPTURE_MAX_PORTS)
+		return TAP_E_USAGE;
+	c->reasm.ports[c->reasm.n_ports++] = port;
+	return TAP_OK;
 }
 
 void tap_capture_end_all(struct tap_capture *c)

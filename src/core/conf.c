@@ -31,7 +31,7 @@ static const struct tap_conf_option options[] = {
 	{.name = "pcap", .kind = TAP_OPT_PATH, .offset = FIELD(pcap), .arg = "FILE", .def_shown = "off",
 	 .help = "the plaintext AMQP streams as pcapng for Wireshark"},
 	{.name = "port", .kind = TAP_OPT_U32, .offset = FIELD(replay_port), .min = 1, .max = 65535, .arg = "N",
-	 .def_u32 = 5672, .help = "replay, sniff: the broker's TCP port in the capture"},
+	 .def_u32 = 5672, .help = "replay, sniff: the broker's TCP port in the capture (repeatable)"},
 	{.name = "interface", .short_name = 'i', .kind = TAP_OPT_PATH, .offset = FIELD(interface), .arg = "IF",
 	 .def_shown = "none", .help = "sniff: the interface to capture on (lo, eth0, any)"},
 	{.name = "buffer-size", .kind = TAP_OPT_U32, .offset = FIELD(buffer_kib), .min = 256, .max = 4u << 20,
@@ -450,6 +450,11 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 		rc = apply(c, o, optarg, err, cap);
 		if (rc)
 			return rc;
+		if (o->offset == FIELD(replay_port) && o->kind == TAP_OPT_U32) { /* repeatable: one broker port each */
+			if (c->n_ports == TAP_CONF_PORTS_MAX)
+				return usage_error(err, cap, "--port: at most %d", TAP_CONF_PORTS_MAX);
+			c->ports[c->n_ports++] = (uint16_t)c->replay_port;
+		}
 		if (c->mode == TAP_MODE_HELP || c->mode == TAP_MODE_VERSION)
 			return TAP_OK;
 	}
@@ -458,6 +463,9 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 		if (rc)
 			return rc;
 	}
+	if (c->n_ports == 0)
+		c->ports[c->n_ports++] = (uint16_t)c->replay_port;
+	c->replay_port = c->ports[0];
 	if (port_given && c->mode != TAP_MODE_REPLAY && c->mode != TAP_MODE_SNIFF)
 		return usage_error(err, cap, "--port: only for 'amqptap replay' and 'amqptap sniff'");
 	if (sniff_given && c->mode != TAP_MODE_SNIFF)

@@ -757,6 +757,12 @@ static void conn_decode(struct tap_conn *c, enum tap_dir dir, const uint8_t *dat
 	}
 }
 
+void tap_conn_start_unseen(struct tap_conn *c, int64_t now_us)
+{
+	if (c)
+		tap_track_conn_unseen(c->tc, "capture_start", now_us);
+}
+
 void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t missing, int64_t now_us)
 {
 	if (!c)
@@ -785,6 +791,8 @@ void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t missing, int64_
 		pending_cut(c, c->chans[i].number, &c->chans[i].dir[dir], now_us);
 	tap_track_conn_gap(c->tc, d->gapped && dir == TAP_C2S ? TAP_TRACK_GAP_SEQ_LOST : TAP_TRACK_GAP_SEQ_KNOWN,
 			   now_us);
+	if (dir == TAP_C2S)
+		tap_track_conn_unseen(c->tc, "capture_gap", now_us);
 	d->gapped = true;
 	if (dir == TAP_S2C || d->stopped) {
 		d->stopped = true;

@@ -398,13 +398,21 @@ static int buffer_ahead(struct tap_reasm *r, struct stream *s, enum tap_dir dir,
 	return TAP_OK;
 }
 
+static bool broker_port(const struct tap_reasm *r, uint16_t port)
+{
+	for (size_t i = 0; i < r->n_ports; i++)
+		if (r->ports[i] == port)
+			return true;
+	return false;
+}
+
 int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t ts)
 {
 	struct stream_key k;
 	memset(&k, 0, sizeof k);
 	k.v6 = g->v6;
 	size_t alen = g->v6 ? 16 : 4;
-	bool to_server = g->dport == r->port, from_server = g->sport == r->port;
+	bool to_server = broker_port(r, g->dport), from_server = broker_port(r, g->sport);
 	if (!to_server && !from_server)
 		return TAP_OK;
 	r->st->tcp_packets++;
@@ -500,6 +508,7 @@ void tap_reasm_init(struct tap_reasm *r, struct tap_capture_stats *st)
 {
 	memset(r, 0, sizeof *r);
 	r->st = st;
+	r->n_ports = 1;
 	r->open.link = offsetof(struct stream, by_start);
 	r->live.link = offsetof(struct stream, by_age);
 	r->dead.link = offsetof(struct stream, by_age);

@@ -30,7 +30,8 @@ struct stream_list {
 };
 
 struct tap_reasm {
-	uint16_t port;                   /* the broker's */
+	uint16_t ports[TAP_CAPTURE_MAX_PORTS]; /* the broker's; ports[0] is set by the caller */
+	size_t n_ports;
 	const struct tap_capture_cb *cb; /* never NULL; its members may be */
 	struct tap_capture_stats *st;    /* the capture's: tcp_packets, streams, bytes, ... are counted here */
 	struct stream **tab;

@@ -10,6 +10,7 @@
 #include "amqptap/status.h"
 #include "rd.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +33,8 @@ struct replay {
 	struct tap_observer *obs;
 	struct tap_track *track;
 	int64_t now;
+	int64_t next_deadline; /* the tracker is ticked only from then on (tap_track_tick's answer) */
+	int64_t min_window_us; /* no deadline the tracker creates for new bytes is nearer than this */
 	bool started;
 	uint64_t gaps, gap_bytes;
 	const struct tap_replay_hooks *hooks;
@@ -43,7 +46,15 @@ static void on_packet(void *ctx, int64_t ts)
 	if (!r->started || ts > r->now)
 		r->now = ts;
 	r->started = true;
-	tap_track_tick(r->track, r->now);
+	if (r->now >= r->next_deadline)
+		r->next_deadline = tap_track_tick(r->track, r->now);
+}
+
+/* The tracker was handed something at r->now: a deadline it made is no nearer than the shortest window. */
+static void fed(struct replay *r)
+{
+	if (r->now + r->min_window_us < r->next_deadline)
+		r->next_deadline = r->now + r->min_window_us;
 }
 
 static void *on_open(void *ctx, uint64_t id, const char *client, const char *server, bool midstream, int64_t ts)
@@ -54,6 +65,9 @@ static void *on_open(void *ctx, uint64_t id, const char *client, const char *ser
 	if (!s)
 		return NULL;
 	s->conn = tap_conn_new(r->obs, id, client, server, r->now);
+	if (midstream)
+		tap_conn_start_unseen(s->conn, r->now);
+	fed(r);
 	for (int d = 0; d < TAP_DIR_COUNT; d++) {
 		s->d[d].synced = !midstream;
 		tap_buf_init(&s->d[d].hold);
@@ -147,6 +161,7 @@ static void on_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data
 		tap_conn_feed(s->conn, dir, data, len, r->now);
 	else
 		resync(s, dir, data, len, r->now);
+	fed(r);
 }
 
 static void on_gap(void *ctx, void *user, enum tap_dir dir, uint64_t missing, int64_t ts)
@@ -159,6 +174,7 @@ static void on_gap(void *ctx, void *user, enum tap_dir dir, uint64_t missing, in
 	r->gaps++;
 	r->gap_bytes += missing;
 	tap_conn_gap(s->conn, dir, missing, r->now);
+	fed(r);
 	struct rp_dir *d = &s->d[dir];
 	if (dir == TAP_S2C) {
 		d->dead = true;
@@ -184,6 +200,7 @@ static void on_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts
 		return;
 	if (s->conn)
 		tap_conn_end(s->conn, reason[how], r->now);
+	fed(r);
 	for (int d = 0; d < TAP_DIR_COUNT; d++)
 		tap_buf_deinit(&s->d[d].hold);
 	free(s);
@@ -199,11 +216,18 @@ static void on_idle(void *ctx)
 static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs, struct tap_track *track,
 		  const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap)
 {
-	struct replay r = {.obs = obs, .track = track, .hooks = hooks};
+	struct replay r = {.obs = obs, .track = track, .hooks = hooks, .min_window_us = hooks ? hooks->min_window_us : 0};
 	struct tap_capture_cb cb = {
 		.ctx = &r, .packet = on_packet, .open = on_open, .data = on_data, .gap = on_gap, .close = on_close,
 		.idle = on_idle,
 	};
+	for (size_t i = 0; hooks && i < hooks->n_ports; i++) {
+		if (tap_capture_add_port(c, hooks->ports[i]) < 0) {
+			tap_capture_free(c);
+			snprintf(err, cap, "more than %u --port", TAP_CAPTURE_MAX_PORTS);
+			return TAP_E_USAGE;
+		}
+	}
 	int rc = tap_capture_run(c, port, &cb, err, cap);
 	tap_track_tick(track, r.now);
 	tap_track_shutdown(track, r.now);
@@ -239,22 +263,28 @@ struct tap_replay_live {
 	struct tap_capture *c;
 };
 
-int tap_replay_live_new(struct tap_replay_live **out, uint16_t port, struct tap_observer *obs,
-			struct tap_track *track)
+int tap_replay_live_new(struct tap_replay_live **out, const uint16_t *ports, size_t n_ports, int64_t min_window_us,
+			struct tap_observer *obs, struct tap_track *track)
 {
 	*out = NULL;
 	struct tap_replay_live *l = calloc(1, sizeof *l);
 	if (!l)
 		return TAP_E_NOMEM;
-	l->r = (struct replay){.obs = obs, .track = track};
+	l->r = (struct replay){.obs = obs, .track = track, .min_window_us = min_window_us};
 	l->cb = (struct tap_capture_cb){
 		.ctx = &l->r, .packet = on_packet, .open = on_open, .data = on_data, .gap = on_gap, .close = on_close,
 	};
-	int rc = tap_capture_new_push(&l->c, port, &l->cb);
+	if (n_ports == 0 || n_ports > TAP_CAPTURE_MAX_PORTS) {
+		free(l);
+		return TAP_E_USAGE;
+	}
+	int rc = tap_capture_new_push(&l->c, ports[0], &l->cb);
 	if (rc < 0) {
 		free(l);
 		return rc;
 	}
+	for (size_t i = 1; i < n_ports; i++)
+		(void)tap_capture_add_port(l->c, ports[i]); /* within TAP_CAPTURE_MAX_PORTS: checked above */
 	*out = l;
 	return TAP_OK;
 }

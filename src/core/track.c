@@ -195,6 +195,16 @@ static void publish_done(struct tap_track_conn *c, uint16_t ch, const struct trk
 	trk_warn_done(c, v, vd);
 }
 
+/* A timer of c's channels runs out at start + window: tap_track_tick must not skip c past it. */
+static void due_at(struct tap_track_conn *c, int64_t start, int64_t window)
+{
+	int64_t due;
+	if (__builtin_add_overflow(start, window, &due))
+		due = INT64_MAX;
+	if (due < c->next_due)
+		c->next_due = due;
+}
+
 void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, enum trk_event ev,
                    const struct trk_reason *why, int64_t stamp_us)
 {
@@ -211,8 +221,10 @@ void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, en
 		bool queued = trk_fifo_push(t, &ch->held_q, n);
 		e->state = TRK_STATE_HELD;
 		t->st.held++;
-		if (queued)
+		if (queued) {
+			due_at(c, e->t_ack, t->conf.late_return_us);
 			return;
+		}
 		t->st.oom++; /* no room to hold it: written now, as if its hold were over */
 		next = verdict_of(e, TRK_EVENT_TIMEOUT, NULL, &vd);
 	}
@@ -316,7 +328,13 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	                     .flags = (uint16_t)((p->mandatory ? TRK_FLAG_MANDATORY : 0) |
 	                                         (confirm_mode ? TRK_FLAG_CONFIRM : 0))};
 	struct trk_verdict vd;
-	(void)verdict_of(&e, want ? TRK_EVENT_END : TRK_EVENT_UNTRACKED, &no_memory, &vd);
+	struct trk_reason unseen = {.by = c->unseen_by};
+	if (ch && ch->mode == TRK_MODE_UNKNOWN) { /* nothing it is answered with can be placed: DESIGN §6b */
+		vd = (struct trk_verdict){
+		    .route = TAP_TRACK_ROUTE_UNKNOWN, .confirm = TAP_TRACK_CONFIRM_UNKNOWN, .reason = &unseen};
+	} else {
+		(void)verdict_of(&e, want ? TRK_EVENT_END : TRK_EVENT_UNTRACKED, &no_memory, &vd);
+	}
 	if (want)
 		t->st.oom++;
 	struct trk_view v = {
@@ -455,16 +473,27 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	                                  : tap_intern_get(&c->keys, TRK_TAG_ROUTE, x->ptr, x->len, rk->ptr, rk->len);
 	ch->next++;
 	trk_slot_stored(c, ch, n);
-	if (!confirm_mode && p->mandatory && !ch->closing && !trk_fifo_push(t, &ch->win_q, n))
-		t->st.oom++; /* written when the channel ends instead of at the window's end */
-	if (plain && !trk_fifo_push(t, &ch->plain_q, n))
-		t->st.oom++; /* written when the channel ends instead of at the hold's end */
+	if (!confirm_mode && p->mandatory && !ch->closing) {
+		if (trk_fifo_push(t, &ch->win_q, n))
+			due_at(c, now_us, t->conf.return_window_us);
+		else
+			t->st.oom++; /* written when the channel ends instead of at the window's end */
+	}
+	if (plain) {
+		if (trk_fifo_push(t, &ch->plain_q, n))
+			due_at(c, now_us, t->conf.late_return_us);
+		else
+			t->st.oom++; /* written when the channel ends instead of at the hold's end */
+	}
 }
 
 void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_publish *p, int64_t now_us)
 {
 	struct tap_track *t = c->t;
+	bool known = trk_chan_find(c, id) != NULL;
 	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
+	if (ch && !known)
+		trk_chan_first_publish(c, ch, now_us);
 	c->counts.publishes++;
 	t->st.publishes++;
 	trk_warn_publish(c, ch, p, now_us);
@@ -483,6 +512,11 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 	bool want = p->mandatory || (ch && (ch->mode == TRK_MODE_CONFIRM || ch->closing));
 	/* a plain publish is held conf.late_return_us: the broker's close, if it refuses it, comes within that */
 	bool plain = !want && ch && t->conf.late_return_us > 0;
+	if (ch && ch->mode == TRK_MODE_UNKNOWN) {
+		bool waits = false; /* nothing it is answered with can be placed: written at once */
+		publish_untracked(c, id, ch, p, waits, now_us);
+		return;
+	}
 	if (!(want || plain)) {
 		publish_untracked(c, id, ch, p, want, now_us); /* nothing to wait for, or no memory to wait */
 		return;
@@ -796,14 +830,23 @@ int64_t tap_track_tick(struct tap_track *t, int64_t now_us)
 {
 	int64_t next = INT64_MAX;
 	for (struct tap_track_conn *c = t->conns; c; c = c->next) {
+		if (c->next_due > now_us) { /* nothing of it is due: its channels are not walked */
+			if (c->next_due < next)
+				next = c->next_due;
+			continue;
+		}
+		int64_t conn_next = INT64_MAX;
 		for (uint32_t i = 0; i < c->n_active;) {
 			struct trk_chan *ch = c->active[i];
 			int64_t d = chan_tick(c, ch, now_us);
-			if (d < next)
-				next = d;
+			if (d < conn_next)
+				conn_next = d;
 			if (i < c->n_active && c->active[i] == ch)
 				i++;
 		}
+		c->next_due = conn_next;
+		if (conn_next < next)
+			next = conn_next;
 	}
 	return next;
 }

@@ -124,6 +124,7 @@ struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id,
 	c->t = t;
 	c->id = conn_id;
 	c->t_new = now_us;
+	c->next_due = INT64_MAX;
 	tap_intern_init(&c->keys, &t->mem);
 	tap_buf_init(&c->prefix);
 	trk_set_cstr(t, &c->client, client_addr);
@@ -303,10 +304,31 @@ void tap_track_channel_open(struct tap_track_conn *c, uint16_t id, int64_t now_u
 	chan_event(c, id, "open", now_us);
 }
 
+void tap_track_conn_unseen(struct tap_track_conn *c, const char *by, int64_t now_us)
+{
+	if (!c->unseen_by)
+		c->unseen_by = by;
+	for (uint32_t i = 0; i < c->n_chans; i++) {
+		if (c->chans[i]->mode != TRK_MODE_NONE)
+			continue;
+		c->chans[i]->mode = TRK_MODE_UNKNOWN;
+		chan_event(c, c->chans[i]->id, "mode_unknown", now_us);
+	}
+}
+
+/* A publish on a channel not seen before, after tap_track_conn_unseen: it may have selected a mode unseen. */
+void trk_chan_first_publish(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us)
+{
+	if (!c->unseen_by || ch->mode != TRK_MODE_NONE)
+		return;
+	ch->mode = TRK_MODE_UNKNOWN;
+	chan_event(c, ch->id, "mode_unknown", now_us);
+}
+
 void tap_track_confirm_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
-	if (ch && ch->mode == TRK_MODE_NONE) {
+	if (ch && (ch->mode == TRK_MODE_NONE || ch->mode == TRK_MODE_UNKNOWN)) {
 		ch->mode = TRK_MODE_CONFIRM;
 		ch->sel_off = ch->next - 1;
 	}
@@ -318,7 +340,7 @@ void tap_track_confirm_select(struct tap_track_conn *c, uint16_t id, int64_t now
 void tap_track_tx_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
-	if (ch && ch->mode == TRK_MODE_NONE)
+	if (ch && (ch->mode == TRK_MODE_NONE || ch->mode == TRK_MODE_UNKNOWN))
 		ch->mode = TRK_MODE_TX;
 	chan_event(c, id, "tx_select", now_us);
 }

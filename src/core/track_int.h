@@ -110,6 +110,7 @@ enum trk_mode {
 	TRK_MODE_NONE = 0,
 	TRK_MODE_CONFIRM = 1,
 	TRK_MODE_TX = 2,
+	TRK_MODE_UNKNOWN = 3, /* the capture may have missed its confirm.select or tx.select (tap_track_conn_unseen) */
 };
 
 struct trk_reason {
@@ -189,6 +190,8 @@ struct tap_track_conn {
 	uint32_t one_publish_channels; /* closed after exactly one publish (channel_churn) */
 	bool warned_churn;
 	struct trk_ids *ids; /* the recent message ids (duplicate_message_id); NULL until the first */
+	const char *unseen_by; /* set by tap_track_conn_unseen: a channel first seen at a publish has an unknown mode */
+	int64_t next_due;      /* no timer of its channels is due before this: tap_track_tick skips it until then */
 };
 
 /* The record being written and the second whose date part is formatted (records are written in time order,
@@ -283,6 +286,8 @@ void *trk_alloc_in_budget(struct tap_track *t, size_t n, int64_t now_us);
 
 /* The channel, created (room made first) when new; NULL when out of memory. */
 struct trk_chan *trk_chan_in_budget(struct tap_track_conn *c, uint16_t id, int64_t now_us);
+/* ch was just created by a publish: after tap_track_conn_unseen its mode is unknown. */
+void trk_chan_first_publish(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us);
 
 /* ---- track_store.c ---- */
 

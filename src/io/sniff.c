@@ -1,11 +1,15 @@
-/* Live passive capture on libpcap (pcap(3PCAP)): pcap_create + immediate mode + buffer size, a BPF filter for
- * the broker port, the selectable descriptor watched by libevent and drained with non-blocking pcap_dispatch. */
+/* Live passive capture on libpcap (pcap(3PCAP)): pcap_create + buffer size + a short packet-buffer timeout, a BPF
+ * filter for the broker ports (VLAN-tagged frames too), the selectable descriptor watched by libevent and drained
+ * with non-blocking pcap_dispatch. Not immediate mode: on Linux that makes libpcap use TPACKET_V2, a ring of
+ * fixed snaplen-sized slots (63 of them in 16 MiB at a 256 KiB snaplen), which a burst of small segments overruns;
+ * TPACKET_V3 packs packets into its blocks, and the timeout bounds how long one waits in a block. */
 #include "amqptap/sniff.h"
 
 #include "amqptap/capture.h"
 
 #include <event2/event.h>
 #include <pcap/pcap.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +20,33 @@ struct tap_sniff {
 	struct tap_replay_live *live;
 	uint32_t linktype;
 	uint64_t packets;
+	char filter[TAP_SNIFF_FILTER_MAX];
 };
+
+/* Packets wait at most this long in a block of the ring before the descriptor becomes readable. */
+#define SNIFF_TIMEOUT_MS 5
+
+/* "tcp port A or tcp port B ...", and on Ethernet the same behind a VLAN tag. Where the kernel takes the tag
+ * off into packet metadata (VLAN offload: the usual case) the filter sees the untagged frame and libpcap puts
+ * the tag back for the reader; the `vlan` clause is for tags that stay in the frame. Linux cooked headers
+ * (`any`) carry no tag, and libpcap refuses `vlan` there. */
+static bool build_filter(char *out, size_t cap, const uint16_t *ports, size_t n, int dlt)
+{
+	char any[TAP_SNIFF_FILTER_MAX / 2] = "";
+	size_t len = 0;
+	for (size_t i = 0; i < n; i++) {
+		int w = snprintf(any + len, sizeof any - len, "%stcp port %u", i ? " or " : "", ports[i]);
+		if (w < 0 || (size_t)w >= sizeof any - len)
+			return false;
+		len += (size_t)w;
+	}
+	int w;
+	if (dlt == DLT_EN10MB)
+		w = snprintf(out, cap, "(%s) or (vlan and (%s))", any, any);
+	else
+		w = snprintf(out, cap, "%s", any);
+	return w > 0 && (size_t)w < cap;
+}
 
 static void on_pcap_packet(u_char *user, const struct pcap_pkthdr *h, const u_char *bytes)
 {
@@ -43,8 +73,8 @@ static uint32_t linktype_of(int dlt)
 	return (uint32_t)dlt;
 }
 
-struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, uint16_t port, uint32_t buffer_kib,
-				char *err, size_t cap, int *exit_code)
+struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, const uint16_t *ports, size_t n_ports,
+				uint32_t buffer_kib, char *err, size_t cap, int *exit_code)
 {
 	char ebuf[PCAP_ERRBUF_SIZE] = "";
 	*exit_code = 1;
@@ -61,7 +91,7 @@ struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, uint
 	}
 	(void)pcap_set_snaplen(s->p, 262144);      /* these only fail on an activated handle */
 	(void)pcap_set_promisc(s->p, 0);
-	(void)pcap_set_immediate_mode(s->p, 1);
+	(void)pcap_set_timeout(s->p, SNIFF_TIMEOUT_MS);
 	(void)pcap_set_buffer_size(s->p, (int)(buffer_kib > 0x1FFFFF ? 0x1FFFFF : buffer_kib) * 1024);
 	int rc = pcap_activate(s->p);
 	if (rc == PCAP_ERROR_NO_SUCH_DEVICE) {
@@ -78,9 +108,14 @@ struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, uint
 		free(s);
 		return NULL;
 	}
-	char filter[64];
-	snprintf(filter, sizeof filter, "tcp port %u", port);
+	const char *filter = s->filter;
 	struct bpf_program prog;
+	if (!build_filter(s->filter, sizeof s->filter, ports, n_ports, pcap_datalink(s->p))) {
+		snprintf(err, cap, "--port: too many ports for the capture filter");
+		pcap_close(s->p);
+		free(s);
+		return NULL;
+	}
 	if (pcap_compile(s->p, &prog, filter, 1, PCAP_NETMASK_UNKNOWN) < 0 || pcap_setfilter(s->p, &prog) < 0) {
 		snprintf(err, cap, "--interface %s: filter '%s': %s", iface, filter, pcap_geterr(s->p));
 		pcap_close(s->p);
@@ -131,6 +166,17 @@ void tap_sniff_free(struct tap_sniff *s)
 		event_free(s->ev);
 	pcap_close(s->p);
 	free(s);
+}
+
+const char *tap_sniff_filter(const struct tap_sniff *s)
+{
+	return s->filter;
+}
+
+const char *tap_sniff_link_name(const struct tap_sniff *s)
+{
+	const char *name = pcap_datalink_val_to_name(pcap_datalink(s->p));
+	return name ? name : "unknown";
 }
 
 const char *tap_sniff_lib_version(void)

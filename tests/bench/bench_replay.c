@@ -1,6 +1,9 @@
-/* Replay throughput: writes a capture of mixed publish traffic (confirm and plain channels, 64 B..64 kB bodies,
- * several connections) with the pcapng writer, then replays it through the observers and tracker. Prints MB/s for
- * both. Usage: bench_replay [FILE] [MB] (default /tmp/amqptap-bench.pcapng, 200). */
+/* Replay throughput: writes a capture of mixed publish traffic (confirm and plain channels, 64 B..64 kB bodies, CONNS
+ * connections) with the pcapng writer, then replays it through the observers and tracker twice: with the tracker ticked
+ * at every packet (no hooks: every connection walked per packet) and only when a deadline may be due
+ * (hooks.min_window_us, as `amqptap replay` and `sniff` do). Prints MB/s for each and checks both wrote the same
+ * records (count and a hash of their bytes, in order). Usage: bench_replay [FILE] [MB] [CONNS] (default
+ * /tmp/amqptap-bench.pcapng, 200, 8). */
 #include "amqptap/conn.h"
 #include "amqptap/buf.h"
 #include "amqptap/pcapng.h"
@@ -27,12 +30,15 @@ static double now_s(void)
 
 struct counts {
 	uint64_t records;
+	uint64_t hash; /* FNV-1a over every record in order: two replays wrote the same records */
 };
 
 static void count(void *ctx, const char *json, size_t len)
 {
-	(void)json, (void)len;
-	((struct counts *)ctx)->records++;
+	struct counts *c = ctx;
+	c->records++;
+	for (size_t i = 0; i < len; i++)
+		c->hash = (c->hash ^ (uint8_t)json[i]) * 0x100000001b3ull;
 }
 
 /* The pcapng blocks go to a stdio file, as the tap's writer thread would write them. */
@@ -60,9 +66,11 @@ int main(int argc, char **argv)
 	(void)setvbuf(out.f, NULL, _IOFBF, 64 * 1024); /* the batch size of the tap's outputs */
 	double t0 = now_s();
 	struct tap_pcapng *p = tap_pcapng_new(file_write, &out);
-	enum { NCONN = 8 };
-	struct tap_pcapng_conn *c[NCONN];
-	uint64_t seq[NCONN] = {0};
+	int NCONN = argc > 3 ? atoi(argv[3]) : 8;
+	if (NCONN < 1 || NCONN > 60000)
+		NCONN = 8;
+	struct tap_pcapng_conn **c = calloc((size_t)NCONN, sizeof *c);
+	uint64_t *seq = calloc((size_t)NCONN, sizeof *seq);
 	int64_t ts = 1764411302000000;
 	static uint8_t body[65536];
 	for (size_t i = 0; i < sizeof body; i++)
@@ -70,7 +78,7 @@ int main(int argc, char **argv)
 	struct tap_bytes cb = {0}, sb = {0};
 	for (int k = 0; k < NCONN; k++) {
 		char client[64];
-		snprintf(client, sizeof client, k & 1 ? "[::1]:%d" : "127.0.0.1:%d", 40000 + k);
+		snprintf(client, sizeof client, k & 1 ? "[::1]:%d" : "127.0.0.1:%d", 1024 + k);
 		c[k] = tap_pcapng_conn_open(p, client, k & 1 ? "[::1]:5672" : "127.0.0.1:5672", ts);
 		tap_pcapng_conn_data(c[k], TAP_C2S, (const uint8_t *)"AMQP\0\0\x09\x01", 8, ++ts);
 		cb.n = 0;
@@ -113,29 +121,43 @@ int main(int argc, char **argv)
 	double mb = (double)st.st_size / (1 << 20);
 	printf("write: %" PRIu64 " publishes, %.1f MB in %.2f s = %.0f MB/s\n", pubs, mb, t1 - t0, mb / (t1 - t0));
 
-	struct counts cnt = {0};
-	struct tap_track *t = tap_track_new(NULL, count, &cnt);
-	struct tap_observer o;
-	tap_observer_init(&o, t, count, &cnt, NULL, 0);
-	char err[256];
-	double t2 = now_s();
-	int rc = tap_replay_run(path, 5672, &o, t, NULL, NULL, err, sizeof err);
-	double t3 = now_s();
-	struct tap_track_stats ts_;
-	tap_track_get_stats(t, &ts_);
-	tap_observer_deinit(&o);
-	tap_track_free(t);
+	free(c);
+	free(seq);
 	tap_build_free(&cb);
 	tap_build_free(&sb);
-	if (rc < 0) {
-		fprintf(stderr, "replay: %s\n", err);
-		return 1;
+	uint64_t records[2] = {0}, hash[2] = {0};
+	for (int due = 0; due < 2; due++) {
+		struct counts cnt = {0, 0xcbf29ce484222325ull};
+		struct tap_track *t = tap_track_new(NULL, count, &cnt);
+		struct tap_observer o;
+		tap_observer_init(&o, t, count, &cnt, NULL, 0);
+		char err[256];
+		struct tap_replay_hooks hooks = {.min_window_us = TAP_TRACK_LATE_RETURN_US_DEFAULT};
+		double t2 = now_s();
+		int rc = tap_replay_run(path, 5672, &o, t, due ? &hooks : NULL, NULL, err, sizeof err);
+		double t3 = now_s();
+		struct tap_track_stats ts_;
+		tap_track_get_stats(t, &ts_);
+		tap_observer_deinit(&o);
+		tap_track_free(t);
+		if (rc < 0) {
+			fprintf(stderr, "replay: %s\n", err);
+			return 1;
+		}
+		printf("replay (%d connections, tick %s): %.1f MB in %.2f s = %.0f MB/s, %" PRIu64 " records, %" PRIu64
+		       " publish records (%" PRIu64 " publishes), records hash %016" PRIx64 "\n",
+		       NCONN, due ? "when due      " : "at every packet", mb, t3 - t2, mb / (t3 - t2), cnt.records,
+		       ts_.publish_records, pubs, cnt.hash);
+		if (ts_.publish_records != pubs) {
+			fprintf(stderr, "publish records %" PRIu64 " != publishes %" PRIu64 "\n", ts_.publish_records, pubs);
+			return 1;
+		}
+		records[due] = cnt.records;
+		hash[due] = cnt.hash;
 	}
-	printf("replay: %.1f MB in %.2f s = %.0f MB/s, %" PRIu64 " records, %" PRIu64 " publish records (%" PRIu64
-	       " publishes)\n",
-	       mb, t3 - t2, mb / (t3 - t2), cnt.records, ts_.publish_records, pubs);
-	if (ts_.publish_records != pubs) {
-		fprintf(stderr, "publish records %" PRIu64 " != publishes %" PRIu64 "\n", ts_.publish_records, pubs);
+	if (records[0] != records[1] || hash[0] != hash[1]) {
+		fprintf(stderr, "records differ: %" PRIu64 " ticking at every packet, %" PRIu64 " when due\n", records[0],
+			records[1]);
 		return 1;
 	}
 	return 0;

@@ -598,6 +598,66 @@ START_TEST(reset_by_server_and_capture_end_and_port_filter)
 }
 END_TEST
 
+/* Several broker ports (tap_capture_add_port): streams of each are followed, others ignored; the push API (sniff)
+ * gives the same streams as reading the file. */
+START_TEST(several_ports)
+{
+	struct conv v;
+	size_t n = 0;
+	const uint16_t ports[] = {5672, 5673, 80};
+	for (size_t i = 0; i < 3; i++) {
+		conv_init(&v, i == 1, (uint16_t)(40010 + i), ports[i], pk + n);
+		conv_open(&v);
+		conv_send(&v, true, F_PSH | F_ACK, i == 0 ? "a" : i == 1 ? "bb" : "ccc", i + 1);
+		conv_close(&v);
+		n += v.n;
+	}
+	struct tap_buf b;
+	tap_buf_init(&b);
+	write_pcap(&b, pk, n, 101, false, false, false);
+	for (int push = 0; push < 2; push++) {
+		for (int both = 0; both < 2; both++) {
+			struct got g;
+			memset(&g, 0, sizeof g);
+			struct tap_capture_cb cb = {.ctx = &g, .open = g_open, .data = g_data, .gap = g_gap, .close = g_close};
+			struct tap_capture *c;
+			char err[256] = "";
+			if (push) {
+				ck_assert_int_eq(tap_capture_new_push(&c, 5672, &cb), 0);
+			} else {
+				ck_assert_int_eq(tap_capture_open_mem(&c, b.data, b.len, "mem", err, sizeof err), 0);
+			}
+			if (both)
+				ck_assert_int_eq(tap_capture_add_port(c, 5673), 0);
+			if (push) {
+				for (size_t i = 0; i < n; i++)
+					ck_assert_int_eq(tap_capture_push(c, 101, pk[i].ts, pk[i].data, pk[i].len), 0);
+				tap_capture_end_all(c);
+			} else {
+				ck_assert_int_eq(tap_capture_run(c, 5672, &cb, err, sizeof err), 0);
+			}
+			tap_capture_free(c);
+			ck_assert_uint_eq(g.n, both ? 2 : 1);
+			assert_bytes(&g.s[0].bytes[TAP_C2S], "a");
+			ck_assert_str_eq(g.s[0].server, "10.0.0.2:5672");
+			if (both) {
+				assert_bytes(&g.s[1].bytes[TAP_C2S], "bb");
+				ck_assert_int_eq(g.s[1].how, TAP_CAPTURE_END_CLIENT_FIN);
+				ck_assert(strstr(g.s[1].server, ":5673") != NULL);
+			}
+			got_free(&g);
+		}
+	}
+	struct tap_capture *c;
+	ck_assert_int_eq(tap_capture_new_push(&c, 1, NULL), 0);
+	for (uint16_t i = 2; i <= TAP_CAPTURE_MAX_PORTS; i++)
+		ck_assert_int_eq(tap_capture_add_port(c, i), 0);
+	ck_assert_int_eq(tap_capture_add_port(c, 99), TAP_E_USAGE);
+	tap_capture_free(c);
+	tap_buf_deinit(&b);
+}
+END_TEST
+
 START_TEST(out_of_order_bound_gives_a_gap)
 {
 	struct conv v;
@@ -893,6 +953,7 @@ int main(void)
 	tcase_add_test(tc, corrupt_pcapng_block_length);
 	tcase_add_test(tc, real_loopback_capture);
 	tcase_add_test(tc, stream_limit_and_idle_time);
+	tcase_add_test(tc, several_ports);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -194,6 +194,31 @@ START_TEST(replay_and_double_dash)
 	/* "--" alone changes nothing */
 	ck_assert_int_eq(PARSE(&c, err, "-v", "--"), TAP_OK);
 	ck_assert_int_eq(c.mode, TAP_MODE_PROXY);
+	/* --port repeats: every one kept in order, the first is replay_port; without it, the default alone */
+	ck_assert_int_eq(PARSE(&c, err, "sniff", "-i", "lo", "--port", "5673", "--port=5672", "--port", "15672"), TAP_OK);
+	ck_assert_uint_eq(c.n_ports, 3);
+	ck_assert_uint_eq(c.replay_port, 5673);
+	ck_assert_uint_eq(c.ports[0], 5673);
+	ck_assert_uint_eq(c.ports[1], 5672);
+	ck_assert_uint_eq(c.ports[2], 15672);
+	ck_assert_int_eq(PARSE(&c, err, "sniff", "-i", "lo"), TAP_OK);
+	ck_assert_uint_eq(c.n_ports, 1);
+	ck_assert_uint_eq(c.ports[0], 5672);
+	char *many[3 + 2 * (TAP_CONF_PORTS_MAX + 1)];
+	char num[TAP_CONF_PORTS_MAX + 1][8];
+	many[0] = "amqptap";
+	many[1] = "replay";
+	many[2] = "cap.pcap";
+	for (int i = 0; i <= TAP_CONF_PORTS_MAX; i++) {
+		snprintf(num[i], sizeof num[i], "%d", 1000 + i);
+		many[3 + 2 * i] = "--port";
+		many[4 + 2 * i] = num[i];
+	}
+	ck_assert_int_eq(parse(&c, err, sizeof err, 3 + 2 * TAP_CONF_PORTS_MAX, many), TAP_OK);
+	ck_assert_uint_eq(c.n_ports, TAP_CONF_PORTS_MAX);
+	ck_assert_uint_eq(c.ports[TAP_CONF_PORTS_MAX - 1], 1000 + TAP_CONF_PORTS_MAX - 1);
+	ck_assert_int_eq(parse(&c, err, sizeof err, 3 + 2 * (TAP_CONF_PORTS_MAX + 1), many), TAP_E_USAGE);
+	ck_assert_str_eq(err, "--port: at most 16");
 }
 END_TEST
 

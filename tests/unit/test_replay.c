@@ -72,7 +72,8 @@ static char tmpdir[64];
 /* Handshake, channel 1 in confirm mode, one mandatory publish acked 530 µs after its body, connection.close.
  * cut_at: the first client chunk written (0 = all) — earlier chunks are left out of the file, and the cut
  * chunk starts 5 bytes into its first frame. */
-static void write_capture(const char *path, int cut_at)
+/* cut_at > 0: the capture starts (without the SYN) `skip` bytes into the client's chunk cut_at. */
+static void write_capture(const char *path, int cut_at, size_t skip)
 {
 	struct tap_bytes c[16] = {{0}}, s[16] = {{0}}, a = {0};
 	tap_build_raw(&c[0], "AMQP\0\0\x09\x01", 8);
@@ -132,8 +133,8 @@ static void write_capture(const char *path, int cut_at)
 	for (int i = 0; i < 7; i++) {
 		t += 1000;
 		if (i >= cut_at) {
-			size_t skip = (cut_at && i == cut_at) ? 5 : 0;
-			tap_pcapng_conn_data(cn, TAP_C2S, c[i].d + skip, c[i].n - skip, t);
+			size_t from = (cut_at && i == cut_at) ? skip : 0;
+			tap_pcapng_conn_data(cn, TAP_C2S, c[i].d + from, c[i].n - from, t);
 		}
 		if (i >= cut_at)
 			tap_pcapng_conn_data(cn, TAP_S2C, s[i].d, s[i].n, t + 530);
@@ -182,7 +183,7 @@ START_TEST(publish_and_ack_give_the_expected_records)
 {
 	char path[128], err[256] = "";
 	snprintf(path, sizeof path, "%s/pa.pcapng", tmpdir);
-	write_capture(path, 0);
+	write_capture(path, 0, 0);
 	struct lines l = {0};
 	ck_assert_msg(replay(path, &l, err, sizeof err) == 0, "%s", err);
 	for (size_t i = 0; i < l.n; i++)
@@ -217,7 +218,7 @@ START_TEST(pushed_packets_give_the_file_records)
 {
 	char path[128], err[256] = "";
 	snprintf(path, sizeof path, "%s/push.pcapng", tmpdir);
-	write_capture(path, 0);
+	write_capture(path, 0, 0);
 	struct lines want = {0}, got = {0};
 	ck_assert_msg(replay(path, &want, err, sizeof err) == 0, "%s", err);
 
@@ -230,7 +231,8 @@ START_TEST(pushed_packets_give_the_file_records)
 	struct tap_observer o;
 	tap_observer_init(&o, t, collect, &got, NULL, 0);
 	struct tap_replay_live *live;
-	ck_assert_int_eq(tap_replay_live_new(&live, 5672, &o, t), 0);
+	uint16_t port = 5672;
+	ck_assert_int_eq(tap_replay_live_new(&live, &port, 1, 0, &o, t), 0);
 	uint32_t linktype = 0;
 	size_t pushed = 0;
 	for (size_t off = 0; off + 12 <= n;) { /* pcapng blocks of our own writer: host byte order, µs */
@@ -269,7 +271,7 @@ START_TEST(mid_connection_capture_resyncs)
 {
 	char path[128], err[256] = "";
 	snprintf(path, sizeof path, "%s/mid.pcapng", tmpdir);
-	write_capture(path, 2); /* starts 5 bytes into tune-ok; connection.open follows */
+	write_capture(path, 2, 5); /* starts 5 bytes into tune-ok; connection.open follows */
 	struct lines l = {0};
 	ck_assert_msg(replay(path, &l, err, sizeof err) == 0, "%s", err);
 	for (size_t i = 0; i < l.n; i++)
@@ -285,6 +287,29 @@ START_TEST(mid_connection_capture_resyncs)
 }
 END_TEST
 
+/* The capture starts at the basic.publish: channel 1's confirm.select was not seen, so its mode is unknown and the
+ * publish is written unknown/unknown, seq null, by capture_start; the ack after it decides nothing. */
+START_TEST(mid_connection_capture_mode_unknown)
+{
+	char path[128], err[256] = "";
+	snprintf(path, sizeof path, "%s/mid5.pcapng", tmpdir);
+	write_capture(path, 5, 0);
+	struct lines l = {0};
+	ck_assert_msg(replay(path, &l, err, sizeof err) == 0, "%s", err);
+	ck_assert_uint_eq(count_type(&l, "decode_error"), 0);
+	ck_assert_uint_eq(count_type(&l, "publish"), 1);
+	const char *pub = find_type(&l, "publish");
+	ck_assert_ptr_nonnull(strstr(pub, "\"seq\":null"));
+	ck_assert_ptr_nonnull(strstr(pub, "\"route\":\"unknown\",\"confirm\":\"unknown\""));
+	ck_assert_ptr_nonnull(strstr(pub, "\"reason\":{\"by\":\"capture_start\"}"));
+	const char *ch = find_type(&l, "channel");
+	ck_assert_ptr_nonnull(ch);
+	ck_assert_ptr_nonnull(strstr(ch, "\"event\":\"mode_unknown\""));
+	lines_free(&l);
+	unlink(path);
+}
+END_TEST
+
 START_TEST(corrupt_capture_is_reported)
 {
 	char err[256] = "";
@@ -293,7 +318,7 @@ START_TEST(corrupt_capture_is_reported)
 	ck_assert_ptr_nonnull(strstr(err, "/nonexistent.pcap"));
 	char path[128];
 	snprintf(path, sizeof path, "%s/cut.pcapng", tmpdir);
-	write_capture(path, 0);
+	write_capture(path, 0, 0);
 	ck_assert_int_eq(truncate(path, 702), 0);
 	ck_assert_int_eq(replay(path, &l, err, sizeof err), TAP_E_BAD_CAPTURE);
 	ck_assert_ptr_nonnull(strstr(err, "offset"));
@@ -373,6 +398,7 @@ int main(void)
 	TCase *tc = tcase_create("core");
 	tcase_add_test(tc, publish_and_ack_give_the_expected_records);
 	tcase_add_test(tc, mid_connection_capture_resyncs);
+	tcase_add_test(tc, mid_connection_capture_mode_unknown);
 	tcase_add_test(tc, pushed_packets_give_the_file_records);
 	tcase_add_test(tc, corrupt_capture_is_reported);
 	tcase_add_test(tc, idle_connection_is_closed_with_a_record);
