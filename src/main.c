@@ -583,7 +583,9 @@ static int run_sniff(const struct tap_conf *conf)
 	if (!code)
 		tap_sniff_attach(app.sniff, live);
 	char capture_name[300];
-	snprintf(capture_name, sizeof capture_name, "capture on %s, port %u", conf->interface, conf->replay_port);
+	int at = snprintf(capture_name, sizeof capture_name, "capture on %s, port", conf->interface);
+	for (size_t i = 0; i < conf->n_ports && at > 0 && (size_t)at < sizeof capture_name; i++)
+		at += snprintf(capture_name + at, sizeof capture_name - (size_t)at, "%s %u", i ? "," : "", conf->ports[i]);
 	if (!code && conf->metrics.host[0]) {
 		struct tap_admin_sources src = {
 			capture_name, app.track, NULL,
