@@ -19,7 +19,8 @@
 # The broker: plain port 5760, TLS port 5761, node benchtls@localhost, data in $TAP_BENCH_OUT/broker; its listen
 # backlog is raised to 4096 (RabbitMQ's 128 drops SYNs in a storm, which would time the broker's backlog instead of
 # the relays).
-# `scripts/bench-tls.sh report` only re-renders the tables from the last run. Exits 1 if a run failed or the tap's
+# `scripts/bench-tls.sh storm` runs only the storm rounds and the idle measurement (TAP_BENCH_IDLE=0 skips the
+# latter); `scripts/bench-tls.sh report` only re-renders the tables from the last run. Exits 1 if a run failed or the tap's
 # records do not match what was sent.
 set -euo pipefail
 
@@ -62,7 +63,7 @@ declare -A LOAD=(
 loads=${TAP_BENCH_LOADS:-"w1 w1000 w100_4k w10_1m c100_w100"}
 for l in $loads; do [ -n "${LOAD[$l]:-}" ] || tap_die "unknown load '$l' (known: ${!LOAD[*]})"; done
 
-if [ "$mode" = run ]; then
+if [ "$mode" = run ] || [ "$mode" = storm ]; then
 tap_pid='' hap_pid='' floor_pid='' idle_pid='' perf_pid='' broker_started=''
 cleanup() {
 	local rc=$?
@@ -268,6 +269,7 @@ storm_one() {
 	tap_log "round $round storm $target: $line"
 }
 
+[ "$mode" = storm ] && loads=''
 for r in $(seq "$rounds"); do
 	for l in $loads; do
 		for t in $targets; do
@@ -276,7 +278,7 @@ for r in $(seq "$rounds"); do
 		done
 	done
 	if [ "$storm" -gt 0 ]; then
-		for t in direct haproxy tap; do # the floor relay's handshakes block: no storm for it
+		for t in $targets; do
 			storm_one "$r" "$t"
 			sleep 1 # let the broker finish closing the last storm's connections
 		done
@@ -286,7 +288,7 @@ kill -0 "$tap_pid" 2>/dev/null || tap_die "the tap died during the run (see $out
 kill -0 "$hap_pid" 2>/dev/null || tap_die "HAProxy died during the run (see $out/haproxy.log)"
 kb_of "$tap_pid" VmHWM >"$out/peak_kb"
 
-if [ "${TAP_BENCH_PERF:-0}" = 1 ]; then
+if [ "${TAP_BENCH_PERF:-0}" = 1 ] && [ "$mode" = run ]; then
 	command -v perf >/dev/null || tap_need_pkgs linux-perf || tap_die "cannot install perf"
 	read -r c w s n <<<"${LOAD[$perf_load]}"
 	perf record -F 1999 -g -p "$tap_pid" -o "$out/perf.data" >"$out/perf-record.log" 2>&1 &
@@ -339,13 +341,13 @@ idle_one() {
 		"$rss0" "$rss1" "$hwm" "$line" >>"$idle"
 	tap_log "idle $target: RSS $rss0 kB before, $rss1 kB with $storm idle TLS connections"
 }
-if [ "$storm" -gt 0 ]; then
+if [ "$storm" -gt 0 ] && [ "${TAP_BENCH_IDLE:-1}" = 1 ]; then
 	idle_one tap
 	idle_one haproxy
 fi
 
 elif [ "$mode" != report ]; then
-	tap_die "usage: ${0##*/} [run|report]"
+	tap_die "usage: ${0##*/} [run|storm|report]"
 fi
 
 PYTHONPATH="$repo/scripts" /usr/bin/python3 "$repo/scripts/bench_report.py" tls "$out"

@@ -4,8 +4,15 @@
  * libevent's sample/https-client.c: SSL_VERIFY_PEER with the system store
  * or --upstream-ca, host name via SSL_set1_host (or the IP), SNI when the
  * name is not an address literal. The upstream leg resumes the last session
- * the broker gave (HAProxy's default): a resumed handshake spares both
- * sides the certificate and the signatures. */
+ * the broker gave (HAProxy's default; --upstream-no-reuse turns it off, as
+ * HAProxy's no-ssl-reuse and nginx's proxy_ssl_session_reuse off do): a
+ * resumed handshake spares both sides the certificate and the signatures.
+ * Only sessions of handshakes that verified the broker's chain and name
+ * (or of --upstream-insecure ones, which verify nothing) are kept, and the
+ * context only ever checks the one name, so a resumption never skips a
+ * check a full handshake would make. The listener issues TLS 1.3 tickets / TLS 1.2 session ids to
+ * clients (OpenSSL's defaults), so a client that reconnects with its session
+ * costs the tap no signature. */
 #include "amqptap/tls.h"
 
 #include <arpa/inet.h>
@@ -79,11 +86,19 @@ static void keylog_line(const SSL *ssl, const char *line)
 		return;
 }
 
-/* Keeps the broker's newest session for the next upstream connection. */
+/* Keeps the broker's newest session for the next upstream connection, if
+ * it comes from a handshake that checked what a full one checks. */
 static int on_new_upstream_session(SSL *ssl, SSL_SESSION *session)
 {
 	struct tap_tls *t = SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl));
-	if (!t)
+	if (!t || !SSL_SESSION_is_resumable(session))
+		return 0;
+	/* verified: the chain, and the name (SSL_set1_host) unless the broker
+	 * is an address; a resumed handshake inherits the check of the session
+	 * it resumed, which was kept only if verified */
+	bool insecure = SSL_get_verify_mode(ssl) == SSL_VERIFY_NONE;
+	bool verified = SSL_get_verify_result(ssl) == X509_V_OK && (t->expect_ip || SSL_get0_peername(ssl) != NULL);
+	if (!insecure && !verified && !SSL_session_reused(ssl))
 		return 0;
 	SSL_SESSION_free(t->upstream_session);
 	t->upstream_session = session;
@@ -210,8 +225,13 @@ struct tap_tls *tap_tls_new(const struct tap_conf *conf, char *err, size_t cap, 
 		    !load_pair(t->client, "--upstream-cert", conf->upstream_cert, "--upstream-key", conf->upstream_key,
 			       what, sizeof what))
 			return fail(t, err, cap, exit_code, 2, "%s", what);
-		SSL_CTX_set_session_cache_mode(t->client, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
-		SSL_CTX_sess_set_new_cb(t->client, on_new_upstream_session);
+		if (conf->upstream_no_reuse) {
+			SSL_CTX_set_session_cache_mode(t->client, SSL_SESS_CACHE_OFF);
+		} else {
+			SSL_CTX_set_session_cache_mode(t->client,
+						       SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+			SSL_CTX_sess_set_new_cb(t->client, on_new_upstream_session);
+		}
 		snprintf(t->expect_name, sizeof t->expect_name, "%s",
 			 conf->upstream_sni ? conf->upstream_sni : conf->upstream.host);
 		t->expect_ip = is_ip_literal(t->expect_name);
