@@ -18,7 +18,8 @@
 # during TAP_BENCH_PERF_LOAD, default w100_4k, into $TAP_BENCH_OUT/perf-*.txt).
 # The broker: plain port 5760, TLS port 5761, node benchtls@localhost, data in $TAP_BENCH_OUT/broker; its listen
 # backlog is raised to 4096 (RabbitMQ's 128 drops SYNs in a storm, which would time the broker's backlog instead of
-# the relays).
+# the relays). TAP_BENCH_BROKER_TICKETS=1 has it issue TLS 1.3 session tickets (off in RabbitMQ by default), so that
+# the relays resume their upstream sessions (HAProxy, the floor relay and the tap all offer the broker's last one).
 # `scripts/bench-tls.sh storm` runs only the storm rounds and the idle measurement (TAP_BENCH_IDLE=0 skips the
 # latter); `scripts/bench-tls.sh report` only re-renders the tables from the last run. Exits 1 if a run failed or the tap's
 # records do not match what was sent.
@@ -124,16 +125,28 @@ make_pki
 
 if ! "$repo/scripts/broker.sh" status >/dev/null 2>&1; then
 	mkdir -p "$TAP_BROKER_DIR"
-	# broker.sh keeps an advanced.config it finds: the listen backlog for the storm
-	cat >"$TAP_BROKER_DIR/advanced.config" <<'ERL'
-[{rabbit, [{tcp_listen_options, [{backlog, 4096}, {nodelay, true}, {linger, {true, 0}}, {exit_on_close, false}]}]}].
+	# broker.sh keeps an advanced.config it finds: the listen backlog for the storm, and with
+	# TAP_BENCH_BROKER_TICKETS=1 the TLS options again with TLS 1.3 session tickets (RabbitMQ gives none by default,
+	# so no relay can resume its upstream sessions unless they are on)
+	tickets=''
+	if [ "${TAP_BENCH_BROKER_TICKETS:-0}" = 1 ]; then
+		tickets=",
+  {ssl_options, [{cacertfile, \"$pki/ca.pem\"}, {certfile, \"$pki/server.pem\"}, {keyfile, \"$pki/server.key\"},
+                 {verify, verify_peer}, {fail_if_no_peer_cert, true}, {session_tickets, stateless}]}"
+	fi
+	cat >"$TAP_BROKER_DIR/advanced.config" <<ERL
+[{rabbit, [{tcp_listen_options, [{backlog, 4096}, {nodelay, true}, {linger, {true, 0}}, {exit_on_close, false}]}$tickets]}].
 ERL
+	echo "${TAP_BENCH_BROKER_TICKETS:-0}" >"$TAP_BROKER_DIR/tickets"
 	"$repo/scripts/broker.sh" start
 	broker_started=1
 else
 	tap_log "reusing the running broker $TAP_BROKER_NODE (it must have been started with this PKI)"
+	[ "$(cat "$TAP_BROKER_DIR/tickets" 2>/dev/null || echo 0)" = "${TAP_BENCH_BROKER_TICKETS:-0}" ] ||
+		tap_die "the running broker was started with another TAP_BENCH_BROKER_TICKETS: stop it first"
 fi
 tap_wait_port "$TAP_BROKER_TLS_PORT"
+cat "$TAP_BROKER_DIR/tickets" >"$out/broker-tickets" 2>/dev/null || echo 0 >"$out/broker-tickets"
 
 # HAProxy terminating TLS from clients and originating TLS to the broker, verified as the tap verifies it.
 write_haproxy_cfg() { # port file
