@@ -11,8 +11,9 @@
 # tap wrote exactly one publish record per publish (for the storm: 1,000, every one routed and acked).
 #
 # Environment: TAP_BENCH_ROUNDS (5), TAP_BENCH_LOADS (names from the list below, default all), TAP_BENCH_SCALE
-# (multiplies every message count), TAP_BENCH_STORM (clients per storm, 1000; 0 skips the storm and the idle
-# measurement), TAP_BENCH_BUILD (build dir, default build-tlsb), TAP_BENCH_BUILD_TYPE (Release), TAP_BENCH_OUT
+# (multiplies every message count; 0.3 keeps a whole run within about 15 minutes on 2 cores), TAP_BENCH_STORM
+# (clients per storm, 1000; 0 skips the storm and the idle measurement), TAP_BENCH_STORM_ROUNDS (storms in the first
+# 3 rounds only), TAP_BENCH_BUILD (build dir, default build-tlsb), TAP_BENCH_BUILD_TYPE (Release), TAP_BENCH_OUT
 # (default .run/bench-tls), TAP_BENCH_TAP_PORT (5762; HAProxy listens one above, the idle-memory tap and HAProxy two
 # and three above, the floor relay four above), TAP_BENCH_TAP_ARGS (extra amqptap options), TAP_BENCH_PERF=1 (also profile the tap with perf
 # during TAP_BENCH_PERF_LOAD, default w100_4k, into $TAP_BENCH_OUT/perf-*.txt).
@@ -40,6 +41,7 @@ export TAP_BROKER_TLS_CA=$pki/ca.pem TAP_BROKER_TLS_CERT=$pki/server.pem TAP_BRO
 rounds=${TAP_BENCH_ROUNDS:-5}
 scale=${TAP_BENCH_SCALE:-1}
 storm=${TAP_BENCH_STORM:-1000}
+storm_rounds=${TAP_BENCH_STORM_ROUNDS:-3}
 build=${TAP_BENCH_BUILD:-$repo/build-tlsb}
 tap_port=${TAP_BENCH_TAP_PORT:-5762}
 hap_port=$((tap_port + 1))
@@ -290,7 +292,7 @@ for r in $(seq "$rounds"); do
 			sleep 0.2
 		done
 	done
-	if [ "$storm" -gt 0 ]; then
+	if [ "$storm" -gt 0 ] && [ "$r" -le "$storm_rounds" ]; then
 		for t in $targets; do
 			storm_one "$r" "$t"
 			sleep 1 # let the broker finish closing the last storm's connections

@@ -155,7 +155,7 @@ static void read_some(struct leg *from)
 		struct evbuffer_iovec v;
 		uint8_t *dst = px->scratch;
 		if (q) {
-			if (evbuffer_reserve_space(q, TAP_TLS_READ_AHEAD, &v, 1) != 1) {
+			if (evbuffer_reserve_space(q, TAP_TLS_READ_SPACE, &v, 1) != 1) {
 				q = NULL; /* no memory for the queue: the copying path says what happens */
 			} else {
 				dst = v.iov_base;
