@@ -12,8 +12,6 @@
  * do. Whatever this relay costs on a machine, no TLS relay in user space can
  * undercut it by much: the benchmark shows it next to HAProxy and the tap.
  *
- *   pair: CLIENT_HANDSHAKE --done--> CONNECTING --writable--> UPSTREAM_HANDSHAKE --done--> RELAYING
- *
  * Usage: bench_tls_relay LISTEN_PORT UPSTREAM_PORT CERT KEY CA CLIENT_CERT CLIENT_KEY [NAME]
  * (ports on 127.0.0.1; the broker's certificate is verified against CA and
  * NAME, default localhost, which is also sent as SNI). Runs until killed.
@@ -45,6 +43,8 @@ struct pipe {
 	uint8_t buf[RELAY_BUF];
 };
 
+/*   CLIENT_HANDSHAKE --done--> CONNECTING --writable--> UPSTREAM_HANDSHAKE --done--> RELAYING
+ *   any phase --error, hang-up--> closed */
 enum phase { CLIENT_HANDSHAKE, CONNECTING, UPSTREAM_HANDSHAKE, RELAYING };
 
 struct pair {
