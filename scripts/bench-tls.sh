@@ -11,15 +11,18 @@
 # tap wrote exactly one publish record per publish (for the storm: 1,000, every one routed and acked).
 #
 # Environment: TAP_BENCH_ROUNDS (5), TAP_BENCH_LOADS (names from the list below, default all), TAP_BENCH_SCALE
-# (multiplies every message count), TAP_BENCH_STORM (clients per storm, 1000; 0 skips the storm and the idle
-# measurement), TAP_BENCH_BUILD (build dir, default build-tlsb), TAP_BENCH_BUILD_TYPE (Release), TAP_BENCH_OUT
+# (multiplies every message count; 0.3 keeps a whole run within about 15 minutes on 2 cores), TAP_BENCH_STORM
+# (clients per storm, 1000; 0 skips the storm and the idle measurement), TAP_BENCH_STORM_ROUNDS (storms in the first
+# 3 rounds only), TAP_BENCH_BUILD (build dir, default build-tlsb), TAP_BENCH_BUILD_TYPE (Release), TAP_BENCH_OUT
 # (default .run/bench-tls), TAP_BENCH_TAP_PORT (5762; HAProxy listens one above, the idle-memory tap and HAProxy two
 # and three above, the floor relay four above), TAP_BENCH_TAP_ARGS (extra amqptap options), TAP_BENCH_PERF=1 (also profile the tap with perf
 # during TAP_BENCH_PERF_LOAD, default w100_4k, into $TAP_BENCH_OUT/perf-*.txt).
 # The broker: plain port 5760, TLS port 5761, node benchtls@localhost, data in $TAP_BENCH_OUT/broker; its listen
 # backlog is raised to 4096 (RabbitMQ's 128 drops SYNs in a storm, which would time the broker's backlog instead of
-# the relays).
-# `scripts/bench-tls.sh report` only re-renders the tables from the last run. Exits 1 if a run failed or the tap's
+# the relays). TAP_BENCH_BROKER_TICKETS=1 has it issue TLS 1.3 session tickets (off in RabbitMQ by default), so that
+# the relays resume their upstream sessions (HAProxy, the floor relay and the tap all offer the broker's last one).
+# `scripts/bench-tls.sh storm` runs only the storm rounds and the idle measurement (TAP_BENCH_IDLE=0 skips the
+# latter); `scripts/bench-tls.sh report` only re-renders the tables from the last run. Exits 1 if a run failed or the tap's
 # records do not match what was sent.
 set -euo pipefail
 
@@ -38,6 +41,7 @@ export TAP_BROKER_TLS_CA=$pki/ca.pem TAP_BROKER_TLS_CERT=$pki/server.pem TAP_BRO
 rounds=${TAP_BENCH_ROUNDS:-5}
 scale=${TAP_BENCH_SCALE:-1}
 storm=${TAP_BENCH_STORM:-1000}
+storm_rounds=${TAP_BENCH_STORM_ROUNDS:-3}
 build=${TAP_BENCH_BUILD:-$repo/build-tlsb}
 tap_port=${TAP_BENCH_TAP_PORT:-5762}
 hap_port=$((tap_port + 1))
@@ -62,7 +66,7 @@ declare -A LOAD=(
 loads=${TAP_BENCH_LOADS:-"w1 w1000 w100_4k w10_1m c100_w100"}
 for l in $loads; do [ -n "${LOAD[$l]:-}" ] || tap_die "unknown load '$l' (known: ${!LOAD[*]})"; done
 
-if [ "$mode" = run ]; then
+if [ "$mode" = run ] || [ "$mode" = storm ]; then
 tap_pid='' hap_pid='' floor_pid='' idle_pid='' perf_pid='' broker_started=''
 cleanup() {
 	local rc=$?
@@ -123,16 +127,28 @@ make_pki
 
 if ! "$repo/scripts/broker.sh" status >/dev/null 2>&1; then
 	mkdir -p "$TAP_BROKER_DIR"
-	# broker.sh keeps an advanced.config it finds: the listen backlog for the storm
-	cat >"$TAP_BROKER_DIR/advanced.config" <<'ERL'
-[{rabbit, [{tcp_listen_options, [{backlog, 4096}, {nodelay, true}, {linger, {true, 0}}, {exit_on_close, false}]}]}].
+	# broker.sh keeps an advanced.config it finds: the listen backlog for the storm, and with
+	# TAP_BENCH_BROKER_TICKETS=1 the TLS options again with TLS 1.3 session tickets (RabbitMQ gives none by default,
+	# so no relay can resume its upstream sessions unless they are on)
+	tickets=''
+	if [ "${TAP_BENCH_BROKER_TICKETS:-0}" = 1 ]; then
+		tickets=",
+  {ssl_options, [{cacertfile, \"$pki/ca.pem\"}, {certfile, \"$pki/server.pem\"}, {keyfile, \"$pki/server.key\"},
+                 {verify, verify_peer}, {fail_if_no_peer_cert, true}, {session_tickets, stateless}]}"
+	fi
+	cat >"$TAP_BROKER_DIR/advanced.config" <<ERL
+[{rabbit, [{tcp_listen_options, [{backlog, 4096}, {nodelay, true}, {linger, {true, 0}}, {exit_on_close, false}]}$tickets]}].
 ERL
+	echo "${TAP_BENCH_BROKER_TICKETS:-0}" >"$TAP_BROKER_DIR/tickets"
 	"$repo/scripts/broker.sh" start
 	broker_started=1
 else
 	tap_log "reusing the running broker $TAP_BROKER_NODE (it must have been started with this PKI)"
+	[ "$(cat "$TAP_BROKER_DIR/tickets" 2>/dev/null || echo 0)" = "${TAP_BENCH_BROKER_TICKETS:-0}" ] ||
+		tap_die "the running broker was started with another TAP_BENCH_BROKER_TICKETS: stop it first"
 fi
 tap_wait_port "$TAP_BROKER_TLS_PORT"
+cat "$TAP_BROKER_DIR/tickets" >"$out/broker-tickets" 2>/dev/null || echo 0 >"$out/broker-tickets"
 
 # HAProxy terminating TLS from clients and originating TLS to the broker, verified as the tap verifies it.
 write_haproxy_cfg() { # port file
@@ -268,6 +284,7 @@ storm_one() {
 	tap_log "round $round storm $target: $line"
 }
 
+[ "$mode" = storm ] && loads=''
 for r in $(seq "$rounds"); do
 	for l in $loads; do
 		for t in $targets; do
@@ -275,8 +292,8 @@ for r in $(seq "$rounds"); do
 			sleep 0.2
 		done
 	done
-	if [ "$storm" -gt 0 ]; then
-		for t in direct haproxy tap; do # the floor relay's handshakes block: no storm for it
+	if [ "$storm" -gt 0 ] && [ "$r" -le "$storm_rounds" ]; then
+		for t in $targets; do
 			storm_one "$r" "$t"
 			sleep 1 # let the broker finish closing the last storm's connections
 		done
@@ -286,7 +303,7 @@ kill -0 "$tap_pid" 2>/dev/null || tap_die "the tap died during the run (see $out
 kill -0 "$hap_pid" 2>/dev/null || tap_die "HAProxy died during the run (see $out/haproxy.log)"
 kb_of "$tap_pid" VmHWM >"$out/peak_kb"
 
-if [ "${TAP_BENCH_PERF:-0}" = 1 ]; then
+if [ "${TAP_BENCH_PERF:-0}" = 1 ] && [ "$mode" = run ]; then
 	command -v perf >/dev/null || tap_need_pkgs linux-perf || tap_die "cannot install perf"
 	read -r c w s n <<<"${LOAD[$perf_load]}"
 	perf record -F 1999 -g -p "$tap_pid" -o "$out/perf.data" >"$out/perf-record.log" 2>&1 &
@@ -339,13 +356,13 @@ idle_one() {
 		"$rss0" "$rss1" "$hwm" "$line" >>"$idle"
 	tap_log "idle $target: RSS $rss0 kB before, $rss1 kB with $storm idle TLS connections"
 }
-if [ "$storm" -gt 0 ]; then
+if [ "$storm" -gt 0 ] && [ "${TAP_BENCH_IDLE:-1}" = 1 ]; then
 	idle_one tap
 	idle_one haproxy
 fi
 
 elif [ "$mode" != report ]; then
-	tap_die "usage: ${0##*/} [run|report]"
+	tap_die "usage: ${0##*/} [run|storm|report]"
 fi
 
 PYTHONPATH="$repo/scripts" /usr/bin/python3 "$repo/scripts/bench_report.py" tls "$out"

@@ -116,8 +116,13 @@ def render_tls(outdir):
     storm_sum = {}
     if storms:
         n = storms[0]["run"].get("conns", "?")
+        tickets_path = os.path.join(outdir, "broker-tickets")
+        tickets = os.path.exists(tickets_path) and open(tickets_path).read().strip() == "1"
         lines += ["", f"Reconnect storm: {n} TLS clients connect at once, each publishes one mandatory message on a "
                   "confirm channel and waits for its ack (tests/bench/bench_storm.c, one thread, non-blocking). "
+                  + ("The broker issues TLS 1.3 session tickets (TAP_BENCH_BROKER_TICKETS=1): the relays resume their "
+                     "upstream sessions. " if tickets else "The broker issues no TLS 1.3 session tickets (RabbitMQ's "
+                     "default): every upstream handshake is a full one. ") +
                   "Medians over rounds.\n",
                   "| target | TLS handshakes/s (to the last one) | last handshake ms | p50 / last confirm ms "
                   "| relay CPU s | relay peak RSS MiB | failed clients | tap records: publish / routed+acked |",

@@ -59,6 +59,7 @@ struct tap_conf {
 	const char *tls_cert, *tls_key, *tls_client_ca;
 	/* TLS towards the broker */
 	bool upstream_tls, upstream_insecure;
+	bool upstream_no_reuse; /* no TLS session resumption towards the broker */
 	const char *upstream_ca, *upstream_sni, *upstream_cert, *upstream_key;
 	const char *header_values; /* --header-values KEY[,KEY...]; NULL: off */
 	const char *keylog; /* NULL: $SSLKEYLOGFILE if set (main decides) */

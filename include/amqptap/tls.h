@@ -12,8 +12,8 @@
 struct ssl_st;
 struct tap_tls;
 
-/* Ciphertext one read() may take at once on a TLS leg (several records). */
-#define TAP_TLS_READ_AHEAD (64 * 1024)
+/* Plaintext one wakeup decrypts into a peer's queue at once (several records). */
+#define TAP_TLS_READ_SPACE (64 * 1024)
 /* Plaintext per SSL_write: one full-size record. */
 #define TAP_TLS_RECORD 16384
 

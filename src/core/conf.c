@@ -79,6 +79,8 @@ static const struct tap_conf_option options[] = {
 	 .help = "private key of --upstream-cert"},
 	{.name = "upstream-insecure", .kind = TAP_OPT_FLAG, .offset = FIELD(upstream_insecure),
 	 .help = "do not verify the broker's certificate (logged loudly)"},
+	{.name = "upstream-no-reuse", .kind = TAP_OPT_FLAG, .offset = FIELD(upstream_no_reuse),
+	 .help = "do not resume the broker's TLS sessions: a full handshake per connection"},
 	{.name = "metrics", .kind = TAP_OPT_ADDR_LOCAL, .offset = FIELD(metrics), .arg = "ADDR:PORT", .def_shown = "off",
 	 .help = "serve /metrics (Prometheus), /healthz and a live status page at / (PORT alone: loopback)"},
 	{.name = "keylog", .kind = TAP_OPT_PATH, .offset = FIELD(keylog), .arg = "FILE", .def_shown = "$SSLKEYLOGFILE",
@@ -412,6 +414,7 @@ static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
 				: c->upstream_sni ? "--upstream-sni"
 				: c->upstream_cert ? "--upstream-cert"
 				: c->upstream_insecure ? "--upstream-insecure"
+				: c->upstream_no_reuse ? "--upstream-no-reuse"
 				: NULL;
 	if (needs_tls && !c->upstream_tls)
 		return usage_error(err, cap, "%s: needs --upstream-tls", needs_tls);

@@ -1,9 +1,9 @@
-/* A TLS leg of a session: OpenSSL reads and writes the leg's socket itself
- * (read-ahead: one read() per burst of records), SSL_read decrypts straight
- * into the peer's queue (or into the scratch buffer when the bytes can be
- * sent on at once), and the leg's plaintext queue is written with one
- * SSL_write per full-size record. No filter bufferevent and no ciphertext
- * evbuffer: the bytes are copied once each way, as in HAProxy.
+/* A TLS leg of a session: OpenSSL reads the leg's socket through tls.c's
+ * reading BIO (one read() per burst of records, handed over a record at a
+ * time) and writes it itself, SSL_read decrypts straight into the peer's
+ * queue (or into the scratch buffer when the bytes can be sent on at once),
+ * and the leg's plaintext queue is written with one SSL_write per
+ * full-size record. No filter bufferevent and no ciphertext evbuffer.
  *
  *   states: CONNECTING (upstream TCP) --writable--> HANDSHAKE --done--> OPEN
  *
@@ -155,7 +155,7 @@ static void read_some(struct leg *from)
 		struct evbuffer_iovec v;
 		uint8_t *dst = px->scratch;
 		if (q) {
-			if (evbuffer_reserve_space(q, TAP_TLS_READ_AHEAD, &v, 1) != 1) {
+			if (evbuffer_reserve_space(q, TAP_TLS_READ_SPACE, &v, 1) != 1) {
 				q = NULL; /* no memory for the queue: the copying path says what happens */
 			} else {
 				dst = v.iov_base;
@@ -164,7 +164,7 @@ static void read_some(struct leg *from)
 		}
 		/* one record per SSL_read: fill the space with as many as have
 		 * arrived; once OpenSSL holds nothing more, the socket is empty
-		 * (or, if read-ahead filled up, readable again: epoll says so),
+		 * (or, if the read() filled the BIO, readable again: epoll says so),
 		 * so no read() is spent on EAGAIN */
 		bool emptied = false;
 		while (got < cap) {
