@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What passive capture costs (issue 15): one publisher (tests/bench/bench_loadgen.c, 1 connection, W=1000, 64 B)
 # straight to a throwaway RabbitMQ without a sniffer ("direct"), straight to it while `amqptap sniff -i lo` runs
-# ("sniffed"), and through the amqptap proxy ("tap", for the CPU per message a sniffer must not exceed),
-# alternating in every round. A sniffer is started for each sniffed run and stopped after it, so the direct runs
+# ("sniffed"), straight to it while the least a libpcap capture can do runs (tcpdump with the same buffer and
+# kernel filter, writing to /dev/null: "floor"), and through the amqptap proxy ("tap", for the CPU per message a
+# sniffer must not exceed), alternating in every round. A sniffer is started for each sniffed run and stopped after it, so the direct runs
 # carry none of its cost. Prints the medians, the paired ratio sniffed/direct, CPU seconds per million messages
 # of the sniffer and of the proxy, the kernel drops and publish records of each sniffed run, and PASS/FAIL for
 # each target: throughput >= 0.99 x direct, sniffer CPU per message <= the proxy's, no drops (and one publish
@@ -49,6 +50,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 tap_log "building (${TAP_BENCH_BUILD_TYPE:-Release}) in $build"
+tap_need_pkgs "${TAP_BENCH_PKGS[@]}" tcpdump || tap_die "could not install the packages the benchmark needs"
 tap_build "$build" -DCMAKE_BUILD_TYPE="${TAP_BENCH_BUILD_TYPE:-Release}" >/dev/null
 loadgen=$build/bench/bench_loadgen
 [ -x "$loadgen" ] || tap_die "$loadgen was not built (is librabbitmq-dev installed?)"
@@ -81,11 +83,28 @@ sniff_start() {
 	tap_die "the sniffer did not start within 10 s"
 }
 
+# The floor: tcpdump with the sniffer's kernel filter and buffer, every packet written to /dev/null.
+floor_start() {
+	local filter
+	filter=$(sed -n 's/.*filter: //p' "$out/sniff.log")
+	[ -n "$filter" ] || tap_die "no sniffer filter to give tcpdump (the floor runs after a sniffed run)"
+	tcpdump -i lo -s 262144 -B 16384 -w /dev/null "$filter" 2>"$out/tcpdump.log" &
+	sniff_pid=$!
+	for _ in $(seq 100); do
+		grep -q "listening on" "$out/tcpdump.log" && return 0
+		sleep 0.1
+	done
+	tap_die "tcpdump did not start: $(cat "$out/tcpdump.log")"
+}
+
 run_one() {
 	local round=$1 target=$2 port=$TAP_BROKER_PORT pid= before=0 after=0 line drops=null records=null
 	[ "$target" = tap ] && port=$tap_port pid=$tap_pid
 	if [ "$target" = sniffed ]; then
 		sniff_start
+		pid=$sniff_pid
+	elif [ "$target" = floor ]; then
+		floor_start
 		pid=$sniff_pid
 	fi
 	[ -n "$pid" ] && before=$(tap_cpu_ticks "$pid")
@@ -100,6 +119,12 @@ run_one() {
 		drops=$(awk -F'"total":' '/"type":"capture_drops"/ { split($2, a, /[,}]/); t = a[1] } END { print t + 0 }' \
 			"$out/sniff-verdicts.jsonl")
 		records=$(grep -c '"type":"publish"' "$out/sniff-verdicts.jsonl" || true)
+	elif [ "$target" = floor ]; then
+		kill -INT "$sniff_pid"
+		wait "$sniff_pid" || true
+		sniff_pid=
+		drops=$(sed -n 's/^\([0-9]*\) packets dropped by kernel.*/\1/p' "$out/tcpdump.log")
+		[ -n "$drops" ] || drops=null
 	elif [ "$target" = tap ]; then
 		records=$(grep -c '"type":"publish"' "$tap_verdicts" || true)
 		: >"$tap_verdicts"
@@ -112,7 +137,7 @@ run_one() {
 }
 
 for r in $(seq "$rounds"); do
-	for t in direct sniffed tap; do
+	for t in direct sniffed floor tap; do
 		run_one "$r" "$t"
 		sleep 0.2
 	done
@@ -135,19 +160,23 @@ rate = lambda t: [by.get(t, {})[k]["run"]["msgs_per_s"] for k in sorted(by.get(t
 cpu_per_m = lambda t: [r["cpu_s"] / r["run"]["sent"] * 1e6 for r in by.get(t, {}).values()  # noqa: E731
                        if r["run"].get("sent")]
 med = lambda v: statistics.median(v) if v else None  # noqa: E731
-paired = [by["sniffed"][k]["run"]["msgs_per_s"] / by["direct"][k]["run"]["msgs_per_s"]
-          for k in by.get("sniffed", {}) if k in by.get("direct", {})]
+pair = lambda t: [by[t][k]["run"]["msgs_per_s"] / by["direct"][k]["run"]["msgs_per_s"]  # noqa: E731
+                  for k in by.get(t, {}) if k in by.get("direct", {})]
+paired, paired_floor = pair("sniffed"), pair("floor")
 sniffed = list(by.get("sniffed", {}).values())
 drops = sum(r["drops"] or 0 for r in sniffed)
 short = [(r["round"], r["records"], r["run"]["sent"]) for r in sniffed if r["records"] != r["run"]["sent"]]
 fmt = lambda v, p=0: "n/a" if v is None else f"{v:,.{p}f}"  # noqa: E731
 rounds = len({r["round"] for r in runs})
-lines = [f"Rounds: {rounds} (direct, sniffed, tap alternating), 1 connection, W=1000, 64 B; medians.\n",
-         "| | direct | sniffed | tap |", "|---|---|---|---|",
-         f"| msg/s | {fmt(med(rate('direct')))} | {fmt(med(rate('sniffed')))} | {fmt(med(rate('tap')))} |",
-         f"| CPU s per M msgs (sniffer / proxy) | | {fmt(med(cpu_per_m('sniffed')), 2)} | "
-         f"{fmt(med(cpu_per_m('tap')), 2)} |",
-         f"| kernel drops (all sniffed runs) | | {drops} | |", ""]
+lines = [f"Rounds: {rounds} (direct, sniffed, floor = tcpdump -w /dev/null with the same filter, tap alternating), "
+         "1 connection, W=1000, 64 B; medians.\n",
+         "| | direct | sniffed | floor (tcpdump) | tap |", "|---|---|---|---|---|",
+         f"| msg/s | {fmt(med(rate('direct')))} | {fmt(med(rate('sniffed')))} | {fmt(med(rate('floor')))} | "
+         f"{fmt(med(rate('tap')))} |",
+         f"| × direct (paired median) | | {fmt(med(paired), 3)} | {fmt(med(paired_floor), 3)} | |",
+         f"| CPU s per M msgs (capture / proxy) | | {fmt(med(cpu_per_m('sniffed')), 2)} | "
+         f"{fmt(med(cpu_per_m('floor')), 2)} | {fmt(med(cpu_per_m('tap')), 2)} |",
+         f"| kernel drops (all sniffed runs) | | {drops} | | |", ""]
 ratio = med(paired)
 cs, ct = med(cpu_per_m("sniffed")), med(cpu_per_m("tap"))
 checks = [
