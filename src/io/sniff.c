@@ -29,11 +29,8 @@ struct tap_sniff {
 /* "tcp port A or tcp port B ...", and on Ethernet the same behind a VLAN tag. Where the kernel takes the tag
  * off into packet metadata (VLAN offload: the usual case) the filter sees the untagged frame and libpcap puts
  * the tag back for the reader; the `vlan` clause is for tags that stay in the frame. Linux cooked headers
- * (`any`) carry no tag, and libpcap refuses `vlan` there. On a loopback interface the kernel hands every packet
- * to the capture twice, as it is sent and as it is received, and libpcap throws the sent copy away after it was
- * copied into the ring: `inbound` drops it in the kernel's filter instead, halving what the capture costs the
- * senders (the broker and its clients). */
-static bool build_filter(char *out, size_t cap, const uint16_t *ports, size_t n, int dlt, bool loopback)
+ * (`any`) carry no tag, and libpcap refuses `vlan` there. */
+static bool build_filter(char *out, size_t cap, const uint16_t *ports, size_t n, int dlt)
 {
 	char any[TAP_SNIFF_FILTER_MAX / 2] = "";
 	size_t len = 0;
@@ -43,28 +40,12 @@ static bool build_filter(char *out, size_t cap, const uint16_t *ports, size_t n,
 			return false;
 		len += (size_t)w;
 	}
-	const char *only_received = loopback ? "inbound and " : "";
 	int w;
 	if (dlt == DLT_EN10MB)
-		w = snprintf(out, cap, "%s((%s) or (vlan and (%s)))", only_received, any, any);
+		w = snprintf(out, cap, "(%s) or (vlan and (%s))", any, any);
 	else
-		w = snprintf(out, cap, "%s(%s)", only_received, any);
+		w = snprintf(out, cap, "%s", any);
 	return w > 0 && (size_t)w < cap;
-}
-
-/* Whether iface is a loopback interface (lo), as libpcap lists it. */
-static bool is_loopback(const char *iface)
-{
-	char ebuf[PCAP_ERRBUF_SIZE];
-	pcap_if_t *all;
-	bool lo = false;
-	if (pcap_findalldevs(&all, ebuf) != 0)
-		return false;
-	for (const pcap_if_t *d = all; d; d = d->next)
-		if (strcmp(d->name, iface) == 0)
-			lo = (d->flags & PCAP_IF_LOOPBACK) != 0;
-	pcap_freealldevs(all);
-	return lo;
 }
 
 static void on_pcap_packet(u_char *user, const struct pcap_pkthdr *h, const u_char *bytes)
@@ -129,7 +110,7 @@ struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, cons
 	}
 	const char *filter = s->filter;
 	struct bpf_program prog;
-	if (!build_filter(s->filter, sizeof s->filter, ports, n_ports, pcap_datalink(s->p), is_loopback(iface))) {
+	if (!build_filter(s->filter, sizeof s->filter, ports, n_ports, pcap_datalink(s->p))) {
 		snprintf(err, cap, "--port: too many ports for the capture filter");
 		pcap_close(s->p);
 		free(s);
