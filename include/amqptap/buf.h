@@ -19,6 +19,9 @@ void tap_buf_deinit(struct tap_buf *b);
 void tap_buf_reset(struct tap_buf *b);
 /* Makes room for extra more bytes; false (and oom set) if that failed. */
 bool tap_buf_grow(struct tap_buf *b, size_t extra);
+/* Gives an empty buffer a capacity of cap bytes at once, where memory allows (it is never marked oom): a buffer
+ * that will be filled to about cap is then allocated once instead of doubled up to it. */
+void tap_buf_presize(struct tap_buf *b, size_t cap);
 void tap_buf_puts(struct tap_buf *b, const char *s);
 void tap_buf_printf(struct tap_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -49,6 +49,9 @@ enum tap_tls_step tap_tls_write(struct ssl_st *ssl, const void *buf, size_t len,
 /* OpenSSL holds input (records read ahead, or decrypted bytes) that no
  * readiness event will announce. */
 bool tap_tls_pending(const struct ssl_st *ssl);
+/* Frees the record buffers of a quiet SSL (allocated again by its next read
+ * or write); keeps them while they hold part of a record. */
+void tap_tls_release_buffers(struct ssl_st *ssl);
 /* Frees an SSL, first trying once to send close_notify when notify. */
 void tap_tls_free_ssl(struct ssl_st *ssl, bool notify);
 

@@ -48,6 +48,17 @@ bool tap_buf_grow(struct tap_buf *b, size_t extra)
 	return true;
 }
 
+void tap_buf_presize(struct tap_buf *b, size_t cap)
+{
+	if (b->len != 0 || b->cap >= cap)
+		return;
+	char *p = realloc(b->data, cap);
+	if (p) {
+		b->data = p;
+		b->cap = cap;
+	}
+}
+
 void tap_buf_puts(struct tap_buf *b, const char *s)
 {
 	tap_buf_append(b, s, strlen(s));

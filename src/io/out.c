@@ -22,6 +22,7 @@
 
 #define SPARE_CHUNKS 4
 #define SPARE_MAX_BYTES (256 * 1024) /* a batch grown past this by one big record is freed, not kept */
+#define FILL_SLACK (4 * 1024)        /* a new batch's room past TAP_OUT_BATCH_BYTES */
 #define CANCEL_JOIN_MS 200
 
 /* Whether the output closes its descriptor: stdout and stderr stay open. */
@@ -472,6 +473,8 @@ static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_
 	struct stat st;
 	o->pipe = fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
 	o->fill = chunk_new();
+	if (o->fill && conf->kind != TAP_OUT_TEXT)
+		tap_buf_presize(&o->fill->data, TAP_OUT_BATCH_BYTES + FILL_SLACK);
 	tap_buf_init(&o->note);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -557,6 +560,16 @@ static bool room_for(struct tap_out *o, size_t len)
 	}
 }
 
+/* Under mu: a new batch to fill, allocated at the size it is handed over at (plus room for the record that takes
+ * it past), not doubled up to it; a recycled one keeps its capacity. */
+static struct chunk *fill_take(struct tap_out *o)
+{
+	struct chunk *c = chunk_take(o);
+	if (c)
+		tap_buf_presize(&c->data, TAP_OUT_BATCH_BYTES + FILL_SLACK);
+	return c;
+}
+
 /* Under mu: a loss note before the next records, in its own chunk, if losses are unreported and it fits. */
 static void queue_drop_note(struct tap_out *o)
 {
@@ -579,7 +592,7 @@ static void hand_over(struct tap_out *o)
 {
 	struct chunk *c = o->fill;
 	if (!c) {
-		o->fill = chunk_take(o);
+		o->fill = fill_take(o);
 		return;
 	}
 	if (c->data.len == 0) {
@@ -593,7 +606,7 @@ static void hand_over(struct tap_out *o)
 	}
 	queue_drop_note(o);
 	enqueue(o, c);
-	o->fill = chunk_take(o);
+	o->fill = fill_take(o);
 }
 
 void tap_out_flush(struct tap_out *o)

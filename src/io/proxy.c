@@ -801,6 +801,7 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 	if (!px)
 		return NULL;
 	px->base = base;
+	px->tls = tls;
 	px->scratch = malloc(TAP_PROXY_MAX_IO);
 	px->resume_accept = evtimer_new(base, on_resume_accept, px);
 	px->shortage_over = evtimer_new(base, on_shortage_over, px);
@@ -814,7 +815,6 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 		free(px);
 		return NULL;
 	}
-	px->tls = tls;
 	memcpy(&px->upstream, upstream, (size_t)upstream_len);
 	px->upstream_len = upstream_len;
 	snprintf(px->upstream_name, sizeof px->upstream_name, "%s", upstream_name);

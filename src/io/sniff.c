@@ -8,7 +8,9 @@
 #include "amqptap/capture.h"
 
 #include <event2/event.h>
+#include <linux/if_packet.h>
 #include <pcap/pcap.h>
+#include <sys/socket.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +48,36 @@ static bool build_filter(char *out, size_t cap, const uint16_t *ports, size_t n,
 	else
 		w = snprintf(out, cap, "%s", any);
 	return w > 0 && (size_t)w < cap;
+}
+
+/* Whether iface is a loopback interface (lo), as libpcap lists it. */
+static bool is_loopback(const char *iface)
+{
+	char ebuf[PCAP_ERRBUF_SIZE];
+	pcap_if_t *all;
+	bool lo = false;
+	if (pcap_findalldevs(&all, ebuf) != 0)
+		return false;
+	for (const pcap_if_t *d = all; d; d = d->next)
+		if (strcmp(d->name, iface) == 0)
+			lo = (d->flags & PCAP_IF_LOOPBACK) != 0;
+	pcap_freealldevs(all);
+	return lo;
+}
+
+/* A loopback interface hands a packet socket every packet twice: as it is sent and as it is received. libpcap
+ * throws the sent copy away, but only after the kernel cloned it, ran the filter on it and copied it into the ring,
+ * in the sender's time (the broker's or its client's). PACKET_IGNORE_OUTGOING (Linux 4.20) skips the sent copy
+ * before any of that; every packet is still seen once, as it is received. Older kernels refuse the option and
+ * libpcap's own dropping stays. */
+static void ignore_sent_copies(pcap_t *p)
+{
+#ifdef PACKET_IGNORE_OUTGOING
+	int one = 1;
+	(void)setsockopt(pcap_fileno(p), SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);
+#else
+	(void)p;
+#endif
 }
 
 static void on_pcap_packet(u_char *user, const struct pcap_pkthdr *h, const u_char *bytes)
@@ -123,6 +155,8 @@ struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, cons
 		return NULL;
 	}
 	pcap_freecode(&prog);
+	if (is_loopback(iface))
+		ignore_sent_copies(s->p);
 	s->linktype = linktype_of(pcap_datalink(s->p));
 	int fd = pcap_get_selectable_fd(s->p);
 	if (fd < 0 || pcap_setnonblock(s->p, 1, ebuf) < 0) {
