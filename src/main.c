@@ -549,7 +549,8 @@ static void on_sniff_signal(evutil_socket_t sig, short what, void *arg)
 	} else if (sig == SIGUSR1) {
 		struct tap_sniff_stats st;
 		tap_sniff_get_stats(app->sniff, &st);
-		tap_log_info("%" PRIu64 " packets captured, %" PRIu64 " dropped by the kernel", st.packets, st.dropped);
+		tap_log_info("%" PRIu64 " packets captured (%" PRIu64 " queued by the kernel), %" PRIu64
+			     " dropped by the kernel", st.packets, st.received, st.dropped);
 		print_summary(app);
 	}
 }

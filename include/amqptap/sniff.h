@@ -13,6 +13,8 @@ struct tap_sniff;
 
 struct tap_sniff_stats {
 	uint64_t packets;  /* handed to the reassembly */
+	uint64_t received; /* pcap_stats ps_recv: what the kernel put in the ring (on lo without
+	                    * PACKET_IGNORE_OUTGOING, every packet twice) */
 	uint64_t dropped;  /* pcap_stats ps_drop + ps_ifdrop: packets the kernel or the interface lost */
 };
 

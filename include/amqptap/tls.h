@@ -49,9 +49,11 @@ enum tap_tls_step tap_tls_write(struct ssl_st *ssl, const void *buf, size_t len,
 /* OpenSSL holds input (records read ahead, or decrypted bytes) that no
  * readiness event will announce. */
 bool tap_tls_pending(const struct ssl_st *ssl);
-/* Frees the record buffers of a quiet SSL (allocated again by its next read
- * or write); keeps them while they hold part of a record. */
-void tap_tls_release_buffers(struct ssl_st *ssl);
+/* Whether an SSL keeps its record buffers between records (a busy leg:
+ * SSL_MODE_RELEASE_BUFFERS would free and allocate them around every
+ * record) or gives them back (a quiet one: they are freed now unless they
+ * hold part of a record, and after each record from then on). */
+void tap_tls_keep_buffers(struct ssl_st *ssl, bool keep);
 /* Frees an SSL, first trying once to send close_notify when notify. */
 void tap_tls_free_ssl(struct ssl_st *ssl, bool notify);
 

@@ -54,7 +54,7 @@ struct leg {
 	bool read_wants_write; /* TLS legs: SSL_read needs the socket writable */
 	bool write_wants_read; /* TLS legs: SSL_write needs the socket readable */
 	bool failed;           /* TLS legs: ended by an error (no close_notify) */
-	bool active;           /* TLS legs: read or written since the last idle sweep */
+	uint32_t ios;          /* TLS legs: reads and writes since the last buffer sweep */
 };
 
 struct tap_session {
@@ -98,7 +98,7 @@ struct tap_proxy {
 	struct timeval handshake_timeout;
 	struct leg_queue turns; /* TLS client legs whose handshake can go on: one step per loop turn */
 	struct event *turn;     /* runs the first of `turns` */
-	struct event *idle_sweep; /* TLS: frees the record buffers of legs quiet since the last sweep */
+	struct event *buffer_sweep; /* TLS: which legs keep their record buffers (tlsleg.c) */
 	void (*idle_cb)(void *);
 	void *idle_arg;
 };

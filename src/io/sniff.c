@@ -188,8 +188,10 @@ void tap_sniff_get_stats(struct tap_sniff *s, struct tap_sniff_stats *st)
 		return;
 	(void)pcap_dispatch(s->p, -1, on_pcap_packet, (u_char *)s); /* what is already buffered */
 	st->packets = s->packets;
-	if (pcap_stats(s->p, &ps) == 0)
+	if (pcap_stats(s->p, &ps) == 0) {
 		st->dropped = (uint64_t)ps.ps_drop + ps.ps_ifdrop;
+		st->received = ps.ps_recv;
+	}
 }
 
 void tap_sniff_free(struct tap_sniff *s)

@@ -247,12 +247,10 @@ static SSL_CTX *new_ctx(struct tap_tls *t, const SSL_METHOD *method)
 	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
 	SSL_CTX_set_app_data(ctx, t);
 	/* partial writes: one record per SSL_write, retried from the queue's
-	 * head wherever it now lives. Not SSL_MODE_RELEASE_BUFFERS: it frees
-	 * and allocates the record buffers around every record (a malloc and a
-	 * free of 16 KiB per record read and per SSL_write, 6 % of the tap's
-	 * instructions at W=1000 / 64 B); tlsleg.c releases them once a leg has
-	 * been quiet for a while (tap_tls_release_buffers) */
-	SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE);
+	 * head wherever it now lives; record buffers released between records
+	 * until tlsleg.c finds the leg busy (tap_tls_keep_buffers) */
+	SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE |
+				      SSL_MODE_RELEASE_BUFFERS);
 	/* no read-ahead: OpenSSL asks the reading BIO for each record. With
 	 * read-ahead it moves all its buffer still holds to the front before
 	 * each record of 128 bytes or more (callgrind through the tap without
@@ -521,8 +519,13 @@ bool tap_tls_pending(const SSL *ssl)
 	return SSL_has_pending(ssl) == 1 || BIO_ctrl_pending(SSL_get_rbio(ssl)) > 0;
 }
 
-void tap_tls_release_buffers(SSL *ssl)
+void tap_tls_keep_buffers(SSL *ssl, bool keep)
 {
+	if (keep) {
+		SSL_clear_mode(ssl, SSL_MODE_RELEASE_BUFFERS);
+		return;
+	}
+	SSL_set_mode(ssl, SSL_MODE_RELEASE_BUFFERS);
 	if (!tap_tls_pending(ssl))
 		(void)SSL_free_buffers(ssl); /* 0 when a record is only partly read or written: kept */
 }

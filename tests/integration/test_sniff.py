@@ -104,6 +104,28 @@ class Sniff(TapTestCase):
                                   "no-confirm": ("returned", "none")})
         self.assertFalse([r for r in sniffed if r["type"] == "capture_gap"])
 
+    def test_loopback_capture_takes_each_packet_once(self):
+        """On lo the kernel hands a packet socket every packet twice, as sent and as received; the sniffer asks it
+        (PACKET_IGNORE_OUTGOING) not to queue the sent copy, which libpcap would only throw away after the kernel
+        cloned, filtered and copied it in the broker's and the publisher's time. SIGUSR1's line says how many
+        packets the kernel queued and how many were captured: without the option the first is about twice the
+        second."""
+        with tempfile.TemporaryDirectory() as d:
+            p, verdicts, err = self.sniff(d)
+            try:
+                scenario(BROKER_PORT, "once")
+                time.sleep(0.3)
+                p.send_signal(signal.SIGUSR1)
+                self.assertTrue(wait_for(lambda: "packets captured" in open(err.name).read(), 10))
+            finally:
+                p.send_signal(signal.SIGINT)
+                self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
+            line = [ln for ln in open(err.name).read().splitlines() if "packets captured" in ln][0]
+        words = line.replace("(", " ").split()
+        captured, queued = int(words[words.index("packets") - 1]), int(words[words.index("queued") - 1])
+        self.assertGreater(captured, 20, line)
+        self.assertLessEqual(queued, captured + 5, line)  # the ring may hold a packet or two not dispatched yet
+
     def test_forced_loss_gives_gaps_and_unknown_never_a_wrong_verdict(self):
         """Kernel drops made certain: a sniffer with a small --buffer-size (2 MiB) is stopped (SIGSTOP) while two
         rabbitmq-c publishers stream 20,000 of their 60,000 confirmed mandatory publishes (one to a queue: routed,
