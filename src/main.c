@@ -468,7 +468,7 @@ static int run_replay(const struct tap_conf *conf)
 			.ctx = &app, .idle = replay_idle, .ports = conf->ports + 1, .n_ports = conf->n_ports - 1,
 			.min_window_us = app.min_window_us,
 		};
-		int rc = tap_replay_run(conf->replay_file, (uint16_t)conf->replay_port, &app.observer, app.track, &hooks,
+		int rc = tap_replay_run(conf->replay_file, conf->ports[0], &app.observer, app.track, &hooks,
 					&rs, err, sizeof err);
 		if (rs.gaps > 0)
 			fprintf(stderr, "amqptap: capture gaps: %" PRIu64 " (%" PRIu64 " bytes missing); the publishes they "

@@ -42,8 +42,8 @@ struct tap_conf {
 	const char *frames;         /* NULL = off */
 	const char *pcap;           /* NULL = off */
 	const char *replay_file;    /* replay mode: the capture */
-	uint32_t replay_port;       /* replay and sniff: the broker's TCP port in the capture (the first --port) */
-	uint16_t ports[TAP_CONF_PORTS_MAX]; /* every --port in order (replay_port first); at least the default */
+	uint16_t ports[TAP_CONF_PORTS_MAX]; /* replay and sniff: the broker's TCP ports, every --port in order, or
+	                                     * the default alone */
 	size_t n_ports;
 	const char *interface;      /* sniff mode: the interface libpcap captures on */
 	uint32_t buffer_kib;        /* sniff mode: the kernel capture buffer */
@@ -74,6 +74,7 @@ enum tap_conf_opt_kind {
 	TAP_OPT_TEXT,        /* a name: printable, without spaces or quotes */
 	TAP_OPT_ID,          /* copied into a char array: letters, digits and . _ - : @ / */
 	TAP_OPT_U32,         /* a whole number within [min, max] */
+	TAP_OPT_PORTS,       /* a whole number within [min, max] appended to ports[] each time (def_u32 when none) */
 	TAP_OPT_SIZE,        /* bytes (uint64_t) within [min, max]: a whole number, optionally with K, M or G (KiB, MiB, GiB) */
 	TAP_OPT_FLAG,        /* sets a bool */
 	TAP_OPT_LEVEL,       /* sets the verbosity to .level */
@@ -87,7 +88,7 @@ struct tap_conf_option {
 	char short_name;   /* 0: none */
 	enum tap_conf_opt_kind kind;
 	size_t offset;     /* of the field in struct tap_conf */
-	uint64_t min, max; /* TAP_OPT_U32 and TAP_OPT_SIZE bounds */
+	uint64_t min, max; /* TAP_OPT_U32, TAP_OPT_PORTS and TAP_OPT_SIZE bounds */
 	enum tap_conf_verbosity level;
 	const char *arg;   /* placeholder of the value; NULL for options that take none */
 	/* The default: def is a command-line value that tap_conf_defaults applies through the parser (text kinds),

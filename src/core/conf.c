@@ -30,7 +30,7 @@ static const struct tap_conf_option options[] = {
 	 .def_shown = "off", .help = "one JSON line per decoded frame"},
 	{.name = "pcap", .kind = TAP_OPT_PATH, .offset = FIELD(pcap), .arg = "FILE", .def_shown = "off",
 	 .help = "the plaintext AMQP streams as pcapng for Wireshark"},
-	{.name = "port", .kind = TAP_OPT_U32, .offset = FIELD(replay_port), .min = 1, .max = 65535, .arg = "N",
+	{.name = "port", .kind = TAP_OPT_PORTS, .offset = FIELD(ports), .min = 1, .max = 65535, .arg = "N",
 	 .def_u32 = 5672, .help = "replay, sniff: the broker's TCP port in the capture (repeatable)"},
 	{.name = "interface", .short_name = 'i', .kind = TAP_OPT_PATH, .offset = FIELD(interface), .arg = "IF",
 	 .def_shown = "none", .help = "sniff: the interface to capture on (lo, eth0, any)"},
@@ -246,14 +246,21 @@ static int apply(struct tap_conf *c, const struct tap_conf_option *o, const char
 					   o->name, TAP_CONF_TAP_ID_MAX - 1, value);
 		memcpy(field, value, strlen(value) + 1);
 		return TAP_OK;
-	case TAP_OPT_U32: {
+	case TAP_OPT_U32:
+	case TAP_OPT_PORTS: {
 		char *end;
 		errno = 0;
 		unsigned long long v = (*value >= '0' && *value <= '9') ? strtoull(value, &end, 10) : ULLONG_MAX;
 		if (*value < '0' || *value > '9' || errno || *end || v > o->max || v < o->min)
 			return usage_error(err, cap, "--%s: expected a whole number from %" PRIu64 " to %" PRIu64 ", got '%s'",
 					   o->name, o->min, o->max, value);
-		*(uint32_t *)(void *)field = (uint32_t)v;
+		if (o->kind == TAP_OPT_U32) {
+			*(uint32_t *)(void *)field = (uint32_t)v;
+		} else if (c->n_ports < TAP_CONF_PORTS_MAX) {
+			c->ports[c->n_ports++] = (uint16_t)v;
+		} else {
+			return usage_error(err, cap, "--%s: at most %d", o->name, TAP_CONF_PORTS_MAX);
+		}
 		return TAP_OK;
 	}
 	case TAP_OPT_SIZE: {
@@ -446,18 +453,13 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 		const struct tap_conf_option *o = ch >= LONG_VAL(0) ? &options[ch - LONG_VAL(0)] : find_short(ch);
 		if (ch >= LONG_VAL(0) && !spelled_out(o, long_element(o, argv)))
 			return unknown_long(long_element(o, argv), err, cap);
-		if (o->offset == FIELD(replay_port) && o->kind == TAP_OPT_U32)
+		if (o->kind == TAP_OPT_PORTS)
 			port_given = true;
 		if (o->offset == FIELD(interface) || o->offset == FIELD(buffer_kib))
 			sniff_given = true;
 		rc = apply(c, o, optarg, err, cap);
 		if (rc)
 			return rc;
-		if (o->offset == FIELD(replay_port) && o->kind == TAP_OPT_U32) { /* repeatable: one broker port each */
-			if (c->n_ports == TAP_CONF_PORTS_MAX)
-				return usage_error(err, cap, "--port: at most %d", TAP_CONF_PORTS_MAX);
-			c->ports[c->n_ports++] = (uint16_t)c->replay_port;
-		}
 		if (c->mode == TAP_MODE_HELP || c->mode == TAP_MODE_VERSION)
 			return TAP_OK;
 	}
@@ -466,9 +468,9 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 		if (rc)
 			return rc;
 	}
-	if (c->n_ports == 0)
-		c->ports[c->n_ports++] = (uint16_t)c->replay_port;
-	c->replay_port = c->ports[0];
+	for (size_t i = 0; i < N_OPTIONS && c->n_ports == 0; i++)
+		if (options[i].kind == TAP_OPT_PORTS)
+			c->ports[c->n_ports++] = (uint16_t)options[i].def_u32;
 	if (port_given && c->mode != TAP_MODE_REPLAY && c->mode != TAP_MODE_SNIFF)
 		return usage_error(err, cap, "--port: only for 'amqptap replay' and 'amqptap sniff'");
 	if (sniff_given && c->mode != TAP_MODE_SNIFF)

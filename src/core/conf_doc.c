@@ -68,7 +68,7 @@ static const char *default_text(const struct tap_conf_option *o, char *tmp, size
 		return o->def_shown;
 	if (o->def)
 		return o->def;
-	if (o->kind == TAP_OPT_U32) {
+	if (o->kind == TAP_OPT_U32 || o->kind == TAP_OPT_PORTS) {
 		snprintf(tmp, cap, "%u", o->def_u32);
 		return tmp;
 	}

@@ -50,7 +50,7 @@ START_TEST(defaults)
 	ck_assert_uint_eq(c.return_window_ms, 2000);
 	ck_assert_uint_eq(c.max_outstanding, 1000000);
 	ck_assert_uint_eq(c.grace_ms, 1000);
-	ck_assert_uint_eq(c.replay_port, 5672);
+	ck_assert_uint_eq(c.ports[0], 5672);
 	ck_assert_int_eq(c.mode, TAP_MODE_PROXY);
 	ck_assert_int_eq(c.verbosity, TAP_VERBOSITY_NORMAL);
 	char host[TAP_CONF_TAP_ID_MAX] = "";
@@ -173,12 +173,12 @@ START_TEST(replay_and_double_dash)
 	ck_assert_int_eq(PARSE(&c, err, "replay", "cap.pcapng", "--port", "5671"), TAP_OK);
 	ck_assert_int_eq(c.mode, TAP_MODE_REPLAY);
 	ck_assert_str_eq(c.replay_file, "cap.pcapng");
-	ck_assert_uint_eq(c.replay_port, 5671);
+	ck_assert_uint_eq(c.ports[0], 5671);
 	/* options before the subcommand, and after the capture */
 	ck_assert_int_eq(PARSE(&c, err, "-q", "replay", "--port=1", "cap.pcap", "-o", "out"), TAP_OK);
 	ck_assert_int_eq(c.mode, TAP_MODE_REPLAY);
 	ck_assert_str_eq(c.replay_file, "cap.pcap");
-	ck_assert_uint_eq(c.replay_port, 1);
+	ck_assert_uint_eq(c.ports[0], 1);
 	ck_assert_str_eq(c.verdicts, "out");
 	/* after "--" a name that looks like an option is the capture */
 	ck_assert_int_eq(PARSE(&c, err, "replay", "--port", "5672", "--", "-odd.pcap"), TAP_OK);
@@ -190,14 +190,13 @@ START_TEST(replay_and_double_dash)
 	int rc = PARSE(&c, err, "replay", "cap.pcap", "--port", "5671");
 	unsetenv("POSIXLY_CORRECT");
 	ck_assert_int_eq(rc, TAP_OK);
-	ck_assert_uint_eq(c.replay_port, 5671);
+	ck_assert_uint_eq(c.ports[0], 5671);
 	/* "--" alone changes nothing */
 	ck_assert_int_eq(PARSE(&c, err, "-v", "--"), TAP_OK);
 	ck_assert_int_eq(c.mode, TAP_MODE_PROXY);
-	/* --port repeats: every one kept in order, the first is replay_port; without it, the default alone */
+	/* --port repeats: every one kept in order; without it, the default alone */
 	ck_assert_int_eq(PARSE(&c, err, "sniff", "-i", "lo", "--port", "5673", "--port=5672", "--port", "15672"), TAP_OK);
 	ck_assert_uint_eq(c.n_ports, 3);
-	ck_assert_uint_eq(c.replay_port, 5673);
 	ck_assert_uint_eq(c.ports[0], 5673);
 	ck_assert_uint_eq(c.ports[1], 5672);
 	ck_assert_uint_eq(c.ports[2], 15672);
