@@ -79,12 +79,13 @@ class Client(RawClient):
         self.expect(channel, 20, 11)
 
     def drain(self, stop):
-        """Reads and drops everything until stop is set or EOF."""
+        """Reads and drops everything until stop is set or EOF; last_rx is when bytes last came."""
         self.sock.settimeout(0.2)
         while not stop.is_set():
             try:
                 if not self.sock.recv(1 << 20):
                     return
+                self.last_rx = time.monotonic()
             except socket.timeout:
                 continue
             except OSError:
@@ -150,9 +151,13 @@ class TrackingMemoryTest(ScenarioCase):
         peak_stalled = sampler.peak_kb
         # the client reads at last: the rest of the acks and Returns arrive, every publish gets its record
         stop = threading.Event()
+        cl.last_rx = time.monotonic()
         reader = threading.Thread(target=cl.drain, args=(stop,), daemon=True)
         reader.start()
         wait_for(lambda: len(tap.records("publish")) >= sent, 120, 0.2)
+        # and reads on until nothing more comes: RabbitMQ closes with SO_LINGER 0 right after connection.close-ok,
+        # which throws away what its socket has not sent yet, close-ok included, if Returns still queue before it
+        wait_for(lambda: time.monotonic() - cl.last_rx > 1.0, 60, 0.2)
         stop.set()
         reader.join(5)
         cl.close_connection()
