@@ -677,6 +677,9 @@ class HostileClients(ScenarioCase):
         time.sleep(1)
         attack_secs = self.stream(tap, queue, n)
         time.sleep(max(0.0, TAP_ADMIN_REQUEST_SECONDS + 3 - (time.monotonic() - t_attack)))  # past a request deadline
+        # the huge body and the huge header get their answer only on a connection the tap accepted, and the slow
+        # clients hold every slot until their request deadline: a few more turns of the attack if neither got in yet
+        wait_for(lambda: attack.stats["huge_body_answer"] and attack.stats["huge_header_answer"], 30, 0.5)
         attack.stop()
         sampling.set()
         sampler.join(5)
