@@ -161,6 +161,16 @@ static struct chunk *chunk_take(struct tap_out *o)
 	return c;
 }
 
+/* Under mu: a new batch to fill, allocated at the size it is handed over at (plus room for the record that takes
+ * it past), not doubled up to it; a recycled one keeps its capacity. */
+static struct chunk *fill_take(struct tap_out *o)
+{
+	struct chunk *c = chunk_take(o);
+	if (c)
+		tap_buf_presize(&c->data, TAP_OUT_BATCH_BYTES + FILL_SLACK);
+	return c;
+}
+
 /* Under mu. */
 static void enqueue(struct tap_out *o, struct chunk *c)
 {
@@ -472,9 +482,7 @@ static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_
 	o->own_fd = owner == FD_OWNED;
 	struct stat st;
 	o->pipe = fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
-	o->fill = chunk_new();
-	if (o->fill && conf->kind != TAP_OUT_TEXT)
-		tap_buf_presize(&o->fill->data, TAP_OUT_BATCH_BYTES + FILL_SLACK);
+	o->fill = conf->kind == TAP_OUT_TEXT ? chunk_new() : fill_take(o); /* nobody else sees o yet: no lock */
 	tap_buf_init(&o->note);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -558,16 +566,6 @@ static bool room_for(struct tap_out *o, size_t len)
 		struct timespec ts = mono_abs(o->wait_until_us);
 		pthread_cond_timedwait(&o->room, &o->mu, &ts);
 	}
-}
-
-/* Under mu: a new batch to fill, allocated at the size it is handed over at (plus room for the record that takes
- * it past), not doubled up to it; a recycled one keeps its capacity. */
-static struct chunk *fill_take(struct tap_out *o)
-{
-	struct chunk *c = chunk_take(o);
-	if (c)
-		tap_buf_presize(&c->data, TAP_OUT_BATCH_BYTES + FILL_SLACK);
-	return c;
 }
 
 /* Under mu: a loss note before the next records, in its own chunk, if losses are unreported and it fits. */
