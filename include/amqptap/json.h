@@ -64,6 +64,8 @@ static inline void tap_json_key(struct tap_json *j, const char *key)
 }
 
 void tap_json_init(struct tap_json *j, struct tap_buf *b);
+/* A writer that goes on inside an object whose opening brace and first members are already in b. */
+void tap_json_init_in_object(struct tap_json *j, struct tap_buf *b);
 void tap_json_obj_begin(struct tap_json *j);
 void tap_json_obj_end(struct tap_json *j);
 void tap_json_arr_begin(struct tap_json *j);
@@ -129,6 +131,15 @@ static inline void tap_json_kv_ts(struct tap_json *j, const char *key, int64_t u
 
 /* Appends the JSON string escape of len bytes to b (with the quotes). */
 void tap_json_escape(struct tap_buf *b, const void *s, size_t len);
+
+/* Writers into space the caller reserved, for records built without the comma tracking above; each returns
+ * the end of what it wrote. At most TAP_JSON_ESCAPED_MAX(len) bytes: */
+#define TAP_JSON_ESCAPED_MAX(len) (6 * (size_t)(len) + 2)
+char *tap_json_escape_at(char *dst, const void *s, size_t len);
+/* At most TAP_JSON_NUMBER_MAX bytes: */
+#define TAP_JSON_NUMBER_MAX 20u
+char *tap_json_int_at(char *dst, int64_t v);
+char *tap_json_uint_at(char *dst, uint64_t v);
 
 /* Writes the RFC 3339 form of unix_us (no quotes) into out[32]. */
 void tap_format_ts(char out[32], int64_t unix_us);

@@ -9,10 +9,17 @@
  * is referenced any more and the arrays have grown past this many. */
 #define SWEEP_MIN_DEAD 256u
 
+static void forget_recent(struct tap_intern *in)
+{
+	for (size_t i = 0; i < TAP_INTERN_RECENT_TAGS; i++)
+		in->recent[i] = TAP_INTERN_NONE;
+}
+
 void tap_intern_init(struct tap_intern *in, uint64_t *mem)
 {
 	memset(in, 0, sizeof *in);
 	in->mem = mem;
+	forget_recent(in);
 }
 
 static void free_arrays(struct tap_intern *in)
@@ -42,9 +49,7 @@ void tap_intern_deinit(struct tap_intern *in)
 	for (uint32_t id = 0; id < in->n_keys; id++)
 		key_free_data(in, &in->keys[id]);
 	free_arrays(in);
-	uint64_t *mem = in->mem;
-	memset(in, 0, sizeof *in);
-	in->mem = mem;
+	tap_intern_init(in, in->mem);
 }
 
 /* Mixes len bytes into h eight at a time (every publish hashes its exchange, routing key and property JSON: a
@@ -78,11 +83,17 @@ static uint32_t key_hash(uint8_t tag, const uint8_t *a, size_t alen, const uint8
 	return r ? r : 1;
 }
 
+static bool key_is(const struct tap_intern_key *k, uint8_t tag, const uint8_t *a, size_t alen, const uint8_t *b,
+                   size_t blen)
+{
+	return k->data && k->tag == tag && k->alen == alen && k->blen == blen &&
+	       (alen == 0 || memcmp(k->data, a, alen) == 0) && (blen == 0 || memcmp(k->data + alen, b, blen) == 0);
+}
+
 static bool key_eq(const struct tap_intern_key *k, uint32_t hash, uint8_t tag, const uint8_t *a, size_t alen,
                    const uint8_t *b, size_t blen)
 {
-	return k->data && k->hash == hash && k->tag == tag && k->alen == alen && k->blen == blen &&
-	       (alen == 0 || memcmp(k->data, a, alen) == 0) && (blen == 0 || memcmp(k->data + alen, b, blen) == 0);
+	return k->hash == hash && key_is(k, tag, a, alen, b, blen);
 }
 
 static uint32_t find_hashed(const struct tap_intern *in, uint32_t hash, uint8_t tag, const uint8_t *a, size_t alen,
@@ -208,8 +219,18 @@ uint32_t tap_intern_get(struct tap_intern *in, uint8_t tag, const uint8_t *a, si
 {
 	if (alen > UINT16_MAX || blen > UINT16_MAX)
 		return TAP_INTERN_NONE; /* never cut: a cut could split a character or an escape */
+	uint32_t *recent = tag < TAP_INTERN_RECENT_TAGS ? &in->recent[tag] : NULL;
+	if (recent && *recent < in->n_keys) {
+		struct tap_intern_key *k = &in->keys[*recent];
+		if (k->state == TAP_INTERN_STATE_LIVE && key_is(k, tag, a, alen, b, blen)) {
+			k->refs++;
+			return *recent;
+		}
+	}
 	uint32_t hash = key_hash(tag, a, alen, b, blen);
 	uint32_t id = find_hashed(in, hash, tag, a, alen, b, blen);
+	if (recent)
+		*recent = id; /* or the new key's, below */
 	if (id != TAP_INTERN_NONE) {
 		struct tap_intern_key *k = &in->keys[id];
 		if (k->state == TAP_INTERN_STATE_CACHED) {
@@ -247,6 +268,8 @@ uint32_t tap_intern_get(struct tap_intern *in, uint8_t tag, const uint8_t *a, si
 		s = (s + 1) & (in->index_cap - 1);
 	in->index[s] = id + 1;
 	in->n_indexed++;
+	if (recent)
+		*recent = id;
 	return id;
 }
 

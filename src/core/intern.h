@@ -18,6 +18,9 @@
 #include "mem.h"
 
 #define TAP_INTERN_NONE UINT32_MAX
+/* Tags (0 up to this) whose last key is tried before the index: a publisher sends the same exchange, routing key
+ * and properties again and again, and comparing them costs less than hashing them. */
+#define TAP_INTERN_RECENT_TAGS 4u
 /* Bytes of unreferenced keys a table keeps for reuse. */
 #define TAP_INTERN_CACHE_BYTES 4096u
 
@@ -48,6 +51,7 @@ struct tap_intern {
 	uint32_t n_dead;    /* CACHED and DROPPED keys */
 	uint64_t cached_bytes;
 	uint64_t *mem; /* budget counter, or NULL */
+	uint32_t recent[TAP_INTERN_RECENT_TAGS]; /* per tag: the id got last, checked first (a stale id never matches) */
 };
 
 /* What tap_intern_put does with a key nobody references any more. */

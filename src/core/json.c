@@ -14,6 +14,13 @@ void tap_json_init(struct tap_json *j, struct tap_buf *b)
 	j->first = 1;
 }
 
+void tap_json_init_in_object(struct tap_json *j, struct tap_buf *b)
+{
+	tap_json_init(j, b);
+	j->depth = 1;
+	j->first = 0;
+}
+
 static void json_open(struct tap_json *j, char c)
 {
 	tap_json_sep(j);
@@ -71,11 +78,65 @@ static const unsigned char plain_ascii[256] = {
 	[0x20] = 1, [0x21] = 1, [0x23 ... 0x5B] = 1, [0x5D ... 0x7E] = 1,
 };
 
-void tap_json_escape(struct tap_buf *b, const void *data, size_t len)
+/* The bytes the character at s takes escaped; *n is set to its length in s (a whole UTF-8 sequence, or 1). */
+static inline size_t escaped_width(const unsigned char *s, size_t avail, size_t *n)
+{
+	unsigned char c = s[0];
+	*n = 1;
+	if (plain_ascii[c])
+		return 1;
+	if (c >= 0x80 && (*n = tap_json_utf8_len(s, avail)) > 0)
+		return *n;
+	*n = 1;
+	return c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t' ? 2 : 6;
+}
+
+char *tap_json_escape_at(char *dst, const void *data, size_t len)
 {
 	static const char hex[] = "0123456789abcdef";
 	const unsigned char *s = data;
-	size_t i = 0, run = 0;
+	size_t i = 0;
+	*dst++ = '"';
+	while (i < len) {
+		size_t run = i, n;
+		while (i < len && plain_ascii[s[i]])
+			i++;
+		if (i > run) { /* an empty slice may have no pointer */
+			memcpy(dst, s + run, i - run);
+			dst += i - run;
+		}
+		if (i == len)
+			break;
+		if (escaped_width(s + i, len - i, &n) == n) { /* a whole UTF-8 sequence */
+			memcpy(dst, s + i, n);
+			dst += n;
+			i += n;
+			continue;
+		}
+		unsigned char c = s[i++];
+		*dst++ = '\\';
+		switch (c) {
+		case '"':
+		case '\\': *dst++ = (char)c; break;
+		case '\n': *dst++ = 'n'; break;
+		case '\r': *dst++ = 'r'; break;
+		case '\t': *dst++ = 't'; break;
+		default:
+			memcpy(dst, "u00", 3);
+			dst[3] = hex[c >> 4];
+			dst[4] = hex[c & 15];
+			dst += 5;
+			break;
+		}
+	}
+	*dst++ = '"';
+	return dst;
+}
+
+void tap_json_escape(struct tap_buf *b, const void *data, size_t len)
+{
+	const unsigned char *s = data;
+	size_t i = 0, need;
 	while (i < len && plain_ascii[s[i]])
 		i++;
 	if (i == len && tap_buf_reserve(b, len + 2)) { /* the common case: one copy between the quotes */
@@ -87,33 +148,13 @@ void tap_json_escape(struct tap_buf *b, const void *data, size_t len)
 		b->len += len + 2;
 		return;
 	}
-	tap_buf_putc(b, '"');
-	while (i < len) {
-		unsigned char c = s[i];
+	for (need = i + 2; i < len;) { /* the exact size, so that a long string reserves no more than it takes */
 		size_t n;
-		if (plain_ascii[c]) {
-			i++;
-			continue;
-		}
-		if (c >= 0x80 && (n = tap_json_utf8_len(s + i, len - i)) > 0) {
-			i += n;
-			continue;
-		}
-		tap_buf_append(b, s + run, i - run);
-		char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-		switch (c) {
-		case '"': tap_buf_append(b, "\\\"", 2); break;
-		case '\\': tap_buf_append(b, "\\\\", 2); break;
-		case '\n': tap_buf_append(b, "\\n", 2); break;
-		case '\r': tap_buf_append(b, "\\r", 2); break;
-		case '\t': tap_buf_append(b, "\\t", 2); break;
-		default: tap_buf_append(b, esc, 6); break;
-		}
-		i++;
-		run = i;
+		need += escaped_width(s + i, len - i, &n);
+		i += n;
 	}
-	tap_buf_append(b, s + run, len - run);
-	tap_buf_putc(b, '"');
+	if (tap_buf_reserve(b, need))
+		b->len = (size_t)(tap_json_escape_at(b->data + b->len, s, len) - b->data);
 }
 
 void tap_json_str(struct tap_json *j, const char *s)
@@ -141,22 +182,36 @@ static char *format_u64(char *end, uint64_t v)
 	return q;
 }
 
-void tap_json_int(struct tap_json *j, int64_t v)
+char *tap_json_int_at(char *dst, int64_t v)
 {
 	char tmp[24], *end = tmp + sizeof tmp;
 	char *q = format_u64(end, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
 	if (v < 0)
 		*--q = '-';
+	memcpy(dst, q, (size_t)(end - q));
+	return dst + (end - q);
+}
+
+char *tap_json_uint_at(char *dst, uint64_t v)
+{
+	char tmp[24], *end = tmp + sizeof tmp;
+	char *q = format_u64(end, v);
+	memcpy(dst, q, (size_t)(end - q));
+	return dst + (end - q);
+}
+
+void tap_json_int(struct tap_json *j, int64_t v)
+{
 	tap_json_sep(j);
-	tap_buf_append(j->b, q, (size_t)(end - q));
+	if (tap_buf_reserve(j->b, TAP_JSON_NUMBER_MAX))
+		j->b->len = (size_t)(tap_json_int_at(j->b->data + j->b->len, v) - j->b->data);
 }
 
 void tap_json_uint(struct tap_json *j, uint64_t v)
 {
-	char tmp[24], *end = tmp + sizeof tmp;
-	char *q = format_u64(end, v);
 	tap_json_sep(j);
-	tap_buf_append(j->b, q, (size_t)(end - q));
+	if (tap_buf_reserve(j->b, TAP_JSON_NUMBER_MAX))
+		j->b->len = (size_t)(tap_json_uint_at(j->b->data + j->b->len, v) - j->b->data);
 }
 
 void tap_json_double(struct tap_json *j, double v)

@@ -5,6 +5,7 @@
 #ifndef AMQPTAP_TRACK_INT_H
 #define AMQPTAP_TRACK_INT_H
 
+#include "amqptap/json.h"
 #include "amqptap/track.h"
 
 #include "arena.h"
@@ -201,6 +202,8 @@ struct trk_render {
 	int64_t ts_sec; /* second of ts_str, INT64_MIN: none */
 	char ts_str[32];
 	char run[TAP_TRACK_RUN_MAX + 1];       /* "": no identity members */
+	char run_json[TAP_JSON_ESCAPED_MAX(TAP_TRACK_RUN_MAX)]; /* run, quoted */
+	size_t run_json_len;
 	char tap_id[TAP_TRACK_TAP_ID_MAX + 1];
 	int64_t started_us;
 };

@@ -34,7 +34,6 @@ static const struct json_lit order_json[] = {
     [TAP_TRACK_ORDER_ACK_BEFORE_RETURN] = QUOTED("ack_before_return"),
 };
 static const struct json_lit json_null = LIT("null"), json_true = LIT("true"), json_false = LIT("false");
-static const struct json_lit type_publish = QUOTED("publish");
 
 static inline void kv_lit(struct tap_json *j, const char *key, struct json_lit v)
 {
@@ -48,6 +47,7 @@ void trk_render_init(struct trk_render *r, const struct tap_track_conf *conf)
 	r->ts_sec = INT64_MIN;
 	if (conf->run) {
 		(void)snprintf(r->run, sizeof r->run, "%s", conf->run); /* longer ones are cut to TAP_TRACK_RUN_MAX */
+		r->run_json_len = (size_t)(tap_json_escape_at(r->run_json, r->run, strlen(r->run)) - r->run_json);
 		(void)snprintf(r->tap_id, sizeof r->tap_id, "%s", conf->tap_id ? conf->tap_id : "");
 		r->started_us = conf->started_us;
 	}
@@ -66,9 +66,11 @@ static void str_or_null(struct tap_json *j, const char *key, const char *s)
 		tap_json_kv_null(j, key);
 }
 
-/* Integers and timestamps are formatted here rather than through printf: they are most of a publish record.
- * "ts" as tap_json_kv_ts writes it; the date part is formatted once per second. */
-static void kv_ts(struct trk_render *r, struct tap_json *j, int64_t now_us)
+/* "ts" is formatted here rather than through printf: the date part once per second. Writes the quoted value at
+ * p, which has room for TS_JSON_MAX bytes; returns its end. */
+#define TS_JSON_MAX 34
+
+static char *put_ts(struct trk_render *r, char *p, int64_t now_us)
 {
 	int64_t sec = now_us / 1000000, us = now_us % 1000000;
 	if (us < 0) {
@@ -79,38 +81,39 @@ static void kv_ts(struct trk_render *r, struct tap_json *j, int64_t now_us)
 		tap_format_ts(r->ts_str, sec * 1000000);
 		r->ts_sec = sec;
 	}
-	char q[34];
 	size_t len = strlen(r->ts_str);
+	*p++ = '"';
 	if (len != 27 || r->ts_str[19] != '.') {
-		tap_json_kv_ts(j, "ts", now_us);
-		return;
+		char ts[32];
+		tap_format_ts(ts, now_us);
+		len = strlen(ts);
+		memcpy(p, ts, len);
+	} else {
+		memcpy(p, r->ts_str, len);
+		for (int i = 6; i > 0; i--) {
+			p[19 + i] = (char)('0' + us % 10);
+			us /= 10;
+		}
 	}
-	q[0] = '"';
-	memcpy(q + 1, r->ts_str, len);
-	for (int i = 6; i > 0; i--) {
-		q[20 + i] = (char)('0' + us % 10);
-		us /= 10;
-	}
-	q[len + 1] = '"';
+	p[len] = '"';
+	return p + len + 1;
+}
+
+static void kv_ts(struct trk_render *r, struct tap_json *j, int64_t now_us)
+{
 	tap_json_key(j, "ts");
-	tap_json_raw(j, q, len + 2);
+	tap_json_sep(j);
+	if (tap_buf_reserve(j->b, TS_JSON_MAX))
+		j->b->len = (size_t)(put_ts(r, j->b->data + j->b->len, now_us) - j->b->data);
 }
 
 /* The member every record carries (with conn, the join key of merged records), when there is an identity. */
 static void kv_run(const struct trk_render *r, struct tap_json *j)
 {
-	if (r->run[0])
-		tap_json_kv_str(j, "run", r->run);
-}
-
-static void rec_begin_lit(struct trk_render *r, struct tap_json *j, struct json_lit type, int64_t now_us)
-{
-	tap_buf_reset(&r->rec);
-	tap_json_init(j, &r->rec);
-	tap_json_obj_begin(j);
-	kv_lit(j, "type", type);
-	kv_ts(r, j, now_us);
-	kv_run(r, j);
+	if (r->run[0]) {
+		tap_json_key(j, "run");
+		tap_json_raw(j, r->run_json, r->run_json_len);
+	}
 }
 
 static void rec_begin(struct trk_render *r, struct tap_json *j, const char *type, int64_t now_us)
@@ -161,50 +164,74 @@ void trk_render_prefix(struct tap_buf *prefix, const struct tap_track_conn *c)
 	str_or_null(&j, "user", c->user);
 }
 
+/* The publish record is most of what the tap writes, so it is written straight into space reserved for its
+ * longest form, without the general writer's comma tracking and bounds checks per member (half its instructions
+ * when it went through them). Its keys, literals and numbers take under 600 bytes: */
+#define PUBLISH_FIXED_MAX 1024
+
+static inline char *put(char *p, const void *s, size_t n)
+{
+	memcpy(p, s, n);
+	return p + n;
+}
+#define PUT(p, lit) put(p, lit, sizeof lit - 1)
+
+static inline char *put_lit(char *p, struct json_lit v)
+{
+	return put(p, v.json, v.len);
+}
+
 void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
                         const struct trk_verdict *vd, int64_t now_us)
 {
-	struct tap_json j;
-	rec_begin_lit(r, &j, type_publish, now_us);
-	if (c->prefix.len > 1 && !c->prefix.oom)
-		tap_json_raw(&j, c->prefix.data + 1, c->prefix.len - 1);
-	tap_json_kv_uint(&j, "channel", ch);
-	if (v->confirm_mode)
-		tap_json_kv_uint(&j, "seq", v->seq);
-	else
-		kv_lit(&j, "seq", json_null);
-	tap_json_kv_strn(&j, "exchange", v->exchange, v->exchange_len);
-	tap_json_kv_strn(&j, "routing_key", v->routing_key, v->routing_key_len);
-	kv_lit(&j, "mandatory", v->mandatory ? json_true : json_false);
-	if (v->has_message_id)
-		tap_json_kv_strn(&j, "message_id", v->message_id, v->message_id_len);
-	else
-		kv_lit(&j, "message_id", json_null);
-	if (v->has_correlation_id)
-		tap_json_kv_strn(&j, "correlation_id", v->correlation_id, v->correlation_id_len);
-	else
-		kv_lit(&j, "correlation_id", json_null);
-	if (v->has_delivery_mode)
-		tap_json_kv_uint(&j, "delivery_mode", v->delivery_mode);
-	else
-		kv_lit(&j, "delivery_mode", json_null);
-	if (v->extra_len)
-		tap_json_raw(&j, (const char *)v->extra, v->extra_len);
+	struct tap_buf *b = &r->rec;
+	bool prefix = c->prefix.len > 1 && !c->prefix.oom;
+	size_t most = PUBLISH_FIXED_MAX + r->run_json_len + (prefix ? c->prefix.len : 0) + v->extra_len +
+	              TAP_JSON_ESCAPED_MAX(v->exchange_len) + TAP_JSON_ESCAPED_MAX(v->routing_key_len) +
+	              TAP_JSON_ESCAPED_MAX(v->message_id_len) + TAP_JSON_ESCAPED_MAX(v->correlation_id_len) +
+	              TAP_JSON_ESCAPED_MAX(vd->reply_text_len);
+	tap_buf_reset(b);
+	if (!tap_buf_reserve(b, most))
+		return; /* b->oom: counted as a record that could not be written */
+	char *p = PUT(b->data, "{\"type\":\"publish\",\"ts\":");
+	p = put_ts(r, p, now_us);
+	if (r->run[0])
+		p = put(PUT(p, ",\"run\":"), r->run_json, r->run_json_len);
+	if (prefix) /* "conn", "client", "vhost", "user" without the brace */
+		p = put(PUT(p, ","), c->prefix.data + 1, c->prefix.len - 1);
+	p = tap_json_uint_at(PUT(p, ",\"channel\":"), ch);
+	p = PUT(p, ",\"seq\":");
+	p = v->confirm_mode ? tap_json_uint_at(p, v->seq) : put_lit(p, json_null);
+	p = tap_json_escape_at(PUT(p, ",\"exchange\":"), v->exchange, v->exchange_len);
+	p = tap_json_escape_at(PUT(p, ",\"routing_key\":"), v->routing_key, v->routing_key_len);
+	p = put_lit(PUT(p, ",\"mandatory\":"), v->mandatory ? json_true : json_false);
+	p = PUT(p, ",\"message_id\":");
+	p = v->has_message_id ? tap_json_escape_at(p, v->message_id, v->message_id_len) : put_lit(p, json_null);
+	p = PUT(p, ",\"correlation_id\":");
+	p = v->has_correlation_id ? tap_json_escape_at(p, v->correlation_id, v->correlation_id_len)
+	                          : put_lit(p, json_null);
+	p = PUT(p, ",\"delivery_mode\":");
+	p = v->has_delivery_mode ? tap_json_uint_at(p, v->delivery_mode) : put_lit(p, json_null);
+	if (v->extra_len) /* the rendered properties, members without braces */
+		p = put(PUT(p, ","), v->extra, v->extra_len);
 	if (v->has_timestamp)
-		tap_json_kv_uint(&j, "timestamp", v->timestamp);
-	tap_json_kv_uint(&j, "body_size", v->body_size);
-	kv_lit(&j, "route", route_json[vd->route]);
+		p = tap_json_uint_at(PUT(p, ",\"timestamp\":"), v->timestamp);
+	p = tap_json_uint_at(PUT(p, ",\"body_size\":"), v->body_size);
+	p = put_lit(PUT(p, ",\"route\":"), route_json[vd->route]);
 	if (vd->route == TAP_TRACK_ROUTE_RETURNED) {
-		tap_json_kv_uint(&j, "reply_code", vd->reply_code);
-		tap_json_kv_strn(&j, "reply_text", vd->reply_text, vd->reply_text_len);
-		tap_json_kv_int(&j, "return_us", vd->t_ret - v->t_pub);
+		p = tap_json_uint_at(PUT(p, ",\"reply_code\":"), vd->reply_code);
+		p = tap_json_escape_at(PUT(p, ",\"reply_text\":"), vd->reply_text, vd->reply_text_len);
+		p = tap_json_int_at(PUT(p, ",\"return_us\":"), vd->t_ret - v->t_pub);
 	}
-	kv_lit(&j, "confirm", confirm_json[vd->confirm]);
+	p = put_lit(PUT(p, ",\"confirm\":"), confirm_json[vd->confirm]);
 	if (vd->confirm == TAP_TRACK_CONFIRM_ACK || vd->confirm == TAP_TRACK_CONFIRM_NACK) {
-		tap_json_kv_int(&j, "confirm_us", vd->t_ack - v->t_pub);
-		kv_lit(&j, "multiple", vd->multiple ? json_true : json_false);
+		p = tap_json_int_at(PUT(p, ",\"confirm_us\":"), vd->t_ack - v->t_pub);
+		p = put_lit(PUT(p, ",\"multiple\":"), vd->multiple ? json_true : json_false);
 	}
-	kv_lit(&j, "order", order_json[vd->order]);
+	p = put_lit(PUT(p, ",\"order\":"), order_json[vd->order]);
+	b->len = (size_t)(p - b->data);
+	struct tap_json j; /* the members a few records have, and the brace */
+	tap_json_init_in_object(&j, b);
 	if (vd->reason)
 		write_reason(&j, vd->reason);
 	if (v->refused)

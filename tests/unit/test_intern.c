@@ -38,6 +38,40 @@ START_TEST(equal_pairs_share_an_id)
 }
 END_TEST
 
+/* The id a tag got last is tried first: only a live key with the same bytes may be taken from it. */
+START_TEST(the_last_id_is_only_a_shortcut)
+{
+	uint64_t mem = 0;
+	struct tap_intern in;
+	tap_intern_init(&in, &mem);
+	uint32_t a = tap_intern_get(&in, 0, B("ex"), 2, B("key"), 3);
+	ck_assert_uint_eq(tap_intern_get(&in, 0, B("ex"), 2, B("key"), 3), a);
+	ck_assert_uint_eq(tap_intern_key(&in, a)->refs, 2);
+	tap_intern_put(&in, a, TAP_INTERN_KEEP_DROP);
+	tap_intern_put(&in, a, TAP_INTERN_KEEP_DROP);
+	ck_assert_uint_eq(tap_intern_key(&in, a)->state, TAP_INTERN_STATE_DROPPED);
+	uint32_t b = tap_intern_get(&in, 0, B("ex"), 2, B("key"), 3); /* the last id's key is gone */
+	ck_assert_uint_ne(b, a);
+	ck_assert_uint_eq(tap_intern_key(&in, b)->state, TAP_INTERN_STATE_LIVE);
+	ck_assert_uint_eq(tap_intern_key(&in, b)->refs, 1);
+	ck_assert(!memcmp(tap_intern_key(&in, b)->data, "exkey", 5));
+	tap_intern_put(&in, b, TAP_INTERN_KEEP_CACHE);
+	ck_assert_uint_eq(tap_intern_key(&in, b)->state, TAP_INTERN_STATE_CACHED);
+	ck_assert_uint_gt(in.cached_bytes, 0);
+	ck_assert_uint_eq(tap_intern_get(&in, 0, B("ex"), 2, B("key"), 3), b); /* cached: taken back, not just counted */
+	ck_assert_uint_eq(tap_intern_key(&in, b)->state, TAP_INTERN_STATE_LIVE);
+	ck_assert_uint_eq(tap_intern_key(&in, b)->refs, 1);
+	ck_assert_uint_eq(in.cached_bytes, 0);
+	uint32_t c = tap_intern_get(&in, 0, B("ex"), 2, B("kez"), 3); /* other bytes, same tag */
+	ck_assert_uint_ne(c, b);
+	ck_assert_uint_eq(tap_intern_get(&in, 0, B("ex"), 2, B("key"), 3), b);
+	ck_assert_uint_eq(tap_intern_key(&in, b)->refs, 2);
+	ck_assert_uint_eq(tap_intern_key(&in, c)->refs, 1);
+	tap_intern_deinit(&in);
+	ck_assert_uint_eq(mem, 0);
+}
+END_TEST
+
 START_TEST(too_long_is_refused_not_cut)
 {
 	struct tap_intern in;
@@ -149,6 +183,7 @@ int main(void)
 	Suite *s = suite_create("intern");
 	TCase *tc = tcase_create("core");
 	tcase_add_test(tc, equal_pairs_share_an_id);
+	tcase_add_test(tc, the_last_id_is_only_a_shortcut);
 	tcase_add_test(tc, too_long_is_refused_not_cut);
 	tcase_add_test(tc, cache_then_drop);
 	tcase_add_test(tc, sweeps_keep_live_ids_and_give_memory_back);
