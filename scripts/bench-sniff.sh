@@ -3,8 +3,9 @@
 # straight to a throwaway RabbitMQ without a sniffer ("direct"), straight to it while `amqptap sniff -i lo` runs
 # ("sniffed"), straight to it while the least a libpcap capture can do runs (tcpdump with the same buffer and
 # kernel filter, writing to /dev/null: "floor"), and through the amqptap proxy ("tap", for the CPU per message a
-# sniffer must not exceed), alternating in every round. A sniffer is started for each sniffed run and stopped after it, so the direct runs
-# carry none of its cost. Prints the medians, the paired ratio sniffed/direct, CPU seconds per million messages
+# sniffer must not exceed), alternating in every round, each round starting one target later than the one before
+# (a machine that slows down or speeds up within a round then favours none). A sniffer is started for each sniffed
+# run and stopped after it, so the direct runs carry none of its cost. Prints the medians, the paired ratio sniffed/direct, CPU seconds per million messages
 # of the sniffer and of the proxy, the kernel drops and publish records of each sniffed run, and PASS/FAIL for
 # each target: throughput >= 0.99 x direct, sniffer CPU per message <= the proxy's, no drops (and one publish
 # record per message) with the default --buffer-size. Markdown also goes to .run/bench-sniff/latest.md.
@@ -136,9 +137,10 @@ run_one() {
 	tap_log "round $round $target: $line (cpu ticks $((after - before)), drops $drops, records $records)"
 }
 
+targets=(direct sniffed floor tap)
 for r in $(seq "$rounds"); do
-	for t in direct sniffed floor tap; do
-		run_one "$r" "$t"
+	for i in "${!targets[@]}"; do
+		run_one "$r" "${targets[(i + r - 1) % ${#targets[@]}]}"
 		sleep 0.2
 	done
 done
@@ -168,7 +170,8 @@ drops = sum(r["drops"] or 0 for r in sniffed)
 short = [(r["round"], r["records"], r["run"]["sent"]) for r in sniffed if r["records"] != r["run"]["sent"]]
 fmt = lambda v, p=0: "n/a" if v is None else f"{v:,.{p}f}"  # noqa: E731
 rounds = len({r["round"] for r in runs})
-lines = [f"Rounds: {rounds} (direct, sniffed, floor = tcpdump -w /dev/null with the same filter, tap alternating), "
+lines = [f"Rounds: {rounds} (direct, sniffed, floor = tcpdump -w /dev/null with the same filter, tap alternating, "
+         "each round starting one later), "
          "1 connection, W=1000, 64 B; medians.\n",
          "| | direct | sniffed | floor (tcpdump) | tap |", "|---|---|---|---|---|",
          f"| msg/s | {fmt(med(rate('direct')))} | {fmt(med(rate('sniffed')))} | {fmt(med(rate('floor')))} | "

@@ -805,12 +805,12 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 	px->scratch = malloc(TAP_PROXY_MAX_IO);
 	px->resume_accept = evtimer_new(base, on_resume_accept, px);
 	px->shortage_over = evtimer_new(base, on_shortage_over, px);
-	if (!px->scratch || !px->resume_accept || !px->shortage_over || tap_tls_turns_init(px) < 0) {
+	if (!px->scratch || !px->resume_accept || !px->shortage_over || tap_tls_proxy_init(px) < 0) {
 		if (px->resume_accept)
 			event_free(px->resume_accept);
 		if (px->shortage_over)
 			event_free(px->shortage_over);
-		tap_tls_turns_free(px);
+		tap_tls_proxy_free(px);
 		free(px->scratch);
 		free(px);
 		return NULL;
@@ -896,7 +896,7 @@ void tap_proxy_free(struct tap_proxy *px)
 	tap_proxy_close_all(px);
 	event_free(px->resume_accept);
 	event_free(px->shortage_over);
-	tap_tls_turns_free(px);
+	tap_tls_proxy_free(px);
 	free(px->scratch);
 	free(px);
 }

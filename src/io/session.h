@@ -143,8 +143,10 @@ void tap_tls_leg_reading(struct leg *l);
 void tap_tls_leg_drain(struct leg *l);
 /* Frees everything of a TLS leg (close_notify unless it failed or `reset`). */
 void tap_tls_leg_free(struct leg *l, bool reset);
-/* The proxy's handshake turns: set up / torn down with the proxy. */
-int tap_tls_turns_init(struct tap_proxy *px);
-void tap_tls_turns_free(struct tap_proxy *px);
+/* What TLS legs share, set up and torn down with the proxy: the queue of
+ * client handshakes waiting for their turn and the once-a-second sweep that
+ * decides which legs keep their record buffers. */
+int tap_tls_proxy_init(struct tap_proxy *px);
+void tap_tls_proxy_free(struct tap_proxy *px);
 
 #endif

@@ -128,7 +128,7 @@ static void on_buffer_sweep(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
-int tap_tls_turns_init(struct tap_proxy *px)
+int tap_tls_proxy_init(struct tap_proxy *px)
 {
 	TAILQ_INIT(&px->turns);
 	px->turn = evtimer_new(px->base, on_turn, px);
@@ -139,7 +139,7 @@ int tap_tls_turns_init(struct tap_proxy *px)
 	return 0;
 }
 
-void tap_tls_turns_free(struct tap_proxy *px)
+void tap_tls_proxy_free(struct tap_proxy *px)
 {
 	if (px->turn)
 		event_free(px->turn);
