@@ -63,6 +63,44 @@ START_TEST(escapes_control_and_invalid_utf8)
 }
 END_TEST
 
+/* The writers into reserved space (the publish record's) write what the buffered ones do, within their bounds. */
+START_TEST(writers_into_reserved_space_match)
+{
+#define BYTES(lit) {lit, sizeof lit - 1}
+	static const struct {
+		const char *s;
+		size_t len;
+	} in[] = {
+	    BYTES(""),
+	    BYTES("amq.topic"),
+	    BYTES("tab\tcr\r\"\\"),
+	    BYTES("\xf0\x9f\x98\x80 \xed\xa0\x80 \xc0\x80"), /* 4-byte UTF-8 kept; a surrogate and an overlong escaped */
+	    BYTES("\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01"), /* the worst case: 6 bytes each */
+	};
+#undef BYTES
+	for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
+		struct tap_buf b;
+		tap_buf_init(&b);
+		tap_json_escape(&b, in[i].s, in[i].len);
+		char at[TAP_JSON_ESCAPED_MAX(10) + 1];
+		size_t n = (size_t)(tap_json_escape_at(at, in[i].s, in[i].len) - at);
+		ck_assert_uint_le(n, TAP_JSON_ESCAPED_MAX(in[i].len));
+		ck_assert_uint_eq(n, b.len);
+		ck_assert(!memcmp(at, b.data, n));
+		if (i == 4)
+			ck_assert_uint_eq(n, TAP_JSON_ESCAPED_MAX(in[i].len));
+		if (i == 3)
+			ck_assert(!memcmp(at, "\"\xf0\x9f\x98\x80 \\u00ed\\u00a0\\u0080 \\u00c0\\u0080\"", n));
+		tap_buf_deinit(&b);
+	}
+	char num[TAP_JSON_NUMBER_MAX];
+	ck_assert_uint_eq((size_t)(tap_json_int_at(num, INT64_MIN) - num), TAP_JSON_NUMBER_MAX);
+	ck_assert(!memcmp(num, "-9223372036854775808", TAP_JSON_NUMBER_MAX));
+	ck_assert_uint_eq((size_t)(tap_json_uint_at(num, UINT64_MAX) - num), TAP_JSON_NUMBER_MAX);
+	ck_assert(!memcmp(num, "18446744073709551615", TAP_JSON_NUMBER_MAX));
+}
+END_TEST
+
 static void fill_numbers(struct tap_json *j)
 {
 	tap_json_arr_begin(j);
@@ -112,6 +150,7 @@ int main(void)
 	TCase *tc = tcase_create("json");
 	tcase_add_test(tc, commas_and_nesting);
 	tcase_add_test(tc, escapes_control_and_invalid_utf8);
+	tcase_add_test(tc, writers_into_reserved_space_match);
 	tcase_add_test(tc, integers_at_the_limits);
 	tcase_add_test(tc, plain_strings_in_one_copy);
 	tcase_add_test(tc, timestamps);
