@@ -320,6 +320,9 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 		tap_log_info("%llu connections accepted, %llu active, %llu unreachable, %llu bytes c2s, %llu s2c",
 			(unsigned long long)st.accepted, (unsigned long long)st.active, (unsigned long long)st.unreachable,
 			(unsigned long long)st.bytes_c2s, (unsigned long long)st.bytes_s2c);
+		if (app->conf->tls_cert || app->conf->upstream_tls)
+			tap_log_info("%llu TLS legs keeping their record buffers (busy in the last second)",
+				     (unsigned long long)st.tls_busy_legs);
 		print_summary(app);
 		break;
 	}

@@ -516,7 +516,10 @@ enum tap_tls_step tap_tls_write(SSL *ssl, const void *buf, size_t len, size_t *p
 
 bool tap_tls_pending(const SSL *ssl)
 {
-	return SSL_has_pending(ssl) == 1 || BIO_ctrl_pending(SSL_get_rbio(ssl)) > 0;
+	/* the reading BIO is always the reader (set_bios): asked directly, not through BIO_ctrl, as this is asked
+	 * after every record */
+	const struct reader *r = BIO_get_data(SSL_get_rbio(ssl));
+	return SSL_has_pending(ssl) == 1 || (r && r->len > 0);
 }
 
 void tap_tls_keep_buffers(SSL *ssl, bool keep)

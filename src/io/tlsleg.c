@@ -118,14 +118,18 @@ static void on_buffer_sweep(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	struct tap_session *s;
+	uint64_t busy = 0;
 	TAILQ_FOREACH(s, &px->sessions, link) {
 		for (size_t i = 0; i < 2; i++) {
 			struct leg *l = &s->leg[i];
-			if (l->ssl && l->handshaken)
+			if (l->ssl && l->handshaken) {
 				tap_tls_keep_buffers(l->ssl, l->ios >= BUSY_IOS);
+				busy += l->ios >= BUSY_IOS;
+			}
 			l->ios = 0;
 		}
 	}
+	px->stats.tls_busy_legs = busy;
 }
 
 int tap_tls_proxy_init(struct tap_proxy *px)

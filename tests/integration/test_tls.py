@@ -163,6 +163,32 @@ class BothLegs(TlsCase):
         opened = tls.records("connection")[0]
         self.assertEqual(opened["user"], "guest")
 
+    def test_busy_legs_keep_their_record_buffers_and_quiet_ones_give_them_back(self):
+        """OpenSSL's record buffers: a TLS leg read or written 100 times or more in a second keeps them (no
+        malloc/free around every record), one that was quiet for a second gives them back (an idle connection
+        costs little). SIGUSR1 says how many legs keep them."""
+        tap = self.tls_tap()
+        c = pika.BlockingConnection(self.pika_params(tap.port))
+        ch = c.channel()
+        q = f"tls.busy.{time.monotonic_ns()}"
+        ch.queue_declare(q, auto_delete=True)
+        ch.confirm_delivery()
+        sent, until = 0, time.monotonic() + 2.5  # at least one whole sweep period of traffic
+        while time.monotonic() < until:
+            ch.basic_publish("", q, b"x")  # waits for its confirm: a read and a write on each leg
+            sent += 1
+        self.assertGreater(sent, 500, "too few publishes to make both legs busy")
+        tap.proc.send_signal(signal.SIGUSR1)
+        line = "TLS legs keeping their record buffers"
+        self.assertTrue(wait_for(lambda: tap.stderr().count(line) == 1, 5), tap.stderr())
+        self.assertIn(f"2 {line}", tap.stderr())
+        time.sleep(2.5)  # the connection stays open and quiet
+        tap.proc.send_signal(signal.SIGUSR1)
+        self.assertTrue(wait_for(lambda: tap.stderr().count(line) == 2, 5), tap.stderr())
+        self.assertIn(f"0 {line}", tap.stderr())
+        c.close()
+        self.assertTrue(wait_for(lambda: len(tap.records("publish")) == sent, 10))
+
     def test_mixed_legs_give_the_same_verdicts(self):
         """TLS on one leg only: the plain leg is read by the session itself, the TLS leg through OpenSSL; the
         bytes and verdicts must not depend on which side is which."""
