@@ -171,13 +171,18 @@ class Sniff(TapTestCase):
         lossy_pubs = [r for r in got if r["type"] == "publish"]
         unknown = [r for r in lossy_pubs if r["route"] == "unknown" and r["reason"]["by"] == "capture_gap"]
         self.assertTrue(unknown, "no publish was written unknown because of the gap")
+        # a connection whose end the kernel dropped too ends with the capture; a publish still waiting for its
+        # content header then (the segments after it lost, nothing later of that stream captured to show the hole)
+        # ends with it, and says so
+        cut_at_end = {r["conn"] for r in got if r["type"] == "connection" and r.get("by") == "capture_end"}
         claims = collections.Counter()
         for r in lossy_pubs:
             if r["route"] in ("routed", "returned"):
                 claims[r["route"]] += 1
             if r.get("message_id") is None:  # its content header was lost: nothing may be claimed for it
-                self.assertEqual((r["route"], r["confirm"], r["reason"]["by"]), ("unknown", "unknown", "capture_gap"),
-                                 r)
+                by = r["reason"]["by"]
+                self.assertEqual((r["route"], r["confirm"]), ("unknown", "unknown"), r)
+                self.assertIn(by, ("capture_gap", "capture_end") if r["conn"] in cut_at_end else ("capture_gap",), r)
                 continue
             truth = ref_pubs.get((r.get("routing_key"), r.get("message_id")))
             self.assertIsNotNone(truth, r)
