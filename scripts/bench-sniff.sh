@@ -5,10 +5,11 @@
 # kernel filter, writing to /dev/null: "floor"), and through the amqptap proxy ("tap", for the CPU per message a
 # sniffer must not exceed), alternating in every round, each round starting one target later than the one before
 # (a machine that slows down or speeds up within a round then favours none). A sniffer is started for each sniffed
-# run and stopped after it, so the direct runs carry none of its cost. Prints the medians, the paired ratio sniffed/direct, CPU seconds per million messages
-# of the sniffer and of the proxy, the kernel drops and publish records of each sniffed run, and PASS/FAIL for
-# each target: throughput >= 0.99 x direct, sniffer CPU per message <= the proxy's, no drops (and one publish
-# record per message) with the default --buffer-size. Markdown also goes to .run/bench-sniff/latest.md.
+# run and stopped after it, so the direct runs carry none of its cost. Prints the medians, the paired ratio
+# sniffed/direct, CPU seconds per million messages of the sniffer and of the proxy, the kernel drops and publish
+# records of each sniffed run, and PASS/FAIL for each target: throughput >= 0.99 x direct, sniffer CPU per message
+# <= the proxy's, no drops (and one publish record per message) with the default --buffer-size. Markdown also goes
+# to .run/bench-sniff/latest.md.
 #
 # Environment: as scripts/bench.sh: TAP_BENCH_ROUNDS (5), TAP_BENCH_SCALE (multiplies the message count, e.g. 0.1
 # for a smoke run), TAP_BENCH_BUILD (build dir, shared with bench.sh), TAP_BENCH_BUILD_TYPE (Release),

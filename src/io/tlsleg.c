@@ -123,8 +123,9 @@ static void on_buffer_sweep(evutil_socket_t fd, short what, void *arg)
 		for (size_t i = 0; i < 2; i++) {
 			struct leg *l = &s->leg[i];
 			if (l->ssl && l->handshaken) {
-				tap_tls_keep_buffers(l->ssl, l->ios >= BUSY_IOS);
-				busy += l->ios >= BUSY_IOS;
+				bool keep = l->ios >= BUSY_IOS;
+				tap_tls_keep_buffers(l->ssl, keep);
+				busy += keep;
 			}
 			l->ios = 0;
 		}
