@@ -248,18 +248,31 @@ run_one() {
 	tap_log "round $round $load $target: $line"
 }
 
-# Counts the tap's publish records in $1 as "records routed_and_acked".
+# Counts the tap's publish records in $1 with routing key $2 as "records routed_and_acked".
 count_records() {
-	/usr/bin/python3 - "$1" <<'PY'
+	/usr/bin/python3 - "$1" "$2" <<'PY'
 import json, sys
-pubs = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "publish"]
+pubs = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "publish" and r.get("routing_key") == sys.argv[2]]
 print(len(pubs), sum(r.get("route") == "routed" and r.get("confirm") == "ack" for r in pubs))
 PY
 }
 
-# One storm against one target: $storm TLS clients at once, each a confirmed mandatory publish.
+# One storm against one target: $storm TLS clients at once, each a confirmed mandatory publish. A bystander, one
+# publisher with one publish in flight on its own queue (TAP_BENCH_BYSTANDER=0: none), connects 1 s before the storm
+# and stops when the storm's last client is confirmed: its confirm latencies are what the storm does to traffic that
+# already flows through the relay.
 storm_one() {
 	local round=$1 target=$2 pid line before=0 after=0 peak=null records=null good=null
+	local by_pid='' by=null by_records=null stop=$out/bystander.stop
+	rm -f "$stop"
+	if [ "${TAP_BENCH_BYSTANDER:-1}" = 1 ]; then
+		# shellcheck disable=SC2046 # the certificate options are words
+		"$loadgen" -T -H localhost -p "$(port_of "$target")" -C "$pki/ca.pem" $(client_cert "$target") -c 1 -w 1 \
+			-s 64 -n 1000000 -S "$stop" -q "amqptap.bystander.$target" >"$out/bystander.json" \
+			2>>"$out/storm.log" &
+		by_pid=$!
+		sleep 1
+	fi
 	pid=$(pid_of "$target")
 	if [ -n "$pid" ]; then
 		echo 5 >"/proc/$pid/clear_refs"
@@ -272,15 +285,24 @@ storm_one() {
 		after=$(tap_cpu_ticks "$pid")
 		peak=$(kb_of "$pid" VmHWM)
 	fi
+	if [ -n "$by_pid" ]; then
+		touch "$stop"
+		wait "$by_pid" || tap_log "round $round: the bystander via $target failed: $(cat "$out/bystander.json")"
+		by=$(cat "$out/bystander.json")
+		[ -n "$by" ] || by='{"error":"no output"}'
+	fi
 	if [ "$target" = tap ]; then
 		sleep 0.3
-		read -r records good < <(count_records "$verdicts")
+		read -r records good < <(count_records "$verdicts" "amqptap.storm.$target")
+		if [ -n "$by_pid" ]; then
+			read -r by_records _ < <(count_records "$verdicts" "amqptap.bystander.$target")
+		fi
 		: >"$verdicts"
 	fi
 	[ -n "$line" ] || line='{"error":"no output"}'
-	printf '{"round":%d,"target":"%s","cpu_s":%s,"peak_kb":%s,"records":%s,"routed_acked":%s,"run":%s}\n' \
+	printf '{"round":%d,"target":"%s","cpu_s":%s,"peak_kb":%s,"records":%s,"routed_acked":%s,"bystander":%s,"bystander_records":%s,"run":%s}\n' \
 		"$round" "$target" "$(awk -v t=$((after - before)) -v k="$tck" 'BEGIN { printf "%.2f", t / k }')" "$peak" \
-		"$records" "$good" "$line" >>"$storms"
+		"$records" "$good" "$by" "$by_records" "$line" >>"$storms"
 	tap_log "round $round storm $target: $line"
 }
 

@@ -123,10 +123,13 @@ def render_tls(outdir):
                   + ("The broker issues TLS 1.3 session tickets (TAP_BENCH_BROKER_TICKETS=1): the relays resume their "
                      "upstream sessions. " if tickets else "The broker issues no TLS 1.3 session tickets (RabbitMQ's "
                      "default): every upstream handshake is a full one. ") +
-                  "Medians over rounds.\n",
+                  "A bystander, one publisher with one publish in flight connected 1 s before the storm, runs until "
+                  "the storm's last client is confirmed: its confirm latencies are what the storm does to traffic "
+                  "already flowing. Medians over rounds.\n",
                   "| target | TLS handshakes/s (to the last one) | last handshake ms | p50 / last confirm ms "
-                  "| relay CPU s | relay peak RSS MiB | failed clients | tap records: publish / routed+acked |",
-                  "|" + "---|" * 7]
+                  "| bystander confirm p99 / max ms | relay CPU s | relay peak RSS MiB | failed clients "
+                  "| tap records: publish / routed+acked |",
+                  "|" + "---|" * 9]
         for t in T:
             rs = [r for r in storms if r["target"] == t]
             good = [r for r in rs if "error" not in r["run"] and not r["run"].get("failed")]
@@ -136,13 +139,23 @@ def render_tls(outdir):
                 if t == "tap" and (r["records"] != r["run"].get("sent") or r["routed_acked"] != r["run"].get("sent")):
                     errors.append(f'round {r["round"]} storm tap: {r["records"]} publish records, {r["routed_acked"]} '
                                   f'routed+acked for {r["run"].get("sent")} publishes')
+                by = r.get("bystander")
+                if by and ("error" in by or by.get("failed_conns")):
+                    errors.append(f'round {r["round"]} storm {t}: the bystander: {by.get("error")}')
+                if t == "tap" and by and r.get("bystander_records") != by.get("sent"):
+                    errors.append(f'round {r["round"]} storm tap: {r.get("bystander_records")} publish records for '
+                                  f'the bystander\'s {by.get("sent")} publishes')
             m = lambda k: _median(r["run"].get(k) for r in good)
             s = storm_sum[t] = dict(hs=m("handshakes_per_s"), hs_last=m("handshake_last_ms"), cf50=m("confirm_p50_ms"),
                                     cf_last=m("confirm_last_ms"), cpu=_median(r["cpu_s"] for r in rs),
+                                    by99=_median((r.get("bystander") or {}).get("p99_us") for r in rs),
+                                    bymax=_median((r.get("bystander") or {}).get("max_us") for r in rs),
                                     peak=_median(r.get("peak_kb") for r in rs))
             recs = "–" if t != "tap" else ", ".join(f'{r["records"]}/{r["routed_acked"]}' for r in rs)
             relay = t != "direct"
+            ms = lambda us: None if us is None else us / 1000
             lines.append(f"| {t} | {f(s['hs'])} | {f(s['hs_last'])} | {f(s['cf50'])} / {f(s['cf_last'])} "
+                         f"| {f(ms(s['by99']))} / {f(ms(s['bymax']))} "
                          f"| {f(s['cpu'], '{:.2f}') if relay else '–'} "
                          f"| {f(None if s['peak'] is None else s['peak'] / 1024, '{:.1f}') if relay else '–'} "
                          f"| {sum(r['run'].get('failed', 0) for r in rs)} | {recs} |")

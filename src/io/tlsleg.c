@@ -74,8 +74,18 @@ static bool gone(const struct leg *l)
 
 /* Runs queued first steps for up to TURN_US of one loop turn (at least
  * one): a step costs a signature, a turn costs a trip through epoll, and on
- * a busy machine each trip may also wait for the CPU. */
-#define TURN_US 2000
+ * a busy machine each trip may also wait for the CPU. The budget trades the
+ * storm's tail against the sessions already carrying traffic. Measured on
+ * the 2-core bench box (RSA-2048, broker without tickets) with 1,000 TLS
+ * clients at once (tests/bench/bench_storm.c) and a W=1 publisher connected
+ * before them: at 2 ms a turn ran about one step, started handshakes went
+ * first, the broker got work one session at a time and the machine idled
+ * (11-12 %); the last client was confirmed after 9.0-10.1 s, the publisher's
+ * p99 was 48-57 ms and its worst confirm 0.3-0.4 s. At 50 ms: 8.4-8.7 s,
+ * p99 5-8 ms, worst 0.7 s; through HAProxy in the same runs 7.5-9.8 s and
+ * a worst confirm of 2.7-3.4 s. 100 ms, or no bound, shortened the storm by
+ * a few percent more and stalled the publisher for 1.2-2.7 s. */
+#define TURN_US 50000
 
 static void on_turn(evutil_socket_t fd, short what, void *arg)
 {

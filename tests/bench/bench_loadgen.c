@@ -3,8 +3,11 @@
  * (x-max-length + drop-head, x-expires) so the broker never fills up. Prints one JSON line: totals, seconds, msgs/s,
  * MB/s and the client-side confirm latency p50/p99/max in µs over every publish of every connection. With -T every
  * connection speaks TLS (rabbitmq-c's OpenSSL socket; scripts/bench-tls.sh), optionally with a client certificate.
+ * With -S FILE a connection stops publishing once FILE exists (looked for before each publish), waits for the confirms
+ * outstanding and reports what was confirmed: N is then an upper bound, and the publisher a bystander that runs as long
+ * as something else takes (scripts/bench-tls.sh keeps one connected through each reconnect storm).
  * Usage: bench_loadgen [-H host] [-p port] [-c conns] [-w window] [-n msgs-per-conn] [-s bytes] [-m] [-d] [-q queue]
- *                      [-T [-C cafile] [-E certfile -K keyfile]]
+ *                      [-S stopfile] [-T [-C cafile] [-E certfile -K keyfile]]
  */
 #if defined(__has_include)
 #if __has_include(<rabbitmq-c/amqp.h>)
@@ -43,6 +46,7 @@
 
 struct lg_conf {
 	const char *host, *queue;
+	const char *stopfile; /* -S: stop publishing once it exists */
 	int port, conns;
 	uint64_t window, count;
 	size_t size;
@@ -242,8 +246,11 @@ static const char *publish_loop(const struct lg_conf *c, amqp_connection_state_t
 	};
 	amqp_bytes_t exchange = amqp_cstring_bytes(""), rk = amqp_cstring_bytes(c->queue);
 	const char *err = NULL;
-	while (!err && s->confirmed < c->count) {
-		while (s->sent < c->count && s->sent - s->confirmed < c->window) {
+	uint64_t count = c->count;
+	while (!err && s->confirmed < count) {
+		if (c->stopfile && count > s->sent && access(c->stopfile, F_OK) == 0)
+			count = s->sent; /* told to stop: only the confirms outstanding are waited for */
+		while (s->sent < count && s->sent - s->confirmed < c->window) {
 			uint64_t seq = s->sent + 1;
 			s->sent_at[seq] = now_us();
 			int rc =
@@ -254,7 +261,7 @@ static const char *publish_loop(const struct lg_conf *c, amqp_connection_state_t
 			}
 			s->sent = seq;
 		}
-		if (err)
+		if (err || s->confirmed >= count)
 			break;
 		amqp_frame_t f;
 		int rc = amqp_simple_wait_frame(conn, &f);
@@ -320,7 +327,8 @@ static void usage(const char *argv0)
 {
 	fprintf(stderr,
 	        "usage: %s [-H host] [-p port] [-c conns] [-w window] [-n msgs-per-conn] [-s bytes] [-m] [-d] "
-	        "[-q queue] [-T [-C cafile] [-E certfile -K keyfile]]\n  -m mandatory, -d persistent (delivery_mode 2)\n"
+	        "[-q queue] [-S stopfile] [-T [-C cafile] [-E certfile -K keyfile]]\n"
+	        "  -m mandatory, -d persistent (delivery_mode 2), -S stop publishing once stopfile exists\n"
 	        "  -T TLS (port 5671 unless -p), -C CA file (enables peer and hostname verification),\n"
 	        "  -E/-K client certificate and key (PEM)\n",
 	        argv0);
@@ -334,7 +342,7 @@ int main(int argc, char **argv)
 	c.queue = qname;
 	int opt;
 	bool port_set = false;
-	while ((opt = getopt(argc, argv, "H:p:c:w:n:s:mdq:TC:E:K:h")) != -1) {
+	while ((opt = getopt(argc, argv, "H:p:c:w:n:s:mdq:S:TC:E:K:h")) != -1) {
 		switch (opt) {
 		case 'H':
 			c.host = optarg;
@@ -375,6 +383,9 @@ int main(int argc, char **argv)
 			break;
 		case 'q':
 			c.queue = optarg;
+			break;
+		case 'S':
+			c.stopfile = optarg;
 			break;
 		default:
 			usage(argv[0]);
