@@ -201,8 +201,10 @@ static void due_at(struct tap_track_conn *c, int64_t start, int64_t window)
 	int64_t due;
 	if (__builtin_add_overflow(start, window, &due))
 		due = INT64_MAX;
-	if (due < c->next_due)
+	if (due < c->next_due) {
 		c->next_due = due;
+		(void)tap_heap_set(&c->t->due, c, due); /* tap_track_conn_new made room for every connection */
+	}
 }
 
 void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, enum trk_event ev,
@@ -828,13 +830,10 @@ static int64_t chan_tick(struct tap_track_conn *c, struct trk_chan *ch, int64_t 
 
 int64_t tap_track_tick(struct tap_track *t, int64_t now_us)
 {
-	int64_t next = INT64_MAX;
-	for (struct tap_track_conn *c = t->conns; c; c = c->next) {
-		if (c->next_due > now_us) { /* nothing of it is due: its channels are not walked */
-			if (c->next_due < next)
-				next = c->next_due;
-			continue;
-		}
+	while (tap_heap_top_key(&t->due) <= now_us) {
+		struct tap_track_conn *c = tap_heap_top(&t->due);
+		tap_heap_remove(&t->due, c);
+		c->next_due = INT64_MAX; /* due_at may set it again while its channels are walked */
 		int64_t conn_next = INT64_MAX;
 		for (uint32_t i = 0; i < c->n_active;) {
 			struct trk_chan *ch = c->active[i];
@@ -844,11 +843,15 @@ int64_t tap_track_tick(struct tap_track *t, int64_t now_us)
 			if (i < c->n_active && c->active[i] == ch)
 				i++;
 		}
-		c->next_due = conn_next;
-		if (conn_next < next)
-			next = conn_next;
+		if (conn_next < c->next_due)
+			c->next_due = conn_next;
+		if (c->next_due == INT64_MAX)
+			continue;
+		if (c->next_due <= now_us)
+			c->next_due = now_us + 1; /* walked in this tick: the next one looks again */
+		(void)tap_heap_set(&t->due, c, c->next_due);
 	}
-	return next;
+	return tap_heap_top_key(&t->due);
 }
 
 /* ---- summary and stats ---- */

@@ -5,6 +5,8 @@
 
 #include "mem.h"
 
+#include <stddef.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +29,8 @@ struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emi
 		t->conf.max_memory = TAP_TRACK_MAX_MEMORY_DEFAULT;
 	t->emit = emit_fn;
 	t->ctx = ctx;
+	tap_heap_init(&t->oldest, offsetof(struct trk_chan, oldest_idx), &t->mem);
+	tap_heap_init(&t->due, offsetof(struct tap_track_conn, due_idx), &t->mem);
 	trk_render_init(&t->render, &t->conf);
 	tap_buf_init(&t->extra);
 	return t;
@@ -78,6 +82,7 @@ static void conn_free(struct tap_track_conn *c)
 	}
 	trk_free(t, c->chans, c->cap_chans * sizeof *c->chans);
 	trk_free(t, c->active, c->cap_active * sizeof *c->active);
+	tap_heap_remove(&t->due, c);
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -109,7 +114,8 @@ void tap_track_free(struct tap_track *t)
 		return;
 	while (t->conns)
 		conn_free(t->conns);
-	trk_oldest_free(t);
+	tap_heap_deinit(&t->oldest);
+	tap_heap_deinit(&t->due);
 	trk_render_deinit(&t->render);
 	tap_buf_deinit(&t->extra);
 	free(t);
@@ -118,6 +124,9 @@ void tap_track_free(struct tap_track *t)
 struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id, const char *client_addr,
                                           const char *upstream_addr, int64_t now_us)
 {
+	/* room in the timer heap for every connection: a timer started later never fails for want of it */
+	if (!tap_heap_reserve(&t->due, (uint32_t)t->st.connections_open + 1))
+		return NULL;
 	struct tap_track_conn *c = trk_alloc_in_budget(t, sizeof *c, now_us);
 	if (!c)
 		return NULL;

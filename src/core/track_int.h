@@ -9,6 +9,7 @@
 #include "amqptap/track.h"
 
 #include "arena.h"
+#include "heap.h"
 #include "intern.h"
 #include "mem.h"
 
@@ -154,7 +155,7 @@ struct trk_chan {
 	char *culprit;           /* the JSON object naming the publish that made the broker close it, or NULL */
 	size_t culprit_len;
 	int32_t active_idx;     /* index in conn->active or -1 */
-	uint32_t oldest_idx;    /* index in t->oldest + 1, 0: not in it */
+	uint32_t oldest_idx;    /* place in t->oldest + 1, 0: not in it */
 	struct tap_track_conn *conn;
 	struct trk_warn_chan warn;
 };
@@ -193,6 +194,7 @@ struct tap_track_conn {
 	struct trk_ids *ids; /* the recent message ids (duplicate_message_id); NULL until the first */
 	const char *unseen_by; /* set by tap_track_conn_unseen: a channel first seen at a publish has an unknown mode */
 	int64_t next_due;      /* no timer of its channels is due before this: tap_track_tick skips it until then */
+	uint32_t due_idx;      /* place in t->due + 1, 0: not in it (next_due is INT64_MAX) */
 };
 
 /* The record being written and the second whose date part is formatted (records are written in time order,
@@ -222,10 +224,11 @@ struct tap_track {
 	struct tap_track_stats st;
 	struct trk_counts closed_counts; /* of connections already ended */
 	struct tap_hist hist;
-	/* every channel with outstanding publishes, as a binary min-heap on the t_pub of its base slot: the oldest
-	 * outstanding publish of the process is the base of oldest[0] */
-	struct trk_chan **oldest;
-	uint32_t n_oldest, cap_oldest;
+	/* every channel with outstanding publishes, keyed by the t_pub of its base slot: the oldest outstanding publish
+	 * of the process is the base of the top one */
+	struct tap_heap oldest;
+	/* every connection with a timer running, keyed by next_due: tap_track_tick looks at the due ones only */
+	struct tap_heap due;
 	uint64_t mem;  /* bytes counted against conf.max_memory */
 	bool squeeze;  /* making room: unreferenced strings are freed, not cached */
 };
@@ -332,7 +335,6 @@ static inline void trk_chan_unpin(struct tap_track *t, struct trk_chan *ch)
 }
 /* The channel whose base slot is the oldest outstanding publish of the process, or NULL. */
 struct trk_chan *trk_oldest_chan(const struct tap_track *t);
-void trk_oldest_free(struct tap_track *t);
 void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const struct trk_chan *ch, uint64_t n);
 /* Allocations counted in t->mem. */
 void *trk_alloc(struct tap_track *t, size_t n);

@@ -154,100 +154,23 @@ struct trk_chan *trk_chan_get(struct tap_track_conn *c, uint16_t id)
 	return ch;
 }
 
-/* ---- the channels with outstanding publishes, oldest first ---- */
+/* ---- the channels with outstanding publishes, oldest first (t->oldest, keyed by their base slot's t_pub) ---- */
 
 static int64_t oldest_key(const struct trk_chan *ch)
 {
 	return trk_slot(ch, ch->base)->t_pub;
 }
 
-static void oldest_set(struct tap_track *t, uint32_t i, struct trk_chan *ch)
-{
-	t->oldest[i] = ch;
-	ch->oldest_idx = i + 1;
-}
-
-static void oldest_up(struct tap_track *t, uint32_t i)
-{
-	struct trk_chan *ch = t->oldest[i];
-	int64_t key = oldest_key(ch);
-	while (i > 0) {
-		uint32_t parent = (i - 1) / 2;
-		if (oldest_key(t->oldest[parent]) <= key)
-			break;
-		oldest_set(t, i, t->oldest[parent]);
-		i = parent;
-	}
-	oldest_set(t, i, ch);
-}
-
-static void oldest_down(struct tap_track *t, uint32_t i)
-{
-	struct trk_chan *ch = t->oldest[i];
-	int64_t key = oldest_key(ch);
-	for (;;) {
-		uint32_t child = 2 * i + 1;
-		if (child >= t->n_oldest)
-			break;
-		if (child + 1 < t->n_oldest && oldest_key(t->oldest[child + 1]) < oldest_key(t->oldest[child]))
-			child++;
-		if (oldest_key(t->oldest[child]) >= key)
-			break;
-		oldest_set(t, i, t->oldest[child]);
-		i = child;
-	}
-	oldest_set(t, i, ch);
-}
-
-static bool oldest_add(struct tap_track *t, struct trk_chan *ch)
-{
-	if (t->n_oldest == t->cap_oldest) {
-		uint32_t cap = t->cap_oldest ? t->cap_oldest * 2 : 16;
-		struct trk_chan **a = trk_alloc(t, cap * sizeof *a);
-		if (!a)
-			return false;
-		if (t->n_oldest)
-			memcpy(a, t->oldest, t->n_oldest * sizeof *a);
-		trk_free(t, t->oldest, t->cap_oldest * sizeof *t->oldest);
-		t->oldest = a;
-		t->cap_oldest = cap;
-	}
-	oldest_set(t, t->n_oldest++, ch);
-	oldest_up(t, t->n_oldest - 1);
-	return true;
-}
-
-static void oldest_remove(struct tap_track *t, struct trk_chan *ch)
-{
-	if (!ch->oldest_idx)
-		return;
-	uint32_t i = ch->oldest_idx - 1;
-	struct trk_chan *last = t->oldest[--t->n_oldest];
-	ch->oldest_idx = 0;
-	if (i == t->n_oldest)
-		return;
-	oldest_set(t, i, last);
-	oldest_up(t, i);
-	oldest_down(t, last->oldest_idx - 1);
-}
-
 struct trk_chan *trk_oldest_chan(const struct tap_track *t)
 {
-	return t->n_oldest ? t->oldest[0] : NULL;
-}
-
-void trk_oldest_free(struct tap_track *t)
-{
-	trk_free(t, t->oldest, t->cap_oldest * sizeof *t->oldest);
-	t->oldest = NULL;
-	t->n_oldest = t->cap_oldest = 0;
+	return tap_heap_top(&t->oldest);
 }
 
 /* ---- channels of a connection with outstanding publishes ---- */
 
 static void active_remove(struct tap_track_conn *c, struct trk_chan *ch)
 {
-	oldest_remove(c->t, ch);
+	tap_heap_remove(&c->t->oldest, ch);
 	if (ch->active_idx < 0)
 		return;
 	struct trk_chan *last = c->active[--c->n_active];
@@ -260,13 +183,13 @@ static void active_add(struct tap_track_conn *c, struct trk_chan *ch)
 {
 	if (ch->active_idx >= 0)
 		return;
-	if (!oldest_add(c->t, ch))
+	if (!tap_heap_set(&c->t->oldest, ch, oldest_key(ch)))
 		return; /* not in the lists: tick and eviction do not see it, its end still writes it */
 	if (c->n_active == c->cap_active) {
 		uint32_t cap = c->cap_active ? c->cap_active * 2 : 8;
 		struct trk_chan **a = trk_alloc(c->t, cap * sizeof *a);
 		if (!a) {
-			oldest_remove(c->t, ch);
+			tap_heap_remove(&c->t->oldest, ch);
 			return;
 		}
 		if (c->n_active)
@@ -419,10 +342,8 @@ void trk_slot_release(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n)
 		const struct trk_slot *h = trk_slot(ch, ch->base);
 		if (!(h->flags & TRK_FLAG_NO_BLOB))
 			ch->arena.head = h->blob;
-		if (ch->oldest_idx && t->n_oldest > 1) { /* its base moved: usually later, in replay maybe earlier */
-			oldest_up(t, ch->oldest_idx - 1);
-			oldest_down(t, ch->oldest_idx - 1);
-		}
+		if (tap_heap_has(&t->oldest, ch)) /* its base moved: usually later, in replay maybe earlier */
+			(void)tap_heap_set(&t->oldest, ch, oldest_key(ch)); /* it is in: nothing to allocate */
 	}
 	if (ch->pinned)
 		ch->shrink_pending = true;
