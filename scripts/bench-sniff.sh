@@ -148,6 +148,7 @@ done
 elif [ "$mode" != report ]; then
 	tap_die "usage: ${0##*/} [run|report]"
 fi
+tap_need_results "$results"
 
 /usr/bin/python3 - "$results" "$out/latest.md" <<'PY'
 import json, statistics, sys

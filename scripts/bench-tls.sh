@@ -7,13 +7,14 @@
 # 1,000 TLS clients connecting at once, each one confirmed mandatory publish) against the same three; and, with fresh
 # processes, the memory each idle TLS connection costs the tap and HAProxy. Prints Markdown tables (also written to
 # .run/bench-tls/latest.md): medians of msgs/s and the ratios, p50/p99 and what each relay adds, relay CPU per
-# million messages, peak RSS per load, storm handshakes per second and time to the last confirm, and checks that the
-# tap wrote exactly one publish record per publish (for the storm: 1,000, every one routed and acked).
+# million messages, peak RSS per load, storm handshakes per second and time to the last confirm, the confirm p99 and
+# worst of a publisher connected through each storm, and checks that the tap wrote exactly one publish record per
+# publish (for the storm: 1,000, every one routed and acked).
 #
 # Environment: TAP_BENCH_ROUNDS (5), TAP_BENCH_LOADS (names from the list below, default all), TAP_BENCH_SCALE
 # (multiplies every message count; 0.3 keeps a whole run within about 15 minutes on 2 cores), TAP_BENCH_STORM
 # (clients per storm, 1000; 0 skips the storm and the idle measurement), TAP_BENCH_STORM_ROUNDS (storms in the first
-# 3 rounds only), TAP_BENCH_BUILD (build dir, default build-tlsb), TAP_BENCH_BUILD_TYPE (Release), TAP_BENCH_OUT
+# 3 rounds only), TAP_BENCH_BYSTANDER (0: no publisher stays connected through the storms), TAP_BENCH_BUILD (build dir, default build-tlsb), TAP_BENCH_BUILD_TYPE (Release), TAP_BENCH_OUT
 # (default .run/bench-tls), TAP_BENCH_TAP_PORT (5762; HAProxy listens one above, the idle-memory tap and HAProxy two
 # and three above, the floor relay four above), TAP_BENCH_TAP_ARGS (extra amqptap options), TAP_BENCH_PERF=1 (also profile the tap with perf
 # during TAP_BENCH_PERF_LOAD, default w100_4k, into $TAP_BENCH_OUT/perf-*.txt).
@@ -252,7 +253,8 @@ run_one() {
 count_records() {
 	/usr/bin/python3 - "$1" "$2" <<'PY'
 import json, sys
-pubs = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "publish" and r.get("routing_key") == sys.argv[2]]
+pubs = [r for r in map(json.loads, open(sys.argv[1]))
+        if r.get("type") == "publish" and r.get("routing_key") == sys.argv[2]]
 print(len(pubs), sum(r.get("route") == "routed" and r.get("confirm") == "ack" for r in pubs))
 PY
 }
@@ -300,9 +302,11 @@ storm_one() {
 		: >"$verdicts"
 	fi
 	[ -n "$line" ] || line='{"error":"no output"}'
-	printf '{"round":%d,"target":"%s","cpu_s":%s,"peak_kb":%s,"records":%s,"routed_acked":%s,"bystander":%s,"bystander_records":%s,"run":%s}\n' \
-		"$round" "$target" "$(awk -v t=$((after - before)) -v k="$tck" 'BEGIN { printf "%.2f", t / k }')" "$peak" \
-		"$records" "$good" "$by" "$by_records" "$line" >>"$storms"
+	local fmt='{"round":%d,"target":"%s","cpu_s":%s,"peak_kb":%s,"records":%s,"routed_acked":%s,'
+	fmt+='"bystander":%s,"bystander_records":%s,"run":%s}\n'
+	# shellcheck disable=SC2059 # the format is the line above
+	printf "$fmt" "$round" "$target" "$(awk -v t=$((after - before)) -v k="$tck" 'BEGIN { printf "%.2f", t / k }')" \
+		"$peak" "$records" "$good" "$by" "$by_records" "$line" >>"$storms"
 	tap_log "round $round storm $target: $line"
 }
 
@@ -386,5 +390,6 @@ fi
 elif [ "$mode" != report ]; then
 	tap_die "usage: ${0##*/} [run|storm|report]"
 fi
+tap_need_results "$results"
 
 PYTHONPATH="$repo/scripts" /usr/bin/python3 "$repo/scripts/bench_report.py" tls "$out"

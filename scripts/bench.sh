@@ -181,6 +181,7 @@ fi
 elif [ "$mode" != report ]; then
 	tap_die "usage: ${0##*/} [run|report]"
 fi
+tap_need_results "$results"
 
 PYTHONPATH="$repo/scripts" /usr/bin/python3 - "$results" "$out/latest.md" "$(cat "$out/peak_kb" 2>/dev/null || true)" "${TAP_BENCH_PERF:-0}" "$out" "$perf_load" <<'PY'
 import os, statistics, sys

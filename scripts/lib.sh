@@ -16,6 +16,9 @@ RMQ_BIN=/usr/lib/rabbitmq/bin
 tap_log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
 tap_die() { tap_log "$*"; exit 1; }
 
+# `report` of a benchmark script: its results file $1 must be there (a run wrote it).
+tap_need_results() { [ -f "$1" ] || tap_die "no results in ${1%/*}: run the benchmark first"; }
+
 # What building amqptap needs from Debian; TAP_BENCH_PKGS adds the load generators' client library and HAProxy.
 TAP_BUILD_PKGS=(build-essential cmake pkg-config libevent-dev libssl-dev libpcap-dev)
 TAP_BENCH_PKGS=("${TAP_BUILD_PKGS[@]}" librabbitmq-dev haproxy)

@@ -6,7 +6,6 @@
 #include "mem.h"
 
 #include <stddef.h>
-
 #include <stdlib.h>
 #include <string.h>
 

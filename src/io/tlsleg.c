@@ -80,9 +80,9 @@ static bool gone(const struct leg *l)
  * clients at once (tests/bench/bench_storm.c) and a W=1 publisher connected
  * before them: at 2 ms a turn ran about one step, started handshakes went
  * first, the broker got work one session at a time and the machine idled
- * (11-12 %); the last client was confirmed after 9.0-10.1 s, the publisher's
+ * (9-12 %); the last client was confirmed after 9.0-10.1 s, the publisher's
  * p99 was 48-57 ms and its worst confirm 0.3-0.4 s. At 50 ms: 8.4-8.7 s,
- * p99 5-8 ms, worst 0.7 s; through HAProxy in the same runs 7.5-9.8 s and
+ * p99 5-8 ms, worst 0.7 s; through HAProxy in the same runs 7.4-9.8 s and
  * a worst confirm of 2.7-3.4 s. 100 ms, or no bound, shortened the storm by
  * a few percent more and stalled the publisher for 1.2-2.7 s. */
 #define TURN_US 50000
