@@ -5,8 +5,10 @@
 # kernel filter, writing to /dev/null: "floor"), and through the amqptap proxy ("tap", for the CPU per message a
 # sniffer must not exceed), alternating in every round, each round starting one target later than the one before
 # (a machine that slows down or speeds up within a round then favours none). A sniffer is started for each sniffed
-# run and stopped after it, so the direct runs carry none of its cost. Prints the medians, the paired ratio
-# sniffed/direct, CPU seconds per million messages of the sniffer and of the proxy, the kernel drops and publish
+# run and stopped after it, so the direct runs carry none of its cost. Prints the medians, the paired ratios
+# sniffed/direct and floor/direct with a bootstrapped 95 % interval of each median, the paired ratio sniffed/floor
+# (what the sniffer costs beyond the capture itself), CPU seconds per million messages of the sniffer and of the
+# proxy, the kernel drops and publish
 # records of each sniffed run, and PASS/FAIL for each target: throughput >= 0.99 x direct, sniffer CPU per message
 # <= the proxy's, no drops (and one publish record per message) with the default --buffer-size. Markdown also goes
 # to .run/bench-sniff/latest.md.
@@ -151,7 +153,7 @@ fi
 tap_need_results "$results"
 
 /usr/bin/python3 - "$results" "$out/latest.md" <<'PY'
-import json, statistics, sys
+import json, random, statistics, sys
 results, md_path = sys.argv[1:3]
 runs = [json.loads(line) for line in open(results) if line.strip()]
 bad = [r for r in runs if "error" in r["run"] or r["run"].get("failed_conns")]
@@ -164,9 +166,21 @@ rate = lambda t: [by.get(t, {})[k]["run"]["msgs_per_s"] for k in sorted(by.get(t
 cpu_per_m = lambda t: [r["cpu_s"] / r["run"]["sent"] * 1e6 for r in by.get(t, {}).values()  # noqa: E731
                        if r["run"].get("sent")]
 med = lambda v: statistics.median(v) if v else None  # noqa: E731
-pair = lambda t: [by[t][k]["run"]["msgs_per_s"] / by["direct"][k]["run"]["msgs_per_s"]  # noqa: E731
-                  for k in by.get(t, {}) if k in by.get("direct", {})]
-paired, paired_floor = pair("sniffed"), pair("floor")
+pair = lambda t, base="direct": [by[t][k]["run"]["msgs_per_s"] / by[base][k]["run"]["msgs_per_s"]  # noqa: E731
+                                 for k in by.get(t, {}) if k in by.get(base, {})]
+paired, paired_floor, sniffed_floor = pair("sniffed"), pair("floor"), pair("sniffed", "floor")
+
+
+def ci(v):
+    """95 % interval of the median of v, bootstrapped (fixed seed: the same results give the same interval)."""
+    if len(v) < 5:
+        return "n/a"
+    rng = random.Random(1)
+    m = sorted(statistics.median(rng.choices(v, k=len(v))) for _ in range(2000))
+    return f"{m[50]:.3f}–{m[1949]:.3f}"
+
+
+
 sniffed = list(by.get("sniffed", {}).values())
 drops = sum(r["drops"] or 0 for r in sniffed)
 short = [(r["round"], r["records"], r["run"]["sent"]) for r in sniffed if r["records"] != r["run"]["sent"]]
@@ -179,6 +193,8 @@ lines = [f"Rounds: {rounds} (direct, sniffed, floor = tcpdump -w /dev/null with 
          f"| msg/s | {fmt(med(rate('direct')))} | {fmt(med(rate('sniffed')))} | {fmt(med(rate('floor')))} | "
          f"{fmt(med(rate('tap')))} |",
          f"| × direct (paired median) | | {fmt(med(paired), 3)} | {fmt(med(paired_floor), 3)} | |",
+         f"| 95 % interval of that median (bootstrap) | | {ci(paired)} | {ci(paired_floor)} | |",
+         f"| × floor (paired median, interval) | | {fmt(med(sniffed_floor), 3)} ({ci(sniffed_floor)}) | | |",
          f"| CPU s per M msgs (capture / proxy) | | {fmt(med(cpu_per_m('sniffed')), 2)} | "
          f"{fmt(med(cpu_per_m('floor')), 2)} | {fmt(med(cpu_per_m('tap')), 2)} |",
          f"| kernel drops (all sniffed runs) | | {drops} | | |", ""]

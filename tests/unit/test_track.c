@@ -1783,6 +1783,51 @@ static uint32_t rnd(uint32_t n)
 
 /* Fifty connections, two channels each, publishing in a random order and acking some: whatever the budget evicts
  * goes in publish order (the oldest outstanding publish of the process first). */
+/* Many connections, each holding one acked mandatory publish for a late Return, acked in an order unlike the
+ * order the connections were opened in: a tick writes exactly the publishes whose hold has ended, in the order
+ * their holds end, and returns the next end (the tracker finds the due connections by deadline). */
+START_TEST(ticks_write_due_holds_in_deadline_order_across_connections)
+{
+	enum { CONNS = 300, STEP = 10 };
+	struct tap_track_conn *cs[CONNS];
+	int order[CONNS]; /* order[j]: the connection acked j-th */
+	for (int i = 0; i < CONNS; i++) {
+		cs[i] = tap_track_conn_new(t, 100 + (uint64_t)i, "c", "u", T0);
+		tap_track_channel_open(cs[i], 1, T0);
+		tap_track_confirm_select(cs[i], 1, T0);
+		struct tap_publish p = pub("x", "k", true);
+		tap_track_publish(cs[i], 1, &p, T0 + 1);
+		order[i] = i;
+	}
+	rng_state = 777;
+	for (int i = CONNS - 1; i > 0; i--) {
+		int k = (int)rnd((uint64_t)i + 1), x = order[i];
+		order[i] = order[k];
+		order[k] = x;
+	}
+	for (int j = 0; j < CONNS; j++)
+		tap_track_ack(cs[order[j]], 1, 1, false, T0 + 100 + (int64_t)j * STEP); /* held until + LATE */
+	ck_assert_uint_eq(stats().held, CONNS);
+	const int64_t end0 = T0 + 100 + TAP_TRACK_LATE_RETURN_US_DEFAULT; /* the first hold's end */
+	ck_assert_int_eq(tap_track_tick(t, end0 - 1), end0);
+	ck_assert_uint_eq(n_seen, 0);
+	/* one tick per hold's end for the first half, then one tick for the rest: the same order either way */
+	for (int j = 0; j < CONNS / 2; j++) {
+		int64_t next = tap_track_tick(t, end0 + (int64_t)j * STEP);
+		REQUIRE(n_seen == (size_t)j + 1, "tick %d wrote %zu verdicts", j, n_seen);
+		REQUIRE(next == end0 + (int64_t)(j + 1) * STEP, "tick %d: next deadline %lld", j, (long long)next);
+	}
+	ck_assert_int_eq(tap_track_tick(t, end0 + CONNS * STEP), INT64_MAX);
+	ck_assert_uint_eq(n_seen, CONNS);
+	for (int j = 0; j < CONNS; j++) {
+		REQUIRE(seen[j].v.conn == 100 + (uint64_t)order[j], "verdict %d is of conn %llu, not %d", j,
+		        (unsigned long long)seen[j].v.conn, 100 + order[j]);
+		REQUIRE(seen[j].v.route == ROUTED && seen[j].v.confirm == ACK, "verdict %d", j);
+	}
+	ck_assert_uint_eq(stats().held, 0);
+}
+END_TEST
+
 START_TEST(memory_budget_evicts_in_publish_order_across_many_connections)
 {
 	enum { BUDGET = 2 * 1024 * 1024, CONNS = 50 };
@@ -2072,6 +2117,7 @@ int main(void)
 	tcase_add_test(tc, memory_budget_evicts_the_oldest);
 	tcase_add_test(tc, memory_budget_evicts_across_connections);
 	tcase_add_test(tc, memory_budget_evicts_in_publish_order_across_many_connections);
+	tcase_add_test(tc, ticks_write_due_holds_in_deadline_order_across_connections);
 	tcase_add_test(tc, memory_given_back_after_a_burst);
 	tcase_add_test(tc, random_interleavings);
 	suite_add_tcase(s, tc);
