@@ -54,6 +54,9 @@ bool tap_tls_pending(const struct ssl_st *ssl);
  * record) or gives them back (a quiet one: they are freed now unless they
  * hold part of a record, and after each record from then on). */
 void tap_tls_keep_buffers(struct ssl_st *ssl, bool keep);
+/* Whether an SSL's reads go to a buffer of its own rather than the one
+ * all legs share: set while a step runs on another thread than the loop. */
+void tap_tls_apart(struct ssl_st *ssl, bool apart);
 /* Frees an SSL, first trying once to send close_notify when notify. */
 void tap_tls_free_ssl(struct ssl_st *ssl, bool notify);
 

@@ -1,11 +1,13 @@
-/* What the forwarding engine's two files share (io layer, private): a
+/* What the forwarding engine's files share (io layer, private): a
  * session, its two legs and the proxy. proxy.c relays bytes between the
  * legs and owns their lifecycle; tlsleg.c moves the bytes of a TLS leg
- * (handshake, SSL_read, SSL_write on the leg's own socket). */
+ * (handshake, SSL_read, SSL_write on the leg's own socket); tlswork.c runs
+ * clients' first handshake steps on a thread of their own. */
 #ifndef AMQPTAP_IO_SESSION_H
 #define AMQPTAP_IO_SESSION_H
 
 #include "amqptap/proxy.h"
+#include "amqptap/tls.h"
 
 #include <event2/util.h>
 #include <stdbool.h>
@@ -17,6 +19,7 @@
 
 struct bufferevent;
 struct event;
+struct event_base;
 struct evbuffer;
 struct evconnlistener;
 struct ssl_st;
@@ -37,7 +40,7 @@ struct leg {
 	struct event *rd;          /* the session's own read event */
 	struct event *wr;          /* TLS legs: the socket is writable (or the upstream connect is done) */
 	struct event *setup_timer; /* TLS legs until set up: --handshake-timeout */
-	TAILQ_ENTRY(leg) turn;     /* TLS client legs waiting for their handshake turn */
+	struct tls_job *job;       /* TLS client legs: the handshake step the handshaker has (tlswork.c) */
 	evutil_socket_t fd;        /* -1 until the socket exists */
 	size_t low_water;          /* TLS legs: tap_leg_written once `out` drains to this */
 	size_t retry_len;          /* TLS legs: the length an interrupted SSL_write must be repeated with */
@@ -49,8 +52,7 @@ struct leg {
 	bool eof;              /* it sent FIN: nothing more to read from it */
 	bool shut_wr;          /* we sent it FIN */
 	bool draining;         /* TLS legs: a write stuck for TAP_PROXY_DRAIN_SECONDS ends the session */
-	bool queued;           /* TLS client legs: waiting in px->turns */
-	bool first_step_done;  /* TLS client legs: the ClientHello was answered (later steps need no turn) */
+	bool first_step_done;  /* TLS client legs: the ClientHello was answered (later steps run in the loop) */
 	bool read_wants_write; /* TLS legs: SSL_read needs the socket writable */
 	bool write_wants_read; /* TLS legs: SSL_write needs the socket readable */
 	bool failed;           /* TLS legs: ended by an error (no close_notify) */
@@ -72,7 +74,6 @@ struct tap_session {
 };
 
 TAILQ_HEAD(session_list, tap_session);
-TAILQ_HEAD(leg_queue, leg);
 
 struct tap_proxy {
 	struct event_base *base;
@@ -96,8 +97,7 @@ struct tap_proxy {
 	uint64_t accept_pauses;   /* in this shortage */
 	uint32_t handshake_ms;    /* 0: setting up a leg may take forever */
 	struct timeval handshake_timeout;
-	struct leg_queue turns; /* TLS client legs whose handshake can go on: one step per loop turn */
-	struct event *turn;     /* runs the first of `turns` */
+	struct tap_tls_work *handshaker; /* TLS listener: the thread for clients' first handshake steps */
 	struct event *buffer_sweep; /* TLS: which legs keep their record buffers (tlsleg.c) */
 	void (*idle_cb)(void *);
 	void *idle_arg;
@@ -143,10 +143,28 @@ void tap_tls_leg_reading(struct leg *l);
 void tap_tls_leg_drain(struct leg *l);
 /* Frees everything of a TLS leg (close_notify unless it failed or `reset`). */
 void tap_tls_leg_free(struct leg *l, bool reset);
-/* What TLS legs share, set up and torn down with the proxy: the queue of
- * client handshakes waiting for their turn and the once-a-second sweep that
- * decides which legs keep their record buffers. */
+/* What TLS legs share, set up and torn down with the proxy: the
+ * handshaker and the once-a-second sweep that decides which legs keep
+ * their record buffers. */
 int tap_tls_proxy_init(struct tap_proxy *px);
 void tap_tls_proxy_free(struct tap_proxy *px);
+
+/* tlswork.c: the handshaker. */
+
+struct tap_tls_work;
+/* A step came back to the loop: `gone` if the client had closed its
+ * connection (nothing was run), else the step's outcome, errno and reason. */
+typedef void (*tap_tls_work_done_fn)(struct leg *l, bool gone, enum tap_tls_step step, int err, const char *why);
+/* Starts the thread; NULL (errno set) on failure. */
+struct tap_tls_work *tap_tls_work_new(struct event_base *base, tap_tls_work_done_fn on_done);
+/* Hands l's next handshake step over; false when out of memory (nothing
+ * was handed over). Until it comes back, l's SSL and socket are not the
+ * loop's: l's events must be off. */
+bool tap_tls_work_add(struct tap_tls_work *w, struct leg *l);
+/* Takes l's step back unfinished or finished, waiting for it if it is
+ * running; nothing if l has none out. */
+void tap_tls_work_cancel(struct tap_tls_work *w, struct leg *l);
+/* Stops the thread (the legs must have cancelled their steps). */
+void tap_tls_work_free(struct tap_tls_work *w);
 
 #endif

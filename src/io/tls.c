@@ -53,9 +53,14 @@ struct tap_tls {
 struct reader {
 	struct tap_tls *t;
 	int fd;
-	uint8_t *own; /* NULL unless its bytes had to leave the shared buffer */
+	uint8_t *own; /* NULL unless its bytes had to leave the shared buffer (or never were in it) */
 	size_t off, len;
+	bool apart; /* on the handshaker's thread: reads go to `own` (tap_tls_apart) */
 };
+
+/* What a leg reads apart from the shared buffer at once: a ClientHello
+ * nearly always fits; a longer one takes more reads. */
+#define APART_SPACE 4096
 
 /* The oldest queued OpenSSL error as text, queue drained. */
 static void drain_errors(char *out, size_t cap)
@@ -123,12 +128,13 @@ static int on_new_upstream_session(SSL *ssl, SSL_SESSION *session)
 }
 
 /* The reading BIO: one read() of up to TAP_TLS_READ_SPACE bytes into a
- * buffer all legs share (one thread), handed to OpenSSL as it asks
+ * buffer all legs on the loop's thread share, handed to OpenSSL as it asks
  * (read-ahead off: a record header, then its body), so every byte is copied
  * once and never moved; OpenSSL's own read-ahead moves all its buffer still
  * holds before each record. A leg nearly always takes all it read before
  * another leg reads; if not, its rest moves to a buffer of its own, so an
- * idle leg holds none. */
+ * idle leg holds none. A leg whose step runs on the handshaker's thread
+ * reads into a buffer of its own. */
 static const uint8_t *reader_data(const struct reader *r)
 {
 	return r->own ? r->own : r->t->shared;
@@ -155,21 +161,36 @@ static int reader_read(BIO *b, char *out, int n)
 	if (n <= 0)
 		return 0;
 	if (r->len == 0) {
-		struct reader *other = t->shared_owner;
-		if (other && other != r && other->len > 0 && !reader_evict(other)) {
+		uint8_t *into = t->shared;
+		size_t cap = TAP_TLS_READ_SPACE;
+		if (r->apart) {
+			into = r->own = malloc(APART_SPACE);
+			cap = APART_SPACE;
+		} else {
+			struct reader *other = t->shared_owner;
+			if (other && other != r && other->len > 0 && !reader_evict(other))
+				into = NULL;
+		}
+		if (!into) {
 			errno = ENOMEM;
 			return -1;
 		}
-		ssize_t got = read(r->fd, t->shared, TAP_TLS_READ_SPACE);
+		ssize_t got = read(r->fd, into, cap);
 		if (got <= 0) {
 			int err = errno;
-			t->shared_owner = NULL;
+			if (r->apart) {
+				free(r->own);
+				r->own = NULL;
+			} else {
+				t->shared_owner = NULL;
+			}
 			if (got < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR))
 				BIO_set_retry_read(b);
 			errno = got < 0 ? err : 0;
 			return got < 0 ? -1 : 0;
 		}
-		t->shared_owner = r;
+		if (!r->apart)
+			t->shared_owner = r;
 		r->off = 0;
 		r->len = (size_t)got;
 	}
@@ -520,6 +541,13 @@ bool tap_tls_pending(const SSL *ssl)
 	 * after every record */
 	const struct reader *r = BIO_get_data(SSL_get_rbio(ssl));
 	return SSL_has_pending(ssl) == 1 || (r && r->len > 0);
+}
+
+void tap_tls_apart(SSL *ssl, bool apart)
+{
+	struct reader *r = BIO_get_data(SSL_get_rbio(ssl));
+	if (r)
+		r->apart = apart;
 }
 
 void tap_tls_keep_buffers(SSL *ssl, bool keep)

@@ -8,15 +8,12 @@
  *   states: CONNECTING (upstream TCP) --writable--> HANDSHAKE --done--> OPEN
  *
  * A client's first handshake step (its ClientHello answered with the
- * server's flight: the signature, the costly part) takes turns: readiness
- * only queues the leg (px->turns), and queued steps run for up to TURN_US
- * per loop turn, after the other events of that turn. A burst of new clients then cannot
- * hold up sessions that already carry traffic or whose broker handshake is
- * under way (the broker gives up on a TLS handshake after 5 s), and the
- * handshakes are started in the order their clients arrived, as HAProxy's
- * scheduler runs its "heavy" TLS tasklets. The steps after it (the client's
- * Finished) and every upstream step run at once, so that a handshake once
- * started finishes without waiting behind the ones not started yet. */
+ * server's flight: the signature, the costly part) runs on the handshaker's
+ * thread (tlswork.c), in the order the clients arrived; the loop meanwhile
+ * moves the bytes of the sessions already carrying traffic and runs every
+ * other step (the client's Finished, every upstream step), so a handshake
+ * once started finishes without waiting behind the ones not started yet
+ * (the broker gives up on a TLS handshake after 5 s). */
 #include "session.h"
 
 #include "amqptap/tls.h"
@@ -42,74 +39,24 @@ static void arm_write(struct leg *l)
 	event_add(l->wr, l->draining ? &drain : NULL);
 }
 
-static void take_turn(struct leg *l)
+static void on_first_step(struct leg *l, bool gone, enum tap_tls_step st, int err, const char *why);
+
+/* Hands a client's first handshake step to the handshaker (tlswork.c); the
+ * loop does it itself only when there is no memory to hand it over. */
+static void hand_over(struct leg *l)
 {
-	struct tap_proxy *px = l->s->px;
-	if (l->queued)
+	if (l->job)
 		return;
-	event_del(l->rd); /* level-triggered: would fire every turn until the step runs */
+	event_del(l->rd); /* the SSL and the socket are the handshaker's until the step is back */
 	event_del(l->wr);
-	/* --handshake-timeout bounds the client, not this queue: its clock
-	 * restarts when the step runs */
+	/* --handshake-timeout bounds the client, not the handshaker's queue:
+	 * its clock restarts when the step is back */
 	if (l->setup_timer)
 		evtimer_del(l->setup_timer);
-	TAILQ_INSERT_TAIL(&px->turns, l, turn);
-	l->queued = true;
-	struct timeval now = {0, 0};
-	if (!evtimer_pending(px->turn, NULL))
-		evtimer_add(px->turn, &now);
-}
-
-/* The client closed (or reset) its connection while it waited for its
- * turn: in a storm, clients that give up and reconnect would otherwise cost
- * a signature each time. */
-static bool gone(const struct leg *l)
-{
-	struct tcp_info ti;
-	socklen_t len = sizeof ti;
-	if (getsockopt(l->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
-		return false;
-	return ti.tcpi_state != TCP_ESTABLISHED;
-}
-
-/* Runs queued first steps for up to TURN_US of one loop turn (at least
- * one): a step costs a signature, a turn costs a trip through epoll, and on
- * a busy machine each trip may also wait for the CPU. The budget trades the
- * storm's tail against the sessions already carrying traffic. Measured on
- * the 2-core bench box (RSA-2048, broker without tickets) with 1,000 TLS
- * clients at once (tests/bench/bench_storm.c) and a W=1 publisher connected
- * before them: at 2 ms a turn ran about one step, started handshakes went
- * first, the broker got work one session at a time and the machine idled
- * (9-12 %); the last client was confirmed after 9.0-10.1 s, the publisher's
- * p99 was 48-57 ms and its worst confirm 0.3-0.4 s. At 50 ms: 8.4-8.7 s,
- * p99 5-8 ms, worst 0.7 s; through HAProxy in the same runs 7.4-9.8 s and
- * a worst confirm of 2.7-3.4 s. 100 ms, or no bound, shortened the storm by
- * a few percent more and stalled the publisher for 1.2-2.7 s. */
-#define TURN_US 50000
-
-static void on_turn(evutil_socket_t fd, short what, void *arg)
-{
-	struct tap_proxy *px = arg;
-	(void)fd;
-	(void)what;
-	int64_t until = tap_now_us() + TURN_US;
-	struct leg *l;
-	while ((l = TAILQ_FIRST(&px->turns)) != NULL) {
-		TAILQ_REMOVE(&px->turns, l, turn);
-		l->queued = false;
+	if (!tap_tls_work_add(l->s->px->handshaker, l)) {
 		l->first_step_done = true;
-		if (gone(l)) {
-			tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_EOF, 0, NULL);
-			continue;
-		}
-		tap_tls_leg_arm_setup(l);
-		step_handshake(l); /* may end l's session: nothing of it is touched after */
-		if (tap_now_us() >= until)
-			break;
+		step_handshake(l);
 	}
-	struct timeval now = {0, 0};
-	if (!TAILQ_EMPTY(&px->turns))
-		evtimer_add(px->turn, &now);
 }
 
 /* OpenSSL's record buffers (about 34 KiB a leg with both directions):
@@ -145,22 +92,22 @@ static void on_buffer_sweep(evutil_socket_t fd, short what, void *arg)
 
 int tap_tls_proxy_init(struct tap_proxy *px)
 {
-	TAILQ_INIT(&px->turns);
-	px->turn = evtimer_new(px->base, on_turn, px);
 	px->buffer_sweep = event_new(px->base, -1, EV_PERSIST, on_buffer_sweep, px);
 	struct timeval every = {BUFFER_SWEEP_SECONDS, 0};
-	if (!px->turn || !px->buffer_sweep || (px->tls && evtimer_add(px->buffer_sweep, &every) < 0))
+	if (!px->buffer_sweep || (px->tls && evtimer_add(px->buffer_sweep, &every) < 0))
+		return -1;
+	if (tap_tls_listener(px->tls) && !(px->handshaker = tap_tls_work_new(px->base, on_first_step)))
 		return -1;
 	return 0;
 }
 
 void tap_tls_proxy_free(struct tap_proxy *px)
 {
-	if (px->turn)
-		event_free(px->turn);
+	tap_tls_work_free(px->handshaker);
 	if (px->buffer_sweep)
 		event_free(px->buffer_sweep);
-	px->turn = px->buffer_sweep = NULL;
+	px->handshaker = NULL;
+	px->buffer_sweep = NULL;
 }
 
 static void on_setup_timeout(evutil_socket_t fd, short what, void *arg)
@@ -269,7 +216,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (!l->handshaken) {
 		if (l->side == SIDE_CLIENT && !l->first_step_done)
-			take_turn(l);
+			hand_over(l);
 		else
 			step_handshake(l);
 		return;
@@ -344,7 +291,7 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 	}
 	if (!l->handshaken) {
 		if (l->side == SIDE_CLIENT && !l->first_step_done)
-			take_turn(l);
+			hand_over(l);
 		else
 			step_handshake(l);
 		return;
@@ -395,10 +342,10 @@ static void on_queued(struct evbuffer *buf, const struct evbuffer_cb_info *info,
 		flush(l);
 }
 
-static void step_handshake(struct leg *l)
+/* What a handshake step's outcome asks for; err is its errno. */
+static void after_step(struct leg *l, enum tap_tls_step st, int err, const char *why)
 {
-	char why[160] = "";
-	switch (tap_tls_handshake(l->ssl, why, sizeof why)) {
+	switch (st) {
 	case TAP_TLS_OK:
 		l->handshaken = true;
 		if (l->setup_timer)
@@ -422,9 +369,28 @@ static void step_handshake(struct leg *l)
 		return;
 	case TAP_TLS_FAILED:
 		l->failed = true;
-		tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_ERROR, errno, why[0] ? why : NULL);
+		tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_ERROR, err, why[0] ? why : NULL);
 		return;
 	}
+}
+
+static void step_handshake(struct leg *l)
+{
+	char why[160] = "";
+	enum tap_tls_step st = tap_tls_handshake(l->ssl, why, sizeof why);
+	after_step(l, st, errno, why);
+}
+
+/* The handshaker gave a client's first step back. */
+static void on_first_step(struct leg *l, bool gone, enum tap_tls_step st, int err, const char *why)
+{
+	l->first_step_done = true;
+	if (gone) {
+		tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_EOF, 0, NULL);
+		return;
+	}
+	tap_tls_leg_arm_setup(l);
+	after_step(l, st, err, why); /* may end l's session */
 }
 
 /* The events and queue of a TLS leg on socket fd; 0 or an errno. */
@@ -493,10 +459,7 @@ void tap_tls_leg_drain(struct leg *l)
 void tap_tls_leg_free(struct leg *l, bool reset)
 {
 	struct tap_proxy *px = l->s->px;
-	if (l->queued) {
-		TAILQ_REMOVE(&px->turns, l, turn);
-		l->queued = false;
-	}
+	tap_tls_work_cancel(px->handshaker, l);
 	if (l->wr)
 		event_free(l->wr);
 	if (l->setup_timer)
