@@ -420,6 +420,21 @@ class Storm(PkiCase):
         self.assertEqual({(p["route"], p["confirm"]) for p in pubs}, {("routed", "ack")})
         self.assertEqual(len({p["conn"] for p in pubs}), n)
 
+    def test_handshakes_run_on_a_thread_that_yields_to_the_traffic(self):
+        """Clients' first handshake steps run on the tls-handshaker thread at nice 10, the loop at the process's
+        nice: where both want a CPU, sessions already carrying traffic go first."""
+        tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key")])
+        threads = {}
+        for tid in os.listdir(f"/proc/{tap.pid}/task"):
+            with open(f"/proc/{tap.pid}/task/{tid}/stat") as f:
+                stat = f.read()
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            threads.setdefault(name, []).append(int(stat[stat.rindex(")") + 2:].split()[16]))
+        self.assertEqual(threads.get("tls-handshaker"), [10], threads)
+        with open(f"/proc/{tap.pid}/stat") as f:
+            stat = f.read()
+        self.assertEqual(int(stat[stat.rindex(")") + 2:].split()[16]), 0)
+
     def test_stopping_in_a_storm_takes_every_handshake_back(self):
         """SIGTERM while 300 clients' handshakes wait for, run on or come back from the handshaker's thread: the
         tap takes each step back (waiting for a running one), frees everything and exits 0 (the ASan tree's
