@@ -5,6 +5,7 @@
 #include "amqptap/buf.h"
 #include "amqptap/json.h"
 #include "amqptap/log.h"
+#include "amqptap/thread.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,7 +13,6 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -496,12 +496,9 @@ static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_
 		errno = ENOMEM;
 		return NULL;
 	}
-	/* signals are the loop's: the writer must not take them (nor be woken by them) */
-	sigset_t all, prev;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &prev);
-	int rc = pthread_create(&o->thread, NULL, writer_main, o);
-	pthread_sigmask(SIG_SETMASK, &prev, NULL);
+	char thread_name[32];
+	snprintf(thread_name, sizeof thread_name, "out:%s", o->name);
+	int rc = tap_thread_start(&o->thread, writer_main, o, thread_name);
 	if (rc != 0) {
 		out_free(o);
 		errno = rc;

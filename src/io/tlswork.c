@@ -17,6 +17,7 @@
  * dropped, a running one is waited for (one signature at most). */
 #include "session.h"
 
+#include "amqptap/thread.h"
 #include "amqptap/tls.h"
 
 #include <errno.h>
@@ -25,7 +26,6 @@
 #include <netinet/tcp.h>
 #include <openssl/crypto.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,19 +168,13 @@ struct tap_tls_work *tap_tls_work_new(struct event_base *base, tap_tls_work_done
 		tap_tls_work_free(w);
 		return NULL;
 	}
-	/* signals are the loop's: the thread must not take them */
-	sigset_t all, prev;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &prev);
-	int rc = pthread_create(&w->thread, NULL, thread_main, w);
-	pthread_sigmask(SIG_SETMASK, &prev, NULL);
+	int rc = tap_thread_start(&w->thread, thread_main, w, "tls-handshaker");
 	if (rc != 0) {
 		tap_tls_work_free(w);
 		errno = rc;
 		return NULL;
 	}
 	w->started = true;
-	(void)pthread_setname_np(w->thread, "tls-handshaker"); /* for top -H, ps -L */
 	return w;
 }
 
