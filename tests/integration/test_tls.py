@@ -21,8 +21,8 @@ import time
 
 import pika
 
-from tapharness import (AMQPTAP_BIN, SOURCE_DIR, Peer, TapTestCase, free_port, main, read_records, require_broker,
-                        wait_for, without_identity)
+from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, SOURCE_DIR, Peer, TapTestCase, free_port, main, read_records,
+                        require_broker, wait_for, without_identity)
 
 TLS_PORT = int(os.environ.get("TAP_TLS_BROKER_PORT", "5751"))
 PLAIN_PORT = int(os.environ.get("TAP_TLS_BROKER_PLAIN_PORT", "5750"))
@@ -420,6 +420,9 @@ class Storm(PkiCase):
         self.assertEqual({(p["route"], p["confirm"]) for p in pubs}, {("routed", "ack")})
         self.assertEqual(len({p["conn"] for p in pubs}), n)
 
+class Handshaker(PkiCase):
+    """Clients' first handshake steps (the tap's signature) run on the tls-handshaker thread (src/io/tlswork.c)."""
+
     def test_handshakes_run_on_a_thread_that_yields_to_the_traffic(self):
         """Clients' first handshake steps run on the tls-handshaker thread at nice 10, the loop at the process's
         nice: where both want a CPU, sessions already carrying traffic go first."""
@@ -462,6 +465,44 @@ class Storm(PkiCase):
         pubs = tap.records("publish")
         self.assertEqual(len({(p["conn"], p["channel"], p["seq"]) for p in pubs}), len(pubs))
         self.assertIn(f"publishes={len(pubs)} ", tap.stderr())
+
+    def test_client_hello_in_two_pieces(self):
+        """A ClientHello split across two TCP segments 300 ms apart: the handshaker reads the first piece into the
+        leg's own buffer and hands the step back wanting more; the loop finishes the handshake, and the session
+        carries AMQP through to the broker."""
+        require_broker(self)
+        tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key")])
+        ctx = ssl.create_default_context(cafile=self.p("ca.pem"))
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+        with self.assertRaises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        hello = outgoing.read()
+        self.assertGreater(len(hello), 200)
+        sock = tap.connect()
+        sock.settimeout(5)
+        sock.sendall(hello[:100])
+        time.sleep(0.3)
+        sock.sendall(hello[100:])
+
+        def pump(step):
+            while True:
+                try:
+                    return step()
+                except ssl.SSLWantReadError:
+                    sock.sendall(outgoing.read())
+                    data = sock.recv(65536)
+                    self.assertTrue(data, "the tap closed the connection")
+                    incoming.write(data)
+
+        pump(tls.do_handshake)
+        tls.write(AMQP_091_HEADER)
+        sock.sendall(outgoing.read())
+        start = pump(lambda: tls.read(65536))
+        sock.close()
+        self.assertEqual((start[:3], start[7:11]), (b"\x01\x00\x00", b"\x00\x0a\x00\x0a"),
+                         "no connection.start from the broker")
+        self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
 
 
 class Resumption(TlsCase):
