@@ -55,6 +55,7 @@ static void hand_over(struct leg *l)
 		evtimer_del(l->setup_timer);
 	if (!tap_tls_work_add(l->s->px->handshaker, l)) {
 		l->first_step_done = true;
+		tap_tls_leg_arm_setup(l);
 		step_handshake(l);
 	}
 }
