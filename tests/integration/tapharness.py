@@ -108,6 +108,13 @@ def require_broker(testcase):
     testcase.fail(msg)
 
 
+def proc_stat(path):
+    """A /proc/.../stat file as (comm, the fields after it: [0] is the state, field 3 of proc(5))."""
+    with open(path) as f:
+        stat = f.read()
+    return stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+
+
 class Tap:
     """A running amqptap process. Output files live in a private temp dir removed by stop()."""
 
@@ -376,6 +383,6 @@ def main():
 
 
 __all__ = ["AMQPTAP_BIN", "AMQP_091_HEADER", "BROKER_HOST", "BROKER_PORT", "CLIENTS_DIR", "MIB", "Peer", "SOURCE_DIR",
-           "Tap", "TapTestCase", "broker_reachable", "check_confirmed_publishes", "echo_handler", "fd_count", "free_port", "is_asan_build", "main",
-           "random_chunks", "read_records", "recv_bytes", "recv_chunks", "recv_exact_hash", "require_broker", "rss_kb", "send_chunks",
-           "start_tap", "wait_for"]
+           "Tap", "TapTestCase", "broker_reachable", "check_confirmed_publishes", "echo_handler", "fd_count",
+           "free_port", "is_asan_build", "main", "proc_stat", "random_chunks", "read_records", "recv_bytes",
+           "recv_chunks", "recv_exact_hash", "require_broker", "rss_kb", "send_chunks", "start_tap", "wait_for"]

@@ -21,8 +21,8 @@ import time
 
 import pika
 
-from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, SOURCE_DIR, Peer, TapTestCase, free_port, main, read_records,
-                        require_broker, wait_for, without_identity)
+from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, SOURCE_DIR, Peer, TapTestCase, free_port, main, proc_stat,
+                        read_records, require_broker, wait_for, without_identity)
 
 TLS_PORT = int(os.environ.get("TAP_TLS_BROKER_PORT", "5751"))
 PLAIN_PORT = int(os.environ.get("TAP_TLS_BROKER_PLAIN_PORT", "5750"))
@@ -427,21 +427,19 @@ class Handshaker(PkiCase):
         """Clients' first handshake steps run on the tls-handshaker thread at nice 5, the loop at the process's
         nice: where both want a CPU, sessions already carrying traffic go first."""
         tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key")])
+        nice = 16  # field 19 of proc(5)
         threads = {}
         for tid in os.listdir(f"/proc/{tap.pid}/task"):
-            with open(f"/proc/{tap.pid}/task/{tid}/stat") as f:
-                stat = f.read()
-            name = stat[stat.index("(") + 1:stat.rindex(")")]
-            threads.setdefault(name, []).append(int(stat[stat.rindex(")") + 2:].split()[16]))
+            name, fields = proc_stat(f"/proc/{tap.pid}/task/{tid}/stat")
+            threads.setdefault(name, []).append(int(fields[nice]))
         self.assertEqual(threads.get("tls-handshaker"), [5], threads)
-        with open(f"/proc/{tap.pid}/stat") as f:
-            stat = f.read()
-        self.assertEqual(int(stat[stat.rindex(")") + 2:].split()[16]), 0)
+        self.assertEqual(int(proc_stat(f"/proc/{tap.pid}/stat")[1][nice]), 0)
 
     def test_stopping_in_a_storm_takes_every_handshake_back(self):
         """SIGTERM (with --grace 0: sessions end at once) while 300 clients' handshakes wait for, run on or come
-        back from the handshaker's thread: the tap takes each step back (waiting for a running one), frees everything and exits 0 (the ASan tree's
-        leak check included); every publish that got through has one record."""
+        back from the handshaker's thread: the tap takes each step back (waiting for a running one), frees
+        everything and exits 0 (the ASan tree's leak check included); every publish that got through has one
+        record."""
         require_broker(self)
         tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key"), "--grace", "0"])
         storm = subprocess.Popen([STORM, "-T", "-H", "localhost", "-p", str(tap.port), "-C", self.p("ca.pem"),

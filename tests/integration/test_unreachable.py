@@ -20,7 +20,7 @@ import amqp
 import pika
 
 from tapharness import (AMQP_091_HEADER, BROKER_PORT, Peer, TapTestCase, echo_handler, fd_count, free_port, main,
-                        recv_bytes, require_broker, wait_for)
+                        proc_stat, recv_bytes, require_broker, wait_for)
 
 
 class UnreachableTest(TapTestCase):
@@ -126,8 +126,7 @@ class UnreachableTest(TapTestCase):
 
 def cpu_seconds(pid):
     """User plus system CPU time the process has used."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = proc_stat(f"/proc/{pid}/stat")[1]
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
