@@ -64,13 +64,12 @@ void tap_heap_deinit(struct tap_heap *h)
 	h->n = h->cap = 0;
 }
 
-bool tap_heap_reserve(struct tap_heap *h, uint32_t n)
+/* The least array a heap with members has. */
+#define HEAP_MIN_CAP 16u
+
+/* Moves the members to an array of cap entries (cap >= n). */
+static bool resize(struct tap_heap *h, uint32_t cap)
 {
-	if (n <= h->cap)
-		return true;
-	uint32_t cap = h->cap ? h->cap : 16;
-	while (cap < n)
-		cap *= 2;
 	struct tap_heap_entry *a = tap_mem_alloc(h->mem, cap * sizeof *a);
 	if (!a)
 		return false;
@@ -80,6 +79,25 @@ bool tap_heap_reserve(struct tap_heap *h, uint32_t n)
 	h->e = a;
 	h->cap = cap;
 	return true;
+}
+
+bool tap_heap_reserve(struct tap_heap *h, uint32_t n)
+{
+	if (n <= h->cap)
+		return true;
+	uint32_t cap = h->cap ? h->cap : HEAP_MIN_CAP;
+	while (cap < n)
+		cap *= 2;
+	return resize(h, cap);
+}
+
+void tap_heap_fit(struct tap_heap *h, uint32_t keep)
+{
+	uint32_t need = keep > h->n ? keep : h->n;
+	if (need < HEAP_MIN_CAP)
+		need = HEAP_MIN_CAP;
+	if (h->cap / 4 > need)
+		(void)resize(h, h->cap / 2);
 }
 
 bool tap_heap_set(struct tap_heap *h, void *item, int64_t key)

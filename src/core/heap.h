@@ -26,6 +26,10 @@ void tap_heap_init(struct tap_heap *h, size_t idx_off, uint64_t *mem);
 void tap_heap_deinit(struct tap_heap *h);
 /* Room for n members without allocating again; false when out of memory. */
 bool tap_heap_reserve(struct tap_heap *h, uint32_t n);
+/* Gives memory back after a peak: once the array has room for more than four times max(keep, members in, 16)
+ * it is halved, keeping room for keep members (what the caller reserved). Halving at a quarter full, doubling when
+ * full: a heap that shrinks and grows around one size does not reallocate every time. Out of memory: no change. */
+void tap_heap_fit(struct tap_heap *h, uint32_t keep);
 /* Puts item in at key, or moves it to key when it is in already; false when out of memory (then it is not in):
  * never once tap_heap_reserve made room for it. */
 bool tap_heap_set(struct tap_heap *h, void *item, int64_t key);

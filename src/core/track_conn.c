@@ -89,6 +89,7 @@ static void conn_free(struct tap_track_conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	t->st.connections_open--;
+	tap_heap_fit(&t->due, (uint32_t)t->st.connections_open); /* the room tap_track_conn_new reserved stays */
 	tap_intern_deinit(&c->keys);
 	trk_warn_conn_free(c);
 	t->mem -= c->prefix_cost;

@@ -171,6 +171,7 @@ struct trk_chan *trk_oldest_chan(const struct tap_track *t)
 static void active_remove(struct tap_track_conn *c, struct trk_chan *ch)
 {
 	tap_heap_remove(&c->t->oldest, ch);
+	tap_heap_fit(&c->t->oldest, 0);
 	if (ch->active_idx < 0)
 		return;
 	struct trk_chan *last = c->active[--c->n_active];

@@ -1,6 +1,7 @@
 /* The indexed min-heap: against a plain array that is searched every time, through random insertions, re-keyings
  * and removals; every member's place field is where the heap holds it, and every byte is counted and given back. */
 #include "heap.h"
+#include "mem.h"
 
 #include <check.h>
 
@@ -112,12 +113,55 @@ START_TEST(reserved_room_is_not_allocated_again)
 }
 END_TEST
 
+/* After a peak the array shrinks, a halving at a time, as members go; never below the room the caller keeps (what it
+ * reserved), nor below what the members in need; and the heap stays a heap. */
+START_TEST(the_array_shrinks_after_a_peak_down_to_what_is_kept)
+{
+	enum { N = 1000 };
+	static struct member m[N];
+	uint64_t mem = 0;
+	struct tap_heap h;
+	tap_heap_init(&h, offsetof(struct member, place), &mem);
+	for (int i = 0; i < N; i++) {
+		ck_assert(tap_heap_set(&h, &m[i], (i * 7919) % N));
+		m[i].in = true;
+		m[i].key = (i * 7919) % N;
+	}
+	ck_assert_uint_eq(h.cap, 1024);
+	tap_heap_fit(&h, 0); /* full: nothing to give back */
+	ck_assert_uint_eq(h.cap, 1024);
+	for (int i = 0; i < N - 10; i++) { /* keeping room for 300 of them, as a caller that reserved it */
+		tap_heap_remove(&h, &m[i]);
+		m[i].in = false;
+		tap_heap_fit(&h, 300);
+		ck_assert_msg(h.cap >= 300 && h.cap >= h.n, "cap %u with %u in", h.cap, h.n);
+	}
+	ck_assert_uint_eq(h.cap, 1024); /* 1024 / 4 < 300: halving would leave less than four times the kept room */
+	tap_heap_fit(&h, 200);
+	ck_assert_uint_eq(h.cap, 512);
+	tap_heap_fit(&h, 200); /* 512 / 4 < 200 */
+	ck_assert_uint_eq(h.cap, 512);
+	for (int i = 0; i < 6; i++)
+		tap_heap_fit(&h, 0);
+	ck_assert_uint_eq(h.cap, 64); /* 10 in: 16 is the least need; 64 / 4 is not more than 16 */
+	ck_assert_uint_eq(mem, tap_mem_cost(64 * sizeof(struct tap_heap_entry)));
+	check_places(&h, m, N);
+	ck_assert_int_eq(tap_heap_top_key(&h), least(m, N));
+	for (int i = 0; i < N - 10; i++) /* and it grows again */
+		ck_assert(tap_heap_set(&h, &m[i], i));
+	ck_assert_uint_eq(h.cap, 1024);
+	tap_heap_deinit(&h);
+	ck_assert_uint_eq(mem, 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("heap");
 	TCase *tc = tcase_create("core");
 	tcase_add_test(tc, random_operations_match_a_searched_array);
 	tcase_add_test(tc, reserved_room_is_not_allocated_again);
+	tcase_add_test(tc, the_array_shrinks_after_a_peak_down_to_what_is_kept);
 	suite_add_tcase(s, tc);
 	return tap_check_failures(s) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -1905,6 +1905,39 @@ START_TEST(memory_given_back_after_a_burst)
 }
 END_TEST
 
+/* A peak of connections, each with a publish outstanding (so in the timer heap and in the heap of channels by oldest
+ * publish), then all of them gone: the heaps' arrays shrink with them and the memory comes back. */
+START_TEST(memory_given_back_after_a_peak_of_connections)
+{
+	enum { CONNS = 4000 };
+	static struct tap_track_conn *cs[CONNS];
+	uint64_t base = stats().memory;
+	for (int i = 0; i < CONNS; i++) {
+		cs[i] = tap_track_conn_new(t, 100 + (uint64_t)i, "c", "u", T0);
+		REQUIRE(cs[i], "connection %d", i);
+		tap_track_channel_open(cs[i], 1, T0);
+		struct tap_publish p = pub("x", "k", true);
+		tap_track_publish(cs[i], 1, &p, T0 + 1);
+	}
+	uint64_t peak = stats().memory;
+	ck_assert_uint_gt(peak, base + CONNS * 2 * 16); /* both heaps hold every connection */
+	for (int i = 0; i < CONNS; i++)
+		tap_track_conn_end(cs[i], "client_reset", T0 + 2);
+	ck_assert_uint_eq(n_seen, CONNS);
+	ck_assert_uint_eq(stats().connections_open, 1);
+	/* what is left of the heaps: at most 4 x 16 entries each, where the peak had 4,096 each (128 KiB) */
+	ck_assert_uint_lt(stats().memory, base + 2 * 64 * 16 + 8192);
+	/* and they grow again: a timer and an outstanding publish on a new connection */
+	struct tap_track_conn *d = tap_track_conn_new(t, 99, "c", "u", T0 + 3);
+	ck_assert_ptr_nonnull(d);
+	tap_track_channel_open(d, 1, T0 + 3);
+	struct tap_publish p = pub("x", "k", true);
+	tap_track_publish(d, 1, &p, T0 + 3);
+	tap_track_tick(t, T0 + 3 + TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
+	ck_assert_uint_eq(n_seen, CONNS + 1);
+}
+END_TEST
+
 /* ---- randomized property: one publish record per publish, whatever happens ---- */
 
 
@@ -2119,6 +2152,7 @@ int main(void)
 	tcase_add_test(tc, memory_budget_evicts_in_publish_order_across_many_connections);
 	tcase_add_test(tc, ticks_write_due_holds_in_deadline_order_across_connections);
 	tcase_add_test(tc, memory_given_back_after_a_burst);
+	tcase_add_test(tc, memory_given_back_after_a_peak_of_connections);
 	tcase_add_test(tc, random_interleavings);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
