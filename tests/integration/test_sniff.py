@@ -130,7 +130,7 @@ class Sniff(TapTestCase):
         """Kernel drops made certain: a sniffer with a small --buffer-size (2 MiB) is stopped (SIGSTOP) while two
         rabbitmq-c publishers stream 20,000 of their 60,000 confirmed mandatory publishes (one to a queue: routed,
         one to nothing: returned), so its ring overflows and the kernel drops what follows; it is continued while
-        they still publish, so later segments show the holes. A second sniffer with the default buffer sees the
+        they still publish, so later segments show the holes. A second sniffer with a 128 MiB buffer sees the
         whole run and is the reference. The lossy one must report capture_drops and capture_gap records, write
         `unknown` (by capture_gap) where it cannot know, never a route or confirm the reference contradicts, and a
         record for every basic.publish its --frames trace shows it decoded."""
@@ -139,7 +139,8 @@ class Sniff(TapTestCase):
         conn.channel().queue_declare(q, auto_delete=False, arguments={"x-max-length": 1000})
         self.addCleanup(lambda: conn.channel().queue_delete(q) and conn.close())
         with tempfile.TemporaryDirectory() as d1, tempfile.TemporaryDirectory() as d2:
-            ref, ref_out, ref_err = self.sniff(d1)
+            # the reference's ring holds the whole run (about 30 MB) even if it is slow to read: it must not drop
+            ref, ref_out, ref_err = self.sniff(d1, "--buffer-size", "131072")
             lossy, lossy_out, lossy_err = self.sniff(d2, "--buffer-size", "2048", "--frames",
                                                      os.path.join(d2, "frames.jsonl"))
             pubs = [stream_publisher(BROKER_PORT, 60000, 64, 1000, True, rk) for rk in (q, f"{q}.absent")]
