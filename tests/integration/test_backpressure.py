@@ -18,7 +18,7 @@ import time
 
 from scenario_lib import frame_lines, publish_records, traced_publishes
 from tapharness import MIB, Peer, TapTestCase, is_asan_build, main, recv_exact_hash, rss_kb, wait_for
-from test_tls import make_pki
+from tlslib import make_pki
 
 TOTAL = 200 * MIB
 CHUNK = 256 * 1024
