@@ -296,10 +296,8 @@ static void begin_shutdown(struct app *app)
 		     app->conf->grace_ms);
 	struct timeval tv = {app->conf->grace_ms / 1000, (app->conf->grace_ms % 1000) * 1000};
 	app->grace_timer = evtimer_new(app->base, on_grace_over, app);
-	if (app->grace_timer)
-		evtimer_add(app->grace_timer, &tv);
-	else
-		on_grace_over(-1, 0, app);
+	if (!app->grace_timer || evtimer_add(app->grace_timer, &tv) < 0)
+		on_grace_over(-1, 0, app); /* no memory for the timer: no grace, rather than no end */
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -444,6 +442,14 @@ static bool outputs_close(struct app *app, int64_t deadline_us)
 			continue;
 		whole = false;
 		tap_log_error("--%s: %" PRIu64 " of %" PRIu64 " records lost", out_names[i], st->lost, st->records);
+	}
+	if (app->track) {
+		struct tap_track_stats ts;
+		tap_track_get_stats(app->track, &ts);
+		if (ts.records_oom) {
+			whole = false;
+			tap_log_error("%" PRIu64 " records lost: no memory to render them", ts.records_oom);
+		}
 	}
 	tap_track_free(app->track);
 	app->track = NULL;

@@ -28,6 +28,7 @@ enum tap_proxy_end {
 	TAP_END_CLIENT_TLS,  /* TLS failure with the client (handshake, plaintext client, bad certificate) */
 	TAP_END_BROKER_TLS,  /* TLS failure with the broker (verification, handshake) */
 	TAP_END_FD_LIMIT,    /* the tap had no file descriptor left for the upstream connection */
+	TAP_END_NO_MEMORY,   /* the tap had no memory for it (neither side ended it) */
 };
 
 const char *tap_proxy_end_name(enum tap_proxy_end why);

@@ -261,7 +261,9 @@ struct tap_track_stats {
 	uint64_t warnings;
 	uint64_t warnings_by_rule[TAP_TRACK_N_RULES];
 	uint64_t connections_open, connections_total;
-	uint64_t oom; /* records lost or truncated for lack of memory */
+	uint64_t oom;         /* times the tracker was short of memory: a record lost, a verdict written before its
+	                       * window or hold ended, a publish's details or a record's optional members left out */
+	uint64_t records_oom; /* of which records lost: no memory to render them */
 };
 void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s);
 /* The run id every record carries, "" when records carry none (replay). */

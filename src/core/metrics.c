@@ -246,6 +246,9 @@ static const char *const type_names[] = {"counter", "gauge", "histogram"};
 	  s->track.stray_confirms, "stray_confirms")                                                               \
 	X("returns_unmatched_total", COUNTER, "Basic.Return frames that matched no outstanding publish.",        \
 	  s->track.unmatched_returns, "unmatched_returns")                                                         \
+	X("tracking_short_of_memory_total", COUNTER,                                                              \
+	  "Times tracking found no memory: a record lost, a verdict written early, details left out.",            \
+	  s->track.oom, "tracking_short_of_memory")                                                                \
 	X("decode_errors_total", COUNTER, "Streams whose decoding stopped (decode_error records).",              \
 	  s->decode_errors, "decode_errors")                                                                       \
 	X("records_written_total", COUNTER, "Records handed to --verdicts (every type).",                       \
@@ -433,7 +436,7 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 		         s->track.warnings_by_rule[r]);
 
 	family(b, "records_lost_total", COUNTER, "Records not written, by reason.");
-	labelled(b, "records_lost_total", "reason", "no_memory", s->track.oom);
+	labelled(b, "records_lost_total", "reason", "no_memory", s->track.records_oom);
 	family(b, "output_records_lost_total", COUNTER,
 	       "Records an output dropped whole (backlog full, write failed, not flushed at exit).");
 	for (size_t i = 0; i < TAP_METRICS_N_OUT; i++)
@@ -656,7 +659,7 @@ void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struc
 	METRICS_SCALARS(METRICS_JSON)
 #undef METRICS_JSON
 	tap_json_kv_uint(&j, "warnings", s->track.warnings);
-	tap_json_kv_uint(&j, "records_lost", s->track.oom);
+	tap_json_kv_uint(&j, "records_lost", s->track.records_oom);
 	tap_json_kv_uint(&j, "bytes_c2s", s->bytes[TAP_C2S]);
 	tap_json_kv_uint(&j, "bytes_s2c", s->bytes[TAP_S2C]);
 	tap_json_kv_uint(&j, "problems", t->problems_seen);

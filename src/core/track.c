@@ -19,6 +19,7 @@ void trk_emit(struct tap_track *t)
 	t->st.records++;
 	if (t->render.rec.oom) {
 		t->st.oom++;
+		t->st.records_oom++;
 		return;
 	}
 	t->emit(t->ctx, t->render.rec.data, t->render.rec.len);

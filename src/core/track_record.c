@@ -644,7 +644,9 @@ void trk_summary(const struct tap_track *t, struct tap_buf *out)
 	tap_buf_printf(out,
 	               "tracking memory %" PRIu64 " bytes (peak %" PRIu64 ", budget %" PRIu64 "), evicted %" PRIu64
 	               " (%" PRIu64 " for memory), headers truncated %" PRIu64 ", header values truncated %" PRIu64
-	               ", malformed traceparent %" PRIu64 "\n",
+	               ", malformed traceparent %" PRIu64 ", short of memory %" PRIu64 " times (records lost %" PRIu64
+	               ")\n",
 	               t->mem, t->st.memory_peak, t->conf.max_memory, t->st.evicted, t->st.evicted_memory,
-	               t->st.headers_truncated, t->st.header_values_truncated, t->st.traceparent_malformed);
+	               t->st.headers_truncated, t->st.header_values_truncated, t->st.traceparent_malformed, t->st.oom,
+	               t->st.records_oom);
 }

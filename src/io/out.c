@@ -62,7 +62,8 @@ struct tap_out {
 	uint64_t dropped;           /* records dropped before reaching the backlog */
 	uint64_t drop_unreported;   /* dropped since the last records_lost record */
 	int64_t drop_first_us;
-	bool drop_reported;         /* the log heard of the first drop */
+	bool drop_no_memory;        /* some of those for want of memory, not of room in the backlog */
+	bool drop_reported[2];      /* the log heard of the first drop, by cause (enum drop_cause) */
 
 	pthread_mutex_t mu;
 	pthread_cond_t wake; /* writer: something queued, or closing */
@@ -197,12 +198,17 @@ static uint64_t count_newlines(const char *p, size_t len)
 
 /* ---- the loss notes: a records_lost record (LINES) or a line of text (TEXT) ---- */
 
-static void loss_note(struct tap_buf *b, const struct tap_out *o, uint64_t lost, int64_t first_us, int err)
+/* Why records were dropped before reaching the backlog. */
+enum drop_cause { DROP_BACKLOG_FULL, DROP_NO_MEMORY };
+
+/* err: the write's errno (write_failed), else 0 and no_memory says which drop_cause. */
+static void loss_note(struct tap_buf *b, const struct tap_out *o, uint64_t lost, int64_t first_us, int err,
+		      bool no_memory)
 {
 	tap_buf_reset(b);
 	if (o->kind == TAP_OUT_TEXT) {
 		tap_buf_printf(b, "amqptap: %" PRIu64 " line(s) of this log were lost (%s)\n", lost,
-			       err ? strerror(err) : "written faster than it was read");
+			       err ? strerror(err) : no_memory ? "no memory" : "written faster than it was read");
 		return;
 	}
 	struct tap_json j;
@@ -213,7 +219,7 @@ static void loss_note(struct tap_buf *b, const struct tap_out *o, uint64_t lost,
 	tap_json_kv_str(&j, "output", o->name);
 	tap_json_kv_uint(&j, "lost", lost);
 	tap_json_kv_ts(&j, "first_lost_ts", first_us);
-	tap_json_kv_str(&j, "reason", err ? "write_failed" : "backlog_full");
+	tap_json_kv_str(&j, "reason", err ? "write_failed" : no_memory ? "no_memory" : "backlog_full");
 	if (err)
 		tap_json_kv_str(&j, "error", strerror(err));
 	tap_json_obj_end(&j);
@@ -321,7 +327,7 @@ static bool writer_recover(struct tap_out *o)
 	if (o->wlost_unreported == 0)
 		return true;
 	if (o->kind != TAP_OUT_BLOCKS) {
-		loss_note(&o->note, o, o->wlost_unreported, o->wfirst_us, o->werr);
+		loss_note(&o->note, o, o->wlost_unreported, o->wfirst_us, o->werr, false);
 		size_t off = 0;
 		int err = write_all(o, o->note.data, o->note.len, &off);
 		if (err) {
@@ -530,20 +536,27 @@ struct tap_out *tap_out_open_fd(const struct tap_out_conf *conf, int fd)
 
 /* ---- the loop side ---- */
 
-static void note_drop(struct tap_out *o, uint64_t records)
+static void note_drop(struct tap_out *o, uint64_t records, enum drop_cause cause)
 {
 	if (records == 0)
 		return;
 	o->dropped += records;
-	if (o->drop_unreported == 0)
+	if (o->drop_unreported == 0) {
 		o->drop_first_us = wall_us();
+		o->drop_no_memory = false;
+	}
 	o->drop_unreported += records;
-	if (!o->drop_reported && o->kind != TAP_OUT_TEXT) {
-		o->drop_reported = true;
+	o->drop_no_memory |= cause == DROP_NO_MEMORY;
+	if (o->drop_reported[cause] || o->kind == TAP_OUT_TEXT)
+		return;
+	o->drop_reported[cause] = true;
+	if (cause == DROP_NO_MEMORY)
+		tap_log_error("--%s %s: no memory for records; they are dropped and counted", o->name,
+			      o->path ? o->path : "-");
+	else
 		tap_log_error("--%s %s: written slower than records come (%zu KiB backlog full); records are dropped "
 			      "and counted",
 			      o->name, o->path ? o->path : "-", o->backlog_bytes / 1024);
-	}
 }
 
 /* Under mu: whether len more bytes fit, after waiting for room as long as allowed. */
@@ -573,7 +586,7 @@ static void queue_drop_note(struct tap_out *o)
 	struct chunk *n = chunk_take(o);
 	if (!n)
 		return;
-	loss_note(&n->data, o, o->drop_unreported, o->drop_first_us, 0);
+	loss_note(&n->data, o, o->drop_unreported, o->drop_first_us, 0, o->drop_no_memory);
 	if (n->data.oom || !room_for(o, n->data.len)) {
 		chunk_recycle(o, n);
 		return;
@@ -594,8 +607,9 @@ static void hand_over(struct tap_out *o)
 		queue_drop_note(o);
 		return;
 	}
-	if (c->data.oom || (o->kind == TAP_OUT_BLOCKS && c->ends == NULL) || !room_for(o, c->data.len)) {
-		note_drop(o, c->records);
+	bool no_memory = c->data.oom || (o->kind == TAP_OUT_BLOCKS && c->ends == NULL);
+	if (no_memory || !room_for(o, c->data.len)) {
+		note_drop(o, c->records, no_memory ? DROP_NO_MEMORY : DROP_BACKLOG_FULL);
 		chunk_reset(c);
 		return;
 	}
@@ -620,7 +634,7 @@ void tap_out_line(struct tap_out *o, const char *data, size_t len)
 	struct chunk *c = o->fill;
 	o->records++;
 	if (!c) { /* no memory for a batch */
-		note_drop(o, 1);
+		note_drop(o, 1, DROP_NO_MEMORY);
 		tap_out_flush(o);
 		return;
 	}
@@ -636,7 +650,7 @@ void tap_out_block(struct tap_out *o, const void *data, size_t len)
 	struct chunk *c = o->fill;
 	o->records++;
 	if (!c) {
-		note_drop(o, 1);
+		note_drop(o, 1, DROP_NO_MEMORY);
 		tap_out_flush(o);
 		return;
 	}
@@ -667,8 +681,9 @@ void tap_out_text(struct tap_out *o, const char *data, size_t len)
 		tap_buf_append(&c->data, data, len);
 		c->records = count_newlines(data, len);
 	}
-	if (!c || c->data.oom || !room_for(o, c->data.len)) {
-		note_drop(o, c ? c->records : 1);
+	bool no_memory = !c || c->data.oom;
+	if (no_memory || !room_for(o, c->data.len)) {
+		note_drop(o, c ? c->records : 1, no_memory ? DROP_NO_MEMORY : DROP_BACKLOG_FULL);
 		if (c)
 			chunk_recycle(o, c);
 	} else {

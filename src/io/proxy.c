@@ -49,7 +49,7 @@ static const char *const end_names[] = {
 	[TAP_END_CLIENT_RESET] = "client_reset", [TAP_END_BROKER_RESET] = "broker_reset",
 	[TAP_END_UNREACHABLE] = "unreachable",   [TAP_END_SHUTDOWN] = "shutdown",
 	[TAP_END_CLIENT_TLS] = "client_tls_error", [TAP_END_BROKER_TLS] = "broker_tls_error",
-	[TAP_END_FD_LIMIT] = "tap_fd_limit",
+	[TAP_END_FD_LIMIT] = "tap_fd_limit",     [TAP_END_NO_MEMORY] = "tap_no_memory",
 };
 
 const char *tap_proxy_end_name(enum tap_proxy_end why)
@@ -219,8 +219,11 @@ static void end_with_reset(struct tap_session *s)
 		return;
 	}
 	leg_free(&s->leg[SIDE_UPSTREAM]); /* its socket, if any, is of no use */
-	evtimer_add(s->reset_later, &grace);
-	event_add(client->rd, NULL);
+	if (evtimer_add(s->reset_later, &grace) < 0) {
+		session_end(s);
+		return;
+	}
+	tap_leg_watch(client, client->rd, NULL);
 }
 
 /* Ends a session that failed before it could carry bytes: names the reason
@@ -271,7 +274,7 @@ static void set_reading(struct leg *l, bool on)
 	if (!l->rd || !l->connected)
 		return;
 	if (on)
-		event_add(l->rd, NULL);
+		tap_leg_watch(l, l->rd, NULL);
 	else
 		event_del(l->rd);
 }
@@ -412,6 +415,8 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	struct leg *from = arg;
 	uint8_t *buf = from->s->px->scratch;
 	(void)what;
+	if (tap_leg_end_if_unwatched(from))
+		return;
 	if (from->s->reset_later) { /* the client spoke (or left): reset it now */
 		session_end(from->s);
 		return;
@@ -566,6 +571,39 @@ static void setup_timed_out(struct leg *l)
 
 static bool connect_upstream(struct tap_session *s);
 
+void tap_leg_watch(struct leg *l, struct event *ev, const struct timeval *tv)
+{
+	if (ev && event_add(ev, tv) == 0)
+		return;
+	l->unwatched = true;
+	if (l->rd)
+		event_active(l->rd, EV_READ, 1);
+}
+
+bool tap_leg_end_if_unwatched(struct leg *l)
+{
+	if (!l->unwatched)
+		return false;
+	tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_ERROR, ENOMEM, "no memory to watch the connection");
+	return true;
+}
+
+/* Who ended a leg with error err: the tap itself when it had no memory (an
+ * allocation in the tap, libevent or OpenSSL failed), else `otherwise`. */
+static enum tap_proxy_end blame(int err, enum tap_proxy_end otherwise)
+{
+	return err == ENOMEM ? TAP_END_NO_MEMORY : otherwise;
+}
+
+/* What ended a leg, in words; "" (no text in the record) when neither says: errno can be gone by the time a
+ * deferred event runs, and strerror(0) is "Success". */
+static const char *error_text(int err, const char *why)
+{
+	if (why)
+		return why;
+	return err ? evutil_socket_error_to_string(err) : "";
+}
+
 void tap_leg_event(struct leg *l, short what, int err, const char *why)
 {
 	struct tap_session *s = l->s;
@@ -595,19 +633,20 @@ void tap_leg_event(struct leg *l, short what, int err, const char *why)
 	if (l->tls && !l->handshaken) { /* ended during its handshake */
 		if ((what & BEV_EVENT_ERROR) && why) {
 			/* a handshake failure: say why, close, touch no other session */
-			session_fail(s, l->side == SIDE_CLIENT ? TAP_END_CLIENT_TLS : TAP_END_BROKER_TLS, "%s", why);
+			session_fail(s, blame(err, l->side == SIDE_CLIENT ? TAP_END_CLIENT_TLS : TAP_END_BROKER_TLS), "%s",
+				     why);
 			return;
 		}
 		if (l->side == SIDE_CLIENT) { /* gone before the upstream was opened: nothing to pass on */
-			s->why = what & BEV_EVENT_ERROR ? TAP_END_CLIENT_RESET : TAP_END_CLIENT_EOF;
+			s->why = what & BEV_EVENT_ERROR ? blame(err, TAP_END_CLIENT_RESET) : TAP_END_CLIENT_EOF;
 			if (what & BEV_EVENT_ERROR)
-				snprintf(s->detail, sizeof s->detail, "%s", evutil_socket_error_to_string(err));
+				snprintf(s->detail, sizeof s->detail, "%s", error_text(err, NULL));
 			session_end(s);
 			return;
 		}
 	}
 	if (!l->connected) { /* only the upstream is ever unconnected */
-		session_fail(s, TAP_END_UNREACHABLE, "%s",
+		session_fail(s, blame(err, TAP_END_UNREACHABLE), "%s",
 			     err ? evutil_socket_error_to_string(err) : "connection closed");
 		return;
 	}
@@ -620,8 +659,8 @@ void tap_leg_event(struct leg *l, short what, int err, const char *why)
 	 * would wait forever */
 	bool eof = (what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR);
 	if (!l->peer->eof) /* the first side to go names the reason */
-		s->why = l->side == SIDE_CLIENT ? (eof ? TAP_END_CLIENT_EOF : TAP_END_CLIENT_RESET)
-						: (eof ? TAP_END_BROKER_EOF : TAP_END_BROKER_RESET);
+		s->why = l->side == SIDE_CLIENT ? (eof ? TAP_END_CLIENT_EOF : blame(err, TAP_END_CLIENT_RESET))
+						: (eof ? TAP_END_BROKER_EOF : blame(err, TAP_END_BROKER_RESET));
 	if (eof) {
 		l->eof = true;
 		set_reading(l, false);
@@ -635,7 +674,7 @@ void tap_leg_event(struct leg *l, short what, int err, const char *why)
 		return;
 	}
 	if (!l->peer->eof)
-		snprintf(s->detail, sizeof s->detail, "%s", why ? why : evutil_socket_error_to_string(err));
+		snprintf(s->detail, sizeof s->detail, "%s", error_text(err, why));
 	if (what & BEV_EVENT_WRITING)
 		read_rest(l);
 	leg_free(l);
@@ -702,8 +741,7 @@ static bool connect_upstream(struct tap_session *s)
 			fd_shortage(px, err);
 			session_fail(s, TAP_END_FD_LIMIT, "%s", evutil_socket_error_to_string(err));
 		} else {
-			session_fail(s, err == ENOMEM ? TAP_END_SHUTDOWN : TAP_END_UNREACHABLE, "%s",
-				     evutil_socket_error_to_string(err));
+			session_fail(s, blame(err, TAP_END_UNREACHABLE), "%s", evutil_socket_error_to_string(err));
 		}
 		return false;
 	}
@@ -712,7 +750,7 @@ static bool connect_upstream(struct tap_session *s)
 	upstream->fd = bufferevent_getfd(upstream->bev);
 	upstream->rd = event_new(px->base, upstream->fd, EV_READ | EV_PERSIST, on_readable, upstream);
 	if (!upstream->rd) {
-		session_fail(s, TAP_END_SHUTDOWN, "out of memory");
+		session_fail(s, TAP_END_NO_MEMORY, "out of memory");
 		return false;
 	}
 	return true;
@@ -760,7 +798,7 @@ static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struc
 			err = plain_leg_new(upstream, -1);
 	}
 	if (err) {
-		session_fail(s, TAP_END_SHUTDOWN, "out of memory");
+		session_fail(s, TAP_END_NO_MEMORY, "out of memory");
 		return;
 	}
 	if (client->tls) {

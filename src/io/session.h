@@ -56,6 +56,7 @@ struct leg {
 	bool read_wants_write; /* TLS legs: SSL_read needs the socket writable */
 	bool write_wants_read; /* TLS legs: SSL_write needs the socket readable */
 	bool failed;           /* TLS legs: ended by an error (no close_notify) */
+	bool unwatched;        /* libevent had no memory to add one of its events or timers (tap_leg_watch) */
 	uint32_t ios;          /* TLS legs: reads and writes since the last buffer sweep */
 };
 
@@ -109,6 +110,14 @@ struct tap_proxy {
  * timed out, EOF or error; err is the errno, why OpenSSL's reason for a TLS
  * failure or NULL. The session may be gone on return. */
 void tap_leg_event(struct leg *l, short what, int err, const char *why);
+/* Adds ev, one of l's events or timers (NULL: one that could not be made),
+ * with timeout tv. Where libevent has no memory for it, nothing might ever
+ * wake the leg again: its read event is made active instead (that needs no
+ * memory) and its read callback ends the session (tap_leg_end_if_unwatched). */
+void tap_leg_watch(struct leg *l, struct event *ev, const struct timeval *tv);
+/* In a leg's read callback, first: true when tap_leg_watch failed for it and
+ * the session was ended (it may be gone). */
+bool tap_leg_end_if_unwatched(struct leg *l);
 /* A leg's output drained to its low watermark. The session may be gone on
  * return. */
 void tap_leg_written(struct leg *l);

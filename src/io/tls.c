@@ -498,12 +498,13 @@ static enum tap_tls_step outcome(SSL *ssl, int r, char *why, size_t cap)
 		char reason[256] = "TLS error";
 		if (first)
 			ERR_error_string_n(first, reason, sizeof reason);
+		int code = first && ERR_GET_REASON(first) == ERR_R_MALLOC_FAILURE ? ENOMEM : EPROTO;
 		long vr = SSL_get_verify_result(ssl);
 		if (vr != X509_V_OK)
 			snprintf(why, cap, "%s (%s)", reason, X509_verify_cert_error_string(vr));
 		else
 			snprintf(why, cap, "%s", reason);
-		errno = EPROTO;
+		errno = code; /* ENOMEM: the tap's own shortage, not the peer's doing */
 		return TAP_TLS_FAILED;
 	}
 	}

@@ -36,7 +36,7 @@ static void flush(struct leg *l);
 static void arm_write(struct leg *l)
 {
 	struct timeval drain = {TAP_PROXY_DRAIN_SECONDS, 0};
-	event_add(l->wr, l->draining ? &drain : NULL);
+	tap_leg_watch(l, l->wr, l->draining ? &drain : NULL);
 }
 
 static void on_first_step(struct leg *l, bool gone, enum tap_tls_step st, int err, const char *why);
@@ -126,8 +126,7 @@ void tap_tls_leg_arm_setup(struct leg *l)
 		return;
 	if (!l->setup_timer)
 		l->setup_timer = evtimer_new(px->base, on_setup_timeout, l);
-	if (l->setup_timer)
-		evtimer_add(l->setup_timer, &px->handshake_timeout);
+	tap_leg_watch(l, l->setup_timer, &px->handshake_timeout);
 }
 
 /* The peer's output when the decrypted bytes must be queued there, else
@@ -144,6 +143,7 @@ static void read_some(struct leg *from)
 	char why[160] = "";
 	size_t budget = TAP_PROXY_HIGH_WATER;
 	enum tap_tls_step st = TAP_TLS_OK;
+	int err = 0; /* the failed read's errno: passing on what came before it may set errno again */
 	from->ios++;
 	while (budget > 0 && from->reading && st == TAP_TLS_OK) {
 		struct evbuffer *q = target(from);
@@ -166,8 +166,10 @@ static void read_some(struct leg *from)
 		while (got < cap) {
 			size_t n = 0;
 			st = tap_tls_read(from->ssl, dst + got, cap - got, &n, why, sizeof why);
-			if (st != TAP_TLS_OK)
+			if (st != TAP_TLS_OK) {
+				err = errno;
 				break;
+			}
 			got += n;
 			if (!tap_tls_pending(from->ssl)) {
 				emptied = true;
@@ -205,7 +207,7 @@ static void read_some(struct leg *from)
 		return;
 	case TAP_TLS_FAILED:
 		from->failed = true;
-		tap_leg_event(from, BEV_EVENT_READING | BEV_EVENT_ERROR, errno, why[0] ? why : NULL);
+		tap_leg_event(from, BEV_EVENT_READING | BEV_EVENT_ERROR, err, why[0] ? why : NULL);
 		return;
 	}
 }
@@ -215,6 +217,8 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	struct leg *l = arg;
 	(void)fd;
 	(void)what;
+	if (tap_leg_end_if_unwatched(l))
+		return;
 	if (!l->handshaken) {
 		if (l->side == SIDE_CLIENT && !l->first_step_done)
 			hand_over(l);
@@ -258,8 +262,11 @@ static void flush(struct leg *l)
 				arm_write(l);
 			break;
 		}
+		int err = p ? errno : ENOMEM;
+		if (!err && !why[0]) /* OpenSSL's "EOF", which a write cannot meet: a BIO failed and did not say why */
+			snprintf(why, sizeof why, "TLS write failed without an error code");
 		l->failed = true;
-		tap_leg_event(l, BEV_EVENT_WRITING | BEV_EVENT_ERROR, p ? errno : ENOMEM, why[0] ? why : NULL);
+		tap_leg_event(l, BEV_EVENT_WRITING | BEV_EVENT_ERROR, err, why[0] ? why : NULL);
 		return;
 	}
 	if (len == 0 && !l->read_wants_write)
@@ -360,10 +367,10 @@ static void after_step(struct leg *l, enum tap_tls_step st, int err, const char 
 		return;
 	case TAP_TLS_WANT_READ:
 		event_del(l->wr);
-		event_add(l->rd, NULL);
+		tap_leg_watch(l, l->rd, NULL);
 		return;
 	case TAP_TLS_WANT_WRITE:
-		event_add(l->wr, NULL);
+		tap_leg_watch(l, l->wr, NULL);
 		return;
 	case TAP_TLS_CLOSED:
 		tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_EOF, 0, NULL);
@@ -414,8 +421,7 @@ int tap_tls_leg_accept(struct leg *l, evutil_socket_t fd)
 	int err = leg_setup(l, fd);
 	if (err)
 		return err;
-	event_add(l->rd, NULL); /* the ClientHello */
-	return 0;
+	return event_add(l->rd, NULL) == 0 ? 0 : ENOMEM; /* the ClientHello */
 }
 
 int tap_tls_leg_connect(struct leg *l)
@@ -432,9 +438,8 @@ int tap_tls_leg_connect(struct leg *l)
 	l->ssl = tap_tls_connect_ssl(px->tls, fd);
 	int err = leg_setup(l, fd);
 	if (err)
-		return err;     /* the fd is the leg's now: freed with it */
-	event_add(l->wr, NULL); /* the connect */
-	return 0;
+		return err; /* the fd is the leg's now: freed with it */
+	return event_add(l->wr, NULL) == 0 ? 0 : ENOMEM; /* the connect */
 }
 
 void tap_tls_leg_reading(struct leg *l)
@@ -445,7 +450,7 @@ void tap_tls_leg_reading(struct leg *l)
 		event_del(l->rd);
 		return;
 	}
-	event_add(l->rd, NULL);
+	tap_leg_watch(l, l->rd, NULL);
 	if (tap_tls_pending(l->ssl))
 		event_active(l->rd, EV_READ, 1); /* what OpenSSL already holds wakes nobody */
 }

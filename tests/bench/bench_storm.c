@@ -3,9 +3,9 @@
  * confirm mode, publishes one mandatory message to a queue and waits for its confirm; all stay open until the last
  * one is confirmed and then -P ms more (so that an observer can measure memory per idle connection), then each
  * closes cleanly (connection.close, close_notify). A first connection declares the queue (bounded, drop-head, so
- * it never refuses a publish). Prints one JSON line: the time to the last TLS handshake and handshakes per second
+ * it never refuses a publish); with -D the queue exists already and there is no such connection. Prints one JSON line: the time to the last TLS handshake and handshakes per second
  * over it, the time to the last confirm, acks, nacks, returns and failures. Without -T the clients speak plain TCP.
- * Usage: bench_storm [-H host] [-p port] [-c conns] [-s bytes] [-q queue] [-T] [-C cafile] [-E cert -K key]
+ * Usage: bench_storm [-H host] [-p port] [-c conns] [-s bytes] [-q queue] [-D] [-T] [-C cafile] [-E cert -K key]
  *                    [-N name] [-P hold-ms] [-t timeout-s]
  */
 #include <arpa/inet.h>
@@ -37,6 +37,7 @@ struct st_conf {
 	int port, conns, hold_ms, timeout_s;
 	size_t size;
 	bool tls;
+	bool declared; /* -D: the queue exists, no setup connection */
 };
 
 /*   CONNECTING --writable--> HANDSHAKE --SSL_connect done--> AMQP (one expected method at a time)
@@ -592,7 +593,7 @@ static void run(struct st_conn *cs, int n, const struct sockaddr_storage *ss, so
 static void usage(const char *argv0)
 {
 	fprintf(stderr,
-	        "usage: %s [-H host] [-p port] [-c conns] [-s bytes] [-q queue] [-T] [-C cafile] [-E cert -K key] "
+	        "usage: %s [-H host] [-p port] [-c conns] [-s bytes] [-q queue] [-D] [-T] [-C cafile] [-E cert -K key] "
 	        "[-N name] [-P hold-ms] [-t timeout-s]\n",
 	        argv0);
 	exit(2);
@@ -609,7 +610,7 @@ int main(int argc, char **argv)
 	struct st_conf c = {
 	    .host = "127.0.0.1", .port = 5671, .conns = 1000, .size = 64, .queue = "amqptap.storm", .timeout_s = 120};
 	int opt;
-	while ((opt = getopt(argc, argv, "H:p:c:s:q:TC:E:K:N:P:t:h")) != -1) {
+	while ((opt = getopt(argc, argv, "H:p:c:s:q:DTC:E:K:N:P:t:h")) != -1) {
 		switch (opt) {
 		case 'H':
 			c.host = optarg;
@@ -625,6 +626,9 @@ int main(int argc, char **argv)
 			break;
 		case 'q':
 			c.queue = optarg;
+			break;
+		case 'D':
+			c.declared = true;
 			break;
 		case 'T':
 			c.tls = true;
@@ -693,18 +697,20 @@ int main(int argc, char **argv)
 		perror("calloc");
 		return 2;
 	}
-	setup->declare = true;
-	int hold = c.hold_ms;
-	c.hold_ms = 0;
-	run(setup, 1, &ss, sslen, deadline);
-	c.hold_ms = hold;
-	if (setup->state != ST_DONE) {
-		printf("{\"error\":\"setup connection: %s\"}\n", setup->error);
-		return 1;
+	if (!c.declared) {
+		setup->declare = true;
+		int hold = c.hold_ms;
+		c.hold_ms = 0;
+		run(setup, 1, &ss, sslen, deadline);
+		c.hold_ms = hold;
+		if (setup->state != ST_DONE) {
+			printf("{\"error\":\"setup connection: %s\"}\n", setup->error);
+			return 1;
+		}
+		close(setup->fd);
+		SSL_free(setup->ssl);
+		free(setup->out);
 	}
-	close(setup->fd);
-	SSL_free(setup->ssl);
-	free(setup->out);
 
 	uint64_t t0 = now_us();
 	run(cs, c.conns, &ss, sslen, deadline);

@@ -1,0 +1,192 @@
+# The tap where allocations fail: tests/preload/failalloc.c (LD_PRELOAD) makes one malloc, calloc or realloc in N
+# return NULL once the tap has started. Real clients, real broker. Whatever fails, the tap must not crash or hang
+# (exit 0 on SIGTERM), every connection gets one close record and every publish one record (the summary's counts,
+# less what the output counted as lost), a verdict it could not establish is `unknown` with a reason (never a
+# route or confirm the broker did not give), and no reason text is made up: an error without an errno has no
+# text, never strerror(0)'s "Success". Plain TCP with rabbitmq-c publishers on the shared broker, and a TLS storm
+# with TLS on both legs on tlslib's broker. Skipped in sanitizer builds: their allocator comes first.
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+
+import pika
+
+from scenario_lib import stream_publisher
+from tapharness import BROKER_PORT, CLIENTS_DIR, is_asan_build, main, read_records, require_broker
+from tlslib import PLAIN_PORT, STORM, TlsCase
+
+FAILALLOC = os.path.join(os.path.dirname(CLIENTS_DIR), "preload", "failalloc.so")
+LOADGEN = os.path.join(os.path.dirname(CLIENTS_DIR), "bench", "bench_loadgen")
+AFTER_MS = 1500  # the tap starts up whole before the first failure
+
+
+def failing_env(one_in, stop_file):
+    """The environment for a tap whose allocations fail, one in one_in, until stop_file exists."""
+    return {"LD_PRELOAD": FAILALLOC, "FAILALLOC_ONE_IN": str(one_in), "FAILALLOC_AFTER_MS": str(AFTER_MS),
+            "FAILALLOC_STOP_FILE": stop_file}
+
+
+def summary(stderr):
+    """From the tap's summary at exit: (publishes tracked, verdict records lost, records lost by any output):
+    lost by an output, or not rendered for want of memory."""
+    pubs = re.search(r"^total outstanding=\d+ publishes=(\d+)", stderr, re.M)
+    unrendered = re.search(r"^tracking memory .* short of memory \d+ times \(records lost (\d+)\)$", stderr, re.M)
+    outputs = dict(re.findall(r"^output (\w+) records=\d+ lost=(\d+)", stderr, re.M))
+    if not pubs or not unrendered or "verdicts" not in outputs:
+        raise AssertionError(f"no summary in the tap's stderr: {stderr[-2000:]}")
+    verdicts_lost = int(unrendered.group(1)) + int(outputs["verdicts"])
+    return int(pubs.group(1)), verdicts_lost, verdicts_lost + sum(int(n) for k, n in outputs.items() if k != "verdicts")
+
+
+def failed_allocations(stderr):
+    m = re.search(r"^failalloc: (\d+) of (\d+) allocations failed", stderr, re.M)
+    if not m:
+        raise AssertionError(f"failalloc did not report (was it preloaded?): {stderr[-2000:]}")
+    return int(m.group(1))
+
+
+@unittest.skipIf(is_asan_build(), "sanitizer build: its allocator cannot be replaced with LD_PRELOAD")
+class AllocFailuresCase(TlsCase):
+    """TlsCase: certificates and a TLS broker for the storms and streams; the plain test uses the shared broker."""
+
+    def setUp(self):
+        super().setUp()
+        if not os.path.exists(FAILALLOC):
+            self.fail(f"{FAILALLOC} is not built")
+
+    def failing_tap(self, one_in, start, wait=True):
+        """A tap from start(env) whose allocations fail, one in one_in, from AFTER_MS on (tap.armed_at, monotonic;
+        waits for it unless wait is false)."""
+        stop_file = os.path.join(tempfile.mkdtemp(prefix="failalloc-"), "stop")
+        self.addCleanup(shutil.rmtree, os.path.dirname(stop_file), True)
+        started = time.monotonic()
+        tap = start(env=failing_env(one_in, stop_file))
+        tap.failalloc_stop = stop_file
+        tap.armed_at = started + AFTER_MS / 1000
+        if wait:
+            time.sleep(max(0.0, tap.armed_at + 0.2 - time.monotonic()))
+        return tap
+
+    def check_records(self, tap, verdicts_ok):
+        """Stops the tap (allocations working again: its summary must not be lost) and checks what every test
+        here asks of its records; returns (records, stderr)."""
+        open(tap.failalloc_stop, "w").close()
+        time.sleep(0.05)
+        rc = tap.stop()
+        self._taps.remove(tap)  # its exit code is checked here (1 when records were lost), not by tearDown
+        self.addCleanup(tap.cleanup)
+        err = tap.stderr()
+        self.assertGreater(failed_allocations(err), 0, "no allocation failed: the test did not reach its premise")
+        n_pubs, lost, lost_anywhere = summary(err)
+        self.assertEqual(rc, 1 if lost_anywhere else 0, f"{lost_anywhere} records lost, exit code {rc}: {err[-3000:]}")
+        recs = read_records(tap.verdicts)
+        made_up = [r for r in recs if "Success" in json.dumps(r)]
+        self.assertEqual(made_up, [], "strerror(0) as a reason")
+        no_room = [r for r in recs if r["type"] == "records_lost" and r["reason"] == "backlog_full"]
+        self.assertEqual(no_room, [], "records dropped for want of memory reported as a full backlog")
+        pubs = [r for r in recs if r["type"] == "publish"]
+        self.assertLessEqual(len(pubs), n_pubs)
+        self.assertGreaterEqual(len(pubs) + lost, n_pubs, f"publishes without a record, {lost} counted lost")
+        self.assertEqual(len({(p["conn"], p["channel"], p["seq"]) for p in pubs}), len(pubs), "a publish twice")
+        for p in pubs:
+            if p["route"] == "unknown":
+                self.assertTrue(p.get("reason") and p["reason"].get("by"), p)
+            else:
+                self.assertIn((p["route"], p["confirm"]), verdicts_ok, p)
+        closes = [r for r in recs if r["type"] == "connection" and r.get("event") == "close"]
+        ids = [r["conn"] for r in closes]
+        self.assertEqual(len(ids), len(set(ids)), "a connection closed twice")
+        if lost == 0:
+            self.assertEqual(set(ids), {r["conn"] for r in recs if "conn" in r}, "a connection without its close")
+        # no session was left waiting: none timed out (no client here stalls), none was still open at the stop
+        self.assertEqual([r for r in closes if "timed out" in (r.get("text") or "") or r["by"] == "shutdown"], [],
+                         "sessions the tap stopped watching")
+        # a shortage of the tap's is the tap's: never blamed on the broker or the client
+        blamed = [r for r in closes if "malloc failure" in (r.get("text") or "") and r["by"] != "tap_no_memory"]
+        self.assertEqual(blamed, [])
+        return recs, err
+
+    def test_plain_publishers(self):
+        """Twelve rabbitmq-c publishers, 3,000 confirmed mandatory publishes each to a queue, one allocation in 40
+        failing: connections the tap cannot serve are closed, the rest are served in full."""
+        require_broker(self)
+        q = f"alloc.failures.{os.getpid()}"
+        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT))
+        c.channel().queue_declare(q, arguments={"x-max-length": 1000})
+        self.addCleanup(lambda: c.channel().queue_delete(q) and c.close())
+        tap = self.failing_tap(40, self.start_tap)
+        pubs = [stream_publisher(tap.port, 3000, 64, 50, True, q) for _ in range(12)]
+        done = 0
+        for p in pubs:
+            out, _ = p.communicate(timeout=120)
+            final = [json.loads(ln) for ln in out.decode().splitlines() if ln.startswith('{"sent"')]
+            if p.returncode == 0 and final and final[-1]["acked"] == 3000:
+                done += 1
+        recs, err = self.check_records(tap, {("routed", "ack")})
+        print(f"{done} of 12 publishers finished; {failed_allocations(err)} allocations failed; "
+              f"{sum(1 for r in recs if r['type'] == 'publish')} publish records")
+        self.assertGreater(done, 0, "no publisher was served in full")
+
+    def storm(self, n, one_in):
+        """n TLS clients at once (tests/bench/bench_storm.c) through a tap with TLS to the broker too, one
+        allocation in one_in failing, each publishing one mandatory message to a queue declared beforehand (so
+        that no setup connection has to get through); returns the storm's result, the records and the stderr."""
+        q = f"alloc.failures.storm.{time.monotonic_ns()}"
+        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", PLAIN_PORT))
+        c.channel().queue_declare(q, arguments={"x-max-length": 1000})
+        self.addCleanup(lambda: c.channel().queue_delete(q) and c.close())
+        tap = self.failing_tap(one_in, self.tls_tap)
+        r = subprocess.run([STORM, "-T", "-H", "localhost", "-p", str(tap.port), "-C", self.p("ca.pem"), "-c", str(n),
+                            "-q", q, "-D", "-t", "30"], stdout=subprocess.PIPE, timeout=300)
+        res = json.loads(r.stdout)
+        self.assertEqual(res.get("ok", 0) + res.get("failed", 0), n, res)
+        recs, err = self.check_records(tap, {("routed", "ack")})
+        print(f"storm of {n}, one allocation in {one_in} failing: {res['ok']} confirmed, "
+              f"{failed_allocations(err)} allocations failed")
+        return res, recs, err
+
+    def test_tls_streams_break(self):
+        """Thirty rabbitmq-c TLS publishers (tests/bench/bench_loadgen.c) stream through a tap with TLS on both
+        legs when allocations start failing (one in 50): sessions break in OpenSSL's reads and writes and in the
+        tap's; each ends with what failed in OpenSSL's words or the tap's, or with no text, never "Success" (the
+        errno of a failed read used to be read after forwarding what came before it had reset it)."""
+        tap = self.failing_tap(50, self.tls_tap, wait=False)  # the handshakes are done before it fails
+        r = subprocess.run([LOADGEN, "-T", "-H", "localhost", "-p", str(tap.port), "-C", self.p("ca.pem"), "-c", "30",
+                            "-w", "20", "-s", "64", "-n", "4000"], stdout=subprocess.PIPE, timeout=300)
+        self.assertGreater(time.monotonic(), tap.armed_at, "the load was over before anything failed")
+        res = json.loads(r.stdout)
+        recs, err = self.check_records(tap, {("unproven", "ack")})
+        broken = [r for r in recs if r["type"] == "connection" and r.get("event") == "close" and r["by"] != "client"]
+        print(f"30 TLS streams, one allocation in 50 failing: {len(broken)} broke, {res.get('sent')} sent, "
+              f"{failed_allocations(err)} allocations failed")
+        self.assertGreater(len(broken), 5, "the failures did not reach the streams")
+        self.assertIn("tap_no_memory", {r["by"] for r in broken})
+
+    def test_tls_storm_most_handshakes_fail(self):
+        """300 clients, one allocation in 50 failing: OpenSSL fails nearly every handshake (a session takes
+        about 4,400 allocations in the tap), at every step of it; each session is closed with what OpenSSL said,
+        or with no text where nothing said anything."""
+        res, recs, _ = self.storm(300, 50)
+        ended = [r for r in recs if r["type"] == "connection" and r.get("by") in ("client_tls_error", "broker_tls_error",
+                                                                                  "tap_no_memory")]
+        self.assertGreater(len(ended), 100, "the failures did not reach the handshakes")
+
+    def test_tls_storm_some_sessions_fail(self):
+        """300 clients, one allocation in 20,000 failing: most sessions get through and their publishes are
+        routed and acked; the rest end with a record."""
+        res, recs, err = self.storm(300, 20000)
+        self.assertGreater(res["ok"], 0, res)
+        pubs = [r for r in recs if r["type"] == "publish"]
+        self.assertGreater(sum(1 for r in pubs if r["route"] == "routed"), res["ok"] // 2)
+        # every publish a client saw confirmed has its record (routed, or unknown where the tap lost track of it),
+        # or the summary counts it lost
+        self.assertGreaterEqual(len(pubs) + summary(err)[1], res["ok"])
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+/* An LD_PRELOAD library for the integration tests (test_alloc_failures.py): makes malloc, calloc and realloc fail
+ * (NULL, errno ENOMEM) for one call in FAILALLOC_ONE_IN, chosen at random, once FAILALLOC_AFTER_MS milliseconds
+ * have passed since the process started (so that it starts up whole), until the file FAILALLOC_STOP_FILE exists
+ * (looked for every 10 ms; so that a test can stop the process with allocations working and read its summary).
+ * At exit it writes "failalloc: N of M allocations failed" to stderr, so a test can tell that it reached its
+ * premise. FAILALLOC_ONE_IN unset or 0: nothing fails. glibc only (__libc_malloc and friends). Not for sanitizer
+ * builds: their allocator comes first. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+void *__libc_malloc(size_t n);
+void *__libc_calloc(size_t n, size_t size);
+void *__libc_realloc(void *p, size_t n);
+
+static int64_t armed_at_ns = INT64_MAX;
+static uint32_t one_in;
+static const char *stop_file;
+static atomic_llong stop_checked_ns;
+static atomic_bool stopped;
+static atomic_ulong calls, failed;
+static _Thread_local uint64_t rng; /* xorshift64, seeded per thread */
+
+static int64_t now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+__attribute__((constructor)) static void arm(void)
+{
+	const char *n = getenv("FAILALLOC_ONE_IN"), *after = getenv("FAILALLOC_AFTER_MS");
+	one_in = n ? (uint32_t)strtoul(n, NULL, 10) : 0;
+	stop_file = getenv("FAILALLOC_STOP_FILE");
+	armed_at_ns = now_ns() + (after ? (int64_t)strtoll(after, NULL, 10) : 0) * 1000000;
+}
+
+static int fails(void)
+{
+	if (!one_in || atomic_load_explicit(&stopped, memory_order_relaxed))
+		return 0;
+	int64_t now = now_ns();
+	if (now < armed_at_ns)
+		return 0;
+	if (stop_file && now - atomic_load_explicit(&stop_checked_ns, memory_order_relaxed) > 10000000) {
+		atomic_store_explicit(&stop_checked_ns, now, memory_order_relaxed);
+		if (access(stop_file, F_OK) == 0) {
+			atomic_store(&stopped, true);
+			return 0;
+		}
+	}
+	atomic_fetch_add_explicit(&calls, 1, memory_order_relaxed);
+	if (!rng)
+		rng = 0x9E3779B97F4A7C15u ^ (uint64_t)(uintptr_t)&rng;
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	if (rng % one_in)
+		return 0;
+	atomic_fetch_add_explicit(&failed, 1, memory_order_relaxed);
+	errno = ENOMEM;
+	return 1;
+}
+
+void *malloc(size_t n)
+{
+	return fails() ? NULL : __libc_malloc(n);
+}
+
+void *calloc(size_t n, size_t size)
+{
+	return fails() ? NULL : __libc_calloc(n, size);
+}
+
+void *realloc(void *p, size_t n)
+{
+	return n && fails() ? NULL : __libc_realloc(p, n);
+}
+
+__attribute__((destructor)) static void report(void)
+{
+	char line[96]; /* snprintf does not allocate for these conversions */
+	int len = snprintf(line, sizeof line, "failalloc: %lu of %lu allocations failed\n",
+			   atomic_load(&failed), atomic_load(&calls));
+	if (len > 0 && write(STDERR_FILENO, line, (size_t)len) < 0)
+		return;
+}
