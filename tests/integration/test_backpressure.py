@@ -7,18 +7,16 @@
 import fcntl
 import hashlib
 import os
-import shutil
 import socket
 import ssl
 import struct
-import tempfile
 import termios
 import threading
 import time
 
 from scenario_lib import frame_lines, publish_records, traced_publishes
 from tapharness import MIB, Peer, TapTestCase, is_asan_build, main, recv_exact_hash, rss_kb, wait_for
-from tlslib import make_pki
+from tlslib import PkiCase
 
 TOTAL = 200 * MIB
 CHUNK = 256 * 1024
@@ -165,24 +163,18 @@ class BackpressureTest(TapTestCase):
 TLS_TOTAL = 64 * MIB
 
 
-class TlsBackpressureTest(BackpressureTest):
+class TlsBackpressureTest(PkiCase, BackpressureTest):
     """TLS on both legs: client (Python ssl) -> tap -> a TLS peer standing in for the broker."""
-    pki = None
 
     @classmethod
     def setUpClass(cls):
-        cls.pki = tempfile.mkdtemp(prefix="amqptap-pki-")
-        make_pki(cls.pki)
+        super().setUpClass()
         cls.server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         cls.server_ctx.load_cert_chain(os.path.join(cls.pki, "server.pem"), os.path.join(cls.pki, "server.key"))
         cls.client_ctx = ssl.create_default_context(cafile=os.path.join(cls.pki, "ca.pem"))
 
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.pki, ignore_errors=True)
-
     def tls_tap(self, peer):
-        p = lambda name: os.path.join(self.pki, name)
+        p = self.p
         return self.start_tap(["--tls-cert", p("server.pem"), "--tls-key", p("server.key"), "--upstream-tls",
                                "--upstream-ca", p("ca.pem")], upstream_port=peer.port, upstream_host="localhost",
                               env={"ASAN_OPTIONS": "quarantine_size_mb=16:detect_leaks=1"})
