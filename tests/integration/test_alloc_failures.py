@@ -1,10 +1,12 @@
 # The tap where allocations fail: tests/preload/failalloc.c (LD_PRELOAD) makes one malloc, calloc or realloc in N
 # return NULL once the tap has started. Real clients, real broker. Whatever fails, the tap must not crash or hang
-# (exit 0 on SIGTERM), every connection gets one close record and every publish one record (the summary's counts,
-# less what the output counted as lost), a verdict it could not establish is `unknown` with a reason (never a
-# route or confirm the broker did not give), and no reason text is made up: an error without an errno has no
-# text, never strerror(0)'s "Success". Plain TCP with rabbitmq-c publishers on the shared broker, and a TLS storm
-# with TLS on both legs on tlslib's broker. Skipped in sanitizer builds: their allocator comes first.
+# (on SIGTERM it exits 0, or 1 exactly when it counted records lost), every connection gets one close record and
+# every publish one record (or is counted lost), no session is left waiting, a verdict it could not establish is
+# `unknown` with a reason (never a route or confirm the broker did not give), a shortage of the tap's own is
+# never blamed on the broker or the client (`tap_no_memory`), and no reason text is made up: an error without an
+# errno has no text, never strerror(0)'s "Success". Plain TCP with rabbitmq-c publishers on the shared broker;
+# TLS storms and TLS streams with TLS on both legs on tlslib's broker. Skipped in sanitizer builds: their
+# allocator comes first.
 
 import json
 import os
