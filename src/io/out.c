@@ -46,6 +46,9 @@ struct chunk {
 	size_t ends_cap;
 };
 
+/* Why records were dropped before reaching the backlog. */
+enum drop_cause { DROP_BACKLOG_FULL, DROP_NO_MEMORY, DROP_CAUSES };
+
 struct tap_out {
 	char *name;
 	char *path; /* NULL: a descriptor the caller owns */
@@ -63,7 +66,7 @@ struct tap_out {
 	uint64_t drop_unreported;   /* dropped since the last records_lost record */
 	int64_t drop_first_us;
 	bool drop_no_memory;        /* some of those for want of memory, not of room in the backlog */
-	bool drop_reported[2];      /* the log heard of the first drop, by cause (enum drop_cause) */
+	bool drop_reported[DROP_CAUSES]; /* the log heard of the first drop, by cause */
 
 	pthread_mutex_t mu;
 	pthread_cond_t wake; /* writer: something queued, or closing */
@@ -197,9 +200,6 @@ static uint64_t count_newlines(const char *p, size_t len)
 }
 
 /* ---- the loss notes: a records_lost record (LINES) or a line of text (TEXT) ---- */
-
-/* Why records were dropped before reaching the backlog. */
-enum drop_cause { DROP_BACKLOG_FULL, DROP_NO_MEMORY };
 
 /* err: the write's errno (write_failed), else 0 and no_memory says which drop_cause. */
 static void loss_note(struct tap_buf *b, const struct tap_out *o, uint64_t lost, int64_t first_us, int err,

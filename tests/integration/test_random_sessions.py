@@ -391,8 +391,9 @@ class RandomSessions(ScenarioCase):
 
     # ---- the checks ----
 
-    def expected(self, p, tr, chan_close):
-        """A list of acceptable {field: value} dicts for p's record (reason checked separately)."""
+    def expected(self, p, tr, life, chan_close):
+        """A list of acceptable {field: value} dicts for p's record (reason checked separately); life: the channel
+        life it was published on, chan_close: broker_closes()."""
         base = {"seq": p.seq, "mandatory": p.mandatory}
         if p.mode == "tx":
             base["tx"] = True
@@ -412,7 +413,6 @@ class RandomSessions(ScenarioCase):
             # held 50 ms; a publish the tap saw after the broker's channel.close waits and ends unknown, and so do
             # the one a 404 refused and those sent after it on its channel (issue 14 §2: "refused"). The trace
             # says whether the broker's 404 followed it: pika may call a close its own when the broker's crossed it
-            life = (tr["conn"], tr["channel"], tr["life"])
             refused = (p.end is not None and p.end[0] == "chan_broker_404") or \
                 chan_close.get(life + ("close_after", p.mid)) == ("broker", 404) or \
                 chan_close.get(life + ("crossed",)) == 404
@@ -427,8 +427,8 @@ class RandomSessions(ScenarioCase):
         return out
 
     def check_record(self, p, tr, rec, chan_close):
-        alts = self.expected(p, tr, chan_close)
         life = (tr["conn"], tr["channel"], tr["life"])  # this channel number's life the publish was on
+        alts = self.expected(p, tr, life, chan_close)
         got = {k: rec.get(k, "<absent>") for k in ("seq", "mandatory", "route", "confirm", "reply_code", "tx")}
         ok = False
         for want in alts:
