@@ -128,6 +128,7 @@ struct trk_reason {
 struct trk_warn_chan {
 	uint16_t warned;       /* bit (1 << enum tap_track_rule) per rule already written for the channel */
 	uint32_t waited_run;   /* consecutive publishes made after the confirm of the one before */
+	bool pipelined;        /* a publish was made while another awaited its confirm: the rule never fires */
 	uint64_t publishes;    /* since the channel was opened */
 	uint64_t confirm_publishes, unanswered; /* confirm-mode publishes, of which not yet acked, nacked or ended */
 	int64_t t_answer;      /* the last ack or nack */
