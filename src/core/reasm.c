@@ -59,12 +59,18 @@ struct stream {
 	} by_start, by_age; /* open streams in creation order; open streams by last packet, or closed ones by close */
 };
 
+/* Eight bytes of the key at a time (looked up once or twice per packet: a byte at a time was 4 % of a replay). */
 static size_t key_hash(const struct stream_key *k, size_t size)
 {
-	uint64_t h = 1469598103934665603ull;
+	_Static_assert(sizeof *k % 8 == 0, "the key is hashed in whole words");
+	uint64_t h = 0;
 	const uint8_t *p = (const uint8_t *)k;
-	for (size_t i = 0; i < sizeof *k; i++)
-		h = (h ^ p[i]) * 1099511628211ull;
+	for (size_t i = 0; i < sizeof *k; i += 8) {
+		uint64_t w;
+		memcpy(&w, p + i, sizeof w);
+		h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+		h ^= h >> 32;
+	}
 	return (size_t)(h ^ (h >> 29)) & (size - 1);
 }
 
