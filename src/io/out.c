@@ -603,7 +603,7 @@ static void hand_over(struct tap_out *o)
 		o->fill = fill_take(o);
 		return;
 	}
-	if (c->data.len == 0) {
+	if (c->records == 0) { /* by records, not bytes: a batch whose first append found no memory holds records */
 		queue_drop_note(o);
 		return;
 	}
@@ -622,7 +622,7 @@ void tap_out_flush(struct tap_out *o)
 {
 	if (o->kind == TAP_OUT_TEXT)
 		return; /* text is handed over as it comes */
-	if (o->fill && o->fill->data.len == 0 && o->drop_unreported == 0)
+	if (o->fill && o->fill->records == 0 && o->drop_unreported == 0)
 		return;
 	pthread_mutex_lock(&o->mu);
 	hand_over(o);
