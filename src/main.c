@@ -153,7 +153,11 @@ static void *hook_open(void *ctx, uint64_t conn_id, const char *client, const ch
 {
 	struct app *app = ctx;
 	tap_log_verbose("conn %llu from %s to %s", (unsigned long long)conn_id, client, upstream);
-	return tap_conn_new(&app->observer, conn_id, client, upstream, now_us);
+	struct tap_conn *c = tap_conn_new(&app->observer, conn_id, client, upstream, now_us);
+	if (!c) /* counted by the tracker; the bytes are still forwarded */
+		tap_log_error("conn %llu from %s: no memory to follow it: forwarded without records",
+		              (unsigned long long)conn_id, client);
+	return c;
 }
 
 /* Deadlines that passed are settled before new bytes are looked at, in the
@@ -352,8 +356,9 @@ static struct tap_out *open_output(enum app_out i, const char *path, enum tap_ou
 {
 	struct tap_out_conf oc = {.name = out_names[i], .path = path, .kind = kind};
 	struct tap_out *o = tap_out_open(&oc);
-	if (!o)
-		fprintf(stderr, "amqptap: --%s %s: %s\n", out_names[i], path ? path : "-", strerror(errno));
+	if (!o) /* EAGAIN: pthread_create had no memory or thread for the writer */
+		fprintf(stderr, "amqptap: --%s %s: %s%s\n", out_names[i], path ? path : "-",
+		        errno == EAGAIN ? "cannot start its writer thread: " : "", strerror(errno));
 	return o;
 }
 
@@ -450,6 +455,10 @@ static bool outputs_close(struct app *app, int64_t deadline_us)
 			whole = false;
 			tap_log_error("%" PRIu64 " records lost: no memory to render them", ts.records_oom);
 		}
+		if (ts.conns_unfollowed) {
+			whole = false;
+			tap_log_error("%" PRIu64 " connections have no records: no memory to follow them", ts.conns_unfollowed);
+		}
 	}
 	tap_track_free(app->track);
 	app->track = NULL;
@@ -472,7 +481,7 @@ static int run_replay(const struct tap_conf *conf)
 	outputs_drain_until(&app, INT64_MAX);
 	if (code == 0) {
 		char err[512];
-		struct tap_replay_stats rs;
+		struct tap_replay_stats rs = {0}; /* left as it is when the capture cannot be opened */
 		struct tap_replay_hooks hooks = {
 			.ctx = &app, .idle = replay_idle, .ports = conf->ports + 1, .n_ports = conf->n_ports - 1,
 			.min_window_us = app.min_window_us,
@@ -632,7 +641,7 @@ static int run_sniff(const struct tap_conf *conf)
 	int64_t deadline = tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000;
 	outputs_drain_until(&app, deadline);
 	report_drops(&app, tap_now_us());
-	struct tap_replay_stats rs;
+	struct tap_replay_stats rs = {0};
 	tap_replay_live_end(live, tap_now_us(), &rs);
 	if (rs.gaps > 0)
 		tap_log_error("capture gaps: %" PRIu64 " (%" PRIu64 " bytes missing); the publishes they may have "

@@ -133,9 +133,11 @@ void tap_track_set_conn_hook(struct tap_track *t, tap_track_conn_event_fn fn, vo
 /* Frees every connection still open without writing anything (call tap_track_shutdown first to write them). */
 void tap_track_free(struct tap_track *t);
 
-/* Addresses are copied. Returns NULL when out of memory. */
+/* Addresses are copied. Returns NULL when out of memory, the connection counted in conns_unfollowed. */
 struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id, const char *client_addr,
                                           const char *upstream_addr, int64_t now_us);
+/* A connection its observer had no memory to follow (it gets no records): counted in conns_unfollowed. */
+void tap_track_conn_unfollowed(struct tap_track *t);
 /* Connection facts as they are seen on the wire; each optional; slices are copied. */
 void tap_track_conn_client_props(struct tap_track_conn *c, struct tap_slice product, struct tap_slice version,
                                  struct tap_slice platform);
@@ -190,6 +192,7 @@ struct tap_publish {
 	const struct tap_slice *header_keys; /* records keep TAP_TRACK_HEADER_KEYS_MAX / _BYTES_MAX of them */
 	size_t n_header_keys;
 	struct tap_slice headers; /* the headers table (without its length), for header values and traceparent */
+	bool details_lost; /* no memory kept its strings: exchange, routing key, ids and properties are not known */
 };
 
 /* A publish is complete: its last frame was forwarded to the broker at now_us. */
@@ -204,6 +207,7 @@ struct tap_return {
 	struct tap_slice reply_text, exchange, routing_key, message_id;
 	bool has_message_id;
 	uint64_t body_size;
+	bool details_lost; /* no memory kept its strings: which publish it returns is not known */
 };
 /* basic.return with its content header complete. */
 void tap_track_return(struct tap_track_conn *c, uint16_t ch, const struct tap_return *r, int64_t now_us);
@@ -264,6 +268,7 @@ struct tap_track_stats {
 	uint64_t oom;         /* times the tracker was short of memory: a record lost, a verdict written before its
 	                       * window or hold ended, a publish's details or a record's optional members left out */
 	uint64_t records_oom; /* of which records lost: no memory to render them */
+	uint64_t conns_unfollowed; /* connections forwarded or read with no records at all: no memory to follow them */
 };
 void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s);
 /* The run id every record carries, "" when records carry none (replay). */

@@ -99,12 +99,14 @@ struct tap_conn *tap_conn_new(struct tap_observer *o, uint64_t id, const char *c
 			      int64_t now_us)
 {
 	struct tap_conn *c = calloc(1, sizeof *c);
-	if (!c)
+	if (!c) {
+		tap_track_conn_unfollowed(o->track);
 		return NULL;
+	}
 	c->o = o;
 	c->id = id;
 	c->tc = tap_track_conn_new(o->track, id, client, upstream, now_us);
-	if (!c->tc) {
+	if (!c->tc) { /* counted by the tracker */
 		free(c);
 		return NULL;
 	}
@@ -242,6 +244,7 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 			.header_keys = keys,
 			.n_header_keys = p->store.oom ? 0 : n,
 			.headers = span_slice(p, p->headers),
+			.details_lost = p->store.oom,
 		};
 		tap_track_publish(c->tc, channel, &pub, now_us);
 	} else if (p->kind == PENDING_RETURN) {
@@ -253,6 +256,7 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 			.message_id = span_slice(p, p->message_id),
 			.has_message_id = p->has_message_id,
 			.body_size = p->body_size,
+			.details_lost = p->store.oom,
 		};
 		tap_track_return(c->tc, channel, &r, now_us);
 	}

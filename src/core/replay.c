@@ -62,9 +62,15 @@ static void *on_open(void *ctx, uint64_t id, const char *client, const char *ser
 	struct replay *r = ctx;
 	(void)ts;
 	struct rp_stream *s = calloc(1, sizeof *s);
-	if (!s)
+	if (!s) {
+		tap_track_conn_unfollowed(r->track);
 		return NULL;
+	}
 	s->conn = tap_conn_new(r->obs, id, client, server, r->now);
+	if (!s->conn) { /* counted unfollowed; its packets are read and left */
+		free(s);
+		return NULL;
+	}
 	if (midstream)
 		tap_conn_start_unseen(s->conn, r->now);
 	fed(r);
@@ -241,6 +247,8 @@ int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, st
 		   const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap)
 {
 	struct tap_capture *c;
+	if (stats)
+		*stats = (struct tap_replay_stats){0};
 	int rc = tap_capture_open(&c, path, err, cap);
 	if (rc < 0)
 		return rc;
@@ -251,6 +259,8 @@ int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t 
 		       struct tap_track *track, struct tap_replay_stats *stats, char *err, size_t cap)
 {
 	struct tap_capture *c;
+	if (stats)
+		*stats = (struct tap_replay_stats){0};
 	int rc = tap_capture_open_mem(&c, data, len, name, err, cap);
 	if (rc < 0)
 		return rc;
@@ -297,6 +307,8 @@ int tap_replay_live_packet(struct tap_replay_live *l, uint32_t linktype, int64_t
 
 void tap_replay_live_end(struct tap_replay_live *l, int64_t now_us, struct tap_replay_stats *stats)
 {
+	if (stats)
+		*stats = (struct tap_replay_stats){0};
 	if (!l)
 		return;
 	if (now_us > l->r.now)

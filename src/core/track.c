@@ -331,14 +331,16 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	                     .flags = (uint16_t)((p->mandatory ? TRK_FLAG_MANDATORY : 0) |
 	                                         (confirm_mode ? TRK_FLAG_CONFIRM : 0))};
 	struct trk_verdict vd;
-	struct trk_reason unseen = {.by = c->unseen_by};
-	if (ch && ch->mode == TRK_MODE_UNKNOWN) { /* nothing it is answered with can be placed: DESIGN §6b */
-		vd = (struct trk_verdict){
-		    .route = TAP_TRACK_ROUTE_UNKNOWN, .confirm = TAP_TRACK_CONFIRM_UNKNOWN, .reason = &unseen};
+	struct trk_reason unseen = {.by = c->unseen_by ? c->unseen_by : no_memory.by};
+	if (!ch || ch->mode == TRK_MODE_UNKNOWN) {
+		/* nothing it is answered with can be placed (DESIGN §6b), or no memory to know its channel's mode */
+		vd = (struct trk_verdict){.route = TAP_TRACK_ROUTE_UNKNOWN,
+		                          .confirm = TAP_TRACK_CONFIRM_UNKNOWN,
+		                          .reason = ch ? &unseen : &no_memory};
 	} else {
 		(void)verdict_of(&e, want ? TRK_EVENT_END : TRK_EVENT_UNTRACKED, &no_memory, &vd);
 	}
-	if (want)
+	if (want || !ch)
 		t->st.oom++;
 	struct trk_view v = {
 	    .exchange = p->exchange.ptr,
@@ -352,8 +354,10 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	    .extra = (const uint8_t *)t->extra.data,
 	    .extra_len = t->extra.len,
 	    .mandatory = p->mandatory,
-	    .has_message_id = p->has_message_id,
-	    .has_correlation_id = p->has_correlation_id,
+	    .has_message_id = p->has_message_id && !p->details_lost,
+	    .has_correlation_id = p->has_correlation_id && !p->details_lost,
+	    .route_lost = p->details_lost,
+	    .details_lost = p->details_lost,
 	    .has_delivery_mode = p->has_delivery_mode,
 	    .has_timestamp = p->has_timestamp,
 	    .confirm_mode = confirm_mode,
@@ -454,8 +458,10 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 		if (!evict_for_memory(t, now_us)) /* the oldest go first: this channel's own free arena space */
 			break;
 	}
-	e->blob = tap_arena_alloc(&ch->arena, len->total);
-	if (e->blob == TAP_ARENA_NONE) {
+	e->blob = p->details_lost ? TAP_ARENA_NONE : tap_arena_alloc(&ch->arena, len->total);
+	if (p->details_lost) {
+		e->flags |= TRK_FLAG_NO_BLOB; /* counted by tap_track_publish */
+	} else if (e->blob == TAP_ARENA_NONE) {
 		e->flags |= TRK_FLAG_NO_BLOB;
 		t->st.oom++;
 	} else if (len->total) {
@@ -472,8 +478,12 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 		e->extra = room == ROOM_TIGHT ? intern_in_budget(c, TRK_TAG_EXTRA, extra, t->extra.len, NULL, 0, now_us)
 		                              : tap_intern_get(&c->keys, TRK_TAG_EXTRA, extra, t->extra.len, NULL, 0);
 	const struct tap_slice *x = &p->exchange, *rk = &p->routing_key;
-	e->route_key = room == ROOM_TIGHT ? intern_in_budget(c, TRK_TAG_ROUTE, x->ptr, x->len, rk->ptr, rk->len, now_us)
-	                                  : tap_intern_get(&c->keys, TRK_TAG_ROUTE, x->ptr, x->len, rk->ptr, rk->len);
+	if (p->details_lost)
+		e->route_key = TAP_INTERN_NONE; /* written null, never "" (the default exchange) */
+	else if (room == ROOM_TIGHT)
+		e->route_key = intern_in_budget(c, TRK_TAG_ROUTE, x->ptr, x->len, rk->ptr, rk->len, now_us);
+	else
+		e->route_key = tap_intern_get(&c->keys, TRK_TAG_ROUTE, x->ptr, x->len, rk->ptr, rk->len);
 	ch->next++;
 	trk_slot_stored(c, ch, n);
 	if (!confirm_mode && p->mandatory && !ch->closing) {
@@ -499,6 +509,8 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 		trk_chan_first_publish(c, ch, now_us);
 	c->counts.publishes++;
 	t->st.publishes++;
+	if (p->details_lost)
+		t->st.oom++;
 	trk_warn_publish(c, ch, p, now_us);
 	unsigned notes = trk_render_extra(&t->extra, p, t->conf.header_values);
 	if (notes & TRK_EXTRA_KEYS_CUT)
@@ -629,6 +641,16 @@ void tap_track_return(struct tap_track_conn *c, uint16_t id, const struct tap_re
 {
 	struct trk_chan *ch = trk_chan_find(c, id);
 	uint64_t n;
+	if (r->details_lost) { /* any mandatory publish waiting on the channel may be the one: none is routed for sure */
+		c->t->st.oom++;
+		for (uint64_t i = ch ? ch->base : 0; ch && i < ch->next; i++) {
+			const struct trk_slot *e = trk_slot(ch, i);
+			if (e->state != TRK_STATE_DONE &&
+			    (e->flags & (TRK_FLAG_MANDATORY | TRK_FLAG_RETURNED)) == TRK_FLAG_MANDATORY)
+				trk_slot_step(c, ch, i, TRK_EVENT_GAP, &no_memory, now_us);
+		}
+		return;
+	}
 	if (!ch || !ch->live || !return_match(c, ch, r, &n)) {
 		trk_record_unmatched_return(&c->t->render, c, id, r, now_us);
 		trk_emit(c->t);

@@ -125,11 +125,13 @@ struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id,
                                           const char *upstream_addr, int64_t now_us)
 {
 	/* room in the timer heap for every connection: a timer started later never fails for want of it */
-	if (!tap_heap_reserve(&t->due, (uint32_t)t->st.connections_open + 1))
+	struct tap_track_conn *c = NULL;
+	if (tap_heap_reserve(&t->due, (uint32_t)t->st.connections_open + 1))
+		c = trk_alloc_in_budget(t, sizeof *c, now_us);
+	if (!c) {
+		tap_track_conn_unfollowed(t);
 		return NULL;
-	struct tap_track_conn *c = trk_alloc_in_budget(t, sizeof *c, now_us);
-	if (!c)
-		return NULL;
+	}
 	c->t = t;
 	c->id = conn_id;
 	c->t_new = now_us;
@@ -146,6 +148,12 @@ struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id,
 	t->st.connections_open++;
 	t->st.connections_total++;
 	return c;
+}
+
+void tap_track_conn_unfollowed(struct tap_track *t)
+{
+	t->st.oom++;
+	t->st.conns_unfollowed++;
 }
 
 void tap_track_conn_client_props(struct tap_track_conn *c, struct tap_slice product, struct tap_slice version,
@@ -302,6 +310,14 @@ static void chan_event(struct tap_track_conn *c, uint16_t ch, const char *event,
 	trk_emit(c->t);
 }
 
+/* No memory to store a channel as it opened or chose its mode: channels first seen at a publish from now on have
+ * an unknown mode (a confirm channel's publishes would otherwise be written as unconfirmed). */
+static void chan_lost(struct tap_track_conn *c)
+{
+	c->chans_lost = true;
+	c->t->st.oom++;
+}
+
 void tap_track_channel_open(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_find(c, id);
@@ -309,7 +325,8 @@ void tap_track_channel_open(struct tap_track_conn *c, uint16_t id, int64_t now_u
 		struct trk_reason r = {.by = "reopen"};
 		chan_end(c, ch, &r, now_us);
 	}
-	(void)trk_chan_in_budget(c, id, now_us); /* without memory it is created by its first publish, or never */
+	if (!trk_chan_in_budget(c, id, now_us))
+		chan_lost(c); /* it is created by its first publish, in an unknown mode, or never */
 	chan_event(c, id, "open", now_us);
 }
 
@@ -328,7 +345,7 @@ void tap_track_conn_unseen(struct tap_track_conn *c, const char *by, int64_t now
 /* A publish on a channel not seen before, after tap_track_conn_unseen: it may have selected a mode unseen. */
 void trk_chan_first_publish(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us)
 {
-	if (!c->unseen_by || ch->mode != TRK_MODE_NONE)
+	if ((!c->unseen_by && !c->chans_lost) || ch->mode != TRK_MODE_NONE)
 		return;
 	ch->mode = TRK_MODE_UNKNOWN;
 	chan_event(c, ch->id, "mode_unknown", now_us);
@@ -337,6 +354,8 @@ void trk_chan_first_publish(struct tap_track_conn *c, struct trk_chan *ch, int64
 void tap_track_confirm_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
+	if (!ch)
+		chan_lost(c);
 	if (ch && (ch->mode == TRK_MODE_NONE || ch->mode == TRK_MODE_UNKNOWN)) {
 		ch->mode = TRK_MODE_CONFIRM;
 		ch->sel_off = ch->next - 1;
@@ -349,6 +368,8 @@ void tap_track_confirm_select(struct tap_track_conn *c, uint16_t id, int64_t now
 void tap_track_tx_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
+	if (!ch)
+		chan_lost(c);
 	if (ch && (ch->mode == TRK_MODE_NONE || ch->mode == TRK_MODE_UNKNOWN))
 		ch->mode = TRK_MODE_TX;
 	chan_event(c, id, "tx_select", now_us);

@@ -194,6 +194,7 @@ struct tap_track_conn {
 	bool warned_churn;
 	struct trk_ids *ids; /* the recent message ids (duplicate_message_id); NULL until the first */
 	const char *unseen_by; /* set by tap_track_conn_unseen: a channel first seen at a publish has an unknown mode */
+	bool chans_lost;       /* a channel's open or mode was seen without memory to store it: the same for them */
 	int64_t next_due;      /* no timer of its channels is due before this: tap_track_tick skips it until then */
 	uint32_t due_idx;      /* place in t->due + 1, 0: not in it (next_due is INT64_MAX) */
 };
@@ -240,6 +241,8 @@ struct trk_view {
 	size_t exchange_len, routing_key_len, message_id_len, correlation_id_len, extra_len;
 	bool mandatory, has_message_id, has_correlation_id, has_delivery_mode, has_timestamp, confirm_mode, tx, blocked;
 	bool refused, culprit; /* REFUSED, CULPRIT */
+	bool route_lost;       /* no memory kept its exchange and routing key: written null */
+	bool details_lost;     /* route_lost, or no memory kept its message id, correlation id or timestamp */
 	bool refused_unnamed;  /* REFUSED on a channel whose close named no culprit */
 	uint8_t delivery_mode;
 	uint64_t body_size, seq, timestamp;

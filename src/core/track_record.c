@@ -202,8 +202,13 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 	p = tap_json_uint_at(PUT(p, ",\"channel\":"), ch);
 	p = PUT(p, ",\"seq\":");
 	p = v->confirm_mode ? tap_json_uint_at(p, v->seq) : put_lit(p, json_null);
-	p = tap_json_escape_at(PUT(p, ",\"exchange\":"), v->exchange, v->exchange_len);
-	p = tap_json_escape_at(PUT(p, ",\"routing_key\":"), v->routing_key, v->routing_key_len);
+	if (v->route_lost) { /* never "": that names the default exchange */
+		p = put_lit(PUT(p, ",\"exchange\":"), json_null);
+		p = put_lit(PUT(p, ",\"routing_key\":"), json_null);
+	} else {
+		p = tap_json_escape_at(PUT(p, ",\"exchange\":"), v->exchange, v->exchange_len);
+		p = tap_json_escape_at(PUT(p, ",\"routing_key\":"), v->routing_key, v->routing_key_len);
+	}
 	p = put_lit(PUT(p, ",\"mandatory\":"), v->mandatory ? json_true : json_false);
 	p = PUT(p, ",\"message_id\":");
 	p = v->has_message_id ? tap_json_escape_at(p, v->message_id, v->message_id_len) : put_lit(p, json_null);
@@ -240,6 +245,8 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 		kv_lit(&j, "tx", json_true);
 	if (v->blocked)
 		kv_lit(&j, "blocked", json_true);
+	if (v->details_lost) /* the null members above may stand for values the tap had no memory to keep */
+		kv_lit(&j, "details_lost", json_true);
 	tap_json_obj_end(&j);
 }
 
@@ -645,8 +652,8 @@ void trk_summary(const struct tap_track *t, struct tap_buf *out)
 	               "tracking memory %" PRIu64 " bytes (peak %" PRIu64 ", budget %" PRIu64 "), evicted %" PRIu64
 	               " (%" PRIu64 " for memory), headers truncated %" PRIu64 ", header values truncated %" PRIu64
 	               ", malformed traceparent %" PRIu64 ", short of memory %" PRIu64 " times (records lost %" PRIu64
-	               ")\n",
+	               ", connections not followed %" PRIu64 ")\n",
 	               t->mem, t->st.memory_peak, t->conf.max_memory, t->st.evicted, t->st.evicted_memory,
 	               t->st.headers_truncated, t->st.header_values_truncated, t->st.traceparent_malformed, t->st.oom,
-	               t->st.records_oom);
+	               t->st.records_oom, t->st.conns_unfollowed);
 }

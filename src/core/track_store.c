@@ -45,13 +45,15 @@ void trk_set_str(struct tap_track *t, char **dst, struct tap_slice s)
 	trk_free_str(t, dst);
 	const uint8_t *nul = s.len ? memchr(s.ptr, '\0', s.len) : NULL;
 	*dst = trk_dup(t, s.ptr, nul ? (size_t)(nul - s.ptr) : s.len);
+	if (!*dst)
+		t->st.oom++; /* written as null */
 }
 
 void trk_set_cstr(struct tap_track *t, char **dst, const char *s)
 {
 	trk_free_str(t, dst);
-	if (s)
-		*dst = trk_dup(t, (const uint8_t *)s, strlen(s));
+	if (s && !(*dst = trk_dup(t, (const uint8_t *)s, strlen(s))))
+		t->st.oom++; /* written as null */
 }
 
 /* ---- slot number queues ---- */
@@ -365,7 +367,8 @@ void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const 
 	const struct trk_slot *e = trk_slot(ch, n);
 	const struct tap_intern_key *k = e->route_key != TAP_INTERN_NONE ? tap_intern_key(&c->keys, e->route_key) : NULL;
 	const struct tap_intern_key *x = e->extra != TAP_INTERN_NONE ? tap_intern_key(&c->keys, e->extra) : NULL;
-	const uint8_t *blob = (e->flags & TRK_FLAG_NO_BLOB) || !ch->arena.cap ? NULL : tap_arena_ptr(&ch->arena, e->blob);
+	bool no_blob = e->flags & TRK_FLAG_NO_BLOB;
+	const uint8_t *blob = no_blob || !ch->arena.cap ? NULL : tap_arena_ptr(&ch->arena, e->blob);
 	uint64_t ts = 0;
 	if (blob && (e->flags & TRK_FLAG_HAS_TIMESTAMP)) {
 		memcpy(&ts, blob, sizeof ts);
@@ -383,8 +386,11 @@ void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const 
 	    .extra = x ? x->data : NULL,
 	    .extra_len = x ? x->alen : 0,
 	    .mandatory = e->flags & TRK_FLAG_MANDATORY,
-	    .has_message_id = e->flags & TRK_FLAG_HAS_MESSAGE_ID,
-	    .has_correlation_id = e->flags & TRK_FLAG_HAS_CORRELATION_ID,
+	    .has_message_id = (e->flags & TRK_FLAG_HAS_MESSAGE_ID) && !no_blob,
+	    .has_correlation_id = (e->flags & TRK_FLAG_HAS_CORRELATION_ID) && !no_blob,
+	    .route_lost = !k,
+	    .details_lost = !k || (no_blob && (e->flags & (TRK_FLAG_HAS_MESSAGE_ID | TRK_FLAG_HAS_CORRELATION_ID |
+	                                                   TRK_FLAG_HAS_TIMESTAMP))),
 	    .has_delivery_mode = e->flags & TRK_FLAG_HAS_DELIVERY_MODE,
 	    .has_timestamp = blob && (e->flags & TRK_FLAG_HAS_TIMESTAMP),
 	    .timestamp = ts,

@@ -20,7 +20,7 @@ import unittest
 import pika
 
 from scenario_lib import stream_publisher
-from tapharness import BROKER_PORT, CLIENTS_DIR, is_asan_build, main, read_records, require_broker
+from tapharness import AMQPTAP_BIN, BROKER_PORT, CLIENTS_DIR, is_asan_build, main, read_records, require_broker
 from tlslib import PLAIN_PORT, STORM, TlsCase
 
 FAILALLOC = os.path.join(os.path.dirname(CLIENTS_DIR), "preload", "failalloc.so")
@@ -35,15 +35,18 @@ def failing_env(one_in, stop_file):
 
 
 def summary(stderr):
-    """From the tap's summary at exit: (publishes tracked, verdict records lost, records lost by any output):
-    lost by an output, or not rendered for want of memory."""
+    """From the tap's summary at exit: (publishes tracked, verdict records lost (by the output, or not rendered
+    for want of memory), anything lost: records by any output, and connections the tap had no memory to follow
+    (they have no records at all))."""
     pubs = re.search(r"^total outstanding=\d+ publishes=(\d+)", stderr, re.M)
-    unrendered = re.search(r"^tracking memory .* short of memory \d+ times \(records lost (\d+)\)$", stderr, re.M)
+    unrendered = re.search(r"^tracking memory .* short of memory \d+ times \(records lost (\d+), "
+                           r"connections not followed (\d+)\)$", stderr, re.M)
     outputs = dict(re.findall(r"^output (\w+) records=\d+ lost=(\d+)", stderr, re.M))
     if not pubs or not unrendered or "verdicts" not in outputs:
         raise AssertionError(f"no summary in the tap's stderr: {stderr[-2000:]}")
     verdicts_lost = int(unrendered.group(1)) + int(outputs["verdicts"])
-    return int(pubs.group(1)), verdicts_lost, verdicts_lost + sum(int(n) for k, n in outputs.items() if k != "verdicts")
+    lost_anywhere = verdicts_lost + int(unrendered.group(2)) + sum(int(n) for k, n in outputs.items() if k != "verdicts")
+    return int(pubs.group(1)), verdicts_lost, lost_anywhere
 
 
 def failed_allocations(stderr):
@@ -134,6 +137,81 @@ class AllocFailuresCase(TlsCase):
         print(f"{done} of 12 publishers finished; {failed_allocations(err)} allocations failed; "
               f"{sum(1 for r in recs if r['type'] == 'publish')} publish records")
         self.assertGreater(done, 0, "no publisher was served in full")
+
+    def test_replay(self):
+        """`amqptap replay` of a capture of real traffic (twenty rabbitmq-c publishers through a tap with --pcap whose
+        allocations all worked), 60 times with one allocation in 20 (odd runs) or 100 (even runs) failing from the start,
+        each run seeded (FAILALLOC_SEED = the run's number, so that a failing run can be repeated). Each run exits 0 with every record the working
+        replay wrote (a verdict the tracker had no room to establish may be `unknown` with a reason), or exits 1 and
+        says on stderr what it lost, or exits 2 having written nothing because it could not start. Never 0 with a
+        record missing; never a crash."""
+        require_broker(self)
+        q = f"alloc.failures.replay.{os.getpid()}"
+        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT))
+        c.channel().queue_declare(q, arguments={"x-max-length": 1000})
+        self.addCleanup(lambda: c.channel().queue_delete(q) and c.close())
+        work = tempfile.mkdtemp(prefix="alloc-replay-")
+        self.addCleanup(shutil.rmtree, work, True)
+        cap = os.path.join(work, "traffic.pcapng")
+        tap = self.start_tap(["--pcap", cap], frames=False)
+        pubs = [stream_publisher(tap.port, 300, 64, 50, True, q) for _ in range(20)]
+        for p in pubs:
+            p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 0)
+        self.assertEqual(tap.stop(), 0)
+
+        def replay(out, env=None):
+            r = subprocess.run([AMQPTAP_BIN, "replay", cap, "--port", str(BROKER_PORT), "--verdicts", out],
+                               env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, capture_output=True,
+                               timeout=120)
+            return r.returncode, r.stderr.decode(errors="replace"), read_records(out)
+
+        rc, err, ref = replay(os.path.join(work, "reference.jsonl"))
+        self.assertEqual(rc, 0, err)
+        ref_pubs = [r for r in ref if r["type"] == "publish"]
+        self.assertEqual(len(ref_pubs), 20 * 300)
+        # a publish is found by its confirm seq, or (on a channel whose mode the tap lost) by its message id:
+        # stream_publisher numbers them; one whose id the tap lost has its seq
+        by_seq = {(r["conn"], r["channel"], r["seq"]): r for r in ref_pubs}
+        by_id = {(r["conn"], r["channel"], r["message_id"]): r for r in ref_pubs}
+        conn_events = lambda recs: sorted((r["conn"], r["event"]) for r in recs  # noqa: E731
+                                          if r["type"] == "connection")
+        tally = {0: 0, 1: 0, 2: 0}
+        for seed in range(1, 61):
+            out = os.path.join(work, f"run{seed}.jsonl")
+            env = {"LD_PRELOAD": FAILALLOC, "FAILALLOC_ONE_IN": "20" if seed % 2 else "100", "FAILALLOC_AFTER_MS": "0",
+                   "FAILALLOC_SEED": str(seed)}
+            rc, err, recs = replay(out, env)
+            run = f"run {seed} (FAILALLOC_SEED={seed}) exited {rc}: {err[-1500:]}"
+            self.assertIn(rc, tally, run)
+            failed = failed_allocations(err)
+            tally[rc] += failed > 0
+            self.assertNotIn("Success", json.dumps(recs), run)
+            if rc == 2:  # it could not start: said so, wrote nothing
+                self.assertRegex(err, r"Cannot allocate memory|out of memory|cannot start its writer thread", run)
+                self.assertEqual(recs, [], run)
+                continue
+            seen = set()
+            for r in (r for r in recs if r["type"] == "publish"):
+                want = by_seq.get((r["conn"], r["channel"], r["seq"])) if r["seq"] is not None else \
+                    by_id.get((r["conn"], r["channel"], r["message_id"]))
+                self.assertIsNotNone(want, f"a publish the capture does not have: {r}; " + run)
+                self.assertNotIn(id(want), seen, f"a publish twice: {r}; " + run)
+                seen.add(id(want))
+                for k in ("message_id", "exchange", "routing_key"):  # null only when the record says so
+                    self.assertTrue(r[k] == want[k] or (r[k] is None and r.get("details_lost")), (k, r, run))
+                if r["route"] == "unknown":
+                    self.assertTrue(r.get("reason") and r["reason"].get("by"), r)
+                else:
+                    self.assertEqual((r["route"], r["confirm"]), (want["route"], want["confirm"]), (r, run))
+            if rc == 0:  # nothing may be missing
+                self.assertEqual(len(seen), len(ref_pubs), "exit 0 with publishes missing: " + run)
+                self.assertEqual(conn_events(recs), conn_events(ref), "exit 0 with connections missing: " + run)
+            else:
+                self.assertRegex(err, r"records lost|have no records|out of memory|Cannot allocate memory", run)
+        print(f"replays where allocations failed: exit 0: {tally[0]}, exit 1: {tally[1]}, could not start: {tally[2]}")
+        self.assertGreater(tally[0], 0, tally)
+        self.assertGreater(tally[1], 0, tally)
 
     def storm(self, n, one_in):
         """n TLS clients at once (tests/bench/bench_storm.c) through a tap with TLS to the broker too, one

@@ -276,6 +276,15 @@ class ReplayDoubleDashTest(TapTestCase):
         self.assertEqual(dashed.stdout, plain.stdout)
         self.assertEqual(dashed.stderr, b"", "-q: no summary")
 
+    def test_missing_capture(self):
+        """A capture that cannot be opened: exit 1, one line naming it, and no other claim about it (the gap count
+        was once read from memory the failed open never wrote)."""
+        r = subprocess.run([AMQPTAP_BIN, "replay", "/nonexistent/x.pcapng", "--port", "5672", "-q"],
+                           capture_output=True, timeout=30)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(r.stderr.decode(), "amqptap: replay /nonexistent/x.pcapng: No such file or directory\n")
+        self.assertEqual(r.stdout, b"")
+
 
 if __name__ == "__main__":
     main()

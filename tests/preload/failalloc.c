@@ -3,7 +3,9 @@
  * have passed since the process started (so that it starts up whole), until the file FAILALLOC_STOP_FILE exists
  * (looked for every 10 ms; so that a test can stop the process with allocations working and read its summary).
  * At exit it writes "failalloc: N of M allocations failed" to stderr, so a test can tell that it reached its
- * premise. FAILALLOC_ONE_IN unset or 0: nothing fails. glibc only (__libc_malloc and friends). Not for sanitizer
+ * premise. FAILALLOC_SEED (a number) makes the choice the same from run to run for the same calls in each thread
+ * (the default seed is the thread's own address: it differs with every run). FAILALLOC_ONE_IN unset or 0: nothing
+ * fails. glibc only (__libc_malloc and friends). Not for sanitizer
  * builds: their allocator comes first. */
 #include <errno.h>
 #include <stdatomic.h>
@@ -21,6 +23,7 @@ void *__libc_realloc(void *p, size_t n);
 
 static int64_t armed_at_ns = INT64_MAX;
 static uint32_t one_in;
+static uint64_t seed;
 static const char *stop_file;
 static atomic_llong stop_checked_ns;
 static atomic_bool stopped;
@@ -39,6 +42,8 @@ __attribute__((constructor)) static void arm(void)
 	const char *n = getenv("FAILALLOC_ONE_IN"), *after = getenv("FAILALLOC_AFTER_MS");
 	one_in = n ? (uint32_t)strtoul(n, NULL, 10) : 0;
 	stop_file = getenv("FAILALLOC_STOP_FILE");
+	const char *sd = getenv("FAILALLOC_SEED");
+	seed = sd ? strtoull(sd, NULL, 10) : 0;
 	armed_at_ns = now_ns() + (after ? (int64_t)strtoll(after, NULL, 10) : 0) * 1000000;
 }
 
@@ -57,8 +62,10 @@ static int fails(void)
 		}
 	}
 	atomic_fetch_add_explicit(&calls, 1, memory_order_relaxed);
-	if (!rng)
-		rng = 0x9E3779B97F4A7C15u ^ (uint64_t)(uintptr_t)&rng;
+	static atomic_uint threads;
+	if (!rng) /* a thread's own address, or the seed and the order in which threads made their first call */
+		rng = 0x9E3779B97F4A7C15u ^ (seed ? seed * 0x100000001B3u + atomic_fetch_add(&threads, 1)
+		                                  : (uint64_t)(uintptr_t)&rng);
 	rng ^= rng << 13;
 	rng ^= rng >> 7;
 	rng ^= rng << 17;
