@@ -1,17 +1,19 @@
 # The tap where allocations fail: tests/preload/failalloc.c (LD_PRELOAD) makes one malloc, calloc or realloc in N
 # return NULL once the tap has started. Real clients, real broker. Whatever fails, the tap must not crash or hang
-# (on SIGTERM it exits 0, or 1 exactly when it counted records lost), every connection gets one close record and
-# every publish one record (or is counted lost), no session is left waiting, a verdict it could not establish is
+# (on SIGTERM it exits 0, or 1 exactly when it counted records lost or connections it could not follow), every
+# connection gets one close record and every publish one record (or is counted lost), no session is left waiting, a verdict it could not establish is
 # `unknown` with a reason (never a route or confirm the broker did not give), a shortage of the tap's own is
 # never blamed on the broker or the client (`tap_no_memory`), and no reason text is made up: an error without an
 # errno has no text, never strerror(0)'s "Success". Plain TCP with rabbitmq-c publishers on the shared broker;
-# TLS storms and TLS streams with TLS on both legs on tlslib's broker. Skipped in sanitizer builds: their
-# allocator comes first.
+# TLS storms and TLS streams with TLS on both legs on tlslib's broker; `replay` of a capture, checked against the
+# replay whose allocations all worked; `sniff -i lo` beside publishers that go straight to the broker. Skipped in
+# sanitizer builds: their allocator comes first.
 
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -212,6 +214,61 @@ class AllocFailuresCase(TlsCase):
         print(f"replays where allocations failed: exit 0: {tally[0]}, exit 1: {tally[1]}, could not start: {tally[2]}")
         self.assertGreater(tally[0], 0, tally)
         self.assertGreater(tally[1], 0, tally)
+
+    def test_sniff(self):
+        """`amqptap sniff -i lo` while ten rabbitmq-c publishers (300 confirmed mandatory publishes each) go straight
+        to the broker, one allocation in 20 failing once the sniffer is up, four seeded runs: every publish has a
+        record unless its connection is counted as not followed (300 publishes each) or its record is counted lost,
+        the exit code is 1 exactly when something was, and no verdict differs from the broker's unless it is
+        `unknown` with a reason."""
+        require_broker(self)
+        q = f"alloc.failures.sniff.{os.getpid()}"
+        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT))
+        c.channel().queue_declare(q)
+        self.addCleanup(lambda: c.channel().queue_delete(q) and c.close())
+        work = tempfile.mkdtemp(prefix="alloc-sniff-")
+        self.addCleanup(shutil.rmtree, work, True)
+        for seed in range(1, 5):
+            verdicts, err_path = os.path.join(work, f"sniff{seed}.jsonl"), os.path.join(work, f"sniff{seed}.err")
+            stop_file = os.path.join(work, f"stop{seed}")
+            env = {**os.environ, **failing_env(20, stop_file), "FAILALLOC_AFTER_MS": "700",
+                   "FAILALLOC_SEED": str(seed)}
+            with open(err_path, "w") as err_f:
+                p = subprocess.Popen([AMQPTAP_BIN, "sniff", "-i", "lo", "--port", str(BROKER_PORT), "--verdicts",
+                                      verdicts], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=err_f)
+            self.addCleanup(lambda p=p: p.poll() is None and p.kill())
+            end = time.monotonic() + 10
+            while "sniffing on" not in open(err_path).read() and p.poll() is None and time.monotonic() < end:
+                time.sleep(0.05)
+            self.assertIn("sniffing on", open(err_path).read())
+            time.sleep(0.8)  # armed
+            pubs = [stream_publisher(BROKER_PORT, 300, 64, 50, True, q) for _ in range(10)]
+            for pub in pubs:
+                pub.communicate(timeout=120)
+                self.assertEqual(pub.returncode, 0)
+            time.sleep(0.3)
+            open(stop_file, "w").close()
+            time.sleep(0.05)
+            p.send_signal(signal.SIGTERM)
+            rc = p.wait(timeout=20)
+            err = open(err_path).read()
+            run = f"sniff run {seed} (FAILALLOC_SEED={seed}) exited {rc}: {err[-1500:]}"
+            self.assertGreater(failed_allocations(err), 0, run)
+            n_pubs, lost, lost_anywhere = summary(err)
+            unfollowed = int(re.search(r"connections not followed (\d+)", err).group(1))
+            self.assertEqual(rc, 1 if lost_anywhere else 0, run)
+            recs = read_records(verdicts)
+            got = [r for r in recs if r["type"] == "publish"]
+            if not [r for r in recs if r["type"] == "capture_gap"]:  # the kernel dropped nothing: all were seen
+                self.assertEqual(n_pubs + 300 * unfollowed, 3000, run)
+                self.assertGreaterEqual(len(got) + lost + 300 * unfollowed, 3000, run)
+            for r in got:
+                if r["route"] == "unknown":
+                    self.assertTrue(r.get("reason") and r["reason"].get("by"), r)
+                else:
+                    self.assertEqual((r["route"], r["confirm"]), ("routed", "ack"), (r, run))
+            self.assertNotIn("Success", json.dumps(recs), run)
 
     def storm(self, n, one_in):
         """n TLS clients at once (tests/bench/bench_storm.c) through a tap with TLS to the broker too, one
