@@ -610,6 +610,28 @@ void tap_track_nack(struct tap_track_conn *c, uint16_t ch, uint64_t tag, bool mu
 }
 
 /* The earliest outstanding mandatory publish the Return matches (PROTOCOL §9), or false. */
+/* Ends what ch still waits for (only the mandatory publishes not returned yet, if mandatory_only) as whatever
+ * would have decided it was lost (TRK_EVENT_GAP, reason why), each given flags first. The channel is pinned
+ * meanwhile, so that its ring keeps its place while slots are released. */
+static void chan_end_waiting(struct tap_track_conn *c, struct trk_chan *ch, bool mandatory_only, uint16_t flags,
+                             const struct trk_reason *why, int64_t now_us)
+{
+	ch->pinned = true;
+	for (uint64_t n = ch->base; n < ch->next; n++) {
+		if (n < ch->base)
+			n = ch->base; /* ending the head moved it past slots ended earlier */
+		if (n >= ch->next)
+			break;
+		struct trk_slot *e = trk_slot(ch, n);
+		if (e->state == TRK_STATE_DONE ||
+		    (mandatory_only && (e->flags & (TRK_FLAG_MANDATORY | TRK_FLAG_RETURNED)) != TRK_FLAG_MANDATORY))
+			continue;
+		e->flags |= flags;
+		trk_slot_step(c, ch, n, TRK_EVENT_GAP, why, now_us);
+	}
+	trk_chan_unpin(c->t, ch);
+}
+
 static bool return_match(const struct tap_track_conn *c, const struct trk_chan *ch, const struct tap_return *r,
                          uint64_t *found)
 {
@@ -643,12 +665,8 @@ void tap_track_return(struct tap_track_conn *c, uint16_t id, const struct tap_re
 	uint64_t n;
 	if (r->details_lost) { /* any mandatory publish waiting on the channel may be the one: none is routed for sure */
 		c->t->st.oom++;
-		for (uint64_t i = ch ? ch->base : 0; ch && i < ch->next; i++) {
-			const struct trk_slot *e = trk_slot(ch, i);
-			if (e->state != TRK_STATE_DONE &&
-			    (e->flags & (TRK_FLAG_MANDATORY | TRK_FLAG_RETURNED)) == TRK_FLAG_MANDATORY)
-				trk_slot_step(c, ch, i, TRK_EVENT_GAP, &no_memory, now_us);
-		}
+		if (ch)
+			chan_end_waiting(c, ch, true, 0, &no_memory, now_us);
 		return;
 	}
 	if (!ch || !ch->live || !return_match(c, ch, r, &n)) {
@@ -945,15 +963,7 @@ void tap_track_each_confirm_bucket(const struct tap_track *t, tap_track_bucket_f
 void tap_track_conn_gap(struct tap_track_conn *c, enum tap_track_gap_seq seq, int64_t now_us)
 {
 	static const struct trk_reason gap = {.by = "capture_gap"};
-	for (uint32_t i = 0; i < c->n_chans; i++) {
-		struct trk_chan *ch = c->chans[i];
-		for (uint64_t n = ch->base; n < ch->next; n++) {
-			struct trk_slot *e = trk_slot(ch, n);
-			if (e->state == TRK_STATE_DONE)
-				continue;
-			if (seq == TAP_TRACK_GAP_SEQ_LOST)
-				e->flags |= TRK_FLAG_SEQ_LOST; /* counted across lost publishes */
-			trk_slot_step(c, ch, n, TRK_EVENT_GAP, &gap, now_us);
-		}
-	}
+	uint16_t flags = seq == TAP_TRACK_GAP_SEQ_LOST ? TRK_FLAG_SEQ_LOST : 0; /* counted across lost publishes */
+	for (uint32_t i = 0; i < c->n_chans; i++)
+		chan_end_waiting(c, c->chans[i], false, flags, &gap, now_us);
 }

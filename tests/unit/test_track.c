@@ -5,6 +5,7 @@
 
 #include <check.h>
 
+#include "fail_alloc.h"
 #include "tap_build.h"
 #include "tap_check.h"
 #include <stdio.h>
@@ -30,7 +31,10 @@ static void capture(void *ctx, const char *json, size_t len)
 	(void)ctx;
 	REQUIRE(n_recs < MAX_RECS, "too many records");
 	REQUIRE(!memchr(json, '\n', len), "newline in a record");
+	FAIL_ALLOC_PAUSE(); /* the test keeps every record, whatever the tracker is made to go without */
 	char *r = malloc(len + 1);
+	FAIL_ALLOC_RESUME();
+	REQUIRE(r != NULL, "out of memory");
 	memcpy(r, json, len);
 	r[len] = '\0';
 	recs[n_recs++] = r;
@@ -625,6 +629,104 @@ START_TEST(ack_before_return)
 	ck_assert_uint_eq(n_seen, 2);
 }
 END_TEST
+
+/* The decoder had no memory to keep a publish's strings: its exchange, routing key and ids are null, never "" (the
+ * default exchange), and the record says details_lost; its verdict is still the broker's. */
+START_TEST(publish_details_lost_are_null)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("", "", true); /* what the decoder hands over: empty slices */
+	p.has_message_id = true;
+	p.details_lost = true;
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_ack(c, 1, 1, false, T0 + 100);
+	tap_track_tick(t, T0 + 1000000);
+	const char *rec = nth("publish", 0);
+	assert_field(rec, "exchange", "null");
+	assert_field(rec, "routing_key", "null");
+	assert_field(rec, "message_id", "null");
+	assert_field(rec, "details_lost", "true");
+	assert_field(rec, "route", "\"routed\"");
+	ck_assert_uint_eq(stats().oom, 1);
+	struct tap_publish q = pub("", "", false); /* plain: written at once, the same */
+	q.details_lost = true;
+	tap_track_publish(c, 1, &q, T0 + 2000000);
+	tap_track_ack(c, 1, 2, false, T0 + 2000100);
+	rec = nth("publish", 1);
+	assert_field(rec, "exchange", "null");
+	assert_field(rec, "details_lost", "true");
+	struct tap_publish whole = pub("", "q", true); /* kept whole: the default exchange is "" */
+	tap_track_publish(c, 1, &whole, T0 + 3000000);
+	tap_track_ack(c, 1, 3, false, T0 + 3000100);
+	tap_track_tick(t, T0 + 4000000);
+	rec = nth("publish", 2);
+	assert_field(rec, "exchange", "\"\"");
+	ck_assert_ptr_null(get(rec, "details_lost"));
+}
+END_TEST
+
+/* A Return whose strings the decoder could not keep cannot be paired: the mandatory publishes waiting on its
+ * channel end unknown (no_memory) rather than routed, the others keep their course. */
+START_TEST(return_details_lost_ends_the_candidates_unknown)
+{
+	confirm_channel(1);
+	struct tap_publish m1 = pub("x", "a", true), m2 = pub("x", "b", true), plain = pub("x", "c", false);
+	tap_track_publish(c, 1, &m1, T0);
+	tap_track_publish(c, 1, &plain, T0 + 1);
+	tap_track_publish(c, 1, &m2, T0 + 2);
+	struct tap_return r = {.reply_code = 312, .body_size = 12, .details_lost = true};
+	tap_track_return(c, 1, &r, T0 + 50);
+	ck_assert_uint_eq(n_seen, 2);
+	for (size_t i = 0; i < 2; i++) {
+		assert_verdict(verdict(i), TAP_TRACK_ROUTE_UNKNOWN, CONFIRM_UNKNOWN, NO_ORDER);
+		assert_reason(verdict(i), "no_memory", -1, "");
+	}
+	tap_track_ack(c, 1, 3, true, T0 + 100);
+	ck_assert_uint_eq(n_seen, 3);
+	assert_verdict(verdict(2), TAP_TRACK_ROUTE_UNPROVEN, ACK, NO_ORDER); /* the plain one: acked as it was */
+	ck_assert_uint_eq(stats().unmatched_returns, 0);
+}
+END_TEST
+
+#ifdef FAIL_ALLOC_WORKS
+/* No memory to store a channel as it opened or selected confirms: its first publish cannot know its mode, so the
+ * channel's mode is unknown and its publishes unknown (no_memory), never written as unconfirmed. A channel stored
+ * whole on the same connection keeps its verdicts. */
+START_TEST(channel_lost_for_memory_has_an_unknown_mode)
+{
+	confirm_channel(1);
+	fail_alloc = true;
+	tap_track_channel_open(c, 5, T0);
+	tap_track_confirm_select(c, 5, T0);
+	fail_alloc = false;
+	struct tap_publish p = pub("x", "a", true);
+	tap_track_publish(c, 5, &p, T0 + 10);
+	ck_assert_uint_eq(n_seen, 1);
+	assert_verdict(verdict(0), UNKNOWN, CONFIRM_UNKNOWN, NO_ORDER);
+	assert_reason(verdict(0), "no_memory", -1, "");
+	ck_assert_ptr_nonnull(strstr(nth("channel", count_type("channel") - 1), "\"event\":\"mode_unknown\""));
+	ck_assert_uint_gt(stats().oom, 0);
+	struct tap_publish q = pub("x", "a", true);
+	tap_track_publish(c, 1, &q, T0 + 20);
+	tap_track_ack(c, 1, 1, false, T0 + 30);
+	tap_track_tick(t, T0 + 1000000);
+	ck_assert_uint_eq(n_seen, 2);
+	assert_verdict(verdict(1), ROUTED, ACK, NO_ORDER);
+}
+END_TEST
+
+/* No memory for a connection's tracking: NULL, counted as a connection not followed. */
+START_TEST(connection_without_memory_is_counted)
+{
+	fail_alloc = true;
+	struct tap_track_conn *k = tap_track_conn_new(t, 9, "127.0.0.1:1", "127.0.0.1:5672", T0);
+	fail_alloc = false;
+	ck_assert_ptr_null(k);
+	ck_assert_uint_eq(stats().conns_unfollowed, 1);
+	ck_assert_uint_eq(stats().connections_total, 1); /* the fixture's */
+}
+END_TEST
+#endif
 
 START_TEST(unmatched_return)
 {
@@ -2116,6 +2218,12 @@ int main(void)
 	tcase_add_test(tc, traceparent_written);
 	tcase_add_test(tc, traceparent_malformed_ignored_and_counted);
 	tcase_add_test(tc, returned_before_ack);
+	tcase_add_test(tc, publish_details_lost_are_null);
+	tcase_add_test(tc, return_details_lost_ends_the_candidates_unknown);
+#ifdef FAIL_ALLOC_WORKS
+	tcase_add_test(tc, channel_lost_for_memory_has_an_unknown_mode);
+	tcase_add_test(tc, connection_without_memory_is_counted);
+#endif
 	tcase_add_test(tc, nacked);
 	tcase_add_test(tc, confirm_without_mandatory_warns_once);
 	tcase_add_test(tc, multiple_ack_covers_range);
