@@ -5,7 +5,8 @@
 # `unknown` with a reason (never a route or confirm the broker did not give), a shortage of the tap's own is
 # never blamed on the broker or the client (`tap_no_memory`), and no reason text is made up: an error without an
 # errno has no text, never strerror(0)'s "Success". Plain TCP with rabbitmq-c publishers on the shared broker;
-# TLS storms and TLS streams with TLS on both legs on tlslib's broker; `replay` of a capture, checked against the
+# TLS storms and TLS streams with TLS on both legs on tlslib's broker; a stop while allocations go on failing;
+# `replay` of a capture, checked against the
 # replay whose allocations all worked; `sniff -i lo` beside publishers that go straight to the broker. Skipped in
 # sanitizer builds: their allocator comes first.
 
@@ -139,6 +140,43 @@ class AllocFailuresCase(TlsCase):
         print(f"{done} of 12 publishers finished; {failed_allocations(err)} allocations failed; "
               f"{sum(1 for r in recs if r['type'] == 'publish')} publish records")
         self.assertGreater(done, 0, "no publisher was served in full")
+
+    def test_stop_while_allocations_fail(self):
+        """SIGTERM to a tap whose allocations go on failing (one in 30) while eight rabbitmq-c publishers stream
+        through it, two seeded runs: it exits within the shutdown grace (1 s) and a margin, never killed, with
+        0, or 1 exactly when its summary counts something lost; every publish it tracked has one record or is
+        counted lost."""
+        require_broker(self)
+        q = f"alloc.failures.stop.{os.getpid()}"
+        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT))
+        c.channel().queue_declare(q, arguments={"x-max-length": 1000})
+        self.addCleanup(lambda: c.channel().queue_delete(q) and c.close())
+        for seed in range(1, 3):
+            env = {"LD_PRELOAD": FAILALLOC, "FAILALLOC_ONE_IN": "30", "FAILALLOC_AFTER_MS": str(AFTER_MS),
+                   "FAILALLOC_SEED": str(seed)}
+            tap = self.start_tap(env=env)
+            time.sleep(AFTER_MS / 1000 + 0.2)
+            pubs = [stream_publisher(tap.port, 1000000, 64, 50, True, q) for _ in range(8)]
+            self.addCleanup(lambda pubs=pubs: [p.kill() for p in pubs if p.poll() is None])
+            time.sleep(1.0)
+            t0 = time.monotonic()
+            rc = tap.stop(timeout=10)
+            took = time.monotonic() - t0
+            self._taps.remove(tap)  # its exit code is checked here, not by tearDown
+            self.addCleanup(tap.cleanup)
+            for p in pubs:
+                p.kill()
+                p.communicate()
+            err = tap.stderr()
+            run = f"run {seed} (FAILALLOC_SEED={seed}) exited {rc} after {took:.1f} s: {err[-2000:]}"
+            self.assertGreater(failed_allocations(err), 0, run)
+            self.assertIn(rc, (0, 1), run)
+            self.assertLess(took, 5.0, run)
+            n_pubs, lost, lost_anywhere = summary(err)
+            self.assertEqual(rc, 1 if lost_anywhere else 0, run)
+            got = [r for r in read_records(tap.verdicts) if r["type"] == "publish"]
+            self.assertGreaterEqual(len(got) + lost, n_pubs, run)
+            self.assertGreater(n_pubs, 0, run)
 
     def test_replay(self):
         """`amqptap replay` of a capture of real traffic (twenty rabbitmq-c publishers through a tap with --pcap whose
