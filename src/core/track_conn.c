@@ -138,8 +138,9 @@ struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id,
 	c->next_due = INT64_MAX;
 	tap_intern_init(&c->keys, &t->mem);
 	tap_buf_init(&c->prefix);
-	trk_set_cstr(t, &c->client, client_addr);
-	trk_set_cstr(t, &c->upstream, upstream_addr);
+	bool client_kept = trk_set_cstr(t, &c->client, client_addr);
+	c->prefix_lost = !client_kept;
+	c->details_lost = !trk_set_cstr(t, &c->upstream, upstream_addr) || !client_kept;
 	conn_prefix_update(c);
 	c->next = t->conns;
 	if (t->conns)
@@ -159,17 +160,18 @@ void tap_track_conn_unfollowed(struct tap_track *t)
 void tap_track_conn_client_props(struct tap_track_conn *c, struct tap_slice product, struct tap_slice version,
                                  struct tap_slice platform)
 {
-	if (product.ptr)
-		trk_set_str(c->t, &c->product, product);
-	if (version.ptr)
-		trk_set_str(c->t, &c->version, version);
-	if (platform.ptr)
-		trk_set_str(c->t, &c->platform, platform);
+	if (product.ptr && !trk_set_str(c->t, &c->product, product))
+		c->details_lost = true;
+	if (version.ptr && !trk_set_str(c->t, &c->version, version))
+		c->details_lost = true;
+	if (platform.ptr && !trk_set_str(c->t, &c->platform, platform))
+		c->details_lost = true;
 }
 
 void tap_track_conn_user(struct tap_track_conn *c, struct tap_slice user)
 {
-	trk_set_str(c->t, &c->user, user);
+	if (!trk_set_str(c->t, &c->user, user))
+		c->details_lost = c->prefix_lost = true;
 	conn_prefix_update(c);
 }
 
@@ -186,7 +188,8 @@ void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64
 	if (c->opened)
 		return;
 	c->opened = true;
-	trk_set_str(c->t, &c->vhost, vhost);
+	if (!trk_set_str(c->t, &c->vhost, vhost))
+		c->details_lost = c->prefix_lost = true;
 	conn_prefix_update(c);
 	trk_record_conn_open(&c->t->render, c, now_us);
 	trk_emit(c->t);
@@ -214,11 +217,16 @@ void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t c
 	c->close_code = code;
 	c->close_text = trk_dup(c->t, text.ptr, text.len);
 	c->close_text_len = c->close_text ? text.len : 0;
+	if (!c->close_text) {
+		c->t->st.oom++;
+		c->details_lost = true;
+	}
 }
 
 void tap_track_conn_detail(struct tap_track_conn *c, const char *detail)
 {
-	trk_set_cstr(c->t, &c->end_detail, detail);
+	if (!trk_set_cstr(c->t, &c->end_detail, detail))
+		c->details_lost = true;
 }
 
 void tap_track_conn_close_ok(struct tap_track_conn *c, int64_t now_us)

@@ -195,6 +195,8 @@ struct tap_track_conn {
 	struct trk_ids *ids; /* the recent message ids (duplicate_message_id); NULL until the first */
 	const char *unseen_by; /* set by tap_track_conn_unseen: a channel first seen at a publish has an unknown mode */
 	bool chans_lost;       /* a channel's open or mode was seen without memory to store it: the same for them */
+	bool details_lost;     /* a string of its records (client, user, product, close text...) not kept: null */
+	bool prefix_lost;      /* of which client, vhost or user: its publish records say details_lost too */
 	int64_t next_due;      /* no timer of its channels is due before this: tap_track_tick skips it until then */
 	uint32_t due_idx;      /* place in t->due + 1, 0: not in it (next_due is INT64_MAX) */
 };
@@ -346,8 +348,9 @@ void trk_free(struct tap_track *t, void *p, size_t n);
 /* len bytes and a NUL (free with trk_free(t, p, len + 1)); NULL when out of memory. */
 char *trk_dup(struct tap_track *t, const uint8_t *s, size_t len);
 /* C strings (printed up to their first NUL: they are kept up to it). */
-void trk_set_str(struct tap_track *t, char **dst, struct tap_slice s);
-void trk_set_cstr(struct tap_track *t, char **dst, const char *s);
+/* Copies s into *dst (the old value freed); false, *dst NULL and a shortage counted when there was no memory. */
+bool trk_set_str(struct tap_track *t, char **dst, struct tap_slice s);
+bool trk_set_cstr(struct tap_track *t, char **dst, const char *s); /* s NULL: *dst NULL, true */
 void trk_free_str(struct tap_track *t, char **s);
 
 /* ---- track_warn.c: the publisher anti-patterns (DESIGN §4) ---- */

@@ -176,6 +176,31 @@ static inline char *put(char *p, const void *s, size_t n)
 }
 #define PUT(p, lit) put(p, lit, sizeof lit - 1)
 
+static size_t cstr_escaped_max(const char *s)
+{
+	return s ? TAP_JSON_ESCAPED_MAX(strlen(s)) : 4;
+}
+
+/* What put_conn_members writes at most. */
+static size_t conn_members_max(const struct tap_track_conn *c)
+{
+	return 64 + cstr_escaped_max(c->client) + cstr_escaped_max(c->vhost) + cstr_escaped_max(c->user);
+}
+
+static char *put_cstr_or_null(char *p, const char *s)
+{
+	return s ? tap_json_escape_at(p, s, strlen(s)) : PUT(p, "null");
+}
+
+/* The members of trk_render_prefix, for a connection whose rendered prefix there was no memory to keep. */
+static char *put_conn_members(char *p, const struct tap_track_conn *c)
+{
+	p = tap_json_uint_at(PUT(p, ",\"conn\":"), c->id);
+	p = put_cstr_or_null(PUT(p, ",\"client\":"), c->client);
+	p = put_cstr_or_null(PUT(p, ",\"vhost\":"), c->vhost);
+	return put_cstr_or_null(PUT(p, ",\"user\":"), c->user);
+}
+
 static inline char *put_lit(char *p, struct json_lit v)
 {
 	return put(p, v.json, v.len);
@@ -186,7 +211,7 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 {
 	struct tap_buf *b = &r->rec;
 	bool prefix = c->prefix.len > 1 && !c->prefix.oom;
-	size_t most = PUBLISH_FIXED_MAX + r->run_json_len + (prefix ? c->prefix.len : 0) + v->extra_len +
+	size_t most = PUBLISH_FIXED_MAX + r->run_json_len + (prefix ? c->prefix.len : conn_members_max(c)) + v->extra_len +
 	              TAP_JSON_ESCAPED_MAX(v->exchange_len) + TAP_JSON_ESCAPED_MAX(v->routing_key_len) +
 	              TAP_JSON_ESCAPED_MAX(v->message_id_len) + TAP_JSON_ESCAPED_MAX(v->correlation_id_len) +
 	              TAP_JSON_ESCAPED_MAX(vd->reply_text_len);
@@ -199,6 +224,8 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 		p = put(PUT(p, ",\"run\":"), r->run_json, r->run_json_len);
 	if (prefix) /* "conn", "client", "vhost", "user" without the brace */
 		p = put(PUT(p, ","), c->prefix.data + 1, c->prefix.len - 1);
+	else /* no memory kept the rendered prefix: the same members, written here */
+		p = put_conn_members(p, c);
 	p = tap_json_uint_at(PUT(p, ",\"channel\":"), ch);
 	p = PUT(p, ",\"seq\":");
 	p = v->confirm_mode ? tap_json_uint_at(p, v->seq) : put_lit(p, json_null);
@@ -245,7 +272,7 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 		kv_lit(&j, "tx", json_true);
 	if (v->blocked)
 		kv_lit(&j, "blocked", json_true);
-	if (v->details_lost) /* the null members above may stand for values the tap had no memory to keep */
+	if (v->details_lost || c->prefix_lost) /* a null above may stand for a value the tap had no memory to keep */
 		kv_lit(&j, "details_lost", json_true);
 	tap_json_obj_end(&j);
 }
@@ -580,6 +607,8 @@ void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, 
 		tap_json_kv_null(&j, "heartbeat");
 		tap_json_kv_null(&j, "channel_max");
 	}
+	if (c->details_lost) /* a null above may stand for a value the tap had no memory to keep */
+		kv_lit(&j, "details_lost", json_true);
 	tap_json_obj_end(&j);
 }
 
@@ -605,6 +634,8 @@ void trk_record_conn_close(struct trk_render *r, const struct tap_track_conn *c,
 	write_close_reason(&j, why);
 	tap_json_kv_int(&j, "duration_us", now_us - c->t_new);
 	write_counts(&j, &c->counts);
+	if (c->details_lost)
+		kv_lit(&j, "details_lost", json_true);
 	tap_json_obj_end(&j);
 }
 

@@ -40,20 +40,24 @@ char *trk_dup(struct tap_track *t, const uint8_t *s, size_t len)
 	return p;
 }
 
-void trk_set_str(struct tap_track *t, char **dst, struct tap_slice s)
+bool trk_set_str(struct tap_track *t, char **dst, struct tap_slice s)
 {
 	trk_free_str(t, dst);
 	const uint8_t *nul = s.len ? memchr(s.ptr, '\0', s.len) : NULL;
 	*dst = trk_dup(t, s.ptr, nul ? (size_t)(nul - s.ptr) : s.len);
-	if (!*dst)
-		t->st.oom++; /* written as null */
+	if (*dst)
+		return true;
+	t->st.oom++; /* written as null */
+	return false;
 }
 
-void trk_set_cstr(struct tap_track *t, char **dst, const char *s)
+bool trk_set_cstr(struct tap_track *t, char **dst, const char *s)
 {
 	trk_free_str(t, dst);
-	if (s && !(*dst = trk_dup(t, (const uint8_t *)s, strlen(s))))
-		t->st.oom++; /* written as null */
+	if (!s || (*dst = trk_dup(t, (const uint8_t *)s, strlen(s))))
+		return true;
+	t->st.oom++; /* written as null */
+	return false;
 }
 
 /* ---- slot number queues ---- */

@@ -715,6 +715,38 @@ START_TEST(channel_lost_for_memory_has_an_unknown_mode)
 }
 END_TEST
 
+/* A connection string the tracker could not copy is null and its records say details_lost; when the rendered
+ * conn/client/vhost/user prefix could not grow, publish records still carry those members. */
+START_TEST(connection_details_lost_are_said)
+{
+	fail_alloc = true;
+	tap_track_conn_client_props(c, S("pika-but-no-room"), S("9"), S("x"));
+	fail_alloc = false;
+	tap_track_conn_close(c, TAP_BY_CLIENT, 200, S("bye"), T0 + 1);
+	char vhost[2048];
+	memset(vhost, 'v', sizeof vhost - 1);
+	vhost[sizeof vhost - 1] = '\0';
+	struct tap_track_conn *k = tap_track_conn_new(t, 4, "127.0.0.1:2", "127.0.0.1:5672", T0);
+	fail_realloc = true; /* the vhost is copied; the prefix that holds it cannot grow */
+	tap_track_conn_open(k, S(vhost), T0);
+	fail_realloc = false;
+	tap_track_channel_open(k, 1, T0);
+	struct tap_publish p = pub("x", "a", false);
+	tap_track_publish(k, 1, &p, T0 + 2);
+	tap_track_tick(t, T0 + 5000000); /* past its hold */
+	const char *rec = nth("publish", 0);
+	assert_field(rec, "conn", "4");
+	assert_field(rec, "client", "\"127.0.0.1:2\"");
+	ck_assert_ptr_nonnull(strstr(rec, vhost));
+	ck_assert_ptr_null(get(rec, "details_lost")); /* all there */
+	tap_track_conn_end(c, "client_eof", T0 + 3);
+	const char *close = nth("connection", count_type("connection") - 1);
+	assert_field(close, "event", "\"close\"");
+	assert_field(close, "details_lost", "true");
+	ck_assert_uint_gt(stats().oom, 0);
+}
+END_TEST
+
 /* No memory for a connection's tracking: NULL, counted as a connection not followed. */
 START_TEST(connection_without_memory_is_counted)
 {
@@ -2223,6 +2255,7 @@ int main(void)
 #ifdef FAIL_ALLOC_WORKS
 	tcase_add_test(tc, channel_lost_for_memory_has_an_unknown_mode);
 	tcase_add_test(tc, connection_without_memory_is_counted);
+	tcase_add_test(tc, connection_details_lost_are_said);
 #endif
 	tcase_add_test(tc, nacked);
 	tcase_add_test(tc, confirm_without_mandatory_warns_once);
