@@ -457,7 +457,8 @@ static bool outputs_close(struct app *app, int64_t deadline_us)
 		}
 		if (ts.conns_unfollowed) {
 			whole = false;
-			tap_log_error("%" PRIu64 " connections have no records: no memory to follow them", ts.conns_unfollowed);
+			tap_log_error("%" PRIu64 " connections have no records: no memory to follow them",
+			              ts.conns_unfollowed);
 		}
 	}
 	tap_track_free(app->track);

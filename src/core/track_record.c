@@ -211,8 +211,8 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 {
 	struct tap_buf *b = &r->rec;
 	bool prefix = c->prefix.len > 1 && !c->prefix.oom;
-	size_t most = PUBLISH_FIXED_MAX + r->run_json_len + (prefix ? c->prefix.len : conn_members_max(c)) + v->extra_len +
-	              TAP_JSON_ESCAPED_MAX(v->exchange_len) + TAP_JSON_ESCAPED_MAX(v->routing_key_len) +
+	size_t most = PUBLISH_FIXED_MAX + r->run_json_len + (prefix ? c->prefix.len : conn_members_max(c)) +
+	              v->extra_len + TAP_JSON_ESCAPED_MAX(v->exchange_len) + TAP_JSON_ESCAPED_MAX(v->routing_key_len) +
 	              TAP_JSON_ESCAPED_MAX(v->message_id_len) + TAP_JSON_ESCAPED_MAX(v->correlation_id_len) +
 	              TAP_JSON_ESCAPED_MAX(vd->reply_text_len);
 	tap_buf_reset(b);

@@ -223,8 +223,9 @@ void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struc
 		warn_once(c, ch, TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID, seq, now_us);
 
 	if (confirm_mode) {
-		/* A client that waits for each confirm never has two publishes in flight. One that has had is pipelining:
-		 * when it is slow to write (a loaded machine) its publishes can still reach the wire one per answer. */
+		/* A client that waits for each confirm never has two publishes in flight. One that has had is
+		 * pipelining: when it is slow to write (a loaded machine) its publishes can still reach the wire one
+		 * per answer. */
 		if (w->unanswered)
 			w->pipelined = true;
 		bool waited = !w->pipelined && w->confirm_publishes && !w->unanswered &&

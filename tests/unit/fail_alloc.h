@@ -1,7 +1,8 @@
 /* Allocation failure on demand for the unit tests: while fail_alloc is set in a thread, malloc, calloc and realloc
- * called from that thread return NULL (errno ENOMEM), while fail_realloc is, realloc alone; other threads (an output's writer) are not touched. Include it
- * in one file of a test program. Sanitizer builds replace the allocator themselves: there FAIL_ALLOC_WORKS is not
- * defined and nothing is interposed, so tests that need it are left out. */
+ * called from that thread return NULL (errno ENOMEM), while fail_realloc is, realloc alone; other threads (an
+ * output's writer) are not touched. Include it in one file of a test program. Sanitizer builds replace the
+ * allocator themselves: there FAIL_ALLOC_WORKS is not defined and nothing is interposed, so tests that need it are
+ * left out. */
 #ifndef TAP_FAIL_ALLOC_H
 #define TAP_FAIL_ALLOC_H
 
