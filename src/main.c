@@ -745,6 +745,14 @@ static int run_proxy(const struct tap_conf *conf)
 
 	int64_t deadline = tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000;
 	outputs_drain_until(&app, deadline);
+	struct tap_proxy_stats pst;
+	tap_proxy_get_stats(app.proxy, &pst);
+	if (pst.no_memory) {
+		tap_log_error("%llu client connections were closed at once and have no records: no memory for their "
+		              "sessions", (unsigned long long)pst.no_memory);
+		if (app.exit_code == 0)
+			app.exit_code = 1;
+	}
 	tap_proxy_free(app.proxy); /* ends what is left: reason "shutdown" */
 	tap_track_shutdown(app.track, tap_now_us());
 	if (!outputs_close(&app, deadline) && app.exit_code == 0)

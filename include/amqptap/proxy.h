@@ -49,6 +49,7 @@ struct tap_proxy_stats {
 	uint64_t active;
 	uint64_t unreachable;
 	uint64_t fd_limit; /* clients closed because the tap had no descriptor for their upstream */
+	uint64_t no_memory; /* clients closed at once: no memory for their session (no records, nothing forwarded) */
 	uint64_t bytes_c2s;
 	uint64_t bytes_s2c;
 	uint64_t tls_busy_legs; /* TLS legs keeping their record buffers: busy in the last second (src/io/tlsleg.c) */

@@ -250,7 +250,7 @@ static const char *const type_names[] = {"counter", "gauge", "histogram"};
 	  "Times tracking found no memory: a record lost, a verdict written early, details left out.",            \
 	  s->track.oom, "tracking_short_of_memory")                                                                \
 	X("connections_unfollowed_total", COUNTER,                                                                \
-	  "Connections forwarded or read with no records: no memory to follow them.", s->track.conns_unfollowed,  \
+	  "Connections with no records: no memory to follow them, or to take them.", s->track.conns_unfollowed,   \
 	  "connections_unfollowed")                                                                                \
 	X("decode_errors_total", COUNTER, "Streams whose decoding stopped (decode_error records).",              \
 	  s->decode_errors, "decode_errors")                                                                       \

@@ -400,6 +400,10 @@ void tap_track_channel_close(struct tap_track_conn *c, uint16_t id, enum tap_pee
 	ch->close_code = code;
 	ch->close_text = text.len ? trk_dup(c->t, text.ptr, text.len) : NULL;
 	ch->close_text_len = ch->close_text ? text.len : 0;
+	if (text.len && !ch->close_text) { /* its reasons say no text, and no culprit is named by it */
+		c->t->st.oom++;
+		c->details_lost = true;
+	}
 }
 
 void tap_track_channel_close_ok(struct tap_track_conn *c, uint16_t id, int64_t now_us)
