@@ -253,8 +253,15 @@ static void print_summary(struct app *app)
 	uint64_t log_lost = tap_log_lost();
 	if (log_lost)
 		tap_buf_printf(&b, "output stderr lost=%" PRIu64 " lines\n", log_lost);
-	if (b.len)
+	if (b.oom && app->track) { /* what matters most, on the stack */
+		struct tap_track_stats ts;
+		tap_track_get_stats(app->track, &ts);
+		tap_log_error("summary: no memory to write it in full; %" PRIu64 " publishes, %" PRIu64 " records not "
+		              "rendered, %" PRIu64 " connections not followed (the outputs' losses follow)",
+		              ts.publishes, ts.records_oom, ts.conns_unfollowed);
+	} else if (b.len) {
 		tap_log_text(b.data, b.len);
+	}
 	tap_buf_deinit(&b);
 }
 
@@ -352,14 +359,19 @@ static void pcap_close(void *ctx, void *sc, int64_t ts_us)
 	tap_pcapng_conn_close(sc, ts_us);
 }
 
-static struct tap_out *open_output(enum app_out i, const char *path, enum tap_out_kind kind)
+/* Opens output i into app->out[i]: 0, or the exit code after saying why (2: the path cannot be opened, a bad
+ * value; 1: the tap had no memory or thread for it). */
+static int open_output(struct app *app, enum app_out i, const char *path, enum tap_out_kind kind)
 {
 	struct tap_out_conf oc = {.name = out_names[i], .path = path, .kind = kind};
-	struct tap_out *o = tap_out_open(&oc);
-	if (!o) /* EAGAIN: pthread_create had no memory or thread for the writer */
-		fprintf(stderr, "amqptap: --%s %s: %s%s\n", out_names[i], path ? path : "-",
-		        errno == EAGAIN ? "cannot start its writer thread: " : "", strerror(errno));
-	return o;
+	app->out[i] = tap_out_open(&oc);
+	if (app->out[i])
+		return 0;
+	int err = errno;
+	bool no_memory = err == ENOMEM || err == EAGAIN; /* EAGAIN: no memory or thread for the writer */
+	fprintf(stderr, "amqptap: --%s %s: %s%s\n", out_names[i], path ? path : "-",
+	        err == EAGAIN ? "cannot start its writer thread: " : "", strerror(err));
+	return no_memory ? 1 : 2;
 }
 
 /* Opens --verdicts, --frames and --pcap, creates the tracker and the
@@ -367,19 +379,17 @@ static struct tap_out *open_output(enum app_out i, const char *path, enum tap_ou
 static int outputs_open(struct app *app)
 {
 	const struct tap_conf *conf = app->conf;
-	app->out[OUT_VERDICTS] = open_output(OUT_VERDICTS, conf->verdicts, TAP_OUT_LINES);
-	if (!app->out[OUT_VERDICTS])
-		return 2;
+	int rc = open_output(app, OUT_VERDICTS, conf->verdicts, TAP_OUT_LINES);
+	if (rc)
+		return rc;
 	if (conf->frames) {
-		app->out[OUT_FRAMES] = open_output(OUT_FRAMES, conf->frames, TAP_OUT_LINES);
-		if (!app->out[OUT_FRAMES])
-			return 2;
+		if ((rc = open_output(app, OUT_FRAMES, conf->frames, TAP_OUT_LINES)))
+			return rc;
 		app->frames_sink = (struct tap_frames_sink){app, frame_line};
 	}
 	if (conf->pcap) {
-		app->out[OUT_PCAP] = open_output(OUT_PCAP, conf->pcap, TAP_OUT_BLOCKS);
-		if (!app->out[OUT_PCAP])
-			return 2;
+		if ((rc = open_output(app, OUT_PCAP, conf->pcap, TAP_OUT_BLOCKS)))
+			return rc;
 		app->pcap = tap_pcapng_new(pcap_block, app);
 		if (!app->pcap) {
 			fprintf(stderr, "amqptap: out of memory at start\n");
