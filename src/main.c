@@ -160,6 +160,13 @@ static void *hook_open(void *ctx, uint64_t conn_id, const char *client, const ch
 	return c;
 }
 
+static void hook_refused(void *ctx)
+{
+	struct app *app = ctx;
+	tap_track_conn_unfollowed(app->track); /* no records, like a connection the tracker cannot follow */
+	tap_log_error("a client connection was closed at once: no memory for its session");
+}
+
 /* Deadlines that passed are settled before new bytes are looked at, in the
  * same order replay settles them, so live and replay records agree. */
 static void settle_deadlines(struct app *app, int64_t now_us)
@@ -492,7 +499,7 @@ static int run_replay(const struct tap_conf *conf)
 	outputs_drain_until(&app, INT64_MAX);
 	if (code == 0) {
 		char err[512];
-		struct tap_replay_stats rs = {0}; /* left as it is when the capture cannot be opened */
+		struct tap_replay_stats rs;
 		struct tap_replay_hooks hooks = {
 			.ctx = &app, .idle = replay_idle, .ports = conf->ports + 1, .n_ports = conf->n_ports - 1,
 			.min_window_us = app.min_window_us,
@@ -652,7 +659,7 @@ static int run_sniff(const struct tap_conf *conf)
 	int64_t deadline = tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000;
 	outputs_drain_until(&app, deadline);
 	report_drops(&app, tap_now_us());
-	struct tap_replay_stats rs = {0};
+	struct tap_replay_stats rs;
 	tap_replay_live_end(live, tap_now_us(), &rs);
 	if (rs.gaps > 0)
 		tap_log_error("capture gaps: %" PRIu64 " (%" PRIu64 " bytes missing); the publishes they may have "
@@ -702,7 +709,8 @@ static int run_proxy(const struct tap_conf *conf)
 	app.base = code ? NULL : event_base_new();
 	char upstream_name[300];
 	tap_conf_addr_format(&conf->upstream, upstream_name, sizeof upstream_name);
-	struct tap_proxy_hooks hooks = {.ctx = &app, .open = hook_open, .data = hook_data, .close = hook_close};
+	struct tap_proxy_hooks hooks = {
+	    .ctx = &app, .open = hook_open, .data = hook_data, .close = hook_close, .refused = hook_refused};
 	if (app.base)
 		app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up, up_len, upstream_name, app.tls, &hooks);
 	if (app.proxy)
@@ -755,14 +763,6 @@ static int run_proxy(const struct tap_conf *conf)
 
 	int64_t deadline = tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000;
 	outputs_drain_until(&app, deadline);
-	struct tap_proxy_stats pst;
-	tap_proxy_get_stats(app.proxy, &pst);
-	if (pst.no_memory) {
-		tap_log_error("%llu client connections were closed at once and have no records: no memory for their "
-		              "sessions", (unsigned long long)pst.no_memory);
-		if (app.exit_code == 0)
-			app.exit_code = 1;
-	}
 	tap_proxy_free(app.proxy); /* ends what is left: reason "shutdown" */
 	tap_track_shutdown(app.track, tap_now_us());
 	if (!outputs_close(&app, deadline) && app.exit_code == 0)

@@ -42,6 +42,8 @@ struct tap_proxy_hooks {
 	void *(*open)(void *ctx, uint64_t conn_id, const char *client, const char *upstream, int64_t now_us);
 	void (*data)(void *ctx, void *sess, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us);
 	void (*close)(void *ctx, void *sess, enum tap_proxy_end why, const char *detail, int64_t now_us);
+	/* A client closed at once, the tap having no memory for its session: it gets no open, data or close. */
+	void (*refused)(void *ctx);
 };
 
 struct tap_proxy_stats {
@@ -49,7 +51,6 @@ struct tap_proxy_stats {
 	uint64_t active;
 	uint64_t unreachable;
 	uint64_t fd_limit; /* clients closed because the tap had no descriptor for their upstream */
-	uint64_t no_memory; /* clients closed at once: no memory for their session (no records, nothing forwarded) */
 	uint64_t bytes_c2s;
 	uint64_t bytes_s2c;
 	uint64_t tls_busy_legs; /* TLS legs keeping their record buffers: busy in the last second (src/io/tlsleg.c) */

@@ -34,7 +34,7 @@ struct tap_replay_hooks {
 	int64_t min_window_us;
 };
 /* path "-" reads standard input as it arrives (pcap or pcapng), so records follow a live `tcpdump -U -w -`.
- * hooks and stats may be NULL. */
+ * hooks and stats may be NULL; stats is written whatever the outcome (zero when the capture could not be opened). */
 int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track,
 		   const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap);
 /* The same over a capture in memory; name is used in messages. */
@@ -51,7 +51,7 @@ int tap_replay_live_new(struct tap_replay_live **l, const uint16_t *ports, size_
 int tap_replay_live_packet(struct tap_replay_live *l, uint32_t linktype, int64_t ts_us, const uint8_t *packet,
 			   size_t caplen);
 /* Ends every open stream ("capture_end"), settles the tracker at now_us (or the last packet's time if later),
- * fills stats (may be NULL) and frees l. */
+ * fills stats (may be NULL; zero for a NULL l) and frees l. */
 void tap_replay_live_end(struct tap_replay_live *l, int64_t now_us, struct tap_replay_stats *stats);
 
 #endif

@@ -764,8 +764,8 @@ static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struc
 	struct tap_session *s = calloc(1, sizeof *s);
 	if (!s) {
 		evutil_closesocket(fd);
-		if (px->stats.no_memory++ == 0) /* the rest are counted; the summary says how many */
-			tap_log_error("a client connection was closed at once: no memory for its session");
+		if (px->hooks.refused)
+			px->hooks.refused(px->hooks.ctx);
 		return;
 	}
 	s->px = px;

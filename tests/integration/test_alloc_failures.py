@@ -40,7 +40,7 @@ def failing_env(one_in, stop_file):
 def summary(stderr):
     """From the tap's summary at exit: (publishes tracked, verdict records lost (by the output, or not rendered
     for want of memory), anything lost: records by any output, and connections the tap had no memory to follow
-    (they have no records at all)). A summary the tap had no memory to write in full is one line with what matters
+    or take (they have no records at all)). A summary the tap had no memory to write in full is one line with what matters
     most, the outputs' losses on lines of their own."""
     short = re.search(r"^amqptap: summary: no memory to write it in full; (\d+) publishes, (\d+) records not "
                       r"rendered, (\d+) connections not followed", stderr, re.M)
@@ -55,8 +55,6 @@ def summary(stderr):
         if not total or not tracking or "verdicts" not in outputs:
             raise AssertionError(f"no summary in the tap's stderr: {stderr[-2000:]}")
         pubs, unrendered, not_followed = int(total.group(1)), int(tracking.group(1)), int(tracking.group(2))
-    refused = re.search(r"^amqptap: (\d+) client connections were closed at once", stderr, re.M)
-    not_followed += int(refused.group(1)) if refused else 0
     verdicts_lost = unrendered + outputs.get("verdicts", 0)
     lost_anywhere = verdicts_lost + not_followed + sum(n for k, n in outputs.items() if k != "verdicts")
     return pubs, verdicts_lost, lost_anywhere, not_followed
