@@ -527,9 +527,9 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 	bool want = p->mandatory || (ch && (ch->mode == TRK_MODE_CONFIRM || ch->closing));
 	/* a plain publish is held conf.late_return_us: the broker's close, if it refuses it, comes within that */
 	bool plain = !want && ch && t->conf.late_return_us > 0;
-	if (ch && ch->mode == TRK_MODE_UNKNOWN) {
-		bool waits = false; /* nothing it is answered with can be placed: written at once */
-		publish_untracked(c, id, ch, p, waits, now_us);
+	if (!ch || ch->mode == TRK_MODE_UNKNOWN) {
+		/* nothing it is answered with can be placed, or no memory for its channel: written at once, unknown */
+		publish_untracked(c, id, ch, p, false, now_us);
 		return;
 	}
 	if (!(want || plain)) {

@@ -76,6 +76,14 @@ class AllocFailuresCase(TlsCase):
         if not os.path.exists(FAILALLOC):
             self.fail(f"{FAILALLOC} is not built")
 
+    def queue(self, tag, port=BROKER_PORT, max_length=None):
+        """A queue on the broker at port for this test (at most max_length messages), deleted after it."""
+        q = f"alloc.failures.{tag}.{time.monotonic_ns()}"
+        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        c.channel().queue_declare(q, arguments={"x-max-length": max_length} if max_length else None)
+        self.addCleanup(lambda: c.channel().queue_delete(q) and c.close())
+        return q
+
     def failing_tap(self, one_in, start, wait=True):
         """A tap from start(env) whose allocations fail, one in one_in, from AFTER_MS on (tap.armed_at, monotonic;
         waits for it unless wait is false)."""
@@ -132,10 +140,7 @@ class AllocFailuresCase(TlsCase):
         """Twelve rabbitmq-c publishers, 3,000 confirmed mandatory publishes each to a queue, one allocation in 40
         failing: connections the tap cannot serve are closed, the rest are served in full."""
         require_broker(self)
-        q = f"alloc.failures.{os.getpid()}"
-        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT))
-        c.channel().queue_declare(q, arguments={"x-max-length": 1000})
-        self.addCleanup(lambda: c.channel().queue_delete(q) and c.close())
+        q = self.queue("plain", max_length=1000)
         tap = self.failing_tap(40, self.start_tap)
         pubs = [stream_publisher(tap.port, 3000, 64, 50, True, q) for _ in range(12)]
         done = 0
@@ -159,10 +164,7 @@ class AllocFailuresCase(TlsCase):
         0, or 1 exactly when its summary counts something lost; every publish it tracked has one record or is
         counted lost."""
         require_broker(self)
-        q = f"alloc.failures.stop.{os.getpid()}"
-        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT))
-        c.channel().queue_declare(q, arguments={"x-max-length": 1000})
-        self.addCleanup(lambda: c.channel().queue_delete(q) and c.close())
+        q = self.queue("stop", max_length=1000)
         for seed in range(1, 3):
             env = {"LD_PRELOAD": FAILALLOC, "FAILALLOC_ONE_IN": "30", "FAILALLOC_AFTER_MS": str(AFTER_MS),
                    "FAILALLOC_SEED": str(seed)}
@@ -199,10 +201,7 @@ class AllocFailuresCase(TlsCase):
         or that it could not start (then it wrote nothing). Never 0 with a record missing, never 2 (that is for bad
         options), never a crash."""
         require_broker(self)
-        q = f"alloc.failures.replay.{os.getpid()}"
-        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT))
-        c.channel().queue_declare(q, arguments={"x-max-length": 1000})
-        self.addCleanup(lambda: c.channel().queue_delete(q) and c.close())
+        q = self.queue("replay", max_length=1000)
         work = tempfile.mkdtemp(prefix="alloc-replay-")
         self.addCleanup(shutil.rmtree, work, True)
         cap = os.path.join(work, "traffic.pcapng")
@@ -277,10 +276,7 @@ class AllocFailuresCase(TlsCase):
         the exit code is 1 exactly when something was, and no verdict differs from the broker's unless it is
         `unknown` with a reason."""
         require_broker(self)
-        q = f"alloc.failures.sniff.{os.getpid()}"
-        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT))
-        c.channel().queue_declare(q)
-        self.addCleanup(lambda: c.channel().queue_delete(q) and c.close())
+        q = self.queue("sniff")
         work = tempfile.mkdtemp(prefix="alloc-sniff-")
         self.addCleanup(shutil.rmtree, work, True)
         for seed in range(1, 5):
@@ -328,10 +324,7 @@ class AllocFailuresCase(TlsCase):
         """n TLS clients at once (tests/bench/bench_storm.c) through a tap with TLS to the broker too, one
         allocation in one_in failing, each publishing one mandatory message to a queue declared beforehand (so
         that no setup connection has to get through); returns the storm's result, the records and the stderr."""
-        q = f"alloc.failures.storm.{time.monotonic_ns()}"
-        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", PLAIN_PORT))
-        c.channel().queue_declare(q, arguments={"x-max-length": 1000})
-        self.addCleanup(lambda: c.channel().queue_delete(q) and c.close())
+        q = self.queue("storm", port=PLAIN_PORT, max_length=1000)
         tap = self.failing_tap(one_in, self.tls_tap)
         r = subprocess.run([STORM, "-T", "-H", "localhost", "-p", str(tap.port), "-C", self.p("ca.pem"), "-c", str(n),
                             "-q", q, "-D", "-t", "30"], stdout=subprocess.PIPE, timeout=300)

@@ -712,6 +712,13 @@ START_TEST(channel_lost_for_memory_has_an_unknown_mode)
 	tap_track_tick(t, T0 + 1000000);
 	ck_assert_uint_eq(n_seen, 2);
 	assert_verdict(verdict(1), ROUTED, ACK, NO_ORDER);
+	struct tap_publish m = pub("x", "b", true); /* no memory for its channel even now: unknown, not a crash */
+	fail_alloc = true;
+	tap_track_publish(c, 7, &m, T0 + 2000000);
+	fail_alloc = false;
+	ck_assert_uint_eq(n_seen, 3);
+	assert_verdict(verdict(2), UNKNOWN, CONFIRM_UNKNOWN, NO_ORDER);
+	assert_reason(verdict(2), "no_memory", -1, "");
 }
 END_TEST
 
