@@ -13,7 +13,7 @@ import threading
 import time
 
 from scenario_lib import RawClient, ScenarioCase
-from tapharness import MIB, is_asan_build, main, read_records, rss_kb, wait_for
+from tapharness import MIB, is_asan_build, main, rss_kb, wait_for
 
 BUDGET = 4 * MIB
 # The tap's own memory besides tracking: the loop, the relay buffers (1 MiB watermark each way), the record
@@ -120,7 +120,7 @@ class TrackingMemoryTest(ScenarioCase):
         self.assertLess(hwm_kb, (BUDGET + OVERHEAD) // 1024, "VmHWM over the budget plus the fixed overhead")
 
     def check_one_record_each(self, tap, n):
-        pubs = [r for r in read_records(tap.verdicts) if r.get("type") == "publish"]
+        pubs = tap.records("publish")
         ids = [r.get("message_id") for r in pubs]
         self.assertEqual(len(pubs), n, "want exactly one publish record per basic.publish")
         self.assertEqual(sorted(ids), sorted(f"m{i}" for i in range(n)))
