@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 
-from tapharness import AMQPTAP_BIN, BROKER_HOST, BROKER_PORT, SOURCE_DIR, start_tap  # noqa: E402
+from tapharness import AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, start_tap  # noqa: E402
 
 CAPTURES_DIR = os.path.join(SOURCE_DIR, "captures")
 

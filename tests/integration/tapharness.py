@@ -175,6 +175,10 @@ class Tap:
         recs = read_records(self.verdicts, live=self.alive())
         return [r for r in recs if kind is None or r.get("type") == kind]
 
+    def frame_records(self):
+        """The --frames trace so far (a line still being written is left out while the tap runs)."""
+        return read_records(self.frames, live=self.alive())
+
     def stop(self, sig=signal.SIGTERM, timeout=15.0):
         """Signals the tap, waits, and returns its exit code (killed after timeout: returns -9)."""
         if self.returncode is not None:

@@ -6,7 +6,6 @@
 
 import collections
 import glob
-import json
 import os
 import shutil
 import signal

@@ -23,7 +23,7 @@ import pika.data  # noqa: E402
 import pika.exceptions  # noqa: E402
 
 from scenario_lib import RawClient, ScenarioCase, broker_sh, params  # noqa: E402
-from tapharness import BROKER_HOST, BROKER_PORT, main, read_records, wait_for  # noqa: E402
+from tapharness import BROKER_HOST, BROKER_PORT, main, wait_for  # noqa: E402
 
 TSHARK = "/usr/bin/tshark"
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
@@ -243,7 +243,7 @@ def parse_frames(data):
 class FramesTest(ScenarioCase):
 
     def frames_of(self, tap):
-        return read_records(tap.frames)
+        return tap.frame_records()
 
     def assertTraceMatchesTshark(self, recs, cap, port):
         """Per direction, the tap's frames equal tshark's decoding of the loopback capture of the same traffic,
@@ -459,7 +459,7 @@ class FramesTest(ScenarioCase):
                 self.assertNotIn(form, data, f"the password appears in {name} ({path})")
         opens = [r for r in tap.records("connection") if r.get("event") == "open"]
         self.assertEqual([r.get("user") for r in opens], [user, user], json.dumps(opens))
-        startoks = [r for r in read_records(tap.frames) if r.get("method") == "connection.start-ok"]
+        startoks = [r for r in tap.frame_records() if r.get("method") == "connection.start-ok"]
         self.assertEqual([r["args"]["mechanism"] for r in startoks], ["PLAIN", "AMQPLAIN", "PLAIN"])
         self.assertEqual(startoks[0]["args"]["response"], f"<redacted {2 + len(user) + len(password)} bytes>")
         self.assertEqual(startoks[1]["args"]["response"], f"<redacted {resp_len} bytes>")
@@ -559,7 +559,7 @@ class FramesTest(ScenarioCase):
             self.assertEqual(tap.stop(), 0)
             with open(tap.frames, "rb") as f:
                 raw = f.read()
-            results[bool(arg)] = (read_records(tap.frames), raw)
+            results[bool(arg)] = (tap.frame_records(), raw)
 
         recs, raw = results[True]
         for direction in ("c2s", "s2c"):

@@ -11,7 +11,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import unittest
 
 import pika
 

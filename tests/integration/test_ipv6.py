@@ -12,7 +12,7 @@ import threading
 
 import pika
 
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, TapTestCase, main, read_records, require_broker, wait_for,
+from tapharness import (AMQPTAP_BIN, BROKER_PORT, TapTestCase, main, read_records, require_broker,
                         without_identity)
 
 

@@ -21,12 +21,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 
 import pika
 import pika.exceptions
 
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, free_port, is_asan_build, main, read_records, rss_kb,
+from tapharness import (AMQPTAP_BIN, BROKER_PORT, free_port, is_asan_build, main, rss_kb,
                         wait_for)
 from scenario_lib import ScenarioCase, final_line, publish_records, stream_publisher
 

@@ -14,7 +14,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import unittest
 
 import pika
 

@@ -11,7 +11,6 @@ import struct
 import sys
 import tempfile
 import time
-import unittest
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -19,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pika  # noqa: E402
 
 from scenario_lib import RawClient, broker_sh, direct_connection, params  # noqa: E402
-from tapharness import TapTestCase, main, read_records, require_broker, wait_for  # noqa: E402
+from tapharness import TapTestCase, main, require_broker, wait_for  # noqa: E402
 
 USER = f"sec-{uuid.uuid4().hex[:6]}"
 PASSWORD = f"Sq{uuid.uuid4().hex[:12]}Zx"  # the broker's password for USER
@@ -130,7 +129,7 @@ class SecretsCase(TapTestCase):
         closes = [r for r in tap.records("connection") if r.get("event") == "close"]
         self.assertEqual(sorted((r["conn"], r["by"], r["code"]) for r in closes),
                          [(1, "client", 200), (2, "client", 200), (3, "client", 200)])
-        trace = read_records(tap.frames)
+        trace = tap.frame_records()
         self.assertEqual([r["protocol"] for r in trace if r["frame"] == "protocol_header"], [h[2] for h in headers])
         closing = [r for r in trace if r.get("method") == "connection.close"]
         self.assertEqual([(r["conn"], r["dir"], r["method_id"]) for r in closing],
@@ -174,7 +173,7 @@ class SecretsCase(TapTestCase):
         pubs = tap.records("publish")
         self.assertEqual([(p["message_id"], p["route"], p["confirm"], p["user"]) for p in pubs],
                          [("a-1", "routed", "ack", USER)], json.dumps(pubs))
-        startoks = [r for r in read_records(tap.frames) if r.get("method") == "connection.start-ok"]
+        startoks = [r for r in tap.frame_records() if r.get("method") == "connection.start-ok"]
         self.assertEqual(startoks[0].get("user"), USER)
         self.assertEqual(startoks[0]["args"]["response"], f"<redacted {len(resp)} bytes>")
         with open(tap.pcap, "rb") as f:

@@ -9,7 +9,7 @@ import time
 
 import pika
 
-from tapharness import BROKER_PORT, TapTestCase, main, read_records, require_broker, wait_for
+from tapharness import TapTestCase, main, read_records, require_broker, wait_for
 
 
 class Signals(TapTestCase):
@@ -52,7 +52,7 @@ class Signals(TapTestCase):
         old = [r for r in read_records(rotated_v) if r["type"] == "publish"]
         self.assertEqual(len(old), 5)
         self.assertEqual({r["message_id"] for r in tap.records("publish")}, {f"nowhere.at.all-{i}" for i in range(3)})
-        self.assertTrue(read_records(tap.frames))
+        self.assertTrue(tap.frame_records())
 
         self.assertEqual(tap.stop(), 0)
         final = tap.stderr().split("amqptap summary")[-1]

@@ -96,7 +96,7 @@ class BothLegs(TlsCase):
             tap = self.tls_tap(extra=["--pcap", pcap])
             self.scenarios(self.pika_params(tap.port))
             self.assertEqual(tap.stop(), 0)
-            methods = [r.get("method") for r in read_records(tap.frames)]
+            methods = [r.get("method") for r in tap.frame_records()]
             self.assertIn("basic.publish", methods)
             self.assertIn("basic.return", methods)
             replayed = os.path.join(d, "replay.jsonl")
