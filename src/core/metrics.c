@@ -647,6 +647,24 @@ static void json_capture(struct tap_json *j, const struct tap_metrics_snapshot *
 	tap_json_obj_end(j);
 }
 
+/* "outputs": records written, dropped whole and failed writes of each output that is on */
+static void json_outputs(struct tap_json *j, const struct tap_metrics_snapshot *s)
+{
+	tap_json_key(j, "outputs");
+	tap_json_obj_begin(j);
+	for (size_t i = 0; i < TAP_METRICS_N_OUT; i++) {
+		if (!s->out[i].on)
+			continue;
+		tap_json_key(j, out_names[i]);
+		tap_json_obj_begin(j);
+		tap_json_kv_uint(j, "records", s->out[i].lines);
+		tap_json_kv_uint(j, "lost", s->out[i].lost);
+		tap_json_kv_uint(j, "write_errors", s->out[i].write_errors);
+		tap_json_obj_end(j);
+	}
+	tap_json_obj_end(j);
+}
+
 void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struct tap_metrics_tally *t,
                                const struct tap_track *track, struct tap_buf *out)
 {
@@ -695,6 +713,7 @@ void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struc
 	json_return_latency(&j, t);
 	json_exchanges(&j, t);
 	json_capture(&j, s);
+	json_outputs(&j, s);
 
 	tap_json_key(&j, "process");
 	tap_json_obj_begin(&j);

@@ -17,6 +17,8 @@ import unittest
 SOURCE_DIR = os.environ.get("TAP_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 AMQPTAP_BIN = os.environ.get("AMQPTAP_BIN", os.path.join(SOURCE_DIR, "build", "amqptap"))
 CLIENTS_DIR = os.environ.get("TAP_CLIENTS_DIR", os.path.join(os.path.dirname(AMQPTAP_BIN), "clients"))
+# tests/preload/failalloc.c: an LD_PRELOAD library that makes allocations fail (see its header for the variables)
+FAILALLOC = os.path.join(os.path.dirname(CLIENTS_DIR), "preload", "failalloc.so")
 BROKER_HOST = "127.0.0.1"
 BROKER_PORT = int(os.environ.get("TAP_BROKER_PORT", "5690"))
 AMQP_091_HEADER = b"AMQP\x00\x00\x09\x01"

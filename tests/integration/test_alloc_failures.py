@@ -23,10 +23,9 @@ import unittest
 import pika
 
 from scenario_lib import stream_publisher
-from tapharness import AMQPTAP_BIN, BROKER_PORT, CLIENTS_DIR, is_asan_build, main, read_records, require_broker
+from tapharness import AMQPTAP_BIN, BROKER_PORT, CLIENTS_DIR, FAILALLOC, is_asan_build, main, read_records, require_broker
 from tlslib import PLAIN_PORT, STORM, TlsCase
 
-FAILALLOC = os.path.join(os.path.dirname(CLIENTS_DIR), "preload", "failalloc.so")
 LOADGEN = os.path.join(os.path.dirname(CLIENTS_DIR), "bench", "bench_loadgen")
 AFTER_MS = 1500  # the tap starts up whole before the first failure
 

@@ -6,6 +6,7 @@
 # routes, methods and the option's forms.
 
 import errno
+import html
 import json
 import os
 import re
@@ -20,13 +21,14 @@ import threading
 import time
 import urllib.error
 import urllib.parse
+import unittest
 import urllib.request
 
 import pika
 import pika.exceptions
 
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, free_port, is_asan_build, main, rss_kb,
-                        wait_for)
+from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, BROKER_PORT, FAILALLOC, SOURCE_DIR, free_port, is_asan_build,
+                        main, rss_kb, start_tap, wait_for)
 from scenario_lib import ScenarioCase, final_line, publish_records, stream_publisher
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -153,13 +155,20 @@ class PrometheusScrape(ScenarioCase):
         except OSError:
             return False
 
+    def query_all(self, port, expr):
+        """Every sample of an instant query (an expression Prometheus cannot parse fails the test)."""
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                res = json.load(r)
+        except urllib.error.HTTPError as e:
+            self.fail(f"{expr}: {e.code} {e.read()[:500]!r}")
+        self.assertEqual(res["status"], "success", res)
+        return res["data"]["result"]
+
     def query(self, port, expr):
         """The single value of an instant query (None when the result is empty)."""
-        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(url, timeout=5) as r:
-            res = json.load(r)
-        self.assertEqual(res["status"], "success", res)
-        data = res["data"]["result"]
+        data = self.query_all(port, expr)
         if not data:
             return None
         self.assertEqual(len(data), 1, f"{expr}: {data}")
@@ -224,6 +233,7 @@ class PrometheusScrape(ScenarioCase):
         self.assertEqual(self.query(prom, 'sum(amqptap_exchange_publishes_total{exchange="(other)"})'), 0)
         self.assertEqual(self.query(prom, "sum(amqptap_exchange_publishes_total)"), total)
         self.assertIsNone(self.query(prom, "amqptap_capture_gaps_total"), "no capture in proxy mode")
+        self.check_readme_alerts(prom)
 
         # promtool lints the exposition as served
         status, headers, body = http_get(mport, "/metrics")
@@ -238,6 +248,30 @@ class PrometheusScrape(ScenarioCase):
         self.assertLessEqual(labels, {"route", "confirm", "reply_code", "rule", "reason", "output", "dir", "le",
                                       "version", "exchange"},
                              "a label per routing key or message would be unbounded (exchanges are: top N)")
+
+    # What each example alert of the README gives after the scenario (keyed by a piece of its expression): True
+    # fires, False stays quiet, None either (it depends on the machine's speed).
+    README_ALERTS = {'route="returned"}[5m]) > 0': True, "histogram_quantile(0.99": None,
+                     'confirm="unknown"}[5m]) > 0': True, "amqptap_upstream_up == 0": False,
+                     "topk(3": True, "amqptap_capture_drops_total": False,
+                     "amqptap_connections_unfollowed_total": False}
+
+    def check_readme_alerts(self, prom):
+        """The README's example alerts are expressions this Prometheus evaluates, and they fire on the scenario
+        where they should (returns, publishes left unknown) and nowhere else."""
+        with open(os.path.join(SOURCE_DIR, "README.md")) as f:
+            readme = f.read()
+        block = re.search(r"Example alerts:\n\n```\n(.*?)```", readme, re.S)
+        self.assertIsNotNone(block, "no example alerts in the README")
+        exprs = [ln for ln in block.group(1).splitlines() if ln.strip() and not ln.startswith("#")]
+        self.assertEqual(len(exprs), len(self.README_ALERTS), exprs)
+        for expr in exprs:
+            keys = [k for k in self.README_ALERTS if k in expr]
+            self.assertEqual(len(keys), 1, f"README alert {expr!r} is not in README_ALERTS")
+            want = self.README_ALERTS[keys[0]]
+            fired = bool(self.query_all(prom, expr))
+            if want is not None:
+                self.assertEqual(fired, want, expr)
 
     def assert_quantile_near(self, prom, histogram, values):
         """histogram_quantile(0.5) of amqptap_<histogram> lands in the bucket of the median of values (µs); bounds
@@ -369,6 +403,85 @@ class StatusPage(ScenarioCase):
         self.assertGreater(os.path.getsize(shot), 20000)
         note(f"screenshot: {shot}")
         conn.close()
+
+
+    def own_tap(self, extra=(), env=None):
+        """A tap with --metrics whose exit code the test checks itself (these ones exit 1); returns (tap, port)."""
+        port = free_port()
+        tap = start_tap(["--metrics", f"127.0.0.1:{port}", *extra], env=env)
+        self.addCleanup(tap.cleanup)
+        self.addCleanup(tap.stop)
+        return tap, port
+
+    def diagnosis(self, mport):
+        """The findings on top of the rendered page, one string each."""
+        run = chromium(self, f"http://127.0.0.1:{mport}/", "--dump-dom")
+        self.assertEqual(run.returncode, 0, run.stderr.decode()[-2000:])
+        dom = run.stdout.decode("utf-8", "replace")
+        found = re.search(r'<ul id="findings">(.*?)</ul>', dom, re.S)
+        self.assertIsNotNone(found, f"no findings in the rendered page: {dom[:3000]}")
+        return [html.unescape(re.sub(r"<[^>]+>", "", li)) for li in re.findall(r"<li[^>]*>(.*?)</li>", found.group(1), re.S)]
+
+    def test_page_says_what_an_output_could_not_write(self):
+        """--verdicts /dev/full: every verdict record is dropped. The page must not call the publishes fine: it
+        names the output and how many records it dropped, and /api/status counts them per output."""
+        tap, mport = self.own_tap(["--verdicts", "/dev/full"])
+        q = self.declare_queue("devfull")
+        conn = self.connect(tap)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(5):
+            ch.basic_publish("", q, b"x", pika.BasicProperties(message_id=f"full-{i}", delivery_mode=2),
+                             mandatory=True)
+        conn.close()
+        outputs = lambda: json.loads(http_get(mport, "/api/status")[2])["outputs"]  # noqa: E731
+        self.assertTrue(wait_for(lambda: outputs()["verdicts"]["lost"] >= 7, 10), outputs())
+        out = outputs()
+        # every record dropped (the connection, its channel and the five publishes)
+        self.assertEqual(out["verdicts"]["lost"], out["verdicts"]["records"], out)
+        self.assertGreater(out["verdicts"]["write_errors"], 0, out)
+        self.assertEqual(out["frames"]["lost"], 0, out)
+        self.assertGreater(out["frames"]["records"], 0, out)
+        lost = out["verdicts"]["lost"]
+        self.assertEqual(self.diagnosis(mport), [f"The --verdicts output dropped {lost} of {lost} record(s) "
+                                                 f"({out['verdicts']['write_errors']} failed write(s): see the tap's log)."])
+        self.assertEqual(tap.stop(), 1, tap.stderr()[-2000:])
+
+    @unittest.skipIf(is_asan_build(), "sanitizer build: its allocator cannot be replaced with LD_PRELOAD")
+    def test_page_says_connections_it_could_not_follow(self):
+        """Every allocation failing once the tap is up (tests/preload/failalloc.so), three clients connect: the tap
+        cannot follow them. With allocations working again, the page counts them and says that their publishes
+        are in none of its counts, and the tap exits 1."""
+        self.assertTrue(os.path.exists(FAILALLOC), f"{FAILALLOC} is not built")
+        d = tempfile.mkdtemp(prefix="amqptap-unfollowed-")
+        self.addCleanup(shutil.rmtree, d, True)
+        stop_file = os.path.join(d, "stop")
+        armed_after = 1.5
+        tap, mport = self.own_tap(env={"LD_PRELOAD": FAILALLOC, "FAILALLOC_ONE_IN": "1",
+                                       "FAILALLOC_AFTER_MS": str(int(armed_after * 1000)),
+                                       "FAILALLOC_STOP_FILE": stop_file})
+        started = time.monotonic()
+        self.assertEqual(json.loads(http_get(mport, "/api/status")[2])["counters"]["connections_unfollowed"], 0)
+        time.sleep(max(0.0, started + armed_after + 0.2 - time.monotonic()))
+        clients = 3
+        for _ in range(clients):
+            with socket.create_connection(("127.0.0.1", tap.port), timeout=5) as s:
+                s.sendall(AMQP_091_HEADER)
+                s.settimeout(2)
+                try:
+                    s.recv(4096)  # the broker's connection.start when forwarded, or the tap closing it
+                except OSError:
+                    pass
+        with open(stop_file, "w"):
+            pass
+        time.sleep(0.1)  # failalloc looks for the file every 10 ms
+        counters = json.loads(http_get(mport, "/api/status")[2])["counters"]
+        self.assertEqual(counters["connections_unfollowed"], clients, (counters, tap.stderr()[-2000:]))
+        self.assertEqual(self.diagnosis(mport), [f"{clients} connection(s) not followed for lack of memory: their traffic "
+                                                 "went on, but they have no records and their publishes are in none of "
+                                                 "these counts."])
+        self.assertEqual(tap.stop(), 1, tap.stderr()[-2000:])
+        self.assertNotIn("publish", {r["type"] for r in tap.records()})
 
 
 class HealthAndRoutes(ScenarioCase):

@@ -264,6 +264,28 @@ START_TEST(tally_keeps_the_newest_problems)
 }
 END_TEST
 
+START_TEST(status_says_each_outputs_losses)
+{
+	struct tap_metrics_tally *t = malloc(sizeof *t);
+	tap_metrics_tally_init(t);
+	struct tap_metrics_snapshot s = {.version = "1", .listening = true};
+	s.out[TAP_METRICS_OUT_VERDICTS] = (struct tap_metrics_output){.on = true, .lines = 12, .lost = 7, .write_errors = 1};
+	s.out[TAP_METRICS_OUT_PCAP] = (struct tap_metrics_output){.on = true, .lines = 3};
+	s.track.conns_unfollowed = 2;
+	struct tap_buf b;
+	tap_buf_init(&b);
+	tap_metrics_render_status(&s, t, NULL, &b);
+	char *json = text_of(&b);
+	ck_assert_msg(json_valid(json), "not JSON: %s", json);
+	/* outputs that are off are not listed */
+	ck_assert_ptr_nonnull(strstr(json, "\"outputs\":{\"verdicts\":{\"records\":12,\"lost\":7,\"write_errors\":1},"
+	                                   "\"pcap\":{\"records\":3,\"lost\":0,\"write_errors\":0}}"));
+	ck_assert_ptr_nonnull(strstr(json, "\"connections_unfollowed\":2"));
+	tap_buf_deinit(&b);
+	free(t);
+}
+END_TEST
+
 START_TEST(warnings_by_rule_from_the_tracker_stats)
 {
 	struct tap_metrics_tally *t = malloc(sizeof *t);
@@ -710,6 +732,7 @@ int main(void)
 	tcase_add_test(tc, hist_folds_buckets_by_their_midpoint);
 	tcase_add_test(tc, tally_counts_problem_publishes_and_returns);
 	tcase_add_test(tc, tally_keeps_the_newest_problems);
+	tcase_add_test(tc, status_says_each_outputs_losses);
 	tcase_add_test(tc, warnings_by_rule_from_the_tracker_stats);
 	tcase_add_test(tc, tally_sees_the_upstream_and_the_observer_counts_decode_errors_and_gaps);
 	tcase_add_test(tc, prometheus_text_of_a_real_tracker);
