@@ -53,6 +53,20 @@ void tap_metrics_hist_fold(struct tap_metrics_hist *h, const struct tap_hist *fr
  * "unreachable" that the TCP connection could not be made. */
 enum tap_metrics_upstream { TAP_UPSTREAM_UNSEEN, TAP_UPSTREAM_REACHABLE, TAP_UPSTREAM_UNREACHABLE };
 
+/* How connections ended, by their close record's "by": a fixed list (any other counts as "other"), so that the
+ * label is bounded and every series is there from the start (an alert on increase() sees the first one). */
+#define TAP_METRICS_CLOSE_BY(X)                                                                                     \
+	X(client) X(broker) X(client_eof) X(broker_eof) X(client_reset) X(broker_reset) X(unreachable)            \
+	X(client_tls_error) X(broker_tls_error) X(tap_fd_limit) X(tap_no_memory) X(shutdown) X(capture_end)       \
+	X(capture_idle) X(capture_limit) X(other)
+enum tap_metrics_close_by {
+#define TAP_METRICS_CLOSE_BY_ENUM(name) TAP_CLOSE_BY_##name,
+	TAP_METRICS_CLOSE_BY(TAP_METRICS_CLOSE_BY_ENUM)
+#undef TAP_METRICS_CLOSE_BY_ENUM
+	TAP_METRICS_N_CLOSE_BY
+};
+extern const char *const tap_metrics_close_by_names[TAP_METRICS_N_CLOSE_BY];
+
 struct tap_metrics_problem {
 	uint16_t len;
 	char json[TAP_METRICS_PROBLEM_BYTES]; /* the publish record as written, or a stub object */
@@ -74,6 +88,7 @@ struct tap_metrics_tally {
 	uint64_t returns_other_code;
 	struct tap_hist return_us; /* publish to its Basic.Return, returned publishes */
 	enum tap_metrics_upstream upstream;
+	uint64_t closed_by[TAP_METRICS_N_CLOSE_BY];
 	uint64_t problems_seen;                 /* returned, nacked or unknown publishes, ack_before_return included */
 	size_t problem_next;                    /* ring position of the next one */
 	struct tap_metrics_problem problems[TAP_METRICS_PROBLEMS];
@@ -88,7 +103,7 @@ void tap_metrics_tally_init(struct tap_metrics_tally *t);
 /* A tap_track_verdict_fn (ctx: the tally): one settled publish. A few compares and the exchange lookup for a routed
  * one; a problem publish's record is copied (a stub if it is longer than TAP_METRICS_PROBLEM_BYTES or was lost). */
 void tap_metrics_tally_verdict(void *tally, const struct tap_track_verdict *v);
-/* A tap_track_conn_event_fn (ctx: the tally): the upstream's state. */
+/* A tap_track_conn_event_fn (ctx: the tally): the upstream's state, and how connections ended. */
 void tap_metrics_tally_conn(void *tally, const struct tap_track_conn_event *e);
 /* Gives the busiest exchanges their series (see TAP_METRICS_EXCHANGES); call before rendering. */
 void tap_metrics_tally_rank(struct tap_metrics_tally *t);

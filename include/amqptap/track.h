@@ -114,12 +114,13 @@ enum tap_track_conn_change {
 	TAP_TRACK_CONN_OPENED,    /* connection.open seen: the broker answered the handshake */
 	TAP_TRACK_CONN_BLOCKED,   /* connection.blocked */
 	TAP_TRACK_CONN_UNBLOCKED, /* connection.unblocked */
-	TAP_TRACK_CONN_ENDED,     /* the TCP connection is gone; reason_by says why ("unreachable", "client_eof", ...) */
+	TAP_TRACK_CONN_ENDED,     /* the TCP connection is gone; reason_by is its close record's "by" */
 };
 struct tap_track_conn_event {
 	uint64_t conn;
 	enum tap_track_conn_change change;
-	const char *reason_by; /* TAP_TRACK_CONN_ENDED only; else NULL */
+	const char *reason_by; /* TAP_TRACK_CONN_ENDED only ("client" or "broker" after a connection.close, else how
+	                        * the TCP connection ended: "unreachable", "client_eof", ...); else NULL */
 	int64_t now_us;
 };
 typedef void (*tap_track_conn_event_fn)(void *ctx, const struct tap_track_conn_event *e);

@@ -154,13 +154,31 @@ void tap_metrics_tally_verdict(void *tally, const struct tap_track_verdict *v)
 	keep_problem(t, v);
 }
 
+const char *const tap_metrics_close_by_names[TAP_METRICS_N_CLOSE_BY] = {
+#define TAP_METRICS_CLOSE_BY_NAME(name) #name,
+	TAP_METRICS_CLOSE_BY(TAP_METRICS_CLOSE_BY_NAME)
+#undef TAP_METRICS_CLOSE_BY_NAME
+};
+
+static enum tap_metrics_close_by close_by(const char *by)
+{
+	for (int i = 0; by && i < TAP_CLOSE_BY_other; i++)
+		if (strcmp(by, tap_metrics_close_by_names[i]) == 0)
+			return (enum tap_metrics_close_by)i;
+	return TAP_CLOSE_BY_other;
+}
+
 void tap_metrics_tally_conn(void *tally, const struct tap_track_conn_event *e)
 {
 	struct tap_metrics_tally *t = tally;
-	if (e->change == TAP_TRACK_CONN_OPENED)
+	if (e->change == TAP_TRACK_CONN_OPENED) {
 		t->upstream = TAP_UPSTREAM_REACHABLE;
-	else if (e->change == TAP_TRACK_CONN_ENDED && e->reason_by && strcmp(e->reason_by, "unreachable") == 0)
-		t->upstream = TAP_UPSTREAM_UNREACHABLE;
+	} else if (e->change == TAP_TRACK_CONN_ENDED) {
+		enum tap_metrics_close_by by = close_by(e->reason_by);
+		t->closed_by[by]++;
+		if (by == TAP_CLOSE_BY_unreachable)
+			t->upstream = TAP_UPSTREAM_UNREACHABLE;
+	}
 }
 
 static uint64_t certain(const struct tap_metrics_exchange *e)
@@ -438,6 +456,12 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 		labelled(b, "warnings_total", "rule", tap_track_rule_name((enum tap_track_rule)r),
 		         s->track.warnings_by_rule[r]);
 
+	family(b, "connections_closed_total", COUNTER,
+	       "Connections ended, by their close record's \"by\" (client or broker: a connection.close; else how the "
+	       "TCP connection or capture ended).");
+	for (int i = 0; i < TAP_METRICS_N_CLOSE_BY; i++)
+		labelled(b, "connections_closed_total", "by", tap_metrics_close_by_names[i], t->closed_by[i]);
+
 	family(b, "records_lost_total", COUNTER, "Records not written, by reason.");
 	labelled(b, "records_lost_total", "reason", "no_memory", s->track.records_oom);
 	family(b, "output_records_lost_total", COUNTER,
@@ -714,6 +738,12 @@ void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struc
 	json_exchanges(&j, t);
 	json_capture(&j, s);
 	json_outputs(&j, s);
+	tap_json_key(&j, "connections_closed_by"); /* the ones that happened */
+	tap_json_obj_begin(&j);
+	for (int i = 0; i < TAP_METRICS_N_CLOSE_BY; i++)
+		if (t->closed_by[i])
+			tap_json_kv_uint(&j, tap_metrics_close_by_names[i], t->closed_by[i]);
+	tap_json_obj_end(&j);
 
 	tap_json_key(&j, "process");
 	tap_json_obj_begin(&j);

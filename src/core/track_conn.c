@@ -298,7 +298,7 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 	trk_counts_add(&t->closed_counts, &c->counts);
 	uint64_t id = c->id;
 	conn_free(c);
-	conn_event(t, id, TAP_TRACK_CONN_ENDED, reason_by, now_us);
+	conn_event(t, id, TAP_TRACK_CONN_ENDED, r.by, now_us); /* r.by: a literal or reason_by, never c's memory */
 }
 
 /* ---- channel events ---- */

@@ -3,8 +3,11 @@
 # "N passed, M failed" and exits non-zero on failure. Python 3 stdlib only (pika is imported by the tests).
 
 import hashlib
+import html
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +16,8 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 SOURCE_DIR = os.environ.get("TAP_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 AMQPTAP_BIN = os.environ.get("AMQPTAP_BIN", os.path.join(SOURCE_DIR, "build", "amqptap"))
@@ -398,3 +403,37 @@ __all__ = ["AMQPTAP_BIN", "AMQP_091_HEADER", "BROKER_HOST", "BROKER_PORT", "CLIE
            "Tap", "TapTestCase", "broker_reachable", "check_confirmed_publishes", "echo_handler", "fd_count",
            "free_port", "is_asan_build", "main", "proc_stat", "random_chunks", "read_records", "recv_bytes",
            "recv_chunks", "recv_exact_hash", "require_broker", "rss_kb", "send_chunks", "start_tap", "wait_for"]
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def http_get(port, path, method="GET", timeout=10, body=None):
+    """(status, headers, body bytes) of one request to the tap's metrics port."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, data=body)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def chromium(case, url, *args, timeout=120):
+    """Runs headless Chromium on url with a fresh profile; returns the CompletedProcess."""
+    case.assertTrue(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} missing (apt-get install chromium)")
+    profile = tempfile.mkdtemp(prefix="amqptap-chromium-")
+    case.addCleanup(shutil.rmtree, profile, True)
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--virtual-time-budget=3000", *args, url]
+    return subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def page_findings(case, port):
+    """The findings on top of the status page at the metrics port, rendered by Chromium, one string each."""
+    run = chromium(case, f"http://127.0.0.1:{port}/", "--dump-dom")
+    case.assertEqual(run.returncode, 0, run.stderr.decode()[-2000:])
+    dom = run.stdout.decode("utf-8", "replace")
+    found = re.search(r'<ul id="findings">(.*?)</ul>', dom, re.S)
+    case.assertIsNotNone(found, f"no findings in the rendered page: {dom[:3000]}")
+    return [html.unescape(re.sub(r"<[^>]+>", "", li)) for li in re.findall(r"<li[^>]*>(.*?)</li>", found.group(1), re.S)]

@@ -6,7 +6,6 @@
 # routes, methods and the option's forms.
 
 import errno
-import html
 import json
 import os
 import re
@@ -27,13 +26,12 @@ import urllib.request
 import pika
 import pika.exceptions
 
-from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, BROKER_PORT, FAILALLOC, SOURCE_DIR, free_port, is_asan_build,
-                        main, rss_kb, start_tap, wait_for)
+from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, BROKER_PORT, FAILALLOC, SOURCE_DIR, chromium, free_port,
+                        http_get, is_asan_build, main, page_findings, rss_kb, start_tap, wait_for)
 from scenario_lib import ScenarioCase, final_line, publish_records, stream_publisher
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
-CHROMIUM = "/usr/bin/chromium"
 # le bounds of amqptap_confirm_latency_seconds, in µs (src/core/metrics.c)
 LE_US = [m * 10 ** e for e in range(2, 7) for m in (1, 1.5, 2, 3, 5, 7)] + [10 ** 7]
 ARTIFACT_DIR = os.environ.get("TAP_ARTIFACT_DIR", os.getcwd())
@@ -43,16 +41,6 @@ ROUTED, RETURNED, MISSING_X, MAXLEN_PUBLISHES = 120, 7, 1, 3
 
 def note(msg):
     sys.stderr.write(f"  [{msg}]\n")
-
-
-def http_get(port, path, method="GET", timeout=10, body=None):
-    """(status, headers, body bytes) of one request to the tap's metrics port."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, data=body)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
 
 
 def metric_samples(text):
@@ -199,6 +187,8 @@ class PrometheusScrape(ScenarioCase):
         self.assertEqual(self.query(prom, "amqptap_publishes_outstanding"), 0)
         self.assertEqual(self.query(prom, "amqptap_connections_total"), 1)
         self.assertEqual(self.query(prom, "amqptap_connections_open"), 0)
+        self.assertEqual(self.query(prom, 'amqptap_connections_closed_total{by="client"}'), 1)
+        self.assertEqual(self.query(prom, "sum(amqptap_connections_closed_total)"), 1)
         self.assertEqual(self.query(prom, "amqptap_decode_errors_total"), 0)
         self.assertEqual(self.query(prom, 'amqptap_records_lost_total{reason="no_memory"}'), 0)
         self.assertEqual(self.query(prom, 'amqptap_build_info{version!=""}'), 1)
@@ -245,7 +235,7 @@ class PrometheusScrape(ScenarioCase):
         for n in names:
             self.assertTrue(n.startswith("amqptap_") or n.startswith("process_"), n)
         labels = {m for k in metric_samples(body.decode()) for m in re.findall(r'[{,](\w+)="', k)}
-        self.assertLessEqual(labels, {"route", "confirm", "reply_code", "rule", "reason", "output", "dir", "le",
+        self.assertLessEqual(labels, {"route", "confirm", "reply_code", "rule", "reason", "output", "dir", "le", "by",
                                       "version", "exchange"},
                              "a label per routing key or message would be unbounded (exchanges are: top N)")
 
@@ -254,7 +244,7 @@ class PrometheusScrape(ScenarioCase):
     README_ALERTS = {'route="returned"}[5m]) > 0': True, "histogram_quantile(0.99": None,
                      'confirm="unknown"}[5m]) > 0': True, "amqptap_upstream_up == 0": False,
                      "topk(3": True, "amqptap_capture_drops_total": False,
-                     "amqptap_connections_unfollowed_total": False}
+                     "amqptap_connections_unfollowed_total": False, "amqptap_connections_closed_total": False}
 
     def check_readme_alerts(self, prom):
         """The README's example alerts are expressions this Prometheus evaluates, and they fire on the scenario
@@ -337,17 +327,6 @@ class PrometheusScrape(ScenarioCase):
         self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
 
 
-def chromium(case, url, *args, timeout=120):
-    """Runs headless Chromium on url with a fresh profile; returns the CompletedProcess."""
-    case.assertTrue(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} missing (apt-get install chromium)")
-    profile = tempfile.mkdtemp(prefix="amqptap-chromium-")
-    case.addCleanup(shutil.rmtree, profile, True)
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--virtual-time-budget=3000", *args, url]
-    return subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
 class StatusPage(ScenarioCase):
     def test_page_shows_counts_connections_and_problem_publishes(self):
         tap, mport = start_metrics_tap(self)
@@ -413,15 +392,6 @@ class StatusPage(ScenarioCase):
         self.addCleanup(tap.stop)
         return tap, port
 
-    def diagnosis(self, mport):
-        """The findings on top of the rendered page, one string each."""
-        run = chromium(self, f"http://127.0.0.1:{mport}/", "--dump-dom")
-        self.assertEqual(run.returncode, 0, run.stderr.decode()[-2000:])
-        dom = run.stdout.decode("utf-8", "replace")
-        found = re.search(r'<ul id="findings">(.*?)</ul>', dom, re.S)
-        self.assertIsNotNone(found, f"no findings in the rendered page: {dom[:3000]}")
-        return [html.unescape(re.sub(r"<[^>]+>", "", li)) for li in re.findall(r"<li[^>]*>(.*?)</li>", found.group(1), re.S)]
-
     def test_page_says_what_an_output_could_not_write(self):
         """--verdicts /dev/full: every verdict record is dropped. The page must not call the publishes fine: it
         names the output and how many records it dropped, and /api/status counts them per output."""
@@ -434,16 +404,20 @@ class StatusPage(ScenarioCase):
             ch.basic_publish("", q, b"x", pika.BasicProperties(message_id=f"full-{i}", delivery_mode=2),
                              mandatory=True)
         conn.close()
-        outputs = lambda: json.loads(http_get(mport, "/api/status")[2])["outputs"]  # noqa: E731
-        self.assertTrue(wait_for(lambda: outputs()["verdicts"]["lost"] >= 7, 10), outputs())
-        out = outputs()
-        # every record dropped (the connection, its channel and the five publishes)
-        self.assertEqual(out["verdicts"]["lost"], out["verdicts"]["records"], out)
+        status = lambda: json.loads(http_get(mport, "/api/status")[2])  # noqa: E731
+
+        def all_dropped():
+            """The connection's close record was written, and the writer thread has dropped every record so far."""
+            st = status()
+            v = st["outputs"]["verdicts"]
+            return st["connections_closed_by"].get("client") == 1 and v["lost"] == v["records"] and v["records"] > 5
+        self.assertTrue(wait_for(all_dropped, 10), status())
+        out = status()["outputs"]
         self.assertGreater(out["verdicts"]["write_errors"], 0, out)
         self.assertEqual(out["frames"]["lost"], 0, out)
         self.assertGreater(out["frames"]["records"], 0, out)
         lost = out["verdicts"]["lost"]
-        self.assertEqual(self.diagnosis(mport), [f"The --verdicts output dropped {lost} of {lost} record(s) "
+        self.assertEqual(page_findings(self, mport), [f"The --verdicts output dropped {lost} of {lost} record(s) "
                                                  f"({out['verdicts']['write_errors']} failed write(s): see the tap's log)."])
         self.assertEqual(tap.stop(), 1, tap.stderr()[-2000:])
 
@@ -477,7 +451,7 @@ class StatusPage(ScenarioCase):
         time.sleep(0.1)  # failalloc looks for the file every 10 ms
         counters = json.loads(http_get(mport, "/api/status")[2])["counters"]
         self.assertEqual(counters["connections_unfollowed"], clients, (counters, tap.stderr()[-2000:]))
-        self.assertEqual(self.diagnosis(mport), [f"{clients} connection(s) not followed for lack of memory: their traffic "
+        self.assertEqual(page_findings(self, mport), [f"{clients} connection(s) not followed for lack of memory: their traffic "
                                                  "went on, but they have no records and their publishes are in none of "
                                                  "these counts."])
         self.assertEqual(tap.stop(), 1, tap.stderr()[-2000:])

@@ -20,8 +20,8 @@ import time
 
 import pika
 
-from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, Peer, free_port, main, proc_stat, read_records,
-                        require_broker, wait_for, without_identity)
+from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, Peer, free_port, http_get, main, page_findings, proc_stat,
+                        read_records, require_broker, wait_for, without_identity)
 from tlslib import PLAIN_PORT, STORM, TLS_PORT, PkiCase, TlsCase
 
 
@@ -121,10 +121,19 @@ class Verification(TlsCase):
         self.assertIn(needle, tap.stderr())
 
     def test_unknown_ca_is_refused(self):
+        """... and it is there to alert on: /metrics counts the connection closed by broker_tls_error, and the
+        status page says so on top."""
+        mport = free_port()
         tap = self.tls_tap(client_tls=False, upstream_args=[
             "--upstream-tls", "--upstream-ca", self.p("rogue.pem"), "--upstream-cert", self.p("client.pem"),
-            "--upstream-key", self.p("client.key")])
+            "--upstream-key", self.p("client.key")], extra=["--metrics", f"127.0.0.1:{mport}"])
         self.refused(tap, "certificate verify failed")
+        metrics = http_get(mport, "/metrics")[2].decode()
+        self.assertIn('\namqptap_connections_closed_total{by="broker_tls_error"} 1\n', metrics)
+        self.assertIn('\namqptap_connections_closed_total{by="client_tls_error"} 0\n', metrics)
+        findings = page_findings(self, mport)
+        self.assertEqual(len(findings), 1, findings)
+        self.assertTrue(findings[0].startswith("1 connection(s) ended by a TLS failure towards the broker"), findings)
 
     def test_wrong_host_name_is_refused(self):
         tap = self.tls_tap(client_tls=False, upstream_args=[
@@ -150,13 +159,16 @@ class Verification(TlsCase):
         self.assertIn("TLS", tap.stderr() + rec["by"].upper())
 
     def test_plaintext_client_on_tls_listener_is_closed_with_a_record(self):
-        tap = self.tls_tap()
+        mport = free_port()
+        tap = self.tls_tap(extra=["--metrics", f"127.0.0.1:{mport}"])
         with self.assertRaises(pika.exceptions.AMQPConnectionError):
             pika.BlockingConnection(self.pika_params(tap.port, tls=False))
         self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
         rec = tap.records("connection")[-1]
         self.assertEqual(rec["by"], "client_tls_error", rec)
         self.assertTrue(rec["text"])
+        self.assertIn('\namqptap_connections_closed_total{by="client_tls_error"} 1\n',
+                      http_get(mport, "/metrics")[2].decode())
         c = pika.BlockingConnection(self.pika_params(tap.port))  # the tap still serves TLS clients
         c.close()
 

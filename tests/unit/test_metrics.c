@@ -286,6 +286,46 @@ START_TEST(status_says_each_outputs_losses)
 }
 END_TEST
 
+START_TEST(connections_closed_by_their_records_by)
+{
+	struct tap_metrics_tally *t = malloc(sizeof *t);
+	tap_metrics_tally_init(t);
+	struct sink k = {0};
+	struct tap_track *tr = hooked_tracker(t, &k);
+	/* a connection.close seen: "client" whatever the TCP end; none seen: the TCP end; an unknown one: "other" */
+	struct tap_track_conn *a = tap_track_conn_new(tr, 1, "127.0.0.1:1", "127.0.0.1:2", T0);
+	tap_track_conn_close(a, TAP_BY_CLIENT, 200, sl("Goodbye"), T0);
+	tap_track_conn_end(a, "client_eof", T0 + 1);
+	tap_track_conn_end(tap_track_conn_new(tr, 2, "127.0.0.1:3", "127.0.0.1:2", T0), "broker_tls_error", T0 + 1);
+	tap_track_conn_end(tap_track_conn_new(tr, 3, "127.0.0.1:4", "127.0.0.1:2", T0), "broker_tls_error", T0 + 1);
+	tap_track_conn_end(tap_track_conn_new(tr, 4, "127.0.0.1:5", "127.0.0.1:2", T0), "something_new", T0 + 1);
+	ck_assert_uint_eq(t->closed_by[TAP_CLOSE_BY_client], 1);
+	ck_assert_uint_eq(t->closed_by[TAP_CLOSE_BY_client_eof], 0);
+	ck_assert_uint_eq(t->closed_by[TAP_CLOSE_BY_broker_tls_error], 2);
+	ck_assert_uint_eq(t->closed_by[TAP_CLOSE_BY_other], 1);
+	ck_assert_int_eq(t->upstream, TAP_UPSTREAM_UNSEEN);
+
+	struct tap_metrics_snapshot s = {.version = "1", .listening = true};
+	struct tap_buf b;
+	tap_buf_init(&b);
+	tap_metrics_render_prometheus(&s, t, &b);
+	char *text = text_of(&b);
+	ck_assert_ptr_nonnull(strstr(text, "\namqptap_connections_closed_total{by=\"client\"} 1\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\namqptap_connections_closed_total{by=\"broker_tls_error\"} 2\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\namqptap_connections_closed_total{by=\"other\"} 1\n"));
+	/* every series from the start */
+	ck_assert_ptr_nonnull(strstr(text, "\namqptap_connections_closed_total{by=\"tap_no_memory\"} 0\n"));
+	tap_buf_reset(&b);
+	tap_metrics_render_status(&s, t, NULL, &b);
+	char *json = text_of(&b);
+	ck_assert_msg(json_valid(json), "not JSON: %s", json);
+	ck_assert_ptr_nonnull(strstr(json, "\"connections_closed_by\":{\"client\":1,\"broker_tls_error\":2,\"other\":1}"));
+	tap_buf_deinit(&b);
+	tap_track_free(tr);
+	free(t);
+}
+END_TEST
+
 START_TEST(warnings_by_rule_from_the_tracker_stats)
 {
 	struct tap_metrics_tally *t = malloc(sizeof *t);
@@ -733,6 +773,7 @@ int main(void)
 	tcase_add_test(tc, tally_counts_problem_publishes_and_returns);
 	tcase_add_test(tc, tally_keeps_the_newest_problems);
 	tcase_add_test(tc, status_says_each_outputs_losses);
+	tcase_add_test(tc, connections_closed_by_their_records_by);
 	tcase_add_test(tc, warnings_by_rule_from_the_tracker_stats);
 	tcase_add_test(tc, tally_sees_the_upstream_and_the_observer_counts_decode_errors_and_gaps);
 	tcase_add_test(tc, prometheus_text_of_a_real_tracker);
