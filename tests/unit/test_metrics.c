@@ -92,6 +92,15 @@ static bool json_valid(const char *s)
 	return end && *json_ws(end) == '\0';
 }
 
+/* A tally as the admin side starts one (it is too large for the stack); free() it. */
+static struct tap_metrics_tally *new_tally(void)
+{
+	struct tap_metrics_tally *t = malloc(sizeof *t);
+	REQUIRE(t, "no memory for a tally");
+	tap_metrics_tally_init(t);
+	return t;
+}
+
 static char *text_of(struct tap_buf *b)
 {
 	REQUIRE(!b->oom, "buffer out of memory");
@@ -159,8 +168,7 @@ static bool kept_last_record(const struct tap_metrics_tally *t, const struct sin
 
 START_TEST(tally_counts_problem_publishes_and_returns)
 {
-	struct tap_metrics_tally *t = malloc(sizeof *t);
-	tap_metrics_tally_init(t);
+	struct tap_metrics_tally *t = new_tally();
 	struct sink k = {0};
 	struct tap_track *tr = hooked_tracker(t, &k);
 	struct tap_track_conn *c = tap_track_conn_new(tr, 1, "127.0.0.1:4000", "127.0.0.1:5672", T0);
@@ -235,8 +243,7 @@ END_TEST
 
 START_TEST(tally_keeps_the_newest_problems)
 {
-	struct tap_metrics_tally *t = malloc(sizeof *t);
-	tap_metrics_tally_init(t);
+	struct tap_metrics_tally *t = new_tally();
 	char rec[256];
 	for (int i = 0; i < TAP_METRICS_PROBLEMS + 9; i++) {
 		int n = snprintf(rec, sizeof rec, "{\"type\":\"publish\",\"message_id\":\"m-%d\",\"route\":\"unknown\"}", i);
@@ -266,8 +273,7 @@ END_TEST
 
 START_TEST(status_says_each_outputs_losses)
 {
-	struct tap_metrics_tally *t = malloc(sizeof *t);
-	tap_metrics_tally_init(t);
+	struct tap_metrics_tally *t = new_tally();
 	struct tap_metrics_snapshot s = {.version = "1", .listening = true};
 	s.out[TAP_METRICS_OUT_VERDICTS] = (struct tap_metrics_output){.on = true, .lines = 12, .lost = 7, .write_errors = 1};
 	s.out[TAP_METRICS_OUT_PCAP] = (struct tap_metrics_output){.on = true, .lines = 3};
@@ -288,8 +294,7 @@ END_TEST
 
 START_TEST(connections_closed_by_their_records_by)
 {
-	struct tap_metrics_tally *t = malloc(sizeof *t);
-	tap_metrics_tally_init(t);
+	struct tap_metrics_tally *t = new_tally();
 	struct sink k = {0};
 	struct tap_track *tr = hooked_tracker(t, &k);
 	/* a connection.close seen: "client" whatever the TCP end; none seen: the TCP end; an unknown one: "other" */
@@ -328,8 +333,7 @@ END_TEST
 
 START_TEST(warnings_by_rule_from_the_tracker_stats)
 {
-	struct tap_metrics_tally *t = malloc(sizeof *t);
-	tap_metrics_tally_init(t);
+	struct tap_metrics_tally *t = new_tally();
 	struct tap_metrics_snapshot s = {.version = "9.9.9", .listening = true};
 	s.track.warnings_by_rule[TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID] = 4;
 	s.track.warnings_by_rule[TAP_TRACK_RULE_CHANNEL_CHURN] = 1;
@@ -352,8 +356,7 @@ END_TEST
 
 START_TEST(tally_sees_the_upstream_and_the_observer_counts_decode_errors_and_gaps)
 {
-	struct tap_metrics_tally *t = malloc(sizeof *t);
-	tap_metrics_tally_init(t);
+	struct tap_metrics_tally *t = new_tally();
 	struct sink k = {0};
 	struct tap_track *tr = hooked_tracker(t, &k);
 	ck_assert_int_eq(t->upstream, TAP_UPSTREAM_UNSEEN);
@@ -478,8 +481,7 @@ static void lint_exposition(const char *text)
 
 START_TEST(prometheus_text_of_a_real_tracker)
 {
-	struct tap_metrics_tally *t = malloc(sizeof *t);
-	tap_metrics_tally_init(t);
+	struct tap_metrics_tally *t = new_tally();
 	struct sink k = {0};
 	struct tap_track *tr = scenario(t, &k);
 	struct tap_metrics_snapshot s = {.version = "9.9.9", .listening = true, .accepted = 5, .active = 1,
@@ -644,8 +646,7 @@ static char *render(const struct tap_metrics_tally *t, struct tap_buf *b)
 
 START_TEST(exchanges_are_bounded_ranked_and_escaped)
 {
-	struct tap_metrics_tally *t = malloc(sizeof *t);
-	tap_metrics_tally_init(t);
+	struct tap_metrics_tally *t = new_tally();
 	struct tap_buf b;
 	tap_buf_init(&b);
 	/* the default exchange, names that need escaping and a byte that is no UTF-8 */
@@ -706,8 +707,7 @@ END_TEST
 
 START_TEST(status_rows_are_bounded)
 {
-	struct tap_metrics_tally *t = malloc(sizeof *t);
-	tap_metrics_tally_init(t);
+	struct tap_metrics_tally *t = new_tally();
 	struct sink k = {0};
 	struct tap_track *tr = hooked_tracker(t, &k);
 	for (uint64_t i = 0; i < TAP_METRICS_MAX_ROWS + 20; i++)
