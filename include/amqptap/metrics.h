@@ -49,8 +49,9 @@ void tap_metrics_hist_fold(struct tap_metrics_hist *h, const struct tap_hist *fr
 #define TAP_METRICS_EXCHANGE_CANDIDATES 64
 #define TAP_METRICS_N_ROUTES 4 /* by enum tap_track_route */
 
-/* The broker seen at the last connection attempt: a connection.open says it answered, a connection that ended
- * "unreachable" that the TCP connection could not be made. */
+/* The broker seen at the last connection attempt: a connection.open says it answered; a connection that ended
+ * "unreachable" (the TCP connection could not be made), or "broker_tls_error" before its connection.open (the
+ * broker's certificate or name did not verify, or its handshake failed or timed out), that no client gets through. */
 enum tap_metrics_upstream { TAP_UPSTREAM_UNSEEN, TAP_UPSTREAM_REACHABLE, TAP_UPSTREAM_UNREACHABLE };
 
 /* How connections ended, by their close record's "by": a fixed list (any other counts as "other"), so that the
@@ -88,6 +89,7 @@ struct tap_metrics_tally {
 	uint64_t returns_other_code;
 	struct tap_hist return_us; /* publish to its Basic.Return, returned publishes */
 	enum tap_metrics_upstream upstream;
+	enum tap_metrics_close_by upstream_failure; /* why UNREACHABLE: unreachable or broker_tls_error */
 	uint64_t closed_by[TAP_METRICS_N_CLOSE_BY];
 	uint64_t problems_seen;                 /* returned, nacked or unknown publishes, ack_before_return included */
 	size_t problem_next;                    /* ring position of the next one */

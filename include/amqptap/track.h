@@ -121,6 +121,7 @@ struct tap_track_conn_event {
 	enum tap_track_conn_change change;
 	const char *reason_by; /* TAP_TRACK_CONN_ENDED only ("client" or "broker" after a connection.close, else how
 	                        * the TCP connection ended: "unreachable", "client_eof", ...); else NULL */
+	bool opened;           /* TAP_TRACK_CONN_ENDED only: its connection.open was seen */
 	int64_t now_us;
 };
 typedef void (*tap_track_conn_event_fn)(void *ctx, const struct tap_track_conn_event *e);

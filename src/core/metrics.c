@@ -176,8 +176,10 @@ void tap_metrics_tally_conn(void *tally, const struct tap_track_conn_event *e)
 	} else if (e->change == TAP_TRACK_CONN_ENDED) {
 		enum tap_metrics_close_by by = close_by(e->reason_by);
 		t->closed_by[by]++;
-		if (by == TAP_CLOSE_BY_unreachable)
+		if (by == TAP_CLOSE_BY_unreachable || (by == TAP_CLOSE_BY_broker_tls_error && !e->opened)) {
 			t->upstream = TAP_UPSTREAM_UNREACHABLE;
+			t->upstream_failure = by;
+		}
 	}
 }
 
@@ -491,7 +493,8 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 	family(b, "listening", GAUGE, "1 while the AMQP listener accepts clients, 0 while shutting down.");
 	tap_buf_printf(b, "amqptap_listening %d\n", s->listening ? 1 : 0);
 	if (t->upstream != TAP_UPSTREAM_UNSEEN) {
-		family(b, "upstream_up", GAUGE, "1 if the broker answered the last connection attempt, 0 if unreachable.");
+		family(b, "upstream_up", GAUGE,
+		       "1 if the broker answered the last connection attempt, 0 if unreachable or its TLS failed.");
 		tap_buf_printf(b, "amqptap_upstream_up %d\n", t->upstream == TAP_UPSTREAM_REACHABLE ? 1 : 0);
 	}
 	family(b, "build_info", GAUGE, "Always 1; the version in a label.");
@@ -517,6 +520,8 @@ static void json_upstream(struct tap_json *j, const struct tap_metrics_tally *t)
 		tap_json_null(j);
 	else
 		tap_json_bool(j, t->upstream == TAP_UPSTREAM_REACHABLE);
+	if (t->upstream == TAP_UPSTREAM_UNREACHABLE) /* how: "unreachable" or "broker_tls_error" */
+		tap_json_kv_str(j, "upstream_failure", tap_metrics_close_by_names[t->upstream_failure]);
 }
 
 static void json_head(struct tap_json *j, const struct tap_metrics_snapshot *s, const struct tap_metrics_tally *t)

@@ -52,13 +52,10 @@ void tap_track_set_conn_hook(struct tap_track *t, tap_track_conn_event_fn fn, vo
 	t->conn_ctx = ctx;
 }
 
-static void conn_event(struct tap_track *t, uint64_t id, enum tap_track_conn_change change, const char *reason_by,
-                       int64_t now_us)
+static void conn_event(struct tap_track *t, const struct tap_track_conn_event *e)
 {
-	if (!t->conn_hook)
-		return;
-	struct tap_track_conn_event e = {.conn = id, .change = change, .reason_by = reason_by, .now_us = now_us};
-	t->conn_hook(t->conn_ctx, &e);
+	if (t->conn_hook)
+		t->conn_hook(t->conn_ctx, e);
 }
 
 static void conn_prefix_update(struct tap_track_conn *c)
@@ -193,7 +190,7 @@ void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64
 	conn_prefix_update(c);
 	trk_record_conn_open(&c->t->render, c, now_us);
 	trk_emit(c->t);
-	conn_event(c->t, c->id, TAP_TRACK_CONN_OPENED, NULL, now_us);
+	conn_event(c->t, &(struct tap_track_conn_event){.conn = c->id, .change = TAP_TRACK_CONN_OPENED, .now_us = now_us});
 }
 
 void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_slice reason, int64_t now_us)
@@ -203,7 +200,8 @@ void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_s
 	if (blocked && !c->blocked)
 		c->blocked_since = now_us;
 	c->blocked = blocked;
-	conn_event(c->t, c->id, blocked ? TAP_TRACK_CONN_BLOCKED : TAP_TRACK_CONN_UNBLOCKED, NULL, now_us);
+	conn_event(c->t, &(struct tap_track_conn_event){
+				 .conn = c->id, .change = blocked ? TAP_TRACK_CONN_BLOCKED : TAP_TRACK_CONN_UNBLOCKED, .now_us = now_us});
 }
 
 void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t code, struct tap_slice text,
@@ -296,9 +294,11 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 	trk_record_conn_close(&t->render, c, &r, now_us);
 	trk_emit(t);
 	trk_counts_add(&t->closed_counts, &c->counts);
-	uint64_t id = c->id;
+	/* r.by: a literal or reason_by, never c's memory */
+	struct tap_track_conn_event e = {
+		.conn = c->id, .change = TAP_TRACK_CONN_ENDED, .reason_by = r.by, .opened = c->opened, .now_us = now_us};
 	conn_free(c);
-	conn_event(t, id, TAP_TRACK_CONN_ENDED, r.by, now_us); /* r.by: a literal or reason_by, never c's memory */
+	conn_event(t, &e);
 }
 
 /* ---- channel events ---- */

@@ -506,6 +506,7 @@ class HealthAndRoutes(ScenarioCase):
         self.assertTrue(wait_for(lambda: json.loads(http_get(mport, "/healthz")[2])["upstream_reachable"] is False, 10))
         m = metric_samples(http_get(mport, "/metrics")[2].decode())
         self.assertEqual((m["amqptap_upstream_up"], m["amqptap_upstream_unreachable_total"]), (0, 1))
+        self.assertEqual(json.loads(http_get(mport, "/healthz")[2])["upstream_failure"], "unreachable")
         self.assertEqual(http_get(mport, "/healthz")[0], 200, "the listener is up: healthy even if the broker is not")
 
     def test_healthz_is_503_while_shutting_down(self):

@@ -131,9 +131,14 @@ class Verification(TlsCase):
         metrics = http_get(mport, "/metrics")[2].decode()
         self.assertIn('\namqptap_connections_closed_total{by="broker_tls_error"} 1\n', metrics)
         self.assertIn('\namqptap_connections_closed_total{by="client_tls_error"} 0\n', metrics)
+        self.assertIn("\namqptap_upstream_up 0\n", metrics)  # no client gets through
+        health = json.loads(http_get(mport, "/healthz")[2])
+        self.assertEqual((health["upstream_reachable"], health["upstream_failure"]), (False, "broker_tls_error"))
         findings = page_findings(self, mport)
-        self.assertEqual(len(findings), 1, findings)
-        self.assertTrue(findings[0].startswith("1 connection(s) ended by a TLS failure towards the broker"), findings)
+        self.assertEqual(len(findings), 2, findings)
+        self.assertEqual(findings[0], "TLS towards the broker localhost:%d failed at the last connection attempt: no "
+                                      "client gets through." % TLS_PORT, findings)
+        self.assertTrue(findings[1].startswith("1 connection(s) ended by a TLS failure towards the broker"), findings)
 
     def test_wrong_host_name_is_refused(self):
         tap = self.tls_tap(client_tls=False, upstream_args=[

@@ -308,7 +308,16 @@ START_TEST(connections_closed_by_their_records_by)
 	ck_assert_uint_eq(t->closed_by[TAP_CLOSE_BY_client_eof], 0);
 	ck_assert_uint_eq(t->closed_by[TAP_CLOSE_BY_broker_tls_error], 2);
 	ck_assert_uint_eq(t->closed_by[TAP_CLOSE_BY_other], 1);
-	ck_assert_int_eq(t->upstream, TAP_UPSTREAM_UNSEEN);
+	/* TLS towards the broker failed before any connection.open: no client gets through */
+	ck_assert_int_eq(t->upstream, TAP_UPSTREAM_UNREACHABLE);
+	ck_assert_int_eq(t->upstream_failure, TAP_CLOSE_BY_broker_tls_error);
+	/* a TLS stream that breaks after the broker answered says nothing about the next attempt */
+	struct tap_track_conn *opened = tap_track_conn_new(tr, 5, "127.0.0.1:6", "127.0.0.1:2", T0);
+	tap_track_conn_open(opened, sl("/"), T0);
+	ck_assert_int_eq(t->upstream, TAP_UPSTREAM_REACHABLE);
+	tap_track_conn_end(opened, "broker_tls_error", T0 + 1);
+	ck_assert_int_eq(t->upstream, TAP_UPSTREAM_REACHABLE);
+	ck_assert_uint_eq(t->closed_by[TAP_CLOSE_BY_broker_tls_error], 3);
 
 	struct tap_metrics_snapshot s = {.version = "1", .listening = true};
 	struct tap_buf b;
@@ -316,7 +325,7 @@ START_TEST(connections_closed_by_their_records_by)
 	tap_metrics_render_prometheus(&s, t, &b);
 	char *text = text_of(&b);
 	ck_assert_ptr_nonnull(strstr(text, "\namqptap_connections_closed_total{by=\"client\"} 1\n"));
-	ck_assert_ptr_nonnull(strstr(text, "\namqptap_connections_closed_total{by=\"broker_tls_error\"} 2\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\namqptap_connections_closed_total{by=\"broker_tls_error\"} 3\n"));
 	ck_assert_ptr_nonnull(strstr(text, "\namqptap_connections_closed_total{by=\"other\"} 1\n"));
 	/* every series from the start */
 	ck_assert_ptr_nonnull(strstr(text, "\namqptap_connections_closed_total{by=\"tap_no_memory\"} 0\n"));
@@ -324,7 +333,7 @@ START_TEST(connections_closed_by_their_records_by)
 	tap_metrics_render_status(&s, t, NULL, &b);
 	char *json = text_of(&b);
 	ck_assert_msg(json_valid(json), "not JSON: %s", json);
-	ck_assert_ptr_nonnull(strstr(json, "\"connections_closed_by\":{\"client\":1,\"broker_tls_error\":2,\"other\":1}"));
+	ck_assert_ptr_nonnull(strstr(json, "\"connections_closed_by\":{\"client\":1,\"broker_tls_error\":3,\"other\":1}"));
 	tap_buf_deinit(&b);
 	tap_track_free(tr);
 	free(t);
