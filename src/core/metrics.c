@@ -694,6 +694,17 @@ static void json_outputs(struct tap_json *j, const struct tap_metrics_snapshot *
 	tap_json_obj_end(j);
 }
 
+/* "connections_closed_by": the ways connections ended that happened, with their counts */
+static void json_closed_by(struct tap_json *j, const struct tap_metrics_tally *t)
+{
+	tap_json_key(j, "connections_closed_by");
+	tap_json_obj_begin(j);
+	for (int i = 0; i < TAP_METRICS_N_CLOSE_BY; i++)
+		if (t->closed_by[i])
+			tap_json_kv_uint(j, tap_metrics_close_by_names[i], t->closed_by[i]);
+	tap_json_obj_end(j);
+}
+
 void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struct tap_metrics_tally *t,
                                const struct tap_track *track, struct tap_buf *out)
 {
@@ -743,12 +754,7 @@ void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struc
 	json_exchanges(&j, t);
 	json_capture(&j, s);
 	json_outputs(&j, s);
-	tap_json_key(&j, "connections_closed_by"); /* the ones that happened */
-	tap_json_obj_begin(&j);
-	for (int i = 0; i < TAP_METRICS_N_CLOSE_BY; i++)
-		if (t->closed_by[i])
-			tap_json_kv_uint(&j, tap_metrics_close_by_names[i], t->closed_by[i]);
-	tap_json_obj_end(&j);
+	json_closed_by(&j, t);
 
 	tap_json_key(&j, "process");
 	tap_json_obj_begin(&j);

@@ -190,7 +190,8 @@ void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64
 	conn_prefix_update(c);
 	trk_record_conn_open(&c->t->render, c, now_us);
 	trk_emit(c->t);
-	conn_event(c->t, &(struct tap_track_conn_event){.conn = c->id, .change = TAP_TRACK_CONN_OPENED, .now_us = now_us});
+	struct tap_track_conn_event e = {.conn = c->id, .change = TAP_TRACK_CONN_OPENED, .now_us = now_us};
+	conn_event(c->t, &e);
 }
 
 void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_slice reason, int64_t now_us)
@@ -200,8 +201,9 @@ void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_s
 	if (blocked && !c->blocked)
 		c->blocked_since = now_us;
 	c->blocked = blocked;
-	conn_event(c->t, &(struct tap_track_conn_event){
-				 .conn = c->id, .change = blocked ? TAP_TRACK_CONN_BLOCKED : TAP_TRACK_CONN_UNBLOCKED, .now_us = now_us});
+	struct tap_track_conn_event e = {
+		.conn = c->id, .change = blocked ? TAP_TRACK_CONN_BLOCKED : TAP_TRACK_CONN_UNBLOCKED, .now_us = now_us};
+	conn_event(c->t, &e);
 }
 
 void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t code, struct tap_slice text,
@@ -295,8 +297,8 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 	trk_emit(t);
 	trk_counts_add(&t->closed_counts, &c->counts);
 	/* r.by: a literal or reason_by, never c's memory */
-	struct tap_track_conn_event e = {
-		.conn = c->id, .change = TAP_TRACK_CONN_ENDED, .reason_by = r.by, .opened = c->opened, .now_us = now_us};
+	struct tap_track_conn_event e = {.conn = c->id, .change = TAP_TRACK_CONN_ENDED, .reason_by = r.by,
+	                                 .opened = c->opened, .now_us = now_us};
 	conn_free(c);
 	conn_event(t, &e);
 }
