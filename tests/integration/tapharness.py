@@ -399,12 +399,6 @@ def main():
     sys.exit(1 if failed or result.testsRun == 0 else 0)
 
 
-__all__ = ["AMQPTAP_BIN", "AMQP_091_HEADER", "BROKER_HOST", "BROKER_PORT", "CLIENTS_DIR", "MIB", "Peer", "SOURCE_DIR",
-           "Tap", "TapTestCase", "broker_reachable", "check_confirmed_publishes", "echo_handler", "fd_count",
-           "free_port", "is_asan_build", "main", "proc_stat", "random_chunks", "read_records", "recv_bytes",
-           "recv_chunks", "recv_exact_hash", "require_broker", "rss_kb", "send_chunks", "start_tap", "wait_for"]
-
-
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -437,3 +431,10 @@ def page_findings(case, port):
     found = re.search(r'<ul id="findings">(.*?)</ul>', dom, re.S)
     case.assertIsNotNone(found, f"no findings in the rendered page: {dom[:3000]}")
     return [html.unescape(re.sub(r"<[^>]+>", "", li)) for li in re.findall(r"<li[^>]*>(.*?)</li>", found.group(1), re.S)]
+
+
+__all__ = ["AMQPTAP_BIN", "AMQP_091_HEADER", "BROKER_HOST", "BROKER_PORT", "CHROMIUM", "CLIENTS_DIR", "FAILALLOC", "MIB",
+           "Peer", "SOURCE_DIR", "Tap", "TapTestCase", "broker_reachable", "check_confirmed_publishes", "chromium",
+           "echo_handler", "fd_count", "free_port", "http_get", "is_asan_build", "main", "page_findings", "proc_stat",
+           "random_chunks", "read_records", "recv_bytes", "recv_chunks", "recv_exact_hash", "require_broker", "rss_kb",
+           "send_chunks", "start_tap", "wait_for"]
