@@ -42,6 +42,9 @@ enum app_out {
 
 static const char *const out_names[OUT_COUNT] = {"verdicts", "frames", "pcap"};
 
+/* Room for every reason of tap_out_loss with a 20-digit count. */
+#define LOSS_REASONS_MAX 160
+
 struct app {
 	const struct tap_conf *conf;
 	struct event_base *base;
@@ -239,7 +242,21 @@ static bool output_wanted(const struct app *app, enum app_out i)
 	return i == OUT_VERDICTS || (i == OUT_FRAMES && app->conf->frames) || (i == OUT_PCAP && app->conf->pcap);
 }
 
-/* The tracker's summary, then one line per output: what it was handed and what it lost. */
+/* "backlog_full=3 write_failed=2": the reasons an output lost records for, or "". */
+static void loss_reasons(const struct tap_out_stats *st, char out[LOSS_REASONS_MAX])
+{
+	size_t len = 0;
+	out[0] = '\0';
+	for (int r = 0; r < TAP_OUT_N_LOSSES && len < LOSS_REASONS_MAX; r++) {
+		if (!st->lost_by[r])
+			continue;
+		int w = snprintf(out + len, LOSS_REASONS_MAX - len, "%s%s=%" PRIu64, len ? " " : "",
+				 tap_out_loss_name((enum tap_out_loss)r), st->lost_by[r]);
+		len += w > 0 ? (size_t)w : 0;
+	}
+}
+
+/* The tracker's summary, then one line per output: what it was handed and what it lost, and why. */
 static void print_summary(struct app *app)
 {
 	struct tap_buf b;
@@ -254,8 +271,10 @@ static void print_summary(struct app *app)
 			st = app->out_final[i];
 		else if (app->out[i])
 			tap_out_get_stats(app->out[i], &st);
-		tap_buf_printf(&b, "output %s records=%" PRIu64 " lost=%" PRIu64 " write_errors=%" PRIu64 "\n",
-			       out_names[i], st.records, st.lost, st.write_errors);
+		char why[LOSS_REASONS_MAX];
+		loss_reasons(&st, why);
+		tap_buf_printf(&b, "output %s records=%" PRIu64 " lost=%" PRIu64 " write_errors=%" PRIu64 "%s%s\n",
+			       out_names[i], st.records, st.lost, st.write_errors, *why ? " " : "", why);
 	}
 	uint64_t log_lost = tap_log_lost();
 	if (log_lost)
@@ -463,7 +482,10 @@ static bool outputs_close(struct app *app, int64_t deadline_us)
 		if (st->lost == 0)
 			continue;
 		whole = false;
-		tap_log_error("--%s: %" PRIu64 " of %" PRIu64 " records lost", out_names[i], st->lost, st->records);
+		char why[LOSS_REASONS_MAX];
+		loss_reasons(st, why);
+		tap_log_error("--%s: %" PRIu64 " of %" PRIu64 " records lost (%s)", out_names[i], st->lost, st->records,
+			      why);
 	}
 	if (app->track) {
 		struct tap_track_stats ts;

@@ -9,6 +9,7 @@
 
 #include "amqptap/dir.h"
 #include "amqptap/jsonl.h"
+#include "amqptap/out.h"
 #include "amqptap/track.h"
 
 #include <stdbool.h>
@@ -115,7 +116,8 @@ void tap_metrics_tally_rank(struct tap_metrics_tally *t);
 /* One output file (--verdicts, --frames, --pcap). */
 struct tap_metrics_output {
 	bool on;
-	uint64_t lines, lost, write_errors; /* lost: dropped whole (backlog full, write failed, not flushed) */
+	uint64_t lines, lost, write_errors; /* lost: the sum of lost_by */
+	uint64_t lost_by[TAP_OUT_N_LOSSES]; /* by enum tap_out_loss */
 };
 
 enum tap_metrics_out { TAP_METRICS_OUT_VERDICTS, TAP_METRICS_OUT_FRAMES, TAP_METRICS_OUT_PCAP, TAP_METRICS_N_OUT };

@@ -334,6 +334,16 @@ static void labelled(struct tap_buf *b, const char *name, const char *label, con
 	tap_buf_printf(b, "\"} %" PRIu64 "\n", n);
 }
 
+static void labelled2(struct tap_buf *b, const char *name, const char *label, const char *value, const char *label2,
+		      const char *value2, uint64_t n)
+{
+	tap_buf_printf(b, "amqptap_%s{%s=\"", name, label);
+	label_value(b, value);
+	tap_buf_printf(b, "\",%s=\"", label2);
+	label_value(b, value2);
+	tap_buf_printf(b, "\"} %" PRIu64 "\n", n);
+}
+
 static void le_label(char out[24], uint64_t us)
 {
 	snprintf(out, 24, "%.6g", (double)us / 1e6);
@@ -467,10 +477,15 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 	family(b, "records_lost_total", COUNTER, "Records not written, by reason.");
 	labelled(b, "records_lost_total", "reason", "no_memory", s->track.records_oom);
 	family(b, "output_records_lost_total", COUNTER,
-	       "Records an output dropped whole (backlog full, write failed, not flushed at exit).");
-	for (size_t i = 0; i < TAP_METRICS_N_OUT; i++)
-		if (s->out[i].on)
-			labelled(b, "output_records_lost_total", "output", out_names[i], s->out[i].lost);
+	       "Records an output dropped whole, by reason (backlog_full: written slower than they came; no_memory; "
+	       "write_failed; unflushed: not written by the stop's deadline).");
+	for (size_t i = 0; i < TAP_METRICS_N_OUT; i++) {
+		if (!s->out[i].on)
+			continue;
+		for (int r = 0; r < TAP_OUT_N_LOSSES; r++)
+			labelled2(b, "output_records_lost_total", "output", out_names[i], "reason",
+				  tap_out_loss_name((enum tap_out_loss)r), s->out[i].lost_by[r]);
+	}
 	family(b, "output_write_errors_total", COUNTER, "Failed writes to an output file (the buffered lines are dropped).");
 	for (size_t i = 0; i < TAP_METRICS_N_OUT; i++)
 		if (s->out[i].on)
@@ -677,6 +692,17 @@ static void json_capture(struct tap_json *j, const struct tap_metrics_snapshot *
 }
 
 /* "outputs": records written, dropped whole and failed writes of each output that is on */
+/* "lost_by": {reason: n}, the reasons that lost any. */
+static void json_lost_by(struct tap_json *j, const struct tap_metrics_output *o)
+{
+	tap_json_key(j, "lost_by");
+	tap_json_obj_begin(j);
+	for (int r = 0; r < TAP_OUT_N_LOSSES; r++)
+		if (o->lost_by[r])
+			tap_json_kv_uint(j, tap_out_loss_name((enum tap_out_loss)r), o->lost_by[r]);
+	tap_json_obj_end(j);
+}
+
 static void json_outputs(struct tap_json *j, const struct tap_metrics_snapshot *s)
 {
 	tap_json_key(j, "outputs");
@@ -688,6 +714,7 @@ static void json_outputs(struct tap_json *j, const struct tap_metrics_snapshot *
 		tap_json_obj_begin(j);
 		tap_json_kv_uint(j, "records", s->out[i].lines);
 		tap_json_kv_uint(j, "lost", s->out[i].lost);
+		json_lost_by(j, &s->out[i]);
 		tap_json_kv_uint(j, "write_errors", s->out[i].write_errors);
 		tap_json_obj_end(j);
 	}

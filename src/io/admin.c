@@ -174,6 +174,7 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 		tap_out_get_stats(o, &st);
 		s->out[i] = (struct tap_metrics_output){
 		    .on = true, .lines = st.records, .lost = st.lost, .write_errors = st.write_errors};
+		memcpy(s->out[i].lost_by, st.lost_by, sizeof st.lost_by);
 	}
 	if (a->src.observer)
 		s->decode_errors = a->src.observer->decode_errors;

@@ -46,9 +46,6 @@ struct chunk {
 	size_t ends_cap;
 };
 
-/* Why records were dropped before reaching the backlog. */
-enum drop_cause { DROP_BACKLOG_FULL, DROP_NO_MEMORY, DROP_CAUSES };
-
 struct tap_out {
 	char *name;
 	char *path; /* NULL: a descriptor the caller owns */
@@ -62,11 +59,13 @@ struct tap_out {
 	struct chunk *fill;
 	int64_t wait_until_us;
 	uint64_t records;
-	uint64_t dropped;           /* records dropped before reaching the backlog */
+	/* records lost, by cause: BACKLOG_FULL and NO_MEMORY (dropped before reaching the backlog) by this thread,
+	 * WRITE_FAILED by the writer and UNFLUSHED by close, both under mu */
+	uint64_t lost_by[TAP_OUT_N_LOSSES];
 	uint64_t drop_unreported;   /* dropped since the last records_lost record */
 	int64_t drop_first_us;
 	bool drop_no_memory;        /* some of those for want of memory, not of room in the backlog */
-	bool drop_reported[DROP_CAUSES]; /* the log heard of the first drop, by cause */
+	bool drop_reported[TAP_OUT_N_LOSSES]; /* the log heard of the first drop, by cause */
 
 	pthread_mutex_t mu;
 	pthread_cond_t wake; /* writer: something queued, or closing */
@@ -77,7 +76,6 @@ struct tap_out {
 	size_t n_spare;
 	bool closing;
 	bool writer_done;
-	uint64_t write_lost;   /* records the writer could not write */
 	uint64_t write_errors;
 	pthread_t thread;
 
@@ -201,7 +199,7 @@ static uint64_t count_newlines(const char *p, size_t len)
 
 /* ---- the loss notes: a records_lost record (LINES) or a line of text (TEXT) ---- */
 
-/* err: the write's errno (write_failed), else 0 and no_memory says which drop_cause. */
+/* err: the write's errno (write_failed), else 0 and no_memory says which cause of a drop. */
 static void loss_note(struct tap_buf *b, const struct tap_out *o, uint64_t lost, int64_t first_us, int err,
 		      bool no_memory)
 {
@@ -219,7 +217,9 @@ static void loss_note(struct tap_buf *b, const struct tap_out *o, uint64_t lost,
 	tap_json_kv_str(&j, "output", o->name);
 	tap_json_kv_uint(&j, "lost", lost);
 	tap_json_kv_ts(&j, "first_lost_ts", first_us);
-	tap_json_kv_str(&j, "reason", err ? "write_failed" : no_memory ? "no_memory" : "backlog_full");
+	tap_json_kv_str(&j, "reason", tap_out_loss_name(err         ? TAP_OUT_LOST_WRITE_FAILED
+							  : no_memory ? TAP_OUT_LOST_NO_MEMORY
+								      : TAP_OUT_LOST_BACKLOG_FULL));
 	if (err)
 		tap_json_kv_str(&j, "error", strerror(err));
 	tap_json_obj_end(&j);
@@ -259,7 +259,7 @@ static int write_all(struct tap_out *o, const char *data, size_t len, size_t *of
 static void writer_lost(struct tap_out *o, uint64_t lost, int err)
 {
 	pthread_mutex_lock(&o->mu);
-	o->write_lost += lost;
+	o->lost_by[TAP_OUT_LOST_WRITE_FAILED] += lost;
 	o->write_errors++;
 	pthread_mutex_unlock(&o->mu);
 	if (o->wlost_unreported == 0)
@@ -536,21 +536,21 @@ struct tap_out *tap_out_open_fd(const struct tap_out_conf *conf, int fd)
 
 /* ---- the loop side ---- */
 
-static void note_drop(struct tap_out *o, uint64_t records, enum drop_cause cause)
+static void note_drop(struct tap_out *o, uint64_t records, enum tap_out_loss cause)
 {
 	if (records == 0)
 		return;
-	o->dropped += records;
+	o->lost_by[cause] += records;
 	if (o->drop_unreported == 0) {
 		o->drop_first_us = wall_us();
 		o->drop_no_memory = false;
 	}
 	o->drop_unreported += records;
-	o->drop_no_memory |= cause == DROP_NO_MEMORY;
+	o->drop_no_memory |= cause == TAP_OUT_LOST_NO_MEMORY;
 	if (o->drop_reported[cause] || o->kind == TAP_OUT_TEXT)
 		return;
 	o->drop_reported[cause] = true;
-	if (cause == DROP_NO_MEMORY)
+	if (cause == TAP_OUT_LOST_NO_MEMORY)
 		tap_log_error("--%s %s: no memory for records; they are dropped and counted", o->name,
 			      o->path ? o->path : "-");
 	else
@@ -609,7 +609,7 @@ static void hand_over(struct tap_out *o)
 	}
 	bool no_memory = c->data.oom || (o->kind == TAP_OUT_BLOCKS && c->ends == NULL);
 	if (no_memory || !room_for(o, c->data.len)) {
-		note_drop(o, c->records, no_memory ? DROP_NO_MEMORY : DROP_BACKLOG_FULL);
+		note_drop(o, c->records, no_memory ? TAP_OUT_LOST_NO_MEMORY : TAP_OUT_LOST_BACKLOG_FULL);
 		chunk_reset(c);
 		return;
 	}
@@ -634,7 +634,7 @@ void tap_out_line(struct tap_out *o, const char *data, size_t len)
 	struct chunk *c = o->fill;
 	o->records++;
 	if (!c) { /* no memory for a batch */
-		note_drop(o, 1, DROP_NO_MEMORY);
+		note_drop(o, 1, TAP_OUT_LOST_NO_MEMORY);
 		tap_out_flush(o);
 		return;
 	}
@@ -650,7 +650,7 @@ void tap_out_block(struct tap_out *o, const void *data, size_t len)
 	struct chunk *c = o->fill;
 	o->records++;
 	if (!c) {
-		note_drop(o, 1, DROP_NO_MEMORY);
+		note_drop(o, 1, TAP_OUT_LOST_NO_MEMORY);
 		tap_out_flush(o);
 		return;
 	}
@@ -683,7 +683,7 @@ void tap_out_text(struct tap_out *o, const char *data, size_t len)
 	}
 	bool no_memory = !c || c->data.oom;
 	if (no_memory || !room_for(o, c->data.len)) {
-		note_drop(o, c ? c->records : 1, no_memory ? DROP_NO_MEMORY : DROP_BACKLOG_FULL);
+		note_drop(o, c ? c->records : 1, no_memory ? TAP_OUT_LOST_NO_MEMORY : TAP_OUT_LOST_BACKLOG_FULL);
 		if (c)
 			chunk_recycle(o, c);
 	} else {
@@ -720,7 +720,11 @@ void tap_out_reopen(struct tap_out *o)
 static void stats_locked(const struct tap_out *o, struct tap_out_stats *st)
 {
 	st->records = o->records;
-	st->lost = o->dropped + o->write_lost;
+	st->lost = 0;
+	for (int i = 0; i < TAP_OUT_N_LOSSES; i++) {
+		st->lost_by[i] = o->lost_by[i];
+		st->lost += o->lost_by[i];
+	}
 	st->write_errors = o->write_errors;
 }
 
@@ -791,7 +795,7 @@ void tap_out_close(struct tap_out *o, int64_t deadline_us, struct tap_out_stats 
 		joined = pthread_timedjoin_np(o->thread, NULL, &ts) == 0;
 	}
 	pthread_mutex_lock(&o->mu);
-	o->write_lost += unwritten_records(o, joined ? o->current_off : 0);
+	o->lost_by[TAP_OUT_LOST_UNFLUSHED] += unwritten_records(o, joined ? o->current_off : 0);
 	stats_locked(o, &last);
 	pthread_mutex_unlock(&o->mu);
 	if (st)

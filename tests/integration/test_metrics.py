@@ -417,8 +417,15 @@ class StatusPage(ScenarioCase):
         self.assertEqual(out["frames"]["lost"], 0, out)
         self.assertGreater(out["frames"]["records"], 0, out)
         lost = out["verdicts"]["lost"]
-        self.assertEqual(page_findings(self, mport), [f"The --verdicts output dropped {lost} of {lost} record(s) "
-                                                 f"({out['verdicts']['write_errors']} failed write(s): see the tap's log)."])
+        self.assertEqual(out["verdicts"]["lost_by"], {"write_failed": lost})
+        self.assertEqual(out["frames"]["lost_by"], {})
+        self.assertEqual(page_findings(self, mport), [f"The --verdicts output dropped {lost} of {lost} record(s): "
+                                                 f"{lost} on failed writes ({out['verdicts']['write_errors']} failed "
+                                                 "write(s)). See the tap's log."])
+        # /metrics: the same count under its reason
+        metrics = http_get(mport, "/metrics")[2].decode()
+        self.assertIn(f'amqptap_output_records_lost_total{{output="verdicts",reason="write_failed"}} {lost}\n', metrics)
+        self.assertIn('amqptap_output_records_lost_total{output="verdicts",reason="backlog_full"} 0\n', metrics)
         self.assertEqual(tap.stop(), 1, tap.stderr()[-2000:])
 
     @unittest.skipIf(is_asan_build(), "sanitizer build: its allocator cannot be replaced with LD_PRELOAD")

@@ -84,12 +84,25 @@ class RawTap:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def summary_counts(err, name):
-    """(records, lost) from the last 'output NAME records=N lost=M' line of the stderr text."""
-    found = re.findall(rf"^output {name} records=(\d+) lost=(\d+) write_errors=(\d+)$", err, re.M)
+LOSS_REASONS = ("backlog_full", "no_memory", "write_failed", "unflushed")
+
+
+def summary_losses(err, name):
+    """(records, lost, {reason: n}) from the last 'output NAME records=N lost=M write_errors=K [REASON=n ...]'
+    line of the stderr text; the reasons must add up to lost."""
+    found = re.findall(rf"^output {name} records=(\d+) lost=(\d+) write_errors=\d+((?: [a-z_]+=\d+)*)$", err, re.M)
     if not found:
         raise AssertionError(f"no summary line for output {name} in {err[-2000:]!r}")
-    return int(found[-1][0]), int(found[-1][1])
+    records, lost, tail = found[-1]
+    reasons = {k: int(v) for k, v in (kv.split("=") for kv in tail.split())}
+    if not set(reasons) <= set(LOSS_REASONS) or sum(reasons.values()) != int(lost) or 0 in reasons.values():
+        raise AssertionError(f"output {name}: lost={lost} but the reasons say {reasons}")
+    return int(records), int(lost), reasons
+
+
+def summary_counts(err, name):
+    """(records, lost) from the last summary line of the output."""
+    return summary_losses(err, name)[:2]
 
 
 def parse_lines(data, allow_cut_last=False):
@@ -169,10 +182,13 @@ class Outputs(TapTestCase):
         self.assertGreater(lost, 0)
         err = self.assert_exit_bounded(tap)
         self.assertIn("--verdicts -: written slower than records come", err)
-        records, lost = summary_counts(err, "verdicts")
+        records, lost, why = summary_losses(err, "verdicts")
         self.assertGreaterEqual(records, n + 1)
         self.assertGreater(lost, 0)
-        self.assertRegex(err, rf"--verdicts: {lost} of {records} records lost")
+        # dropped with the backlog full; what the stuck writer still held at the stop is unflushed
+        self.assertGreater(why.get("backlog_full", 0), 0, why)
+        self.assertLessEqual(set(why), {"backlog_full", "unflushed"})
+        self.assertRegex(err, rf"--verdicts: {lost} of {records} records lost \(backlog_full=")
 
     def test_stdout_pipe_reader_resumes(self):
         """The reader stops, then reads again: a records_lost record marks the gap, every line parses, and the
@@ -189,7 +205,8 @@ class Outputs(TapTestCase):
         err = self.assert_exit_bounded(tap)
         reader.join(10)
         recs = parse_lines(bytes(got))
-        records, lost = summary_counts(err, "verdicts")
+        records, lost, why = summary_losses(err, "verdicts")
+        self.assertEqual(why, {"backlog_full": lost})
         notes = [r for r in recs if r["type"] == "records_lost"]
         self.assertTrue(notes, "no records_lost record")
         self.assertEqual(sum(r["lost"] for r in notes), lost)
@@ -210,9 +227,11 @@ class Outputs(TapTestCase):
         fails = [l for l in err.splitlines() if "write failed" in l]
         self.assertEqual(len(fails), 1, err)
         self.assertIn("--verdicts /dev/full: write failed: No space left on device", fails[0])
-        records, lost = summary_counts(err, "verdicts")
+        records, lost, why = summary_losses(err, "verdicts")
         self.assertGreaterEqual(records, 2000)
         self.assertEqual(lost, records)
+        self.assertEqual(why, {"write_failed": lost})
+        self.assertIn(f"--verdicts: {lost} of {records} records lost (write_failed={lost})", err)
 
     def test_fifo_frames_and_pcap_never_read(self):
         """--frames and --pcap into FIFOs whose reader never reads: forwarding goes on, --verdicts (a healthy
@@ -263,8 +282,9 @@ class Outputs(TapTestCase):
         err = self.assert_exit_bounded(tap)
         with open(verdicts, "rb") as f:
             recs = parse_lines(f.read())
-        records, lost = summary_counts(err, "verdicts")
+        records, lost, why = summary_losses(err, "verdicts")
         self.assertGreater(lost, 0)
+        self.assertEqual(why, {"write_failed": lost})
         notes = [r for r in recs if r["type"] == "records_lost"]
         self.assertTrue(notes, "no records_lost record")
         self.assertEqual(notes[0]["reason"], "write_failed")

@@ -275,7 +275,9 @@ START_TEST(status_says_each_outputs_losses)
 {
 	struct tap_metrics_tally *t = new_tally();
 	struct tap_metrics_snapshot s = {.version = "1", .listening = true};
-	s.out[TAP_METRICS_OUT_VERDICTS] = (struct tap_metrics_output){.on = true, .lines = 12, .lost = 7, .write_errors = 1};
+	s.out[TAP_METRICS_OUT_VERDICTS] = (struct tap_metrics_output){
+	    .on = true, .lines = 12, .lost = 7, .write_errors = 1,
+	    .lost_by = {[TAP_OUT_LOST_BACKLOG_FULL] = 4, [TAP_OUT_LOST_WRITE_FAILED] = 3}};
 	s.out[TAP_METRICS_OUT_PCAP] = (struct tap_metrics_output){.on = true, .lines = 3};
 	s.track.conns_unfollowed = 2;
 	struct tap_buf b;
@@ -284,9 +286,20 @@ START_TEST(status_says_each_outputs_losses)
 	char *json = text_of(&b);
 	ck_assert_msg(json_valid(json), "not JSON: %s", json);
 	/* outputs that are off are not listed */
-	ck_assert_ptr_nonnull(strstr(json, "\"outputs\":{\"verdicts\":{\"records\":12,\"lost\":7,\"write_errors\":1},"
-	                                   "\"pcap\":{\"records\":3,\"lost\":0,\"write_errors\":0}}"));
+	ck_assert_ptr_nonnull(strstr(json, "\"outputs\":{\"verdicts\":{\"records\":12,\"lost\":7,"
+	                                   "\"lost_by\":{\"backlog_full\":4,\"write_failed\":3},\"write_errors\":1},"
+	                                   "\"pcap\":{\"records\":3,\"lost\":0,\"lost_by\":{},\"write_errors\":0}}"));
 	ck_assert_ptr_nonnull(strstr(json, "\"connections_unfollowed\":2"));
+	/* /metrics: every reason of each output that is on has its series */
+	tap_buf_reset(&b);
+	tap_metrics_render_prometheus(&s, t, &b);
+	char *text = text_of(&b);
+	ck_assert_ptr_nonnull(strstr(text, "amqptap_output_records_lost_total{output=\"verdicts\",reason=\"backlog_full\"} 4\n"
+	                                   "amqptap_output_records_lost_total{output=\"verdicts\",reason=\"no_memory\"} 0\n"
+	                                   "amqptap_output_records_lost_total{output=\"verdicts\",reason=\"write_failed\"} 3\n"
+	                                   "amqptap_output_records_lost_total{output=\"verdicts\",reason=\"unflushed\"} 0\n"
+	                                   "amqptap_output_records_lost_total{output=\"pcap\",reason=\"backlog_full\"} 0\n"));
+	ck_assert_ptr_null(strstr(text, "output=\"frames\""));
 	tap_buf_deinit(&b);
 	free(t);
 }

@@ -122,6 +122,7 @@ START_TEST(dev_full_counts_every_record)
 	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
 	ck_assert_uint_eq(s.records, 2000);
 	ck_assert_uint_eq(s.lost, 2000);
+	ck_assert_uint_eq(s.lost_by[TAP_OUT_LOST_WRITE_FAILED], 2000);
 	ck_assert_uint_ge(s.write_errors, 1);
 }
 END_TEST
@@ -205,6 +206,7 @@ START_TEST(stalled_pipe_never_blocks_and_drops_whole_records)
 	drain(fds[0], &buf, &len, &cap);
 	ck_assert_uint_eq(s.records, n);
 	ck_assert_uint_eq(s.write_errors, 0);
+	ck_assert_uint_eq(s.lost_by[TAP_OUT_LOST_BACKLOG_FULL], s.lost); /* the only reason here */
 	check_lines(buf, len, n, s.lost, true);
 	ck_assert_ptr_nonnull(strstr(buf, "\"reason\":\"backlog_full\""));
 	free(buf);
@@ -235,6 +237,7 @@ START_TEST(close_gives_up_on_a_stuck_writer)
 	ck_assert_int_ge(took, 290000);
 	ck_assert_int_lt(took, 1500000);
 	ck_assert_uint_gt(s.lost, 0);
+	ck_assert_uint_eq(s.lost_by[TAP_OUT_LOST_UNFLUSHED], s.lost);
 	ck_assert_int_eq(fcntl(fds[0], F_SETFL, O_NONBLOCK), 0);
 	char *buf = NULL;
 	size_t len = 0, cap = 0;
@@ -339,6 +342,9 @@ START_TEST(a_batch_without_memory_counts_what_it_drops)
 	tap_out_close(o, INT64_MAX, &s);
 	ck_assert_uint_eq(s.records, n);
 	ck_assert_uint_gt(s.lost, 0);
+	ck_assert_uint_eq(s.lost_by[TAP_OUT_LOST_NO_MEMORY], s.lost);
+	ck_assert_ptr_eq(strstr(tap_out_loss_name(TAP_OUT_LOST_NO_MEMORY), "no_memory"),
+			 tap_out_loss_name(TAP_OUT_LOST_NO_MEMORY));
 	size_t len;
 	char *d = slurp(path, &len);
 	uint64_t lines = 0;
