@@ -189,12 +189,14 @@ static void hook_data(void *ctx, void *sess, enum tap_dir dir, const uint8_t *da
 		app->next_deadline = now_us + app->min_window_us;
 }
 
-static void hook_close(void *ctx, void *sess, enum tap_proxy_end why, const char *detail, int64_t now_us)
+static void hook_close(void *ctx, void *sess, uint64_t conn_id, enum tap_proxy_end why, const char *detail,
+		       int64_t now_us)
 {
 	struct app *app = ctx;
 	app->closed_since_trim++;
 	app->last_close_us = now_us;
-	tap_log_verbose("connection closed: %s%s%s", tap_proxy_end_name(why), detail ? ": " : "", detail ? detail : "");
+	tap_log_verbose("conn %llu closed: %s%s%s", (unsigned long long)conn_id, tap_proxy_end_name(why),
+			detail ? ": " : "", detail ? detail : "");
 	if (detail)
 		tap_conn_note(sess, detail);
 	tap_conn_end(sess, tap_proxy_end_name(why), now_us);

@@ -41,7 +41,8 @@ struct tap_proxy_hooks {
 	void *ctx;
 	void *(*open)(void *ctx, uint64_t conn_id, const char *client, const char *upstream, int64_t now_us);
 	void (*data)(void *ctx, void *sess, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us);
-	void (*close)(void *ctx, void *sess, enum tap_proxy_end why, const char *detail, int64_t now_us);
+	void (*close)(void *ctx, void *sess, uint64_t conn_id, enum tap_proxy_end why, const char *detail,
+		      int64_t now_us);
 	/* A client closed at once, the tap having no memory for its session: it gets no open, data or close. */
 	void (*refused)(void *ctx);
 };

@@ -425,6 +425,8 @@ static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
 				: NULL;
 	if (needs_tls && !c->upstream_tls)
 		return usage_error(err, cap, "%s: needs --upstream-tls", needs_tls);
+	if (c->keylog && !c->tls_cert && !c->upstream_tls)
+		return usage_error(err, cap, "--keylog: needs TLS on a leg (--tls-cert or --upstream-tls)");
 	return TAP_OK;
 }
 

@@ -63,6 +63,7 @@ static void conn_prefix_update(struct tap_track_conn *c)
 	trk_render_prefix(&c->prefix, c);
 	c->t->mem += c->prefix.cap - c->prefix_cost;
 	c->prefix_cost = c->prefix.cap;
+	trk_note_peak(c->t);
 }
 
 static void conn_free(struct tap_track_conn *c)

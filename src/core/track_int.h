@@ -264,6 +264,14 @@ struct trk_verdict {
 	const struct trk_reason *reason; /* NULL: none */
 };
 
+/* Keeps st.memory_peak at least t->mem: called where the tracker's memory grows (a publish stored, a connection's
+ * prefix, a channel) and where the peak is read. */
+static inline void trk_note_peak(struct tap_track *t)
+{
+	if (t->mem > t->st.memory_peak)
+		t->st.memory_peak = t->mem;
+}
+
 static inline struct trk_slot *trk_slot(const struct trk_chan *ch, uint64_t n)
 {
 	return &ch->ring[n & (ch->cap - 1)];

@@ -157,6 +157,7 @@ struct trk_chan *trk_chan_get(struct tap_track_conn *c, uint16_t id)
 	memmove(&c->chans[i + 1], &c->chans[i], (c->n_chans - i) * sizeof *c->chans);
 	c->chans[i] = ch;
 	c->n_chans++;
+	trk_note_peak(t);
 	return ch;
 }
 
@@ -317,8 +318,7 @@ void trk_slot_stored(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n)
 	}
 	c->outstanding++;
 	c->t->st.outstanding++;
-	if (c->t->mem > c->t->st.memory_peak)
-		c->t->st.memory_peak = c->t->mem;
+	trk_note_peak(c->t);
 }
 
 void trk_slot_release(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n)

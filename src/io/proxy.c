@@ -167,7 +167,7 @@ static void session_end(struct tap_session *s)
 	TAILQ_REMOVE(&px->sessions, s, link);
 	px->stats.active--;
 	if (px->hooks.close)
-		px->hooks.close(px->hooks.ctx, s->obs, s->why, s->detail[0] ? s->detail : NULL, tap_now_us());
+		px->hooks.close(px->hooks.ctx, s->obs, s->id, s->why, s->detail[0] ? s->detail : NULL, tap_now_us());
 	leg_free(&s->leg[SIDE_CLIENT]);
 	leg_free(&s->leg[SIDE_UPSTREAM]);
 	if (s->reset_later)
@@ -231,6 +231,13 @@ static void end_with_reset(struct tap_session *s)
 static void session_fail(struct tap_session *s, enum tap_proxy_end why, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
+/* The stderr line of a TLS failure (why: TAP_END_CLIENT_TLS or TAP_END_BROKER_TLS). */
+static void log_tls_failure(const struct tap_session *s, enum tap_proxy_end why, const char *text)
+{
+	tap_log_error("conn %llu: TLS with the %s failed: %s", (unsigned long long)s->id,
+		      why == TAP_END_CLIENT_TLS ? "client" : "broker", text);
+}
+
 static void session_fail(struct tap_session *s, enum tap_proxy_end why, const char *fmt, ...)
 {
 	struct tap_proxy *px = s->px;
@@ -252,8 +259,7 @@ static void session_fail(struct tap_session *s, enum tap_proxy_end why, const ch
 		return;
 	case TAP_END_CLIENT_TLS:
 	case TAP_END_BROKER_TLS:
-		tap_log_error("conn %llu: TLS with the %s failed: %s", (unsigned long long)s->id,
-		              why == TAP_END_CLIENT_TLS ? "client" : "broker", s->detail);
+		log_tls_failure(s, why, s->detail);
 		break;
 	default:
 		tap_log_error("conn %llu: %s", (unsigned long long)s->id, s->detail);
@@ -658,9 +664,17 @@ void tap_leg_event(struct leg *l, short what, int err, const char *why)
 	 * arrive as one event: an error wins, or the bytes queued for a dead peer
 	 * would wait forever */
 	bool eof = (what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR);
-	if (!l->peer->eof) /* the first side to go names the reason */
-		s->why = l->side == SIDE_CLIENT ? (eof ? TAP_END_CLIENT_EOF : blame(err, TAP_END_CLIENT_RESET))
-						: (eof ? TAP_END_BROKER_EOF : blame(err, TAP_END_BROKER_RESET));
+	/* OpenSSL named what broke (a bad record, or an alert: in TLS 1.3 a broker refuses the tap's client
+	 * certificate after the tap's handshake is done), not the socket */
+	bool tls_error = l->tls && !eof && why;
+	if (!l->peer->eof) { /* the first side to go names the reason */
+		if (l->side == SIDE_CLIENT)
+			s->why = eof ? TAP_END_CLIENT_EOF : blame(err, tls_error ? TAP_END_CLIENT_TLS : TAP_END_CLIENT_RESET);
+		else
+			s->why = eof ? TAP_END_BROKER_EOF : blame(err, tls_error ? TAP_END_BROKER_TLS : TAP_END_BROKER_RESET);
+		if (s->why == TAP_END_CLIENT_TLS || s->why == TAP_END_BROKER_TLS)
+			log_tls_failure(s, s->why, why);
+	}
 	if (eof) {
 		l->eof = true;
 		set_reading(l, false);

@@ -288,6 +288,25 @@ static SSL_CTX *new_ctx(struct tap_tls *t, const SSL_METHOD *method)
 	return ctx;
 }
 
+/* OpenSSL's default for an encrypted key is to prompt on the terminal, which would hang a start under a service
+ * manager that gives one, so no passphrase is ever given: the key fails to load and *userdata (a bool) says why. */
+static int no_passphrase(char *buf, int size, int rwflag, void *userdata)
+{
+	(void)buf;
+	(void)size;
+	(void)rwflag;
+	if (userdata)
+		*(bool *)userdata = true;
+	return -1;
+}
+
+/* Whether OpenSSL's oldest queued error is lib's reason. */
+static bool first_error_is(int lib, int reason)
+{
+	unsigned long e = ERR_peek_error();
+	return e && ERR_GET_LIB(e) == lib && ERR_GET_REASON(e) == reason;
+}
+
 /* Loads a certificate chain and its key into ctx, naming the options on failure. */
 static bool load_pair(SSL_CTX *ctx, const char *cert_opt, const char *cert, const char *key_opt, const char *key,
 		      char *what, size_t cap)
@@ -304,7 +323,23 @@ static bool load_pair(SSL_CTX *ctx, const char *cert_opt, const char *cert, cons
 		snprintf(what, cap, "%s %s: not a PEM certificate", cert_opt, cert);
 		return false;
 	}
-	if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1) {
+	bool encrypted = false;
+	SSL_CTX_set_default_passwd_cb(ctx, no_passphrase);
+	SSL_CTX_set_default_passwd_cb_userdata(ctx, &encrypted);
+	int loaded = SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM);
+	SSL_CTX_set_default_passwd_cb_userdata(ctx, NULL);
+	if (loaded != 1 && encrypted) {
+		ERR_clear_error();
+		snprintf(what, cap, "%s %s: the key is encrypted, and amqptap asks for no passphrase: give it the key "
+			 "without one (openssl pkey -in KEY -out NEWKEY, kept 0600)", key_opt, key);
+		return false;
+	}
+	if (loaded != 1 && first_error_is(ERR_LIB_X509, X509_R_KEY_VALUES_MISMATCH)) {
+		ERR_clear_error(); /* OpenSSL 3 checks the pair as it loads the key */
+		snprintf(what, cap, "%s %s: does not match %s %s", key_opt, key, cert_opt, cert);
+		return false;
+	}
+	if (loaded != 1) {
 		snprintf(what, cap, "%s %s: not a PEM private key", key_opt, key);
 		return false;
 	}
@@ -337,6 +372,7 @@ struct tap_tls *tap_tls_new(const struct tap_conf *conf, char *err, size_t cap, 
 	    !BIO_meth_set_ctrl(t->sock_reader, reader_ctrl) || !BIO_meth_set_destroy(t->sock_reader, reader_free))
 		return fail(t, err, cap, exit_code, 1, "TLS socket reader");
 	const char *keylog = conf->keylog ? conf->keylog : getenv("SSLKEYLOGFILE");
+	const char *keylog_from = conf->keylog ? "--keylog" : "SSLKEYLOGFILE";
 	bool any_tls = conf->tls_cert || conf->upstream_tls;
 	if (keylog && *keylog && any_tls) {
 		/* secrets: 0600 even when the file existed */
@@ -344,7 +380,7 @@ struct tap_tls *tap_tls_new(const struct tap_conf *conf, char *err, size_t cap, 
 		const struct tap_out_conf oc = {.name = "keylog", .path = keylog, .kind = TAP_OUT_TEXT};
 		if (t->keylog_fd < 0 || fchmod(t->keylog_fd, 0600) < 0 ||
 		    !(t->keylog = tap_out_open_fd(&oc, t->keylog_fd))) {
-			snprintf(err, cap, "--keylog %s: %s", keylog, strerror(errno));
+			snprintf(err, cap, "%s %s: %s", keylog_from, keylog, strerror(errno));
 			*exit_code = 2;
 			tap_tls_free(t);
 			return NULL;
@@ -356,9 +392,17 @@ struct tap_tls *tap_tls_new(const struct tap_conf *conf, char *err, size_t cap, 
 			return fail(t, err, cap, exit_code, 1, "TLS server context");
 		if (!load_pair(t->server, "--tls-cert", conf->tls_cert, "--tls-key", conf->tls_key, what, sizeof what))
 			return fail(t, err, cap, exit_code, 2, "%s", what);
+		/* a session may only be resumed in the context it was made in; OpenSSL refuses to resume one on a
+		 * context that verifies clients and has no name ("session id context uninitialized") */
+		static const unsigned char sid_ctx[] = "amqptap";
+		if (SSL_CTX_set_session_id_context(t->server, sid_ctx, sizeof sid_ctx - 1) != 1)
+			return fail(t, err, cap, exit_code, 1, "TLS session id context");
 		if (conf->tls_client_ca) {
+			if (!readable(conf->tls_client_ca))
+				return fail(t, err, cap, exit_code, 2, "--tls-client-ca %s: cannot read (%s)",
+					    conf->tls_client_ca, strerror(errno));
 			STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(conf->tls_client_ca);
-			if (!readable(conf->tls_client_ca) || !names ||
+			if (!names ||
 			    SSL_CTX_load_verify_locations(t->server, conf->tls_client_ca, NULL) != 1) {
 				if (names)
 					sk_X509_NAME_pop_free(names, X509_NAME_free);
@@ -377,8 +421,10 @@ struct tap_tls *tap_tls_new(const struct tap_conf *conf, char *err, size_t cap, 
 		} else {
 			SSL_CTX_set_verify(t->client, SSL_VERIFY_PEER, NULL);
 			if (conf->upstream_ca) {
-				if (!readable(conf->upstream_ca) ||
-				    SSL_CTX_load_verify_locations(t->client, conf->upstream_ca, NULL) != 1)
+				if (!readable(conf->upstream_ca))
+					return fail(t, err, cap, exit_code, 2, "--upstream-ca %s: cannot read (%s)",
+						    conf->upstream_ca, strerror(errno));
+				if (SSL_CTX_load_verify_locations(t->client, conf->upstream_ca, NULL) != 1)
 					return fail(t, err, cap, exit_code, 2, "--upstream-ca %s: cannot load",
 						    conf->upstream_ca);
 			} else if (SSL_CTX_set_default_verify_paths(t->client) != 1) {

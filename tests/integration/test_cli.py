@@ -231,8 +231,9 @@ class VerbosityTest(TapTestCase):
         err = self.session("-vo", "{verdicts}", "--listen=127.0.0.1:{port}", "--upstream=127.0.0.1:{broker}",
                            "--tap-id=cli-test")
         self.assertIn("listening on", err)
-        self.assertRegex(err, r"amqptap: conn \d+ from 127\.0\.0\.1:\d+ to 127\.0\.0\.1:%d\n" % BROKER_PORT)
-        self.assertRegex(err, r"amqptap: connection closed: client_eof")
+        opened = re.search(r"amqptap: conn (\d+) from 127\.0\.0\.1:\d+ to 127\.0\.0\.1:%d\n" % BROKER_PORT, err)
+        self.assertTrue(opened, err)
+        self.assertIn(f"amqptap: conn {opened.group(1)} closed: client_eof", err)  # the same connection
 
     def test_quiet_writes_nothing_but_records(self):
         err = self.session("-qo{verdicts}", "-l", "127.0.0.1:{port}", "-u", "127.0.0.1:{broker}")

@@ -291,6 +291,7 @@ static const struct bad_case bad_cases[] = {
 	{{"--tap-id", "a\"b"}, "--tap-id"},
 	{{"--upstream-tls", "--upstream-sni", "a b"}, "--upstream-sni"},
 	{{"--tls-cert", "c.pem"}, "--tls-cert"},
+	{{"--keylog", "k.log"}, "--keylog"}, /* no TLS leg to log */
 };
 
 START_TEST(bad_options_name_themselves)

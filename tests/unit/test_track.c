@@ -398,6 +398,20 @@ START_TEST(connection_open_record)
 	assert_field(r, "channel_max", "2047");
 	tap_track_conn_open(c, S("/"), T0); /* once */
 	ck_assert_uint_eq(n_recs, 1);
+	/* no publish yet: the peak still counts the connection's memory, in the stats and in the summary */
+	struct tap_track_stats st = stats();
+	ck_assert_uint_gt(st.memory, 0);
+	ck_assert_uint_ge(st.memory_peak, st.memory);
+	struct tap_buf b;
+	tap_buf_init(&b);
+	tap_track_summary(t, &b);
+	tap_buf_putc(&b, '\0');
+	unsigned long long mem = 0, peak = 0;
+	const char *line = strstr(b.data, "tracking memory ");
+	ck_assert_ptr_nonnull(line);
+	ck_assert_int_eq(sscanf(line, "tracking memory %llu bytes (peak %llu", &mem, &peak), 2);
+	ck_assert_uint_ge(peak, mem);
+	tap_buf_deinit(&b);
 }
 END_TEST
 
