@@ -71,6 +71,7 @@ struct app {
 	bool stopping;
 	int exit_code;
 	struct tap_sniff *sniff;  /* sniff mode */
+	struct tap_replay_live *live; /* sniff mode: where the captured packets go */
 	uint64_t drops_reported; /* kernel drops already written as capture_drops records */
 };
 
@@ -516,20 +517,43 @@ static void replay_idle(void *ctx)
 			tap_out_flush(app->out[i]);
 }
 
+/* SIGINT or SIGTERM during a replay (Ctrl-C ends `tcpdump -U -w - | amqptap replay -`): the capture ends where it
+ * is read to, as at its end, so every record is still written. A second signal kills (SA_RESETHAND). */
+static volatile sig_atomic_t replay_stop_signal;
+
+static void on_replay_signal(int sig)
+{
+	replay_stop_signal = sig;
+}
+
+static bool replay_stop(void *ctx)
+{
+	(void)ctx;
+	return replay_stop_signal != 0;
+}
+
 static int run_replay(const struct tap_conf *conf)
 {
 	struct app app = {.conf = conf};
 	int code = outputs_open(&app);
 	outputs_drain_until(&app, INT64_MAX);
+	/* no SA_RESTART: a read waiting on a pipe returns, and the capture asks replay_stop */
+	struct sigaction sa = {.sa_handler = on_replay_signal, .sa_flags = SA_RESETHAND};
+	sigemptyset(&sa.sa_mask);
+	(void)sigaction(SIGINT, &sa, NULL);
+	(void)sigaction(SIGTERM, &sa, NULL);
 	if (code == 0) {
 		char err[512];
 		struct tap_replay_stats rs;
 		struct tap_replay_hooks hooks = {
-			.ctx = &app, .idle = replay_idle, .ports = conf->ports + 1, .n_ports = conf->n_ports - 1,
-			.min_window_us = app.min_window_us,
+			.ctx = &app, .idle = replay_idle, .stop = replay_stop, .ports = conf->ports + 1,
+			.n_ports = conf->n_ports - 1, .min_window_us = app.min_window_us,
 		};
 		int rc = tap_replay_run(conf->replay_file, conf->ports[0], &app.observer, app.track, &hooks,
 					&rs, err, sizeof err);
+		if (replay_stop_signal)
+			fprintf(stderr, "amqptap: replay stopped by %s: the records of what was read are written, and the "
+				"connections still open end as capture_end\n", replay_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
 		if (rs.gaps > 0)
 			fprintf(stderr, "amqptap: capture gaps: %" PRIu64 " (%" PRIu64 " bytes missing); the publishes they "
 				"may have affected are written route unknown, by capture_gap\n", rs.gaps, rs.gap_bytes);
@@ -593,7 +617,10 @@ static void on_sniff_tick(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	int64_t now_us = tap_now_us();
-	settle_deadlines(app, now_us);
+	/* the packets' clock drives the tracker; a quiet capture's clock is moved on here, behind what may still
+	 * be coming, so that a verdict held for a window is written once the window is over, not at the next packet */
+	tap_sniff_read(app->sniff);
+	tap_replay_live_advance(app->live, now_us - TAP_SNIFF_LAG_US);
 	report_drops(app, now_us);
 	flush_outputs(app);
 }
@@ -643,6 +670,7 @@ static int run_sniff(const struct tap_conf *conf)
 	}
 	if (!code)
 		tap_sniff_attach(app.sniff, live);
+	app.live = live;
 	char capture_name[300];
 	int at = snprintf(capture_name, sizeof capture_name, "capture on %s, port", conf->interface);
 	for (size_t i = 0; i < conf->n_ports && at > 0 && (size_t)at < sizeof capture_name; i++)
@@ -683,6 +711,8 @@ static int run_sniff(const struct tap_conf *conf)
 	int64_t deadline = tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000;
 	outputs_drain_until(&app, deadline);
 	report_drops(&app, tap_now_us());
+	if (tap_sniff_failed(app.sniff) && app.exit_code == 0)
+		app.exit_code = 1;
 	struct tap_replay_stats rs;
 	tap_replay_live_end(live, tap_now_us(), &rs);
 	if (rs.gaps > 0)

@@ -64,6 +64,9 @@ struct tap_capture_cb {
 	/* Reading a pipe or device (standard input): nothing more has arrived yet and the next read may wait, so what
 	 * the caller holds back for a batch should go out now. */
 	void (*idle)(void *ctx);
+	/* Asked before each record and when a read was interrupted: true ends the capture there, as its end would (a
+	 * signal asked the replay to stop). A record cut short by the stop is left out. */
+	bool (*stop)(void *ctx);
 };
 
 struct tap_capture_stats {

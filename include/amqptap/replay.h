@@ -29,6 +29,7 @@ struct tap_replay_stats {
 struct tap_replay_hooks {
 	void *ctx;
 	void (*idle)(void *ctx);
+	bool (*stop)(void *ctx); /* as tap_capture_cb's; may be NULL */
 	const uint16_t *ports;
 	size_t n_ports;
 	int64_t min_window_us;
@@ -50,6 +51,10 @@ int tap_replay_live_new(struct tap_replay_live **l, const uint16_t *ports, size_
 /* One packet of link type `linktype` (TAP_CAPTURE_LINK_*); 0 or TAP_E_NOMEM. */
 int tap_replay_live_packet(struct tap_replay_live *l, uint32_t linktype, int64_t ts_us, const uint8_t *packet,
 			   size_t caplen);
+/* The capture's clock reached now_us with no packet (a quiet capture): what the tracker holds until a time (a plain
+ * publish's late-Return window, a mandatory one's --return-window) is settled once that time has passed, as a packet
+ * at now_us would settle it. The clock never goes back; before the first packet nothing happens. */
+void tap_replay_live_advance(struct tap_replay_live *l, int64_t now_us);
 /* Ends every open stream ("capture_end"), settles the tracker at now_us (or the last packet's time if later),
  * fills stats (may be NULL; zero for a NULL l) and frees l. */
 void tap_replay_live_end(struct tap_replay_live *l, int64_t now_us, struct tap_replay_stats *stats);

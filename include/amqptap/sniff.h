@@ -5,6 +5,7 @@
 
 #include "amqptap/replay.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,6 +32,15 @@ const char *tap_sniff_filter(const struct tap_sniff *s);
 const char *tap_sniff_link_name(const struct tap_sniff *s);
 /* Where the packets go; before the loop runs. */
 void tap_sniff_attach(struct tap_sniff *s, struct tap_replay_live *live);
+/* Hands the packets libpcap has ready to the reassembly now. Those it does not have yet were captured at most
+ * TAP_SNIFF_LAG_US ago, so once this returns the capture's clock may be moved to now - TAP_SNIFF_LAG_US
+ * (tap_replay_live_advance) without settling anything before a packet that is still coming. */
+void tap_sniff_read(struct tap_sniff *s);
+/* How long the kernel may hold a captured packet before libpcap sees it: the ring's block timeout (5 ms), with
+ * room for the kernel's timer granularity and a loop turn. */
+#define TAP_SNIFF_LAG_US 50000
+/* Whether the capture failed while running (the interface went away): said on stderr, the loop was ended. */
+bool tap_sniff_failed(const struct tap_sniff *s);
 /* Reads what libpcap still holds, then the kernel's drop counters. */
 void tap_sniff_get_stats(struct tap_sniff *s, struct tap_sniff_stats *st);
 void tap_sniff_free(struct tap_sniff *s);

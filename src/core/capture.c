@@ -74,6 +74,11 @@ static int fail(char *err, size_t cap, int rc, const char *fmt, ...)
 	return rc;
 }
 
+static bool stopping(const struct tap_capture *c)
+{
+	return c->cb && c->cb->stop && c->cb->stop(c->cb->ctx);
+}
+
 static size_t src_read(struct tap_capture *c, void *buf, size_t n)
 {
 	size_t got = 0;
@@ -88,6 +93,11 @@ static size_t src_read(struct tap_capture *c, void *buf, size_t n)
 	}
 	if (c->f) {
 		got = fread(buf, 1, n, c->f);
+		/* a signal interrupted a read that waited: go on unless it asked to stop */
+		while (got < n && ferror(c->f) && errno == EINTR && !stopping(c)) {
+			clearerr(c->f);
+			got += fread((uint8_t *)buf + got, 1, n - got, c->f);
+		}
 	} else {
 		size_t left = c->mem_len - (size_t)c->off;
 		got = n < left ? n : left;
@@ -279,8 +289,8 @@ static int pcap_run(struct tap_capture *c, char *err, size_t cap)
 	for (;;) {
 		idle_hint(c);
 		uint64_t at = c->off;
-		size_t n = src_read(c, rh, sizeof rh);
-		if (n == 0)
+		size_t n = stopping(c) ? 0 : src_read(c, rh, sizeof rh);
+		if (n == 0 || (n < sizeof rh && stopping(c)))
 			return TAP_OK;
 		if (n < sizeof rh)
 			return fail(err, cap, TAP_E_BAD_CAPTURE, "%s: truncated record header at offset %" PRIu64,
@@ -292,7 +302,9 @@ static int pcap_run(struct tap_capture *c, char *err, size_t cap)
 		if (!blk_reserve(c, incl))
 			return fail(err, cap, TAP_E_NOMEM, "%s: out of memory", c->name);
 		if (src_read(c, c->blk, incl) < incl)
-			return fail(err, cap, TAP_E_BAD_CAPTURE, "%s: truncated record at offset %" PRIu64, c->name, at);
+			return stopping(c) ? TAP_OK
+					   : fail(err, cap, TAP_E_BAD_CAPTURE, "%s: truncated record at offset %" PRIu64,
+						  c->name, at);
 		uint32_t frac = rd32(c, rh + 4);
 		int64_t ts = (int64_t)rd32(c, rh) * 1000000 + (int64_t)(c->nsec ? frac / 1000 : frac);
 		c->st.file_bytes = c->off;
@@ -374,8 +386,8 @@ static int block_read(struct tap_capture *c, uint32_t *type, size_t *blen, uint6
 	uint8_t h[12];
 	idle_hint(c);
 	*at = c->off;
-	size_t n = src_read(c, h, 8);
-	if (n == 0)
+	size_t n = stopping(c) ? 0 : src_read(c, h, 8);
+	if (n == 0 || (n < 8 && stopping(c)))
 		return 0;
 	if (n < 8)
 		return fail(err, cap, TAP_E_BAD_CAPTURE, "%s: truncated block header at offset %" PRIu64, c->name, *at);
@@ -383,8 +395,9 @@ static int block_read(struct tap_capture *c, uint32_t *type, size_t *blen, uint6
 	memcpy(&t, h, 4);
 	if (t == PCAPNG_SHB) { /* §4.1: the byte-order magic decides how to read the rest of the section */
 		if (src_read(c, h + 8, 4) < 4)
-			return fail(err, cap, TAP_E_BAD_CAPTURE, "%s: truncated section header at offset %" PRIu64,
-				    c->name, *at);
+			return stopping(c) ? 0
+					   : fail(err, cap, TAP_E_BAD_CAPTURE,
+						  "%s: truncated section header at offset %" PRIu64, c->name, *at);
 		uint32_t bom;
 		memcpy(&bom, h + 8, 4);
 		if (bom == PCAPNG_BOM)
@@ -406,7 +419,9 @@ static int block_read(struct tap_capture *c, uint32_t *type, size_t *blen, uint6
 	memcpy(c->blk, h + 8, have);
 	size_t want = total - 8 - have;
 	if (src_read(c, c->blk + have, want) < want)
-		return fail(err, cap, TAP_E_BAD_CAPTURE, "%s: truncated block at offset %" PRIu64, c->name, *at);
+		return stopping(c) ? 0
+				   : fail(err, cap, TAP_E_BAD_CAPTURE, "%s: truncated block at offset %" PRIu64, c->name,
+					  *at);
 	if (rd32(c, c->blk + total - 12) != total)
 		return fail(err, cap, TAP_E_BAD_CAPTURE,
 			    "%s: block length trailer does not match at offset %" PRIu64, c->name, *at);
@@ -615,7 +630,7 @@ int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_captu
 	c->reasm.ports[0] = port;
 	c->reasm.cb = c->cb;
 	int rc = c->fmt == FMT_PCAP ? pcap_run(c, err, cap) : pcapng_run(c, err, cap);
-	if (rc == TAP_OK && c->f && ferror(c->f))
+	if (rc == TAP_OK && c->f && ferror(c->f) && !stopping(c)) /* a stop's interrupted read is no error */
 		rc = fail(err, cap, TAP_E_IO, "%s: read error at offset %" PRIu64, c->name, c->off);
 	tap_capture_end_all(c);
 	return rc;

@@ -219,13 +219,19 @@ static void on_idle(void *ctx)
 		r->hooks->idle(r->hooks->ctx);
 }
 
+static bool on_stop(void *ctx)
+{
+	struct replay *r = ctx;
+	return r->hooks && r->hooks->stop && r->hooks->stop(r->hooks->ctx);
+}
+
 static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs, struct tap_track *track,
 		  const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap)
 {
 	struct replay r = {.obs = obs, .track = track, .hooks = hooks, .min_window_us = hooks ? hooks->min_window_us : 0};
 	struct tap_capture_cb cb = {
 		.ctx = &r, .packet = on_packet, .open = on_open, .data = on_data, .gap = on_gap, .close = on_close,
-		.idle = on_idle,
+		.idle = on_idle, .stop = on_stop,
 	};
 	for (size_t i = 0; hooks && i < hooks->n_ports; i++) {
 		if (tap_capture_add_port(c, hooks->ports[i]) < 0) {
@@ -303,6 +309,12 @@ int tap_replay_live_packet(struct tap_replay_live *l, uint32_t linktype, int64_t
 			   size_t caplen)
 {
 	return tap_capture_push(l->c, linktype, ts_us, packet, caplen);
+}
+
+void tap_replay_live_advance(struct tap_replay_live *l, int64_t now_us)
+{
+	if (l && l->r.started)
+		on_packet(&l->r, now_us);
 }
 
 void tap_replay_live_end(struct tap_replay_live *l, int64_t now_us, struct tap_replay_stats *stats)

@@ -580,17 +580,23 @@ void trk_render_culprit(struct tap_buf *out, const struct tap_track_conn *c, uin
 	tap_json_obj_end(&j);
 }
 
+/* Which tap made the record, for merged logs: on the open record, or on the close of a connection that had none. */
+static void write_tap(const struct trk_render *r, struct tap_json *j)
+{
+	if (r->run[0]) {
+		tap_json_kv_str(j, "tap", r->tap_id);
+		tap_json_kv_ts(j, "started", r->started_us);
+		tap_json_kv_uint(j, "schema", TAP_TRACK_SCHEMA);
+	}
+}
+
 void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, int64_t now_us)
 {
 	struct tap_json j;
 	rec_begin(r, &j, "connection", now_us);
 	tap_json_kv_uint(&j, "conn", c->id);
 	tap_json_kv_str(&j, "event", "open");
-	if (r->run[0]) {
-		tap_json_kv_str(&j, "tap", r->tap_id);
-		tap_json_kv_ts(&j, "started", r->started_us);
-		tap_json_kv_uint(&j, "schema", TAP_TRACK_SCHEMA);
-	}
+	write_tap(r, &j);
 	str_or_null(&j, "client", c->client);
 	str_or_null(&j, "upstream", c->upstream);
 	str_or_null(&j, "user", c->user);
@@ -630,7 +636,14 @@ void trk_record_conn_close(struct trk_render *r, const struct tap_track_conn *c,
 	rec_begin(r, &j, "connection", now_us);
 	tap_json_kv_uint(&j, "conn", c->id);
 	tap_json_kv_str(&j, "event", "close");
-	str_or_null(&j, "client", c->client);
+	if (!c->opened) { /* no open record says who and where: an unreachable broker, TLS or a login that failed */
+		write_tap(r, &j);
+		str_or_null(&j, "client", c->client);
+		str_or_null(&j, "upstream", c->upstream);
+		str_or_null(&j, "user", c->user);
+	} else {
+		str_or_null(&j, "client", c->client);
+	}
 	write_close_reason(&j, why);
 	tap_json_kv_int(&j, "duration_us", now_us - c->t_new);
 	write_counts(&j, &c->counts);

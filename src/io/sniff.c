@@ -6,6 +6,7 @@
 #include "amqptap/sniff.h"
 
 #include "amqptap/capture.h"
+#include "amqptap/log.h"
 
 #include <event2/event.h>
 #include <linux/if_packet.h>
@@ -18,7 +19,10 @@
 
 struct tap_sniff {
 	pcap_t *p;
+	struct event_base *base;
 	struct event *ev;
+	bool failed;
+	char iface[64];
 	struct tap_replay_live *live;
 	uint32_t linktype;
 	uint64_t packets;
@@ -89,12 +93,29 @@ static void on_pcap_packet(u_char *user, const struct pcap_pkthdr *h, const u_ch
 		(void)tap_replay_live_packet(s->live, s->linktype, ts, bytes, h->caplen); /* out of memory: counted there */
 }
 
+void tap_sniff_read(struct tap_sniff *s)
+{
+	if (s->failed)
+		return;
+	int rc = pcap_dispatch(s->p, -1, on_pcap_packet, (u_char *)s); /* non-blocking: 0 when nothing is left */
+	if (rc >= 0 || rc == PCAP_ERROR_BREAK)
+		return;
+	s->failed = true;
+	tap_log_error("--interface %s: the capture failed: %s", s->iface, pcap_geterr(s->p));
+	event_del(s->ev);
+	event_base_loopexit(s->base, NULL);
+}
+
+bool tap_sniff_failed(const struct tap_sniff *s)
+{
+	return s->failed;
+}
+
 static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
-	struct tap_sniff *s = arg;
 	(void)fd;
 	(void)what;
-	(void)pcap_dispatch(s->p, -1, on_pcap_packet, (u_char *)s); /* non-blocking: 0 when nothing is left */
+	tap_sniff_read(arg);
 }
 
 /* DLT_ values as libpcap returns them, to the LINKTYPE_ values the capture reader parses. */
@@ -115,6 +136,8 @@ struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, cons
 		snprintf(err, cap, "out of memory");
 		return NULL;
 	}
+	s->base = base;
+	snprintf(s->iface, sizeof s->iface, "%s", iface);
 	s->p = pcap_create(iface, ebuf);
 	if (!s->p) {
 		snprintf(err, cap, "--interface %s: %s", iface, ebuf);
@@ -186,7 +209,7 @@ void tap_sniff_get_stats(struct tap_sniff *s, struct tap_sniff_stats *st)
 	memset(st, 0, sizeof *st);
 	if (!s)
 		return;
-	(void)pcap_dispatch(s->p, -1, on_pcap_packet, (u_char *)s); /* what is already buffered */
+	tap_sniff_read(s); /* what is already buffered */
 	st->packets = s->packets;
 	if (pcap_stats(s->p, &ps) == 0) {
 		st->dropped = (uint64_t)ps.ps_drop + ps.ps_ifdrop;

@@ -9,15 +9,17 @@ import glob
 import json
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tapharness import AMQPTAP_BIN, SOURCE_DIR, main  # noqa: E402
+from tapharness import AMQPTAP_BIN, SOURCE_DIR, main, read_records  # noqa: E402
 
 CAPTURES = os.path.join(SOURCE_DIR, "captures")
 IDENTITY = ("channel", "exchange", "routing_key", "message_id", "body_size")
@@ -229,6 +231,39 @@ class Pipes(unittest.TestCase):
                 p.kill()
                 p.wait()
         self.assertTrue(any(json.loads(line)["type"] == "publish" for line in rest.splitlines()))
+
+
+    def test_sigint_ends_a_live_view_as_its_end_would(self):
+        """Ctrl-C on `tcpdump -U -w - | amqptap replay -` signals both while the pipe is open: replay ends the
+        capture where it has read to, as an end of file would, so it writes every record the golden verdicts have
+        (the capture's connection closed before its end), and the connection's records, with exit 0."""
+        cap = os.path.join(CAPTURES, "alternate_exchange.pcapng")
+        port = capture_port(cap)
+        golden = [{k: v for k, v in r.items() if k not in ("ts", "run")}
+                  for r in read_records(os.path.join(CAPTURES, "alternate_exchange.verdicts.jsonl"))]
+        with open(cap, "rb") as f:
+            data = f.read()
+        p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(port)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            p.stdin.write(data)
+            p.stdin.flush()  # and the pipe stays open: replay waits for more
+            ready, _, _ = select.select([p.stdout], [], [], 10)
+            self.assertTrue(ready, "no record within 10 s")
+            time.sleep(0.5)
+            self.assertIsNone(p.poll(), "replay ended before its input did")
+            p.send_signal(signal.SIGINT)
+            out, err = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        err = err.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("replay stopped by SIGINT", err)
+        self.assertIn("output verdicts records=", err)  # the summary
+        got = [{k: v for k, v in json.loads(line).items() if k not in ("ts", "run")} for line in out.splitlines()]
+        self.assertEqual(got, golden)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,40 @@ class Sniff(TapTestCase):
                                   "no-confirm": ("returned", "none")})
         self.assertFalse([r for r in sniffed if r["type"] == "capture_gap"])
 
+    def test_held_verdicts_are_written_on_a_quiet_connection(self):
+        """Verdicts that wait for a window (a plain channel's late-Return window, a mandatory publish's
+        --return-window without confirms, an acked mandatory publish's hold for a late Return) are written once the
+        window is over while the connection stays open and silent, as the proxy writes them: the capture's clock
+        moves on without packets. Heartbeats are off, so nothing else would come."""
+        with tempfile.TemporaryDirectory() as d:
+            p, verdicts, err = self.sniff(d)
+            try:
+                conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT, heartbeat=0))
+                plain = conn.channel()
+                q = plain.queue_declare("", exclusive=True).method.queue
+                plain.basic_publish("", q, b"p", pika.BasicProperties(message_id="plain"))
+                plain.basic_publish("", q, b"m", pika.BasicProperties(message_id="mandatory-no-confirm"),
+                                    mandatory=True)
+                confirmed = conn.channel()
+                confirmed.confirm_delivery()
+                confirmed.basic_publish("", q, b"c", pika.BasicProperties(message_id="acked"), mandatory=True)
+                t0 = time.monotonic()
+
+                def routes():
+                    return {r["message_id"]: (r["route"], r["confirm"]) for r in read_records(verdicts, live=True)
+                            if r["type"] == "publish"}
+                self.assertTrue(wait_for(lambda: len(routes()) == 3, 5), routes())
+                took = time.monotonic() - t0
+                self.assertEqual(routes(), {"plain": ("unproven", "none"), "mandatory-no-confirm": ("unproven", "none"),
+                                            "acked": ("routed", "ack")})
+                self.assertLess(took, 2.0)  # --return-window 300 ms, plus the capture's lag
+                self.assertFalse([r for r in read_records(verdicts, live=True)
+                                  if r["type"] == "connection" and r["event"] == "close"])  # still open
+                conn.close()
+            finally:
+                p.send_signal(signal.SIGINT)
+                self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
+
     def test_loopback_capture_takes_each_packet_once(self):
         """On lo the kernel hands a packet socket every packet twice, as sent and as received; the sniffer asks it
         (PACKET_IGNORE_OUTGOING) not to queue the sent copy, which libpcap would only throw away after the kernel

@@ -121,6 +121,29 @@ START_TEST(tap_id_escaped_run_bounded)
 }
 END_TEST
 
+/* A connection that ends before connection.open (a login the broker refused, an unreachable broker) has no open
+ * record: its close record names the tap, the broker and the user itself, so merged logs can still place it. */
+START_TEST(close_without_open_names_tap_and_user)
+{
+	struct tap_track_conf conf = {.tap_id = "node-a", .run = "0a1b2c3d4e5f", .started_us = STARTED};
+	reset_recs();
+	struct tap_track *t = tap_track_new(&conf, capture, NULL);
+	ck_assert_ptr_nonnull(t);
+	struct tap_track_conn *c = tap_track_conn_new(t, 4, "127.0.0.1:51235", "127.0.0.1:5672", T0);
+	tap_track_conn_user(c, S("mallory"));
+	tap_track_conn_close(c, TAP_BY_BROKER, 403, S("ACCESS_REFUSED"), T0 + 5);
+	tap_track_conn_end(c, "broker_eof", T0 + 6);
+	tap_track_free(t);
+	ck_assert_uint_eq(n_recs, 1);
+	ck_assert_str_eq(recs[0],
+			 "{\"type\":\"connection\",\"ts\":\"2026-11-29T10:15:02.000006Z\",\"run\":\"0a1b2c3d4e5f\","
+			 "\"conn\":4,\"event\":\"close\",\"tap\":\"node-a\",\"started\":\"2026-11-29T10:10:00.123456Z\","
+			 "\"schema\":1,\"client\":\"127.0.0.1:51235\",\"upstream\":\"127.0.0.1:5672\",\"user\":\"mallory\","
+			 "\"by\":\"broker\",\"code\":403,\"text\":\"ACCESS_REFUSED\",\"duration_us\":6,\"publishes\":0,"
+			 "\"routed\":0,\"returned\":0,\"unproven\":0,\"unknown\":0,\"acked\":0,\"nacked\":0}");
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("identity");
@@ -129,6 +152,7 @@ int main(void)
 	tcase_add_test(tc, every_record_carries_run_before_conn);
 	tcase_add_test(tc, no_identity_without_run);
 	tcase_add_test(tc, tap_id_escaped_run_bounded);
+	tcase_add_test(tc, close_without_open_names_tap_and_user);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	reset_recs();
