@@ -432,6 +432,29 @@ class SniffLinks(TapTestCase):
         self.assertTrue([r for r in want if r["type"] == "publish"])
         self.assertEqual(comparable(live), comparable(want))
 
+    def test_interface_that_goes_away_ends_the_sniffer(self):
+        """The interface is deleted while `sniff` captures on it: one line naming it and libpcap's reason, and the
+        sniffer ends with exit 1 rather than capture nothing without a word. Skipped where veth pairs cannot be
+        made (no CAP_NET_ADMIN)."""
+        name = f"sng{os.getpid() % 100000}"
+        r = subprocess.run(["ip", "link", "add", f"{name}a", "type", "veth", "peer", "name", f"{name}b"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            self.skipTest(f"cannot make a veth pair: {r.stderr.strip()}")
+        self.addCleanup(subprocess.run, ["ip", "link", "del", f"{name}a"], capture_output=True)
+        for end in "ab":
+            subprocess.run(["ip", "link", "set", f"{name}{end}", "up"], check=True)
+        with tempfile.TemporaryDirectory() as d:
+            p, out, err = self.start_sniff(d, "gone", f"{name}b", [BROKER_PORT])
+            subprocess.run(["ip", "link", "del", f"{name}a"], check=True)  # takes its peer with it
+            try:
+                self.assertEqual(p.wait(timeout=10), 1, open(err.name).read())
+            finally:
+                if p.poll() is None:
+                    p.kill()
+            log = open(err.name).read()
+        self.assertRegex(log, rf"amqptap: --interface {name}b: the capture failed: .+")
+
 
 def ethernet_frames(path):
     """The packets of a little-endian pcapng file whose interface is Ethernet."""
