@@ -105,6 +105,9 @@ static void keep_heap_warm(void)
 #endif
 }
 
+/* Resolves a once, at start. Returns 0, or the exit code: 1 when resolution failed for now (no answer from the
+ * name server, as at boot before the network is up: a service manager should try again), 2 when the name does not
+ * exist (a mistake in the configuration). */
 static int resolve(const struct tap_conf_addr *a, bool passive, struct sockaddr_storage *out, int *out_len,
 		   char *err, size_t cap)
 {
@@ -116,8 +119,10 @@ static int resolve(const struct tap_conf_addr *a, bool passive, struct sockaddr_
 	struct addrinfo *res = NULL;
 	int rc = getaddrinfo(a->host, port, &hints, &res);
 	if (rc != 0 || !res) {
-		snprintf(err, cap, "cannot resolve '%s': %s", a->host, gai_strerror(rc));
-		return -1;
+		bool for_now = rc == EAI_AGAIN || rc == EAI_FAIL || rc == EAI_MEMORY || rc == EAI_SYSTEM;
+		snprintf(err, cap, "cannot resolve '%s': %s%s", a->host, rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc),
+			 for_now ? " (for now: exit 1, so that a service manager starts the tap again)" : "");
+		return for_now ? 1 : 2;
 	}
 	memcpy(out, res->ai_addr, res->ai_addrlen);
 	*out_len = (int)res->ai_addrlen;
@@ -737,13 +742,14 @@ static int run_proxy(const struct tap_conf *conf)
 	char err[700];
 	struct sockaddr_storage up, lis;
 	int up_len, lis_len;
-	if (resolve(&conf->upstream, false, &up, &up_len, err, sizeof err) < 0) {
+	int bad = resolve(&conf->upstream, false, &up, &up_len, err, sizeof err);
+	if (bad) {
 		fprintf(stderr, "amqptap: --upstream: %s\n", err);
-		return 2;
+		return bad;
 	}
-	if (resolve(&conf->listen, true, &lis, &lis_len, err, sizeof err) < 0) {
+	if ((bad = resolve(&conf->listen, true, &lis, &lis_len, err, sizeof err))) {
 		fprintf(stderr, "amqptap: --listen: %s\n", err);
-		return 2;
+		return bad;
 	}
 	raise_fd_limit();
 	keep_heap_warm();
