@@ -276,8 +276,10 @@ static const char *const type_names[] = {"counter", "gauge", "histogram"};
 	  s->decode_errors, "decode_errors")                                                                       \
 	X("records_written_total", COUNTER, "Records handed to --verdicts (every type).",                       \
 	  s->out[TAP_METRICS_OUT_VERDICTS].lines, "records_written")                                               \
-	X("connections_open", GAUGE, "Client connections being forwarded.", s->active, "connections_open")        \
-	X("connections_total", COUNTER, "Client connections accepted.", s->accepted, "connections_total")         \
+	X("connections_open", GAUGE, "Client connections open (forwarded; in sniff, followed).", s->active,      \
+	  "connections_open")                                                                                      \
+	X("connections_total", COUNTER, "Client connections accepted (in sniff, seen).", s->accepted,             \
+	  "connections_total")                                                                                     \
 	X("connections_blocked", GAUGE, "Connections the broker has blocked (connection.blocked).",              \
 	  s->connections_blocked, "connections_blocked")                                                           \
 	X("channels_open", GAUGE, "Channels open on the tracked connections.", s->channels_open, "channels_open")  \

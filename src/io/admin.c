@@ -157,6 +157,10 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 	}
 	if (a->src.track)
 		tap_metrics_collect_track(s, a->src.track);
+	if (a->src.sniff) { /* nothing is accepted or forwarded: the connections are those the capture follows */
+		s->accepted = s->track.connections_total + s->track.conns_unfollowed;
+		s->active = s->track.connections_open;
+	}
 	if (a->src.proxy) {
 		struct tap_proxy_stats ps;
 		tap_proxy_get_stats(a->src.proxy, &ps);

@@ -323,6 +323,17 @@ class PrometheusScrape(ScenarioCase):
         st = json.loads(http_get(mport, "/api/status")[2])
         self.assertEqual(st["capture"]["gaps"], 0)
         self.assertGreater(st["capture"]["packets"], 10)
+        # the connections it follows count as open while they are, as through the proxy (the test's own broker
+        # connection, which declared the queue, is one of them)
+        status = lambda: json.loads(http_get(mport, "/api/status")[2])["counters"]  # noqa: E731
+        self.assertTrue(wait_for(lambda: status()["connections_total"] == status()["connections_open"] + 1, 10),
+                        status())  # the publisher's is over
+        base, total = status()["connections_open"], status()["connections_total"]
+        held = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT))
+        self.assertTrue(wait_for(lambda: status()["connections_open"] == base + 1, 10), status())
+        self.assertEqual(status()["connections_total"], total + 1)
+        held.close()
+        self.assertTrue(wait_for(lambda: status()["connections_open"] == base, 10), status())
         p.send_signal(signal.SIGINT)
         self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
 
