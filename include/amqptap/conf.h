@@ -72,6 +72,7 @@ enum tap_conf_opt_kind {
 	TAP_OPT_ADDR_LOCAL,  /* HOST:PORT, or PORT alone for loopback; port 0 allowed */
 	TAP_OPT_PATH,        /* a file name (completed as one) */
 	TAP_OPT_TEXT,        /* a name: printable, without spaces or quotes */
+	TAP_OPT_IFACE,       /* a network interface name, checked as TEXT (completed as one) */
 	TAP_OPT_ID,          /* copied into a char array: letters, digits and . _ - : @ / */
 	TAP_OPT_U32,         /* a whole number within [min, max] */
 	TAP_OPT_PORTS,       /* a whole number within [min, max] appended to ports[] each time (def_u32 when none) */

@@ -32,7 +32,7 @@ static const struct tap_conf_option options[] = {
 	 .help = "the plaintext AMQP streams as pcapng for Wireshark"},
 	{.name = "port", .kind = TAP_OPT_PORTS, .offset = FIELD(ports), .min = 1, .max = 65535, .arg = "N",
 	 .def_u32 = 5672, .help = "replay, sniff: the broker's TCP port in the capture (repeatable)"},
-	{.name = "interface", .short_name = 'i', .kind = TAP_OPT_PATH, .offset = FIELD(interface), .arg = "IF",
+	{.name = "interface", .short_name = 'i', .kind = TAP_OPT_IFACE, .offset = FIELD(interface), .arg = "IF",
 	 .def_shown = "none", .help = "sniff: the interface to capture on (lo, eth0, any)"},
 	{.name = "buffer-size", .kind = TAP_OPT_U32, .offset = FIELD(buffer_kib), .min = 256, .max = 4u << 20,
 	 .arg = "KIB", .def_u32 = 16384, .help = "sniff: the kernel capture buffer in KiB"},
@@ -235,6 +235,7 @@ static int apply(struct tap_conf *c, const struct tap_conf_option *o, const char
 		*(const char **)(void *)field = value;
 		return TAP_OK;
 	case TAP_OPT_TEXT:
+	case TAP_OPT_IFACE:
 		if (!valid_text(value))
 			return usage_error(err, cap, "--%s: expected a name without spaces or quotes, got '%s'", o->name,
 					   value);

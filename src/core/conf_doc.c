@@ -297,13 +297,19 @@ size_t tap_conf_bash_completion(char *out, size_t cap)
 	doc_puts(&d, "# bash completion for amqptap(1). Generated from the option table of amqptap (src/core/conf.c)\n"
 		     "# at build time; do not edit.\n\n"
 		     "_amqptap()\n{\n\tlocal cur prev words cword split\n\t_init_completion -s || return\n\n");
-	/* after an option that takes a value: a file name for files, nothing to offer for the rest */
+	/* after an option that takes a value: a file name for files, an interface for interfaces, nothing to offer
+	 * for the rest */
+	static const struct {
+		int kind; /* -1: every other option with a value */
+		const char *complete;
+	} groups[] = {{TAP_OPT_PATH, "_filedir\n\t\t"}, {TAP_OPT_IFACE, "_available_interfaces -a\n\t\t"}, {-1, ""}};
 	doc_puts(&d, "\tcase $prev in\n");
-	for (int files = 1; files >= 0; files--) {
+	for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
 		bool any = false;
 		for (size_t i = 0; i < n; i++) {
 			const struct tap_conf_option *o = &opts[i];
-			if (!o->arg || (o->kind == TAP_OPT_PATH) != (files == 1))
+			bool other = o->kind != TAP_OPT_PATH && o->kind != TAP_OPT_IFACE;
+			if (!o->arg || (groups[g].kind < 0 ? !other : (int)o->kind != groups[g].kind))
 				continue;
 			doc_printf(&d, "%s--%s", any ? "|" : "\t", o->name);
 			if (o->short_name)
@@ -311,7 +317,7 @@ size_t tap_conf_bash_completion(char *out, size_t cap)
 			any = true;
 		}
 		if (any)
-			doc_puts(&d, files ? ")\n\t\t_filedir\n\t\treturn\n\t\t;;\n" : ")\n\t\treturn\n\t\t;;\n");
+			doc_printf(&d, ")\n\t\t%sreturn\n\t\t;;\n", groups[g].complete);
 	}
 	doc_puts(&d, "\tesac\n\t$split && return\n\n");
 	doc_puts(&d, "\tif [[ $cur == -* ]]; then\n\t\tCOMPREPLY=($(compgen -W '");

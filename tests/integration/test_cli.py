@@ -204,6 +204,29 @@ class GeneratedDocsTest(TapTestCase):
         with open(os.path.join(gen, "amqptap.bash")) as f:
             self.assertEqual(completion_options(f.read()), want)
 
+    def complete(self, *words):
+        """What the generated completion offers for the last of words (bash-completion loaded), run in a directory
+        that holds one file."""
+        script = os.path.join(os.path.dirname(AMQPTAP_BIN), "gen", "amqptap.bash")
+        lib = "/usr/share/bash-completion/bash_completion"
+        if not os.path.exists(script) or not os.path.exists(lib):
+            self.skipTest("no generated completion or no bash-completion here")
+        d = tempfile.mkdtemp(prefix="amqptap-complete-")
+        self.addCleanup(shutil.rmtree, d, True)
+        open(os.path.join(d, "somefile"), "w").close()
+        line = " ".join(words)
+        quoted = " ".join(f"'{w}'" for w in words)
+        cmd = (f"source {lib}; source {script}; COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}; "
+               f"COMP_LINE='{line}'; COMP_POINT=${{#COMP_LINE}}; _amqptap; printf '%s\\n' \"${{COMPREPLY[@]}}\"")
+        r = subprocess.run(["bash", "-c", cmd], cwd=d, capture_output=True, text=True, timeout=30)
+        return set(r.stdout.split())
+
+    def test_completion_offers_interfaces_and_files_where_they_go(self):
+        self.assertIn("lo", self.complete("amqptap", "sniff", "--interface", ""))
+        self.assertNotIn("somefile", self.complete("amqptap", "sniff", "--interface", ""))
+        self.assertIn("somefile", self.complete("amqptap", "--verdicts", ""))
+        self.assertEqual(self.complete("amqptap", "--tap-id", ""), set())
+
 
 def listening(port):
     """True when something listens on 127.0.0.1:port (read from /proc: no probe connection for the tap to log)."""
