@@ -582,9 +582,29 @@ static void trace_frame(struct tap_conn *c, enum tap_dir dir, const struct tap_f
 	tap_buf_reset(&d->body_prefix);
 }
 
-/* The record names the stream offset `at` of the error and shows the bytes from there (from the chunk start
- * when the error lies in an earlier chunk). Client bytes the decoder did not understand before the login
- * finished may be a password: only those of the 8-byte protocol header are shown then. */
+/* How many of the bytes at the error a decode_error record may show (data: from the error's offset on, len of
+ * them here). Within the 8-byte protocol header, those: a peer that speaks something else (HTTP, TLS, AMQP 1.0)
+ * shows what it speaks. Past it, only what says what the frame is, never what it carries: a method's arguments
+ * may be a secret (update-secret), a content header holds header values, a body the message. So a frame's 7-byte
+ * header, and for a method its class and method ids; the one end octet that was wrong; and nothing of the client's
+ * frames before the login finished (where a frame header may not be where the decoder thinks). */
+static size_t shown_bytes(const struct tap_conn *c, enum tap_dir dir, int status, uint64_t at, uint64_t data_offset,
+			  const uint8_t *data, size_t len)
+{
+	size_t keep;
+	if (data_offset < 8)
+		keep = (size_t)(8 - data_offset);
+	else if ((dir == TAP_C2S && !c->login_done) || data_offset != at) /* at: in an earlier chunk */
+		keep = 0;
+	else if (status == TAP_E_BAD_FRAME_END)
+		keep = 1;
+	else
+		keep = len > 0 && data[0] == TAP_FRAME_METHOD ? 7 + 4 : 7;
+	return len < keep ? len : keep;
+}
+
+/* The record names the stream offset `at` of the error and shows some bytes from there (from the chunk start
+ * when the error lies in an earlier chunk): see shown_bytes. */
 static void decode_error(struct tap_conn *c, enum tap_dir dir, int status, uint64_t at, const uint8_t *chunk,
 			 size_t chunk_len, uint64_t chunk_offset, int64_t now_us)
 {
@@ -597,13 +617,7 @@ static void decode_error(struct tap_conn *c, enum tap_dir dir, int status, uint6
 		len -= (size_t)(at - chunk_offset);
 		data_offset = at;
 	}
-	if (len > 32)
-		len = 32;
-	if (dir == TAP_C2S && !c->login_done) {
-		size_t header_left = data_offset < 8 ? (size_t)(8 - data_offset) : 0;
-		if (len > header_left)
-			len = header_left;
-	}
+	len = shown_bytes(c, dir, status, at, data_offset, data, len);
 	struct tap_json j;
 	tap_buf_reset(&o->scratch);
 	tap_json_init(&j, &o->scratch);

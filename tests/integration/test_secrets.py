@@ -216,5 +216,44 @@ class SecretsCase(TapTestCase):
         self.assert_in_no_output(tap, secret[:-1])
 
 
+    def test_decode_errors_show_what_a_frame_is_never_what_it_carries(self):
+        """A decode_error record shows the frame's header and a method's class and method ids, no more: an
+        update-secret too large for the frame_max (after the login, where the old rule showed 32 bytes: 17 of the
+        secret) and a body frame longer than its content header announced (the message body)."""
+        secret = distinctive("token") * 9000  # > frame_max (131072)
+        body = distinctive("BODY") * 3
+        tap = self.start_tap_with_pcap()
+        rc = RawClient(tap.port)
+        payload = struct.pack(">HH", 10, 70) + rc.long(secret.encode()) + rc.short("refresh")
+        rc.frame(1, 0, payload)
+        try:
+            rc.expect(0, 10, 50)  # the broker's connection.close (frame_error)
+        except (ConnectionError, OSError):
+            pass
+        rc.sock.close()
+        rc = RawClient(tap.port)
+        rc.method(1, 20, 10, rc.short(""))
+        rc.expect(1, 20, 11)
+        rc.method(1, 60, 40, struct.pack(">H", 0) + rc.short("") + rc.short(self.queue) + b"\x00")
+        rc.frame(2, 1, struct.pack(">HHQH", 60, 0, 5, 0))  # body_size 5, no properties
+        rc.frame(3, 1, body.encode())
+        try:
+            rc.expect(0, 10, 50)
+        except (ConnectionError, OSError):
+            pass
+        rc.sock.close()
+        self.assertTrue(wait_for(lambda: len(tap.records("decode_error")) == 2, 10), tap.records("decode_error"))
+        self.assertEqual(tap.stop(), 0)
+        errs = tap.records("decode_error")
+        self.assertEqual(errs[0]["hex"], struct.pack(">BHIHH", 1, 0, len(payload), 10, 70).hex(), errs[0])
+        self.assertEqual(errs[1]["hex"], struct.pack(">BHI", 3, 1, len(body)).hex(), errs[1])
+        self.assert_in_no_output(tap, secret[:40])
+        for path in (tap.verdicts, tap.frames):  # the pcap holds the body: it is the stream
+            with open(path, "rb") as f:
+                data = f.read()
+            for form in (body[:12].encode(), body[:12].encode().hex().encode()):
+                self.assertNotIn(form, data, path)
+
+
 if __name__ == "__main__":
     main()
