@@ -38,6 +38,7 @@ struct tap_out_conf {
 	const char *path;     /* NULL or "-": stdout */
 	enum tap_out_kind kind;
 	size_t backlog_bytes; /* 0: TAP_OUT_BACKLOG_DEFAULT */
+	bool private_mode;    /* a file that exists is made 0600 too (it holds secrets: the TLS key log) */
 };
 
 /* Why an output lost records. The first three are the reasons its records_lost records give; UNFLUSHED records
@@ -79,7 +80,9 @@ struct tap_out_stats {
 
 struct tap_out;
 
-/* Opens (creating 0600) or takes stdout, and starts the writer. NULL with errno set when that failed. */
+/* Opens (creating 0600) or takes stdout, and starts the writer. NULL with errno set when that failed. A FIFO that
+ * nobody reads yet is opened by the writer, which waits for a reader: records wait in the backlog meanwhile, and
+ * the caller goes on at once. */
 struct tap_out *tap_out_open(const struct tap_out_conf *conf);
 /* The same on a descriptor that stays the caller's (stderr for the log); path is only used in messages. */
 struct tap_out *tap_out_open_fd(const struct tap_out_conf *conf, int fd);

@@ -54,6 +54,7 @@ struct tap_out {
 	int fd;
 	bool own_fd;
 	bool pipe; /* a pipe or FIFO: written in whole records of at most PIPE_BUF bytes where it can be */
+	bool private_mode; /* tap_out_conf's */
 
 	/* loop thread (TEXT: under mu) */
 	struct chunk *fill;
@@ -392,6 +393,25 @@ static int open_path(const char *path)
 	return open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
 }
 
+/* Writer thread: the open tap_out_open left to it (a FIFO without a reader), waiting for a reader as long as it
+ * takes; a close meanwhile cancels it. */
+static void writer_open(struct tap_out *o)
+{
+	int old;
+	pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
+	int fd = open_path(o->path);
+	int err = errno;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	if (fd < 0) { /* the writes that find no descriptor count the records lost */
+		tap_log_error("--%s %s: cannot open: %s", o->name, o->path, strerror(err));
+		return;
+	}
+	if (o->private_mode)
+		(void)fchmod(fd, 0600);
+	o->fd = fd;
+	o->pipe = true;
+}
+
 static void writer_reopen(struct tap_out *o)
 {
 	if (!o->path || !o->own_fd)
@@ -420,6 +440,8 @@ static void *writer_main(void *arg)
 	struct tap_out *o = arg;
 	int old;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	if (o->fd < 0)
+		writer_open(o);
 	pthread_mutex_lock(&o->mu);
 	for (;;) {
 		while (!o->head && !o->closing)
@@ -486,8 +508,9 @@ static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_
 	o->backlog_bytes = conf->backlog_bytes ? conf->backlog_bytes : TAP_OUT_BACKLOG_DEFAULT;
 	o->fd = fd;
 	o->own_fd = owner == FD_OWNED;
+	o->private_mode = conf->private_mode;
 	struct stat st;
-	o->pipe = fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+	o->pipe = fd >= 0 && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
 	o->fill = conf->kind == TAP_OUT_TEXT ? chunk_new() : fill_take(o); /* nobody else sees o yet: no lock */
 	tap_buf_init(&o->note);
 	pthread_condattr_t ca;
@@ -517,9 +540,22 @@ struct tap_out *tap_out_open(const struct tap_out_conf *conf)
 {
 	if (!conf->path || strcmp(conf->path, "-") == 0)
 		return out_new(conf, STDOUT_FILENO, FD_BORROWED);
-	int fd = open_path(conf->path);
+	/* never waiting here: a FIFO without a reader refuses a non-blocking open (ENXIO), and the writer waits */
+	int fd = open(conf->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
+	if (fd < 0 && errno == ENXIO) {
+		tap_log_info("--%s %s: a FIFO nobody reads yet: records wait for a reader in the backlog", conf->name,
+			     conf->path);
+		return out_new(conf, -1, FD_OWNED);
+	}
 	if (fd < 0)
 		return NULL;
+	int flags = fcntl(fd, F_GETFL);
+	if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0 || (conf->private_mode && fchmod(fd, 0600) < 0)) {
+		int saved = errno;
+		close(fd);
+		errno = saved;
+		return NULL;
+	}
 	struct tap_out *o = out_new(conf, fd, FD_OWNED);
 	if (!o) {
 		int saved = errno;
@@ -809,7 +845,7 @@ void tap_out_close(struct tap_out *o, int64_t deadline_us, struct tap_out_stats 
 		}
 		return;
 	}
-	if (o->own_fd)
+	if (o->own_fd && o->fd >= 0)
 		close(o->fd);
 	out_free(o);
 }

@@ -39,7 +39,6 @@ struct tap_tls {
 	SSL_CTX *client;
 	char expect_name[256]; /* SNI / host name check for the broker */
 	bool expect_ip;
-	int keylog_fd;
 	struct tap_out *keylog; /* the key log's writer thread: a slow or stuck file never holds the loop up */
 	SSL_SESSION *upstream_session; /* the broker's latest session, offered by the next upstream connection */
 	BIO_METHOD *sock_reader;
@@ -283,7 +282,7 @@ static SSL_CTX *new_ctx(struct tap_tls *t, const SSL_METHOD *method)
 	 * 14.9 k / 33.3 k with the one-record buffer) */
 	/* a peer that closes TCP without close_notify has ended, not failed */
 	SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
-	if (t->keylog_fd >= 0)
+	if (t->keylog)
 		SSL_CTX_set_keylog_callback(ctx, keylog_line);
 	return ctx;
 }
@@ -365,7 +364,6 @@ struct tap_tls *tap_tls_new(const struct tap_conf *conf, char *err, size_t cap, 
 		*exit_code = 1;
 		return NULL;
 	}
-	t->keylog_fd = -1;
 	t->sock_reader = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "amqptap socket reader");
 	t->shared = malloc(TAP_TLS_READ_SPACE);
 	if (!t->shared || !t->sock_reader || !BIO_meth_set_read(t->sock_reader, reader_read) ||
@@ -375,11 +373,10 @@ struct tap_tls *tap_tls_new(const struct tap_conf *conf, char *err, size_t cap, 
 	const char *keylog_from = conf->keylog ? "--keylog" : "SSLKEYLOGFILE";
 	bool any_tls = conf->tls_cert || conf->upstream_tls;
 	if (keylog && *keylog && any_tls) {
-		/* secrets: 0600 even when the file existed */
-		t->keylog_fd = open(keylog, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-		const struct tap_out_conf oc = {.name = "keylog", .path = keylog, .kind = TAP_OUT_TEXT};
-		if (t->keylog_fd < 0 || fchmod(t->keylog_fd, 0600) < 0 ||
-		    !(t->keylog = tap_out_open_fd(&oc, t->keylog_fd))) {
+		/* secrets: 0600 even when the file existed; a FIFO without a reader yet delays nothing */
+		const struct tap_out_conf oc = {.name = "keylog", .path = keylog, .kind = TAP_OUT_TEXT,
+						.private_mode = true};
+		if (!(t->keylog = tap_out_open(&oc))) {
 			snprintf(err, cap, "%s %s: %s", keylog_from, keylog, strerror(errno));
 			*exit_code = 2;
 			tap_tls_free(t);
@@ -464,8 +461,6 @@ void tap_tls_free(struct tap_tls *t)
 		if (st.lost)
 			tap_log_error("--keylog: %" PRIu64 " key lines lost (not written)", st.lost);
 	}
-	if (t->keylog_fd >= 0)
-		close(t->keylog_fd);
 	free(t);
 }
 

@@ -397,6 +397,52 @@ START_TEST(log_never_waits_on_stderr)
 }
 END_TEST
 
+/* A FIFO nobody reads yet: opening it returns at once (the writer waits for a reader), the records wait in the
+ * backlog, and a reader that comes later gets them all, in order. A FIFO that never gets a reader: close gives up
+ * at its deadline and counts the records lost. */
+START_TEST(fifo_without_reader_delays_nothing)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/v.fifo", tmpdir);
+	unlink(path);
+	ck_assert_int_eq(mkfifo(path, 0600), 0);
+	int64_t t0 = tap_out_clock_us();
+	struct tap_out *o = open_lines(path, 0);
+	ck_assert_int_lt(tap_out_clock_us() - t0, 500000);
+	char line[64];
+	for (int i = 1; i <= 100; i++) {
+		int k = snprintf(line, sizeof line, "{\"n\":%d}", i);
+		tap_out_line(o, line, (size_t)k);
+	}
+	tap_out_flush(o);
+	int rd = open(path, O_RDONLY | O_NONBLOCK);
+	ck_assert_int_ge(rd, 0);
+	char *buf = NULL;
+	size_t len = 0, cap = 0;
+	for (int rounds = 0; rounds < 200 && len < 8; rounds++) {
+		drain(rd, &buf, &len, &cap);
+		usleep(10000);
+	}
+	struct tap_out_stats s;
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	drain(rd, &buf, &len, &cap);
+	close(rd);
+	ck_assert_uint_eq(s.records, 100);
+	ck_assert_uint_eq(s.lost, 0);
+	check_lines(buf, len, 100, 0, false);
+	free(buf);
+
+	o = open_lines(path, 0); /* and nobody ever reads */
+	tap_out_line(o, "{\"n\":1}", 7);
+	t0 = tap_out_clock_us();
+	tap_out_close(o, t0 + 300000, &s);
+	ck_assert_int_lt(tap_out_clock_us() - t0, 1500000);
+	ck_assert_uint_eq(s.lost, 1);
+	ck_assert_uint_eq(s.lost_by[TAP_OUT_LOST_UNFLUSHED], 1);
+	unlink(path);
+}
+END_TEST
+
 int main(void)
 {
 	snprintf(tmpdir, sizeof tmpdir, "/tmp/tap_out_XXXXXX");
@@ -411,6 +457,7 @@ int main(void)
 	tcase_add_test(tc, close_gives_up_on_a_stuck_writer);
 	tcase_add_test(tc, blocks_whole_and_counted);
 	tcase_add_test(tc, wait_until_loses_nothing);
+	tcase_add_test(tc, fifo_without_reader_delays_nothing);
 #ifdef FAIL_ALLOC_WORKS
 	tcase_add_test(tc, a_batch_without_memory_counts_what_it_drops);
 #endif
