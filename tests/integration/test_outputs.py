@@ -257,6 +257,25 @@ class Outputs(TapTestCase):
         pubs = [r for r in read_records(verdicts) if r["type"] == "publish"]
         self.assertEqual(len(pubs), n + 1)
 
+    def test_fifo_without_a_reader_at_start(self):
+        """--verdicts into a FIFO that nobody has opened yet (a log shipper that is down when the tap starts): the
+        tap listens and forwards at once; a reader that comes later gets every record."""
+        d = tempfile.mkdtemp(prefix="amqptap-fifo0-")
+        self.addCleanup(shutil.rmtree, d, True)
+        fifo = os.path.join(d, "v.fifo")
+        os.mkfifo(fifo)
+        tap = self.raw_tap(["--verdicts", fifo])  # waits until it listens
+        took, res = tap.publish(200, 60)
+        self.assertEqual(res["acked"], 200)
+        got = bytearray()
+        with open(fifo, "rb") as f:
+            reader = threading.Thread(target=lambda: got.extend(f.read()), daemon=True)
+            reader.start()
+            self.assert_exit_bounded(tap, want_code=0)
+            reader.join(10)
+        pubs = [r for r in parse_lines(bytes(got)) if r["type"] == "publish"]
+        self.assertEqual(len(pubs), 200)
+
     def test_full_tmpfs_then_space_again(self):
         """A 1 MiB tmpfs fills up, then space is freed and writing goes on: every line parses (the record a
         failed write cut is removed), a records_lost record says how many were lost, and the counts add up."""
