@@ -276,6 +276,32 @@ class Outputs(TapTestCase):
         pubs = [r for r in parse_lines(bytes(got)) if r["type"] == "publish"]
         self.assertEqual(len(pubs), 200)
 
+    def test_closed_stdout_is_not_taken_by_an_output(self):
+        """Started with stdout closed (`amqptap --frames F 1>&-`), the first file the tap opens would become
+        descriptor 1, and the verdicts (stdout by default) would go into the frame trace: it must hold frames only."""
+        d = tempfile.mkdtemp(prefix="amqptap-fd1-")
+        self.addCleanup(shutil.rmtree, d, True)
+        frames = os.path.join(d, "f.jsonl")
+        port = free_port()
+        p = subprocess.Popen(["sh", "-c", f'exec "$0" --listen 127.0.0.1:{port} --upstream 127.0.0.1:{BROKER_PORT} '
+                              f'--frames {frames} 1>&-', AMQPTAP_BIN], stderr=subprocess.PIPE)
+        try:
+            self.assertTrue(wait_for(lambda: os.path.exists(frames) and os.path.getsize(frames) == 0, 5))
+            time.sleep(0.3)
+            c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, connection_attempts=20,
+                                                                  retry_delay=0.1))
+            ch = c.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("", "out.fd1.nowhere", b"x")
+            c.close()
+            time.sleep(0.3)
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.communicate(timeout=20)
+        recs = parse_lines(open(frames, "rb").read())
+        self.assertTrue(recs)
+        self.assertEqual([r for r in recs if "type" in r or "frame" not in r], [])  # no verdict record
+
     def test_full_tmpfs_then_space_again(self):
         """A 1 MiB tmpfs fills up, then space is freed and writing goes on: every line parses (the record a
         failed write cut is removed), a records_lost record says how many were lost, and the counts add up."""
