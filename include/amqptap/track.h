@@ -195,9 +195,11 @@ struct tap_publish {
 	size_t n_header_keys;
 	struct tap_slice headers; /* the headers table (without its length), for header values and traceparent */
 	bool details_lost; /* no memory kept its strings: exchange, routing key, ids and properties are not known */
+	bool content_cut;  /* the connection ended before its content did: written unknown whatever its channel */
 };
 
-/* A publish is complete: its last frame was forwarded to the broker at now_us. */
+/* A publish is complete: its last frame was forwarded to the broker at now_us (or, content_cut, the connection is
+ * ending without the rest: tap_track_conn_end follows). */
 void tap_track_publish(struct tap_track_conn *c, uint16_t ch, const struct tap_publish *p, int64_t now_us);
 /* basic.ack / basic.nack from the broker (never the client's consumer acks): tag is the delivery tag, multiple
  * its flag (every outstanding seq <= tag; tag 0 with multiple: everything outstanding). */

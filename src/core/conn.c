@@ -212,7 +212,7 @@ static void pending_reset(struct pending *p, enum pending_kind kind)
 	p->kind = kind;
 }
 
-static void pending_complete(struct tap_conn *c, uint16_t channel, struct pending *p, int64_t now_us)
+static void pending_finish(struct tap_conn *c, uint16_t channel, struct pending *p, bool cut, int64_t now_us)
 {
 	if (p->kind == PENDING_PUBLISH) {
 		struct tap_slice keys[MAX_HEADER_KEYS];
@@ -245,6 +245,7 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 			.n_header_keys = p->store.oom ? 0 : n,
 			.headers = span_slice(p, p->headers),
 			.details_lost = p->store.oom,
+			.content_cut = cut,
 		};
 		tap_track_publish(c->tc, channel, &pub, now_us);
 	} else if (p->kind == PENDING_RETURN) {
@@ -264,6 +265,11 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 	p->ended = true;
 }
 
+static void pending_complete(struct tap_conn *c, uint16_t channel, struct pending *p, int64_t now_us)
+{
+	pending_finish(c, channel, p, false, now_us);
+}
+
 /* Content that will never be finished (another method on its channel, or
  * the connection ended). A publish still counts: the client sent its
  * basic.publish, so it gets its record (the broker cannot have taken it,
@@ -271,7 +277,7 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 static void pending_cut(struct tap_conn *c, uint16_t channel, struct pending *p, int64_t now_us)
 {
 	if (p->kind == PENDING_PUBLISH)
-		pending_complete(c, channel, p, now_us);
+		pending_finish(c, channel, p, true, now_us);
 	else
 		pending_reset(p, PENDING_NONE);
 }

@@ -50,6 +50,12 @@ static enum trk_state verdict_of(const struct trk_slot *e, enum trk_event ev, co
 		}
 		return TRK_STATE_DONE;
 	}
+	if (e->flags & TRK_FLAG_CUT) { /* whatever ends it: the broker dropped what it had of it, or never had it */
+		vd->route = TAP_TRACK_ROUTE_UNKNOWN;
+		vd->confirm = unanswered;
+		vd->reason = why;
+		return TRK_STATE_DONE;
+	}
 	switch (ev) {
 	case TRK_EVENT_ACK:
 	case TRK_EVENT_NACK:
@@ -328,8 +334,9 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	struct tap_track *t = c->t;
 	bool confirm_mode = ch && ch->mode == TRK_MODE_CONFIRM;
 	struct trk_slot e = {.state = TRK_STATE_WAIT,
-	                     .flags = (uint16_t)((p->mandatory ? TRK_FLAG_MANDATORY : 0) |
-	                                         (confirm_mode ? TRK_FLAG_CONFIRM : 0))};
+	                     .flags = (uint32_t)((p->mandatory ? TRK_FLAG_MANDATORY : 0) |
+	                                         (confirm_mode ? TRK_FLAG_CONFIRM : 0) |
+	                                         (p->content_cut ? TRK_FLAG_CUT : 0))};
 	struct trk_verdict vd;
 	struct trk_reason unseen = {.by = c->unseen_by ? c->unseen_by : no_memory.by};
 	if (!ch || ch->mode == TRK_MODE_UNKNOWN) {
@@ -445,7 +452,8 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	    .state = TRK_STATE_WAIT,
 	    .delivery_mode = p->delivery_mode,
 	};
-	e->flags = (uint16_t)((p->mandatory ? TRK_FLAG_MANDATORY : 0) | (confirm_mode ? TRK_FLAG_CONFIRM : 0) |
+	e->flags = (uint32_t)((p->mandatory ? TRK_FLAG_MANDATORY : 0) | (confirm_mode ? TRK_FLAG_CONFIRM : 0) |
+	                      (p->content_cut ? TRK_FLAG_CUT : 0) |
 	                      (ch->mode == TRK_MODE_TX ? TRK_FLAG_TX : 0) |
 	                      (p->has_message_id ? TRK_FLAG_HAS_MESSAGE_ID : 0) |
 	                      (p->has_correlation_id ? TRK_FLAG_HAS_CORRELATION_ID : 0) |
@@ -613,7 +621,7 @@ void tap_track_nack(struct tap_track_conn *c, uint16_t ch, uint64_t tag, bool mu
 /* Ends what ch still waits for (only the mandatory publishes not returned yet, if mandatory_only) as whatever
  * would have decided it was lost (TRK_EVENT_GAP, reason why), each given flags first. The channel is pinned
  * meanwhile, so that its ring keeps its place while slots are released. */
-static void chan_end_waiting(struct tap_track_conn *c, struct trk_chan *ch, bool mandatory_only, uint16_t flags,
+static void chan_end_waiting(struct tap_track_conn *c, struct trk_chan *ch, bool mandatory_only, uint32_t flags,
                              const struct trk_reason *why, int64_t now_us)
 {
 	ch->pinned = true;
@@ -965,7 +973,7 @@ void tap_track_each_confirm_bucket(const struct tap_track *t, tap_track_bucket_f
 void tap_track_conn_gap(struct tap_track_conn *c, enum tap_track_gap_seq seq, int64_t now_us)
 {
 	static const struct trk_reason gap = {.by = "capture_gap"};
-	uint16_t flags = seq == TAP_TRACK_GAP_SEQ_LOST ? TRK_FLAG_SEQ_LOST : 0; /* counted across lost publishes */
+	uint32_t flags = seq == TAP_TRACK_GAP_SEQ_LOST ? TRK_FLAG_SEQ_LOST : 0; /* counted across lost publishes */
 	for (uint32_t i = 0; i < c->n_chans; i++)
 		chan_end_waiting(c, c->chans[i], false, flags, &gap, now_us);
 }

@@ -76,6 +76,7 @@ enum trk_flag {
 	TRK_FLAG_REFUSED = 1 << 13,  /* the culprit of a publish-caused close, or sent after it on its channel */
 	TRK_FLAG_CULPRIT = 1 << 14,  /* the publish the broker's close names */
 	TRK_FLAG_REFUSABLE = 1 << 15, /* what RabbitMQ refuses whatever the route: immediate, or a user_id not the login's */
+	TRK_FLAG_CUT = 1 << 16,       /* its content never finished: the broker never had the whole message */
 };
 
 /* How the broker's publish-caused close (if any) on a channel pointed at the publish it refused. */
@@ -94,8 +95,8 @@ struct trk_slot {
 	uint32_t route_key;  /* TRK_TAG_ROUTE id */
 	uint32_t reply_text; /* TRK_TAG_TEXT id, when RETURNED */
 	uint32_t extra;      /* TRK_TAG_EXTRA id, or TAP_INTERN_NONE */
+	uint32_t flags;      /* enum trk_flag */
 	uint16_t reply_code;
-	uint16_t flags;      /* enum trk_flag */
 	uint8_t message_id_len, correlation_id_len;
 	uint8_t state;       /* enum trk_state */
 	uint8_t delivery_mode;

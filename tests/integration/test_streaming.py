@@ -182,6 +182,26 @@ class ConnectionDies(StreamingCase):
             self.assertRecord(r, seq=2, route="unknown", confirm="unknown", body_size=10)
             self.assertIn(r["reason"]["by"], ("client_eof", "client_reset"), r)
 
+    def test_9d_plain_channel_ends_inside_a_message(self):
+        """The same on channels without confirms, mandatory or not: a finished publish there is held for a late
+        Return and then written unproven, but one whose content never finished never reached a queue (RabbitMQ drops
+        a partial message): unknown, with how the connection ended, never unproven."""
+        tap = self.start_tap()
+        q = self.declare_queue("q")
+        for mandatory in (False, True):
+            c = RawClient(tap.port)
+            c.method(1, 20, 10, c.short(""))
+            c.expect(1, 20, 11)
+            c.publish_parts(1, "", q, b"0123456789", f"m{int(mandatory)}-cut", mandatory=mandatory, body_sent=5)
+            c.close()
+        self.assertTrue(wait_for(lambda: len([r for r in tap.records("connection") if r.get("event") == "close"])
+                                 == 2, 10), "the tap did not end both connections")
+        recs = self.stop_tap(tap)
+        self.assertOnePerPublish(recs, ["m0-cut", "m1-cut"])
+        for r in recs:
+            self.assertRecord(r, route="unknown", confirm="none", body_size=10)
+            self.assertIn(r["reason"]["by"], ("client_eof", "client_reset"), r)
+
 
 if __name__ == "__main__":
     main()
