@@ -61,9 +61,13 @@ struct tap_conn {
 	uint64_t id;
 	struct tap_track_conn *tc;
 	struct direction dir[TAP_DIR_COUNT];
-	struct channel *chans;
+	struct channel *chans; /* in the order they were first seen */
 	size_t n_chans, cap_chans;
 	size_t last_chan;
+	/* channel number -> 1 + its index in chans (0: free), open addressing, cap a power of two at most half full:
+	 * a client with thousands of channels costs a lookup per frame, not a scan */
+	uint32_t *chan_index;
+	size_t index_cap;
 	char vhost[256];
 	size_t vhost_len;
 	bool login_done; /* the client's tune-ok or connection.open was decoded: no SASL exchange can follow */
@@ -153,7 +157,34 @@ void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 		for (int d = 0; d < TAP_DIR_COUNT; d++)
 			tap_buf_deinit(&c->chans[i].dir[d].store);
 	free(c->chans);
+	free(c->chan_index);
 	free(c);
+}
+
+/* Where channel number's entry is, or the free one it would take. */
+static size_t index_slot(const uint32_t *index, size_t cap, const struct channel *chans, uint16_t number)
+{
+	size_t i = ((uint32_t)number * 2654435761u) & (cap - 1);
+	while (index[i] && chans[index[i] - 1].number != number)
+		i = (i + 1) & (cap - 1);
+	return i;
+}
+
+/* Makes room in the index for one more channel; false when out of memory. */
+static bool index_reserve(struct tap_conn *c)
+{
+	if ((c->n_chans + 1) * 2 <= c->index_cap)
+		return true;
+	size_t cap = c->index_cap ? c->index_cap * 2 : 16;
+	uint32_t *index = calloc(cap, sizeof *index);
+	if (!index)
+		return false;
+	for (size_t k = 0; k < c->n_chans; k++)
+		index[index_slot(index, cap, c->chans, c->chans[k].number)] = (uint32_t)k + 1;
+	free(c->chan_index);
+	c->chan_index = index;
+	c->index_cap = cap;
+	return true;
 }
 
 /* Channel state, created on first use. NULL only when out of memory. */
@@ -161,12 +192,15 @@ static struct channel *channel_get(struct tap_conn *c, uint16_t number)
 {
 	if (c->last_chan < c->n_chans && c->chans[c->last_chan].number == number)
 		return &c->chans[c->last_chan];
-	for (size_t i = 0; i < c->n_chans; i++) {
-		if (c->chans[i].number == number) {
-			c->last_chan = i;
-			return &c->chans[i];
+	if (c->index_cap) {
+		uint32_t at = c->chan_index[index_slot(c->chan_index, c->index_cap, c->chans, number)];
+		if (at) {
+			c->last_chan = at - 1;
+			return &c->chans[at - 1];
 		}
 	}
+	if (!index_reserve(c))
+		return NULL;
 	if (c->n_chans == c->cap_chans) {
 		size_t cap = c->cap_chans ? c->cap_chans * 2 : 4;
 		struct channel *p = realloc(c->chans, cap * sizeof *p);
@@ -180,6 +214,7 @@ static struct channel *channel_get(struct tap_conn *c, uint16_t number)
 	ch->number = number;
 	tap_buf_init(&ch->dir[TAP_S2C].store);
 	tap_buf_init(&ch->dir[TAP_C2S].store);
+	c->chan_index[index_slot(c->chan_index, c->index_cap, c->chans, number)] = (uint32_t)c->n_chans + 1;
 	c->last_chan = c->n_chans++;
 	return ch;
 }

@@ -574,6 +574,94 @@ START_TEST(cut_content_still_gets_its_record)
 }
 END_TEST
 
+/* Thousands of channels, opened in a scrambled order, with publishes whose frames interleave across channels:
+ * every publish gets one record on its own channel with its own message id (the channel lookup keeps each
+ * channel's partial content apart). */
+#define MANY_CHANNELS 3000
+
+struct many_sink {
+	unsigned seen[MANY_CHANNELS + 1][2];
+	size_t publishes, wrong;
+};
+
+static void many_emit(void *ctx, const char *json, size_t len)
+{
+	struct many_sink *m = ctx;
+	static const char publish_rec[] = "{\"type\":\"publish\",";
+	if (len < sizeof publish_rec - 1 || strncmp(json, publish_rec, sizeof publish_rec - 1) != 0)
+		return;
+	m->publishes++;
+	unsigned ch = 0, id_ch = 0, k = 0;
+	const char *p = strstr(json, "\"channel\":"), *q = strstr(json, "\"message_id\":\"c");
+	if (!p || !q || sscanf(p, "\"channel\":%u", &ch) != 1 || sscanf(q, "\"message_id\":\"c%u-%u", &id_ch, &k) != 2 ||
+	    ch != id_ch || ch == 0 || ch > MANY_CHANNELS || k > 1) {
+		m->wrong++;
+		return;
+	}
+	m->seen[ch][k]++;
+}
+
+START_TEST(thousands_of_channels_keep_their_publishes_apart)
+{
+	static struct many_sink m;
+	memset(&m, 0, sizeof m);
+	struct tap_bytes cl = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	plain_start_ok(&cl);
+	tap_build_tune_ok_open(&cl, "/");
+	for (unsigned i = 0; i < MANY_CHANNELS; i++) /* every channel number once, scrambled */
+		tap_build_method(&cl, (uint16_t)((i * 1777u) % MANY_CHANNELS + 1), TAP_CHANNEL_OPEN, "", 1);
+	for (unsigned k = 0; k < 2; k++) {
+		/* each step: a basic.publish on one channel, the header of the previous one, the body of the one before */
+		char id[32];
+		for (unsigned i = 0; i < MANY_CHANNELS + 2; i++) {
+			struct tap_bytes a = {0};
+			if (i < MANY_CHANNELS) {
+				uint16_t ch = (uint16_t)((i * 2333u + k) % MANY_CHANNELS + 1);
+				tap_build_u16(&a, 0);
+				tap_build_shortstr(&a, "");
+				tap_build_shortstr(&a, "q");
+				tap_build_u8(&a, 0);
+				tap_build_method(&cl, ch, TAP_BASIC_PUBLISH, a.d, a.n);
+			}
+			if (i >= 1 && i - 1 < MANY_CHANNELS) {
+				uint16_t ch = (uint16_t)(((i - 1) * 2333u + k) % MANY_CHANNELS + 1);
+				a.n = 0;
+				tap_build_u16(&a, 60);
+				tap_build_u16(&a, 0);
+				tap_build_u64(&a, 4);
+				tap_build_u16(&a, 1u << 7);
+				snprintf(id, sizeof id, "c%u-%u", ch, k);
+				tap_build_shortstr(&a, id);
+				tap_build_frame(&cl, 2, ch, a.d, a.n);
+			}
+			if (i >= 2) {
+				uint16_t ch = (uint16_t)(((i - 2) * 2333u + k) % MANY_CHANNELS + 1);
+				tap_build_frame(&cl, 3, ch, "body", 4);
+			}
+			tap_build_free(&a);
+		}
+	}
+	struct tap_track_conf tc = {0};
+	struct tap_track *t = tap_track_new(&tc, many_emit, &m);
+	struct tap_observer o;
+	tap_observer_init(&o, t, many_emit, &m, NULL, 0);
+	struct tap_conn *c = tap_conn_new(&o, 1, "127.0.0.1:1", "127.0.0.1:2", 1);
+	ck_assert_ptr_nonnull(c);
+	tap_conn_feed(c, TAP_C2S, cl.d, cl.n, 2);
+	tap_conn_end(c, "client_eof", 3);
+	tap_track_shutdown(t, 4);
+	tap_track_free(t);
+	tap_observer_deinit(&o);
+	tap_build_free(&cl);
+	ck_assert_uint_eq(m.wrong, 0);
+	ck_assert_uint_eq(m.publishes, 2 * MANY_CHANNELS);
+	for (unsigned ch = 1; ch <= MANY_CHANNELS; ch++)
+		ck_assert_msg(m.seen[ch][0] == 1 && m.seen[ch][1] == 1, "channel %u: %u and %u records", ch, m.seen[ch][0],
+			      m.seen[ch][1]);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("conn");
@@ -591,6 +679,7 @@ int main(void)
 	tcase_add_test(tc, body_longer_than_announced);
 	tcase_add_test(tc, client_properties_by_type);
 	tcase_add_test(tc, cut_content_still_gets_its_record);
+	tcase_add_test(tc, thousands_of_channels_keep_their_publishes_apart);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
