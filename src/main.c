@@ -131,6 +131,21 @@ static int resolve(const struct tap_conf_addr *a, bool passive, struct sockaddr_
 	return 0;
 }
 
+/* --metrics names a host that resolves, said before anything starts (libevent would resolve it itself, later,
+ * with a warning of its own and no reason). Returns 0 or the exit code. */
+static int check_metrics_addr(const struct tap_conf *conf)
+{
+	if (!conf->metrics.host[0])
+		return 0;
+	struct sockaddr_storage ss;
+	int len;
+	char err[400];
+	int bad = resolve(&conf->metrics, true, &ss, &len, err, sizeof err);
+	if (bad)
+		fprintf(stderr, "amqptap: --metrics: %s\n", err);
+	return bad;
+}
+
 /* 1,000 clients need 2,000 descriptors: lift the soft limit to the hard one. */
 static void raise_fd_limit(void)
 {
@@ -653,7 +668,9 @@ static int run_sniff(const struct tap_conf *conf)
 	signal(SIGPIPE, SIG_IGN);
 	struct app app = {.conf = conf};
 	char err[400];
-	int code = 0;
+	int code = check_metrics_addr(conf);
+	if (code)
+		return code;
 	app.base = event_base_new();
 	if (!app.base) {
 		fprintf(stderr, "amqptap: cannot start: %s\n", strerror(errno));
@@ -752,6 +769,8 @@ static int run_proxy(const struct tap_conf *conf)
 		fprintf(stderr, "amqptap: --listen: %s\n", err);
 		return bad;
 	}
+	if ((bad = check_metrics_addr(conf)))
+		return bad;
 	raise_fd_limit();
 	keep_heap_warm();
 	signal(SIGPIPE, SIG_IGN);

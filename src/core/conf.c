@@ -407,6 +407,30 @@ static int positional(struct tap_conf *c, const char *a, bool first, char *err, 
 	return usage_error(err, cap, "'%s': unexpected argument (see --help)", a);
 }
 
+/* --header-values: at most TAP_TRACK_HEADER_VALUES_KEYS_MAX keys, none empty, none twice (a record would hold one
+ * key twice, or crowd out one that was asked for). */
+static int check_header_values(const char *list, char *err, size_t cap)
+{
+	const char *keys[TAP_TRACK_HEADER_VALUES_KEYS_MAX];
+	size_t lens[TAP_TRACK_HEADER_VALUES_KEYS_MAX], n = 0;
+	for (const char *k = list;; k++) {
+		const char *end = strchr(k, ',');
+		size_t len = end ? (size_t)(end - k) : strlen(k);
+		if (len == 0)
+			return usage_error(err, cap, "--header-values: an empty key in '%s'", list);
+		if (n == TAP_TRACK_HEADER_VALUES_KEYS_MAX)
+			return usage_error(err, cap, "--header-values: at most %u keys", TAP_TRACK_HEADER_VALUES_KEYS_MAX);
+		for (size_t i = 0; i < n; i++)
+			if (lens[i] == len && memcmp(keys[i], k, len) == 0)
+				return usage_error(err, cap, "--header-values: '%.*s' given twice", (int)len, k);
+		keys[n] = k;
+		lens[n++] = len;
+		if (!end)
+			return TAP_OK;
+		k = end;
+	}
+}
+
 /* Options that only make sense together. */
 static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
 {
@@ -428,6 +452,8 @@ static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
 		return usage_error(err, cap, "%s: needs --upstream-tls", needs_tls);
 	if (c->keylog && !c->tls_cert && !c->upstream_tls)
 		return usage_error(err, cap, "--keylog: needs TLS on a leg (--tls-cert or --upstream-tls)");
+	if (c->header_values)
+		return check_header_values(c->header_values, err, cap);
 	return TAP_OK;
 }
 

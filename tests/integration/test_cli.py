@@ -56,6 +56,9 @@ class CliTest(TapTestCase):
     def test_upstream_no_port(self):
         self.assert_usage_error(["--upstream", "localhost"], "--upstream")
 
+    def test_metrics_host_that_does_not_exist(self):
+        self.assert_usage_error(["--metrics", "no-such-host.invalid:0"], "--metrics")
+
     def test_unknown_flag(self):
         self.assert_usage_error(["--bogus-flag"], "--bogus-flag")
 

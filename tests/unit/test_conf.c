@@ -292,6 +292,10 @@ static const struct bad_case bad_cases[] = {
 	{{"--upstream-tls", "--upstream-sni", "a b"}, "--upstream-sni"},
 	{{"--tls-cert", "c.pem"}, "--tls-cert"},
 	{{"--keylog", "k.log"}, "--keylog"}, /* no TLS leg to log */
+	{{"--header-values", "a,b,c,d,e,f,g,h,i"}, "--header-values"}, /* more than 8 */
+	{{"--header-values", ",,a"}, "--header-values"},
+	{{"--header-values", "a,"}, "--header-values"},
+	{{"--header-values", "a,b,a"}, "--header-values"},
 };
 
 START_TEST(bad_options_name_themselves)
