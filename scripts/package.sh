@@ -2,7 +2,7 @@
 # Builds amqptap's Debian package with CPack: a RelWithDebInfo build without tests, installed under /usr,
 # stripped, dependencies from dpkg-shlibdeps. Prints the .deb's path as the last line of stdout (the build's
 # own output goes to stderr).
-# Env: TAP_PKG_BUILD_DIR (build-pkg). Needs: cmake, gcc, pkg-config, libevent-dev, libssl-dev, dpkg-dev, file.
+# Env: TAP_PKG_BUILD_DIR (build-pkg). Needs: cmake, gcc, pkg-config, libevent-dev, libssl-dev, libpcap-dev, dpkg-dev, file.
 # Install it with `dpkg -i` (or `apt-get install ./amqptap_*.deb`); tests/package/test_package.py does.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh

@@ -260,7 +260,8 @@ static const char *const type_names[] = {"counter", "gauge", "histogram"};
 	  s->track.outstanding, "outstanding")                                                                     \
 	X("publishes_held", GAUGE, "Acked mandatory publishes held for a late Basic.Return.", s->track.held,      \
 	  "held")                                                                                                  \
-	X("publishes_evicted_total", COUNTER, "Publishes written as unknown (evicted) over --max-outstanding.",  \
+	X("publishes_evicted_total", COUNTER,                                                                     \
+	  "Publishes written as unknown (evicted) over --max-outstanding or --max-tracking-memory.",              \
 	  s->track.evicted, "evicted")                                                                             \
 	X("confirms_stray_total", COUNTER, "Acks and nacks for a tag never published or already answered.",      \
 	  s->track.stray_confirms, "stray_confirms")                                                               \

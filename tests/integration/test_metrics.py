@@ -414,6 +414,7 @@ class StatusPage(ScenarioCase):
         for i in range(5):
             ch.basic_publish("", q, b"x", pika.BasicProperties(message_id=f"full-{i}", delivery_mode=2),
                              mandatory=True)
+        ch.basic_publish("", q, b"x", pika.BasicProperties(message_id="not-mandatory", delivery_mode=2))  # 2 warnings
         conn.close()
         status = lambda: json.loads(http_get(mport, "/api/status")[2])  # noqa: E731
 
@@ -430,9 +431,14 @@ class StatusPage(ScenarioCase):
         lost = out["verdicts"]["lost"]
         self.assertEqual(out["verdicts"]["lost_by"], {"write_failed": lost})
         self.assertEqual(out["frames"]["lost_by"], {})
-        self.assertEqual(page_findings(self, mport), [f"The --verdicts output dropped {lost} of {lost} record(s): "
-                                                 f"{lost} on failed writes ({out['verdicts']['write_errors']} failed "
-                                                 "write(s)). See the tap's log."])
+        # what went wrong first, then what only may have: the dropped records before the two warnings the
+        # not-mandatory publish earns (listed before them in the page's code)
+        findings = page_findings(self, mport)
+        self.assertEqual(findings[0], f"The --verdicts output dropped {lost} of {lost} record(s): {lost} on failed "
+                                      f"writes ({out['verdicts']['write_errors']} failed write(s)). See the tap's log.")
+        self.assertEqual(len(findings), 3, findings)
+        self.assertTrue(findings[1].startswith("1 publish(es) unproven"), findings)
+        self.assertTrue(findings[2].startswith("Warning confirm_without_mandatory"), findings)
         # /metrics: the same count under its reason
         metrics = http_get(mport, "/metrics")[2].decode()
         self.assertIn(f'amqptap_output_records_lost_total{{output="verdicts",reason="write_failed"}} {lost}\n', metrics)
