@@ -105,6 +105,16 @@ class PackageTest(unittest.TestCase):
         self.assertIn(LOGROTATE, conffiles)
         self.assertNotIn(b"__asan_init", open(INSTALLED, "rb").read(), "the package is not a sanitizer build")
 
+    def test_1_binary_is_hardened(self):
+        """As Debian hardens its packages (lintian's hardening-no-bindnow, hardening-no-fortify-functions): full
+        RELRO (bind now), a stack protector and the checked libc functions of _FORTIFY_SOURCE."""
+        dynamic = sh("readelf", "-d", INSTALLED).stdout
+        self.assertRegex(dynamic, r"FLAGS_1\)\s+Flags:.*\bNOW\b")
+        self.assertIn("GNU_RELRO", sh("readelf", "-l", INSTALLED).stdout)
+        symbols = sh("readelf", "--dyn-syms", "-W", INSTALLED).stdout
+        self.assertIn("__stack_chk_fail", symbols)
+        self.assertRegex(symbols, r"__\w+_chk@")
+
     def test_2_version(self):
         out = sh(INSTALLED, "--version").stdout.splitlines()
         self.assertRegex(out[0], r"^amqptap \d+\.\d+\.\d+ \(git ([0-9a-f]{12}(-dirty)?|unknown)\)$")
