@@ -368,10 +368,72 @@ static size_t piece_end(const struct tap_out *o, const struct chunk *c, size_t o
 	return nl ? (size_t)(nl - d) + 1 : len;
 }
 
+static int open_path(const char *path)
+{
+	return open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
+}
+
+/* Opens the path again and writes to it from now on; false (errno set) when it cannot be opened. A FIFO without a
+ * reader blocks here, where a close may cancel the writer. */
+static bool writer_open_again(struct tap_out *o)
+{
+	int old;
+	pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
+	int fd = open_path(o->path);
+	int err = errno;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	if (fd < 0) {
+		errno = err;
+		return false;
+	}
+	if (o->fd >= 0)
+		close(o->fd);
+	o->fd = fd;
+	struct stat st;
+	o->pipe = fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+	o->partial = false; /* a cut line stays in the old file, the new one starts clean */
+	o->broken = false;
+	return true;
+}
+
+/* Writer thread: the open tap_out_open left to it (a FIFO without a reader), waiting for a reader as long as it
+ * takes. */
+static void writer_open(struct tap_out *o)
+{
+	if (!writer_open_again(o)) { /* the writes that find no descriptor count the records lost */
+		tap_log_error("--%s %s: cannot open: %s", o->name, o->path, strerror(errno));
+		return;
+	}
+	if (o->private_mode)
+		(void)fchmod(o->fd, 0600);
+}
+
+/* Whether the file written to was deleted (no name left: what is written to it is lost to every reader). */
+static bool file_deleted(const struct tap_out *o)
+{
+	struct stat st;
+	return o->path && o->own_fd && o->fd >= 0 && fstat(o->fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 0;
+}
+
+static void writer_reopen(struct tap_out *o)
+{
+	if (!o->path || !o->own_fd || writer_open_again(o))
+		return;
+	int err = errno;
+	tap_log_error("--%s %s: cannot reopen: %s; %s", o->name, o->path, strerror(err),
+		      file_deleted(o) ? "the old file was deleted: records are counted lost until the path can be "
+					"opened (tried at every batch)"
+				      : "still writing to the old file");
+}
+
 static void writer_chunk(struct tap_out *o, struct chunk *c)
 {
 	if (c->records == 0 && c->data.len == 0)
 		return;
+	if (file_deleted(o) && !writer_open_again(o)) { /* deleted, and the path cannot be made again yet */
+		writer_lost(o, c->records, errno);
+		return;
+	}
 	if (o->broken) {
 		writer_lost(o, c->records, EIO);
 		return;
@@ -386,53 +448,6 @@ static void writer_chunk(struct tap_out *o, struct chunk *c)
 		err = write_all(o, c->data.data, piece_end(o, c, o->current_off), &o->current_off);
 	if (err)
 		chunk_failed(o, c, o->current_off, err);
-}
-
-static int open_path(const char *path)
-{
-	return open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
-}
-
-/* Writer thread: the open tap_out_open left to it (a FIFO without a reader), waiting for a reader as long as it
- * takes; a close meanwhile cancels it. */
-static void writer_open(struct tap_out *o)
-{
-	int old;
-	pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
-	int fd = open_path(o->path);
-	int err = errno;
-	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
-	if (fd < 0) { /* the writes that find no descriptor count the records lost */
-		tap_log_error("--%s %s: cannot open: %s", o->name, o->path, strerror(err));
-		return;
-	}
-	if (o->private_mode)
-		(void)fchmod(fd, 0600);
-	o->fd = fd;
-	o->pipe = true;
-}
-
-static void writer_reopen(struct tap_out *o)
-{
-	if (!o->path || !o->own_fd)
-		return;
-	int old;
-	pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old); /* a FIFO without a reader blocks here */
-	int fd = open_path(o->path);
-	int err = errno;
-	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
-	if (fd < 0) {
-		errno = err;
-		tap_log_error("--%s %s: cannot reopen: %s; still writing to the old file", o->name, o->path,
-			      strerror(errno));
-		return;
-	}
-	close(o->fd);
-	o->fd = fd;
-	struct stat st;
-	o->pipe = fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
-	o->partial = false; /* a cut line stays in the old file, the new one starts clean */
-	o->broken = false;
 }
 
 static void *writer_main(void *arg)

@@ -443,6 +443,78 @@ START_TEST(fifo_without_reader_delays_nothing)
 }
 END_TEST
 
+static void lines_from(struct tap_out *o, int first, int n)
+{
+	char line[64];
+	for (int i = first; i < first + n; i++) {
+		int k = snprintf(line, sizeof line, "{\"n\":%d}", i);
+		tap_out_line(o, line, (size_t)k);
+	}
+	tap_out_flush(o);
+}
+
+/* How many lines path holds once it holds want (waits up to 2 s); 0 if it does not exist. */
+static size_t lines_in(const char *path, size_t want)
+{
+	size_t n = 0;
+	for (int tries = 0; tries < 200; tries++) {
+		size_t len = 0;
+		char *d = access(path, F_OK) == 0 ? slurp(path, &len) : NULL;
+		n = 0;
+		for (size_t i = 0; d && i < len; i++)
+			n += d[i] == '\n';
+		free(d);
+		if (n >= want)
+			break;
+		usleep(10000);
+	}
+	return n;
+}
+
+/* An output file deleted under the tap is made again at the next batch (what went into the deleted file is gone
+ * with it); while its directory is gone too, the records are counted lost, and a records_lost record says so in
+ * the file made once the directory is back. */
+START_TEST(deleted_file_is_made_again)
+{
+	char dir[128], path[160];
+	snprintf(dir, sizeof dir, "%s/gone", tmpdir);
+	snprintf(path, sizeof path, "%s/v.jsonl", dir);
+	ck_assert_int_eq(mkdir(dir, 0700), 0);
+	struct tap_out *o = open_lines(path, 0);
+	lines_from(o, 1, 10);
+	ck_assert_uint_eq(lines_in(path, 10), 10);
+	ck_assert_int_eq(unlink(path), 0);
+	lines_from(o, 11, 10);
+	ck_assert_uint_eq(lines_in(path, 10), 10); /* a new file, 11 to 20 */
+	ck_assert_int_eq(unlink(path), 0);
+	ck_assert_int_eq(rmdir(dir), 0);
+	lines_from(o, 21, 10);
+	struct tap_out_stats s;
+	for (int tries = 0; tries < 200; tries++) {
+		tap_out_get_stats(o, &s);
+		if (s.lost == 10)
+			break;
+		usleep(10000);
+	}
+	ck_assert_uint_eq(s.lost, 10);
+	ck_assert_uint_eq(s.lost_by[TAP_OUT_LOST_WRITE_FAILED], 10);
+	ck_assert_int_eq(mkdir(dir, 0700), 0);
+	lines_from(o, 31, 10);
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	size_t len;
+	char *d = slurp(path, &len);
+	ck_assert_ptr_nonnull(d);
+	ck_assert_ptr_nonnull(strstr(d, "\"type\":\"records_lost\""));
+	ck_assert_ptr_nonnull(strstr(d, "\"lost\":10,"));
+	ck_assert_ptr_nonnull(strstr(d, "{\"n\":31}\n"));
+	ck_assert_ptr_nonnull(strstr(d, "{\"n\":40}\n"));
+	ck_assert_ptr_null(strstr(d, "{\"n\":21}"));
+	free(d);
+	unlink(path);
+	rmdir(dir);
+}
+END_TEST
+
 int main(void)
 {
 	snprintf(tmpdir, sizeof tmpdir, "/tmp/tap_out_XXXXXX");
@@ -458,6 +530,7 @@ int main(void)
 	tcase_add_test(tc, blocks_whole_and_counted);
 	tcase_add_test(tc, wait_until_loses_nothing);
 	tcase_add_test(tc, fifo_without_reader_delays_nothing);
+	tcase_add_test(tc, deleted_file_is_made_again);
 #ifdef FAIL_ALLOC_WORKS
 	tcase_add_test(tc, a_batch_without_memory_counts_what_it_drops);
 #endif
