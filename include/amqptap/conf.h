@@ -84,8 +84,16 @@ enum tap_conf_opt_kind {
 };
 
 /* One row of the option table. */
+/* The modes an option is for (tap_conf_option.modes); given in another, it is a usage error. */
+enum tap_conf_for {
+	TAP_FOR_PROXY = 1 << 0,
+	TAP_FOR_REPLAY = 1 << 1,
+	TAP_FOR_SNIFF = 1 << 2,
+};
+
 struct tap_conf_option {
 	const char *name;  /* long name without the dashes */
+	unsigned modes;    /* enum tap_conf_for bits; 0: every mode */
 	char short_name;   /* 0: none */
 	enum tap_conf_opt_kind kind;
 	size_t offset;     /* of the field in struct tap_conf */

@@ -21,9 +21,9 @@
 
 static const struct tap_conf_option options[] = {
 	{.name = "listen", .short_name = 'l', .kind = TAP_OPT_ADDR_LISTEN, .offset = FIELD(listen), .arg = "ADDR:PORT",
-	 .def = "127.0.0.1:5673", .help = "where clients connect"},
+	 .def = "127.0.0.1:5673", .help = "where clients connect", .modes = TAP_FOR_PROXY},
 	{.name = "upstream", .short_name = 'u', .kind = TAP_OPT_ADDR, .offset = FIELD(upstream), .arg = "HOST:PORT",
-	 .def = "127.0.0.1:5672", .help = "the real broker"},
+	 .def = "127.0.0.1:5672", .help = "the real broker", .modes = TAP_FOR_PROXY},
 	{.name = "verdicts", .short_name = 'o', .kind = TAP_OPT_PATH, .offset = FIELD(verdicts), .arg = "FILE|-",
 	 .def = "-", .help = "verdict and event records, JSON Lines (- is stdout)"},
 	{.name = "frames", .short_name = 'f', .kind = TAP_OPT_PATH, .offset = FIELD(frames), .arg = "FILE",
@@ -31,11 +31,12 @@ static const struct tap_conf_option options[] = {
 	{.name = "pcap", .kind = TAP_OPT_PATH, .offset = FIELD(pcap), .arg = "FILE", .def_shown = "off",
 	 .help = "the plaintext AMQP streams as pcapng for Wireshark"},
 	{.name = "port", .kind = TAP_OPT_PORTS, .offset = FIELD(ports), .min = 1, .max = 65535, .arg = "N",
-	 .def_u32 = 5672, .help = "replay, sniff: the broker's TCP port in the capture (repeatable)"},
+	 .def_u32 = 5672, .help = "replay, sniff: the broker's TCP port in the capture (repeatable)",
+	 .modes = TAP_FOR_REPLAY | TAP_FOR_SNIFF},
 	{.name = "interface", .short_name = 'i', .kind = TAP_OPT_IFACE, .offset = FIELD(interface), .arg = "IF",
-	 .def_shown = "none", .help = "sniff: the interface to capture on (lo, eth0, any)"},
+	 .def_shown = "none", .help = "sniff: the interface to capture on (lo, eth0, any)", .modes = TAP_FOR_SNIFF},
 	{.name = "buffer-size", .kind = TAP_OPT_U32, .offset = FIELD(buffer_kib), .min = 256, .max = 4u << 20,
-	 .arg = "KIB", .def_u32 = 16384, .help = "sniff: the kernel capture buffer in KiB"},
+	 .arg = "KIB", .def_u32 = 16384, .help = "sniff: the kernel capture buffer in KiB", .modes = TAP_FOR_SNIFF},
 	{.name = "body-bytes", .kind = TAP_OPT_U32, .offset = FIELD(body_bytes), .min = 0, .max = 1u << 20, .arg = "N",
 	 .def_u32 = 0, .help = "include the first N body bytes in --frames"},
 	{.name = "return-window", .kind = TAP_OPT_U32, .offset = FIELD(return_window_ms), .min = 1,
@@ -55,36 +56,40 @@ static const struct tap_conf_option options[] = {
 	 .max = UINT64_C(1) << 40, .arg = "BYTES", .def = "256M",
 	 .help = "tracking state of all connections before the oldest publishes are evicted (K, M, G: KiB, MiB, GiB)"},
 	{.name = "grace", .kind = TAP_OPT_U32, .offset = FIELD(grace_ms), .min = 0, .max = 3600u * 1000u, .arg = "MS",
-	 .def_u32 = 1000, .help = "on SIGINT/SIGTERM, how long live sessions may finish before they are closed"},
+	 .def_u32 = 1000, .help = "on SIGINT/SIGTERM, how long live sessions may finish before they are closed",
+	 .modes = TAP_FOR_PROXY},
 	{.name = "handshake-timeout", .kind = TAP_OPT_U32, .offset = FIELD(handshake_timeout_ms), .min = 0,
 	 .max = 3600u * 1000u, .arg = "MS", .def_u32 = 10000,
-	 .help = "longest a client's TLS handshake or the connection to the broker (connect, TLS) may take; 0: no limit"},
+	 .help = "longest a client's TLS handshake or the connection to the broker (connect, TLS) may take; 0: no limit",
+	 .modes = TAP_FOR_PROXY},
 	{.name = "tap-id", .kind = TAP_OPT_ID, .offset = FIELD(tap_id), .arg = "NAME", .def_shown = "the host name",
-	 .help = "names this tap in its records (letters, digits and . _ - : @ /)"},
+	 .help = "names this tap in its records (letters, digits and . _ - : @ /)",
+	 .modes = TAP_FOR_PROXY | TAP_FOR_SNIFF},
 	{.name = "tls-cert", .kind = TAP_OPT_PATH, .offset = FIELD(tls_cert), .arg = "FILE",
-	 .help = "accept TLS from clients with this certificate (PEM chain)"},
+	 .help = "accept TLS from clients with this certificate (PEM chain)", .modes = TAP_FOR_PROXY},
 	{.name = "tls-key", .kind = TAP_OPT_PATH, .offset = FIELD(tls_key), .arg = "FILE",
-	 .help = "private key of --tls-cert (PEM)"},
+	 .help = "private key of --tls-cert (PEM)", .modes = TAP_FOR_PROXY},
 	{.name = "tls-client-ca", .kind = TAP_OPT_PATH, .offset = FIELD(tls_client_ca), .arg = "FILE",
-	 .help = "require client certificates signed by this CA (PEM)"},
+	 .help = "require client certificates signed by this CA (PEM)", .modes = TAP_FOR_PROXY},
 	{.name = "upstream-tls", .kind = TAP_OPT_FLAG, .offset = FIELD(upstream_tls),
-	 .help = "speak TLS to the broker (verification on)"},
+	 .help = "speak TLS to the broker (verification on)", .modes = TAP_FOR_PROXY},
 	{.name = "upstream-ca", .kind = TAP_OPT_PATH, .offset = FIELD(upstream_ca), .arg = "FILE",
-	 .def_shown = "the system store", .help = "CA bundle for the broker"},
+	 .def_shown = "the system store", .help = "CA bundle for the broker", .modes = TAP_FOR_PROXY},
 	{.name = "upstream-sni", .kind = TAP_OPT_TEXT, .offset = FIELD(upstream_sni), .arg = "NAME",
-	 .def_shown = "the --upstream host", .help = "server name sent and checked"},
+	 .def_shown = "the --upstream host", .help = "server name sent and checked", .modes = TAP_FOR_PROXY},
 	{.name = "upstream-cert", .kind = TAP_OPT_PATH, .offset = FIELD(upstream_cert), .arg = "FILE",
-	 .help = "client certificate for the broker (mTLS)"},
+	 .help = "client certificate for the broker (mTLS)", .modes = TAP_FOR_PROXY},
 	{.name = "upstream-key", .kind = TAP_OPT_PATH, .offset = FIELD(upstream_key), .arg = "FILE",
-	 .help = "private key of --upstream-cert"},
+	 .help = "private key of --upstream-cert", .modes = TAP_FOR_PROXY},
 	{.name = "upstream-insecure", .kind = TAP_OPT_FLAG, .offset = FIELD(upstream_insecure),
-	 .help = "do not verify the broker's certificate (logged loudly)"},
+	 .help = "do not verify the broker's certificate (logged loudly)", .modes = TAP_FOR_PROXY},
 	{.name = "upstream-no-reuse", .kind = TAP_OPT_FLAG, .offset = FIELD(upstream_no_reuse),
-	 .help = "do not resume the broker's TLS sessions: a full handshake per connection"},
+	 .help = "do not resume the broker's TLS sessions: a full handshake per connection", .modes = TAP_FOR_PROXY},
 	{.name = "metrics", .kind = TAP_OPT_ADDR_LOCAL, .offset = FIELD(metrics), .arg = "ADDR:PORT", .def_shown = "off",
-	 .help = "serve /metrics (Prometheus), /healthz and a live status page at / (PORT alone: loopback)"},
+	 .help = "serve /metrics (Prometheus), /healthz and a live status page at / (PORT alone: loopback)",
+	 .modes = TAP_FOR_PROXY | TAP_FOR_SNIFF},
 	{.name = "keylog", .kind = TAP_OPT_PATH, .offset = FIELD(keylog), .arg = "FILE", .def_shown = "$SSLKEYLOGFILE",
-	 .help = "NSS key log of both TLS legs, mode 0600"},
+	 .help = "NSS key log of both TLS legs, mode 0600", .modes = TAP_FOR_PROXY},
 	{.name = "quiet", .short_name = 'q', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
 	 .level = TAP_VERBOSITY_QUIET, .help = "only errors and warnings on stderr"},
 	{.name = "verbose", .short_name = 'v', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
@@ -431,6 +436,26 @@ static int check_header_values(const char *list, char *err, size_t cap)
 	}
 }
 
+/* Every option given is one for the mode (tap_conf_option.modes): a proxy option given to replay would be ignored
+ * without a word. */
+static int check_modes(const struct tap_conf *c, const bool given[N_OPTIONS], char *err, size_t cap)
+{
+	unsigned mode = c->mode == TAP_MODE_REPLAY  ? TAP_FOR_REPLAY
+			: c->mode == TAP_MODE_SNIFF ? TAP_FOR_SNIFF
+						    : TAP_FOR_PROXY;
+	for (size_t i = 0; i < N_OPTIONS; i++) {
+		unsigned m = options[i].modes;
+		if (!given[i] || !m || (m & mode))
+			continue;
+		const char *where = m == TAP_FOR_PROXY                    ? "the proxy (amqptap without 'replay' or 'sniff')"
+				    : m == TAP_FOR_SNIFF                    ? "'amqptap sniff'"
+				    : m == (TAP_FOR_REPLAY | TAP_FOR_SNIFF) ? "'amqptap replay' and 'amqptap sniff'"
+									    : "the proxy and 'amqptap sniff'";
+		return usage_error(err, cap, "--%s: only for %s", options[i].name, where);
+	}
+	return TAP_OK;
+}
+
 /* Options that only make sense together. */
 static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
 {
@@ -462,7 +487,7 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 	struct option longopts[N_OPTIONS + 1];
 	char shortopts[2 + 2 * N_OPTIONS + 1];
 	build_getopt(longopts, shortopts);
-	bool port_given = false, sniff_given = false;
+	bool given[N_OPTIONS] = {false};
 	int positionals = 0;
 	int rc;
 	opterr = 0; /* our one-line messages replace getopt's */
@@ -482,10 +507,7 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 		const struct tap_conf_option *o = ch >= LONG_VAL(0) ? &options[ch - LONG_VAL(0)] : find_short(ch);
 		if (ch >= LONG_VAL(0) && !spelled_out(o, long_element(o, argv)))
 			return unknown_long(long_element(o, argv), err, cap);
-		if (o->kind == TAP_OPT_PORTS)
-			port_given = true;
-		if (o->offset == FIELD(interface) || o->offset == FIELD(buffer_kib))
-			sniff_given = true;
+		given[o - options] = true;
 		rc = apply(c, o, optarg, err, cap);
 		if (rc)
 			return rc;
@@ -500,10 +522,8 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 	for (size_t i = 0; i < N_OPTIONS && c->n_ports == 0; i++)
 		if (options[i].kind == TAP_OPT_PORTS)
 			c->ports[c->n_ports++] = (uint16_t)options[i].def_u32;
-	if (port_given && c->mode != TAP_MODE_REPLAY && c->mode != TAP_MODE_SNIFF)
-		return usage_error(err, cap, "--port: only for 'amqptap replay' and 'amqptap sniff'");
-	if (sniff_given && c->mode != TAP_MODE_SNIFF)
-		return usage_error(err, cap, "--interface, --buffer-size: only for 'amqptap sniff'");
+	if ((rc = check_modes(c, given, err, cap)))
+		return rc;
 	if (c->mode == TAP_MODE_SNIFF && !c->interface)
 		return usage_error(err, cap, "sniff: missing --interface (amqptap sniff --interface IF [--port N])");
 	if (c->mode == TAP_MODE_REPLAY && !c->replay_file)

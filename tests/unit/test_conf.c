@@ -296,6 +296,14 @@ static const struct bad_case bad_cases[] = {
 	{{"--header-values", ",,a"}, "--header-values"},
 	{{"--header-values", "a,"}, "--header-values"},
 	{{"--header-values", "a,b,a"}, "--header-values"},
+	/* an option of another mode would be ignored without a word */
+	{{"replay", "x.pcap", "--listen", "127.0.0.1:1"}, "--listen"},
+	{{"replay", "x.pcap", "--metrics", "9000"}, "--metrics"},
+	{{"sniff", "-i", "lo", "--upstream-tls"}, "--upstream-tls"},
+	{{"sniff", "-i", "lo", "--grace=5"}, "--grace"},
+	{{"replay", "x.pcap", "--tap-id", "a"}, "--tap-id"},
+	{{"-i", "lo"}, "--interface: only for 'amqptap sniff'"},
+	{{"--buffer-size", "1024"}, "--buffer-size"},
 };
 
 START_TEST(bad_options_name_themselves)
