@@ -553,6 +553,27 @@ static bool replay_stop(void *ctx)
 	return replay_stop_signal != 0;
 }
 
+/* What a replay that found little may have been given wrong: the port (the capture's TCP is on others), or a snap
+ * length that cut the packets (their ends are gaps). */
+static void replay_hints(const struct tap_conf *conf, const struct tap_capture_stats *st)
+{
+	if (st->tcp_packets == 0 && st->other_tcp > 0) {
+		char ports[200] = "";
+		size_t at = 0;
+		for (size_t i = 0; i < TAP_CAPTURE_OTHER_PORTS && st->other_ports[i].segments && at < sizeof ports; i++) {
+			int w = snprintf(ports + at, sizeof ports - at, "%s%u (%" PRIu64 " segments)", i ? ", " : "",
+					 st->other_ports[i].port, st->other_ports[i].segments);
+			at += w > 0 ? (size_t)w : 0;
+		}
+		fprintf(stderr, "amqptap: replay: no TCP on port%s %u%s of the capture's %" PRIu64 " packets; its TCP is "
+			"on port %s: give the broker's with --port\n", conf->n_ports > 1 ? "s" : "", conf->ports[0],
+			conf->n_ports > 1 ? ", ..." : "", st->packets, ports);
+	}
+	if (st->cut_short > 0)
+		fprintf(stderr, "amqptap: replay: %" PRIu64 " packet(s) were cut short by the capture's snap length (what "
+			"they lost is a gap): capture whole packets (tcpdump -s 0)\n", st->cut_short);
+}
+
 static int run_replay(const struct tap_conf *conf)
 {
 	struct app app = {.conf = conf};
@@ -572,6 +593,7 @@ static int run_replay(const struct tap_conf *conf)
 		};
 		int rc = tap_replay_run(conf->replay_file, conf->ports[0], &app.observer, app.track, &hooks,
 					&rs, err, sizeof err);
+		replay_hints(conf, &rs.capture);
 		if (replay_stop_signal)
 			fprintf(stderr, "amqptap: replay stopped by %s: the records of what was read are written, and the "
 				"connections still open end as capture_end\n", replay_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");

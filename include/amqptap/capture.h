@@ -69,6 +69,8 @@ struct tap_capture_cb {
 	bool (*stop)(void *ctx);
 };
 
+#define TAP_CAPTURE_OTHER_PORTS 4
+
 struct tap_capture_stats {
 	uint64_t packets;       /* records/EPBs read */
 	uint64_t tcp_packets;   /* TCP segments of the chosen port */
@@ -81,6 +83,14 @@ struct tap_capture_stats {
 	uint64_t file_bytes;    /* bytes of the file consumed */
 	uint64_t idle_closed;   /* streams ended with TAP_CAPTURE_END_IDLE */
 	uint64_t evicted;       /* streams ended with TAP_CAPTURE_END_LIMIT */
+	uint64_t cut_short;     /* packets the capture's snap length cut (captured shorter than on the wire) */
+	uint64_t other_tcp;     /* TCP segments of no broker port */
+	/* the first TAP_CAPTURE_OTHER_PORTS server ports of those (a SYN's destination, else the lower port), with
+	 * their segments: what --port may have been meant to be */
+	struct {
+		uint16_t port;
+		uint64_t segments;
+	} other_ports[TAP_CAPTURE_OTHER_PORTS];
 };
 
 struct tap_capture;

@@ -4,6 +4,7 @@
 #ifndef AMQPTAP_REPLAY_H
 #define AMQPTAP_REPLAY_H
 
+#include "amqptap/capture.h"
 #include "amqptap/conn.h"
 #include "amqptap/track.h"
 
@@ -21,6 +22,7 @@
 struct tap_replay_stats {
 	uint64_t gaps;      /* holes in a stream direction: one capture_gap record each */
 	uint64_t gap_bytes; /* the bytes they lost */
+	struct tap_capture_stats capture; /* what the capture held (tap_replay_run only) */
 };
 /* Reading a pipe, idle is called when the next read may wait: records batched by the caller should go out.
  * ports: more broker ports besides `port`. min_window_us: the shorter of the tracker's return window and

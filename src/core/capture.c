@@ -266,9 +266,12 @@ static bool parse_link(struct tap_segment *g, uint32_t linktype, const uint8_t *
 	}
 }
 
-static int on_packet(struct tap_capture *c, uint32_t linktype, int64_t ts, const uint8_t *p, size_t caplen)
+/* One packet, caplen bytes of the wire_len it had. */
+static int on_packet(struct tap_capture *c, uint32_t linktype, int64_t ts, const uint8_t *p, size_t caplen,
+		     size_t wire_len)
 {
 	c->st.packets++;
+	c->st.cut_short += caplen < wire_len;
 	c->last_ts = ts;
 	if (c->cb->packet)
 		c->cb->packet(c->cb->ctx, ts);
@@ -308,7 +311,7 @@ static int pcap_run(struct tap_capture *c, char *err, size_t cap)
 		uint32_t frac = rd32(c, rh + 4);
 		int64_t ts = (int64_t)rd32(c, rh) * 1000000 + (int64_t)(c->nsec ? frac / 1000 : frac);
 		c->st.file_bytes = c->off;
-		int rc = on_packet(c, c->linktype, ts, c->blk, incl);
+		int rc = on_packet(c, c->linktype, ts, c->blk, incl, rd32(c, rh + 12));
 		if (rc < 0)
 			return fail(err, cap, rc, "%s: %s at offset %" PRIu64, c->name, tap_strerror(rc), at);
 	}
@@ -461,7 +464,7 @@ static int block_handle(struct tap_capture *c, uint32_t type, size_t len, uint64
 			return fail(err, cap, TAP_E_BAD_CAPTURE, "%s: unknown interface %" PRIu32 " at offset %" PRIu64,
 				    c->name, ifid, at);
 		const struct iface *f = &c->ifs[ifid];
-		rc = on_packet(c, f->linktype, iface_ts(f, units), b + 20, caplen);
+		rc = on_packet(c, f->linktype, iface_ts(f, units), b + 20, caplen, rd32(c, b + 16));
 		break;
 	}
 	case PCAPNG_SPB: { /* §4.4: no timestamp; interface 0 */
@@ -470,7 +473,7 @@ static int block_handle(struct tap_capture *c, uint32_t type, size_t len, uint64
 				    c->name, at);
 		uint32_t orig = rd32(c, b);
 		size_t caplen = orig < len - 4 ? orig : len - 4;
-		rc = on_packet(c, c->ifs[0].linktype, c->last_ts, b + 4, caplen);
+		rc = on_packet(c, c->ifs[0].linktype, c->last_ts, b + 4, caplen, orig);
 		break;
 	}
 	default:
@@ -655,7 +658,7 @@ int tap_capture_new_push(struct tap_capture **out, uint16_t port, const struct t
 int tap_capture_push(struct tap_capture *c, uint32_t linktype, int64_t ts_us, const uint8_t *packet, size_t caplen)
 {
 	c->st.file_bytes += caplen;
-	return on_packet(c, linktype, ts_us, packet, caplen);
+	return on_packet(c, linktype, ts_us, packet, caplen, caplen);
 }
 
 int tap_capture_add_port(struct tap_capture *c, uint16_t port)

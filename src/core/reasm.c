@@ -404,6 +404,22 @@ static int buffer_ahead(struct tap_reasm *r, struct stream *s, enum tap_dir dir,
 	return TAP_OK;
 }
 
+/* A segment of no broker port: counted under the port its server likely has. */
+static void count_other_port(struct tap_capture_stats *st, const struct tap_segment *g)
+{
+	st->other_tcp++;
+	bool syn_only = (g->flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	uint16_t port = syn_only || g->dport < g->sport ? g->dport : g->sport;
+	for (size_t i = 0; i < TAP_CAPTURE_OTHER_PORTS; i++) {
+		if (st->other_ports[i].segments == 0)
+			st->other_ports[i].port = port;
+		if (st->other_ports[i].port == port) {
+			st->other_ports[i].segments++;
+			return;
+		}
+	}
+}
+
 static bool broker_port(const struct tap_reasm *r, uint16_t port)
 {
 	for (size_t i = 0; i < r->n_ports; i++)
@@ -419,8 +435,10 @@ int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t 
 	k.v6 = g->v6;
 	size_t alen = g->v6 ? 16 : 4;
 	bool to_server = broker_port(r, g->dport), from_server = broker_port(r, g->sport);
-	if (!to_server && !from_server)
+	if (!to_server && !from_server) {
+		count_other_port(r->st, g);
 		return TAP_OK;
+	}
 	r->st->tcp_packets++;
 	bool syn_only = (g->flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
 	enum tap_dir dir;

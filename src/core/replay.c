@@ -243,9 +243,11 @@ static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs
 	int rc = tap_capture_run(c, port, &cb, err, cap);
 	tap_track_tick(track, r.now);
 	tap_track_shutdown(track, r.now);
-	tap_capture_free(c);
-	if (stats)
+	if (stats) {
 		*stats = (struct tap_replay_stats){.gaps = r.gaps, .gap_bytes = r.gap_bytes};
+		tap_capture_get_stats(c, &stats->capture);
+	}
+	tap_capture_free(c);
 	return rc;
 }
 

@@ -92,6 +92,39 @@ def resets(records):
                                and r.get("by", "").endswith("_reset"))
 
 
+class ReplayHints(unittest.TestCase):
+    def test_wrong_port_and_cut_packets_are_said(self):
+        """A replay given the wrong port says on which port the capture's TCP is; one of a capture whose snap
+        length cut the packets says so (their records are then gaps and unknowns, which alone would not say why)."""
+        cap = os.path.join(CAPTURES, "alternate_exchange.pcapng")
+        port = capture_port(cap)
+        with open(cap, "rb") as f:
+            data = f.read()
+        n_packets = sum(1 for t, _ in blocks(data) if t == 6)
+        rc, recs, err = replay_bytes(data, port + 1)
+        self.assertEqual((rc, recs), (0, []), err)
+        self.assertIn(f"amqptap: replay: no TCP on port {port + 1} of the capture's {n_packets} packets; its TCP is "
+                      f"on port {port} ({n_packets} segments): give the broker's with --port", err)
+        rc, recs, err = replay_bytes(data, port)
+        self.assertNotIn("amqptap: replay:", err)
+        short = bytearray()
+        cut_n = 0
+        for btype, raw in blocks(data):  # every packet block cut to 100 bytes, as tcpdump -s 100 would
+            if btype == 6:
+                caplen = struct.unpack_from("<I", raw, 20)[0]
+                if caplen > 100:
+                    body = raw[28:28 + 100]
+                    blen = 28 + 100 + 4
+                    raw = raw[:4] + struct.pack("<I", blen) + raw[8:20] + struct.pack("<I", 100) + raw[24:28] + \
+                        body + struct.pack("<I", blen)
+                    cut_n += 1
+            short += raw
+        self.assertGreater(cut_n, 0)
+        rc, recs, err = replay_bytes(bytes(short), port)
+        self.assertEqual(rc, 0, err)
+        self.assertIn(f"amqptap: replay: {cut_n} packet(s) were cut short by the capture's snap length", err)
+
+
 class CaptureGaps(unittest.TestCase):
     def check_cut(self, name, data, port, full, info, drop):
         rc, recs, err = replay_bytes(cut(data, drop), port)
