@@ -74,6 +74,7 @@ struct app {
 	struct tap_sniff *sniff;  /* sniff mode */
 	struct tap_replay_live *live; /* sniff mode: where the captured packets go */
 	uint64_t drops_reported; /* kernel drops already written as capture_drops records */
+	int64_t drops_reported_us; /* when the last capture_drops record was written */
 };
 
 /* This process's run id (issue 17): 12 hex digits, 48 random bits, so (run, conn) names one connection whatever
@@ -627,14 +628,18 @@ static int start_metrics(struct app *app, const struct tap_admin_sources *src)
 
 /* ---- sniff: live passive capture ---- */
 
-/* Kernel or interface drops since the last look become one capture_drops record and a log line; the streams
- * they hit show their holes as capture_gap records. */
-static void report_drops(struct app *app, int64_t now_us)
+/* Kernel or interface drops since the last look become one capture_drops record and a log line, at most every
+ * DROPS_REPORT_US (final: now); the streams they hit show their holes as capture_gap records. */
+#define DROPS_REPORT_US 1000000
+static void report_drops(struct app *app, int64_t now_us, bool final)
 {
+	if (!final && now_us - app->drops_reported_us < DROPS_REPORT_US)
+		return; /* a lasting loss: one record and one line a second, not one per tick */
 	struct tap_sniff_stats st;
 	tap_sniff_get_stats(app->sniff, &st);
 	if (st.dropped <= app->drops_reported)
 		return;
+	app->drops_reported_us = now_us;
 	uint64_t fresh = st.dropped - app->drops_reported;
 	app->drops_reported = st.dropped;
 	struct tap_buf b;
@@ -664,7 +669,7 @@ static void on_sniff_tick(evutil_socket_t fd, short what, void *arg)
 	 * be coming, so that a verdict held for a window is written once the window is over, not at the next packet */
 	tap_sniff_read(app->sniff);
 	tap_replay_live_advance(app->live, now_us - TAP_SNIFF_LAG_US);
-	report_drops(app, now_us);
+	report_drops(app, now_us, false);
 	flush_outputs(app);
 }
 
@@ -755,7 +760,7 @@ static int run_sniff(const struct tap_conf *conf)
 
 	int64_t deadline = tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000;
 	outputs_drain_until(&app, deadline);
-	report_drops(&app, tap_now_us());
+	report_drops(&app, tap_now_us(), true);
 	if (tap_sniff_failed(app.sniff) && app.exit_code == 0)
 		app.exit_code = 1;
 	struct tap_replay_stats rs;

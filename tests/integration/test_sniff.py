@@ -7,6 +7,7 @@
 # exit 2.
 
 import collections
+import datetime
 import json
 import os
 import signal
@@ -200,6 +201,9 @@ class Sniff(TapTestCase):
         self.assertEqual(len(ref_pubs), 120000)
         drops = [r for r in got if r["type"] == "capture_drops"]
         self.assertTrue(drops and sum(r["dropped"] for r in drops) > 1000, drops)
+        # a lasting loss is said once a second, not at every 10 ms tick (the last one, at the stop, may be sooner)
+        stamps = [datetime.datetime.fromisoformat(r["ts"].replace("Z", "+00:00")) for r in drops[:-1]]
+        self.assertTrue(all((b - a).total_seconds() >= 0.99 for a, b in zip(stamps, stamps[1:])), drops)
         gaps = [r for r in got if r["type"] == "capture_gap"]
         self.assertTrue(gaps)
         lossy_pubs = [r for r in got if r["type"] == "publish"]
