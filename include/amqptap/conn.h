@@ -68,13 +68,13 @@ void tap_conn_feed(struct tap_conn *c, enum tap_dir dir, const uint8_t *data, si
 /* Why the connection failed below AMQP (unreachable broker, TLS error),
  * for the connection record; call before tap_conn_end. */
 void tap_conn_note(struct tap_conn *c, const char *detail);
-/* The capture lost `missing` bytes of one direction (replay, sniff): writes a capture_gap record at the
- * direction's stream offset and ends every outstanding publish {"by":"capture_gap"} (a publish whose content the
+/* The capture lost `missing` bytes of one direction (replay, sniff) from stream `offset` on (the bytes of the
+ * direction seen before the hole, delivered or lost): writes a capture_gap record and ends every outstanding publish {"by":"capture_gap"} (a publish whose content the
  * gap cut still gets its record). The broker side stops decoding: an answer after the hole could belong to a
  * publish already ended, and every later publish ends so as it completes. The client side restarts its decoder in
  * frame state: the caller feeds it again from a frame boundary; every later publish ends as it completes, with
  * "seq": null since publishes in the hole shifted the count. The capture copy gets no client bytes after it. */
-void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t missing, int64_t now_us);
+void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t offset, uint64_t missing, int64_t now_us);
 /* The capture began after the connection did (replay, sniff): the channels' confirm and tx modes were not seen
  * (tap_track_conn_unseen). */
 void tap_conn_start_unseen(struct tap_conn *c, int64_t now_us);

@@ -822,7 +822,7 @@ void tap_conn_start_unseen(struct tap_conn *c, int64_t now_us)
 		tap_track_conn_unseen(c->tc, "capture_start", now_us);
 }
 
-void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t missing, int64_t now_us)
+void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t offset, uint64_t missing, int64_t now_us)
 {
 	if (!c)
 		return;
@@ -841,7 +841,7 @@ void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t missing, int64_
 		tap_json_kv_str(&j, "run", run);
 	tap_json_kv_uint(&j, "conn", c->id);
 	tap_json_kv_str(&j, "dir", tap_dir_name(dir));
-	tap_json_kv_uint(&j, "offset", d->fed);
+	tap_json_kv_uint(&j, "offset", offset);
 	tap_json_kv_uint(&j, "missing", missing);
 	tap_json_obj_end(&j);
 	if (o->emit)

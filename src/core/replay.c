@@ -21,6 +21,7 @@ struct rp_dir {
 	bool synced;
 	bool dead;      /* broker bytes were lost: nothing after them is decoded */
 	bool after_gap; /* client bytes were lost: the decoder restarts at the next frame boundary */
+	uint64_t pos;   /* the direction's bytes so far, delivered or lost: the stream offset of what comes next */
 	struct tap_buf hold;
 };
 
@@ -161,7 +162,10 @@ static void on_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data
 	struct replay *r = ctx;
 	struct rp_stream *s = user;
 	(void)ts;
-	if (!s || !s->conn || s->d[dir].dead)
+	if (!s)
+		return;
+	s->d[dir].pos += len;
+	if (!s->conn || s->d[dir].dead)
 		return;
 	if (s->d[dir].synced)
 		tap_conn_feed(s->conn, dir, data, len, r->now);
@@ -179,9 +183,10 @@ static void on_gap(void *ctx, void *user, enum tap_dir dir, uint64_t missing, in
 		return;
 	r->gaps++;
 	r->gap_bytes += missing;
-	tap_conn_gap(s->conn, dir, missing, r->now);
-	fed(r);
 	struct rp_dir *d = &s->d[dir];
+	tap_conn_gap(s->conn, dir, d->pos, missing, r->now);
+	d->pos += missing;
+	fed(r);
 	if (dir == TAP_S2C) {
 		d->dead = true;
 		return;

@@ -402,7 +402,7 @@ START_TEST(tally_sees_the_upstream_and_the_observer_counts_decode_errors_and_gap
 	tap_conn_feed(tc, TAP_C2S, http, sizeof http - 1, T0 + 8);
 	ck_assert_uint_eq(o.decode_errors, 1);
 	/* and a capture that lost 100 bytes of the broker's side */
-	tap_conn_gap(tc, TAP_S2C, 100, T0 + 9);
+	tap_conn_gap(tc, TAP_S2C, 0, 100, T0 + 9);
 	ck_assert_uint_eq(o.capture_gaps, 1);
 	ck_assert_uint_eq(o.gap_bytes, 100);
 	tap_conn_end(tc, "client_eof", T0 + 10);
