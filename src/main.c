@@ -404,10 +404,10 @@ static void pcap_data(void *ctx, void *sc, enum tap_dir dir, const uint8_t *data
 	tap_pcapng_conn_data(sc, dir, data, len, ts_us);
 }
 
-static void pcap_close(void *ctx, void *sc, int64_t ts_us)
+static void pcap_close(void *ctx, void *sc, const char *how, int64_t ts_us)
 {
 	(void)ctx;
-	tap_pcapng_conn_close(sc, ts_us);
+	tap_pcapng_conn_close(sc, tap_pcapng_end_of(how), ts_us);
 }
 
 /* Opens output i into app->out[i]: 0, or the exit code after saying why (2: the path cannot be opened, a bad

@@ -29,7 +29,7 @@ struct tap_capture_sink {
 	void *ctx;
 	void *(*open)(void *ctx, uint64_t conn, const char *client, const char *server, int64_t ts_us);
 	void (*data)(void *ctx, void *sc, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us);
-	void (*close)(void *ctx, void *sc, int64_t ts_us);
+	void (*close)(void *ctx, void *sc, const char *how, int64_t ts_us); /* how: as tap_conn_end's reason_by */
 };
 
 /* Receives the frame trace (--frames): one JSON object per decoded frame, without its newline; the slice is only

@@ -27,14 +27,24 @@ struct tap_pcapng *tap_pcapng_new(tap_pcapng_write_fn write, void *ctx);
 /* Does not free the connections still open. */
 void tap_pcapng_free(struct tap_pcapng *p);
 
-/* One synthetic TCP connection: SYN, SYN-ACK, ACK at ts_us. Addresses are "ip:port" or "[v6]:port"; text that is
+/* One synthetic TCP connection: SYN, SYN-ACK, ACK at ts_us, written with its first byte (a connection that never
+ * carried one leaves nothing). Addresses are "ip:port" or "[v6]:port"; text that is
  * not a numeric address is written as 192.0.2.1 (client) / 192.0.2.2 (server); a v4/v6 mix uses IPv4-mapped IPv6.
  * Returns NULL when out of memory; the other calls accept NULL and do nothing. */
 struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *client, const char *server,
 					     int64_t ts_us);
 /* One packet per call (several when len > TAP_PCAPNG_MAX_SEGMENT); len 0 writes nothing. */
 void tap_pcapng_conn_data(struct tap_pcapng_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us);
-/* FIN from the client, ACK, FIN from the broker, ACK; frees c. */
-void tap_pcapng_conn_close(struct tap_pcapng_conn *c, int64_t ts_us);
+/* How a connection ended, as its capture shows it (a replay of the file gives the same end). */
+enum tap_pcapng_end {
+	TAP_PCAPNG_CLIENT_FIN, /* FIN from the client, ACK, FIN from the broker, ACK: a clean end, and every other */
+	TAP_PCAPNG_BROKER_FIN, /* the same, the broker first */
+	TAP_PCAPNG_CLIENT_RST, /* a reset from the client */
+	TAP_PCAPNG_BROKER_RST, /* a reset from the broker */
+};
+/* The end of a connection that ended `how` (tap_conn_end's reason: "client_reset", "broker_eof", ...). */
+enum tap_pcapng_end tap_pcapng_end_of(const char *how);
+/* Writes the end, if the connection carried anything, and frees c. */
+void tap_pcapng_conn_close(struct tap_pcapng_conn *c, enum tap_pcapng_end how, int64_t ts_us);
 
 #endif

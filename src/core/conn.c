@@ -146,7 +146,7 @@ void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 			memset(c->held.data, TAP_REDACT_FILL, c->held.len);
 			cap->data(cap->ctx, c->capture, TAP_C2S, (const uint8_t *)c->held.data, c->held.len, now_us);
 		}
-		cap->close(cap->ctx, c->capture, now_us);
+		cap->close(cap->ctx, c->capture, reason_by, now_us);
 	}
 	tap_buf_deinit(&c->held);
 	for (int d = 0; d < TAP_DIR_COUNT; d++) {

@@ -25,6 +25,7 @@
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
+#define TCP_RST 0x04
 #define TCP_PSH 0x08
 #define TCP_ACK 0x10
 
@@ -45,6 +46,9 @@ struct endpoint {
 struct tap_pcapng_conn {
 	struct tap_pcapng *p;
 	bool v6;
+	bool started; /* the handshake is written: it waits for the first byte, so a connection that carried none
+	               * (a client turned away by TLS, a broker not reached) leaves nothing that never was */
+	int64_t open_us;
 	bool sent_client_data;
 	struct endpoint ep[TAP_DIR_COUNT]; /* indexed by the direction its sender sends in: client at TAP_C2S */
 };
@@ -318,16 +322,25 @@ struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *c
 	c->ep[TAP_C2S].next_seq = (uint32_t)(n * 0x9E3779B1u);
 	c->ep[TAP_S2C].next_seq = (uint32_t)(n * 0x85EBCA77u + 0x1000u);
 
-	write_packet(c, TAP_C2S, TCP_SYN, NULL, 0, ts_us);
-	write_packet(c, TAP_S2C, TCP_SYN | TCP_ACK, NULL, 0, ts_us);
-	write_packet(c, TAP_C2S, TCP_ACK, NULL, 0, ts_us);
+	c->open_us = ts_us;
 	return c;
+}
+
+static void start(struct tap_pcapng_conn *c)
+{
+	if (c->started)
+		return;
+	c->started = true;
+	write_packet(c, TAP_C2S, TCP_SYN, NULL, 0, c->open_us);
+	write_packet(c, TAP_S2C, TCP_SYN | TCP_ACK, NULL, 0, c->open_us);
+	write_packet(c, TAP_C2S, TCP_ACK, NULL, 0, c->open_us);
 }
 
 void tap_pcapng_conn_data(struct tap_pcapng_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us)
 {
-	if (!c)
+	if (!c || len == 0)
 		return;
+	start(c);
 	/* Wireshark's AMQP dissector recognises the protocol header (0-9-1 §4.2.2) only in a packet of its own. */
 	if (dir == TAP_C2S && !c->sent_client_data && len > 8 && memcmp(data, "AMQP", 4) == 0) {
 		write_packet(c, TAP_C2S, TCP_PSH | TCP_ACK, data, 8, ts_us);
@@ -344,13 +357,34 @@ void tap_pcapng_conn_data(struct tap_pcapng_conn *c, enum tap_dir dir, const uin
 	}
 }
 
-void tap_pcapng_conn_close(struct tap_pcapng_conn *c, int64_t ts_us)
+void tap_pcapng_conn_close(struct tap_pcapng_conn *c, enum tap_pcapng_end how, int64_t ts_us)
 {
 	if (!c)
 		return;
-	write_packet(c, TAP_C2S, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
-	write_packet(c, TAP_S2C, TCP_ACK, NULL, 0, ts_us);
-	write_packet(c, TAP_S2C, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
-	write_packet(c, TAP_C2S, TCP_ACK, NULL, 0, ts_us);
+	if (c->started) {
+		enum tap_dir first = how == TAP_PCAPNG_BROKER_FIN || how == TAP_PCAPNG_BROKER_RST ? TAP_S2C : TAP_C2S;
+		enum tap_dir other = first == TAP_C2S ? TAP_S2C : TAP_C2S;
+		if (how == TAP_PCAPNG_CLIENT_RST || how == TAP_PCAPNG_BROKER_RST) {
+			write_packet(c, first, TCP_RST | TCP_ACK, NULL, 0, ts_us);
+		} else {
+			write_packet(c, first, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
+			write_packet(c, other, TCP_ACK, NULL, 0, ts_us);
+			write_packet(c, other, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
+			write_packet(c, first, TCP_ACK, NULL, 0, ts_us);
+		}
+	}
 	free(c);
+}
+
+enum tap_pcapng_end tap_pcapng_end_of(const char *how)
+{
+	if (!how)
+		return TAP_PCAPNG_CLIENT_FIN;
+	if (strcmp(how, "client_reset") == 0)
+		return TAP_PCAPNG_CLIENT_RST;
+	if (strcmp(how, "broker_reset") == 0)
+		return TAP_PCAPNG_BROKER_RST;
+	if (strcmp(how, "broker_eof") == 0)
+		return TAP_PCAPNG_BROKER_FIN;
+	return TAP_PCAPNG_CLIENT_FIN;
 }

@@ -112,7 +112,7 @@ int main(int argc, char **argv)
 		}
 	}
 	for (int k = 0; k < NCONN; k++)
-		tap_pcapng_conn_close(c[k], ts + 1000);
+		tap_pcapng_conn_close(c[k], TAP_PCAPNG_CLIENT_FIN, ts + 1000);
 	tap_pcapng_free(p);
 	fclose(out.f);
 	double t1 = now_s();

@@ -39,10 +39,11 @@ static void cap_data(void *ctx, void *sc, enum tap_dir dir, const uint8_t *data,
 	c->bytes[dir] += len;
 }
 
-static void cap_close(void *ctx, void *sc, int64_t ts)
+static void cap_close(void *ctx, void *sc, const char *how, int64_t ts)
 {
 	(void)ctx;
 	(void)sc;
+	(void)how;
 	(void)ts;
 }
 

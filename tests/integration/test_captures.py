@@ -9,6 +9,7 @@ import glob
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 
 from capture_scenarios import Admin, params, props, replay  # noqa: E402
+from scenario_lib import RawClient  # noqa: E402
 from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, TapTestCase, main, read_records,  # noqa: E402
                         require_broker, wait_for, without_identity)
 
@@ -263,6 +265,34 @@ class LiveEqualsReplay(TapTestCase):
         Return, a non-confirm mandatory publish at the end of --return-window) are stamped with their deadline and
         settled before newer bytes are decoded, live as in replay: equal too, in the same order."""
         self.check_live_equals_replay(timers=True)
+
+    def test_ends_survive_the_capture(self):
+        """The tap's --pcap writes each connection's end as it happened, so a replay gives the same close records: a
+        client's reset is a reset (it was a FIN, and the replay said client_eof); a connection that carried no byte
+        (a client that connected and left, or one TLS turned away) leaves no stream that never was."""
+        d = tempfile.mkdtemp(prefix="amqptap-ends-")
+        self.addCleanup(shutil.rmtree, d, True)
+        cap = os.path.join(d, "ends.pcapng")
+        tap = self.start_tap(["--pcap", cap], frames=False)
+        socket.create_connection(("127.0.0.1", tap.port)).close()  # no byte
+        rc = RawClient(tap.port)
+        rc.method(1, 20, 10, rc.short(""))
+        rc.expect(1, 20, 11)
+        rc.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        rc.sock.close()  # a reset
+        self.assertTrue(wait_for(lambda: len([r for r in tap.records("connection") if r["event"] == "close"]) == 2,
+                                 10), tap.records("connection"))
+        self.assertEqual(tap.stop(), 0, tap.stderr())
+        live = sorted(r["by"] for r in tap.records("connection") if r["event"] == "close")
+        self.assertEqual(live, ["client_eof", "client_reset"])
+        out = os.path.join(d, "replay.jsonl")
+        r = replay(cap, BROKER_PORT, out)
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        self.assertEqual([x["by"] for x in read_records(out) if x["type"] == "connection" and x["event"] == "close"],
+                         ["client_reset"])  # and no stream for the connection that carried nothing
+        syns = subprocess.run(["tshark", "-r", cap, "-Y", "tcp.flags.syn == 1 && tcp.flags.ack == 0"],
+                              capture_output=True, text=True, check=True).stdout.splitlines()
+        self.assertEqual(len(syns), 1, syns)
 
     def test_tshark_decodes_every_frame_live(self):
         _, cap, live, live_frames = self.run_live()

@@ -133,10 +133,11 @@ static void cap_data(void *ctx, void *sc, enum tap_dir dir, const uint8_t *data,
 	s->cap_len[dir] += len;
 }
 
-static void cap_close(void *ctx, void *sc, int64_t ts)
+static void cap_close(void *ctx, void *sc, const char *how, int64_t ts)
 {
 	struct sink *s = ctx;
 	(void)sc;
+	(void)how;
 	(void)ts;
 	s->closed++;
 }

@@ -148,8 +148,8 @@ static void write_two(const char *path, struct tap_buf want[2][2])
 			}
 		}
 	}
-	tap_pcapng_conn_close(a, t + 10);
-	tap_pcapng_conn_close(b, t + 20);
+	tap_pcapng_conn_close(a, TAP_PCAPNG_CLIENT_FIN, t + 10);
+	tap_pcapng_conn_close(b, TAP_PCAPNG_CLIENT_FIN, t + 20);
 	tap_pcapng_free(p);
 	fclose(out);
 }
@@ -203,7 +203,7 @@ START_TEST(flushed_prefix_is_readable)
 	ck_assert_uint_eq(r.bytes[0][1].len, 8);
 	ck_assert_int_eq(r.how[0], TAP_CAPTURE_END_CAPTURE);
 	rb_free(&r);
-	tap_pcapng_conn_close(a, 1000002);
+	tap_pcapng_conn_close(a, TAP_PCAPNG_CLIENT_FIN, 1000002);
 	tap_pcapng_free(p);
 	fclose(out);
 	/* unparsable addresses fall back to documentation addresses, still a valid stream */
@@ -213,7 +213,7 @@ START_TEST(flushed_prefix_is_readable)
 	p = tap_pcapng_new(file_write, out);
 	a = tap_pcapng_conn_open(p, "unix-socket", "rabbit.example:5672", 1000000);
 	tap_pcapng_conn_data(a, TAP_S2C, (const uint8_t *)"x", 1, 1000001);
-	tap_pcapng_conn_close(a, 1000002);
+	tap_pcapng_conn_close(a, TAP_PCAPNG_CLIENT_FIN, 1000002);
 	tap_pcapng_free(p);
 	fclose(out);
 	ck_assert_msg(read_back(path, &r, err, sizeof err) == 0, "%s", err);

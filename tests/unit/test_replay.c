@@ -139,7 +139,7 @@ static void write_capture(const char *path, int cut_at, size_t skip)
 		if (i >= cut_at)
 			tap_pcapng_conn_data(cn, TAP_S2C, s[i].d, s[i].n, t + 530);
 	}
-	tap_pcapng_conn_close(cn, t + 1000);
+	tap_pcapng_conn_close(cn, TAP_PCAPNG_CLIENT_FIN, t + 1000);
 	tap_pcapng_free(p);
 	fclose(out);
 	if (cut_at) { /* drop the SYN: rewrite the file without the first three packet blocks */
@@ -361,8 +361,8 @@ START_TEST(idle_connection_is_closed_with_a_record)
 	struct tap_pcapng_conn *c2 = tap_pcapng_conn_open(p, "127.0.0.1:40002", "127.0.0.1:5672", later);
 	tap_pcapng_conn_data(c2, TAP_C2S, (const uint8_t *)"AMQP\0\0\x09\x01", 8, later);
 	tap_pcapng_conn_data(c1, TAP_S2C, br.d, br.n, later + 1000);
-	tap_pcapng_conn_close(c2, later + 2000);
-	tap_pcapng_conn_close(c1, later + 3000);
+	tap_pcapng_conn_close(c2, TAP_PCAPNG_CLIENT_FIN, later + 2000);
+	tap_pcapng_conn_close(c1, TAP_PCAPNG_CLIENT_FIN, later + 3000);
 	tap_pcapng_free(p);
 	fclose(out);
 	struct lines l = {0};
