@@ -93,7 +93,9 @@ static const struct tap_conf_option options[] = {
 	{.name = "quiet", .short_name = 'q', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
 	 .level = TAP_VERBOSITY_QUIET, .help = "only errors and warnings on stderr"},
 	{.name = "verbose", .short_name = 'v', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
-	 .level = TAP_VERBOSITY_VERBOSE, .help = "also one line per connection opened and closed on stderr"},
+	 .level = TAP_VERBOSITY_VERBOSE,
+	 .help = "also one line per connection opened and closed on stderr (the proxy; replay and sniff write "
+	         "their connection records)"},
 	{.name = "help", .short_name = 'h', .kind = TAP_OPT_HELP, .help = "show this help and exit"},
 	{.name = "version", .short_name = 'V', .kind = TAP_OPT_VERSION,
 	 .help = "show the version, git revision and library versions and exit"},
