@@ -341,6 +341,10 @@ class ReplayDoubleDashTest(TapTestCase):
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertEqual(r.stderr.decode(), "amqptap: replay /nonexistent/x.pcapng: No such file or directory\n")
         self.assertEqual(r.stdout, b"")
+        d = tempfile.mkdtemp(prefix="amqptap-dir-")
+        self.addCleanup(shutil.rmtree, d, True)
+        r = subprocess.run([AMQPTAP_BIN, "replay", d, "-q"], capture_output=True, timeout=30)
+        self.assertEqual((r.returncode, r.stderr.decode()), (1, f"amqptap: replay {d}: Is a directory\n"))
 
 
 if __name__ == "__main__":
