@@ -90,6 +90,8 @@ struct tap_out {
 	int64_t wfirst_us;
 	int werr;
 	struct tap_buf note;
+	size_t note_off;      /* how much of the note (or a cut line's end) is written */
+	struct pollfd wait;   /* what write_all polls: kept off the stack (see OUT_OF_LINE) */
 };
 
 int64_t tap_out_clock_us(void)
@@ -230,15 +232,15 @@ static void loss_note(struct tap_buf *b, const struct tap_out *o, uint64_t lost,
 /* ---- writer thread ---- */
 
 /* Writes len bytes from *off on, waiting as long as the file takes; this is where a writer can be cancelled.
- * Returns 0, or the errno that stopped it with *off at the first byte not written. */
+ * Returns 0, or the errno that stopped it with *off at the first byte not written. (No local of this frame, or
+ * of the frames below it, has its address taken: see OUT_OF_LINE.) */
 static int write_all(struct tap_out *o, const char *data, size_t len, size_t *off)
 {
 	while (*off < len) {
-		int old;
-		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
+		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
 		ssize_t n = write(o->fd, data + *off, len - *off);
 		int err = errno;
-		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 		if (n > 0) {
 			*off += (size_t)n;
 			continue;
@@ -246,10 +248,10 @@ static int write_all(struct tap_out *o, const char *data, size_t len, size_t *of
 		if (n < 0 && err == EINTR)
 			continue;
 		if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) { /* an inherited O_NONBLOCK descriptor */
-			struct pollfd p = {.fd = o->fd, .events = POLLOUT};
-			pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
-			(void)poll(&p, 1, -1); /* whatever it says, the next write tells */
-			pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+			o->wait = (struct pollfd){.fd = o->fd, .events = POLLOUT};
+			pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+			(void)poll(&o->wait, 1, -1); /* whatever it says, the next write tells */
+			pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 			continue;
 		}
 		return n < 0 ? err : EIO;
@@ -319,9 +321,8 @@ static void chunk_failed(struct tap_out *o, const struct chunk *c, size_t off, i
 static bool writer_recover(struct tap_out *o)
 {
 	if (o->partial) {
-		size_t off = 0;
-		int err = write_all(o, "\n", 1, &off);
-		if (err)
+		o->note_off = 0;
+		if (write_all(o, "\n", 1, &o->note_off))
 			return false;
 		o->partial = false;
 	}
@@ -329,10 +330,9 @@ static bool writer_recover(struct tap_out *o)
 		return true;
 	if (o->kind != TAP_OUT_BLOCKS) {
 		loss_note(&o->note, o, o->wlost_unreported, o->wfirst_us, o->werr, false);
-		size_t off = 0;
-		int err = write_all(o, o->note.data, o->note.len, &off);
-		if (err) {
-			if (off > 0 && !remove_cut(o, off))
+		o->note_off = 0;
+		if (write_all(o, o->note.data, o->note.len, &o->note_off)) {
+			if (o->note_off > 0 && !remove_cut(o, o->note_off))
 				o->partial = true;
 			return false;
 		}
@@ -373,15 +373,28 @@ static int open_path(const char *path)
 	return open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
 }
 
+/* The writer thread can be cancelled (tap_out_close) while it waits in write(), poll() or open(). A cancelled
+ * thread's frames are not left the normal way, so under AddressSanitizer the redzones of their address-taken
+ * locals stay poisoned, and the thread's own exit then trips over them. So the frames a cancellation can find hold
+ * no such local: the cancel state is set without asking for the old one (NULL, which glibc allows), what
+ * write_all writes from and polls lives in struct tap_out, and the helpers that need one (fstat) run to their end
+ * out of line. */
+#define OUT_OF_LINE __attribute__((noinline))
+
+static OUT_OF_LINE bool is_fifo(int fd)
+{
+	struct stat st;
+	return fd >= 0 && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
 /* Opens the path again and writes to it from now on; false (errno set) when it cannot be opened. A FIFO without a
  * reader blocks here, where a close may cancel the writer. */
-static bool writer_open_again(struct tap_out *o)
+static OUT_OF_LINE bool writer_open_again(struct tap_out *o)
 {
-	int old;
-	pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, &old);
+	pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
 	int fd = open_path(o->path);
 	int err = errno;
-	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 	if (fd < 0) {
 		errno = err;
 		return false;
@@ -389,8 +402,7 @@ static bool writer_open_again(struct tap_out *o)
 	if (o->fd >= 0)
 		close(o->fd);
 	o->fd = fd;
-	struct stat st;
-	o->pipe = fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+	o->pipe = is_fifo(fd);
 	o->partial = false; /* a cut line stays in the old file, the new one starts clean */
 	o->broken = false;
 	return true;
@@ -398,7 +410,7 @@ static bool writer_open_again(struct tap_out *o)
 
 /* Writer thread: the open tap_out_open left to it (a FIFO without a reader), waiting for a reader as long as it
  * takes. */
-static void writer_open(struct tap_out *o)
+static OUT_OF_LINE void writer_open(struct tap_out *o)
 {
 	if (!writer_open_again(o)) { /* the writes that find no descriptor count the records lost */
 		tap_log_error("--%s %s: cannot open: %s", o->name, o->path, strerror(errno));
@@ -409,7 +421,7 @@ static void writer_open(struct tap_out *o)
 }
 
 /* Whether the file written to was deleted (no name left: what is written to it is lost to every reader). */
-static bool file_deleted(const struct tap_out *o)
+static OUT_OF_LINE bool file_deleted(const struct tap_out *o)
 {
 	struct stat st;
 	return o->path && o->own_fd && o->fd >= 0 && fstat(o->fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 0;
@@ -453,8 +465,7 @@ static void writer_chunk(struct tap_out *o, struct chunk *c)
 static void *writer_main(void *arg)
 {
 	struct tap_out *o = arg;
-	int old;
-	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 	if (o->fd < 0)
 		writer_open(o);
 	pthread_mutex_lock(&o->mu);
@@ -524,8 +535,7 @@ static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_
 	o->fd = fd;
 	o->own_fd = owner == FD_OWNED;
 	o->private_mode = conf->private_mode;
-	struct stat st;
-	o->pipe = fd >= 0 && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+	o->pipe = is_fifo(fd);
 	o->fill = conf->kind == TAP_OUT_TEXT ? chunk_new() : fill_take(o); /* nobody else sees o yet: no lock */
 	tap_buf_init(&o->note);
 	pthread_condattr_t ca;
