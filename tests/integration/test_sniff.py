@@ -350,6 +350,19 @@ class SniffLinks(TapTestCase):
         self.assertIsNone(p.poll(), open(err.name).read())
         return p, verdicts, err
 
+    def veth_pair(self, prefix, *link_args):
+        """A veth pair NAMEa/NAMEb, up (with link_args), removed after the test; returns NAME. Skips the test
+        where one cannot be made (no CAP_NET_ADMIN)."""
+        name = f"{prefix}{os.getpid() % 100000}"
+        r = subprocess.run(["ip", "link", "add", f"{name}a", "type", "veth", "peer", "name", f"{name}b"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            self.skipTest(f"cannot make a veth pair: {r.stderr.strip()}")
+        self.addCleanup(subprocess.run, ["ip", "link", "del", f"{name}a"], capture_output=True)
+        for end in "ab":
+            subprocess.run(["ip", "link", "set", f"{name}{end}", *link_args, "up"], check=True)
+        return name
+
     def stop_sniff(self, p, err):
         p.send_signal(signal.SIGINT)
         self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
@@ -410,14 +423,7 @@ class SniffLinks(TapTestCase):
         other: the records are those `replay` gives for the untagged capture (the kernel takes the tag off into
         packet metadata; libpcap puts it back; the filter's `vlan` clause matches it). Skipped where veth pairs
         cannot be made (no CAP_NET_ADMIN)."""
-        name = f"snv{os.getpid() % 100000}"
-        r = subprocess.run(["ip", "link", "add", f"{name}a", "type", "veth", "peer", "name", f"{name}b"],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            self.skipTest(f"cannot make a veth pair: {r.stderr.strip()}")
-        self.addCleanup(subprocess.run, ["ip", "link", "del", f"{name}a"], capture_output=True)
-        for end in "ab":
-            subprocess.run(["ip", "link", "set", f"{name}{end}", "mtu", "9000", "up"], check=True)
+        name = self.veth_pair("snv", "mtu", "9000")
         cap = os.path.join(SOURCE_DIR, "captures", "confirm_mandatory.pcapng")
         port = int(open(cap[:-len(".pcapng")] + ".port").read().strip())
         frames = [vlan_tag(f, 7) for f in ethernet_frames(cap)]
@@ -440,14 +446,7 @@ class SniffLinks(TapTestCase):
         """The interface is deleted while `sniff` captures on it: one line naming it and libpcap's reason, and the
         sniffer ends with exit 1 rather than capture nothing without a word. Skipped where veth pairs cannot be
         made (no CAP_NET_ADMIN)."""
-        name = f"sng{os.getpid() % 100000}"
-        r = subprocess.run(["ip", "link", "add", f"{name}a", "type", "veth", "peer", "name", f"{name}b"],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            self.skipTest(f"cannot make a veth pair: {r.stderr.strip()}")
-        self.addCleanup(subprocess.run, ["ip", "link", "del", f"{name}a"], capture_output=True)
-        for end in "ab":
-            subprocess.run(["ip", "link", "set", f"{name}{end}", "up"], check=True)
+        name = self.veth_pair("sng")
         with tempfile.TemporaryDirectory() as d:
             p, out, err = self.start_sniff(d, "gone", f"{name}b", [BROKER_PORT])
             subprocess.run(["ip", "link", "del", f"{name}a"], check=True)  # takes its peer with it
