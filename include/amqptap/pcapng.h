@@ -27,8 +27,7 @@ struct tap_pcapng *tap_pcapng_new(tap_pcapng_write_fn write, void *ctx);
 /* Does not free the connections still open. */
 void tap_pcapng_free(struct tap_pcapng *p);
 
-/* One synthetic TCP connection: SYN, SYN-ACK, ACK at ts_us, written with its first byte (a connection that never
- * carried one leaves nothing). Addresses are "ip:port" or "[v6]:port"; text that is
+/* One synthetic TCP connection: SYN, SYN-ACK, ACK at ts_us. Addresses are "ip:port" or "[v6]:port"; text that is
  * not a numeric address is written as 192.0.2.1 (client) / 192.0.2.2 (server); a v4/v6 mix uses IPv4-mapped IPv6.
  * Returns NULL when out of memory; the other calls accept NULL and do nothing. */
 struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *client, const char *server,
@@ -44,7 +43,7 @@ enum tap_pcapng_end {
 };
 /* The end of a connection that ended `how` (tap_conn_end's reason: "client_reset", "broker_eof", ...). */
 enum tap_pcapng_end tap_pcapng_end_of(const char *how);
-/* Writes the end, if the connection carried anything, and frees c. */
+/* Writes the end and frees c. */
 void tap_pcapng_conn_close(struct tap_pcapng_conn *c, enum tap_pcapng_end how, int64_t ts_us);
 
 #endif

@@ -46,9 +46,6 @@ struct endpoint {
 struct tap_pcapng_conn {
 	struct tap_pcapng *p;
 	bool v6;
-	bool started; /* the handshake is written: it waits for the first byte, so a connection that carried none
-	               * (a client turned away by TLS, a broker not reached) leaves nothing that never was */
-	int64_t open_us;
 	bool sent_client_data;
 	struct endpoint ep[TAP_DIR_COUNT]; /* indexed by the direction its sender sends in: client at TAP_C2S */
 };
@@ -322,25 +319,16 @@ struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *c
 	c->ep[TAP_C2S].next_seq = (uint32_t)(n * 0x9E3779B1u);
 	c->ep[TAP_S2C].next_seq = (uint32_t)(n * 0x85EBCA77u + 0x1000u);
 
-	c->open_us = ts_us;
+	write_packet(c, TAP_C2S, TCP_SYN, NULL, 0, ts_us);
+	write_packet(c, TAP_S2C, TCP_SYN | TCP_ACK, NULL, 0, ts_us);
+	write_packet(c, TAP_C2S, TCP_ACK, NULL, 0, ts_us);
 	return c;
-}
-
-static void start(struct tap_pcapng_conn *c)
-{
-	if (c->started)
-		return;
-	c->started = true;
-	write_packet(c, TAP_C2S, TCP_SYN, NULL, 0, c->open_us);
-	write_packet(c, TAP_S2C, TCP_SYN | TCP_ACK, NULL, 0, c->open_us);
-	write_packet(c, TAP_C2S, TCP_ACK, NULL, 0, c->open_us);
 }
 
 void tap_pcapng_conn_data(struct tap_pcapng_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us)
 {
 	if (!c || len == 0)
 		return;
-	start(c);
 	/* Wireshark's AMQP dissector recognises the protocol header (0-9-1 §4.2.2) only in a packet of its own. */
 	if (dir == TAP_C2S && !c->sent_client_data && len > 8 && memcmp(data, "AMQP", 4) == 0) {
 		write_packet(c, TAP_C2S, TCP_PSH | TCP_ACK, data, 8, ts_us);
@@ -361,17 +349,15 @@ void tap_pcapng_conn_close(struct tap_pcapng_conn *c, enum tap_pcapng_end how, i
 {
 	if (!c)
 		return;
-	if (c->started) {
-		enum tap_dir first = how == TAP_PCAPNG_BROKER_FIN || how == TAP_PCAPNG_BROKER_RST ? TAP_S2C : TAP_C2S;
-		enum tap_dir other = first == TAP_C2S ? TAP_S2C : TAP_C2S;
-		if (how == TAP_PCAPNG_CLIENT_RST || how == TAP_PCAPNG_BROKER_RST) {
-			write_packet(c, first, TCP_RST | TCP_ACK, NULL, 0, ts_us);
-		} else {
-			write_packet(c, first, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
-			write_packet(c, other, TCP_ACK, NULL, 0, ts_us);
-			write_packet(c, other, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
-			write_packet(c, first, TCP_ACK, NULL, 0, ts_us);
-		}
+	enum tap_dir first = how == TAP_PCAPNG_BROKER_FIN || how == TAP_PCAPNG_BROKER_RST ? TAP_S2C : TAP_C2S;
+	enum tap_dir other = first == TAP_C2S ? TAP_S2C : TAP_C2S;
+	if (how == TAP_PCAPNG_CLIENT_RST || how == TAP_PCAPNG_BROKER_RST) {
+		write_packet(c, first, TCP_RST | TCP_ACK, NULL, 0, ts_us);
+	} else {
+		write_packet(c, first, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
+		write_packet(c, other, TCP_ACK, NULL, 0, ts_us);
+		write_packet(c, other, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
+		write_packet(c, first, TCP_ACK, NULL, 0, ts_us);
 	}
 	free(c);
 }
