@@ -578,12 +578,13 @@ int tap_capture_open(struct tap_capture **out, const char *path, char *err, size
 		return rc;
 	}
 	struct stat st;
-	if (fstat(fileno(c->f), &st) == 0 && S_ISDIR(st.st_mode)) { /* fopen opens a directory for reading */
+	bool known = fstat(fileno(c->f), &st) == 0;
+	if (known && S_ISDIR(st.st_mode)) { /* fopen opens a directory for reading */
 		int rc = fail(err, cap, TAP_E_IO, "%s: %s", path, strerror(EISDIR));
 		tap_capture_free(c);
 		return rc;
 	}
-	c->stream = fstat(fileno(c->f), &st) == 0 && !S_ISREG(st.st_mode);
+	c->stream = known && !S_ISREG(st.st_mode);
 	if (c->stream) /* stdio would wait to fill its buffer before handing over a packet */
 		setvbuf(c->f, NULL, _IONBF, 0);
 	else

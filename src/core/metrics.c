@@ -694,7 +694,6 @@ static void json_capture(struct tap_json *j, const struct tap_metrics_snapshot *
 	tap_json_obj_end(j);
 }
 
-/* "outputs": records written, dropped whole and failed writes of each output that is on */
 /* "lost_by": {reason: n}, the reasons that lost any. */
 static void json_lost_by(struct tap_json *j, const struct tap_metrics_output *o)
 {
@@ -706,6 +705,7 @@ static void json_lost_by(struct tap_json *j, const struct tap_metrics_output *o)
 	tap_json_obj_end(j);
 }
 
+/* "outputs": records written, dropped whole (and why) and failed writes of each output that is on */
 static void json_outputs(struct tap_json *j, const struct tap_metrics_snapshot *s)
 {
 	tap_json_key(j, "outputs");

@@ -914,8 +914,7 @@ void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s)
 {
 	*s = t->st;
 	s->memory = t->mem;
-	if (s->memory_peak < t->mem) /* grown where no peak was noted (intern tables, heaps) */
-		s->memory_peak = t->mem;
+	s->memory_peak = trk_memory_peak(t);
 }
 
 uint64_t tap_track_confirm_quantile(const struct tap_track *t, double q)

@@ -265,12 +265,16 @@ struct trk_verdict {
 	const struct trk_reason *reason; /* NULL: none */
 };
 
-/* Keeps st.memory_peak at least t->mem: called where the tracker's memory grows (a publish stored, a connection's
- * prefix, a channel) and where the peak is read. */
+/* The most tracking memory so far: the peak noted where memory grows (a publish stored, a connection's prefix, a
+ * channel), or the memory now if it grew since where no peak is noted (intern tables, heaps). */
+static inline uint64_t trk_memory_peak(const struct tap_track *t)
+{
+	return t->mem > t->st.memory_peak ? t->mem : t->st.memory_peak;
+}
+
 static inline void trk_note_peak(struct tap_track *t)
 {
-	if (t->mem > t->st.memory_peak)
-		t->st.memory_peak = t->mem;
+	t->st.memory_peak = trk_memory_peak(t);
 }
 
 static inline struct trk_slot *trk_slot(const struct trk_chan *ch, uint64_t n)

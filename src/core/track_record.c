@@ -697,7 +697,7 @@ void trk_summary(const struct tap_track *t, struct tap_buf *out)
 	               " (%" PRIu64 " for memory), headers truncated %" PRIu64 ", header values truncated %" PRIu64
 	               ", malformed traceparent %" PRIu64 ", short of memory %" PRIu64 " times (records lost %" PRIu64
 	               ", connections not followed %" PRIu64 ")\n",
-	               t->mem, t->st.memory_peak > t->mem ? t->st.memory_peak : t->mem, t->conf.max_memory, t->st.evicted, t->st.evicted_memory,
+	               t->mem, trk_memory_peak(t), t->conf.max_memory, t->st.evicted, t->st.evicted_memory,
 	               t->st.headers_truncated, t->st.header_values_truncated, t->st.traceparent_malformed, t->st.oom,
 	               t->st.records_oom, t->st.conns_unfollowed);
 }
