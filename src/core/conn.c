@@ -52,6 +52,7 @@ struct direction {
 	uint64_t fed;     /* bytes fed so far: the stream offset of the next chunk */
 	uint64_t decoded; /* the stream offset after the last whole frame decoded */
 	struct tap_buf body_prefix; /* first body_bytes of the current body frame, for the trace */
+	bool bad_method_seen; /* a method that did not decode got its decode_error record */
 };
 
 #define MAX_HEADER_KEYS 64
@@ -547,6 +548,88 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 	}
 }
 
+/* How many of the bytes at the error a decode_error record may show (data: from the error's offset on, len of
+ * them here). Within the 8-byte protocol header, those: a peer that speaks something else (HTTP, TLS, AMQP 1.0)
+ * shows what it speaks. Past it, only what says what the frame is, never what it carries: a method's arguments
+ * may be a secret (update-secret), a content header holds header values, a body the message. So a frame's 7-byte
+ * header, and for a method its class and method ids; the one end octet that was wrong; and nothing of the client's
+ * frames before the login finished (where a frame header may not be where the decoder thinks). */
+static size_t shown_bytes(const struct tap_conn *c, enum tap_dir dir, int status, uint64_t at, uint64_t data_offset,
+			  const uint8_t *data, size_t len)
+{
+	size_t keep;
+	if (data_offset < 8)
+		keep = (size_t)(8 - data_offset);
+	else if ((dir == TAP_C2S && !c->login_done) || data_offset != at) /* at: in an earlier chunk */
+		keep = 0;
+	else if (status == TAP_E_BAD_FRAME_END)
+		keep = 1;
+	else
+		keep = len > 0 && data[0] == TAP_FRAME_METHOD ? 7 + 4 : 7;
+	return len < keep ? len : keep;
+}
+
+static void decode_error_record(struct tap_conn *c, enum tap_dir dir, int status, uint64_t at, const uint8_t *shown,
+				size_t n_shown, int64_t now_us)
+{
+	struct tap_observer *o = c->o;
+	struct tap_json j;
+	tap_buf_reset(&o->scratch);
+	tap_json_init(&j, &o->scratch);
+	tap_json_obj_begin(&j);
+	o->decode_errors++;
+	tap_json_kv_str(&j, "type", "decode_error");
+	tap_json_kv_ts(&j, "ts", now_us);
+	const char *run = tap_track_run(o->track);
+	if (run[0])
+		tap_json_kv_str(&j, "run", run);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_str(&j, "dir", tap_dir_name(dir));
+	tap_json_kv_uint(&j, "offset", at);
+	tap_json_kv_str(&j, "reason", tap_strerror(status));
+	tap_json_kv_str(&j, "status", tap_status_name(status));
+	tap_json_key(&j, "hex");
+	tap_json_hex(&j, shown, n_shown);
+	tap_json_obj_end(&j);
+	if (o->emit)
+		o->emit(o->emit_ctx, o->scratch.data, o->scratch.len);
+}
+
+/* The record names the stream offset `at` of the error and shows some bytes from there (from the chunk start
+ * when the error lies in an earlier chunk): see shown_bytes. Decoding of that direction stops. */
+static void decode_error(struct tap_conn *c, enum tap_dir dir, int status, uint64_t at, const uint8_t *chunk,
+			 size_t chunk_len, uint64_t chunk_offset, int64_t now_us)
+{
+	const uint8_t *data = chunk;
+	size_t len = chunk_len;
+	uint64_t data_offset = chunk_offset;
+	if (at >= chunk_offset && at - chunk_offset < chunk_len) {
+		data += at - chunk_offset;
+		len -= (size_t)(at - chunk_offset);
+		data_offset = at;
+	}
+	decode_error_record(c, dir, status, at, data, shown_bytes(c, dir, status, at, data_offset, data, len), now_us);
+}
+
+/* A whole method frame whose payload did not decode (a class or method this dialect does not have, arguments
+ * cut short, a bad table): its frame boundaries hold, so decoding goes on. The first of each direction gets a
+ * record showing the frame header and the class and method ids, as shown_bytes would; the peer usually ends
+ * the connection at once (RabbitMQ closes the socket on a client's), and a broker's later ones would only
+ * repeat it. */
+static void bad_method(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int status, int64_t now_us)
+{
+	struct direction *d = &c->dir[dir];
+	if (d->bad_method_seen)
+		return;
+	d->bad_method_seen = true;
+	uint8_t shown[TAP_FRAME_HEADER_SIZE + 4] = {TAP_FRAME_METHOD, (uint8_t)(ev->channel >> 8), (uint8_t)ev->channel};
+	for (int i = 0; i < 4; i++)
+		shown[3 + i] = (uint8_t)(ev->len >> (24 - 8 * i));
+	size_t ids = ev->len < 4 ? ev->len : 4;
+	memcpy(shown + TAP_FRAME_HEADER_SIZE, ev->data, ids);
+	decode_error_record(c, dir, status, ev->offset, shown, TAP_FRAME_HEADER_SIZE + ids, now_us);
+}
+
 /* Stream offsets to overwrite in the capture copy of this chunk. When the array is full the last range grows
  * over the new one: more is hidden, never less. */
 static void redact_add(struct tap_conn *c, uint64_t off, size_t len)
@@ -585,8 +668,10 @@ static void on_method(struct tap_conn *c, enum tap_dir dir, const struct tap_fra
 	int rc = tap_dialect_method_decode(ev->version, ev->data, ev->len, &m);
 	if (dir == TAP_C2S && c->capture)
 		redact_method(c, ev, &m, rc);
-	if (rc != TAP_OK || !m.def)
-		return; /* the frame trace shows the error; tracking has nothing to act on */
+	if (rc != TAP_OK || !m.def) {
+		bad_method(c, dir, ev, rc != TAP_OK ? rc : TAP_E_UNKNOWN_METHOD, now_us);
+		return; /* tracking has nothing to act on */
+	}
 	if (ev->channel != 0) {
 		struct channel *ch = channel_get(c, ev->channel);
 		if (ch && ch->dir[dir].kind != PENDING_NONE)
@@ -621,64 +706,6 @@ static void trace_frame(struct tap_conn *c, enum tap_dir dir, const struct tap_f
 			d->body_prefix.len);
 	o->frames->line(o->frames->ctx, o->scratch.data, o->scratch.len);
 	tap_buf_reset(&d->body_prefix);
-}
-
-/* How many of the bytes at the error a decode_error record may show (data: from the error's offset on, len of
- * them here). Within the 8-byte protocol header, those: a peer that speaks something else (HTTP, TLS, AMQP 1.0)
- * shows what it speaks. Past it, only what says what the frame is, never what it carries: a method's arguments
- * may be a secret (update-secret), a content header holds header values, a body the message. So a frame's 7-byte
- * header, and for a method its class and method ids; the one end octet that was wrong; and nothing of the client's
- * frames before the login finished (where a frame header may not be where the decoder thinks). */
-static size_t shown_bytes(const struct tap_conn *c, enum tap_dir dir, int status, uint64_t at, uint64_t data_offset,
-			  const uint8_t *data, size_t len)
-{
-	size_t keep;
-	if (data_offset < 8)
-		keep = (size_t)(8 - data_offset);
-	else if ((dir == TAP_C2S && !c->login_done) || data_offset != at) /* at: in an earlier chunk */
-		keep = 0;
-	else if (status == TAP_E_BAD_FRAME_END)
-		keep = 1;
-	else
-		keep = len > 0 && data[0] == TAP_FRAME_METHOD ? 7 + 4 : 7;
-	return len < keep ? len : keep;
-}
-
-/* The record names the stream offset `at` of the error and shows some bytes from there (from the chunk start
- * when the error lies in an earlier chunk): see shown_bytes. */
-static void decode_error(struct tap_conn *c, enum tap_dir dir, int status, uint64_t at, const uint8_t *chunk,
-			 size_t chunk_len, uint64_t chunk_offset, int64_t now_us)
-{
-	struct tap_observer *o = c->o;
-	const uint8_t *data = chunk;
-	size_t len = chunk_len;
-	uint64_t data_offset = chunk_offset;
-	if (at >= chunk_offset && at - chunk_offset < chunk_len) {
-		data += at - chunk_offset;
-		len -= (size_t)(at - chunk_offset);
-		data_offset = at;
-	}
-	len = shown_bytes(c, dir, status, at, data_offset, data, len);
-	struct tap_json j;
-	tap_buf_reset(&o->scratch);
-	tap_json_init(&j, &o->scratch);
-	tap_json_obj_begin(&j);
-	o->decode_errors++;
-	tap_json_kv_str(&j, "type", "decode_error");
-	tap_json_kv_ts(&j, "ts", now_us);
-	const char *run = tap_track_run(o->track);
-	if (run[0])
-		tap_json_kv_str(&j, "run", run);
-	tap_json_kv_uint(&j, "conn", c->id);
-	tap_json_kv_str(&j, "dir", tap_dir_name(dir));
-	tap_json_kv_uint(&j, "offset", at);
-	tap_json_kv_str(&j, "reason", tap_strerror(status));
-	tap_json_kv_str(&j, "status", tap_status_name(status));
-	tap_json_key(&j, "hex");
-	tap_json_hex(&j, data, len);
-	tap_json_obj_end(&j);
-	if (o->emit)
-		o->emit(o->emit_ctx, o->scratch.data, o->scratch.len);
 }
 
 /* Where the client bytes that must still be held start: the first byte of an unfinished frame that may be a

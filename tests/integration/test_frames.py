@@ -497,6 +497,29 @@ class FramesTest(ScenarioCase):
         self.assertTrue(0 <= e["offset"] < len(AMQP10_HEADER))
         self.assertEqual(e["hex"], AMQP10_HEADER[e["offset"]:].hex())
 
+    # 4c. a method of a class RabbitMQ does not have, after a real handshake: its frame is whole, so the tap writes
+    # one decode_error (header and ids only) and keeps decoding. RabbitMQ 3.x sends no close: its reader crashes
+    # on unknown_method_id and the socket closes
+    # (a reset when bytes it never read were left).
+    def test_unknown_method_is_reported_and_decoding_goes_on(self):
+        tap = self.start_tap()
+        rc = CountingRawClient(tap.port)
+        rc.method(1, 20, 10, rc.short(""))
+        rc.expect(1, 20, 11)
+        at = rc.sent
+        rc.method(1, 99, 7, b"secret-args")
+        self.assertEqual(read_to_eof(rc.sock), b"")
+        rc.close()
+        wait_for(lambda: [r for r in tap.records("connection") if r.get("event") == "close"], 5)
+        self.assertEqual(tap.stop(), 0)
+        errs = tap.records("decode_error")
+        self.assertEqual(len(errs), 1, json.dumps(errs))
+        self.assertEqual((errs[0]["dir"], errs[0]["offset"], errs[0]["status"]), ("c2s", at, "TAP_E_UNKNOWN_METHOD"))
+        self.assertEqual(errs[0]["hex"], struct.pack(">BHIHH", 1, 1, 4 + len(b"secret-args"), 99, 7).hex())
+        close = [r for r in tap.records("connection") if r.get("event") == "close"]
+        self.assertEqual(len(close), 1, json.dumps(close))
+        self.assertIn(close[0]["by"], ("broker_eof", "broker_reset"), json.dumps(close))
+
     # 4b. bad end octet after a real handshake: one decode_error, bytes still reach the broker, tap keeps serving
     def test_bad_frame_end_transparent(self):
         tap = self.start_tap()

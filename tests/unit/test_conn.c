@@ -663,6 +663,43 @@ START_TEST(thousands_of_channels_keep_their_publishes_apart)
 }
 END_TEST
 
+/* A method frame that does not decode (a class this dialect does not have; a known method cut short) keeps its
+ * frame boundaries: decoding goes on and a later publish gets its record. The first of each direction is a
+ * decode_error record showing the frame header and the two ids, nothing of the arguments; later ones repeat
+ * nothing. */
+START_TEST(undecodable_method_is_reported_once_and_decoding_goes_on)
+{
+	struct tap_bytes cl = {0}, br = {0}, a = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	plain_start_ok(&cl);
+	open_session(&cl);
+	size_t unknown_at = cl.n;
+	tap_build_method(&cl, 1, TAP_METHOD_ID(99, 7), PASSWORD, 2);
+	tap_build_method(&cl, 1, TAP_BASIC_QOS, "\0\0", 2); /* prefetch-size cut short */
+	publish(&cl, 1, "after", "id-1", 2, "ok");
+	tap_build_shortstr(&a, "");
+	tap_build_method(&br, 0, TAP_CONNECTION_OPEN_OK, a.d, a.n);
+	size_t cut_at = br.n;
+	tap_build_method(&br, 1, TAP_BASIC_RETURN, "\x01", 1); /* reply-code cut short */
+	tap_build_method(&br, 1, TAP_BASIC_RETURN, "\x01", 1);
+	static struct sink s;
+	run_streams(&s, &cl, &br, 0, 0);
+	ck_assert_uint_eq(count(s.records, "\"type\":\"decode_error\""), 2);
+	char want[160];
+	snprintf(want, sizeof want, "\"dir\":\"c2s\",\"offset\":%zu,\"reason\":\"unknown class or method\","
+		 "\"status\":\"TAP_E_UNKNOWN_METHOD\",\"hex\":\"0100010000000600630007\"", unknown_at);
+	ck_assert_msg(strstr(s.records, want), "no %s in %s", want, s.records);
+	snprintf(want, sizeof want, "\"dir\":\"s2c\",\"offset\":%zu,", cut_at);
+	ck_assert_msg(strstr(s.records, want), "no %s in %s", want, s.records);
+	ck_assert_ptr_nonnull(strstr(s.records, "\"status\":\"TAP_E_TRUNCATED\",\"hex\":\"01000100000005003c0032\""));
+	ck_assert_uint_eq(count(s.records, "\"type\":\"publish\""), 1);
+	ck_assert_ptr_nonnull(strstr(s.records, "\"routing_key\":\"after\""));
+	tap_build_free(&a);
+	tap_build_free(&cl);
+	tap_build_free(&br);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("conn");
@@ -681,6 +718,7 @@ int main(void)
 	tcase_add_test(tc, client_properties_by_type);
 	tcase_add_test(tc, cut_content_still_gets_its_record);
 	tcase_add_test(tc, thousands_of_channels_keep_their_publishes_apart);
+	tcase_add_test(tc, undecodable_method_is_reported_once_and_decoding_goes_on);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
