@@ -10,6 +10,7 @@
 #include <string.h>
 
 static const struct trk_reason no_memory = {.by = "no_memory"};
+static const struct trk_reason ambiguous_return = {.by = "ambiguous_return"};
 static const struct trk_reason evicted = {.by = "evicted"};
 static const struct trk_reason evicted_for_memory = {
     .by = "evicted", .text = (const uint8_t *)"max-tracking-memory", .text_len = sizeof "max-tracking-memory" - 1};
@@ -29,7 +30,7 @@ void trk_emit(struct tap_track *t)
 
 /* What ev does to the publish in slot e (see the drawing above enum trk_state): the state it moves to, and for
  * DONE the verdict its record is written with. Reads e, changes nothing. */
-static enum trk_state verdict_of(const struct trk_slot *e, enum trk_event ev, const struct trk_reason *why,
+static enum trk_state route_of(const struct trk_slot *e, enum trk_event ev, const struct trk_reason *why,
                                  struct trk_verdict *vd)
 {
 	bool confirm_mode = e->flags & TRK_FLAG_CONFIRM;
@@ -103,6 +104,20 @@ static enum trk_state verdict_of(const struct trk_slot *e, enum trk_event ev, co
 		return TRK_STATE_DONE;
 	}
 	return TRK_STATE_WAIT;
+}
+
+/* route_of, and a publish an ambiguous Return may have been for is never routed or unproven: unknown. */
+static enum trk_state verdict_of(const struct trk_slot *e, enum trk_event ev, const struct trk_reason *why,
+                                 struct trk_verdict *vd)
+{
+	enum trk_state next = route_of(e, ev, why, vd);
+	if (next == TRK_STATE_DONE && (e->flags & TRK_FLAG_AMBIGUOUS) &&
+	    (vd->route == TAP_TRACK_ROUTE_ROUTED || vd->route == TAP_TRACK_ROUTE_UNPROVEN)) {
+		vd->route = TAP_TRACK_ROUTE_UNKNOWN;
+		if (!vd->reason)
+			vd->reason = &ambiguous_return;
+	}
+	return next;
 }
 
 static void count_verdict(struct tap_track_conn *c, const struct trk_view *v, const struct trk_verdict *vd)
@@ -617,7 +632,6 @@ void tap_track_nack(struct tap_track_conn *c, uint16_t ch, uint64_t tag, bool mu
 	confirm(c, ch, tag, multiple, TRK_EVENT_NACK, now_us);
 }
 
-/* The earliest outstanding mandatory publish the Return matches (PROTOCOL §9), or false. */
 /* Ends what ch still waits for (only the mandatory publishes not returned yet, if mandatory_only) as whatever
  * would have decided it was lost (TRK_EVENT_GAP, reason why), each given flags first. The channel is pinned
  * meanwhile, so that its ring keeps its place while slots are released. */
@@ -640,51 +654,96 @@ static void chan_end_waiting(struct tap_track_conn *c, struct trk_chan *ch, bool
 	trk_chan_unpin(c->t, ch);
 }
 
+/* Which outstanding mandatory publishes of ch the Return may be for: those not returned yet with its exchange,
+ * routing key and body size, and its message_id when it has one. RabbitMQ sends a publish's Return before its
+ * Ack (PROTOCOL §9), so those not yet acked (WAIT) come first; only when none is left do the acked ones held
+ * for a late Return (HELD: the broker would have broken that order) count. Of the first kind found, n and the
+ * first and last slot. */
+struct return_match {
+	uint32_t key; /* the interned exchange and routing key */
+	enum trk_state state;
+	uint64_t n, first, last;
+};
+
+static bool slot_may_be(const struct trk_chan *ch, const struct trk_slot *e, uint32_t key, const struct tap_return *r)
+{
+	if (e->state == TRK_STATE_DONE || e->route_key != key || e->body_size != r->body_size ||
+	    (e->flags & (TRK_FLAG_MANDATORY | TRK_FLAG_RETURNED)) != TRK_FLAG_MANDATORY)
+		return false;
+	if (!r->has_message_id)
+		return true;
+	if (!(e->flags & TRK_FLAG_HAS_MESSAGE_ID) || (e->flags & TRK_FLAG_NO_BLOB) || e->message_id_len != r->message_id.len)
+		return false;
+	const uint8_t *mid = tap_arena_ptr(&ch->arena, e->blob) + ((e->flags & TRK_FLAG_HAS_TIMESTAMP) ? sizeof(uint64_t) : 0);
+	return e->message_id_len == 0 || memcmp(mid, r->message_id.ptr, e->message_id_len) == 0;
+}
+
 static bool return_match(const struct tap_track_conn *c, const struct trk_chan *ch, const struct tap_return *r,
-                         uint64_t *found)
+                         struct return_match *m)
 {
 	uint32_t key = tap_intern_find(&c->keys, TRK_TAG_ROUTE, r->exchange.ptr, r->exchange.len, r->routing_key.ptr,
 	                               r->routing_key.len);
 	if (key == TAP_INTERN_NONE)
 		return false;
+	struct return_match held = {.key = key, .state = TRK_STATE_HELD};
+	*m = (struct return_match){.key = key, .state = TRK_STATE_WAIT};
 	for (uint64_t n = ch->base; n < ch->next; n++) {
 		const struct trk_slot *e = trk_slot(ch, n);
-		if (e->state == TRK_STATE_DONE || e->route_key != key || e->body_size != r->body_size ||
-		    (e->flags & (TRK_FLAG_MANDATORY | TRK_FLAG_RETURNED)) != TRK_FLAG_MANDATORY)
+		if (!slot_may_be(ch, e, key, r))
 			continue;
-		if (r->has_message_id) {
-			if (!(e->flags & TRK_FLAG_HAS_MESSAGE_ID) || (e->flags & TRK_FLAG_NO_BLOB) ||
-			    e->message_id_len != r->message_id.len)
-				continue;
-			const uint8_t *mid =
-			    tap_arena_ptr(&ch->arena, e->blob) + ((e->flags & TRK_FLAG_HAS_TIMESTAMP) ? sizeof(uint64_t) : 0);
-			if (e->message_id_len && memcmp(mid, r->message_id.ptr, e->message_id_len) != 0)
-				continue;
-		}
-		*found = n;
-		return true;
+		struct return_match *k = e->state == TRK_STATE_WAIT ? m : &held;
+		if (k->n++ == 0)
+			k->first = n;
+		k->last = n;
 	}
-	return false;
+	if (m->n == 0)
+		*m = held;
+	return m->n > 0;
+}
+
+/* A Return more than one publish may be for: each of them is flagged (its record will say unknown unless a
+ * Return of its own comes), and one ambiguous_return warning names them. */
+static void return_ambiguous(struct tap_track_conn *c, struct trk_chan *ch, const struct tap_return *r,
+                             const struct return_match *m, int64_t now_us)
+{
+	for (uint64_t n = m->first; n <= m->last; n++) {
+		struct trk_slot *e = trk_slot(ch, n);
+		if (e->state == m->state && slot_may_be(ch, e, m->key, r))
+			e->flags |= TRK_FLAG_AMBIGUOUS;
+	}
+	bool confirm_mode = trk_slot(ch, m->first)->flags & TRK_FLAG_CONFIRM;
+	struct tap_track *t = c->t;
+	trk_record_return_warning(&t->render, c, ch->id, r, "ambiguous_return", m->n,
+	                          confirm_mode ? m->first - ch->sel_off : 0, confirm_mode ? m->last - ch->sel_off : 0,
+	                          now_us);
+	trk_emit(t);
+	t->st.warnings++;
+	t->st.warnings_by_rule[TAP_TRACK_RULE_AMBIGUOUS_RETURN]++;
 }
 
 void tap_track_return(struct tap_track_conn *c, uint16_t id, const struct tap_return *r, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_find(c, id);
-	uint64_t n;
+	struct return_match m;
 	if (r->details_lost) { /* any mandatory publish waiting on the channel may be the one: none is routed for sure */
 		c->t->st.oom++;
 		if (ch)
 			chan_end_waiting(c, ch, true, 0, &no_memory, now_us);
 		return;
 	}
-	if (!ch || !ch->live || !return_match(c, ch, r, &n)) {
-		trk_record_unmatched_return(&c->t->render, c, id, r, now_us);
+	if (!ch || !ch->live || !return_match(c, ch, r, &m)) {
+		trk_record_return_warning(&c->t->render, c, id, r, "unmatched_return", 0, 0, 0, now_us);
 		trk_emit(c->t);
 		c->t->st.warnings++;
 		c->t->st.warnings_by_rule[TAP_TRACK_RULE_UNMATCHED_RETURN]++;
 		c->t->st.unmatched_returns++;
 		return;
 	}
+	if (m.n > 1) {
+		return_ambiguous(c, ch, r, &m, now_us);
+		return;
+	}
+	uint64_t n = m.first;
 	struct trk_slot *e = trk_slot(ch, n);
 	e->flags |= TRK_FLAG_RETURNED;
 	e->t_ret = now_us;

@@ -41,6 +41,9 @@ enum trk_tag {
  *   HELD --late Return---------------------------------------> DONE returned/ack, ack_before_return
  *   HELD --hold over, or end---------------------------------> DONE routed/ack
  *
+ * AMBIGUOUS (a Return matched it and others alike): where the arrows above say routed or unproven, the record
+ * says unknown (reason ambiguous_return): the tap cannot tell whether this was the publish that came back.
+ *
  * "settled": the broker answered everything before this end (close-ok to the client's close, tx.commit-ok). */
 enum trk_state {
 	TRK_STATE_DONE = 0,
@@ -77,6 +80,8 @@ enum trk_flag {
 	TRK_FLAG_CULPRIT = 1 << 14,  /* the publish the broker's close names */
 	TRK_FLAG_REFUSABLE = 1 << 15, /* what RabbitMQ refuses whatever the route: immediate, or a user_id not the login's */
 	TRK_FLAG_CUT = 1 << 16,       /* its content never finished: the broker never had the whole message */
+	TRK_FLAG_AMBIGUOUS = 1 << 17, /* a Return may have been its: it and others matched one that had no way to
+	                                 tell them apart (no or the same message_id) */
 };
 
 /* How the broker's publish-caused close (if any) on a channel pointed at the publish it refused. */
@@ -393,8 +398,11 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 /* A publisher anti-pattern seen on publish seq of channel ch. */
 void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
                         uint64_t seq, int64_t now_us);
-void trk_record_unmatched_return(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
-                                 const struct tap_return *ret, int64_t now_us);
+/* A Return as a warning: rule unmatched_return (seq_first 0), or ambiguous_return with the confirm sequence
+ * numbers of the first and last of the n publishes it may belong to (0: not in confirm mode). */
+void trk_record_return_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
+                               const struct tap_return *ret, const char *rule, uint64_t n, uint64_t seq_first,
+                               uint64_t seq_last, int64_t now_us);
 void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *event,
                         int64_t now_us);
 /* culprit (NULL: none) is the JSON object of trk_render_culprit. */

@@ -510,14 +510,25 @@ void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, ui
 	tap_json_obj_end(&j);
 }
 
-void trk_record_unmatched_return(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
-                                 const struct tap_return *ret, int64_t now_us)
+void trk_record_return_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
+                               const struct tap_return *ret, const char *rule, uint64_t n, uint64_t seq_first,
+                               uint64_t seq_last, int64_t now_us)
 {
 	struct tap_json j;
 	rec_begin(r, &j, "warning", now_us);
 	tap_json_kv_uint(&j, "conn", c->id);
 	tap_json_kv_uint(&j, "channel", ch);
-	tap_json_kv_str(&j, "rule", "unmatched_return");
+	tap_json_kv_str(&j, "rule", rule);
+	if (n) {
+		tap_json_kv_uint(&j, "candidates", n);
+		if (seq_first) {
+			tap_json_kv_uint(&j, "seq_first", seq_first);
+			tap_json_kv_uint(&j, "seq_last", seq_last);
+		} else {
+			tap_json_kv_null(&j, "seq_first");
+			tap_json_kv_null(&j, "seq_last");
+		}
+	}
 	tap_json_kv_strn(&j, "exchange", ret->exchange.ptr, ret->exchange.len);
 	tap_json_kv_strn(&j, "routing_key", ret->routing_key.ptr, ret->routing_key.len);
 	if (ret->has_message_id)

@@ -14,6 +14,7 @@ static const char *const rule_names[TAP_TRACK_N_RULES] = {
     [TAP_TRACK_RULE_PUBLISH_AND_WAIT] = "publish_and_wait",
     [TAP_TRACK_RULE_CHANNEL_CHURN] = "channel_churn",
     [TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID] = "duplicate_message_id",
+    [TAP_TRACK_RULE_AMBIGUOUS_RETURN] = "ambiguous_return",
 };
 
 const char *tap_track_rule_name(enum tap_track_rule rule)

@@ -2,13 +2,15 @@
 # through the tap, and every test checks the invariant — one `publish` record per basic.publish, matched by the
 # message_id each publish carries — and the route / confirm / reply_code / order the broker's answer implies.
 
+import json
 import signal
+import struct
 
 import pika
 import pika.exceptions
 
 from tapharness import main
-from scenario_lib import ScenarioCase, frame_lines, publish_records, traced_publishes
+from scenario_lib import RawClient, ScenarioCase, frame_lines, publish_records, traced_publishes
 
 MIB = 1024 * 1024
 
@@ -219,6 +221,55 @@ class ConfirmAndMandatory(ScenarioCase):
             self.assertNotEqual(r["route"], "routed", f"a nacked publish is not proven routed: {r}")
             self.assertNotEqual(r["route"], "returned", r)
 
+
+    def test_8_returns_without_message_ids_are_never_guessed(self):
+        """A headers exchange on a confirm channel, 40 mandatory publishes pipelined without message ids, every
+        other one matching the binding: same exchange, routing key and size, so a Return names no one publish.
+        No record may contradict what the broker did (read back from the queue); a publish the tap cannot place
+        is unknown with reason ambiguous_return, and an ambiguous_return warning names the candidates."""
+        x = self.declare_exchange("h", "headers")
+        q = self.declare_queue("q")
+        self.admin().queue_bind(q, x, "", arguments={"x-match": "all", "k": "v"})
+        tap = self.start_tap()
+        rc = RawClient(tap.port)
+        rc.open_confirm_channel(1)
+        n = 40
+        for i in range(n):
+            entries = b"".join(rc.short(k) + b"S" + rc.long(v.encode())
+                               for k, v in (("k", "v" if i % 2 == 0 else "w"), ("n", f"{i:02d}")))
+            rc.method(1, 60, 40, struct.pack(">H", 0) + rc.short(x) + rc.short("") + b"\x01")
+            rc.frame(2, 1, struct.pack(">HHQH", 60, 0, 4, 0x2000) + rc.long(entries))
+            rc.frame(3, 1, b"body")
+        acked = 0
+        while acked < n:
+            ftype, ch, payload = rc.read_frame()
+            if ftype == 1 and payload[:4] == struct.pack(">HH", 60, 80):
+                acked = max(acked, struct.unpack(">Q", payload[4:12])[0])
+        rc.method(0, 10, 50, struct.pack(">H", 200) + rc.short("") + struct.pack(">HH", 0, 0))
+        rc.expect(0, 10, 51)
+        rc.close()
+        routed = set()
+        admin = self.admin()
+        while True:
+            m, props, _ = admin.basic_get(q, auto_ack=True)
+            if m is None:
+                break
+            routed.add(props.headers["n"])
+        self.assertEqual(routed, {f"{i:02d}" for i in range(0, n, 2)})
+        recs = self.stop_tap(tap)
+        self.assertSeqsOnce(recs, n)
+        wrong = [(r["seq"], r["route"]) for r in recs
+                 if r["route"] in ("routed", "returned") and (r["route"] == "routed") != (f"{r['seq'] - 1:02d}" in routed)]
+        self.assertEqual(wrong, [], "records contradicting the broker")
+        unknown = [r for r in recs if r["route"] == "unknown"]
+        self.assertTrue(all(r["reason"] == {"by": "ambiguous_return"} and r["confirm"] == "ack" for r in unknown),
+                        json.dumps(unknown[:3]))
+        warnings = [json.loads(line) for line in open(tap.verdicts)]
+        ambiguous = [w for w in warnings if w.get("type") == "warning" and w.get("rule") == "ambiguous_return"]
+        self.assertEqual(bool(unknown), bool(ambiguous))
+        for w in ambiguous:
+            self.assertGreaterEqual(w["candidates"], 2)
+            self.assertEqual((w["exchange"], w["routing_key"], w["reply_code"]), (x, "", 312))
 
 class LargeInterleavedTx(ScenarioCase):
     def test_10a_large_message_many_body_frames(self):

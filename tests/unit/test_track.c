@@ -357,6 +357,14 @@ static struct tap_publish pub(const char *x, const char *rk, bool mandatory)
 	return (struct tap_publish){.exchange = S(x), .routing_key = S(rk), .mandatory = mandatory, .body_size = 12};
 }
 
+static struct tap_publish pub_id(const char *x, const char *rk, bool mandatory, const char *id)
+{
+	struct tap_publish p = pub(x, rk, mandatory);
+	p.message_id = S(id);
+	p.has_message_id = true;
+	return p;
+}
+
 static struct tap_return ret(const char *x, const char *rk)
 {
 	return (struct tap_return){
@@ -622,12 +630,16 @@ END_TEST
 START_TEST(ack_before_return)
 {
 	confirm_channel(1);
-	struct tap_publish p = pub("x.d", "nomatch", true);
+	struct tap_publish p = pub_id("x.d", "nomatch", true, "a");
 	tap_track_publish(c, 1, &p, T0);
+	p.message_id = S("b");
 	tap_track_publish(c, 1, &p, T0);
 	tap_track_ack(c, 1, 2, true, T0 + 100);
 	struct tap_return r = ret("x.d", "nomatch");
+	r.has_message_id = true;
+	r.message_id = S("a");
 	tap_track_return(c, 1, &r, T0 + 120);
+	r.message_id = S("b");
 	tap_track_return(c, 1, &r, T0 + 130);
 	ck_assert_uint_eq(n_seen, 2);
 	const struct seen *a = verdict_seq(1, 1);
@@ -830,13 +842,60 @@ START_TEST(return_pairs_earliest_match_with_message_id)
 	const char *rec = nth("publish", 0);
 	assert_field(rec, "seq", "null");
 	assert_field(rec, "order", "null");
+	/* without its id the Return may be m1's or m3's: neither is guessed */
 	r.has_message_id = false;
 	tap_track_return(c, 1, &r, T0 + 11);
+	ck_assert_uint_eq(n_seen, 1);
+	ck_assert_uint_eq(count_rule("ambiguous_return"), 1);
+	const char *w = nth_rule("ambiguous_return", 0);
+	assert_field(w, "candidates", "2");
+	assert_field(w, "seq_first", "null");
+	assert_field(w, "reply_code", "312");
+	tap_track_tick(t, T0 + 3 + TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
+	ck_assert_uint_eq(n_seen, 3);
+	for (size_t k = 1; k < 3; k++) {
+		assert_verdict(verdict(k), UNKNOWN, NONE, NO_ORDER);
+		ck_assert_str_eq(verdict(k)->reason_by, "ambiguous_return");
+	}
 	ck_assert_str_eq(verdict(1)->message_id, "m1");
 	assert_field(nth("publish", 1), "timestamp", "1795947302");
-	tap_track_tick(t, T0 + 3 + TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
 	ck_assert_str_eq(verdict(2)->message_id, "m3");
-	assert_verdict(verdict(2), UNPROVEN, NONE, NO_ORDER);
+}
+END_TEST
+
+/* RabbitMQ sends a publish's Return before its Ack (PROTOCOL §9): a Return without a message_id goes to the one
+ * publish alike still unacked, not to an older one already acked (which would read as ack_before_return). With
+ * two alike unacked, it could be either: both end unknown (ambiguous_return), while the acked one stays routed. */
+START_TEST(return_prefers_the_unacked_and_never_guesses)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", true);
+	for (int i = 0; i < 2; i++)
+		tap_track_publish(c, 1, &p, T0 + i);
+	tap_track_ack(c, 1, 1, false, T0 + 10);
+	struct tap_return r = ret("x", "k");
+	tap_track_return(c, 1, &r, T0 + 20);
+	tap_track_ack(c, 1, 2, false, T0 + 21);
+	assert_verdict(verdict_seq(1, 2), RETURNED, ACK, RETURN_FIRST);
+	ck_assert_uint_eq(count_rule("ack_before_return"), 0);
+	for (int i = 0; i < 3; i++)
+		tap_track_publish(c, 1, &p, T0 + 30 + i);
+	tap_track_ack(c, 1, 3, false, T0 + 40);
+	tap_track_return(c, 1, &r, T0 + 50);
+	ck_assert_uint_eq(count_rule("ambiguous_return"), 1);
+	const char *w = nth_rule("ambiguous_return", 0);
+	assert_field(w, "candidates", "2");
+	assert_field(w, "seq_first", "4");
+	assert_field(w, "seq_last", "5");
+	tap_track_ack(c, 1, 5, true, T0 + 51);
+	tap_track_tick(t, T0 + 10000000);
+	assert_verdict(verdict_seq(1, 1), ROUTED, ACK, NO_ORDER);
+	assert_verdict(verdict_seq(1, 3), ROUTED, ACK, NO_ORDER);
+	for (uint64_t q = 4; q <= 5; q++) {
+		assert_verdict(verdict_seq(1, q), UNKNOWN, ACK, NO_ORDER);
+		ck_assert_str_eq(verdict_seq(1, q)->reason_by, "ambiguous_return");
+	}
+	ck_assert_uint_eq(n_seen, 5);
 }
 END_TEST
 
@@ -989,13 +1048,6 @@ END_TEST
  * close) end unknown with the broker's reason, whatever their mandatory flag, and the close record names it. */
 static const char nf_text[] = "NOT_FOUND - no exchange 'gone' in vhost '/'";
 
-static struct tap_publish pub_id(const char *x, const char *rk, bool mandatory, const char *id)
-{
-	struct tap_publish p = pub(x, rk, mandatory);
-	p.message_id = S(id);
-	p.has_message_id = true;
-	return p;
-}
 
 START_TEST(publish_caused_close_names_the_culprit)
 {
@@ -2286,6 +2338,7 @@ int main(void)
 	tcase_add_test(tc, multiple_tag_zero_means_all);
 	tcase_add_test(tc, ack_before_return);
 	tcase_add_test(tc, unmatched_return);
+	tcase_add_test(tc, return_prefers_the_unacked_and_never_guesses);
 	tcase_add_test(tc, return_pairs_earliest_match_with_message_id);
 	tcase_add_test(tc, channel_closed_by_broker_404);
 	tcase_add_test(tc, channel_close_by_client);
