@@ -85,7 +85,7 @@ static enum trk_state route_of(const struct trk_slot *e, enum trk_event ev, cons
 		if (returned) {
 			vd->route = TAP_TRACK_ROUTE_RETURNED;
 			vd->confirm = unanswered;
-		} else if ((why->settled && !confirm_mode) ||
+		} else if ((why->settled && !confirm_mode && !(e->flags & TRK_FLAG_REFUSED)) ||
 		           (e->flags & (TRK_FLAG_PLAIN | TRK_FLAG_REFUSED)) == TRK_FLAG_PLAIN) {
 			/* its return window closed early: no Return came; or a plain publish no close refused */
 			vd->route = TAP_TRACK_ROUTE_UNPROVEN;

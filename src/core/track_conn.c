@@ -266,7 +266,7 @@ static void chan_end(struct tap_track_conn *c, struct trk_chan *ch, const struct
 	struct trk_reason r;
 	if (ch->closing) {
 		chan_reason(ch, &r);
-		r.settled = fallback->settled;
+		r.settled = fallback->settled && !ch->close_by_broker; /* a close-ok to the client's own close only */
 	} else {
 		r = *fallback;
 	}

@@ -1049,6 +1049,32 @@ END_TEST
 static const char nf_text[] = "NOT_FOUND - no exchange 'gone' in vhost '/'";
 
 
+/* The client answers the broker's channel close with a connection.close instead of channel.close-ok: the broker's
+ * close-ok to that settles the connection, not the refused channel, whose publishes keep the broker's reason. */
+START_TEST(refused_channel_ended_by_the_clients_connection_close)
+{
+	tap_track_channel_open(c, 1, T0);
+	struct tap_publish bad = pub_id("gone", "b", _i == 1, "m1");
+	struct tap_publish after = pub_id("x", "c", false, "m2");
+	tap_track_publish(c, 1, &bad, T0 + 1);
+	tap_track_publish(c, 1, &after, T0 + 2);
+	tap_track_channel_close(c, 1, TAP_BY_BROKER, 404, S(nf_text), T0 + 300);
+	tap_track_publish_refused(c, 1, T0 + 300);
+	tap_track_conn_close(c, TAP_BY_CLIENT, 200, S("Normal shutdown"), T0 + 310);
+	tap_track_conn_close_ok(c, T0 + 320);
+	tap_track_conn_end(c, "client_eof", T0 + 330);
+	c = NULL;
+	ck_assert_uint_eq(n_seen, 2);
+	for (size_t i = 0; i < 2; i++) {
+		assert_verdict(verdict(i), UNKNOWN, NONE, NO_ORDER);
+		ck_assert_str_eq(verdict(i)->reason_by, "broker");
+		ck_assert_uint_eq(verdict(i)->v.reason_code, 404);
+	}
+	assert_field(nth("publish", 0), "refused", "\"culprit\"");
+	assert_field(nth("publish", 1), "refused", "\"after_culprit\"");
+}
+END_TEST
+
 START_TEST(publish_caused_close_names_the_culprit)
 {
 	tap_track_channel_open(c, 1, T0);
@@ -2310,6 +2336,7 @@ int main(void)
 	tcase_add_test(tc, connection_open_record);
 	tcase_add_test(tc, routed_after_late_return_window);
 	tcase_add_loop_test(tc, publish_caused_close_names_the_culprit, 0, 2);
+	tcase_add_loop_test(tc, refused_channel_ended_by_the_clients_connection_close, 0, 2);
 	tcase_add_test(tc, publish_caused_close_in_confirm_mode);
 	tcase_add_test(tc, publish_caused_close_by_user_id);
 	tcase_add_test(tc, publish_caused_close_by_message_size);
