@@ -797,12 +797,16 @@ static int64_t message_size_in(const uint8_t *text, size_t text_len)
 
 /* The earliest publish of the channel still waiting that the close text points at (see tap_track_publish_refused),
  * or false. */
-static bool culprit_of(const struct tap_track_conn *c, const struct trk_chan *ch, const uint8_t *text,
-                       size_t text_len, uint64_t *found)
+/* How many waiting publishes of ch the close text points at: 0, 1 (the culprit) or 2 (several: a publish the
+ * broker routed before it refused a later one to the same exchange looks the same, so none is named). *found
+ * is the first of them. */
+static unsigned culprit_of(const struct tap_track_conn *c, const struct trk_chan *ch, const uint8_t *text,
+                           size_t text_len, uint64_t *found)
 {
 	bool about_content = text_has(text, text_len, "user_id") || text_has(text, text_len, "immediate");
 	int64_t size = message_size_in(text, text_len);
-	for (uint64_t n = ch->base; n < ch->next; n++) {
+	unsigned matches = 0;
+	for (uint64_t n = ch->base; n < ch->next && matches < 2; n++) {
 		const struct trk_slot *e = trk_slot(ch, n);
 		if (e->state != TRK_STATE_WAIT || (e->flags & (TRK_FLAG_RETURNED | TRK_FLAG_REFUSED)))
 			continue;
@@ -810,11 +814,11 @@ static bool culprit_of(const struct tap_track_conn *c, const struct trk_chan *ch
 		             names_exchange(tap_intern_key(&c->keys, e->route_key), text, text_len);
 		if (named || (about_content && (e->flags & TRK_FLAG_REFUSABLE)) ||
 		    (size >= 0 && e->body_size == (uint64_t)size)) {
-			*found = n;
-			return true;
+			if (matches++ == 0)
+				*found = n;
 		}
 	}
-	return false;
+	return matches;
 }
 
 /* Marks the publishes of the channel from slot `at` on as refused (those still waiting, and any sent later);
@@ -856,6 +860,16 @@ static void refuse_culprit(struct tap_track_conn *c, struct trk_chan *ch, uint64
 	refuse_from(c, ch, at, TRK_REFUSAL_NAMED, now_us);
 }
 
+/* The close points at one publish of ch: it is the culprit. At several: each from the first on is a candidate. */
+static void refuse_matched(struct tap_track_conn *c, struct trk_chan *ch, unsigned matches, uint64_t first,
+                           int64_t now_us)
+{
+	if (matches == 1)
+		refuse_culprit(c, ch, first, now_us);
+	else
+		refuse_from(c, ch, first, TRK_REFUSAL_UNNAMED, now_us);
+}
+
 void tap_track_publish_refused(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	uint64_t n;
@@ -864,8 +878,9 @@ void tap_track_publish_refused(struct tap_track_conn *c, uint16_t id, int64_t no
 			return;
 		for (uint32_t i = 0; i < c->n_chans; i++) {
 			struct trk_chan *ch = c->chans[i];
-			if (culprit_of(c, ch, (const uint8_t *)c->close_text, c->close_text_len, &n)) {
-				refuse_culprit(c, ch, n, now_us);
+			unsigned matches = culprit_of(c, ch, (const uint8_t *)c->close_text, c->close_text_len, &n);
+			if (matches) {
+				refuse_matched(c, ch, matches, n, now_us);
 				return;
 			}
 		}
@@ -877,8 +892,9 @@ void tap_track_publish_refused(struct tap_track_conn *c, uint16_t id, int64_t no
 	struct trk_chan *ch = trk_chan_find(c, id);
 	if (!ch || !ch->closing || !ch->close_by_broker || ch->refusal)
 		return;
-	if (culprit_of(c, ch, (const uint8_t *)ch->close_text, ch->close_text_len, &n))
-		refuse_culprit(c, ch, n, now_us);
+	unsigned matches = culprit_of(c, ch, (const uint8_t *)ch->close_text, ch->close_text_len, &n);
+	if (matches)
+		refuse_matched(c, ch, matches, n, now_us);
 	else
 		refuse_from(c, ch, ch->base, TRK_REFUSAL_UNNAMED, now_us);
 }

@@ -1075,6 +1075,32 @@ START_TEST(refused_channel_ended_by_the_clients_connection_close)
 }
 END_TEST
 
+/* Two waiting publishes to the exchange a 404 names: the broker may have routed the first before the exchange was
+ * deleted and refused the second, or refused the first. Neither is named: both are candidates, those before them
+ * keep their verdict, and the close record names no culprit. */
+START_TEST(close_naming_two_waiting_publishes_names_neither)
+{
+	tap_track_channel_open(c, 1, T0);
+	struct tap_publish ok = pub_id("x", "a", false, "m1");
+	struct tap_publish a = pub_id("gone", "b", _i == 1, "m2");
+	struct tap_publish b = pub_id("gone", "b", _i == 1, "m3");
+	tap_track_publish(c, 1, &ok, T0 + 1);
+	tap_track_publish(c, 1, &a, T0 + 2);
+	tap_track_publish(c, 1, &b, T0 + 3);
+	tap_track_channel_close(c, 1, TAP_BY_BROKER, 404, S(nf_text), T0 + 300);
+	tap_track_publish_refused(c, 1, T0 + 300);
+	tap_track_channel_close_ok(c, 1, T0 + 400);
+	ck_assert_uint_eq(n_seen, 3);
+	assert_verdict(verdict(0), UNPROVEN, NONE, NO_ORDER);
+	for (size_t i = 1; i < 3; i++) {
+		assert_verdict(verdict(i), UNKNOWN, NONE, NO_ORDER);
+		ck_assert_uint_eq(verdict(i)->v.reason_code, 404);
+		assert_field(nth("publish", i), "refused", "\"candidate\"");
+	}
+	ck_assert_ptr_null(get(nth("channel", 1), "culprit"));
+}
+END_TEST
+
 START_TEST(publish_caused_close_names_the_culprit)
 {
 	tap_track_channel_open(c, 1, T0);
@@ -2337,6 +2363,7 @@ int main(void)
 	tcase_add_test(tc, routed_after_late_return_window);
 	tcase_add_loop_test(tc, publish_caused_close_names_the_culprit, 0, 2);
 	tcase_add_loop_test(tc, refused_channel_ended_by_the_clients_connection_close, 0, 2);
+	tcase_add_loop_test(tc, close_naming_two_waiting_publishes_names_neither, 0, 2);
 	tcase_add_test(tc, publish_caused_close_in_confirm_mode);
 	tcase_add_test(tc, publish_caused_close_by_user_id);
 	tcase_add_test(tc, publish_caused_close_by_message_size);
