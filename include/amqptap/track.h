@@ -179,8 +179,14 @@ void tap_track_channel_close(struct tap_track_conn *c, uint16_t ch, enum tap_pee
  * channel (on every channel, for a connection.close) may be it: each ends unknown with the reason and
  * "refused":"candidate", never with a guessed verdict. */
 void tap_track_publish_refused(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
-/* tx.commit-ok from the broker: the channel's publishes still waiting for a Return got none (unproven). */
-void tap_track_tx_commit_ok(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
+/* tx.commit (rollback false) or tx.rollback from the client: the publishes made before it on the channel are the
+ * transaction its answer ends. */
+void tap_track_tx_end(struct tap_track_conn *c, uint16_t ch, bool rollback, int64_t now_us);
+/* tx.commit-ok or tx.rollback-ok from the broker, for the oldest tx.commit / tx.rollback unanswered (without one,
+ * every publish of the channel still waiting). Committed: the broker sent every Return of them before, so a
+ * mandatory one still waiting was routed, another unproven. Rolled back: discarded (unknown, tx_rollback). A
+ * transaction that ends any other way (the channel or connection closes) ends unknown with the close's reason. */
+void tap_track_tx_end_ok(struct tap_track_conn *c, uint16_t ch, bool rollback, int64_t now_us);
 /* channel.close-ok from either side: the channel is gone; its outstanding publishes end with the close's reason. */
 void tap_track_channel_close_ok(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 

@@ -466,6 +466,10 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 	case TAP_TX_SELECT:
 		tap_track_tx_select(tc, channel, now_us);
 		break;
+	case TAP_TX_COMMIT:
+	case TAP_TX_ROLLBACK:
+		tap_track_tx_end(tc, channel, m->def->id == TAP_TX_ROLLBACK, now_us);
+		break;
 	case TAP_BASIC_PUBLISH: {
 		struct channel *ch = channel_get(c, channel);
 		if (!ch)
@@ -520,7 +524,8 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		tap_track_channel_close_ok(tc, channel, now_us);
 		break;
 	case TAP_TX_COMMIT_OK:
-		tap_track_tx_commit_ok(tc, channel, now_us);
+	case TAP_TX_ROLLBACK_OK:
+		tap_track_tx_end_ok(tc, channel, m->def->id == TAP_TX_ROLLBACK_OK, now_us);
 		break;
 	case TAP_BASIC_ACK:
 		tap_track_ack(tc, channel, m->args[TAP_ARG_BASIC_ACK_DELIVERY_TAG].u, m->args[TAP_ARG_BASIC_ACK_MULTIPLE].u != 0, now_us);

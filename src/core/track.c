@@ -85,7 +85,7 @@ static enum trk_state route_of(const struct trk_slot *e, enum trk_event ev, cons
 		if (returned) {
 			vd->route = TAP_TRACK_ROUTE_RETURNED;
 			vd->confirm = unanswered;
-		} else if ((why->settled && !confirm_mode && !(e->flags & TRK_FLAG_REFUSED)) ||
+		} else if ((why->settled && !confirm_mode && !(e->flags & (TRK_FLAG_REFUSED | TRK_FLAG_TX))) ||
 		           (e->flags & (TRK_FLAG_PLAIN | TRK_FLAG_REFUSED)) == TRK_FLAG_PLAIN) {
 			/* its return window closed early: no Return came; or a plain publish no close refused */
 			vd->route = TAP_TRACK_ROUTE_UNPROVEN;
@@ -96,6 +96,10 @@ static enum trk_state route_of(const struct trk_slot *e, enum trk_event ev, cons
 		}
 		if (vd->confirm == TAP_TRACK_CONFIRM_UNKNOWN || vd->route == TAP_TRACK_ROUTE_UNKNOWN)
 			vd->reason = why;
+		return TRK_STATE_DONE;
+	case TRK_EVENT_COMMIT: /* a mandatory one without a Return was routed; of another nothing is proven */
+		vd->route = (e->flags & TRK_FLAG_MANDATORY) ? TAP_TRACK_ROUTE_ROUTED : TAP_TRACK_ROUTE_UNPROVEN;
+		vd->confirm = TAP_TRACK_CONFIRM_NONE;
 		return TRK_STATE_DONE;
 	case TRK_EVENT_GAP: /* whatever decided it may have been lost: only what was seen stands */
 		vd->route = returned ? TAP_TRACK_ROUTE_RETURNED : TAP_TRACK_ROUTE_UNKNOWN;
@@ -509,7 +513,7 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 		e->route_key = tap_intern_get(&c->keys, TRK_TAG_ROUTE, x->ptr, x->len, rk->ptr, rk->len);
 	ch->next++;
 	trk_slot_stored(c, ch, n);
-	if (!confirm_mode && p->mandatory && !ch->closing) {
+	if (!confirm_mode && ch->mode != TRK_MODE_TX && p->mandatory && !ch->closing) {
 		if (trk_fifo_push(t, &ch->win_q, n))
 			due_at(c, now_us, t->conf.return_window_us);
 		else
@@ -546,8 +550,9 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 		t->extra.len = 0; /* a cut rendering is no JSON: the optional members are left out */
 		t->st.oom++;
 	}
-	/* a publish after a channel.close is dropped by the broker: it waits for close-ok like the others */
-	bool want = p->mandatory || (ch && (ch->mode == TRK_MODE_CONFIRM || ch->closing));
+	/* a publish after a channel.close is dropped by the broker: it waits for close-ok like the others; one in a
+	 * transaction waits for its commit or rollback */
+	bool want = p->mandatory || (ch && (ch->mode == TRK_MODE_CONFIRM || ch->mode == TRK_MODE_TX || ch->closing));
 	/* a plain publish is held conf.late_return_us: the broker's close, if it refuses it, comes within that */
 	bool plain = !want && ch && t->conf.late_return_us > 0;
 	if (!ch || ch->mode == TRK_MODE_UNKNOWN) {
@@ -834,9 +839,9 @@ static void refuse_from(struct tap_track_conn *c, struct trk_chan *ch, uint64_t 
 		if (e->state == TRK_STATE_WAIT)
 			e->flags |= TRK_FLAG_REFUSED;
 	}
-	for (uint64_t n = ch->base; n < at; n++) {
+	for (uint64_t n = ch->base; n < at; n++) { /* an uncommitted transaction is lost with its channel */
 		struct trk_slot *e = trk_slot(ch, n);
-		if (e->state == TRK_STATE_WAIT && !(e->flags & TRK_FLAG_CONFIRM))
+		if (e->state == TRK_STATE_WAIT && !(e->flags & (TRK_FLAG_CONFIRM | TRK_FLAG_TX)))
 			trk_slot_step(c, ch, n, TRK_EVENT_END, &before, now_us);
 	}
 	trk_chan_unpin(c->t, ch);

@@ -419,18 +419,39 @@ void tap_track_channel_close_ok(struct tap_track_conn *c, uint16_t id, int64_t n
 	chan_end(c, ch, &r, now_us);
 }
 
-void tap_track_tx_commit_ok(struct tap_track_conn *c, uint16_t id, int64_t now_us)
+void tap_track_tx_end(struct tap_track_conn *c, uint16_t id, bool rollback, int64_t now_us)
 {
+	struct trk_chan *ch = trk_chan_find(c, id);
+	if (ch && ch->mode == TRK_MODE_TX && !trk_fifo_push(c->t, &ch->tx_q, ch->next | (rollback ? TRK_TX_ROLLBACK : 0)))
+		c->t->st.oom++; /* its answer then ends every publish still waiting */
+	(void)now_us;
+}
+
+void tap_track_tx_end_ok(struct tap_track_conn *c, uint16_t id, bool rollback, int64_t now_us)
+{
+	static const struct trk_reason rolled_back = {.by = "tx_rollback"};
 	struct trk_chan *ch = trk_chan_find(c, id);
 	if (!ch)
 		return;
+	uint64_t end = ch->next;
+	if (ch->tx_q.len) {
+		end = trk_fifo_front(&ch->tx_q) & ~TRK_TX_ROLLBACK;
+		trk_fifo_pop(&ch->tx_q);
+	}
 	/* Returns of the committed publishes precede commit-ok: the ones still waiting got none. */
-	struct trk_reason r = {.by = "tx_commit_ok", .settled = true};
 	ch->pinned = true;
-	for (uint64_t n = ch->base; n < ch->next; n++) {
+	for (uint64_t n = ch->base; n < end; n++) {
+		if (n < ch->base)
+			n = ch->base; /* ending the head moved it past slots ended earlier */
+		if (n >= end || n >= ch->next)
+			break;
 		struct trk_slot *e = trk_slot(ch, n);
-		if (e->state == TRK_STATE_WAIT && !(e->flags & TRK_FLAG_CONFIRM))
-			trk_slot_step(c, ch, n, TRK_EVENT_END, &r, now_us);
+		if (e->state != TRK_STATE_WAIT || !(e->flags & TRK_FLAG_TX))
+			continue;
+		if (rollback)
+			trk_slot_step(c, ch, n, TRK_EVENT_END, &rolled_back, now_us);
+		else
+			trk_slot_step(c, ch, n, TRK_EVENT_COMMIT, NULL, now_us);
 	}
 	trk_chan_unpin(c->t, ch);
 }

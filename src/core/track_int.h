@@ -35,6 +35,8 @@ enum trk_tag {
  *   WAIT --Return, no confirm--------------------------------> DONE returned/none
  *   WAIT --return window over (no confirm)-------------------> DONE unproven/none
  *   WAIT --end, settled (no confirm)-------------------------> DONE unproven/none
+ *   WAIT, TX --tx.commit-ok, no Return-----------------------> DONE routed/none if mandatory, else unproven/none
+ *   WAIT, TX --tx.rollback-ok, or any end--------------------> DONE unknown/none + reason (tx_rollback, the close)
  *   WAIT --end (close, eof, eviction, shutdown, no memory)---> DONE unknown/unknown|none + reason
  *                                                              (REFUSED: unknown/none + the broker's close)
  *                                                              (returned/unknown|none when a Return was seen)
@@ -60,6 +62,7 @@ enum trk_event {
 	TRK_EVENT_END,       /* its channel or connection ended, or it is evicted: a reason says why */
 	TRK_EVENT_UNTRACKED, /* nothing to wait for: written at once */
 	TRK_EVENT_GAP,       /* the capture lost bytes of its connection (replay, sniff): a reason says so */
+	TRK_EVENT_COMMIT,    /* tx.commit-ok for its transaction: the broker sent every Return of it before */
 };
 
 enum trk_flag {
@@ -107,6 +110,9 @@ struct trk_slot {
 	uint8_t delivery_mode;
 };
 _Static_assert(sizeof(struct trk_slot) == 64, "keep outstanding publishes compact");
+
+/* In a tx_q entry: the transaction was rolled back, not committed. */
+#define TRK_TX_ROLLBACK (UINT64_C(1) << 63)
 
 /* A queue of slot numbers; cap is a power of two. */
 struct trk_fifo {
@@ -158,6 +164,8 @@ struct trk_chan {
 	struct trk_fifo held_q; /* slots acked and held, in ack order */
 	struct trk_fifo win_q;  /* non-confirm mandatory slots, in publish order */
 	struct trk_fifo plain_q; /* PLAIN slots, in publish order: held conf.late_return_us */
+	struct trk_fifo tx_q;    /* tx.commit / tx.rollback sent and not answered: the slot number each ends its
+	                            transaction before (TRK_TX_ROLLBACK set for a rollback), oldest first */
 	uint8_t refusal;         /* enum trk_refusal */
 	char *culprit;           /* the JSON object naming the publish that made the broker close it, or NULL */
 	size_t culprit_len;

@@ -224,6 +224,7 @@ void trk_chan_free(struct tap_track_conn *c, struct trk_chan *ch)
 	trk_free(t, ch->held_q.v, (size_t)ch->held_q.cap * sizeof *ch->held_q.v);
 	trk_free(t, ch->win_q.v, (size_t)ch->win_q.cap * sizeof *ch->win_q.v);
 	trk_free(t, ch->plain_q.v, (size_t)ch->plain_q.cap * sizeof *ch->plain_q.v);
+	trk_free(t, ch->tx_q.v, (size_t)ch->tx_q.cap * sizeof *ch->tx_q.v);
 	if (ch->culprit)
 		trk_free(t, ch->culprit, ch->culprit_len + 1);
 	trk_free(t, ch, sizeof *ch);

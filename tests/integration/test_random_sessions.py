@@ -347,9 +347,19 @@ class RandomSessions(ScenarioCase):
         ret_pending = set()
         n_publish = 0
         headerless = 0
+        tx_open, tx_ending = {}, {}  # (conn, ch) -> mids since the last tx.commit; [mids of each commit unanswered]
         for f in frames:
             key = (f.get("conn"), f.get("channel"))
             d, kind, method = f.get("dir"), f.get("frame"), f.get("method")
+            if kind == "method" and method == "tx.commit" and d == "c2s":
+                tx_ending.setdefault(key, []).append(tx_open.pop(key, []))
+            elif kind == "method" and method == "tx.commit-ok" and d == "s2c" and tx_ending.get(key):
+                for mid in tx_ending[key].pop(0):
+                    if mid in info:
+                        info[mid]["committed"] = True
+            elif kind == "method" and method == "channel.open" and d == "c2s":
+                tx_open.pop(key, None)
+                tx_ending.pop(key, None)
             if kind == "method" and method == "channel.open" and d == "c2s":
                 epoch[key] = {"seq": None, "pending": {}, "life": epoch.get(key, {}).get("life", 0) + 1}
             elif kind == "method" and method == "confirm.select" and d == "c2s":
@@ -368,7 +378,8 @@ class RandomSessions(ScenarioCase):
                     seq = e["seq"]
                     e["pending"][seq] = mid
                 info[mid] = {"conn": key[0], "channel": key[1], "life": e.get("life", 0), "seq": seq,
-                             "confirm": None, "returned": False, "ts": f.get("ts")}
+                             "confirm": None, "returned": False, "committed": False, "ts": f.get("ts")}
+                tx_open.setdefault(key, []).append(mid)
             elif kind == "method" and method in ("basic.ack", "basic.nack") and d == "s2c":
                 a = f.get("args", {})
                 e = epoch.get(key)
@@ -409,6 +420,12 @@ class RandomSessions(ScenarioCase):
             return [dict(base, route="unknown", confirm="unknown")]
         if tr["returned"]:
             return [dict(base, route="returned", reply_code=312, confirm="none")]
+        if p.mode == "tx":
+            # the broker sends a transaction's Returns before its commit-ok: a committed mandatory publish without
+            # one was routed; one never committed was discarded with its channel (unknown, the close's reason)
+            if tr["committed"]:
+                return [dict(base, route="routed" if p.mandatory else "unproven", confirm="none")]
+            return [dict(base, route="unknown", confirm="none")]
         if not p.mandatory:
             # held 50 ms; a publish the tap saw after the broker's channel.close waits and ends unknown, and so do
             # the one a 404 refused and those sent after it on its channel (issue 14 §2: "refused"). The trace

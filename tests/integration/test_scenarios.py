@@ -5,6 +5,7 @@
 import json
 import signal
 import struct
+import time
 
 import pika
 import pika.exceptions
@@ -345,17 +346,28 @@ class LargeInterleavedTx(ScenarioCase):
         while not returns:
             conn.process_data_events(0.1)
         self.assertEqual(returns, ["m1"])
-        # past the return window, so every verdict is written while the channel is still open
+        # commit-ok settles the transaction: every verdict is written while the channel is still open
         self.assertTrue(self.wait_records(tap, lambda r: len(r) == 3, 10), publish_records(tap.verdicts))
+        # a transaction rolled back, and one never committed (its channel closes): the broker discards both
+        ch.basic_publish("", q, b"d", props("m3"), mandatory=True)
+        ch.tx_rollback()
+        time.sleep(0.5)  # no return window: the rolled-back publish waited for nothing but rollback-ok
+        self.assertEqual(len(publish_records(tap.verdicts)), 4)
+        ch.basic_publish("", q, b"e", props("m4"), mandatory=True)
+        ch.close()
+        self.assertEqual(self.admin().queue_declare(q, passive=True).method.message_count, 2)
         conn.close()
         recs = self.stop_tap(tap)
-        self.assertOnePerPublish(recs, ["m0", "m1", "m2"])
+        self.assertOnePerPublish(recs, ["m0", "m1", "m2", "m3", "m4"])
         by_mid = {r["message_id"]: r for r in recs}
         for r in recs:
             self.assertRecord(r, confirm="none", tx=True, seq=None)
-        self.assertRecord(by_mid["m0"], route="unproven", order=None)
+        self.assertRecord(by_mid["m0"], route="routed", order=None)
         self.assertRecord(by_mid["m1"], route="returned", reply_code=312, reply_text="NO_ROUTE", order=None)
         self.assertRecord(by_mid["m2"], route="unproven", order=None)
+        self.assertRecord(by_mid["m3"], route="unknown", reason={"by": "tx_rollback"})
+        self.assertRecord(by_mid["m4"], route="unknown")
+        self.assertEqual(by_mid["m4"]["reason"]["by"], "client")  # pika closes with reply code 0
 
     def test_10d_clean_close_inside_return_window(self):
         """A channel closed normally (close / close-ok) inside the return window: the broker handles a channel's
@@ -377,7 +389,7 @@ class LargeInterleavedTx(ScenarioCase):
         self.assertOnePerPublish(recs, ["plain", "tx"])
         by_mid = {r["message_id"]: r for r in recs}
         self.assertRecord(by_mid["plain"], route="unproven", confirm="none", reason="<absent>")
-        self.assertRecord(by_mid["tx"], route="unproven", confirm="none", tx=True, reason="<absent>")
+        self.assertRecord(by_mid["tx"], route="routed", confirm="none", tx=True, reason="<absent>")
 
 
 class Shutdown(ScenarioCase):

@@ -264,7 +264,7 @@ class SniffScenarios(ScenarioCase):
 
         recs = self.assertSame(drive, lambda: self.admin().queue_purge(q))
         self.assertEqual({r["message_id"]: r["route"] for r in recs if r["type"] == "publish"},
-                         {"m0": "unproven", "m1": "returned", "m2": "unproven", "plain": "unproven"})
+                         {"m0": "routed", "m1": "returned", "m2": "unproven", "plain": "unproven"})
 
     # ---- rabbitmq-c ----
 

@@ -1019,26 +1019,56 @@ START_TEST(non_confirm_publishes_before_select)
 }
 END_TEST
 
+/* A transaction's publishes wait for its end, however long: tx.commit-ok (a mandatory one without a Return
+ * routed, the others unproven), tx.rollback-ok (unknown, tx_rollback: the broker discarded them), or the
+ * channel's close (unknown, the close's reason), never a timer. A commit ends only what was published before it:
+ * a publish pipelined after the client's tx.commit belongs to the next transaction. */
 START_TEST(tx_channel)
 {
 	tap_track_channel_open(c, 2, T0);
 	tap_track_tx_select(c, 2, T0);
 	struct tap_publish p = pub("x", "k", false);
+	struct tap_publish m = pub("x", "k", true);
 	tap_track_publish(c, 2, &p, T0 + 1);
-	ck_assert_uint_eq(n_seen, 0); /* held for a publish-caused close */
-	tap_track_tick(t, T0 + 1 + TAP_TRACK_LATE_RETURN_US_DEFAULT);
-	ck_assert_uint_eq(n_seen, 1);
+	tap_track_publish(c, 2, &m, T0 + 1);
+	tap_track_tick(t, T0 + 10 * TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
+	ck_assert_uint_eq(n_seen, 0);
+	tap_track_tx_end(c, 2, false, T0 + 5);
+	tap_track_publish(c, 2, &m, T0 + 6); /* the next transaction */
+	tap_track_tx_end_ok(c, 2, false, T0 + 7);
+	ck_assert_uint_eq(n_seen, 2);
 	assert_verdict(verdict(0), UNPROVEN, NONE, NO_ORDER);
-	ck_assert_int_eq(verdict(0)->v.t_record, T0 + 1); /* stamped with its publish, as before the hold */
+	assert_verdict(verdict(1), ROUTED, NONE, NO_ORDER);
 	ck_assert(verdict(0)->v.tx);
+	tap_track_tx_end(c, 2, true, T0 + 8);
+	tap_track_tx_end_ok(c, 2, true, T0 + 9);
+	ck_assert_uint_eq(n_seen, 3);
+	assert_verdict(verdict(2), UNKNOWN, NONE, NO_ORDER);
+	ck_assert_str_eq(verdict(2)->reason_by, "tx_rollback");
+	tap_track_publish(c, 2, &m, T0 + 10); /* never committed: the client closes the channel */
+	tap_track_channel_close(c, 2, TAP_BY_CLIENT, 200, S("Normal shutdown"), T0 + 11);
+	tap_track_channel_close_ok(c, 2, T0 + 12);
+	ck_assert_uint_eq(n_seen, 4);
+	assert_verdict(verdict(3), UNKNOWN, NONE, NO_ORDER);
+	ck_assert_str_eq(verdict(3)->reason_by, "client");
+
+	tap_track_channel_open(c, 2, T0 + 13);
+	tap_track_tx_select(c, 2, T0 + 13);
+	tap_track_publish(c, 2, &p, T0 + 14);
+	tap_track_tx_end(c, 2, false, T0 + 15);
+	tap_track_tx_end_ok(c, 2, false, T0 + 16);
+	ck_assert_uint_eq(n_seen, 5);
+	assert_verdict(verdict(4), UNPROVEN, NONE, NO_ORDER);
+	ck_assert(verdict(4)->v.tx);
 	ck_assert(!verdict(0)->v.has_seq);
 	const char *r = nth("publish", 0);
 	assert_field(r, "seq", "null");
 	assert_field(r, "tx", "true");
-	tap_track_confirm_select(c, 2, T0 + 2); /* the broker refuses (406); tracking stays tx */
-	tap_track_publish(c, 2, &p, T0 + 3);
-	tap_track_tx_commit_ok(c, 2, T0 + 4);
-	ck_assert(verdict(1)->v.tx);
+	tap_track_confirm_select(c, 2, T0 + 17); /* the broker refuses (406); tracking stays tx */
+	tap_track_publish(c, 2, &p, T0 + 18);
+	tap_track_tx_end(c, 2, false, T0 + 19);
+	tap_track_tx_end_ok(c, 2, false, T0 + 19);
+	ck_assert(verdict(5)->v.tx);
 	assert_field(nth("channel", 1), "event", "\"tx_select\"");
 }
 END_TEST
@@ -1510,8 +1540,8 @@ START_TEST(non_confirm_mandatory_window)
 END_TEST
 
 /* The broker's close-ok to the client's close, and tx.commit-ok, come after any Return: a non-confirm
- * mandatory publish still in its return window got none (unproven, not unknown). A broker-initiated
- * close settles nothing. */
+ * mandatory publish still in its return window got none (unproven, not unknown); a committed one was routed
+ * (the broker had it and found a queue). A broker-initiated close settles nothing. */
 START_TEST(clean_close_and_commit_settle_the_return_window)
 {
 	tap_track_channel_open(c, 1, T0);
@@ -1528,9 +1558,10 @@ START_TEST(clean_close_and_commit_settle_the_return_window)
 	tap_track_tx_select(c, 2, T0);
 	tap_track_publish(c, 2, &p, T0 + 3);
 	ck_assert_uint_eq(count_type("publish"), 1);
-	tap_track_tx_commit_ok(c, 2, T0 + 4);
+	tap_track_tx_end(c, 2, false, T0 + 4);
+	tap_track_tx_end_ok(c, 2, false, T0 + 4);
 	ck_assert_uint_eq(n_seen, 2);
-	assert_verdict(verdict(1), UNPROVEN, NONE, NO_ORDER);
+	assert_verdict(verdict(1), ROUTED, NONE, NO_ORDER);
 	ck_assert(verdict(1)->v.tx);
 
 	tap_track_channel_open(c, 3, T0);
