@@ -221,6 +221,18 @@ static void publish_done(struct tap_track_conn *c, uint16_t ch, const struct trk
 	trk_warn_done(c, v, vd);
 }
 
+void trk_mark_blocked(struct tap_track_conn *c)
+{
+	for (uint32_t i = 0; i < c->n_active; i++) {
+		struct trk_chan *ch = c->active[i];
+		for (uint64_t n = ch->base; n < ch->next; n++) {
+			struct trk_slot *e = trk_slot(ch, n);
+			if (e->state == TRK_STATE_WAIT)
+				e->flags |= TRK_FLAG_BLOCKED;
+		}
+	}
+}
+
 /* A timer of c's channels runs out at start + window: tap_track_tick must not skip c past it. */
 static void due_at(struct tap_track_conn *c, int64_t start, int64_t window)
 {
@@ -231,6 +243,11 @@ static void due_at(struct tap_track_conn *c, int64_t start, int64_t window)
 		c->next_due = due;
 		(void)tap_heap_set(&c->t->due, c, due); /* tap_track_conn_new made room for every connection */
 	}
+}
+
+void trk_due_now(struct tap_track_conn *c, int64_t now_us)
+{
+	due_at(c, now_us, 0);
 }
 
 void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, enum trk_event ev,
@@ -927,7 +944,10 @@ static bool settle_due(struct tap_track_conn *c, struct trk_chan *ch, const stru
 			trk_fifo_pop(tq->q); /* settled since, or refused: it ends with its channel */
 			continue;
 		}
-		int64_t due = (tq->from_ack ? e->t_ack : e->t_pub) + tq->window;
+		int64_t start = tq->from_ack ? e->t_ack : e->t_pub;
+		if (!tq->from_ack && start < c->unblocked_at)
+			start = c->unblocked_at; /* paused while the connection was blocked */
+		int64_t due = start + tq->window;
 		if (due > now_us) {
 			if (due < *next)
 				*next = due;
@@ -951,7 +971,9 @@ static int64_t chan_tick(struct tap_track_conn *c, struct trk_chan *ch, int64_t 
 	    {&ch->plain_q, TRK_STATE_WAIT, TRK_FLAG_REFUSED, false, conf->late_return_us}, /* plain: a refusing close */
 	};
 	int64_t next = INT64_MAX;
-	for (size_t i = 0; i < sizeof queues / sizeof queues[0]; i++)
+	/* a blocked connection's publishes wait unread: only acks (already answered) run on, until unblocked */
+	size_t n_queues = c->blocked ? 1 : sizeof queues / sizeof queues[0];
+	for (size_t i = 0; i < n_queues; i++)
 		if (!settle_due(c, ch, &queues[i], now_us, &next))
 			return INT64_MAX;
 	return next;

@@ -199,8 +199,14 @@ void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_s
 {
 	trk_record_blocked(&c->t->render, c, blocked, reason, now_us);
 	trk_emit(c->t);
-	if (blocked && !c->blocked)
+	if (blocked && !c->blocked) {
 		c->blocked_since = now_us;
+		trk_mark_blocked(c); /* the publish that made the broker block it came before this, and waits as long */
+	}
+	if (!blocked && c->blocked) {
+		c->unblocked_at = now_us;
+		trk_due_now(c, now_us); /* the paused windows run again */
+	}
 	c->blocked = blocked;
 	struct tap_track_conn_event e = {
 		.conn = c->id, .change = blocked ? TAP_TRACK_CONN_BLOCKED : TAP_TRACK_CONN_UNBLOCKED, .now_us = now_us};

@@ -188,6 +188,9 @@ struct tap_track_conn {
 	uint32_t frame_max;
 	bool tuned, opened, blocked;
 	int64_t blocked_since, t_new;
+	/* the last connection.unblocked: while the broker had the connection blocked it read nothing of it, so no
+	 * return window or plain hold runs then; one started before it runs again from there */
+	int64_t unblocked_at;
 	bool closed, close_by_broker;
 	bool settled;     /* the broker's close-ok answered the client's connection.close */
 	char *end_detail; /* why the TCP/TLS connection failed, when no close method says it */
@@ -394,6 +397,10 @@ void trk_warn_done(struct tap_track_conn *c, const struct trk_view *v, const str
 void trk_warn_chan_end(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us);
 /* Frees what c keeps for the rules. */
 void trk_warn_conn_free(struct tap_track_conn *c);
+
+/* track.c: every publish of c still waiting is flagged BLOCKED; the tick is to look at c at now_us. */
+void trk_mark_blocked(struct tap_track_conn *c);
+void trk_due_now(struct tap_track_conn *c, int64_t now_us);
 
 /* ---- track_record.c: each builds one record in t->render.rec (the caller emits it) ---- */
 

@@ -1798,6 +1798,35 @@ START_TEST(latency_beyond_the_histogram_range)
 }
 END_TEST
 
+/* RabbitMQ reads nothing of a blocked connection (PROTOCOL §6): a non-confirm mandatory publish's return window
+ * and a plain publish's hold do not run out while it is blocked, however long the alarm; they run again from
+ * connection.unblocked, so a Return or a refusing close that follows the alarm still finds its publish. The
+ * publish that made the broker block the connection (it came before connection.blocked) is flagged too. */
+START_TEST(blocked_connection_pauses_the_windows)
+{
+	tap_track_channel_open(c, 1, T0);
+	struct tap_publish m = pub("x", "gone", true);
+	struct tap_publish p = pub("x", "k", false);
+	tap_track_publish(c, 1, &m, T0 + 1); /* the trigger */
+	tap_track_conn_blocked(c, true, S("low on memory"), T0 + 10);
+	tap_track_publish(c, 1, &p, T0 + 20);
+	tap_track_tick(t, T0 + 20 * TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
+	ck_assert_uint_eq(n_seen, 0);
+	int64_t unblocked = T0 + 30 * TAP_TRACK_RETURN_WINDOW_US_DEFAULT;
+	tap_track_conn_blocked(c, false, S(""), unblocked);
+	struct tap_return r = ret("x", "gone");
+	tap_track_return(c, 1, &r, unblocked + 100);
+	ck_assert_uint_eq(n_seen, 1);
+	assert_verdict(verdict(0), RETURNED, NONE, NO_ORDER);
+	assert_field(nth("publish", 0), "blocked", "true");
+	ck_assert_int_eq(tap_track_tick(t, unblocked + 200), unblocked + TAP_TRACK_LATE_RETURN_US_DEFAULT);
+	tap_track_tick(t, unblocked + TAP_TRACK_LATE_RETURN_US_DEFAULT);
+	ck_assert_uint_eq(n_seen, 2);
+	assert_verdict(verdict(1), UNPROVEN, NONE, NO_ORDER);
+	assert_field(nth("publish", 1), "blocked", "true");
+}
+END_TEST
+
 START_TEST(blocked_and_unblocked)
 {
 	tap_track_conn_blocked(c, true, S("low on memory"), T0 + 10);
@@ -2441,6 +2470,7 @@ int main(void)
 	tcase_add_test(tc, consumer_side_does_not_confuse);
 	tcase_add_test(tc, optional_properties_and_escaping);
 	tcase_add_test(tc, blocked_and_unblocked);
+	tcase_add_test(tc, blocked_connection_pauses_the_windows);
 	tcase_add_test(tc, latency_beyond_the_histogram_range);
 	tcase_add_test(tc, channels_anywhere_in_the_id_range);
 	tcase_add_test(tc, summary_and_latency);
