@@ -34,6 +34,8 @@ struct ooo_seg {
 struct half {
 	bool init;
 	bool fin_done;
+	bool syn;     /* isn is known */
+	uint32_t isn;
 	uint32_t next;
 	struct ooo_seg *segs; /* sorted by distance from next */
 	size_t n, cap;
@@ -477,6 +479,13 @@ int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t 
 		s = stream_open(r, s, key, !handshake, ts);
 		if (!s)
 			return TAP_E_NOMEM;
+	} else if (syn_only && dir == TAP_C2S && (!s->h[TAP_C2S].syn || s->h[TAP_C2S].isn != g->seq)) {
+		/* a new connection on the 4-tuple of one whose end was not captured */
+		flush_holes(r, s, ts);
+		stream_close(r, s, s->fin_seen ? fin_end(s) : TAP_CAPTURE_END_CAPTURE, ts);
+		s = stream_open(r, s, key, false, ts);
+		if (!s)
+			return TAP_E_NOMEM;
 	} else {
 		s->last_ts = ts;
 		list_unlink(&r->live, s);
@@ -488,6 +497,8 @@ int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t 
 		if (!h->init) {
 			h->init = true;
 			h->next = seq + 1;
+			h->syn = true;
+			h->isn = seq;
 		}
 		seq++;
 		struct half *back = &s->h[tap_dir_reverse(dir)];

@@ -568,6 +568,38 @@ START_TEST(mid_connection_start)
 }
 END_TEST
 
+/* A new connection on the 4-tuple of one whose end the capture lost (its FIN dropped, or picked up mid-stream):
+ * the client's SYN with another sequence number ends the old stream where the capture lost it and opens a new
+ * one, whose bytes are all delivered. A SYN retransmitted with the same number opens nothing. Both when the new
+ * ISN lies below the old stream's bytes (they looked like retransmissions) and far above them (a hole). */
+START_TEST(reused_four_tuple_after_a_lost_end)
+{
+	const uint32_t isns[] = {10, 5000000};
+	for (size_t k = 0; k < 2; k++) {
+		struct conv v;
+		conv_init(&v, false, 40010, 5672, pk);
+		v.cseq = 1000;
+		conv_open(&v);
+		conv_send(&v, true, F_PSH | F_ACK, "first", 5);
+		conv_send(&v, true, F_FIN | F_ACK, NULL, 0); /* the broker's FIN is lost */
+		v.cseq = isns[k];
+		conv_open(&v);
+		conv_raw(&v, true, isns[k], F_SYN, NULL, 0); /* retransmitted SYN */
+		conv_send(&v, true, F_PSH | F_ACK, "second", 6);
+		conv_close(&v);
+		struct got g;
+		ck_assert_int_eq(run_pkts(v.n, NULL, &g), 0);
+		ck_assert_uint_eq(g.n, 2);
+		assert_bytes(&g.s[0].bytes[TAP_C2S], "first");
+		assert_bytes(&g.s[1].bytes[TAP_C2S], "second");
+		ck_assert_uint_eq(g.s[0].gaps + g.s[1].gaps, 0);
+		ck_assert(!g.s[1].midstream);
+		ck_assert_int_eq(g.s[1].how, TAP_CAPTURE_END_CLIENT_FIN);
+		got_free(&g);
+	}
+}
+END_TEST
+
 START_TEST(reset_by_server_and_capture_end_and_port_filter)
 {
 	struct conv a, b2;
@@ -947,6 +979,7 @@ int main(void)
 	tcase_add_test(tc, out_of_order_retransmit_overlap);
 	tcase_add_test(tc, acked_hole_is_given_up_at_once);
 	tcase_add_test(tc, mid_connection_start);
+	tcase_add_test(tc, reused_four_tuple_after_a_lost_end);
 	tcase_add_test(tc, reset_by_server_and_capture_end_and_port_filter);
 	tcase_add_test(tc, out_of_order_bound_gives_a_gap);
 	tcase_add_test(tc, truncated_file_keeps_earlier_streams);
