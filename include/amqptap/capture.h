@@ -24,6 +24,9 @@
 #define TAP_CAPTURE_MAX_BLOCK (16u << 20)
 #define TAP_CAPTURE_MAX_OOO_BYTES (4u << 20)
 #define TAP_CAPTURE_MAX_OOO_SEGS 4096u
+/* ... and in all streams together, counting each segment's bookkeeping too: past it, the least recently active
+ * stream holding segments gives up its first hole. */
+#define TAP_CAPTURE_MAX_OOO_TOTAL (64u << 20)
 /* Broker ports one capture follows (a node's AMQP listeners, or several nodes on one host). */
 #define TAP_CAPTURE_MAX_PORTS 16u
 /* Stream limits (tap_capture_set_limits): an open stream that carries nothing for this long in capture time is

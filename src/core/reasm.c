@@ -140,10 +140,19 @@ static void list_append(struct stream_list *l, struct stream *s)
 	l->n++;
 }
 
-static void half_clear(struct half *h)
+/* What a buffered segment of len bytes counts against TAP_CAPTURE_MAX_OOO_TOTAL: a sender of one-byte segments
+ * must not hold more memory than one of full ones. */
+static size_t ooo_cost(size_t len)
 {
-	for (size_t i = 0; i < h->n; i++)
+	return len + sizeof(struct ooo_seg) + 32;
+}
+
+static void half_clear(struct tap_reasm *r, struct half *h)
+{
+	for (size_t i = 0; i < h->n; i++) {
+		r->ooo_held -= ooo_cost(h->segs[i].len);
 		free(h->segs[i].data);
+	}
 	free(h->segs);
 	memset(h, 0, sizeof *h);
 }
@@ -172,8 +181,8 @@ static void stream_close(struct tap_reasm *r, struct stream *s, enum tap_capture
 	if (r->cb->close)
 		r->cb->close(r->cb->ctx, s->user, how, ts);
 	s->user = NULL;
-	half_clear(&s->h[TAP_S2C]);
-	half_clear(&s->h[TAP_C2S]);
+	half_clear(r, &s->h[TAP_S2C]);
+	half_clear(r, &s->h[TAP_C2S]);
 	list_unlink(&r->open, s);
 }
 
@@ -320,6 +329,7 @@ static void drain(struct tap_reasm *r, struct stream *s, enum tap_dir dir, int64
 		memmove(h->segs, h->segs + 1, (h->n - 1) * sizeof *h->segs);
 		h->n--;
 		h->bytes -= g.len;
+		r->ooo_held -= ooo_cost(g.len);
 		deliver_inorder(r, s, dir, g.seq, g.data, g.len, g.fin, ts);
 		free(g.data);
 	}
@@ -357,11 +367,34 @@ static void skip_acked(struct tap_reasm *r, struct stream *s, enum tap_dir dir, 
 		skip_hole(r, s, dir, ts);
 }
 
+static bool over_total(const struct tap_reasm *r, size_t len)
+{
+	return r->ooo_held + ooo_cost(len) > TAP_CAPTURE_MAX_OOO_TOTAL;
+}
+
+/* Room for len more bytes under TAP_CAPTURE_MAX_OOO_TOTAL, taken from the streams other than s that were active
+ * least recently: each gives up its first hole, as if its own bound had been reached. */
+static void make_ooo_room(struct tap_reasm *r, const struct stream *s, size_t len, int64_t ts)
+{
+	struct stream *v = r->live.head;
+	while (v && over_total(r, len)) {
+		int d = v->h[TAP_C2S].n > 0 ? TAP_C2S : TAP_S2C;
+		if (v == s || v->h[d].n == 0 || v->h[d].fin_done) {
+			v = v->by_age.next;
+			continue;
+		}
+		skip_hole(r, v, (enum tap_dir)d, ts);
+	}
+}
+
 static int buffer_ahead(struct tap_reasm *r, struct stream *s, enum tap_dir dir, uint32_t seq, const uint8_t *data,
 			size_t len, bool fin, int64_t ts)
 {
 	struct half *h = &s->h[dir];
-	while (h->n > 0 && (h->n >= TAP_CAPTURE_MAX_OOO_SEGS || h->bytes + len > TAP_CAPTURE_MAX_OOO_BYTES)) {
+	if (over_total(r, len))
+		make_ooo_room(r, s, len, ts);
+	while (h->n > 0 && (h->n >= TAP_CAPTURE_MAX_OOO_SEGS || h->bytes + len > TAP_CAPTURE_MAX_OOO_BYTES ||
+			    over_total(r, len))) {
 		skip_hole(r, s, dir, ts);
 		if (h->fin_done)
 			return TAP_OK;
@@ -402,6 +435,7 @@ static int buffer_ahead(struct tap_reasm *r, struct stream *s, enum tap_dir dir,
 	h->segs[i] = g;
 	h->n++;
 	h->bytes += len;
+	r->ooo_held += ooo_cost(len);
 	r->st->out_of_order++;
 	return TAP_OK;
 }
@@ -564,8 +598,8 @@ void tap_reasm_deinit(struct tap_reasm *r)
 		struct stream *s = r->tab[i];
 		while (s) {
 			struct stream *next = s->hnext;
-			half_clear(&s->h[TAP_S2C]);
-			half_clear(&s->h[TAP_C2S]);
+			half_clear(r, &s->h[TAP_S2C]);
+			half_clear(r, &s->h[TAP_C2S]);
 			free(s);
 			s = next;
 		}

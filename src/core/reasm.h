@@ -40,6 +40,7 @@ struct tap_reasm {
 	struct stream_list live, dead; /* open streams by activity; closed ones kept for their late packets */
 	int64_t idle_us;
 	size_t max_streams;
+	size_t ooo_held; /* out-of-order segments buffered in every stream: bytes and bookkeeping (ooo_cost) */
 };
 
 /* Empty, counting into st; port, cb, idle_us and max_streams are set by the caller before the first segment. */

@@ -4,6 +4,7 @@
 #include "amqptap/capture.h"
 #include "amqptap/jsonl.h"
 #include "amqptap/status.h"
+#include "reasm.h"
 
 #include <check.h>
 
@@ -728,6 +729,63 @@ END_TEST
 /* A segment the peer acknowledged but the capture lost (tcpdump drops, issue 15) is given up on when the ack is
  * seen, before the acking packet's own data, and a FIN buffered behind a hole at a reset still ends the stream as
  * a FIN: the reset answered it. */
+/* Out-of-order segments are bounded in all streams together, not only per direction: 20 streams seen one way
+ * only (nothing acknowledges their bytes), each missing its first segment and then sending 4 MiB, would hold
+ * 80 MiB. The reassembler never holds more than TAP_CAPTURE_MAX_OOO_TOTAL: the least recently active stream
+ * gives up its hole (a gap) and its bytes are delivered. */
+static uint64_t ooo_delivered, ooo_gaps;
+
+static void ooo_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts)
+{
+	(void)ctx, (void)user, (void)dir, (void)data, (void)ts;
+	ooo_delivered += len;
+}
+
+static void ooo_gap(void *ctx, void *user, enum tap_dir dir, uint64_t missing, int64_t ts)
+{
+	(void)ctx, (void)user, (void)dir, (void)missing, (void)ts;
+	ooo_gaps++;
+}
+
+START_TEST(out_of_order_bound_over_all_streams)
+{
+	static uint8_t chunk[65536];
+	struct tap_capture_stats st = {0};
+	struct tap_capture_cb cb = {.data = ooo_data, .gap = ooo_gap};
+	struct tap_reasm r;
+	tap_reasm_init(&r, &st);
+	r.ports[0] = 5672;
+	r.n_ports = 1;
+	r.cb = &cb;
+	r.idle_us = TAP_CAPTURE_IDLE_US_DEFAULT;
+	r.max_streams = TAP_CAPTURE_MAX_STREAMS_DEFAULT;
+	ooo_delivered = ooo_gaps = 0;
+	const unsigned streams = 20, per_stream = (4u << 20) / sizeof chunk;
+	size_t peak = 0;
+	for (unsigned k = 0; k < per_stream; k++) {
+		for (unsigned i = 0; i < streams; i++) {
+			/* a byte at 1000 starts the stream mid-way; the chunk after it is never captured */
+			struct tap_segment g = {.sport = (uint16_t)(40000 + i), .dport = 5672, .flags = 0x18,
+						.payload = chunk, .len = k ? sizeof chunk : 1};
+			memcpy(g.src, "\x0a\x00\x00\x01", 4);
+			memcpy(g.dst, "\x0a\x00\x00\x02", 4);
+			g.seq = k ? 1001 + (uint32_t)k * (uint32_t)sizeof chunk : 1000;
+			ck_assert_int_eq(tap_reasm_segment(&r, &g, 1000 + k * streams + i), 0);
+			if (r.ooo_held > peak)
+				peak = r.ooo_held;
+		}
+	}
+	ck_assert_uint_le(peak, TAP_CAPTURE_MAX_OOO_TOTAL);
+	ck_assert_uint_gt(peak, TAP_CAPTURE_MAX_OOO_TOTAL / 2);
+	ck_assert_uint_gt(ooo_gaps, 0);
+	ck_assert_uint_gt(ooo_delivered, 0);
+	tap_reasm_close_all(&r, 1000000);
+	ck_assert_uint_eq(r.ooo_held, 0);
+	ck_assert_uint_eq(ooo_delivered, (uint64_t)streams * (1 + (per_stream - 1) * sizeof chunk));
+	tap_reasm_deinit(&r);
+}
+END_TEST
+
 START_TEST(acked_hole_is_given_up_at_once)
 {
 	struct conv v;
@@ -979,6 +1037,7 @@ int main(void)
 	tcase_add_test(tc, out_of_order_retransmit_overlap);
 	tcase_add_test(tc, acked_hole_is_given_up_at_once);
 	tcase_add_test(tc, mid_connection_start);
+	tcase_add_test(tc, out_of_order_bound_over_all_streams);
 	tcase_add_test(tc, reused_four_tuple_after_a_lost_end);
 	tcase_add_test(tc, reset_by_server_and_capture_end_and_port_filter);
 	tcase_add_test(tc, out_of_order_bound_gives_a_gap);
