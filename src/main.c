@@ -573,6 +573,13 @@ static void replay_hints(const struct tap_conf *conf, const struct tap_capture_s
 	if (st->cut_short > 0)
 		fprintf(stderr, "amqptap: replay: %" PRIu64 " packet(s) were cut short by the capture's snap length (what "
 			"they lost is a gap): capture whole packets (tcpdump -s 0)\n", st->cut_short);
+	if (st->unknown_link > 0)
+		fprintf(stderr, "amqptap: replay: %" PRIu64 " packet(s) have link type %" PRIu32 ", which amqptap does not "
+			"read (Ethernet, Linux cooked SLL/SLL2, loopback, raw IP): nothing of them was decoded\n",
+			st->unknown_link, st->unknown_linktype);
+	if (st->fragments > 0)
+		fprintf(stderr, "amqptap: replay: %" PRIu64 " packet(s) were IP fragments, which amqptap does not "
+			"reassemble: what they carried is a gap\n", st->fragments);
 }
 
 static int run_replay(const struct tap_conf *conf)

@@ -78,6 +78,9 @@ struct tap_capture_stats {
 	uint64_t packets;       /* records/EPBs read */
 	uint64_t tcp_packets;   /* TCP segments of the chosen port */
 	uint64_t skipped;       /* packets not parsed: other link types, non-IP, non-TCP, fragments, truncated */
+	uint64_t fragments;     /* of which IPv4 or IPv6 fragments (not reassembled) */
+	uint64_t unknown_link;  /* of which of a link type not read, the first such one being unknown_linktype */
+	uint32_t unknown_linktype;
 	uint64_t streams;
 	uint64_t bytes;         /* stream bytes delivered */
 	uint64_t retransmitted; /* segments (or parts) dropped as already delivered */
@@ -125,6 +128,9 @@ int tap_capture_add_port(struct tap_capture *c, uint16_t port);
 /* Packets pushed one at a time (live capture, `amqptap sniff`): the same reassembly and callbacks as
  * tap_capture_run, for server port `port`; cb is borrowed until tap_capture_free. */
 int tap_capture_new_push(struct tap_capture **c, uint16_t port, const struct tap_capture_cb *cb);
+/* Whether packets of this link type (a LINKTYPE_ value) are read. */
+bool tap_capture_link_known(uint32_t linktype);
+
 /* One captured packet of link type `linktype` (TAP_CAPTURE_LINK_*), read only during the call. Returns 0 or
  * TAP_E_NOMEM. */
 int tap_capture_push(struct tap_capture *c, uint32_t linktype, int64_t ts_us, const uint8_t *packet, size_t caplen);

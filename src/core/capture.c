@@ -166,16 +166,23 @@ static bool parse_tcp(struct tap_segment *g, const uint8_t *p, size_t len)
 	return true;
 }
 
-/* RFC 791 §3.1; fragments are not reassembled. */
-static bool parse_ipv4(struct tap_segment *g, const uint8_t *p, size_t len)
+/* RFC 791 §3.1; fragments are not reassembled (counted). A total length of 0 is a segment the sender's NIC was
+ * to cut (TSO, as captured on the sender): the captured bytes are its length, as tshark reads it. */
+static bool parse_ipv4(struct tap_segment *g, struct tap_capture_stats *st, const uint8_t *p, size_t len)
 {
 	if (len < 20 || (p[0] >> 4) != 4)
 		return false;
 	size_t ihl = (size_t)(p[0] & 0x0F) * 4;
 	size_t total = tap_be16(p + 2);
+	if (total == 0)
+		total = len;
 	if (ihl < 20 || total < ihl || total > len)
 		return false;
-	if ((tap_be16(p + 6) & 0x3FFF) != 0 || p[9] != 6)
+	if ((tap_be16(p + 6) & 0x3FFF) != 0) {
+		st->fragments++;
+		return false;
+	}
+	if (p[9] != 6)
 		return false;
 	g->v6 = false;
 	memcpy(g->src, p + 12, 4);
@@ -183,8 +190,9 @@ static bool parse_ipv4(struct tap_segment *g, const uint8_t *p, size_t len)
 	return parse_tcp(g, p + ihl, total - ihl);
 }
 
-/* RFC 8200 §4: hop-by-hop, routing, destination options and AH are skipped; fragments are not handled. */
-static bool parse_ipv6(struct tap_segment *g, const uint8_t *p, size_t len)
+/* RFC 8200 §4: hop-by-hop, routing, destination options and AH are skipped, and so is a fragment header that
+ * holds the whole packet (offset 0, no more fragments: an atomic fragment); other fragments are counted. */
+static bool parse_ipv6(struct tap_segment *g, struct tap_capture_stats *st, const uint8_t *p, size_t len)
 {
 	if (len < 40 || (p[0] >> 4) != 6)
 		return false;
@@ -201,7 +209,12 @@ static bool parse_ipv6(struct tap_segment *g, const uint8_t *p, size_t len)
 			hl = ((size_t)p[off + 1] + 1) * 8;
 		else if (nh == 51)
 			hl = ((size_t)p[off + 1] + 2) * 4;
-		else
+		else if (nh == 44 && (tap_be16(p + off + 2) & 0xFFF9) == 0)
+			hl = 8;
+		else if (nh == 44) {
+			st->fragments++;
+			return false;
+		} else
 			return false;
 		nh = p[off];
 		off += hl;
@@ -214,54 +227,73 @@ static bool parse_ipv6(struct tap_segment *g, const uint8_t *p, size_t len)
 	return parse_tcp(g, p + off, end - off);
 }
 
-static bool parse_ip(struct tap_segment *g, const uint8_t *p, size_t len)
+static bool parse_ip(struct tap_segment *g, struct tap_capture_stats *st, const uint8_t *p, size_t len)
 {
 	if (len < 1)
 		return false;
 	if ((p[0] >> 4) == 4)
-		return parse_ipv4(g, p, len);
+		return parse_ipv4(g, st, p, len);
 	if ((p[0] >> 4) == 6)
-		return parse_ipv6(g, p, len);
+		return parse_ipv6(g, st, p, len);
 	return false;
 }
 
-static bool parse_ethertype(struct tap_segment *g, uint16_t type, const uint8_t *p, size_t len)
+/* An EtherType and what follows it, behind any number of 802.1Q / 802.1ad tags (on Ethernet, and after a Linux
+ * cooked header, where libpcap puts a tag the kernel took off back this way). */
+static bool parse_ethertype(struct tap_segment *g, struct tap_capture_stats *st, uint16_t type, const uint8_t *p,
+			    size_t len)
 {
+	size_t off = 0;
+	while (type == 0x8100 || type == 0x88A8 || type == 0x9100) {
+		if (off + 4 > len)
+			return false;
+		type = tap_be16(p + off + 2);
+		off += 4;
+	}
 	if (type == 0x0800)
-		return parse_ipv4(g, p, len);
+		return parse_ipv4(g, st, p + off, len - off);
 	if (type == 0x86DD)
-		return parse_ipv6(g, p, len);
+		return parse_ipv6(g, st, p + off, len - off);
 	return false;
 }
 
-static bool parse_link(struct tap_segment *g, uint32_t linktype, const uint8_t *p, size_t len)
+bool tap_capture_link_known(uint32_t linktype)
 {
 	switch (linktype) {
-	case TAP_CAPTURE_LINK_ETHERNET: {
-		if (len < 14)
-			return false;
-		size_t off = 12;
-		uint16_t type = tap_be16(p + off);
-		while (type == 0x8100 || type == 0x88A8 || type == 0x9100) { /* 802.1Q / 802.1ad tags */
-			off += 4;
-			if (off + 2 > len)
-				return false;
-			type = tap_be16(p + off);
-		}
-		return parse_ethertype(g, type, p + off + 2, len - off - 2);
-	}
+	case TAP_CAPTURE_LINK_ETHERNET:
 	case TAP_CAPTURE_LINK_RAW:
 	case TAP_CAPTURE_LINK_IPV4:
 	case TAP_CAPTURE_LINK_IPV6:
-		return parse_ip(g, p, len);
+	case TAP_CAPTURE_LINK_NULL:
+	case TAP_CAPTURE_LINK_LOOP:
+	case TAP_CAPTURE_LINK_LINUX_SLL:
+	case TAP_CAPTURE_LINK_LINUX_SLL2:
+		return true;
+	default:
+		return false;
+	}
+}
+
+static bool parse_link(struct tap_segment *g, struct tap_capture_stats *st, uint32_t linktype, const uint8_t *p,
+		       size_t len)
+{
+	switch (linktype) {
+	case TAP_CAPTURE_LINK_ETHERNET:
+		return len >= 14 && parse_ethertype(g, st, tap_be16(p + 12), p + 14, len - 14);
+	case TAP_CAPTURE_LINK_RAW:
+	case TAP_CAPTURE_LINK_IPV4:
+	case TAP_CAPTURE_LINK_IPV6:
+		return parse_ip(g, st, p, len);
 	case TAP_CAPTURE_LINK_NULL:
 	case TAP_CAPTURE_LINK_LOOP: /* 4-byte address family, in either byte order: the IP version tells */
-		return len >= 4 && parse_ip(g, p + 4, len - 4);
+		return len >= 4 && parse_ip(g, st, p + 4, len - 4);
 	case TAP_CAPTURE_LINK_LINUX_SLL:
-		return len >= 16 && parse_ethertype(g, tap_be16(p + 14), p + 16, len - 16);
+		return len >= 16 && parse_ethertype(g, st, tap_be16(p + 14), p + 16, len - 16);
 	case TAP_CAPTURE_LINK_LINUX_SLL2:
-		return len >= 20 && parse_ethertype(g, tap_be16(p), p + 20, len - 20);
+		return len >= 20 && parse_ethertype(g, st, tap_be16(p), p + 20, len - 20);
 	default:
+		if (st->unknown_link++ == 0)
+			st->unknown_linktype = linktype;
 		return false;
 	}
 }
@@ -277,7 +309,7 @@ static int on_packet(struct tap_capture *c, uint32_t linktype, int64_t ts, const
 		c->cb->packet(c->cb->ctx, ts);
 	tap_reasm_expire(&c->reasm, ts);
 	struct tap_segment g;
-	if (!parse_link(&g, linktype, p, caplen)) {
+	if (!parse_link(&g, &c->st, linktype, p, caplen)) {
 		c->st.skipped++;
 		return TAP_OK;
 	}
@@ -538,7 +570,7 @@ static int open_common(struct tap_capture *c, char *err, size_t cap)
 	if (src_read(c, h + 4, 20) < 20)
 		return fail(err, cap, TAP_E_BAD_CAPTURE, "%s: truncated file header at offset %" PRIu64, c->name,
 			    c->off);
-	c->linktype = rd32(c, h + 20) & 0x0FFFFFFF; /* upper bits: FCS length */
+	c->linktype = rd32(c, h + 20) & 0x03FFFFFF; /* bit 26: an FCS is present; the top 4: its length */
 	return TAP_OK;
 }
 

@@ -181,6 +181,15 @@ struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, cons
 	if (is_loopback(iface))
 		ignore_sent_copies(s->p);
 	s->linktype = linktype_of(pcap_datalink(s->p));
+	if (!tap_capture_link_known(s->linktype)) {
+		const char *name = pcap_datalink_val_to_name(pcap_datalink(s->p));
+		snprintf(err, cap, "--interface %s: its link type %s is not one amqptap reads (Ethernet, Linux cooked, "
+			 "loopback, raw IP): capture on another interface, or on any", iface, name ? name : "?");
+		*exit_code = 2;
+		pcap_close(s->p);
+		free(s);
+		return NULL;
+	}
 	int fd = pcap_get_selectable_fd(s->p);
 	if (fd < 0 || pcap_setnonblock(s->p, 1, ebuf) < 0) {
 		snprintf(err, cap, "--interface %s: no selectable descriptor: %s", iface, ebuf);
