@@ -405,8 +405,9 @@ static int idb(struct tap_capture *c, const uint8_t *b, size_t len)
 			memcpy(&o, v, 8);
 			if (c->swap)
 				o = __builtin_bswap64(o);
-			/* seconds; an offset past year 292,277 cannot be a real one */
-			f.offset_us = o <= (uint64_t)(INT64_MAX / 1000000) ? (int64_t)o * 1000000 : 0;
+			/* signed seconds; an offset past year 292,277 either way cannot be a real one */
+			int64_t sec = (int64_t)o;
+			f.offset_us = sec <= INT64_MAX / 1000000 && sec >= -(INT64_MAX / 1000000) ? sec * 1000000 : 0;
 		}
 		off += 4 + (((size_t)olen + 3) & ~(size_t)3);
 	}

@@ -278,6 +278,24 @@ static void ng_idb(struct tap_buf *b, uint16_t linktype, uint8_t tsresol, bool s
 	tap_buf_deinit(&body);
 }
 
+/* An Ethernet IDB whose if_tsoffset (signed seconds, added to every timestamp) is offset. */
+static void ng_idb_tsoffset(struct tap_buf *b, int64_t offset, bool swap)
+{
+	struct tap_buf body;
+	tap_buf_init(&body);
+	put16le(&body, 1, swap);
+	put16le(&body, 0, swap);
+	put32le(&body, 0, swap);
+	put16le(&body, 14, swap);
+	put16le(&body, 8, swap);
+	uint64_t o = (uint64_t)offset;
+	put32le(&body, (uint32_t)(swap ? o >> 32 : o), swap);
+	put32le(&body, (uint32_t)(swap ? o : o >> 32), swap);
+	put32le(&body, 0, swap);
+	ng_block(b, 1, &body, swap);
+	tap_buf_deinit(&body);
+}
+
 static void ng_epb(struct tap_buf *b, uint32_t ifid, uint64_t units, const uint8_t *data, size_t len, bool swap)
 {
 	struct tap_buf body;
@@ -542,6 +560,33 @@ START_TEST(packets_the_reader_must_not_lose)
 	ck_assert_uint_eq(st.fragments, frags);
 	ck_assert_uint_eq(st.skipped, frags);
 	got_free(&g);
+}
+END_TEST
+
+/* if_tsoffset is signed (pcapng §4.2): an hour back and an hour forward, either byte order. */
+START_TEST(pcapng_tsoffset_either_sign)
+{
+	size_t n = basic_conv(false, false);
+	static const int64_t offsets[] = {-3600, 3600};
+	for (int swap = 0; swap < 2; swap++)
+		for (size_t k = 0; k < 2; k++) {
+			struct tap_buf b;
+			tap_buf_init(&b);
+			ng_shb(&b, swap);
+			ng_idb_tsoffset(&b, offsets[k], swap);
+			static uint8_t frame[70100];
+			for (size_t i = 0; i < n; i++) {
+				size_t len = link_wrap(frame, 1, pk[i].data, pk[i].len, false, false);
+				ng_epb(&b, 0, (uint64_t)pk[i].ts, frame, len, swap);
+			}
+			struct got g;
+			char err[256] = "";
+			ck_assert_msg(run_mem(b.data, b.len, 5672, &g, err, sizeof err) == 0, "%s", err);
+			ck_assert_uint_eq(g.n, 1);
+			ck_assert_int_eq(g.s[0].open_ts, pk[0].ts + offsets[k] * 1000000);
+			got_free(&g);
+			tap_buf_deinit(&b);
+		}
 }
 END_TEST
 
@@ -1117,6 +1162,7 @@ int main(void)
 	tcase_add_test(tc, out_of_order_retransmit_overlap);
 	tcase_add_test(tc, acked_hole_is_given_up_at_once);
 	tcase_add_test(tc, mid_connection_start);
+	tcase_add_test(tc, pcapng_tsoffset_either_sign);
 	tcase_add_test(tc, packets_the_reader_must_not_lose);
 	tcase_add_test(tc, out_of_order_bound_over_all_streams);
 	tcase_add_test(tc, reused_four_tuple_after_a_lost_end);
