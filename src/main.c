@@ -577,6 +577,11 @@ static void replay_hints(const struct tap_conf *conf, const struct tap_capture_s
 		fprintf(stderr, "amqptap: replay: %" PRIu64 " packet(s) have link type %" PRIu32 ", which amqptap does not "
 			"read (Ethernet, Linux cooked SLL/SLL2, loopback, raw IP): nothing of them was decoded\n",
 			st->unknown_link, st->unknown_linktype);
+	if (st->clock_steps > 0 || st->clock_back > 0)
+		fprintf(stderr, "amqptap: replay: the capture's time jumped forward by %.0f minutes or more %" PRIu64
+			" time(s) and went back by a second or more at %" PRIu64 " packet(s) (captures of hosts whose clocks "
+			"differ merged, or a clock stepped): latencies across a jump are not meaningful, and no connection "
+			"was ended as idle across one\n", TAP_CAPTURE_IDLE_US_DEFAULT / 60e6, st->clock_steps, st->clock_back);
 	if (st->fragments > 0)
 		fprintf(stderr, "amqptap: replay: %" PRIu64 " packet(s) were IP fragments, which amqptap does not "
 			"reassemble: what they carried is a gap\n", st->fragments);

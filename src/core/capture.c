@@ -307,7 +307,7 @@ static int on_packet(struct tap_capture *c, uint32_t linktype, int64_t ts, const
 	c->last_ts = ts;
 	if (c->cb->packet)
 		c->cb->packet(c->cb->ctx, ts);
-	tap_reasm_expire(&c->reasm, ts);
+	tap_reasm_packet_time(&c->reasm, ts);
 	struct tap_segment g;
 	if (!parse_link(&g, &c->st, linktype, p, caplen)) {
 		c->st.skipped++;

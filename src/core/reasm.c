@@ -170,12 +170,24 @@ static enum tap_capture_end fin_end(const struct stream *s)
 	return s->first_fin == TAP_C2S ? TAP_CAPTURE_END_CLIENT_FIN : TAP_CAPTURE_END_SERVER_FIN;
 }
 
+/* Moves the capture clock to ts if that is later; a packet a second or more behind it is counted. */
+static void clock_to(struct tap_reasm *r, int64_t ts)
+{
+	if (!r->now_set || ts > r->now) {
+		r->now = ts;
+		r->now_set = true;
+	} else if ((uint64_t)r->now - (uint64_t)ts >= 1000000) {
+		r->st->clock_back++;
+	}
+}
+
 static void stream_close(struct tap_reasm *r, struct stream *s, enum tap_capture_end how, int64_t ts)
 {
 	if (s->closed)
 		return;
 	s->closed = true;
-	s->last_ts = ts;
+	clock_to(r, ts);
+	s->last_ts = r->now;
 	list_unlink(&r->live, s);
 	list_append(&r->dead, s);
 	if (r->cb->close)
@@ -206,23 +218,75 @@ static bool idle_for(int64_t ts, int64_t last_ts, int64_t idle_us)
 	return ts > last_ts && (uint64_t)ts - (uint64_t)last_ts >= (uint64_t)idle_us;
 }
 
+static void forget_dead(struct tap_reasm *r, int64_t ts)
+{
+	struct stream *s;
+	while ((s = r->dead.head) && idle_for(ts, s->last_ts, r->idle_us))
+		stream_free(r, s);
+}
+
+/* Resolves a pending jump of the clock with the time of the packet after it. Nearer the time before the jump:
+ * two clocks apart, not a silence; every stream older than the jump is moved with it, so none is idle for it
+ * (clock_steps counts these). Else every stream was silent: the idle ones end at the jump, as without it. */
+static void resolve_jump(struct tap_reasm *r, int64_t ts)
+{
+	r->jump_pending = false;
+	bool old_clock = ts < r->jump_at && (uint64_t)r->jump_at - (uint64_t)ts > r->jump_step / 2;
+	if (!old_clock) {
+		tap_reasm_expire(r, r->jump_at);
+		return;
+	}
+	r->st->clock_steps++;
+	const struct stream_list *lists[] = {&r->live, &r->dead};
+	for (size_t i = 0; i < 2; i++)
+		for (struct stream *s = lists[i]->head; s; s = s->by_age.next)
+			if (s->last_ts < r->jump_at)
+				s->last_ts = (int64_t)((uint64_t)s->last_ts + r->jump_step);
+}
+
+void tap_reasm_packet_time(struct tap_reasm *r, int64_t ts)
+{
+	if (r->jump_pending)
+		resolve_jump(r, ts);
+	if (r->now_set && ts > r->now && r->idle_us > 0 && (uint64_t)ts - (uint64_t)r->now >= (uint64_t)r->idle_us) {
+		r->jump_pending = true;
+		r->jump_at = ts;
+		r->jump_step = (uint64_t)ts - (uint64_t)r->now;
+		clock_to(r, ts);
+		forget_dead(r, ts); /* closed streams are forgotten either way */
+		return; /* no open stream ends until the next packet says whether this was a silence */
+	}
+	tap_reasm_expire(r, ts);
+}
+
 void tap_reasm_expire(struct tap_reasm *r, int64_t ts)
 {
 	struct stream *s;
+	if (r->jump_pending) { /* a time past the jump with no packet of the old clock between: a silence */
+		if (ts <= r->jump_at)
+			return;
+		r->jump_pending = false;
+		tap_reasm_expire(r, r->jump_at);
+	}
+	clock_to(r, ts);
+	ts = r->now;
 	while ((s = r->live.head) && idle_for(ts, s->last_ts, r->idle_us)) {
 		r->st->idle_closed++;
 		flush_holes(r, s, ts);
 		stream_close(r, s, TAP_CAPTURE_END_IDLE, ts);
 		stream_free(r, s);
 	}
-	while ((s = r->dead.head) && idle_for(ts, s->last_ts, r->idle_us))
-		stream_free(r, s);
+	forget_dead(r, ts);
 }
 
 /* Room for one more stream under max_streams: the oldest closed one is forgotten, else the least recently active
  * open one is closed. */
 static void make_room(struct tap_reasm *r, int64_t ts)
 {
+	if (r->jump_pending && r->dead.n + r->live.n >= r->max_streams) {
+		r->jump_pending = false; /* no room to wait for the next packet: taken as a silence */
+		tap_reasm_expire(r, r->jump_at);
+	}
 	while (r->dead.n > 0 && r->dead.n + r->live.n >= r->max_streams)
 		stream_free(r, r->dead.head);
 	while (r->live.n > 0 && r->live.n >= r->max_streams) {
@@ -258,7 +322,8 @@ static struct stream *stream_open(struct tap_reasm *r, struct stream *old, const
 		s->key = *k;
 		s->hnext = hnext;
 	}
-	s->last_ts = ts;
+	clock_to(r, ts);
+	s->last_ts = r->now;
 	list_append(&r->live, s);
 	list_append(&r->open, s);
 	s->id = ++r->st->streams;
@@ -521,7 +586,8 @@ int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t 
 		if (!s)
 			return TAP_E_NOMEM;
 	} else {
-		s->last_ts = ts;
+		clock_to(r, ts);
+		s->last_ts = r->now;
 		list_unlink(&r->live, s);
 		list_append(&r->live, s);
 	}

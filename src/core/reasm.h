@@ -41,12 +41,25 @@ struct tap_reasm {
 	int64_t idle_us;
 	size_t max_streams;
 	size_t ooo_held; /* out-of-order segments buffered in every stream: bytes and bookkeeping (ooo_cost) */
+	/* the latest capture time seen: streams age by it, not by each packet's own time, so packets of a clock that
+	 * runs behind (a merge of two hosts' captures, a clock stepped back) do not make the others look idle */
+	int64_t now;
+	bool now_set;
+	/* the clock moved on by the idle time or more at one packet (jump_at): a silence of every stream, or two
+	 * clocks apart (captures of two hosts merged); the next packet tells which (see tap_reasm_expire) */
+	bool jump_pending;
+	int64_t jump_at;
+	uint64_t jump_step;
 };
 
 /* Empty, counting into st; port, cb, idle_us and max_streams are set by the caller before the first segment. */
 void tap_reasm_init(struct tap_reasm *r, struct tap_capture_stats *st);
-/* Closes the streams silent for idle_us at capture time ts (TAP_CAPTURE_END_IDLE) and forgets the closed ones. */
+/* Closes the streams silent for idle_us at capture time ts (TAP_CAPTURE_END_IDLE) and forgets the closed ones;
+ * the clock never goes back: a ts behind the latest one seen expires at that one. */
 void tap_reasm_expire(struct tap_reasm *r, int64_t ts);
+/* A packet's time, before its segment: tap_reasm_expire at it, unless it moved the clock on by the idle time or
+ * more at once, which the packet after it resolves (a silence of every stream, or two clocks apart). */
+void tap_reasm_packet_time(struct tap_reasm *r, int64_t ts);
 /* One segment seen at ts: 0, or TAP_E_NOMEM. */
 int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t ts);
 /* The end of the capture: every open stream is closed (after a FIN as that FIN's end, else _END_CAPTURE). */

@@ -590,6 +590,37 @@ START_TEST(pcapng_tsoffset_either_sign)
 }
 END_TEST
 
+/* A merge of two hosts' captures whose clocks differ by an hour: the client's packets on one interface, the
+ * broker's on the other. Streams age by the latest time seen, so the late clock's packets do not make the
+ * connection look idle and split it into many mid-stream ones. */
+START_TEST(pcapng_interfaces_with_clocks_apart)
+{
+	size_t n = basic_conv(false, false);
+	struct tap_buf b;
+	tap_buf_init(&b);
+	ng_shb(&b, false);
+	ng_idb(&b, 1, 0, false);
+	ng_idb(&b, 1, 0, false);
+	static uint8_t frame[70100];
+	for (size_t i = 0; i < n; i++) {
+		bool from_client = memcmp(pk[i].data + 12, "\x0a\x00\x00\x01", 4) == 0;
+		size_t len = link_wrap(frame, 1, pk[i].data, pk[i].len, false, false);
+		ng_epb(&b, from_client ? 0 : 1, (uint64_t)(pk[i].ts + (from_client ? 0 : 3600000000)), frame, len, false);
+	}
+	struct got g;
+	struct tap_capture_stats st;
+	char err[256] = "";
+	ck_assert_msg(run_mem_limits(b.data, b.len, 5672, &g, 0, 0, &st, err, sizeof err) == 0, "%s", err);
+	ck_assert_uint_eq(g.n, 1);
+	assert_bytes(&g.s[0].bytes[TAP_S2C], "start-ok");
+	ck_assert_uint_eq(g.s[0].bytes[TAP_C2S].len, 19);
+	ck_assert_uint_eq(st.clock_steps, 1);
+	ck_assert_uint_gt(st.clock_back, 0);
+	got_free(&g);
+	tap_buf_deinit(&b);
+}
+END_TEST
+
 START_TEST(pcapng_interfaces_and_resolutions)
 {
 	size_t n = basic_conv(false, true);
@@ -1162,6 +1193,7 @@ int main(void)
 	tcase_add_test(tc, out_of_order_retransmit_overlap);
 	tcase_add_test(tc, acked_hole_is_given_up_at_once);
 	tcase_add_test(tc, mid_connection_start);
+	tcase_add_test(tc, pcapng_interfaces_with_clocks_apart);
 	tcase_add_test(tc, pcapng_tsoffset_either_sign);
 	tcase_add_test(tc, packets_the_reader_must_not_lose);
 	tcase_add_test(tc, out_of_order_bound_over_all_streams);
