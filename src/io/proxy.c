@@ -158,6 +158,10 @@ static void leg_free(struct leg *l)
 		bufferevent_free(l->bev); /* closes the socket */
 		l->bev = NULL;
 	}
+	if (l->setup_timer) { /* a plain upstream's connect timer (a TLS leg's went with it above) */
+		event_free(l->setup_timer);
+		l->setup_timer = NULL;
+	}
 	l->out = NULL;
 }
 
@@ -541,20 +545,25 @@ static void on_write(struct bufferevent *bev, void *arg)
 	tap_leg_written(arg);
 }
 
-/* Bounds how long a leg may take to be set up (TLS handshake; upstream
- * connect). A TLS leg has a timer until its handshake is done; a plain
- * upstream uses its bufferevent's write timeout, which covers the connect,
- * cleared once connected (drain timeouts replace it if the session ends
- * first). */
-static void arm_setup_timeout(struct leg *l)
+static void on_setup_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct leg *l = arg;
+	(void)fd;
+	(void)what;
+	tap_leg_event(l, BEV_EVENT_TIMEOUT, 0, NULL);
+}
+
+/* Bounds how long a leg may take to be set up (a TLS handshake; an upstream connect) with a timer of its own,
+ * deleted once it is. Not a bufferevent write timeout: libevent 2.1 keeps one armed after it is cleared, and a
+ * broker that then stopped reading for that long (a resource alarm) had its live session ended as unreachable. */
+void tap_leg_arm_setup(struct leg *l)
 {
 	struct tap_proxy *px = l->s->px;
-	if (!px->handshake_ms || (!l->tls && l->connected))
+	if (!px->handshake_ms || l->handshaken || (!l->tls && l->connected))
 		return;
-	if (l->tls)
-		tap_tls_leg_arm_setup(l);
-	else
-		bufferevent_set_timeouts(l->bev, NULL, &px->handshake_timeout);
+	if (!l->setup_timer)
+		l->setup_timer = evtimer_new(px->base, on_setup_timeout, l);
+	tap_leg_watch(l, l->setup_timer, &px->handshake_timeout);
 }
 
 /* A leg was not set up within --handshake-timeout. */
@@ -615,8 +624,8 @@ void tap_leg_event(struct leg *l, short what, int err, const char *why)
 	struct tap_session *s = l->s;
 	if (what & BEV_EVENT_CONNECTED) { /* TCP connect done, or a TLS handshake done (either leg) */
 		l->handshaken = true;
-		if (!l->tls && s->px->handshake_ms && !s->closing && !l->eof && !l->peer->eof)
-			bufferevent_set_timeouts(l->bev, NULL, NULL); /* set up: the setup timeout is done */
+		if (!l->tls && l->setup_timer)
+			evtimer_del(l->setup_timer); /* set up: the setup timeout is done */
 		if (l->side == SIDE_UPSTREAM) {
 			l->connected = true;
 			set_nodelay(l->fd);
@@ -744,7 +753,7 @@ static bool connect_upstream(struct tap_session *s)
 {
 	struct tap_proxy *px = s->px;
 	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
-	arm_setup_timeout(upstream);
+	tap_leg_arm_setup(upstream);
 	int err = 0;
 	if (upstream->tls)
 		err = tap_tls_leg_connect(upstream);
@@ -818,7 +827,7 @@ static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struc
 		return;
 	}
 	if (client->tls) {
-		arm_setup_timeout(client);
+		tap_leg_arm_setup(client);
 		return; /* the upstream is opened once the handshake is done */
 	}
 	if (connect_upstream(s))

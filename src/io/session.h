@@ -39,7 +39,7 @@ struct leg {
 	struct ssl_st *ssl;        /* TLS legs */
 	struct event *rd;          /* the session's own read event */
 	struct event *wr;          /* TLS legs: the socket is writable (or the upstream connect is done) */
-	struct event *setup_timer; /* TLS legs until set up: --handshake-timeout */
+	struct event *setup_timer; /* until set up (TLS handshake, upstream connect): --handshake-timeout */
 	struct tls_job *job;       /* TLS client legs: the handshake step the handshaker has (tlswork.c) */
 	evutil_socket_t fd;        /* -1 until the socket exists */
 	size_t low_water;          /* TLS legs: tap_leg_written once `out` drains to this */
@@ -143,8 +143,8 @@ int tap_tls_leg_connect(struct leg *l);
  * returns how many it took. What it did not take must be queued next: an
  * interrupted write is repeated from there (with the length it had). */
 size_t tap_tls_leg_send(struct leg *to, const void *data, size_t len);
-/* Starts the --handshake-timeout clock of a TLS leg. */
-void tap_tls_leg_arm_setup(struct leg *l);
+/* Starts the --handshake-timeout clock of a leg not yet set up (a TLS handshake, an upstream connect). */
+void tap_leg_arm_setup(struct leg *l);
 /* Applies l->reading to a handshaken TLS leg. */
 void tap_tls_leg_reading(struct leg *l);
 /* From now on a write that makes no progress for TAP_PROXY_DRAIN_SECONDS

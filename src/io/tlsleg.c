@@ -55,7 +55,7 @@ static void hand_over(struct leg *l)
 		evtimer_del(l->setup_timer);
 	if (!tap_tls_work_add(l->s->px->handshaker, l)) {
 		l->first_step_done = true;
-		tap_tls_leg_arm_setup(l);
+		tap_leg_arm_setup(l);
 		step_handshake(l);
 	}
 }
@@ -109,24 +109,6 @@ void tap_tls_proxy_free(struct tap_proxy *px)
 		event_free(px->buffer_sweep);
 	px->handshaker = NULL;
 	px->buffer_sweep = NULL;
-}
-
-static void on_setup_timeout(evutil_socket_t fd, short what, void *arg)
-{
-	struct leg *l = arg;
-	(void)fd;
-	(void)what;
-	tap_leg_event(l, BEV_EVENT_TIMEOUT, 0, NULL);
-}
-
-void tap_tls_leg_arm_setup(struct leg *l)
-{
-	struct tap_proxy *px = l->s->px;
-	if (!px->handshake_ms || l->handshaken)
-		return;
-	if (!l->setup_timer)
-		l->setup_timer = evtimer_new(px->base, on_setup_timeout, l);
-	tap_leg_watch(l, l->setup_timer, &px->handshake_timeout);
 }
 
 /* The peer's output when the decrypted bytes must be queued there, else
@@ -397,7 +379,7 @@ static void on_first_step(struct leg *l, bool gone, enum tap_tls_step st, int er
 		tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_EOF, 0, NULL);
 		return;
 	}
-	tap_tls_leg_arm_setup(l);
+	tap_leg_arm_setup(l);
 	after_step(l, st, err, why); /* may end l's session */
 }
 

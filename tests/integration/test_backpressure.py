@@ -163,6 +163,47 @@ class BackpressureTest(TapTestCase):
 TLS_TOTAL = 64 * MIB
 
 
+class BrokerPauseTest(TapTestCase):
+    def test_broker_pausing_longer_than_the_setup_timeout(self):
+        """A broker that reads for a while, then reads nothing for longer than --handshake-timeout (a resource
+        alarm), then reads again: the session is live all along, so the timeout does not end it (it used to: the
+        upstream's connect timeout came back as a write timeout, and the client was reset as "unreachable")."""
+        total = 64 * MIB
+        result = {}
+
+        def handler(conn, _idx):
+            conn.settimeout(120)
+            h = hashlib.sha256()
+            got = 0
+            end = time.monotonic() + 0.5
+            while time.monotonic() < end:  # reads slowly, so the tap queues bytes for it
+                data = conn.recv(64 * 1024)
+                h.update(data)
+                got += len(data)
+                time.sleep(0.01)
+            time.sleep(2.5)  # the pause: longer than the 1 s setup timeout
+            while got < total:
+                data = conn.recv(MIB)
+                if not data:
+                    break
+                h.update(data)
+                got += len(data)
+            result["r"] = (h.hexdigest(), got)
+
+        peer = Peer(handler)
+        self.addCleanup(peer.close)
+        tap = self.start_tap(["--handshake-timeout", "1000"], upstream_port=peer.port)
+        c = tap.connect(timeout=30)
+        writer = Writer(c, total)
+        writer.start()
+        writer.join(120)
+        peer.join(120)
+        c.close()
+        self.assertIsNone(writer.error, "the client's connection failed")
+        self.assertEqual(result.get("r"), (writer.hash.hexdigest(), total), "data lost after the pause")
+        self.assertNotIn("unreachable", tap.stderr())
+
+
 class TlsBackpressureTest(PkiCase, BackpressureTest):
     """TLS on both legs: client (Python ssl) -> tap -> a TLS peer standing in for the broker."""
 
