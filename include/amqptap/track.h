@@ -199,10 +199,15 @@ struct tap_publish {
 	uint64_t body_size;
 	const struct tap_slice *header_keys; /* records keep TAP_TRACK_HEADER_KEYS_MAX / _BYTES_MAX of them */
 	size_t n_header_keys;
-	struct tap_slice headers; /* the headers table (without its length), for header values and traceparent */
+	struct tap_slice headers; /* the headers table (without its length), for header values and traceparent: the
+	                           * fields tap_track_header_wanted names are enough */
+	bool headers_cut;          /* one of those was too long to keep: its value is said cut */
 	bool details_lost; /* no memory kept its strings: exchange, routing key, ids and properties are not known */
 	bool content_cut;  /* the connection ended before its content did: written unknown whatever its channel */
 };
+
+/* Whether a header field of this name may be shown in a record: traceparent, or one of the --header-values keys. */
+bool tap_track_header_wanted(const struct tap_track *t, const uint8_t *name, size_t len);
 
 /* A publish is complete: its last frame was forwarded to the broker at now_us (or, content_cut, the connection is
  * ending without the rest: tap_track_conn_end follows). */

@@ -34,6 +34,7 @@ struct pending {
 		uint32_t off, len;
 	} exchange, routing_key, reply_text, message_id, correlation_id, content_type, type, app_id, user_id, headers;
 	uint32_t header_keys_off, n_header_keys;
+	bool headers_cut; /* a header field the records want was too long to keep whole */
 	bool has_message_id, has_correlation_id, has_user_id, has_delivery_mode, has_timestamp;
 	uint8_t delivery_mode;
 	uint64_t timestamp;
@@ -232,6 +233,39 @@ static struct span keep(struct pending *p, const uint8_t *s, size_t len)
 	return sp;
 }
 
+/* A kept header field's encoding may take this much; a longer string is kept cut to it (the record shows far less
+ * and says the value was cut), a longer field of another type is left out (and the value said cut). */
+#define KEPT_FIELD_MAX 1024
+
+/* Of the headers table, only the fields a record may show are kept (traceparent, the --header-values keys), as a
+ * table of their own: a client's table can be as long as a frame, on every channel at once. */
+static void keep_wanted_headers(const struct tap_conn *c, struct pending *p, struct tap_slice headers)
+{
+	struct tap_table_it it;
+	struct tap_field f;
+	uint32_t from = (uint32_t)p->store.len;
+	tap_table_it_init(&it, headers.ptr, headers.len);
+	for (const uint8_t *at = it.p; tap_table_next(&it, &f) > 0; at = it.p) {
+		if (!tap_track_header_wanted(c->o->track, f.name, f.name_len))
+			continue;
+		size_t raw = (size_t)(it.p - at);
+		if (raw <= KEPT_FIELD_MAX) {
+			tap_buf_append(&p->store, at, raw);
+		} else if (f.type == 'S' || f.type == 'x') {
+			size_t head = 1 + (size_t)f.name_len + 1; /* name length, name, type */
+			uint32_t keep_len = f.len < KEPT_FIELD_MAX ? f.len : KEPT_FIELD_MAX;
+			uint8_t len_be[4] = {(uint8_t)(keep_len >> 24), (uint8_t)(keep_len >> 16), (uint8_t)(keep_len >> 8),
+					     (uint8_t)keep_len};
+			tap_buf_append(&p->store, at, head);
+			tap_buf_append(&p->store, len_be, 4);
+			tap_buf_append(&p->store, f.ptr, keep_len);
+		} else {
+			p->headers_cut = true;
+		}
+	}
+	p->headers = (struct span){from, (uint32_t)p->store.len - from};
+}
+
 static struct tap_slice span_slice(const struct pending *p, struct span sp)
 {
 	if (p->store.oom || !p->store.data)
@@ -239,9 +273,15 @@ static struct tap_slice span_slice(const struct pending *p, struct span sp)
 	return (struct tap_slice){(const uint8_t *)p->store.data + sp.off, sp.len};
 }
 
+/* A channel's store keeps its room for the next content, up to this: one content with long strings must not hold
+ * memory on every channel it was sent on. */
+#define PENDING_STORE_KEEP 4096
+
 static void pending_reset(struct pending *p, enum pending_kind kind)
 {
 	struct tap_buf store = p->store;
+	if (store.cap > PENDING_STORE_KEEP)
+		tap_buf_deinit(&store);
 	tap_buf_reset(&store);
 	memset(p, 0, sizeof *p);
 	p->store = store;
@@ -280,6 +320,7 @@ static void pending_finish(struct tap_conn *c, uint16_t channel, struct pending 
 			.header_keys = keys,
 			.n_header_keys = p->store.oom ? 0 : n,
 			.headers = span_slice(p, p->headers),
+			.headers_cut = p->headers_cut,
 			.details_lost = p->store.oom,
 			.content_cut = cut,
 		};
@@ -356,7 +397,7 @@ static void on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_fra
 		if (props.flags & TAP_PROP_HEADERS) {
 			struct tap_table_it it;
 			struct tap_field f;
-			p->headers = keep(p, props.headers.ptr, props.headers.len);
+			keep_wanted_headers(c, p, props.headers);
 			p->header_keys_off = (uint32_t)p->store.len;
 			tap_table_it_init(&it, props.headers.ptr, props.headers.len);
 			while (p->n_header_keys < MAX_HEADER_KEYS && tap_table_next(&it, &f) > 0) {

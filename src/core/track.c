@@ -544,6 +544,22 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	}
 }
 
+bool tap_track_header_wanted(const struct tap_track *t, const uint8_t *name, size_t len)
+{
+	if (len == sizeof "traceparent" - 1 && memcmp(name, "traceparent", len) == 0)
+		return true;
+	for (const char *k = t->conf.header_values; k && *k;) {
+		const char *end = strchr(k, ',');
+		size_t klen = end ? (size_t)(end - k) : strlen(k);
+		if (klen == len && memcmp(k, name, len) == 0)
+			return true;
+		if (!end)
+			break;
+		k = end + 1;
+	}
+	return false;
+}
+
 void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_publish *p, int64_t now_us)
 {
 	struct tap_track *t = c->t;

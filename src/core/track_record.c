@@ -483,7 +483,10 @@ unsigned trk_render_extra(struct tap_buf *out, const struct tap_publish *p, cons
 			kv_lit(&j, "headers_truncated", json_true);
 		}
 	}
-	if (header_values && p->headers.len && write_header_values(&j, p->headers, header_values)) {
+	bool values_cut = p->headers_cut;
+	if (header_values && p->headers.len && write_header_values(&j, p->headers, header_values))
+		values_cut = true;
+	if (header_values && values_cut) {
 		notes |= TRK_EXTRA_VALUES_CUT;
 		kv_lit(&j, "header_values_truncated", json_true);
 	}

@@ -9,6 +9,7 @@
 #include "amqptap/track.h"
 
 #include <check.h>
+#include <malloc.h>
 
 #include "tap_build.h"
 #include "tap_check.h"
@@ -110,6 +111,17 @@ static void emit(void *ctx, const char *json, size_t len)
 	s->len += len;
 	s->records[s->len++] = '\n';
 	s->records[s->len] = '\0';
+}
+
+/* Appends records to a caller's buffer of CHANNELS KiB (headers_tables_are_not_kept_whole). */
+static void emit_big(void *ctx, const char *json, size_t len)
+{
+	char *out = ctx;
+	size_t at = strlen(out);
+	ck_assert_uint_lt(at + len + 2, 200 * 1024);
+	memcpy(out + at, json, len);
+	out[at + len] = '\n';
+	out[at + len + 1] = '\0';
 }
 
 static void *cap_open(void *ctx, uint64_t conn, const char *client, const char *server, int64_t ts)
@@ -700,6 +712,87 @@ START_TEST(undecodable_method_is_reported_once_and_decoding_goes_on)
 }
 END_TEST
 
+#if defined(__SANITIZE_ADDRESS__)
+#define HEAP_COUNTED 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HEAP_COUNTED 0
+#endif
+#endif
+#ifndef HEAP_COUNTED
+#define HEAP_COUNTED 1 /* glibc's own allocator: mallinfo2 counts the heap in use */
+#endif
+
+/* A header field of type S. */
+static void header_field(struct tap_bytes *t, const char *name, const char *value, size_t len)
+{
+	tap_build_shortstr(t, name);
+	tap_build_u8(t, 'S');
+	tap_build_u32(t, (uint32_t)len);
+	tap_build_raw(t, value, len);
+}
+
+/* A client sends a 100 KB headers table on each of 200 channels: the decoder keeps of it only what a record may
+ * show (the --header-values keys, traceparent), so its memory does not grow with what the client sent (it kept
+ * every table whole, and each channel kept the room after its publish). A kept value over 1 KiB is cut, and the
+ * record says so. */
+START_TEST(headers_tables_are_not_kept_whole)
+{
+	enum { CHANNELS = 200, BIG = 100 * 1024 };
+	static char big[BIG];
+	memset(big, 'b', sizeof big);
+	struct tap_bytes cl = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	plain_start_ok(&cl);
+	tap_build_tune_ok_open(&cl, "/");
+	for (unsigned ch = 1; ch <= CHANNELS; ch++) {
+		tap_build_method(&cl, (uint16_t)ch, TAP_CHANNEL_OPEN, "", 1);
+		struct tap_bytes a = {0}, t = {0};
+		tap_build_u16(&a, 0);
+		tap_build_shortstr(&a, "x");
+		tap_build_shortstr(&a, "k");
+		tap_build_u8(&a, 0);
+		tap_build_method(&cl, (uint16_t)ch, TAP_BASIC_PUBLISH, a.d, a.n);
+		char task[16];
+		int n = snprintf(task, sizeof task, "t-%u", ch);
+		header_field(&t, "big", big, sizeof big);
+		header_field(&t, "task", ch == 1 ? big : task, ch == 1 ? 5000 : (size_t)n);
+		a.n = 0;
+		tap_build_u16(&a, 60);
+		tap_build_u16(&a, 0);
+		tap_build_u64(&a, 0);
+		tap_build_u16(&a, 1u << 13); /* headers */
+		tap_build_u32(&a, (uint32_t)t.n);
+		tap_build_raw(&a, t.d, t.n);
+		tap_build_frame(&cl, 2, (uint16_t)ch, a.d, a.n);
+		tap_build_free(&a);
+		tap_build_free(&t);
+	}
+	static struct sink s;
+	memset(&s, 0, sizeof s);
+	static char records[CHANNELS * 1024];
+	struct tap_track_conf tc = {.header_values = "task"};
+	struct tap_track *t = tap_track_new(&tc, emit_big, records);
+	records[0] = '\0';
+	struct tap_observer o;
+	tap_observer_init(&o, t, emit_big, records, NULL, 0);
+	struct tap_conn *c = tap_conn_new(&o, 1, "127.0.0.1:1", "127.0.0.1:2", 1);
+	size_t before = mallinfo2().uordblks;
+	tap_conn_feed(c, TAP_C2S, cl.d, cl.n, 2);
+	size_t grown = mallinfo2().uordblks - before;
+	tap_conn_end(c, "client_eof", 3);
+	tap_track_free(t);
+	tap_observer_deinit(&o);
+	tap_build_free(&cl);
+	if (HEAP_COUNTED)
+		ck_assert_msg(grown < 4u << 20, "the decoder and tracker grew by %zu bytes", grown);
+	ck_assert_uint_eq(count(records, "\"type\":\"publish\""), CHANNELS);
+	ck_assert_ptr_nonnull(strstr(records, "\"header_values\":{\"task\":\"t-200\"}"));
+	ck_assert_ptr_nonnull(strstr(records, "\"headers\":[\"big\",\"task\"]"));
+	ck_assert_uint_eq(count(records, "\"header_values_truncated\":true"), 1);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("conn");
@@ -719,6 +812,7 @@ int main(void)
 	tcase_add_test(tc, cut_content_still_gets_its_record);
 	tcase_add_test(tc, thousands_of_channels_keep_their_publishes_apart);
 	tcase_add_test(tc, undecodable_method_is_reported_once_and_decoding_goes_on);
+	tcase_add_test(tc, headers_tables_are_not_kept_whole);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
