@@ -11,6 +11,7 @@
 
 static const struct trk_reason no_memory = {.by = "no_memory"};
 static const struct trk_reason ambiguous_return = {.by = "ambiguous_return"};
+static const struct trk_reason beyond_channel_max = {.by = "channel_max"};
 static const struct trk_reason evicted = {.by = "evicted"};
 static const struct trk_reason evicted_for_memory = {
     .by = "evicted", .text = (const uint8_t *)"max-tracking-memory", .text_len = sizeof "max-tracking-memory" - 1};
@@ -375,15 +376,17 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	                                         (p->content_cut ? TRK_FLAG_CUT : 0))};
 	struct trk_verdict vd;
 	struct trk_reason unseen = {.by = c->unseen_by ? c->unseen_by : no_memory.by};
+	bool beyond = !ch && trk_chan_beyond_max(c, id);
 	if (!ch || ch->mode == TRK_MODE_UNKNOWN) {
-		/* nothing it is answered with can be placed (DESIGN §6b), or no memory to know its channel's mode */
+		/* nothing it is answered with can be placed (DESIGN §6b), no memory to know its channel's mode, or a
+		 * channel the broker refuses (no state is kept for it) */
 		vd = (struct trk_verdict){.route = TAP_TRACK_ROUTE_UNKNOWN,
 		                          .confirm = TAP_TRACK_CONFIRM_UNKNOWN,
-		                          .reason = ch ? &unseen : &no_memory};
+		                          .reason = ch ? &unseen : beyond ? &beyond_channel_max : &no_memory};
 	} else {
 		(void)verdict_of(&e, want ? TRK_EVENT_END : TRK_EVENT_UNTRACKED, &no_memory, &vd);
 	}
-	if (want || !ch)
+	if ((want || !ch) && !beyond)
 		t->st.oom++;
 	struct trk_view v = {
 	    .exchange = p->exchange.ptr,

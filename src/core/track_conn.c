@@ -312,10 +312,15 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 
 /* ---- channel events ---- */
 
+bool trk_chan_beyond_max(const struct tap_track_conn *c, uint16_t id)
+{
+	return c->tuned && c->channel_max && id > c->channel_max;
+}
+
 struct trk_chan *trk_chan_in_budget(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_find(c, id);
-	if (ch)
+	if (ch || trk_chan_beyond_max(c, id))
 		return ch;
 	trk_make_room(c->t, tap_mem_cost(sizeof *ch) + tap_mem_cost(c->cap_chans * 2 * sizeof *c->chans), now_us);
 	return trk_chan_get(c, id);
@@ -342,7 +347,7 @@ void tap_track_channel_open(struct tap_track_conn *c, uint16_t id, int64_t now_u
 		struct trk_reason r = {.by = "reopen"};
 		chan_end(c, ch, &r, now_us);
 	}
-	if (!trk_chan_in_budget(c, id, now_us))
+	if (!trk_chan_in_budget(c, id, now_us) && !trk_chan_beyond_max(c, id))
 		chan_lost(c); /* it is created by its first publish, in an unknown mode, or never */
 	chan_event(c, id, "open", now_us);
 }
@@ -371,7 +376,7 @@ void trk_chan_first_publish(struct tap_track_conn *c, struct trk_chan *ch, int64
 void tap_track_confirm_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
-	if (!ch)
+	if (!ch && !trk_chan_beyond_max(c, id))
 		chan_lost(c);
 	if (ch && (ch->mode == TRK_MODE_NONE || ch->mode == TRK_MODE_UNKNOWN)) {
 		ch->mode = TRK_MODE_CONFIRM;
@@ -385,7 +390,7 @@ void tap_track_confirm_select(struct tap_track_conn *c, uint16_t id, int64_t now
 void tap_track_tx_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
-	if (!ch)
+	if (!ch && !trk_chan_beyond_max(c, id))
 		chan_lost(c);
 	if (ch && (ch->mode == TRK_MODE_NONE || ch->mode == TRK_MODE_UNKNOWN))
 		ch->mode = TRK_MODE_TX;

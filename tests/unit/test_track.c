@@ -1587,6 +1587,7 @@ START_TEST(channels_anywhere_in_the_id_range)
 	/* channels opened out of order, across the 16-bit range, one closed in the middle: each publish keeps its
 	 * own channel and sequence, and the connection's end closes the rest in channel order */
 	static const uint16_t ids[] = {300, 5, 65535, 1, 2047, 0x100};
+	tap_track_conn_tune(c, 0, 131072, 60); /* channel_max 0: no limit below 65535 */
 	struct tap_publish p = pub("x", "k", false);
 	for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
 		confirm_channel(ids[i]);
@@ -1802,6 +1803,33 @@ END_TEST
  * and a plain publish's hold do not run out while it is blocked, however long the alarm; they run again from
  * connection.unblocked, so a Return or a refusing close that follows the alarm still finds its publish. The
  * publish that made the broker block the connection (it came before connection.blocked) is flagged too. */
+/* Channels above the channel_max the client's tune-ok set: the broker refuses them (a connection error), and the
+ * tracker keeps no state for them however many a client names; each publish still gets its record, unknown with
+ * reason channel_max, without counting as a memory shortage. */
+START_TEST(channels_beyond_channel_max_keep_no_state)
+{
+	tap_track_conn_tune(c, 100, 131072, 0);
+	struct tap_track_stats before = stats();
+	struct tap_publish p = pub("x", "k", true);
+	for (unsigned ch = 101; ch <= 5000; ch++) {
+		tap_track_channel_open(c, (uint16_t)ch, T0);
+		tap_track_confirm_select(c, (uint16_t)ch, T0);
+		tap_track_publish(c, (uint16_t)ch, &p, T0 + 1);
+	}
+	struct tap_track_stats after = stats();
+	ck_assert_uint_eq(n_seen, 5000 - 100);
+	assert_verdict(verdict(0), UNKNOWN, CONFIRM_UNKNOWN, NO_ORDER);
+	ck_assert_str_eq(verdict(0)->reason_by, "channel_max");
+	ck_assert_uint_eq(after.oom, before.oom);
+	ck_assert_uint_lt(after.memory_peak, before.memory_peak + 64 * 1024);
+	confirm_channel(100); /* the last one allowed is tracked */
+	tap_track_publish(c, 100, &p, T0 + 2);
+	tap_track_ack(c, 100, 1, false, T0 + 3);
+	tap_track_tick(t, T0 + 10000000);
+	assert_verdict(verdict(n_seen - 1), ROUTED, ACK, NO_ORDER);
+}
+END_TEST
+
 START_TEST(blocked_connection_pauses_the_windows)
 {
 	tap_track_channel_open(c, 1, T0);
@@ -2471,6 +2499,7 @@ int main(void)
 	tcase_add_test(tc, optional_properties_and_escaping);
 	tcase_add_test(tc, blocked_and_unblocked);
 	tcase_add_test(tc, blocked_connection_pauses_the_windows);
+	tcase_add_test(tc, channels_beyond_channel_max_keep_no_state);
 	tcase_add_test(tc, latency_beyond_the_histogram_range);
 	tcase_add_test(tc, channels_anywhere_in_the_id_range);
 	tcase_add_test(tc, summary_and_latency);
