@@ -582,6 +582,9 @@ static void replay_hints(const struct tap_conf *conf, const struct tap_capture_s
 			" time(s) and went back by a second or more at %" PRIu64 " packet(s) (captures of hosts whose clocks "
 			"differ merged, or a clock stepped): latencies across a jump are not meaningful, and no connection "
 			"was ended as idle across one\n", TAP_CAPTURE_IDLE_US_DEFAULT / 60e6, st->clock_steps, st->clock_back);
+	if (st->one_way > 0)
+		fprintf(stderr, "amqptap: replay: %" PRIu64 " connection(s) had client bytes and not one byte from the "
+			"broker: was only one direction captured? Their publishes could get no answer\n", st->one_way);
 	if (st->fragments > 0)
 		fprintf(stderr, "amqptap: replay: %" PRIu64 " packet(s) were IP fragments, which amqptap does not "
 			"reassemble: what they carried is a gap\n", st->fragments);

@@ -91,6 +91,7 @@ struct tap_capture_stats {
 	uint64_t evicted;       /* streams ended with TAP_CAPTURE_END_LIMIT */
 	uint64_t clock_steps;   /* packets whose time was ahead of every earlier one by the idle time or more */
 	uint64_t clock_back;    /* packets whose time was behind an earlier one's by a second or more */
+	uint64_t one_way;       /* streams that ended with client bytes and not one byte from the broker */
 	uint64_t cut_short;     /* packets the capture's snap length cut (captured shorter than on the wire) */
 	uint64_t other_tcp;     /* TCP segments of no broker port */
 	/* the first TAP_CAPTURE_OTHER_PORTS server ports of those (a SYN's destination, else the lower port), with

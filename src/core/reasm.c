@@ -35,6 +35,7 @@ struct half {
 	bool init;
 	bool fin_done;
 	bool syn;     /* isn is known */
+	bool spoke;   /* delivered a byte */
 	uint32_t isn;
 	uint32_t next;
 	struct ooo_seg *segs; /* sorted by distance from next */
@@ -186,6 +187,7 @@ static void stream_close(struct tap_reasm *r, struct stream *s, enum tap_capture
 	if (s->closed)
 		return;
 	s->closed = true;
+	r->st->one_way += s->h[TAP_C2S].spoke && !s->h[TAP_S2C].spoke;
 	clock_to(r, ts);
 	s->last_ts = r->now;
 	list_unlink(&r->live, s);
@@ -341,6 +343,7 @@ static void emit(struct tap_reasm *r, struct stream *s, enum tap_dir dir, const 
 {
 	struct half *h = &s->h[dir];
 	h->next += (uint32_t)len;
+	h->spoke |= len > 0;
 	r->st->bytes += len;
 	if (len && r->cb->data)
 		r->cb->data(r->cb->ctx, s->user, dir, data, len, ts);

@@ -560,6 +560,20 @@ START_TEST(packets_the_reader_must_not_lose)
 	ck_assert_uint_eq(st.fragments, frags);
 	ck_assert_uint_eq(st.skipped, frags);
 	got_free(&g);
+
+	n = basic_conv(false, false); /* only the client's packets: said, as a capture of one direction */
+	size_t kept = 0;
+	for (size_t i = 0; i < n; i++)
+		if (memcmp(pk[i].data + 12, "\x0a\x00\x00\x01", 4) == 0)
+			pk[kept++] = pk[i];
+	run_pkts_stats(101, kept, &g, &st);
+	ck_assert_uint_eq(g.n, 1);
+	ck_assert_uint_eq(st.one_way, 1);
+	got_free(&g);
+	n = basic_conv(false, false);
+	run_pkts_stats(101, n, &g, &st);
+	ck_assert_uint_eq(st.one_way, 0);
+	got_free(&g);
 }
 END_TEST
 
