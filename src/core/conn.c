@@ -615,30 +615,44 @@ static size_t shown_bytes(const struct tap_conn *c, enum tap_dir dir, int status
 	return len < keep ? len : keep;
 }
 
+/* A record about a stream offset of one direction (decode_error, capture_gap), begun in the observer's scratch
+ * buffer: its type, ts, run, conn, dir and offset; the caller adds the rest and calls stream_record_emit. */
+static void stream_record_begin(struct tap_conn *c, struct tap_json *j, const char *type, enum tap_dir dir,
+				uint64_t offset, int64_t now_us)
+{
+	struct tap_observer *o = c->o;
+	tap_buf_reset(&o->scratch);
+	tap_json_init(j, &o->scratch);
+	tap_json_obj_begin(j);
+	tap_json_kv_str(j, "type", type);
+	tap_json_kv_ts(j, "ts", now_us);
+	const char *run = tap_track_run(o->track);
+	if (run[0])
+		tap_json_kv_str(j, "run", run);
+	tap_json_kv_uint(j, "conn", c->id);
+	tap_json_kv_str(j, "dir", tap_dir_name(dir));
+	tap_json_kv_uint(j, "offset", offset);
+}
+
+static void stream_record_emit(struct tap_conn *c, struct tap_json *j)
+{
+	struct tap_observer *o = c->o;
+	tap_json_obj_end(j);
+	if (o->emit)
+		o->emit(o->emit_ctx, o->scratch.data, o->scratch.len);
+}
+
 static void decode_error_record(struct tap_conn *c, enum tap_dir dir, int status, uint64_t at, const uint8_t *shown,
 				size_t n_shown, int64_t now_us)
 {
-	struct tap_observer *o = c->o;
 	struct tap_json j;
-	tap_buf_reset(&o->scratch);
-	tap_json_init(&j, &o->scratch);
-	tap_json_obj_begin(&j);
-	o->decode_errors++;
-	tap_json_kv_str(&j, "type", "decode_error");
-	tap_json_kv_ts(&j, "ts", now_us);
-	const char *run = tap_track_run(o->track);
-	if (run[0])
-		tap_json_kv_str(&j, "run", run);
-	tap_json_kv_uint(&j, "conn", c->id);
-	tap_json_kv_str(&j, "dir", tap_dir_name(dir));
-	tap_json_kv_uint(&j, "offset", at);
+	c->o->decode_errors++;
+	stream_record_begin(c, &j, "decode_error", dir, at, now_us);
 	tap_json_kv_str(&j, "reason", tap_strerror(status));
 	tap_json_kv_str(&j, "status", tap_status_name(status));
 	tap_json_key(&j, "hex");
 	tap_json_hex(&j, shown, n_shown);
-	tap_json_obj_end(&j);
-	if (o->emit)
-		o->emit(o->emit_ctx, o->scratch.data, o->scratch.len);
+	stream_record_emit(c, &j);
 }
 
 /* The record names the stream offset `at` of the error and shows some bytes from there (from the chunk start
@@ -902,23 +916,11 @@ void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t offset, uint64_
 	struct direction *d = &c->dir[dir];
 	struct tap_observer *o = c->o;
 	struct tap_json j;
-	tap_buf_reset(&o->scratch);
-	tap_json_init(&j, &o->scratch);
-	tap_json_obj_begin(&j);
 	o->capture_gaps++;
 	o->gap_bytes += missing;
-	tap_json_kv_str(&j, "type", "capture_gap");
-	tap_json_kv_ts(&j, "ts", now_us);
-	const char *run = tap_track_run(o->track);
-	if (run[0])
-		tap_json_kv_str(&j, "run", run);
-	tap_json_kv_uint(&j, "conn", c->id);
-	tap_json_kv_str(&j, "dir", tap_dir_name(dir));
-	tap_json_kv_uint(&j, "offset", offset);
+	stream_record_begin(c, &j, "capture_gap", dir, offset, now_us);
 	tap_json_kv_uint(&j, "missing", missing);
-	tap_json_obj_end(&j);
-	if (o->emit)
-		o->emit(o->emit_ctx, o->scratch.data, o->scratch.len);
+	stream_record_emit(c, &j);
 	for (size_t i = 0; i < c->n_chans; i++) /* a content cut by the gap can never finish */
 		pending_cut(c, c->chans[i].number, &c->chans[i].dir[dir], now_us);
 	tap_track_conn_gap(c->tc, d->gapped && dir == TAP_C2S ? TAP_TRACK_GAP_SEQ_LOST : TAP_TRACK_GAP_SEQ_KNOWN,
