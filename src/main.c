@@ -555,8 +555,9 @@ static bool replay_stop(void *ctx)
 }
 
 /* What a replay that found little may have been given wrong: the port (the capture's TCP is on others), or a snap
- * length that cut the packets (their ends are gaps). */
-static void replay_hints(const struct tap_conf *conf, const struct tap_capture_stats *st)
+ * length that cut the packets (their ends are gaps). A capture that ends in a broken block (read_whole false) has its
+ * own error line, and a connection cut off before the broker's first byte is no sign of a one-way capture. */
+static void replay_hints(const struct tap_conf *conf, const struct tap_capture_stats *st, bool read_whole)
 {
 	if (st->tcp_packets == 0 && st->other_tcp > 0) {
 		char ports[200] = "";
@@ -582,7 +583,7 @@ static void replay_hints(const struct tap_conf *conf, const struct tap_capture_s
 			" time(s) and went back by a second or more at %" PRIu64 " packet(s) (captures of hosts whose clocks "
 			"differ merged, or a clock stepped): latencies across a jump are not meaningful, and no connection "
 			"was ended as idle across one\n", TAP_CAPTURE_IDLE_US_DEFAULT / 60e6, st->clock_steps, st->clock_back);
-	if (st->one_way > 0)
+	if (st->one_way > 0 && read_whole)
 		fprintf(stderr, "amqptap: replay: %" PRIu64 " connection(s) had client bytes and not one byte from the "
 			"broker: was only one direction captured? Their publishes could get no answer\n", st->one_way);
 	if (st->fragments > 0)
@@ -609,7 +610,7 @@ static int run_replay(const struct tap_conf *conf)
 		};
 		int rc = tap_replay_run(conf->replay_file, conf->ports[0], &app.observer, app.track, &hooks,
 					&rs, err, sizeof err);
-		replay_hints(conf, &rs.capture);
+		replay_hints(conf, &rs.capture, rc == TAP_OK);
 		if (replay_stop_signal)
 			fprintf(stderr, "amqptap: replay stopped by %s: the records of what was read are written, and the "
 				"connections still open end as capture_end\n", replay_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");

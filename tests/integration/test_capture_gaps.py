@@ -142,6 +142,33 @@ class ReplayHints(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertIn(f"amqptap: replay: {cut_n} packet(s) were cut short by the capture's snap length", err)
 
+    def test_one_direction_is_said(self):
+        """A capture of the client's packets alone names the connections that got not one byte from the broker;
+        the whole capture, and one cut off in a broken block (which has its own error line), do not."""
+        cap = os.path.join(CAPTURES, "alternate_exchange.pcapng")
+        port = capture_port(cap)
+        with open(cap, "rb") as f:
+            data = f.read()
+        hint = "connection(s) had client bytes and not one byte from the broker"
+        rc, _, err = replay_bytes(data, port)
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn(hint, err)
+        info = packets_info(cap, port)
+        s2c = {n for n, (d, _, _, _) in enumerate(info, 1) if d == "s2c"}
+        self.assertTrue(s2c)
+        rc, recs, err = replay_bytes(cut(data, s2c), port)
+        self.assertEqual(rc, 0, err)
+        self.assertIn(f"amqptap: replay: 1 {hint}: was only one direction captured?", err)
+        pubs = [r for r in recs if r["type"] == "publish"]
+        self.assertTrue(pubs)
+        self.assertTrue(all(r["route"] == "unknown" for r in pubs), pubs)
+        first = min(n for n in s2c if info[n - 1][1] > 0)
+        before = cut(data, set(range(first, len(info) + 1)))  # the blocks before the broker's first byte
+        rc, _, err = replay_bytes(before + data[len(before):len(before) + 3], port)  # cut inside its packet
+        self.assertEqual(rc, 1, err)
+        self.assertIn("truncated", err)
+        self.assertNotIn(hint, err)
+
 
 class CaptureGaps(unittest.TestCase):
     def check_cut(self, name, data, port, full, info, drop):
