@@ -22,7 +22,14 @@ for h in "$build"/fuzz/fuzz_*; do
 		-print_final_stats=1 "$corpus" >"$build/$name.log" 2>&1; then
 		echo "$name: ok ($(grep -m1 'stat::number_of_executed_units' "$build/$name.log" | awk '{print $2}') runs)"
 	else
-		echo "$name: FAILED, see $build/$name.log"
+		echo "$name: FAILED, see $build/$name.log; its end:"
+		# the sanitizer's report and the input's path, for a CI log that keeps only what was printed
+		grep -v -e '^#[0-9]' -e '^INFO:' -e '^  "' "$build/$name.log" | tail -n 40 | sed 's/^/    /'
+		for a in "$build/$name"-crash-* "$build/$name"-leak-* "$build/$name"-oom-* "$build/$name"-timeout-*; do
+			if [ -f "$a" ] && [ "$(wc -c <"$a")" -le 16384 ]; then
+				echo "    $(basename "$a") (base64): $(base64 -w0 "$a")"
+			fi
+		done
 		status=1
 	fi
 done
