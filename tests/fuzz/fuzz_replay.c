@@ -19,6 +19,8 @@ static size_t blen, bcap;
 
 static void put(const void *p, size_t n)
 {
+	if (n == 0) /* a bare SYN or ACK has no payload and passes NULL */
+		return;
 	if (blen + n > bcap) {
 		bcap = (blen + n) * 2;
 		buf = realloc(buf, bcap);
