@@ -1,7 +1,9 @@
 /* The `--metrics` HTTP endpoint (io layer): libevent's evhttp on the forwarding loop serving /metrics (Prometheus),
  * /healthz, /api/status and the live status page at /. A request renders from counters the tracker and the proxy
- * keep anyway; forwarding never waits for it. The HTTP side is bounded: request headers and body size, live
- * connections (accepting pauses at the cap), an idle timeout and a deadline for each request. */
+ * keep anyway; forwarding never waits for it, and each page is rendered at most once per TAP_ADMIN_CACHE_MS however
+ * many ask. The HTTP side is bounded: request headers and body size, live connections (at the cap a new one takes
+ * the place of the one longest without a request), an idle timeout and a deadline for each request. No password:
+ * anyone who reaches the port reads it all, which tap_admin_new says on stderr when it is not on loopback. */
 #ifndef AMQPTAP_ADMIN_H
 #define AMQPTAP_ADMIN_H
 
@@ -11,12 +13,13 @@
 
 #include <stddef.h>
 
-#define TAP_ADMIN_MAX_CONNS 32          /* live HTTP connections; accepting pauses at the cap */
+#define TAP_ADMIN_MAX_CONNS 32          /* live HTTP connections; at the cap the longest without a request is closed */
 #define TAP_ADMIN_MAX_HEADERS 8192      /* request line and headers, bytes */
 #define TAP_ADMIN_MAX_BODY 1024         /* request body, bytes (every page is a GET) */
 #define TAP_ADMIN_MAX_INPUT 65536       /* bytes read ahead of the request being answered (pipelining) */
 #define TAP_ADMIN_IDLE_SECONDS 5        /* no byte read or written for this long: closed */
 #define TAP_ADMIN_REQUEST_SECONDS 10    /* a whole request must arrive within this of the connection or last reply */
+#define TAP_ADMIN_CACHE_MS 1000         /* a rendered page is served again for this long (well under a scrape interval) */
 
 struct event_base;
 struct tap_admin;
@@ -36,7 +39,7 @@ struct tap_admin_sources {
 };
 
 /* Listens on addr with the base's loop. Returns NULL with a one-line reason in err. Writes the bound address
- * ("127.0.0.1:9464") into bound. */
+ * ("127.0.0.1:9464") into bound; logs one WARNING line when that is not a loopback address. */
 struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_addr *addr,
                                 const struct tap_admin_sources *src, char *bound, size_t bound_cap, char *err,
                                 size_t err_cap);

@@ -42,7 +42,8 @@ void tap_metrics_hist_fold(struct tap_metrics_hist *h, const struct tap_hist *fr
 #define TAP_METRICS_PROBLEM_BYTES 2048 /* a longer record is kept as a stub with its verdict only */
 /* Publishes by exchange: at most TAP_METRICS_EXCHANGES exchanges have their own series, the busiest ones (counted
  * with the Space-Saving algorithm over TAP_METRICS_EXCHANGE_CANDIDATES candidates); every other publish counts in
- * exchange="(other)". The first TAP_METRICS_EXCHANGES exchanges seen get a series at once, so a tap that sees no
+ * exchange="(other)" (the default exchange is "(AMQP default)"; a real exchange's label value is never one of these,
+ * nor that of another exchange: see tap_metrics_render_prometheus). The first TAP_METRICS_EXCHANGES exchanges seen get a series at once, so a tap that sees no
  * more exchanges than that counts each exactly. Past that, tap_metrics_tally_rank gives a series to a candidate
  * whose certain count is an eighth above that of the least busy exchange with one, which loses its series. A series counts from when it
  * was given, so every series, "(other)" included, only grows. */
@@ -104,7 +105,8 @@ struct tap_metrics_tally {
 /* Reply code 312 (NO_ROUTE) has its series before the first return. */
 void tap_metrics_tally_init(struct tap_metrics_tally *t);
 /* A tap_track_verdict_fn (ctx: the tally): one settled publish. A few compares and the exchange lookup for a routed
- * one; a problem publish's record is copied (a stub if it is longer than TAP_METRICS_PROBLEM_BYTES or was lost). */
+ * one; a problem publish's record is copied (a stub if it is longer than TAP_METRICS_PROBLEM_BYTES or was lost)
+ * without its "header_values" (--header-values): /api/status, which shows it, asks for no password. */
 void tap_metrics_tally_verdict(void *tally, const struct tap_track_verdict *v);
 /* A tap_track_conn_event_fn (ctx: the tally): the upstream's state, and how connections ended. */
 void tap_metrics_tally_conn(void *tally, const struct tap_track_conn_event *e);
@@ -146,12 +148,16 @@ struct tap_metrics_snapshot {
 	double cpu_seconds, start_time_seconds;
 	/* the HTTP side itself */
 	uint64_t http_open, http_total, http_timeouts, http_paused;
+	uint64_t http_evicted; /* idle connections closed to make room at the cap */
+	uint64_t http_renders; /* pages rendered (a copy served again is not one) */
 };
 
 /* Fills the tracker's part of s: stats, the confirm histogram, quantiles, open channels and blocked connections. */
 void tap_metrics_collect_track(struct tap_metrics_snapshot *s, const struct tap_track *t);
 
-/* The Prometheus text exposition format 0.0.4 (Content-Type: text/plain; version=0.0.4). */
+/* The Prometheus text exposition format 0.0.4 (Content-Type: text/plain; version=0.0.4). An exchange's label value
+ * is its name, except that a byte that is not UTF-8 is written \xHH (two hex digits), a backslash \\, and a name
+ * that begins with "(" gets a backslash in front: one name, one label value, and none is a pseudo name. */
 void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const struct tap_metrics_tally *t,
                                    struct tap_buf *out);
 

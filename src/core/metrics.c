@@ -65,14 +65,69 @@ static void count_return(struct tap_metrics_tally *t, uint16_t code)
 static const char *const route_names[TAP_METRICS_N_ROUTES] = {"routed", "returned", "unproven", "unknown"};
 static const char *const confirm_names[] = {"ack", "nack", "none", "unknown"};
 
+/* The end of the JSON value at json[i] (written by the tap: no white space), or len if it runs off. */
+static size_t json_skip(const char *json, size_t len, size_t i)
+{
+	size_t depth = 0;
+	bool in_string = false;
+	for (; i < len; i++) {
+		char c = json[i];
+		if (in_string) {
+			if (c == '\\') {
+				i++;
+			} else if (c == '"') {
+				in_string = false;
+				if (depth == 0)
+					return i + 1;
+			}
+		} else if (c == '"') {
+			in_string = true;
+		} else if (c == '{' || c == '[') {
+			depth++;
+		} else if (c == '}' || c == ']') {
+			if (depth <= 1)
+				return depth ? i + 1 : i;
+			depth--;
+		} else if (c == ',' && depth == 0) {
+			return i;
+		}
+	}
+	return len;
+}
+
+/* Takes the member key (with its comma) out of the JSON object in json; *len shrinks. */
+static void drop_member(char *json, size_t *len, const char *key)
+{
+	size_t klen = strlen(key);
+	size_t i = 1; /* past the '{' */
+	while (i < *len && json[i] == '"') {
+		size_t key_end = json_skip(json, *len, i);
+		size_t end = key_end < *len ? json_skip(json, *len, key_end + 1) : *len; /* past the ':' */
+		if (key_end - i == klen + 2 && memcmp(json + i + 1, key, klen) == 0) {
+			size_t from = json[i - 1] == ',' ? i - 1 : i;
+			if (from == i && end < *len && json[end] == ',')
+				end++; /* the first member: its comma goes with it */
+			memmove(json + from, json + end, *len - end);
+			*len -= end - from;
+			return;
+		}
+		i = end < *len && json[end] == ',' ? end + 1 : *len;
+	}
+}
+
 static void keep_problem(struct tap_metrics_tally *t, const struct tap_track_verdict *v)
 {
 	struct tap_metrics_problem *p = &t->problems[t->problem_next];
 	t->problem_next = (t->problem_next + 1) % TAP_METRICS_PROBLEMS;
 	t->problems_seen++;
 	if (v->record.ptr && v->record.len <= sizeof p->json) {
-		memcpy(p->json, v->record.ptr, v->record.len);
-		p->len = (uint16_t)v->record.len;
+		size_t len = v->record.len;
+		memcpy(p->json, v->record.ptr, len);
+		if (memmem(p->json, len, "\"header_values", 14)) { /* what --header-values asked for, for the files only */
+			drop_member(p->json, &len, "header_values");
+			drop_member(p->json, &len, "header_values_truncated");
+		}
+		p->len = (uint16_t)len;
 		return;
 	}
 	int n = snprintf(p->json, sizeof p->json,
@@ -292,8 +347,15 @@ static const char *const type_names[] = {"counter", "gauge", "histogram"};
 	  "http_connections_total")                                                                                \
 	X("http_timeouts_total", COUNTER, "Metrics endpoint connections closed for sending no complete request in time.", \
 	  s->http_timeouts, "http_timeouts")                                                                       \
-	X("http_accept_paused_total", COUNTER, "Times the metrics endpoint stopped accepting at its connection cap.", \
-	  s->http_paused, "http_accept_paused")
+	X("http_accept_paused_total", COUNTER,                                                                   \
+	  "Times the metrics endpoint stopped accepting at its connection cap (until the next loop turn at most).", \
+	  s->http_paused, "http_accept_paused")                                                                    \
+	X("http_evicted_total", COUNTER,                                                                          \
+	  "Metrics endpoint connections closed at the cap to make room: the longest without a request first.",    \
+	  s->http_evicted, "http_evicted")                                                                         \
+	X("http_renders_total", COUNTER,                                                                          \
+	  "Pages the metrics endpoint rendered; a request within a second of its page's last render gets that copy.", \
+	  s->http_renders, "http_renders")
 
 /* ---- Prometheus text ---- */
 
@@ -367,16 +429,46 @@ static void render_hist(struct tap_buf *b, const char *name, const char *help, c
 	tap_buf_printf(b, "amqptap_%s_count %" PRIu64 "\n", name, h->count);
 }
 
-/* The label value of an exchange: names from the spec's [a-zA-Z0-9-_.:] never hold parentheses, so neither
- * pseudo name can be a real exchange's. An empty label value would mean no label at all to Prometheus. */
+/* The label values of the pseudo exchanges (an empty label value would mean no label at all to Prometheus).
+ * RabbitMQ takes any shortstr as an exchange name, these too: exchange_label keeps real names off them. */
 #define EXCHANGE_DEFAULT "(AMQP default)"
 #define EXCHANGE_OTHER "(other)"
 
-static void exchange_routes(struct tap_buf *b, const char *name, size_t len, const uint64_t *by_route)
+/* The label value of a real exchange, before the text format's escaping: the name, with a byte that is not UTF-8
+ * as \xHH, a backslash as \\ and a backslash before a leading "(". Each name has its own value (two names that
+ * differ only in bytes that are not UTF-8 would both show U+FFFD, and of a series that comes twice in a scrape
+ * Prometheus keeps one sample and drops the other), and none starts with "(" as the pseudo names do. Returns its length; out holds 4 bytes per name byte. */
+static size_t exchange_label(char *out, const char *name, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	const unsigned char *u = (const unsigned char *)name;
+	size_t n = 0;
+	if (len && name[0] == '(')
+		out[n++] = '\\';
+	for (size_t i = 0; i < len;) {
+		size_t k = tap_json_utf8_len(u + i, len - i);
+		if (k == 0) {
+			out[n++] = '\\';
+			out[n++] = 'x';
+			out[n++] = hex[u[i] >> 4];
+			out[n++] = hex[u[i] & 15];
+			i++;
+			continue;
+		}
+		if (u[i] == '\\')
+			out[n++] = '\\';
+		memcpy(out + n, u + i, k);
+		n += k;
+		i += k;
+	}
+	return n;
+}
+
+static void exchange_routes(struct tap_buf *b, const char *label, size_t len, const uint64_t *by_route)
 {
 	for (size_t r = 0; r < TAP_METRICS_N_ROUTES; r++) {
 		tap_buf_puts(b, "amqptap_exchange_publishes_total{exchange=\"");
-		label_valuen(b, name, len);
+		label_valuen(b, label, len);
 		tap_buf_printf(b, "\",route=\"%s\"} %" PRIu64 "\n", route_names[r], by_route[r]);
 	}
 }
@@ -386,7 +478,9 @@ static void render_exchanges(struct tap_buf *b, const struct tap_metrics_tally *
 	family(b, "exchange_publishes_total", COUNTER,
 	       "Publish records by exchange and route for the " TAP_METRICS_STR(TAP_METRICS_EXCHANGES)
 	       " busiest exchanges, each counted since it got its series; every other publish in exchange=\""
-	       EXCHANGE_OTHER "\". The default exchange is \"" EXCHANGE_DEFAULT "\".");
+	       EXCHANGE_OTHER "\". The default exchange is \"" EXCHANGE_DEFAULT "\". In a name a byte that is not "
+	       "UTF-8 shows as \\\\xHH, a backslash doubled, and a leading ( gets a backslash before it.");
+	char label[4 * sizeof t->exchanges[0].name + 1];
 	for (size_t i = 0; i < t->n_exchanges; i++) {
 		const struct tap_metrics_exchange *e = &t->exchanges[i];
 		if (!e->labelled)
@@ -394,7 +488,7 @@ static void render_exchanges(struct tap_buf *b, const struct tap_metrics_tally *
 		if (e->len == 0)
 			exchange_routes(b, EXCHANGE_DEFAULT, strlen(EXCHANGE_DEFAULT), e->by_route);
 		else
-			exchange_routes(b, e->name, e->len, e->by_route);
+			exchange_routes(b, label, exchange_label(label, e->name, e->len), e->by_route);
 	}
 	exchange_routes(b, EXCHANGE_OTHER, strlen(EXCHANGE_OTHER), t->other_by_route);
 }

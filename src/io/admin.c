@@ -1,10 +1,12 @@
 /* The --metrics endpoint on libevent's evhttp (DESIGN §6c): routes, the snapshot a request renders from, and the
- * bounds. evhttp bounds request sizes and idle time itself; the connection cap and the per-request deadline are
- * ours, kept on evhttp 2.1's connection close callback (see adopt_new). */
+ * bounds. evhttp bounds request sizes and idle time itself; the connection cap (with eviction), the per-request
+ * deadline and the rendered pages kept for TAP_ADMIN_CACHE_MS are ours, the first two kept on evhttp 2.1's
+ * connection close callback (see adopt_new). */
 #include "amqptap/admin.h"
 #include "amqptap/out.h"
 
 #include "amqptap/conn.h"
+#include "amqptap/log.h"
 #include "amqptap/proxy.h"
 #include "amqptap/sniff.h"
 
@@ -40,7 +42,19 @@ struct adm_conn {
 	struct bufferevent *bev;         /* referenced until adopted */
 	struct evhttp_connection *evcon; /* NULL until adopted */
 	struct event *deadline;
+	uint64_t stamp; /* when it was accepted or its last request arrived, in the admin's own count: the oldest goes
+	                 * first at the cap */
 	struct adm_conn *prev, *next;
+};
+
+/* The pages rendered from the counters, each kept and served again for TAP_ADMIN_CACHE_MS. */
+enum adm_page { PAGE_METRICS, PAGE_HEALTH, PAGE_STATUS, N_RENDERED, PAGE_INDEX = N_RENDERED, PAGE_NONE };
+
+struct adm_rendered {
+	struct tap_buf body;
+	int code;
+	int64_t at_us; /* tap_out_clock_us of the render */
+	bool valid;    /* false: never rendered, out of memory, or dropped when shutdown began */
 };
 
 struct tap_admin {
@@ -49,13 +63,16 @@ struct tap_admin {
 	struct evhttp_bound_socket *sock;
 	struct tap_admin_sources src;
 	struct tap_metrics_tally *tally;
-	struct tap_buf body;
+	struct adm_rendered rendered[N_RENDERED]; /* by enum adm_page */
 	int64_t start_us;
 	double start_time_seconds; /* of the process, from /proc; 0: not known */
 	bool stopping, paused;
-	uint64_t open, total, timeouts, pauses;
+	uint64_t open, total, timeouts, pauses, evictions, renders;
+	uint64_t closing; /* connections freed in this loop turn: libevent closes their sockets later in the turn */
+	uint64_t stamps; /* the last adm_conn stamp given */
 	struct adm_conn *conns;
-	struct event *adopt; /* activated by new_conn */
+	struct event *adopt;  /* activated by new_conn */
+	struct event *settle; /* a zero timeout added by conn_release: the next loop turn, with closing's sockets shut */
 };
 
 /* ---- the process, from /proc/self ---- */
@@ -187,11 +204,23 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 	s->http_total = a->total;
 	s->http_timeouts = a->timeouts;
 	s->http_paused = a->pauses;
+	s->http_evicted = a->evictions;
+	s->http_renders = a->renders;
 }
 
-/* ---- connections: cap and deadline ---- */
-
-/* At the connection cap the listener stops accepting: further clients wait in the kernel's backlog. */
+/* ---- connections: cap, eviction and deadline ----
+ *
+ * The cap counts live connections and those freed in this loop turn, whose sockets libevent closes only later in
+ * the turn: so the descriptors stay within it however many clients come and go at once. At the cap a new
+ * connection takes the place of the one that has waited longest since it was accepted or sent its last request,
+ * so idle and slow clients cannot keep a scrape out; at most one a turn, as the freed one counts until the next.
+ * When none can go (one went this turn, or all were accepted in it) the listener stops accepting until settle or
+ * adopt_new, and further clients wait in the kernel's backlog.
+ *
+ *   open + closing < cap --accept--> open + closing = cap --accept: the oldest goes, closing 1--> pause
+ *        ^                                                                                          |
+ *        `---------------------- next turn (settle): closing 0, resume -----------------------------'
+ */
 static void pause_accepting(struct tap_admin *a)
 {
 	struct evconnlistener *l = a->sock ? evhttp_bound_socket_get_listener(a->sock) : NULL;
@@ -209,6 +238,16 @@ static void resume_accepting(struct tap_admin *a)
 		return;
 	if (evconnlistener_enable(l) == 0) /* on failure (no memory) the next close tries again */
 		a->paused = false;
+}
+
+/* The adopted connection that has waited longest, or NULL. */
+static struct adm_conn *oldest_adopted(const struct tap_admin *a)
+{
+	struct adm_conn *oldest = NULL;
+	for (struct adm_conn *c = a->conns; c; c = c->next)
+		if (c->evcon && (!oldest || c->stamp < oldest->stamp))
+			oldest = c;
+	return oldest;
 }
 
 static void arm_deadline(struct adm_conn *c)
@@ -230,9 +269,21 @@ static void conn_release(struct adm_conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	a->open--;
-	if (a->open < TAP_ADMIN_MAX_CONNS)
-		resume_accepting(a);
+	a->closing++;
+	struct timeval now = {0, 0};
+	(void)evtimer_add(a->settle, &now); /* fails only on a bad timeval */
 	free(c);
+}
+
+/* A loop turn after connections were freed: their sockets are closed. */
+static void settle(evutil_socket_t fd, short what, void *arg)
+{
+	struct tap_admin *a = arg;
+	(void)fd;
+	(void)what;
+	a->closing = 0;
+	if (a->open < TAP_ADMIN_MAX_CONNS || oldest_adopted(a))
+		resume_accepting(a);
 }
 
 /* evhttp frees the connection (client gone, idle timeout, reply sent with Connection: close, bad request, our
@@ -277,6 +328,8 @@ static void adopt_new(evutil_socket_t fd, short what, void *arg)
 		}
 		(void)bufferevent_decref(bev); /* returns whether it was the last reference: either is fine */
 	}
+	if (!a->closing && oldest_adopted(a)) /* at the cap with one to close: the next client takes its place */
+		resume_accepting(a);
 }
 
 /* evhttp asks for the bufferevent of each accepted connection. NULL lets evhttp make its own, uncounted: only when
@@ -284,6 +337,12 @@ static void adopt_new(evutil_socket_t fd, short what, void *arg)
 static struct bufferevent *new_conn(struct event_base *base, void *arg)
 {
 	struct tap_admin *a = arg;
+	bool full = a->open + a->closing >= TAP_ADMIN_MAX_CONNS;
+	struct adm_conn *old = full && !a->closing ? oldest_adopted(a) : NULL;
+	if (old) { /* only the listener's callback is on the stack here, none of old's */
+		a->evictions++;
+		evhttp_connection_free(old->evcon); /* calls conn_closed, which frees old */
+	}
 	struct adm_conn *c = calloc(1, sizeof *c);
 	struct bufferevent *bev = c ? bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE) : NULL;
 	if (!bev) {
@@ -297,6 +356,7 @@ static struct bufferevent *new_conn(struct event_base *base, void *arg)
 	c->adm = a;
 	c->bev = bev;
 	c->deadline = evtimer_new(base, on_deadline, c);
+	c->stamp = ++a->stamps;
 	c->next = a->conns;
 	if (a->conns)
 		a->conns->prev = c;
@@ -304,7 +364,7 @@ static struct bufferevent *new_conn(struct event_base *base, void *arg)
 	a->open++;
 	a->total++;
 	event_active(a->adopt, EV_TIMEOUT, 1);
-	if (a->open >= TAP_ADMIN_MAX_CONNS)
+	if (a->open + a->closing >= TAP_ADMIN_MAX_CONNS && (a->closing || !oldest_adopted(a)))
 		pause_accepting(a);
 	return bev;
 }
@@ -315,6 +375,7 @@ static void request_arrived(struct tap_admin *a, struct evhttp_request *req)
 	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
 	for (struct adm_conn *c = a->conns; c && evcon; c = c->next) {
 		if (c->evcon == evcon) {
+			c->stamp = ++a->stamps;
 			arm_deadline(c);
 			return;
 		}
@@ -322,8 +383,6 @@ static void request_arrived(struct tap_admin *a, struct evhttp_request *req)
 }
 
 /* ---- routes ---- */
-
-enum adm_page { PAGE_NONE, PAGE_METRICS, PAGE_HEALTH, PAGE_STATUS, PAGE_INDEX };
 
 static enum adm_page page_of(const char *path)
 {
@@ -353,6 +412,34 @@ static void reply(struct evhttp_request *req, int code, const char *reason, cons
 	evhttp_send_reply(req, code, reason, NULL);
 }
 
+/* Renders page from a fresh snapshot into r: the only place the counters are read for a request. */
+static void render(struct tap_admin *a, enum adm_page page, struct adm_rendered *r, int64_t now_us)
+{
+	a->renders++;
+	struct tap_metrics_snapshot s;
+	snapshot(a, &s);
+	tap_metrics_tally_rank(a->tally);
+	tap_buf_reset(&r->body);
+	r->code = HTTP_OK;
+	switch (page) {
+	case PAGE_METRICS:
+		tap_metrics_render_prometheus(&s, a->tally, &r->body);
+		break;
+	case PAGE_HEALTH:
+		tap_metrics_render_health(&s, a->tally, &r->body);
+		r->code = s.listening ? HTTP_OK : HTTP_SERVUNAVAIL;
+		break;
+	case PAGE_STATUS:
+		tap_metrics_render_status(&s, a->tally, a->src.track, &r->body);
+		break;
+	case PAGE_INDEX:
+	case PAGE_NONE:
+		break;
+	}
+	r->at_us = now_us;
+	r->valid = !r->body.oom;
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
 	struct tap_admin *a = arg;
@@ -377,33 +464,16 @@ static void on_request(struct evhttp_request *req, void *arg)
 		reply(req, HTTP_OK, "OK", "text/html; charset=utf-8", tap_admin_status_html, tap_admin_status_html_len);
 		return;
 	}
-	struct tap_metrics_snapshot s;
-	snapshot(a, &s);
-	tap_metrics_tally_rank(a->tally);
-	tap_buf_reset(&a->body);
-	int code = HTTP_OK;
-	const char *type = "application/json";
-	switch (page) {
-	case PAGE_METRICS:
-		tap_metrics_render_prometheus(&s, a->tally, &a->body);
-		type = "text/plain; version=0.0.4; charset=utf-8";
-		break;
-	case PAGE_HEALTH:
-		tap_metrics_render_health(&s, a->tally, &a->body);
-		code = s.listening ? HTTP_OK : HTTP_SERVUNAVAIL;
-		break;
-	case PAGE_STATUS:
-		tap_metrics_render_status(&s, a->tally, a->src.track, &a->body);
-		break;
-	case PAGE_INDEX:
-	case PAGE_NONE:
-		break;
-	}
-	if (a->body.oom) {
+	struct adm_rendered *r = &a->rendered[page];
+	int64_t now = tap_out_clock_us();
+	if (!r->valid || now - r->at_us >= (int64_t)TAP_ADMIN_CACHE_MS * 1000)
+		render(a, page, r, now);
+	if (!r->valid) {
 		evhttp_send_error(req, HTTP_INTERNAL, "out of memory");
 		return;
 	}
-	reply(req, code, code == HTTP_OK ? "OK" : "Service Unavailable", type, a->body.data, a->body.len);
+	const char *type = page == PAGE_METRICS ? "text/plain; version=0.0.4; charset=utf-8" : "application/json";
+	reply(req, r->code, r->code == HTTP_OK ? "OK" : "Service Unavailable", type, r->body.data, r->body.len);
 }
 
 /* ---- life cycle ---- */
@@ -429,6 +499,21 @@ static void format_bound(struct evhttp_bound_socket *sock, char *out, size_t cap
 	snprintf(out, cap, "%s:%u", host, port);
 }
 
+/* Whether the endpoint listens on a loopback address only. */
+static bool listens_on_loopback(const struct tap_admin *a)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	if (getsockname(evhttp_bound_socket_get_fd(a->sock), (struct sockaddr *)&ss, &len) != 0)
+		return false;
+	if (ss.ss_family == AF_INET)
+		return (ntohl(((const struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
+	if (ss.ss_family != AF_INET6)
+		return false;
+	const struct in6_addr *a6 = &((const struct sockaddr_in6 *)&ss)->sin6_addr;
+	return IN6_IS_ADDR_LOOPBACK(a6) || (IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
+}
+
 struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_addr *addr,
                                 const struct tap_admin_sources *src, char *bound, size_t bound_cap, char *err,
                                 size_t err_cap)
@@ -438,8 +523,9 @@ struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_a
 		a->tally = malloc(sizeof *a->tally);
 		a->http = evhttp_new(base);
 		a->adopt = event_new(base, -1, 0, adopt_new, a);
+		a->settle = evtimer_new(base, settle, a);
 	}
-	if (!a || !a->tally || !a->http || !a->adopt) {
+	if (!a || !a->tally || !a->http || !a->adopt || !a->settle) {
 		snprintf(err, err_cap, "out of memory");
 		tap_admin_free(a);
 		return NULL;
@@ -449,7 +535,8 @@ struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_a
 	a->start_us = tap_now_us();
 	a->start_time_seconds = process_start_time();
 	tap_metrics_tally_init(a->tally);
-	tap_buf_init(&a->body);
+	for (size_t i = 0; i < N_RENDERED; i++)
+		tap_buf_init(&a->rendered[i].body);
 	evhttp_set_max_headers_size(a->http, TAP_ADMIN_MAX_HEADERS);
 	evhttp_set_max_body_size(a->http, TAP_ADMIN_MAX_BODY);
 	evhttp_set_timeout(a->http, TAP_ADMIN_IDLE_SECONDS);
@@ -468,6 +555,11 @@ struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_a
 		return NULL;
 	}
 	format_bound(a->sock, bound, bound_cap);
+	if (!listens_on_loopback(a)) /* one line, whatever the log level */
+		tap_log_error("WARNING: --metrics %s is not on loopback and asks for no password: whoever reaches it reads "
+		              "the counters and exchange names, and on /api/status client addresses, users, vhosts and the "
+		              "last problem publishes with their routing keys and message ids",
+		              bound);
 	return a;
 }
 
@@ -478,8 +570,11 @@ struct tap_metrics_tally *tap_admin_tally(struct tap_admin *a)
 
 void tap_admin_stopping(struct tap_admin *a)
 {
-	if (a)
-		a->stopping = true;
+	if (!a)
+		return;
+	a->stopping = true;
+	for (size_t i = 0; i < N_RENDERED; i++) /* /healthz says 503 at once */
+		a->rendered[i].valid = false;
 }
 
 void tap_admin_free(struct tap_admin *a)
@@ -497,7 +592,10 @@ void tap_admin_free(struct tap_admin *a)
 	}
 	if (a->adopt)
 		event_free(a->adopt);
-	tap_buf_deinit(&a->body);
+	if (a->settle)
+		event_free(a->settle);
+	for (size_t i = 0; i < N_RENDERED; i++)
+		tap_buf_deinit(&a->rendered[i].body);
 	free(a->tally);
 	free(a);
 }

@@ -447,17 +447,20 @@ static struct tap_track *scenario(struct tap_metrics_tally *t, struct sink *k)
 }
 
 /* The exposition format's rules (text format 0.0.4) and the project's: every sample follows the HELP and TYPE of
- * its family, names are amqptap_ or process_, counters end in _total, values are numbers. */
+ * its family, names are amqptap_ or process_, counters end in _total, values are numbers, and no series (name and
+ * labels) comes twice: Prometheus would keep one of its samples and drop the other. */
 static void lint_exposition(const char *text)
 {
 	char family[128] = "", type[16] = "";
 	const char *line = text;
 	size_t families = 0;
+	const char *series[1024];
+	size_t series_len[1024], n_series = 0;
 	while (*line) {
 		const char *eol = strchr(line, '\n');
 		REQUIRE(eol, "the last line has no newline");
 		size_t len = (size_t)(eol - line);
-		char l[512];
+		char l[2048];
 		REQUIRE(len < sizeof l, "line too long");
 		memcpy(l, line, len);
 		l[len] = '\0';
@@ -496,6 +499,12 @@ static void lint_exposition(const char *text)
 			REQUIRE(*end == '\0' && end > v + 1, "not a number: %s", l);
 			if (l[n] == '{')
 				REQUIRE(strstr(l, "\"} ") || strstr(l, "\"}"), "labels: %s", l);
+			size_t key = (size_t)(v - l);
+			for (size_t i = 0; i < n_series; i++)
+				REQUIRE(series_len[i] != key || memcmp(series[i], line, key) != 0, "series twice: %s", l);
+			REQUIRE(n_series < sizeof series / sizeof series[0], "too many samples");
+			series[n_series] = line;
+			series_len[n_series++] = key;
 		}
 		line = eol + 1;
 	}
@@ -678,8 +687,9 @@ START_TEST(exchanges_are_bounded_ranked_and_escaped)
 	publish_to(t, "caf\xc3\xa9\xff", 6, TAP_TRACK_ROUTE_ROUTED, 1);
 	char *text = render(t, &b);
 	ck_assert_int_eq(exchange_sample(text, "(AMQP default)", "routed"), 5);
-	ck_assert_int_eq(exchange_sample(text, "a\\\"b\\\\c\\nd", "returned"), 2);
-	ck_assert_int_eq(exchange_sample(text, "caf\xc3\xa9\xef\xbf\xbd", "routed"), 1);
+	/* label value a"b\\c<newline>d (the backslash doubled), then the text format's escapes */
+	ck_assert_int_eq(exchange_sample(text, "a\\\"b\\\\\\\\c\\nd", "returned"), 2);
+	ck_assert_int_eq(exchange_sample(text, "caf\xc3\xa9\\\\xff", "routed"), 1); /* label value café\xff */
 	ck_assert_int_eq(exchange_sample(text, "(other)", "routed"), 0);
 
 	/* 30 more exchanges: the first 10 seen have series (3 taken above, 7 more), the rest count in "(other)" */
@@ -705,7 +715,7 @@ START_TEST(exchanges_are_bounded_ranked_and_escaped)
 	text = render(t, &b);
 	ck_assert_int_eq(exchange_sample(text, "ex29", "routed"), 0);
 	ck_assert_int_eq(exchange_sample(text, "ex29", "unknown"), 3);
-	ck_assert_int_eq(exchange_sample(text, "caf\xc3\xa9\xef\xbf\xbd", "routed"), -1);
+	ck_assert_int_eq(exchange_sample(text, "caf\xc3\xa9\\\\xff", "routed"), -1);
 	ck_assert_int_eq(exchange_sample(text, "ex00", "routed"), 1);
 	ck_assert_int_eq(exchange_sample(text, "(other)", "routed"), other + 50 + 1);
 	ck_assert_uint_eq(count_of(text, "amqptap_exchange_publishes_total{"), (TAP_METRICS_EXCHANGES + 1) * 4);
@@ -724,6 +734,114 @@ START_TEST(exchanges_are_bounded_ranked_and_escaped)
 	ck_assert_uint_eq(count_of(text, "amqptap_exchange_publishes_total{"), (TAP_METRICS_EXCHANGES + 1) * 4);
 	ck_assert_ptr_null(strstr(text, "burst"));
 	tap_buf_deinit(&b);
+	free(t);
+}
+END_TEST
+
+/* RabbitMQ takes any shortstr as an exchange name: names like the pseudo ones, and names that differ only in bytes
+ * that are not UTF-8, still get a series each, none of them a pseudo name's (lint_exposition fails on a series
+ * twice). */
+START_TEST(exchange_series_are_unique)
+{
+	struct tap_metrics_tally *t = new_tally();
+	struct tap_buf b;
+	tap_buf_init(&b);
+	static const struct {
+		const char *name;
+		const char *sample; /* the label value as the exposition writes it */
+	} names[TAP_METRICS_EXCHANGES] = {
+		{"", "(AMQP default)"},
+		{"(AMQP default)", "\\\\(AMQP default)"}, /* label value \(AMQP default) */
+		{"(other)", "\\\\(other)"},
+		{"\\(other)", "\\\\\\\\(other)"}, /* name \(other): label value \\(other) */
+		{"x\xff", "x\\\\xff"},
+		{"x\xfe", "x\\\\xfe"},
+		{"x\\xff", "x\\\\\\\\xff"}, /* the four characters \xff */
+		{"x\xef\xbf\xbd", "x\xef\xbf\xbd"}, /* a real U+FFFD */
+		{"(", "\\\\("},
+		{"\\", "\\\\\\\\"},
+	};
+	for (int i = 0; i < TAP_METRICS_EXCHANGES; i++)
+		publish_to(t, names[i].name, strlen(names[i].name), TAP_TRACK_ROUTE_ROUTED, i + 1);
+	publish_to(t, "y", 1, TAP_TRACK_ROUTE_ROUTED, 20); /* no series left: counts in the pseudo "(other)" */
+	char *text = render(t, &b);
+	for (int i = 0; i < TAP_METRICS_EXCHANGES; i++)
+		ck_assert_msg(exchange_sample(text, names[i].sample, "routed") == i + 1, "%s: %lld in\n%s", names[i].sample,
+		              exchange_sample(text, names[i].sample, "routed"), strstr(text, "# HELP amqptap_exchange"));
+	ck_assert_int_eq(exchange_sample(text, "(other)", "routed"), 20);
+	ck_assert_uint_eq(count_of(text, "amqptap_exchange_publishes_total{"), (TAP_METRICS_EXCHANGES + 1) * 4);
+
+	/* the longest name, every byte not UTF-8: one line of 4 characters per byte */
+	struct tap_metrics_tally *t2 = new_tally();
+	char longest[255];
+	memset(longest, 0x80, sizeof longest);
+	longest[0] = '(';
+	publish_to(t2, longest, sizeof longest, TAP_TRACK_ROUTE_ROUTED, 1);
+	text = render(t2, &b);
+	const char *at = strstr(text, "{exchange=\"\\\\(\\\\x80\\\\x80");
+	ck_assert_ptr_nonnull(at);
+	ck_assert_ptr_nonnull(strstr(at, "\\\\x80\",route=\"routed\"} 1\n"));
+	tap_buf_deinit(&b);
+	free(t2);
+	free(t);
+}
+END_TEST
+
+/* --header-values puts header values into publish records (for the files the operator asked for); the copy kept
+ * for /api/status, which anyone who reaches the metrics port reads, leaves them out. */
+START_TEST(problem_publishes_keep_no_header_values)
+{
+	struct tap_metrics_tally *t = new_tally();
+	struct sink k = {0};
+	struct tap_track_conf conf = {.header_values = "secret,n"};
+	struct tap_track *tr = tap_track_new(&conf, to_sink, &k);
+	tap_track_set_verdict_hook(tr, tap_metrics_tally_verdict, t);
+	struct tap_track_conn *c = tap_track_conn_new(tr, 1, "127.0.0.1:4000", "127.0.0.1:5672", T0);
+	tap_track_conn_open(c, sl("/"), T0);
+	tap_track_channel_open(c, 1, T0);
+	tap_track_confirm_select(c, 1, T0);
+	/* headers {secret: "hunter2", n: 7} */
+	static const uint8_t table[] = {6, 's', 'e', 'c', 'r', 'e', 't', 'S', 0, 0, 0, 7, 'h', 'u', 'n', 't', 'e', 'r', '2',
+	                                1, 'n', 'I', 0, 0, 0, 7};
+	struct tap_slice keys[] = {sl("secret"), sl("n")};
+	struct tap_publish p = {.exchange = sl("x"), .routing_key = sl("k\"header_values\":"), .body_size = 1,
+	                        .headers = {table, sizeof table}, .header_keys = keys, .n_header_keys = 2};
+	tap_track_publish(c, 1, &p, T0 + 10);
+	tap_track_nack(c, 1, 1, false, T0 + 20);
+	ck_assert_uint_eq(t->problems_seen, 1);
+	k.last[k.last_len] = '\0';
+	ck_assert_msg(strstr(k.last, "\"header_values\":{\"secret\":\"hunter2\",\"n\":7}"), "the record: %s", k.last);
+	const struct tap_metrics_problem *kept = &t->problems[0];
+	char json[TAP_METRICS_PROBLEM_BYTES + 1];
+	memcpy(json, kept->json, kept->len);
+	json[kept->len] = '\0';
+	ck_assert_msg(json_valid(json), "not JSON: %s", json);
+	ck_assert_msg(!strstr(json, "hunter2") && !strstr(json, "\"header_values\":{"), "kept: %s", json);
+	ck_assert_msg(strstr(json, "\"headers\":[\"secret\",\"n\"]"), "the keys stay: %s", json);
+	ck_assert_msg(strstr(json, "\"routing_key\":\"k\\\"header_values\\\":\""), "kept: %s", json);
+	ck_assert_msg(strstr(json, "\"confirm\":\"nack\""), "kept: %s", json);
+	tap_track_free(tr);
+
+	/* whatever member it is, and with its truncation flag */
+	static const struct {
+		const char *record, *kept;
+	} cases[] = {
+		{"{\"header_values\":{\"a\":[1,{\"b\":\"}\"}]},\"route\":\"unknown\"}", "{\"route\":\"unknown\"}"},
+		{"{\"route\":\"unknown\",\"header_values\":{\"a\":\"\\\\\"},\"header_values_truncated\":true}",
+		 "{\"route\":\"unknown\"}"},
+		{"{\"route\":\"unknown\",\"header_values_truncated\":true,\"header_values\":{},\"x\":1}",
+		 "{\"route\":\"unknown\",\"x\":1}"},
+		{"{\"route\":\"unknown\",\"headers\":[\"header_values\"]}", "{\"route\":\"unknown\",\"headers\":[\"header_values\"]}"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct tap_track_verdict v = {.route = TAP_TRACK_ROUTE_UNKNOWN, .confirm = TAP_TRACK_CONFIRM_UNKNOWN,
+		                              .return_us = -1, .confirm_us = -1,
+		                              .record = {(const uint8_t *)cases[i].record, strlen(cases[i].record)}};
+		tap_metrics_tally_verdict(t, &v);
+		kept = &t->problems[(t->problem_next + TAP_METRICS_PROBLEMS - 1) % TAP_METRICS_PROBLEMS];
+		ck_assert_msg(kept->len == strlen(cases[i].kept) && memcmp(kept->json, cases[i].kept, kept->len) == 0,
+		              "%s kept as %.*s", cases[i].record, (int)kept->len, kept->json);
+	}
 	free(t);
 }
 END_TEST
@@ -801,6 +919,8 @@ int main(void)
 	tcase_add_test(tc, tally_sees_the_upstream_and_the_observer_counts_decode_errors_and_gaps);
 	tcase_add_test(tc, prometheus_text_of_a_real_tracker);
 	tcase_add_test(tc, exchanges_are_bounded_ranked_and_escaped);
+	tcase_add_test(tc, exchange_series_are_unique);
+	tcase_add_test(tc, problem_publishes_keep_no_header_values);
 	tcase_add_test(tc, status_rows_are_bounded);
 	tcase_add_test(tc, metrics_option_forms);
 	suite_add_tcase(s, tc);

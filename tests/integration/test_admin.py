@@ -1,0 +1,259 @@
+# The --metrics endpoint against what could take it down or make it say too much (DESIGN §6c): exchanges whose
+# names look like the tap's pseudo labels or differ only in bytes that are not UTF-8 (of a series that comes twice
+# in a scrape Prometheus keeps one sample and drops the other: a real Prometheus must show each exchange's own
+# count); idle and slow connections past the cap
+# (a scrape still gets in at once); a scrape storm (each page is rendered at most once a second, the rest get that
+# copy); the warning when the endpoint is not on loopback; /api/status leaving --header-values out.
+
+import collections
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import pika
+import pika.exceptions
+
+from tapharness import free_port, http_get, main, wait_for
+from scenario_lib import ScenarioCase
+from test_metrics import MAX_HTTP_CONNS, metric_samples, start_metrics_tap
+
+PROMETHEUS = "/usr/bin/prometheus"
+PROMTOOL = "/usr/bin/promtool"
+
+
+def series_keys(text):
+    """The series (name and labels, as written) of every sample line of a Prometheus text body."""
+    return [line.rpartition(" ")[0] for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def start_prometheus(case, target_port):
+    """A real Prometheus scraping the tap every second; returns its web port."""
+    d = tempfile.mkdtemp(prefix="amqptap-prom-")
+    case.addCleanup(shutil.rmtree, d, True)
+    cfg = os.path.join(d, "prometheus.yml")
+    with open(cfg, "w") as f:
+        f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
+                "scrape_configs:\n  - job_name: amqptap\n    static_configs:\n"
+                f"      - targets: ['127.0.0.1:{target_port}']\n")
+    port = free_port()
+    log = open(os.path.join(d, "prometheus.log"), "wb")
+    case.addCleanup(log.close)
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={d}/data",
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+    def stop():
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    case.addCleanup(stop)
+
+    def ready():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+    case.assertTrue(wait_for(ready, 30, 0.2), "prometheus not ready")
+    return port
+
+
+def prom_query(port, expr):
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        res = json.load(r)
+    assert res["status"] == "success", res
+    return res["data"]["result"]
+
+
+class ExchangeSeries(ScenarioCase):
+    def test_exchange_names_never_share_a_series(self):
+        """RabbitMQ takes "(other)" and "(AMQP default)" as exchange names, and a client may publish to a name that
+        is not UTF-8: each exchange keeps a series of its own, apart from the pseudo ones, and a real Prometheus
+        takes the scrape whole."""
+        queue = self.declare_queue("q")
+        for name in ("(other)", "(AMQP default)"):  # names of the tap's pseudo labels, taken for real
+            self.admin().exchange_declare(name, "fanout")
+            self.addCleanup(self._delete, "exchange", name)
+            self.admin().queue_bind(queue, name)
+        tap, mport = start_metrics_tap(self)
+        conn = self.connect(tap)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        sent = {"": 1, "(AMQP default)": 2, "(other)": 3}
+        for exchange, n in sent.items():
+            for _ in range(n):
+                ch.basic_publish(exchange, queue, b"m", mandatory=True)
+        # two names that differ only in a byte that is not UTF-8 (no such exchange: the broker closes the channel)
+        bad = [f"{self.prefix}.x".encode() + b"\xff", f"{self.prefix}.x".encode() + b"\xfe"]
+        for name in bad:
+            c = conn.channel()
+            c.basic_publish(name, "k", b"m")
+            self.assertTrue(wait_for(lambda: conn.process_data_events(0.05) or c.is_closed, 10))
+        self.assertTrue(self.wait_records(tap, lambda recs: len(recs) == 6 + len(bad)))
+
+        text = http_get(mport, "/metrics")[2].decode()
+        keys = series_keys(text)
+        twice = [k for k, n in collections.Counter(keys).items() if n > 1]
+        self.assertEqual(twice, [], "a series twice in one scrape")
+        m = metric_samples(text)
+
+        def total(label):
+            return sum(m.get(f'amqptap_exchange_publishes_total{{exchange="{label}",route="{route}"}}', -100)
+                       for route in ("routed", "returned", "unproven", "unknown"))
+        self.assertEqual(total("(AMQP default)"), 1)  # the default exchange ""
+        self.assertEqual(total("\\\\(AMQP default)"), 2)  # label value \(AMQP default)
+        self.assertEqual(total("\\\\(other)"), 3)
+        self.assertEqual(total("(other)"), 0)  # the pseudo one: no exchange without a series here
+        self.assertEqual(total(f"{self.prefix}.x\\\\xff"), 1)  # label value ...x\xff
+        self.assertEqual(total(f"{self.prefix}.x\\\\xfe"), 1)
+        checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30)
+        self.assertEqual(checked.returncode, 0, checked.stdout.decode() + checked.stderr.decode())
+
+        prom = start_prometheus(self, mport)
+
+        def scraped():
+            up = prom_query(prom, 'up{job="amqptap"}')
+            return up and up[0]["value"][1] == "1" and prom_query(prom, "amqptap_exchange_publishes_total")
+        self.assertTrue(wait_for(scraped, 30, 0.5), "Prometheus did not take a scrape")
+        got = {r["metric"]["exchange"]: float(r["value"][1])
+               for r in prom_query(prom, "sum by (exchange) (amqptap_exchange_publishes_total)")}
+        self.assertEqual(got, {"(AMQP default)": 1, "\\(AMQP default)": 2, "\\(other)": 3, "(other)": 0,
+                               f"{self.prefix}.x\\xff": 1, f"{self.prefix}.x\\xfe": 1})
+        series = prom_query(prom, "count(amqptap_exchange_publishes_total)")
+        self.assertEqual(float(series[0]["value"][1]), 6 * 4, "a series of each exchange and route")
+
+
+class IdleConnections(ScenarioCase):
+    def test_idle_and_slow_connections_do_not_lock_out_scrapes(self):
+        """The cap's worth of connections and more that send nothing, or a request line and no more: /healthz and
+        /metrics still answer at once, also while the idle ones keep coming back, and never past the cap."""
+        tap, mport = start_metrics_tap(self)
+        base_fds = len(os.listdir(f"/proc/{tap.pid}/fd"))
+        socks = []
+        self.addCleanup(lambda: [s.close() for s in socks])
+        for i in range(MAX_HTTP_CONNS + 8):
+            s = socket.create_connection(("127.0.0.1", mport), timeout=5)
+            if i % 2:
+                s.sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
+            socks.append(s)
+        time.sleep(0.5)
+        for path in ("/healthz", "/metrics", "/api/status"):
+            t0 = time.monotonic()
+            status, _, _ = http_get(mport, path, timeout=2)
+            self.assertEqual(status, 200, path)
+            self.assertLess(time.monotonic() - t0, 2, path)
+
+        # idle connections that keep coming back as fast as the tap closes them
+        done = threading.Event()
+
+        def reopen():
+            while not done.is_set():
+                try:
+                    socks.append(socket.create_connection(("127.0.0.1", mport), timeout=1))
+                except OSError:
+                    pass
+                if len(socks) > 4 * MAX_HTTP_CONNS:
+                    socks.pop(0).close()
+                done.wait(0.005)
+        t = threading.Thread(target=reopen, daemon=True)
+        t.start()
+        try:
+            for _ in range(10):
+                t0 = time.monotonic()
+                status, _, body = http_get(mport, "/metrics", timeout=2)
+                self.assertEqual(status, 200)
+                self.assertLess(time.monotonic() - t0, 2)
+                self.assertLessEqual(len(os.listdir(f"/proc/{tap.pid}/fd")), base_fds + MAX_HTTP_CONNS + 1)
+                time.sleep(0.1)
+        finally:
+            done.set()
+            t.join(10)
+        time.sleep(1.1)  # past the page's copy
+        m = metric_samples(http_get(mport, "/metrics", timeout=2)[2].decode())
+        self.assertGreater(m["amqptap_http_evicted_total"], 8)
+        self.assertLessEqual(m["amqptap_http_connections_open"], MAX_HTTP_CONNS)
+
+
+class RenderedCopies(ScenarioCase):
+    def test_a_scrape_storm_renders_each_page_once_a_second(self):
+        """Requests within a second of a page's last render get that copy, byte for byte; a later one is rendered
+        again and shows the traffic since."""
+        queue = self.declare_queue("q")
+        tap, mport = start_metrics_tap(self)
+        t_start = time.monotonic()
+        for path in ("/metrics", "/api/status", "/healthz"):
+            t0 = time.monotonic()
+            bodies = [http_get(mport, path)[2] for _ in range(20)]  # a connection each: http_connections_total moves
+            elapsed = time.monotonic() - t0
+            self.assertLessEqual(len(set(bodies)), int(elapsed) + 1, f"{path}: {len(set(bodies))} renders in "
+                                 f"{elapsed:.2f} s")
+        before = metric_samples(http_get(mport, "/metrics")[2].decode())
+        renders = before["amqptap_http_renders_total"]
+        self.assertLessEqual(renders, 3 * (int(time.monotonic() - t_start) + 1), "60 requests")
+
+        conn = self.connect(tap)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", queue, b"m", mandatory=True)
+        self.assertTrue(self.wait_records(tap, lambda recs: len(recs) == 1))
+        time.sleep(1.1)
+        after = metric_samples(http_get(mport, "/metrics")[2].decode())
+        self.assertEqual(after["amqptap_publish_records_total"], before["amqptap_publish_records_total"] + 1)
+        self.assertGreater(after["amqptap_http_renders_total"], renders)
+
+
+class Exposure(ScenarioCase):
+    def test_warns_once_when_not_on_loopback(self):
+        port = free_port()
+        tap = self.start_tap(["--metrics", f"0.0.0.0:{port}"], frames=False)
+        lines = [line for line in tap.stderr().splitlines() if "WARNING" in line]
+        self.assertEqual(len(lines), 1, tap.stderr())
+        self.assertRegex(lines[0], r"^amqptap: WARNING: --metrics 0\.0\.0\.0:%d .*no password" % port)
+        self.assertIn("/api/status", lines[0])
+        self.assertEqual(http_get(port, "/healthz")[0], 200)
+        for addr in (f"127.0.0.1:{free_port()}", f"127.0.0.2:{free_port()}", str(free_port())):
+            quiet = self.start_tap(["--metrics", addr], frames=False)
+            self.assertNotIn("WARNING", quiet.stderr(), addr)
+        if socket.has_ipv6:
+            try:
+                with socket.socket(socket.AF_INET6) as s:
+                    s.bind(("::1", 0))
+            except OSError:
+                return
+            quiet = self.start_tap(["--metrics", f"[::1]:{free_port()}"], frames=False)
+            self.assertIn("metrics on http://[::1]:", quiet.stderr())
+            self.assertNotIn("WARNING", quiet.stderr())
+
+    def test_status_leaves_header_values_out(self):
+        """--header-values writes the values to the verdict file the operator chose; /api/status, which asks for no
+        password, shows the header keys only."""
+        tap, mport = start_metrics_tap(self, extra=["--header-values", "token"])
+        conn = self.connect(tap)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        with self.assertRaises(pika.exceptions.UnroutableError):
+            ch.basic_publish("", f"nowhere.{self.prefix}", b"x",
+                             pika.BasicProperties(headers={"token": "s3cret-value", "n": 1}), mandatory=True)
+        self.assertTrue(self.wait_records(tap, lambda recs: len(recs) == 1))
+        self.assertEqual(tap.records("publish")[0]["header_values"], {"token": "s3cret-value"})
+        body = http_get(mport, "/api/status")[2]
+        rows = json.loads(body)["problems"]["rows"]
+        self.assertEqual(len(rows), 1, rows)
+        self.assertEqual((rows[0]["route"], sorted(rows[0]["headers"])), ("returned", ["n", "token"]), rows[0])
+        self.assertNotIn("header_values", rows[0])
+        self.assertNotIn(b"s3cret-value", body)
+
+
+if __name__ == "__main__":
+    main()
