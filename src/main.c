@@ -75,6 +75,8 @@ struct app {
 	struct tap_replay_live *live; /* sniff mode: where the captured packets go */
 	uint64_t drops_reported; /* kernel drops already written as capture_drops records */
 	int64_t drops_reported_us; /* when the last capture_drops record was written */
+	char run[TAP_TRACK_RUN_MAX + 1]; /* this process's run id; "" in replay */
+	int64_t started_us;
 };
 
 /* This process's run id (issue 17): 12 hex digits, 48 random bits, so (run, conn) names one connection whatever
@@ -316,13 +318,13 @@ static void print_summary(struct app *app)
 	tap_buf_deinit(&b);
 }
 
+/* --pcap too: its writer begins the new file with the pcapng head (the connections still open go on in it
+ * without their handshake, as in a capture started while they ran) */
 static void reopen_outputs(struct app *app)
 {
-	/* --pcap is not reopened: a pcapng file cannot continue without its header blocks */
-	if (app->out[OUT_VERDICTS])
-		tap_out_reopen(app->out[OUT_VERDICTS]);
-	if (app->out[OUT_FRAMES])
-		tap_out_reopen(app->out[OUT_FRAMES]);
+	for (size_t i = 0; i < OUT_COUNT; i++)
+		if (app->out[i])
+			tap_out_reopen(app->out[i]);
 }
 
 static void on_idle(void *arg)
@@ -411,11 +413,26 @@ static void pcap_close(void *ctx, void *sc, const char *how, int64_t ts_us)
 }
 
 /* Opens output i into app->out[i]: 0, or the exit code after saying why (2: the path cannot be opened, a bad
- * value; 1: the tap had no memory or thread for it). */
+ * value; 1: the tap had no memory or thread for it). A BLOCKS output is --pcap: each of its files begins with
+ * the pcapng head. */
 static int open_output(struct app *app, enum app_out i, const char *path, enum tap_out_kind kind)
 {
 	struct tap_out_conf oc = {.name = out_names[i], .path = path, .kind = kind};
+	if (app->run[0]) { /* records_lost records carry the identity every other record does */
+		oc.run = app->run;
+		oc.tap_id = app->conf->tap_id;
+	}
+	struct tap_buf head;
+	tap_buf_init(&head);
+	if (kind == TAP_OUT_BLOCKS && !tap_pcapng_head(&head)) {
+		tap_buf_deinit(&head);
+		fprintf(stderr, "amqptap: out of memory at start\n");
+		return 1;
+	}
+	oc.head = head.data;
+	oc.head_len = head.len;
 	app->out[i] = tap_out_open(&oc);
+	tap_buf_deinit(&head);
 	if (app->out[i])
 		return 0;
 	int err = errno;
@@ -430,6 +447,10 @@ static int open_output(struct app *app, enum app_out i, const char *path, enum t
 static int outputs_open(struct app *app)
 {
 	const struct tap_conf *conf = app->conf;
+	if (conf->mode != TAP_MODE_REPLAY) { /* replay leaves identity out: its records stay deterministic */
+		app->started_us = tap_now_us();
+		make_run_id(app->run, app->started_us);
+	}
 	int rc = open_output(app, OUT_VERDICTS, conf->verdicts, TAP_OUT_LINES);
 	if (rc)
 		return rc;
@@ -441,7 +462,7 @@ static int outputs_open(struct app *app)
 	if (conf->pcap) {
 		if ((rc = open_output(app, OUT_PCAP, conf->pcap, TAP_OUT_BLOCKS)))
 			return rc;
-		app->pcap = tap_pcapng_new(pcap_block, app);
+		app->pcap = tap_pcapng_new_headless(pcap_block, app); /* the output writes the head */
 		if (!app->pcap) {
 			fprintf(stderr, "amqptap: out of memory at start\n");
 			return 1;
@@ -455,11 +476,9 @@ static int outputs_open(struct app *app)
 		.max_memory = conf->max_tracking_memory,
 		.header_values = conf->header_values,
 	};
-	char run[TAP_TRACK_RUN_MAX + 1];
-	if (conf->mode != TAP_MODE_REPLAY) { /* replay leaves identity out: its records stay deterministic */
-		tconf.started_us = tap_now_us();
-		make_run_id(run, tconf.started_us);
-		tconf.run = run;
+	if (app->run[0]) {
+		tconf.started_us = app->started_us;
+		tconf.run = app->run;
 		tconf.tap_id = conf->tap_id;
 	}
 	app->track = tap_track_new(&tconf, emit_record, app);
@@ -665,6 +684,8 @@ static void report_drops(struct app *app, int64_t now_us, bool final)
 	tap_json_obj_begin(&j);
 	tap_json_kv_str(&j, "type", "capture_drops");
 	tap_json_kv_ts(&j, "ts", now_us);
+	if (app->run[0])
+		tap_json_kv_str(&j, "run", app->run);
 	tap_json_kv_uint(&j, "dropped", fresh);
 	tap_json_kv_uint(&j, "total", st.dropped);
 	tap_json_obj_end(&j);

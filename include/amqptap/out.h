@@ -25,7 +25,8 @@
 
 /* How records are framed, which decides what a loss leaves behind:
  * LINES: JSON Lines; a loss is marked by a records_lost record, a cut line is removed (regular file) or ended.
- * BLOCKS: binary blocks (pcapng); losses are only counted; a cut block is removed or writing stops.
+ * BLOCKS: binary blocks (pcapng); losses are only counted; a cut block is removed or writing stops; every file
+ *         begins with the conf's head.
  * TEXT: human lines (the log); a loss is marked by a text line; any thread may write (tap_out_text). */
 enum tap_out_kind {
 	TAP_OUT_LINES,
@@ -39,6 +40,16 @@ struct tap_out_conf {
 	enum tap_out_kind kind;
 	size_t backlog_bytes; /* 0: TAP_OUT_BACKLOG_DEFAULT */
 	bool private_mode;    /* a file that exists is made 0600 too (it holds secrets: the TLS key log) */
+	/* BLOCKS: what every file must begin with (pcapng's tap_pcapng_head), copied. The writer writes it into each
+	 * file it opens (the first, one made again after it was deleted, one reopened) as soon as it opens it, so
+	 * a file without a block is a valid empty capture; and when a write failed to put it there, it is written
+	 * before the next block, so no block is ever written where no reader can read it. It is no record: not
+	 * counted. */
+	const void *head;
+	size_t head_len;
+	/* LINES: the identity records_lost records carry, as every other record does (NULL: none, as in replay) */
+	const char *run;
+	const char *tap_id;
 };
 
 /* Why an output lost records. The first three are the reasons its records_lost records give; UNFLUSHED records

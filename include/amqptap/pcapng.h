@@ -20,10 +20,18 @@ struct tap_pcapng_conn;
 /* Receives one whole pcapng block per call; the slice is only read during the call. */
 typedef void (*tap_pcapng_write_fn)(void *ctx, const void *block, size_t len);
 
-/* Writes the Section Header Block and one Interface Description Block (LINKTYPE_ETHERNET, if_tsresol 6) through
- * write. Every block goes out whole in one call, so an output that drops whole blocks stays readable up to its
- * last block. Returns NULL when out of memory. */
+struct tap_buf;
+
+/* Appends the head every pcapng file, and every section of one, must begin with: the Section Header Block and one
+ * Interface Description Block (LINKTYPE_ETHERNET, if_tsresol 6), which every packet block refers to. False when
+ * out of memory. */
+bool tap_pcapng_head(struct tap_buf *out);
+/* Writes the head through write, then the packets of the connections. Every block goes out whole in one call, so
+ * an output that drops whole blocks stays readable up to its last block. Returns NULL when out of memory. */
 struct tap_pcapng *tap_pcapng_new(tap_pcapng_write_fn write, void *ctx);
+/* The same without writing the head: for an output that puts tap_pcapng_head at the start of every file it opens
+ * itself (tap_out_conf.head), as a file made again or reopened needs it too. */
+struct tap_pcapng *tap_pcapng_new_headless(tap_pcapng_write_fn write, void *ctx);
 /* Does not free the connections still open. */
 void tap_pcapng_free(struct tap_pcapng *p);
 

@@ -1,6 +1,6 @@
 /* The SASL response of connection.start-ok (0-9-1 §1.4.2.2; RabbitMQ's PLAIN and AMQPLAIN mechanisms), parsed
- * once for everything that needs it: the user name the records show, and the password bytes that redaction
- * hides in every output (the frame trace, the pcapng copy). */
+ * once for everything that needs it: the user name the records show, the password bytes it must never include,
+ * and the bytes around the user a copy of the stream keeps (redact.h hides all the rest). */
 #ifndef AMQPTAP_SASL_H
 #define AMQPTAP_SASL_H
 
@@ -20,6 +20,10 @@ struct tap_sasl_range {
 
 struct tap_sasl {
 	struct tap_slice user; /* a slice of the response; len 0 when there is none. Never a password byte. */
+	/* The bytes a copy of the stream keeps so that a reader finds the user as this parser does: PLAIN from the
+	 * NUL before the user through the NUL after it, AMQPLAIN the whole LOGIN field (name, type, length, value).
+	 * Len 0 when there is no user: nothing is kept. */
+	struct tap_sasl_range kept;
 	struct tap_sasl_range secret[TAP_SASL_MAX_SECRETS]; /* in order, not overlapping */
 	size_t n_secrets;
 };

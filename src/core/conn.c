@@ -762,8 +762,8 @@ static void trace_frame(struct tap_conn *c, enum tap_dir dir, const struct tap_f
 			return;
 	}
 	tap_buf_reset(&o->scratch);
-	tap_frames_line(&o->scratch, c->id, dir, now_us, ev, (const uint8_t *)d->body_prefix.data,
-			d->body_prefix.len);
+	tap_frames_line(&o->scratch, tap_track_run(o->track), c->id, dir, now_us, ev,
+			(const uint8_t *)d->body_prefix.data, d->body_prefix.len);
 	o->frames->line(o->frames->ctx, o->scratch.data, o->scratch.len);
 	tap_buf_reset(&d->body_prefix);
 }

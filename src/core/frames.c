@@ -110,8 +110,8 @@ static void write_header(struct tap_json *j, const struct tap_frame_ev *ev)
 	tap_json_obj_end(j);
 }
 
-void tap_frames_line(struct tap_buf *out, uint64_t conn, enum tap_dir dir, int64_t ts_us, const struct tap_frame_ev *ev,
-		     const uint8_t *body_prefix, size_t body_prefix_len)
+void tap_frames_line(struct tap_buf *out, const char *run, uint64_t conn, enum tap_dir dir, int64_t ts_us,
+		     const struct tap_frame_ev *ev, const uint8_t *body_prefix, size_t body_prefix_len)
 {
 	static const char *const names[] = {
 		[TAP_EV_NONE] = "none",
@@ -125,6 +125,8 @@ void tap_frames_line(struct tap_buf *out, uint64_t conn, enum tap_dir dir, int64
 	tap_json_init(&j, out);
 	tap_json_obj_begin(&j);
 	tap_json_kv_ts(&j, "ts", ts_us);
+	if (run && run[0])
+		tap_json_kv_str(&j, "run", run);
 	tap_json_kv_uint(&j, "conn", conn);
 	tap_json_kv_str(&j, "dir", tap_dir_name(dir));
 	tap_json_kv_uint(&j, "channel", ev->channel);

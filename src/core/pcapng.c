@@ -81,27 +81,70 @@ static void pad4(struct tap_buf *b)
 	tap_buf_append(b, zero, (4 - (b->len & 3)) & 3);
 }
 
-/* Patches both total-length fields and hands the block to the writer. */
+/* Starts a block of the given type at the end of b; returns where it starts, for block_close. */
+static size_t block_open(struct tap_buf *b, uint32_t type)
+{
+	size_t start = b->len;
+	host32(b, type);
+	host32(b, 0);
+	return start;
+}
+
+/* Appends the trailing total length and patches the leading one. */
+static void block_close(struct tap_buf *b, size_t start)
+{
+	uint32_t total = (uint32_t)(b->len - start) + 4;
+	host32(b, total);
+	if (!b->oom)
+		memcpy(b->data + start + 4, &total, 4);
+}
+
+/* Hands the block built in p->block to the writer. */
 static void block_finish(struct tap_pcapng *p)
 {
-	struct tap_buf *b = &p->block;
-	uint32_t total = (uint32_t)b->len + 4;
-	host32(b, total);
-	if (b->oom)
-		return;
-	memcpy(b->data + 4, &total, 4);
-	p->write(p->write_ctx, b->data, b->len);
+	block_close(&p->block, 0);
+	if (!p->block.oom)
+		p->write(p->write_ctx, p->block.data, p->block.len);
 }
 
 static void block_begin(struct tap_pcapng *p, uint32_t type)
 {
 	tap_buf_reset(&p->block);
 	p->block.oom = false;
-	host32(&p->block, type);
-	host32(&p->block, 0);
+	(void)block_open(&p->block, type); /* at 0: block_finish closes it there */
 }
 
-struct tap_pcapng *tap_pcapng_new(tap_pcapng_write_fn write, void *ctx)
+bool tap_pcapng_head(struct tap_buf *out)
+{
+	/* §4.1 Section Header Block, section length unknown (-1). */
+	size_t at = block_open(out, BT_SHB);
+	host32(out, BYTE_ORDER_MAGIC);
+	host16(out, 1);
+	host16(out, 0);
+	host32(out, 0xFFFFFFFFu);
+	host32(out, 0xFFFFFFFFu);
+	static const char appl[] = "amqptap " TAP_VERSION;
+	host16(out, OPT_SHB_USERAPPL);
+	host16(out, (uint16_t)(sizeof appl - 1));
+	tap_buf_append(out, appl, sizeof appl - 1);
+	pad4(out);
+	host32(out, OPT_ENDOFOPT);
+	block_close(out, at);
+
+	/* §4.2 Interface Description Block: Ethernet, no snap limit, microsecond timestamps. */
+	at = block_open(out, BT_IDB);
+	host16(out, LINKTYPE_ETHERNET);
+	host16(out, 0);
+	host32(out, 0);
+	host16(out, OPT_IF_TSRESOL);
+	host16(out, 1);
+	tap_buf_append(out, "\x06\0\0", 4);
+	host32(out, OPT_ENDOFOPT);
+	block_close(out, at);
+	return !out->oom;
+}
+
+struct tap_pcapng *tap_pcapng_new_headless(tap_pcapng_write_fn write, void *ctx)
 {
 	struct tap_pcapng *p = calloc(1, sizeof *p);
 	if (!p)
@@ -109,36 +152,22 @@ struct tap_pcapng *tap_pcapng_new(tap_pcapng_write_fn write, void *ctx)
 	p->write = write;
 	p->write_ctx = ctx;
 	tap_buf_init(&p->block);
+	return p;
+}
 
-	/* §4.1 Section Header Block, section length unknown (-1). */
-	block_begin(p, BT_SHB);
-	host32(&p->block, BYTE_ORDER_MAGIC);
-	host16(&p->block, 1);
-	host16(&p->block, 0);
-	host32(&p->block, 0xFFFFFFFFu);
-	host32(&p->block, 0xFFFFFFFFu);
-	static const char appl[] = "amqptap " TAP_VERSION;
-	host16(&p->block, OPT_SHB_USERAPPL);
-	host16(&p->block, (uint16_t)(sizeof appl - 1));
-	tap_buf_append(&p->block, appl, sizeof appl - 1);
-	pad4(&p->block);
-	host32(&p->block, OPT_ENDOFOPT);
-	block_finish(p);
-
-	/* §4.2 Interface Description Block: Ethernet, no snap limit, microsecond timestamps. */
-	block_begin(p, BT_IDB);
-	host16(&p->block, LINKTYPE_ETHERNET);
-	host16(&p->block, 0);
-	host32(&p->block, 0);
-	host16(&p->block, OPT_IF_TSRESOL);
-	host16(&p->block, 1);
-	tap_buf_append(&p->block, "\x06\0\0", 4);
-	host32(&p->block, OPT_ENDOFOPT);
-	block_finish(p);
-	if (p->block.oom) {
+struct tap_pcapng *tap_pcapng_new(tap_pcapng_write_fn write, void *ctx)
+{
+	struct tap_pcapng *p = tap_pcapng_new_headless(write, ctx);
+	if (!p)
+		return NULL;
+	if (!tap_pcapng_head(&p->block)) {
 		tap_pcapng_free(p);
 		return NULL;
 	}
+	uint32_t shb_len; /* the head is two blocks, each handed over whole on its own */
+	memcpy(&shb_len, p->block.data + 4, 4);
+	write(ctx, p->block.data, shb_len);
+	write(ctx, p->block.data + shb_len, p->block.len - shb_len);
 	return p;
 }
 

@@ -39,8 +39,10 @@ static void parse_plain(struct tap_slice r, struct tap_sasl *out)
 		add_secret(out, 0, r.len, r.len);
 		return;
 	}
-	if (nul2 > user)
+	if (nul2 > user) {
 		out->user = user_slice(user, (size_t)(nul2 - user));
+		out->kept = (struct tap_sasl_range){(size_t)(nul1 - r.ptr), (size_t)(nul2 - nul1) + 1};
+	}
 	size_t pass = (size_t)(nul2 + 1 - r.ptr);
 	add_secret(out, pass, r.len - pass, r.len);
 }
@@ -63,8 +65,10 @@ static void parse_amqplain(struct tap_slice r, struct tap_sasl *out)
 		bool string = f.type == 'S' || f.type == 'x';
 		if (f.name_len == 5 && memcmp(f.name, "LOGIN", 5) == 0 && !login_seen) {
 			login_seen = true;
-			if (string)
+			if (string) {
 				out->user = user_slice(f.ptr, f.len);
+				out->kept = (struct tap_sasl_range){(size_t)(start - r.ptr), (size_t)(it.p - start)};
+			}
 		} else if (f.name_len == 8 && strncasecmp((const char *)f.name, "PASSWORD", 8) == 0) {
 			const uint8_t *v = f.ptr ? f.ptr : f.name + f.name_len + 1; /* after the type letter */
 			size_t len = f.ptr ? f.len : (size_t)(it.p - v);

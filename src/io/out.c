@@ -55,6 +55,8 @@ struct tap_out {
 	bool own_fd;
 	bool pipe; /* a pipe or FIFO: written in whole records of at most PIPE_BUF bytes where it can be */
 	bool private_mode; /* tap_out_conf's */
+	struct tap_buf file_head; /* tap_out_conf's head (BLOCKS) */
+	char *run, *tap_id;  /* tap_out_conf's (LINES), NULL: none */
 
 	/* loop thread (TEXT: under mu) */
 	struct chunk *fill;
@@ -85,6 +87,8 @@ struct tap_out {
 	size_t current_off;
 	bool partial;  /* a line was cut and could not be removed: the next write starts with "\n" */
 	bool broken;   /* a block was cut and could not be removed: nothing more can be appended */
+	bool head_due; /* the file does not begin with the head yet */
+	size_t head_off;
 	bool fail_reported;
 	uint64_t wlost_unreported;
 	int64_t wfirst_us;
@@ -217,6 +221,10 @@ static void loss_note(struct tap_buf *b, const struct tap_out *o, uint64_t lost,
 	tap_json_obj_begin(&j);
 	tap_json_kv_str(&j, "type", "records_lost");
 	tap_json_kv_ts(&j, "ts", wall_us());
+	if (o->run) /* merged records of many taps: whose loss this is */
+		tap_json_kv_str(&j, "run", o->run);
+	if (o->tap_id)
+		tap_json_kv_str(&j, "tap", o->tap_id);
 	tap_json_kv_str(&j, "output", o->name);
 	tap_json_kv_uint(&j, "lost", lost);
 	tap_json_kv_ts(&j, "first_lost_ts", first_us);
@@ -341,6 +349,26 @@ static bool writer_recover(struct tap_out *o)
 	return true;
 }
 
+/* BLOCKS: the head, when the file does not begin with it yet. Returns 0, or the errno that stopped it (the part it
+ * wrote is removed; where it cannot be, nothing more is written, as after a cut block). */
+static int writer_head(struct tap_out *o)
+{
+	if (!o->head_due)
+		return 0;
+	o->head_off = 0;
+	int err = write_all(o, o->file_head.data, o->file_head.len, &o->head_off);
+	if (!err) {
+		o->head_due = false;
+		return 0;
+	}
+	if (o->head_off > 0 && !remove_cut(o, o->head_off)) {
+		o->broken = true;
+		tap_log_error("--%s %s: its head blocks were cut and cannot be removed; nothing more is written to it",
+			      o->name, o->path ? o->path : "-");
+	}
+	return err;
+}
+
 /* Where the next write of c from off should end. A pipe takes a write of up to PIPE_BUF bytes whole or not at all,
  * so a writer cancelled while a stalled reader holds it never leaves half a record there: pipes get whole records
  * in pieces of at most PIPE_BUF (a longer record alone). Anything else gets the rest of the chunk at once. */
@@ -405,6 +433,7 @@ static OUT_OF_LINE bool writer_open_again(struct tap_out *o)
 	o->pipe = is_fifo(fd);
 	o->partial = false; /* a cut line stays in the old file, the new one starts clean */
 	o->broken = false;
+	o->head_due = o->file_head.len > 0; /* in an existing pcapng file, a new section: read as one capture */
 	return true;
 }
 
@@ -429,8 +458,12 @@ static OUT_OF_LINE bool file_deleted(const struct tap_out *o)
 
 static void writer_reopen(struct tap_out *o)
 {
-	if (!o->path || !o->own_fd || writer_open_again(o))
+	if (!o->path || !o->own_fd)
 		return;
+	if (writer_open_again(o)) {
+		(void)writer_head(o); /* at once, so the new file reads before any block; a failure: with the next */
+		return;
+	}
 	int err = errno;
 	tap_log_error("--%s %s: cannot reopen: %s; %s", o->name, o->path, strerror(err),
 		      file_deleted(o) ? "the old file was deleted: records are counted lost until the path can be "
@@ -454,8 +487,12 @@ static void writer_chunk(struct tap_out *o, struct chunk *c)
 		writer_lost(o, c->records, o->werr ? o->werr : EIO);
 		return;
 	}
+	int err = writer_head(o);
+	if (err) { /* blocks without it could not be read: lost too, and the head is tried again with the next */
+		writer_lost(o, c->records, err);
+		return;
+	}
 	o->current_off = 0;
-	int err = 0;
 	while (!err && o->current_off < c->data.len)
 		err = write_all(o, c->data.data, piece_end(o, c, o->current_off), &o->current_off);
 	if (err)
@@ -468,6 +505,8 @@ static void *writer_main(void *arg)
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 	if (o->fd < 0)
 		writer_open(o);
+	if (o->fd >= 0) /* a tap that never writes a block leaves a valid empty capture; a failure: with the first */
+		(void)writer_head(o);
 	pthread_mutex_lock(&o->mu);
 	for (;;) {
 		while (!o->head && !o->closing)
@@ -515,11 +554,14 @@ static void out_free(struct tap_out *o)
 	chunk_free(o->fill);
 	chunk_free(o->current);
 	tap_buf_deinit(&o->note);
+	tap_buf_deinit(&o->file_head);
 	pthread_cond_destroy(&o->wake);
 	pthread_cond_destroy(&o->room);
 	pthread_mutex_destroy(&o->mu);
 	free(o->name);
 	free(o->path);
+	free(o->run);
+	free(o->tap_id);
 	free(o);
 }
 
@@ -538,6 +580,12 @@ static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_
 	o->pipe = is_fifo(fd);
 	o->fill = conf->kind == TAP_OUT_TEXT ? chunk_new() : fill_take(o); /* nobody else sees o yet: no lock */
 	tap_buf_init(&o->note);
+	tap_buf_init(&o->file_head);
+	if (conf->kind == TAP_OUT_BLOCKS && conf->head_len)
+		tap_buf_append(&o->file_head, conf->head, conf->head_len);
+	o->head_due = o->file_head.len > 0;
+	o->run = conf->run ? strdup(conf->run) : NULL;
+	o->tap_id = conf->tap_id ? strdup(conf->tap_id) : NULL;
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -545,7 +593,8 @@ static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_
 	pthread_cond_init(&o->wake, &ca);
 	pthread_cond_init(&o->room, &ca);
 	pthread_condattr_destroy(&ca);
-	if (!o->name || (conf->path && strcmp(conf->path, "-") != 0 && !o->path) || !o->fill) {
+	bool copied = !o->file_head.oom && (!conf->run || o->run) && (!conf->tap_id || o->tap_id);
+	if (!o->name || (conf->path && strcmp(conf->path, "-") != 0 && !o->path) || !o->fill || !copied) {
 		out_free(o);
 		errno = ENOMEM;
 		return NULL;

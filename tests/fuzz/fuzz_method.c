@@ -21,14 +21,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	};
 	struct tap_buf b;
 	tap_buf_init(&b);
-	tap_frames_line(&b, 1, TAP_C2S, 0, &ev, NULL, 0);
+	tap_frames_line(&b, NULL, 1, TAP_C2S, 0, &ev, NULL, 0);
 	if (tap_dialect_method_decode(TAP_AMQP_0_8, data, size, &m) == 0) {
 		for (unsigned i = 0; i < m.def->nargs; i++)
 			if (m.args[i].ptr && (m.args[i].ptr < data || m.args[i].ptr + m.args[i].len > data + size))
 				abort();
 	}
 	ev.version = TAP_AMQP_0_8;
-	tap_frames_line(&b, 1, TAP_C2S, 0, &ev, NULL, 0);
+	tap_frames_line(&b, NULL, 1, TAP_C2S, 0, &ev, NULL, 0);
 	tap_buf_deinit(&b);
 	return 0;
 }

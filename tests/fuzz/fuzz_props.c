@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	};
 	struct tap_buf b;
 	tap_buf_init(&b);
-	tap_frames_line(&b, 1, TAP_S2C, 0, &ev, NULL, 0);
+	tap_frames_line(&b, NULL, 1, TAP_S2C, 0, &ev, NULL, 0);
 	tap_buf_deinit(&b);
 	return 0;
 }

@@ -2,7 +2,7 @@
 # FIFOs nobody reads, /dev/full and a full tmpfs. Real rabbitmq-c publishers go through the tap to the throwaway
 # broker; the tap must keep forwarding at normal speed, accept new clients, end within --grace plus the 2 s flush
 # bound on SIGTERM, count what it lost (stderr, summary, exit code 1) and never leave a merged half line.
-# Output files are created 0600.
+# Output files are created 0600; every line of them carries the run, records_lost records too.
 
 import json
 import os
@@ -337,6 +337,39 @@ class Outputs(TapTestCase):
         self.assertEqual(sum(r["lost"] for r in notes), lost)
         self.assertEqual(len(recs) - len(notes) + lost, records)
         self.assertEqual(len([l for l in err.splitlines() if "write failed" in l]), 1, err)
+
+    def test_every_line_carries_the_run(self):
+        """Merged lines of many taps can be told apart: every line of --verdicts and of --frames carries this
+        process's run, records_lost records too (with the tap's --tap-id: a loss belongs to no connection). The
+        record files are deleted with their directory under the tap, then the directory comes back."""
+        d = tempfile.mkdtemp(prefix="amqptap-run-")
+        self.addCleanup(shutil.rmtree, d, True)
+        sub = os.path.join(d, "sub")
+        os.mkdir(sub)
+        verdicts, frames = os.path.join(sub, "v.jsonl"), os.path.join(sub, "f.jsonl")
+        tap = self.raw_tap(["--tap-id", "tap-lines", "--verdicts", verdicts, "--frames", frames])
+        tap.publish(20, 30)
+        self.assertTrue(wait_for(lambda: read_records(verdicts, live=True), 5))
+        shutil.rmtree(sub)
+        tap.publish(20, 30)  # lost: the files cannot be made again
+        self.assertTrue(wait_for(lambda: tap.stderr().count("write failed") >= 2, 5), tap.stderr())
+        os.mkdir(sub)
+        tap.publish(20, 30)
+        time.sleep(0.3)
+        err = self.assert_exit_bounded(tap)
+        self.assertGreater(summary_counts(err, "verdicts")[1], 0)
+        runs = set()
+        for path in (verdicts, frames):
+            with open(path, "rb") as f:
+                recs = parse_lines(f.read())
+            self.assertTrue(recs, path)
+            for r in recs:
+                self.assertIn("run", r, f"{path}: {r}")
+                runs.add(r["run"])
+            notes = [r for r in recs if r.get("type") == "records_lost"]
+            self.assertTrue(notes, f"no records_lost record in {path}")
+            self.assertEqual({r["tap"] for r in notes}, {"tap-lines"})
+        self.assertEqual(len(runs), 1, runs)
 
     def test_files_created_0600(self):
         d = tempfile.mkdtemp(prefix="amqptap-mode-")

@@ -1,13 +1,15 @@
 # Passwords never reach a file (issue 12 §5, DESIGN §2 and §5), against the real broker through the tap: the AMQP
 # 0-8 and 0-9 protocol headers RabbitMQ accepts (decoded, so the session's publishes get their records), a start-ok
 # cut before its end octet, AMQPLAIN with two PASSWORD keys, PLAIN from pika, and AMQP 1.0 with a SASL PLAIN
-# frame. Each uses its own distinctive password, which must appear in no output: --verdicts, --frames, --pcap.
+# frame. Each uses its own distinctive password, which must appear in no output: --verdicts, --frames, --pcap (which
+# hides all of the SASL response but the user name, as --frames does: an authzid or an extra AMQPLAIN key too).
 
 import json
 import os
 import shutil
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pika  # noqa: E402
 
 from scenario_lib import RawClient, broker_sh, direct_connection, params  # noqa: E402
-from tapharness import TapTestCase, main, require_broker, wait_for  # noqa: E402
+from tapharness import BROKER_PORT, TapTestCase, main, require_broker, wait_for  # noqa: E402
 
 USER = f"sec-{uuid.uuid4().hex[:6]}"
 PASSWORD = f"Sq{uuid.uuid4().hex[:12]}Zx"  # the broker's password for USER
@@ -93,6 +95,50 @@ class SecretsCase(TapTestCase):
                 b = s.encode()
                 for form in (b, b[3:-3], b.hex().encode(), json.dumps(s)[1:-1].encode()):
                     self.assertFalse(form in data, f"{s!r} appears in {name} ({path}) as {form!r}")
+
+    def assert_response_in_pcap(self, tap, mechanism, masked):
+        """The pcap holds the start-ok's response as masked: every byte '*' but the user and what finds it (the
+        frame trace hides all but the user too), the same length; tshark still decodes the start-ok there."""
+        with open(tap.pcap, "rb") as f:
+            data = f.read()
+        hidden = RawClient.short(mechanism) + RawClient.long(masked)
+        self.assertTrue(hidden in data, f"the {mechanism} response is not {masked!r} in the pcap")
+        r = subprocess.run(["tshark", "-r", tap.pcap, "-d", f"tcp.port=={BROKER_PORT},amqp", "-Y",
+                            "amqp.method.class == 10 and amqp.method.method == 11", "-T", "fields", "-e",
+                            "amqp.method.arguments.mechanism"], capture_output=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        self.assertIn(mechanism, r.stdout.decode().split(), r.stdout.decode())
+
+    def test_pcap_hides_all_of_the_response_but_the_user(self):
+        """--pcap hides every byte of a start-ok response but the user name (and what finds it), as --frames
+        hides all but the user: a PLAIN authzid and an AMQPLAIN key besides LOGIN are the client's secrets too."""
+        authzid, token = distinctive("authz"), distinctive("token")
+        tap = self.start_tap_with_pcap()
+        resp = b"".join(RawClient.short(k) + b"S" + RawClient.long(v.encode())
+                        for k, v in (("LOGIN", USER), ("PASSWORD", PASSWORD), ("X-TOKEN", token)))
+        rc, _ = raw_login(tap.port, b"AMQP\x00\x00\x09\x01", "AMQPLAIN", resp)
+        finish_login(rc)
+        rc.open_confirm_channel(1)
+        rc.publish_parts(1, "", self.queue, b"hello", "x-1", mandatory=True)
+        rc.expect(1, 60, 80)
+        rc.close()
+        # PLAIN with an authzid: whatever the broker makes of it, the tap has seen the start-ok
+        presp = authzid.encode() + plain(USER, PASSWORD)
+        rc, _ = raw_login(tap.port, b"AMQP\x00\x00\x09\x01", "PLAIN", presp)
+        try:
+            finish_login(rc)
+        except (ConnectionError, OSError, AssertionError, struct.error):
+            pass
+        rc.close()
+        wait_for(lambda: tap.records("publish"), 10)
+        time.sleep(0.5)
+        self.assertEqual(tap.stop(), 0)
+        self.assertEqual([p["user"] for p in tap.records("publish")], [USER])
+        login = resp[:resp.index(b"\x08PASSWORD")]
+        self.assert_response_in_pcap(tap, "AMQPLAIN", login + b"*" * (len(resp) - len(login)))
+        masked = b"*" * len(authzid) + b"\x00" + USER.encode() + b"\x00" + b"*" * len(PASSWORD)
+        self.assert_response_in_pcap(tap, "PLAIN", masked)
+        self.assert_in_no_output(tap, PASSWORD, authzid, token)
 
     # RabbitMQ maps "AMQP" 1 1 8 0 and 1 1 9 1 to AMQP 0-8 and 1 1 0 9 to 0-9-1 (rabbit_reader handshake/2)
     def test_amqp_0_8_and_0_9_headers_are_decoded(self):
@@ -176,8 +222,8 @@ class SecretsCase(TapTestCase):
         startoks = [r for r in tap.frame_records() if r.get("method") == "connection.start-ok"]
         self.assertEqual(startoks[0].get("user"), USER)
         self.assertEqual(startoks[0]["args"]["response"], f"<redacted {len(resp)} bytes>")
-        with open(tap.pcap, "rb") as f:
-            self.assertIn(b"LOGIN", f.read())
+        login = resp[:resp.index(b"\x08PASSWORD")]
+        self.assert_response_in_pcap(tap, "AMQPLAIN", login + b"*" * (len(resp) - len(login)))
         self.assert_in_no_output(tap, PASSWORD, decoy)
 
     def test_plain_from_pika(self):

@@ -32,7 +32,7 @@ static char *line_in(enum tap_amqp_version v, enum tap_dir dir, enum tap_frame_e
 	};
 	struct tap_buf b;
 	tap_buf_init(&b);
-	tap_frames_line(&b, 3, dir, TS, &ev, prefix, plen);
+	tap_frames_line(&b, NULL, 3, dir, TS, &ev, prefix, plen);
 	tap_buf_putc(&b, 0);
 	ck_assert(!b.oom);
 	return b.data;

@@ -1,6 +1,7 @@
 /* The output files of src/io/out.c (linked with the io library): order across a reopen, mode 0600, losses on
  * /dev/full counted, a pipe nobody reads never blocks the caller and loses whole records only, a loss is marked
- * by a records_lost record, close gives up on a stuck writer at its deadline, and the log never waits on stderr. */
+ * by a records_lost record (with the run and tap), close gives up on a stuck writer at its deadline, every file of
+ * a block output begins with its head (again after a failed write lost it), and the log never waits on stderr. */
 #include "amqptap/log.h"
 #include "amqptap/out.h"
 
@@ -12,10 +13,12 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -515,6 +518,146 @@ START_TEST(deleted_file_is_made_again)
 }
 END_TEST
 
+static struct tap_out *open_blocks(const char *path, const char *head)
+{
+	struct tap_out_conf oc = {
+		.name = "pcap", .path = path, .kind = TAP_OUT_BLOCKS, .head = head, .head_len = strlen(head)};
+	struct tap_out *o = tap_out_open(&oc);
+	ck_assert_msg(o != NULL, "open %s: %s", path, strerror(errno));
+	return o;
+}
+
+/* Whether path holds exactly want, once it does (waits up to 2 s). */
+static bool holds(const char *path, const char *want)
+{
+	for (int tries = 0; tries < 200; tries++) {
+		size_t len = 0;
+		char *d = access(path, F_OK) == 0 ? slurp(path, &len) : NULL;
+		bool same = d && len == strlen(want) && memcmp(d, want, len) == 0;
+		free(d);
+		if (same)
+			return true;
+		usleep(10000);
+	}
+	return false;
+}
+
+/* Every file of a BLOCKS output begins with its head (a pcapng file with its SHB and IDB): the first, one that
+ * existed (after what it held: a new section), one made again after it was deleted, one reopened, one that gets
+ * no block. The head is no record. */
+START_TEST(every_file_begins_with_the_head)
+{
+	char path[128], moved[140];
+	snprintf(path, sizeof path, "%s/h.bin", tmpdir);
+	snprintf(moved, sizeof moved, "%s.1", path);
+	FILE *f = fopen(path, "wb");
+	ck_assert_ptr_nonnull(f);
+	fputs("old;", f);
+	fclose(f);
+	struct tap_out *o = open_blocks(path, "HEAD;");
+	tap_out_block(o, "b1;", 3);
+	tap_out_flush(o);
+	ck_assert(holds(path, "old;HEAD;b1;"));
+	ck_assert_int_eq(unlink(path), 0);
+	tap_out_block(o, "b2;", 3);
+	tap_out_flush(o);
+	ck_assert(holds(path, "HEAD;b2;"));
+	ck_assert_int_eq(rename(path, moved), 0);
+	tap_out_block(o, "b3;", 3);
+	tap_out_reopen(o);
+	tap_out_block(o, "b4;", 3);
+	struct tap_out_stats s;
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	ck_assert(holds(moved, "HEAD;b2;b3;"));
+	ck_assert(holds(path, "HEAD;b4;"));
+	ck_assert_uint_eq(s.records, 4);
+	ck_assert_uint_eq(s.lost, 0);
+	unlink(path);
+	/* without a block: the head alone (a pcapng file without packets) */
+	o = open_blocks(path, "HEAD;");
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	ck_assert(holds(path, "HEAD;"));
+	ck_assert_uint_eq(s.records, 0);
+	unlink(path);
+	unlink(moved);
+}
+END_TEST
+
+/* Writes fail (the file size limit stands in for a full disk) and then work again. */
+static void fsize_limit(rlim_t bytes)
+{
+	signal(SIGXFSZ, SIG_IGN); /* write() fails with EFBIG instead */
+	struct rlimit rl;
+	ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &rl), 0);
+	rl.rlim_cur = bytes < rl.rlim_max ? bytes : rl.rlim_max;
+	ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+}
+
+static void lost_reaches(struct tap_out *o, uint64_t want)
+{
+	struct tap_out_stats s;
+	for (int tries = 0; tries < 200; tries++) {
+		tap_out_get_stats(o, &s);
+		if (s.lost >= want)
+			break;
+		usleep(10000);
+	}
+	ck_assert_uint_eq(s.lost, want);
+}
+
+/* A head a failed write lost, whole or cut, is written again before the next block once writing works: no block is
+ * ever written where no reader could read it, and the blocks that could not be written are the ones counted. */
+START_TEST(a_lost_head_is_written_again)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/lost-head.bin", tmpdir);
+	unlink(path);
+	fsize_limit(3); /* "HEA" goes in, then the write fails */
+	struct tap_out *o = open_blocks(path, "HEAD;");
+	tap_out_block(o, "b1;", 3);
+	tap_out_block(o, "b2;", 3);
+	tap_out_flush(o);
+	lost_reaches(o, 2);
+	ck_assert(holds(path, "")); /* the cut head was removed */
+	fsize_limit(RLIM_INFINITY);
+	tap_out_block(o, "b3;", 3);
+	struct tap_out_stats s;
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	ck_assert(holds(path, "HEAD;b3;"));
+	ck_assert_uint_eq(s.records, 3);
+	ck_assert_uint_eq(s.lost, 2);
+	ck_assert_uint_eq(s.lost_by[TAP_OUT_LOST_WRITE_FAILED], 2);
+	unlink(path);
+}
+END_TEST
+
+/* A records_lost record carries the run and tap identity every other record carries. */
+START_TEST(loss_note_names_the_run_and_tap)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/ident.jsonl", tmpdir);
+	unlink(path);
+	struct tap_out_conf oc = {
+		.name = "verdicts", .path = path, .kind = TAP_OUT_LINES, .run = "0a1b2c3d4e5f", .tap_id = "tap-7"};
+	struct tap_out *o = tap_out_open(&oc);
+	ck_assert_ptr_nonnull(o);
+	fsize_limit(0);
+	lines_from(o, 1, 5);
+	lost_reaches(o, 5);
+	fsize_limit(RLIM_INFINITY);
+	lines_from(o, 6, 1);
+	tap_out_close(o, tap_out_clock_us() + 5000000, NULL);
+	size_t len;
+	char *d = slurp(path, &len);
+	static const char start[] = "{\"type\":\"records_lost\",\"ts\":";
+	ck_assert_msg(strncmp(d, start, sizeof start - 1) == 0, "%s", d);
+	ck_assert_ptr_nonnull(strstr(d, "\",\"run\":\"0a1b2c3d4e5f\",\"tap\":\"tap-7\",\"output\":\"verdicts\",\"lost\":5,"));
+	ck_assert_ptr_nonnull(strstr(d, "}\n{\"n\":6}\n"));
+	free(d);
+	unlink(path);
+}
+END_TEST
+
 int main(void)
 {
 	snprintf(tmpdir, sizeof tmpdir, "/tmp/tap_out_XXXXXX");
@@ -531,6 +674,9 @@ int main(void)
 	tcase_add_test(tc, wait_until_loses_nothing);
 	tcase_add_test(tc, fifo_without_reader_delays_nothing);
 	tcase_add_test(tc, deleted_file_is_made_again);
+	tcase_add_test(tc, every_file_begins_with_the_head);
+	tcase_add_test(tc, a_lost_head_is_written_again);
+	tcase_add_test(tc, loss_note_names_the_run_and_tap);
 #ifdef FAIL_ALLOC_WORKS
 	tcase_add_test(tc, a_batch_without_memory_counts_what_it_drops);
 #endif

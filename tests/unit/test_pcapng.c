@@ -1,5 +1,6 @@
 /* pcapng writer: a synthetic two-connection AMQP exchange (IPv4 and IPv6, a body split over several packets) is
- * read back with the capture reader byte for byte, and tshark must decode every AMQP frame with good checksums. */
+ * read back with the capture reader byte for byte, and tshark must decode every AMQP frame with good checksums; the
+ * head written apart makes the same file, and a second section appended reads too. */
 #include "amqptap/capture.h"
 #include "amqptap/jsonl.h"
 #include "amqptap/pcapng.h"
@@ -285,6 +286,79 @@ START_TEST(tshark_decodes_every_frame)
 }
 END_TEST
 
+/* One connection's packets through p, as the tap writes them. */
+static void one_conn(struct tap_pcapng *p, const char *client, int64_t t)
+{
+	struct tap_pcapng_conn *a = tap_pcapng_conn_open(p, client, "10.1.1.2:5672", t);
+	ck_assert_ptr_nonnull(a);
+	tap_pcapng_conn_data(a, TAP_C2S, (const uint8_t *)"AMQP\0\0\x09\x01", 8, t + 1);
+	tap_pcapng_conn_data(a, TAP_S2C, (const uint8_t *)"x", 1, t + 2);
+	tap_pcapng_conn_close(a, TAP_PCAPNG_CLIENT_FIN, t + 3);
+}
+
+/* tap_pcapng_head followed by a headless writer's blocks is the file tap_pcapng_new writes; the same again appended
+ * is a second section (what the tap's output writes into a file that exists, or one made again), and the reader
+ * and tshark read both sections. */
+START_TEST(head_apart_and_a_second_section)
+{
+	char whole[128], apart[128];
+	snprintf(whole, sizeof whole, "%s/whole.pcapng", tmpdir);
+	snprintf(apart, sizeof apart, "%s/apart.pcapng", tmpdir);
+	FILE *out = fopen(whole, "wb");
+	ck_assert_ptr_nonnull(out);
+	struct tap_pcapng *p = tap_pcapng_new(file_write, out);
+	one_conn(p, "10.1.1.1:1234", 1000000);
+	tap_pcapng_free(p);
+	fclose(out);
+
+	out = fopen(apart, "wb");
+	ck_assert_ptr_nonnull(out);
+	for (int section = 0; section < 2; section++) {
+		struct tap_buf head;
+		tap_buf_init(&head);
+		ck_assert(tap_pcapng_head(&head));
+		ck_assert_uint_eq(fwrite(head.data, 1, head.len, out), head.len);
+		tap_buf_deinit(&head);
+		p = tap_pcapng_new_headless(file_write, out);
+		one_conn(p, section ? "10.1.1.1:1235" : "10.1.1.1:1234", 1000000 + section * 10);
+		tap_pcapng_free(p);
+		if (section == 0) {
+			fflush(out);
+			size_t a_len, b_len;
+			FILE *fa = fopen(whole, "rb"), *fb = fopen(apart, "rb");
+			uint8_t a[4096], b[4096];
+			a_len = fread(a, 1, sizeof a, fa);
+			b_len = fread(b, 1, sizeof b, fb);
+			fclose(fa);
+			fclose(fb);
+			ck_assert_uint_eq(a_len, b_len);
+			ck_assert(memcmp(a, b, a_len) == 0);
+		}
+	}
+	fclose(out);
+	struct rb r;
+	char err[256] = "";
+	ck_assert_msg(read_back(apart, &r, err, sizeof err) == 0, "%s", err);
+	ck_assert_uint_eq(r.n, 2);
+	ck_assert_str_eq(r.addr[1][1], "10.1.1.1:1235");
+	ck_assert_uint_eq(r.bytes[1][1].len, 8);
+	rb_free(&r);
+	if (have_tshark()) {
+		char cmd[700]; /* its exit status, and 9 packets of each section */
+		snprintf(cmd, sizeof cmd, "tshark -r %s >%s.txt 2>/dev/null; echo $? $(wc -l <%s.txt); rm -f %s.txt",
+			 apart, apart, apart, apart);
+		FILE *f = popen(cmd, "r");
+		ck_assert_ptr_nonnull(f);
+		char line[64] = "";
+		ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+		pclose(f);
+		ck_assert_str_eq(line, "0 18\n");
+	}
+	unlink(whole);
+	unlink(apart);
+}
+END_TEST
+
 int main(void)
 {
 	snprintf(tmpdir, sizeof tmpdir, "/tmp/test_pcapng.XXXXXX");
@@ -296,6 +370,7 @@ int main(void)
 	tcase_add_test(tc, round_trip_through_the_reader);
 	tcase_add_test(tc, flushed_prefix_is_readable);
 	tcase_add_test(tc, tshark_decodes_every_frame);
+	tcase_add_test(tc, head_apart_and_a_second_section);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	rmdir(tmpdir);

@@ -155,7 +155,9 @@ START_TEST(amqplain_malformed)
 }
 END_TEST
 
-/* tap_redact_ranges over a whole start-ok payload: offsets from the payload start. */
+/* tap_redact_ranges over a whole start-ok payload: offsets from the payload start; all of the response but the
+ * user and what finds it (as the frame trace hides all but the user), so neither a PLAIN authzid nor an AMQPLAIN
+ * key besides LOGIN is left in the capture copy, and a reader of the copy still finds the user. */
 START_TEST(redact_ranges_start_ok)
 {
 	static const char *const pw[] = {"pw-one", "pw-two"};
@@ -171,11 +173,54 @@ START_TEST(redact_ranges_start_ok)
 	ck_assert_int_eq(tap_method_decode(p.d, p.n, &m), 0);
 	struct tap_range r[TAP_REDACT_MAX_RANGES];
 	size_t n = tap_redact_ranges(&m, p.d, r);
-	ck_assert_uint_eq(n, 2);
-	for (size_t i = 0; i < n; i++)
-		memset(p.d + r[i].off, '*', r[i].len);
+	size_t resp = 4 + 4 + 1 + 8 + 4, login = 1 + 5 + 1 + 4 + 3;
+	ck_assert_uint_eq(n, 1); /* LOGIN comes first: only what follows it */
+	ck_assert_uint_eq(r[0].off, resp + login);
+	ck_assert_uint_eq(r[0].len, t.n - login);
+	memset(p.d + r[0].off, '*', r[0].len);
 	ck_assert_ptr_null(memmem(p.d, p.n, "pw-", 3));
-	ck_assert_ptr_nonnull(memmem(p.d, p.n, "bob", 3));
+	ck_assert_ptr_null(memmem(p.d, p.n, "PASSWORD", 8));
+	ck_assert_ptr_nonnull(memmem(p.d, p.n, "LOGINS\0\0\0\x03" "bob", 13));
+	struct tap_sasl a;
+	tap_sasl_parse(text("AMQPLAIN"), sl(p.d + resp, t.n), &a);
+	ck_assert(user_is(&a, "bob"));
+	/* PLAIN with an authzid: the authzid and the password, "\0bob\0" kept */
+	static const char plain[] = "authz-id\0bob\0pw-three";
+	p.n = 0;
+	tap_build_u32(&p, TAP_CONNECTION_START_OK);
+	tap_build_u32(&p, 0);
+	tap_build_shortstr(&p, "PLAIN");
+	tap_build_longstr(&p, plain, sizeof plain - 1);
+	tap_build_shortstr(&p, "en_US");
+	ck_assert_int_eq(tap_method_decode(p.d, p.n, &m), 0);
+	n = tap_redact_ranges(&m, p.d, r);
+	resp = 4 + 4 + 1 + 5 + 4;
+	ck_assert_uint_eq(n, 2);
+	ck_assert_uint_eq(r[0].off, resp);
+	ck_assert_uint_eq(r[0].len, 8);
+	ck_assert_uint_eq(r[1].off, resp + 13);
+	ck_assert_uint_eq(r[1].len, 8);
+	/* another mechanism: the whole response */
+	p.n = 0;
+	tap_build_u32(&p, TAP_CONNECTION_START_OK);
+	tap_build_u32(&p, 0);
+	tap_build_shortstr(&p, "EXTERNAL");
+	tap_build_longstr(&p, "CN=bob", 6);
+	tap_build_shortstr(&p, "en_US");
+	ck_assert_int_eq(tap_method_decode(p.d, p.n, &m), 0);
+	n = tap_redact_ranges(&m, p.d, r);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_uint_eq(r[0].off, 4 + 4 + 1 + 8 + 4);
+	ck_assert_uint_eq(r[0].len, 6);
+	/* secure-ok: the whole response */
+	p.n = 0;
+	tap_build_u32(&p, TAP_CONNECTION_SECURE_OK);
+	tap_build_longstr(&p, "chal-answer", 11);
+	ck_assert_int_eq(tap_method_decode(p.d, p.n, &m), 0);
+	n = tap_redact_ranges(&m, p.d, r);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_uint_eq(r[0].off, 8);
+	ck_assert_uint_eq(r[0].len, 11);
 	/* update-secret: the whole new-secret */
 	p.n = 0;
 	tap_build_u32(&p, TAP_CONNECTION_UPDATE_SECRET);
