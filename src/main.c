@@ -214,6 +214,15 @@ static void hook_data(void *ctx, void *sess, enum tap_dir dir, const uint8_t *da
 		app->next_deadline = now_us + app->min_window_us;
 }
 
+static void hook_held(void *ctx, void *sess, bool held, int64_t now_us)
+{
+	struct app *app = ctx;
+	tap_conn_held(sess, held, now_us);
+	/* the windows run again in full: the first to run out is the shortest window away */
+	if (!held && now_us + app->min_window_us < app->next_deadline)
+		app->next_deadline = now_us + app->min_window_us;
+}
+
 static void hook_close(void *ctx, void *sess, uint64_t conn_id, enum tap_proxy_end why, const char *detail,
 		       int64_t now_us)
 {
@@ -854,7 +863,8 @@ static int run_proxy(const struct tap_conf *conf)
 	char upstream_name[300];
 	tap_conf_addr_format(&conf->upstream, upstream_name, sizeof upstream_name);
 	struct tap_proxy_hooks hooks = {
-	    .ctx = &app, .open = hook_open, .data = hook_data, .close = hook_close, .refused = hook_refused};
+	    .ctx = &app, .open = hook_open, .data = hook_data, .close = hook_close, .refused = hook_refused,
+	    .held = hook_held};
 	if (app.base)
 		app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up, up_len, upstream_name, app.tls, &hooks);
 	if (app.proxy)

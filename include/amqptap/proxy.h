@@ -45,6 +45,8 @@ struct tap_proxy_hooks {
 		      int64_t now_us);
 	/* A client closed at once, the tap having no memory for its session: it gets no open, data or close. */
 	void (*refused)(void *ctx);
+	/* The session stopped (held) or went on reading the broker: its client reads slowly (backpressure). */
+	void (*held)(void *ctx, void *sess, bool held, int64_t now_us);
 };
 
 struct tap_proxy_stats {
@@ -61,6 +63,8 @@ struct tap_proxy_stats {
 #define TAP_PROXY_HIGH_WATER (1024 * 1024)
 /* Largest single read or write on a plain TCP leg. */
 #define TAP_PROXY_MAX_IO (256 * 1024)
+/* Most read from one leg, unread behind backpressure, when its session ends (read_rest in src/io/proxy.c). */
+#define TAP_PROXY_REST_MAX (16 * 1024 * 1024)
 /* After one side is gone, how long the other may take to read what is left. */
 #define TAP_PROXY_DRAIN_SECONDS 10
 /* Out of file descriptors in accept(): accepting pauses until a session ends,

@@ -148,6 +148,10 @@ void tap_track_conn_tune(struct tap_track_conn *c, uint16_t channel_max, uint32_
 /* connection.open (or open-ok): writes the `connection` open record, once. */
 void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64_t now_us);
 void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_slice reason, int64_t now_us);
+/* The tap stopped (held) or went on reading what the broker sends on this connection: backpressure from a client
+ * that reads slowly. While held, a Return or a refusing close may wait unread in the tap's socket, so no window
+ * runs out; each runs again in full once reading goes on. */
+void tap_track_conn_held(struct tap_track_conn *c, bool held, int64_t now_us);
 /* connection.close from either side: remembered (the first one wins) as the reason given to every publish still
  * outstanding when the connection ends. */
 void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t code, struct tap_slice text,
@@ -163,7 +167,10 @@ void tap_track_conn_close_ok(struct tap_track_conn *c, int64_t now_us);
  * are written, and c is freed. */
 void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t now_us);
 
+/* A channel opened again before the broker's close-ok (or never closed) is retired, not ended: the broker's
+ * answers still to come on it are for its publishes, until its close-ok or the new channel's open-ok. */
 void tap_track_channel_open(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
+void tap_track_channel_open_ok(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 void tap_track_confirm_select(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 void tap_track_tx_select(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 void tap_track_channel_close(struct tap_track_conn *c, uint16_t ch, enum tap_peer by, uint16_t code,

@@ -132,6 +132,12 @@ void tap_conn_note(struct tap_conn *c, const char *detail)
 		tap_track_conn_detail(c->tc, detail);
 }
 
+void tap_conn_held(struct tap_conn *c, bool held, int64_t now_us)
+{
+	if (c)
+		tap_track_conn_held(c->tc, held, now_us);
+}
+
 static void pending_cut(struct tap_conn *c, uint16_t channel, struct pending *p, int64_t now_us);
 
 void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
@@ -560,6 +566,9 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		if (m->args[TAP_ARG_CHANNEL_CLOSE_CLASS_ID].u == TAP_CLASS_BASIC &&
 		    m->args[TAP_ARG_CHANNEL_CLOSE_METHOD_ID].u == (TAP_BASIC_PUBLISH & 0xFFFF))
 			tap_track_publish_refused(tc, channel, now_us);
+		break;
+	case TAP_CHANNEL_OPEN_OK:
+		tap_track_channel_open_ok(tc, channel, now_us);
 		break;
 	case TAP_CHANNEL_CLOSE_OK:
 		tap_track_channel_close_ok(tc, channel, now_us);

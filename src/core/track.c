@@ -631,7 +631,7 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 static void confirm(struct tap_track_conn *c, uint16_t id, uint64_t tag, bool multiple, enum trk_event answer,
                     int64_t now_us)
 {
-	struct trk_chan *ch = trk_chan_find(c, id);
+	struct trk_chan *ch = trk_chan_answering(c, id);
 	if (!ch || ch->mode != TRK_MODE_CONFIRM || (tag == 0 && !multiple) || tag > UINT64_MAX - ch->sel_off) {
 		c->t->st.stray_confirms++;
 		return;
@@ -764,7 +764,7 @@ static void return_ambiguous(struct tap_track_conn *c, struct trk_chan *ch, cons
 
 void tap_track_return(struct tap_track_conn *c, uint16_t id, const struct tap_return *r, int64_t now_us)
 {
-	struct trk_chan *ch = trk_chan_find(c, id);
+	struct trk_chan *ch = trk_chan_answering(c, id);
 	struct return_match m;
 	if (r->details_lost) { /* any mandatory publish waiting on the channel may be the one: none is routed for sure */
 		c->t->st.oom++;
@@ -930,7 +930,7 @@ void tap_track_publish_refused(struct tap_track_conn *c, uint16_t id, int64_t no
 				refuse_from(c, c->chans[i], c->chans[i]->base, TRK_REFUSAL_UNNAMED, now_us);
 		return;
 	}
-	struct trk_chan *ch = trk_chan_find(c, id);
+	struct trk_chan *ch = trk_chan_answering(c, id);
 	if (!ch || !ch->closing || !ch->close_by_broker || ch->refusal)
 		return;
 	unsigned matches = culprit_of(c, ch, (const uint8_t *)ch->close_text, ch->close_text_len, &n);
@@ -966,6 +966,8 @@ static bool settle_due(struct tap_track_conn *c, struct trk_chan *ch, const stru
 		int64_t start = tq->from_ack ? e->t_ack : e->t_pub;
 		if (!tq->from_ack && start < c->unblocked_at)
 			start = c->unblocked_at; /* paused while the connection was blocked */
+		if (start < c->unheld_at)
+			start = c->unheld_at; /* paused while the tap did not read the broker */
 		int64_t due = start + tq->window;
 		if (due > now_us) {
 			if (due < *next)
@@ -990,8 +992,9 @@ static int64_t chan_tick(struct tap_track_conn *c, struct trk_chan *ch, int64_t 
 	    {&ch->plain_q, TRK_STATE_WAIT, TRK_FLAG_REFUSED, false, conf->late_return_us}, /* plain: a refusing close */
 	};
 	int64_t next = INT64_MAX;
-	/* a blocked connection's publishes wait unread: only acks (already answered) run on, until unblocked */
-	size_t n_queues = c->blocked ? 1 : sizeof queues / sizeof queues[0];
+	/* a blocked connection's publishes wait unread: only acks (already answered) run on, until unblocked; while
+	 * the tap holds the broker's side nothing runs out (what would settle it may be waiting unread) */
+	size_t n_queues = c->held ? 0 : c->blocked ? 1 : sizeof queues / sizeof queues[0];
 	for (size_t i = 0; i < n_queues; i++)
 		if (!settle_due(c, ch, &queues[i], now_us, &next))
 			return INT64_MAX;
@@ -1094,6 +1097,8 @@ void tap_track_conn_gap(struct tap_track_conn *c, enum tap_track_gap_seq seq, in
 {
 	static const struct trk_reason gap = {.by = "capture_gap"};
 	uint32_t flags = seq == TAP_TRACK_GAP_SEQ_LOST ? TRK_FLAG_SEQ_LOST : 0; /* counted across lost publishes */
+	if (c->retired)
+		chan_end_waiting(c, c->retired, false, flags, &gap, now_us);
 	for (uint32_t i = 0; i < c->n_chans; i++)
 		chan_end_waiting(c, c->chans[i], false, flags, &gap, now_us);
 }

@@ -69,8 +69,8 @@ static void conn_prefix_update(struct tap_track_conn *c)
 static void conn_free(struct tap_track_conn *c)
 {
 	struct tap_track *t = c->t;
-	while (c->n_chans > 0) {
-		struct trk_chan *ch = c->chans[c->n_chans - 1];
+	while (c->n_chans > 0 || c->retired) {
+		struct trk_chan *ch = c->retired ? c->retired : c->chans[c->n_chans - 1];
 		t->st.outstanding -= ch->live;
 		for (uint64_t n = ch->base; n < ch->next; n++)
 			if (trk_slot(ch, n)->state == TRK_STATE_HELD)
@@ -230,6 +230,17 @@ void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t c
 	}
 }
 
+void tap_track_conn_held(struct tap_track_conn *c, bool held, int64_t now_us)
+{
+	if (held == c->held)
+		return;
+	c->held = held;
+	if (!held) {
+		c->unheld_at = now_us;
+		trk_due_now(c, now_us); /* the paused windows run again */
+	}
+}
+
 void tap_track_conn_detail(struct tap_track_conn *c, const char *detail)
 {
 	if (!trk_set_cstr(c->t, &c->end_detail, detail))
@@ -298,6 +309,8 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 	struct trk_reason r;
 	conn_reason(c, reason_by, &r);
 	r.settled = c->settled;
+	if (c->retired)
+		chan_end(c, c->retired, &r, now_us);
 	while (c->n_chans > 0) /* in channel order; chan_end frees each */
 		chan_end(c, c->chans[0], &r, now_us);
 	trk_record_conn_close(&t->render, c, &r, now_us);
@@ -340,16 +353,40 @@ static void chan_lost(struct tap_track_conn *c)
 	c->t->st.oom++;
 }
 
+/* The client opened a channel it had not seen closed: its close-ok is still to come (a client that does not wait for
+ * it), or it never closed it. The broker's answers to what was published on it come before it looks at the new
+ * open, so the channel is retired, not ended: they still find their publishes, and the new channel's publishes
+ * never take them (the broker answers such an open with a connection error, or, had it finished the close, with
+ * open-ok). */
+static void chan_retire(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us)
+{
+	static const struct trk_reason reopen = {.by = "reopen"};
+	if (c->retired)
+		chan_end(c, c->retired, &reopen, now_us); /* a third open before the broker answered: no more to keep */
+	uint32_t i = 0;
+	while (c->chans[i] != ch)
+		i++;
+	memmove(&c->chans[i], &c->chans[i + 1], (c->n_chans - i - 1) * sizeof *c->chans);
+	c->n_chans--;
+	c->retired = ch;
+}
+
 void tap_track_channel_open(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_find(c, id);
-	if (ch) {
-		struct trk_reason r = {.by = "reopen"};
-		chan_end(c, ch, &r, now_us);
-	}
+	if (ch)
+		chan_retire(c, ch, now_us);
 	if (!trk_chan_in_budget(c, id, now_us) && !trk_chan_beyond_max(c, id))
 		chan_lost(c); /* it is created by its first publish, in an unknown mode, or never */
 	chan_event(c, id, "open", now_us);
+}
+
+void tap_track_channel_open_ok(struct tap_track_conn *c, uint16_t id, int64_t now_us)
+{
+	static const struct trk_reason reopen = {.by = "reopen"};
+	/* the broker took the new open: it had nothing more to say about the channel before it */
+	if (c->retired && c->retired->id == id)
+		chan_end(c, c->retired, &reopen, now_us);
 }
 
 void tap_track_conn_unseen(struct tap_track_conn *c, const char *by, int64_t now_us)
@@ -400,7 +437,8 @@ void tap_track_tx_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 void tap_track_channel_close(struct tap_track_conn *c, uint16_t id, enum tap_peer by, uint16_t code,
                              struct tap_slice text, int64_t now_us)
 {
-	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
+	struct trk_chan *ch = by == TAP_BY_BROKER && c->retired && c->retired->id == id ? c->retired
+	                                                                                : trk_chan_in_budget(c, id, now_us);
 	if (!ch)
 		return;
 	/* Closes can cross: the client closes while the broker's 404 is on its way. The broker's close says why
@@ -422,7 +460,7 @@ void tap_track_channel_close(struct tap_track_conn *c, uint16_t id, enum tap_pee
 
 void tap_track_channel_close_ok(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
-	struct trk_chan *ch = trk_chan_find(c, id);
+	struct trk_chan *ch = trk_chan_answering(c, id);
 	if (!ch)
 		return;
 	/* the broker's close-ok to the client's close comes after everything the broker had to say */
@@ -441,7 +479,7 @@ void tap_track_tx_end(struct tap_track_conn *c, uint16_t id, bool rollback, int6
 void tap_track_tx_end_ok(struct tap_track_conn *c, uint16_t id, bool rollback, int64_t now_us)
 {
 	static const struct trk_reason rolled_back = {.by = "tx_rollback"};
-	struct trk_chan *ch = trk_chan_find(c, id);
+	struct trk_chan *ch = trk_chan_answering(c, id);
 	if (!ch)
 		return;
 	uint64_t end = ch->next;

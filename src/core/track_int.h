@@ -191,6 +191,10 @@ struct tap_track_conn {
 	/* the last connection.unblocked: while the broker had the connection blocked it read nothing of it, so no
 	 * return window or plain hold runs then; one started before it runs again from there */
 	int64_t unblocked_at;
+	/* the same for the tap itself not reading the broker (tap_track_conn_held): no window runs out while held,
+	 * and every one, acked or not, runs again from the end of the hold */
+	bool held;
+	int64_t unheld_at;
 	bool closed, close_by_broker;
 	bool settled;     /* the broker's close-ok answered the client's connection.close */
 	char *end_detail; /* why the TCP/TLS connection failed, when no close method says it */
@@ -198,6 +202,9 @@ struct tap_track_conn {
 	char *close_text;
 	size_t close_text_len;
 	struct trk_chan **chans; /* sorted by id: a connection has a few, usually one */
+	/* a channel the client opened again before the broker was done with it (tap_track_channel_open): out of
+	 * chans, still answered by the broker, until its close-ok or the open-ok of its successor */
+	struct trk_chan *retired;
 	uint32_t n_chans, cap_chans;
 	struct trk_chan **active; /* channels with outstanding publishes */
 	uint32_t n_active, cap_active;
@@ -333,6 +340,9 @@ void trk_chan_first_publish(struct tap_track_conn *c, struct trk_chan *ch, int64
 /* ---- track_store.c ---- */
 
 struct trk_chan *trk_chan_find(const struct tap_track_conn *c, uint16_t id);
+/* The channel the broker's answers on `id` are for: a retired one first (its answers come before the broker
+ * takes the new open), else trk_chan_find's. */
+struct trk_chan *trk_chan_answering(const struct tap_track_conn *c, uint16_t id);
 /* The channel, created when new (NULL when out of memory). */
 struct trk_chan *trk_chan_get(struct tap_track_conn *c, uint16_t id);
 void trk_chan_free(struct tap_track_conn *c, struct trk_chan *ch);

@@ -129,6 +129,11 @@ struct trk_chan *trk_chan_find(const struct tap_track_conn *c, uint16_t id)
 	return i < c->n_chans && c->chans[i]->id == id ? c->chans[i] : NULL;
 }
 
+struct trk_chan *trk_chan_answering(const struct tap_track_conn *c, uint16_t id)
+{
+	return c->retired && c->retired->id == id ? c->retired : trk_chan_find(c, id);
+}
+
 struct trk_chan *trk_chan_get(struct tap_track_conn *c, uint16_t id)
 {
 	struct tap_track *t = c->t;
@@ -214,9 +219,13 @@ void trk_chan_free(struct tap_track_conn *c, struct trk_chan *ch)
 {
 	struct tap_track *t = c->t;
 	active_remove(c, ch);
-	uint32_t i = chan_pos(c, ch->id);
-	memmove(&c->chans[i], &c->chans[i + 1], (c->n_chans - i - 1) * sizeof *c->chans);
-	c->n_chans--;
+	if (c->retired == ch) {
+		c->retired = NULL;
+	} else {
+		uint32_t i = chan_pos(c, ch->id);
+		memmove(&c->chans[i], &c->chans[i + 1], (c->n_chans - i - 1) * sizeof *c->chans);
+		c->n_chans--;
+	}
 	if (ch->close_text)
 		trk_free(t, ch->close_text, ch->close_text_len + 1);
 	trk_free(t, ch->ring, ch->cap * sizeof *ch->ring);

@@ -276,6 +276,9 @@ static void session_fail(struct tap_session *s, enum tap_proxy_end why, const ch
  * waits for the connect; the wish is kept and applied then. */
 static void set_reading(struct leg *l, bool on)
 {
+	struct tap_proxy *px = l->s->px;
+	if (l->side == SIDE_UPSTREAM && on != l->reading && px->hooks.held)
+		px->hooks.held(px->hooks.ctx, l->s->obs, !on, tap_now_us());
 	l->reading = on;
 	if (l->tls) {
 		tap_tls_leg_reading(l);
@@ -450,15 +453,39 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 
 /* Reads what a leg sent that still sits unread in its socket, so that it
  * is observed and passed on: a broker's connection.close explaining why a
- * write to it failed, or a client's publishes held back by backpressure
- * when the broker went away. */
+ * write to it failed, a client's publishes held back by backpressure when
+ * the broker went away or when the tap stops. At most TAP_PROXY_REST_MAX:
+ * more than a socket's receive buffer holds, and a client that keeps
+ * writing into a closing session cannot keep the tap reading. */
 static void read_rest(struct leg *l)
 {
-	if (l->tls)
-		return;
+	size_t left = TAP_PROXY_REST_MAX;
 	ssize_t got;
-	while ((got = recv(l->fd, l->s->px->scratch, TAP_PROXY_MAX_IO, 0)) > 0)
+	if (l->tls) {
+		tap_tls_leg_read_rest(l, left);
+		return;
+	}
+	while (left > 0 && (got = recv(l->fd, l->s->px->scratch, left < TAP_PROXY_MAX_IO ? left : TAP_PROXY_MAX_IO,
+				      0)) > 0) {
 		tap_leg_pass_on(l, l->s->px->scratch, (size_t)got, tap_now_us());
+		left -= (size_t)got;
+	}
+}
+
+static void read_rest_if_open(struct leg *l)
+{
+	if (l->out && l->connected && !l->eof)
+		read_rest(l);
+}
+
+/* Ends a session, first observing what either side sent that the tap has
+ * not read yet: the broker's confirms first, then the client's publishes
+ * (each needs its record), both passed on as far as they go. */
+static void session_end_reading_rest(struct tap_session *s)
+{
+	read_rest_if_open(&s->leg[SIDE_UPSTREAM]);
+	read_rest_if_open(&s->leg[SIDE_CLIENT]);
+	session_end(s);
 }
 
 static bool drained(const struct leg *l)
@@ -509,19 +536,11 @@ static bool settle(struct tap_session *s)
 	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
 	pass_fin(client);
 	pass_fin(upstream);
-	bool drained_both = s->closing && drained(client) && drained(upstream);
-	if (drained_both) {
-		/* a survivor whose peer is gone may still hold bytes it sent before
-		 * the end, unread behind backpressure: observe them, each publish in
-		 * them needs its record */
-		for (int i = 0; i < 2; i++) {
-			struct leg *l = &s->leg[i];
-			if (l->out && !l->peer->out && !l->eof)
-				read_rest(l);
-		}
-	}
-	if (drained_both || (client->eof && upstream->eof && client->shut_wr && upstream->shut_wr)) {
-		session_end(s);
+	/* a survivor may still hold bytes it sent before the end, unread
+	 * behind backpressure */
+	if ((s->closing && drained(client) && drained(upstream)) ||
+	    (client->eof && upstream->eof && client->shut_wr && upstream->shut_wr)) {
+		session_end_reading_rest(s);
 		return true;
 	}
 	return false;
@@ -637,8 +656,8 @@ void tap_leg_event(struct leg *l, short what, int err, const char *why)
 		return;
 	}
 	if (what & BEV_EVENT_TIMEOUT) {
-		if (s->closing || l->eof || l->peer->eof)
-			session_end(s); /* a drain timeout: the peer took nothing for TAP_PROXY_DRAIN_SECONDS */
+		if (s->closing || l->eof || l->peer->eof) /* a drain timeout: the peer took nothing for TAP_PROXY_DRAIN_SECONDS */
+			session_end_reading_rest(s);
 		else
 			setup_timed_out(l);
 		return;
@@ -666,7 +685,7 @@ void tap_leg_event(struct leg *l, short what, int err, const char *why)
 		return;
 	}
 	if (s->closing) { /* the side we were draining into went away too */
-		session_end(s);
+		session_end_reading_rest(s);
 		return;
 	}
 	/* with deferred callbacks a failed write and the EOF that follows it can
@@ -923,7 +942,7 @@ void tap_proxy_close_all(struct tap_proxy *px)
 			s->why = TAP_END_SHUTDOWN; /* a session already ending keeps its own reason */
 			s->detail[0] = '\0';
 		}
-		session_end(s);
+		session_end_reading_rest(s);
 	}
 }
 

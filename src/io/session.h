@@ -143,6 +143,9 @@ int tap_tls_leg_connect(struct leg *l);
  * returns how many it took. What it did not take must be queued next: an
  * interrupted write is repeated from there (with the length it had). */
 size_t tap_tls_leg_send(struct leg *to, const void *data, size_t len);
+/* Decrypts what a handshaken TLS leg still holds, unread, and passes it on: up to `cap` bytes, until its
+ * socket is empty (see read_rest in proxy.c). */
+void tap_tls_leg_read_rest(struct leg *l, size_t cap);
 /* Starts the --handshake-timeout clock of a leg not yet set up (a TLS handshake, an upstream connect). */
 void tap_leg_arm_setup(struct leg *l);
 /* Applies l->reading to a handshaken TLS leg. */

@@ -437,6 +437,20 @@ void tap_tls_leg_reading(struct leg *l)
 		event_active(l->rd, EV_READ, 1); /* what OpenSSL already holds wakes nobody */
 }
 
+void tap_tls_leg_read_rest(struct leg *l, size_t cap)
+{
+	uint8_t *buf = l->s->px->scratch;
+	char why[160];
+	size_t got;
+	if (!l->ssl || !l->handshaken || l->failed)
+		return;
+	while (cap > 0 && tap_tls_read(l->ssl, buf, cap < TAP_PROXY_MAX_IO ? cap : TAP_PROXY_MAX_IO, &got, why,
+				       sizeof why) == TAP_TLS_OK) {
+		tap_leg_pass_on(l, buf, got, tap_now_us());
+		cap -= got < cap ? got : cap;
+	}
+}
+
 void tap_tls_leg_drain(struct leg *l)
 {
 	l->draining = true;

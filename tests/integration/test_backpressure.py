@@ -4,9 +4,11 @@
 # publishes the client had already delivered to the tap's socket, unread behind the backpressure, are still
 # observed: each gets its record. The same backpressure holds with TLS on both legs (64 MB each way).
 
+import collections
 import fcntl
 import hashlib
 import os
+import signal
 import socket
 import ssl
 import struct
@@ -14,8 +16,9 @@ import termios
 import threading
 import time
 
-from scenario_lib import frame_lines, publish_records, traced_publishes
-from tapharness import MIB, Peer, TapTestCase, is_asan_build, main, recv_exact_hash, rss_kb, wait_for
+from scenario_lib import RawClient, frame_lines, publish_records, traced_publishes
+from tapharness import (MIB, Peer, TapTestCase, is_asan_build, main, recv_exact_hash, require_broker, rss_kb,
+                        wait_for)
 from tlslib import PkiCase
 
 TOTAL = 200 * MIB
@@ -267,38 +270,63 @@ def raw_frame(ftype, channel, payload):
     return struct.pack(">BHI", ftype, channel, len(payload)) + payload + b"\xce"
 
 
-# One publish as frames: basic.publish (exchange "", routing key "q", not mandatory), content header, 4-byte body.
+# One publish as frames: basic.publish (exchange "", routing key "q", not mandatory), content header, a 4 KiB body
+# (a few thousand publishes fill the sockets: the records of tiny ones, all written at the end, would come faster
+# than a loaded disk takes them).
 PUBLISH = (raw_frame(1, 1, struct.pack(">HHH", 60, 40, 0) + b"\x00\x01q\x00") +
-           raw_frame(2, 1, struct.pack(">HHQH", 60, 0, 4, 0)) + raw_frame(3, 1, b"abcd"))
+           raw_frame(2, 1, struct.pack(">HHQH", 60, 0, 4096, 0)) + raw_frame(3, 1, b"p" * 4096))
 AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 
 
-class ResetBehindBackpressureTest(TapTestCase):
-    def test_publishes_unread_when_the_broker_resets_are_observed(self):
-        reset = threading.Event()
+class HeldPublishesTest(TapTestCase):
+    """A plain client publishes into a broker (a Peer) that stopped reading until the tap pushes back; then the
+    session ends with publishes delivered to the tap's socket but unread: each must still be observed and get
+    its record, whether the broker resets or the tap is stopped."""
+
+    def tap_for(self, peer, extra=()):
+        return self.start_tap(list(extra), upstream_port=peer.port)
+
+    def connect(self, tap):
+        return tap.connect()
+
+    # a TLS client's last record may be cut by what it had not sent: not decryptable, its publishes not seen
+    cut = 0
+    # a TLS client's send() that gave up (want write) may have written part of its 64 KiB before it did
+    unfinished = 0
+
+    def send_until_held(self, c):
+        """Publishes until backpressure holds the client for 1 s; returns (bytes sent, bytes in the tap's
+        socket: read by the tap or not)."""
+        c.setblocking(False)
+        data = AMQP_HEADER + PUBLISH * (64 * MIB // len(PUBLISH))
+        sent, idle_since = 0, time.monotonic()
+        while time.monotonic() - idle_since < 1.0 and sent < len(data):
+            try:
+                sent += c.send(data[sent:sent + 65536])
+                idle_since = time.monotonic()
+            except (BlockingIOError, ssl.SSLWantWriteError):
+                time.sleep(0.01)
+        self.assertLess(sent, len(data), "the tap never pushed back")
+        unsent = struct.unpack("i", fcntl.ioctl(c.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        return sent, sent - unsent  # for TLS, unsent counts ciphertext: a lower bound on what was delivered
+
+    def held_then(self, end, extra=()):
+        """Runs the scenario; `end(tap)` ends the session. Checks that every whole publish the tap's kernel
+        took has its record."""
+        go = threading.Event()
 
         def broker(conn, _idx):  # takes the protocol header, stops reading, and resets when told
             conn.recv(len(AMQP_HEADER))
-            reset.wait(60)
+            go.wait(60)
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
         peer = Peer(broker)
         self.addCleanup(peer.close)
-        tap = self.start_tap(upstream_port=peer.port)
-        c = tap.connect()
-        c.setblocking(False)
-        data = AMQP_HEADER + PUBLISH * (64 * MIB // len(PUBLISH))
-        sent, idle_since = 0, time.monotonic()
-        while time.monotonic() - idle_since < 1.0 and sent < len(data):  # until backpressure holds it for 1 s
-            try:
-                sent += c.send(data[sent:sent + 65536])
-                idle_since = time.monotonic()
-            except BlockingIOError:
-                time.sleep(0.01)
-        self.assertLess(sent, len(data), "the tap never pushed back")
-        unsent = struct.unpack("i", fcntl.ioctl(c.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
-        delivered = sent - unsent  # acknowledged by the tap's kernel: in its socket, read or not
-        reset.set()
+        self.addCleanup(go.set)
+        tap = self.tap_for(peer, extra)
+        c = self.connect(tap)
+        sent, delivered = self.send_until_held(c)
+        end(tap, go)
         c.setblocking(True)
         c.settimeout(30)
         try:
@@ -309,14 +337,90 @@ class ResetBehindBackpressureTest(TapTestCase):
         c.close()
         self.assertEqual(tap.stop(), 0, tap.stderr())
 
-        whole = lambda n: max(0, n - len(AMQP_HEADER)) // len(PUBLISH)
+        whole = lambda n: max(0, n - len(AMQP_HEADER) - self.cut) // len(PUBLISH)
         traced = len(traced_publishes(frame_lines(tap.frames)))
         print(f"{whole(delivered)} publishes delivered to the tap's socket, {whole(sent)} sent, {traced} traced")
         # at least every whole publish the tap's kernel took; at most what the client sent (the tap's reads free
         # window, so some of what was still queued at the client may arrive before the tap closes)
         self.assertGreaterEqual(traced, whole(delivered))
-        self.assertLessEqual(traced, whole(sent) + 1)
+        self.assertLessEqual(traced, whole(sent + self.cut + self.unfinished) + 1)
         self.assertEqual(len(publish_records(tap.verdicts)), traced, "one record per traced basic.publish")
+        return tap
+
+    def test_publishes_unread_when_the_broker_resets_are_observed(self):
+        self.held_then(lambda tap, go: go.set())
+
+    def test_publishes_unread_when_the_tap_stops_are_observed(self):
+        def stop(tap, go):
+            tap.proc.send_signal(signal.SIGTERM)  # its grace ends with the broker still not reading
+            self.assertTrue(wait_for(lambda: not tap.alive(), 20), "the tap did not stop")
+
+        tap = self.held_then(stop, ["--grace", "300"])
+        ends = [r for r in tap.records("connection") if r.get("event") == "close"]
+        self.assertEqual([r.get("by") for r in ends], ["shutdown"], ends)
+
+
+class TlsHeldPublishesTest(PkiCase, HeldPublishesTest):
+    """The same with the client on TLS (the tap decrypts what was held)."""
+
+    cut = 16 * 1024 + 64
+    unfinished = 65536
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.client_ctx = ssl.create_default_context(cafile=os.path.join(cls.pki, "ca.pem"))
+
+    def tap_for(self, peer, extra=()):
+        p = self.p
+        return self.start_tap(["--tls-cert", p("server.pem"), "--tls-key", p("server.key")] + list(extra),
+                              upstream_port=peer.port)
+
+    def connect(self, tap):
+        return self.client_ctx.wrap_socket(tap.connect(timeout=60), server_hostname="localhost")
+
+
+class SlowReaderReturnsTest(TapTestCase):
+    """A client publishes mandatory messages nobody can route, through the tap to the real broker, and reads
+    nothing for longer than the return window: the broker's Returns pile up behind the tap's backpressure, unread.
+    The window must not run out while the tap holds them: every publish is `returned`, none `unproven`, and no
+    Return is left unmatched."""
+
+    def test_returns_held_by_backpressure_are_not_timed_out(self):
+        require_broker(self)
+        count, body = 400, b"r" * 65536
+        tap = self.start_tap(["--return-window", "300"], frames=False)
+        c = RawClient(tap.port, timeout=60)
+        c.method(1, 20, 10, c.short(""))
+        c.expect(1, 20, 11)
+        failed = []
+
+        def publish():
+            try:
+                for i in range(count):
+                    c.publish_parts(1, "amq.direct", "nobody-binds-this", body, f"m{i}")
+            except OSError as e:
+                failed.append(e)
+
+        writer = threading.Thread(target=publish, daemon=True)
+        writer.start()
+        time.sleep(2.0)  # reads nothing for 2 s: the tap stops reading the broker while returns wait
+        returned = 0
+        while returned < count:
+            ftype, ch, payload = c.read_frame()
+            if ftype == 1 and struct.unpack(">HH", payload[:4]) == (60, 50):
+                returned += 1
+        writer.join(30)
+        self.assertEqual(failed, [])
+        c.method(0, 10, 50, struct.pack(">H", 200) + c.short("bye") + struct.pack(">HH", 0, 0))
+        c.expect(0, 10, 51)
+        c.close()
+        self.assertEqual(tap.stop(), 0, tap.stderr())
+        recs = publish_records(tap.verdicts)
+        self.assertEqual(len(recs), count)
+        routes = collections.Counter(r["route"] for r in recs)
+        self.assertEqual(routes, {"returned": count}, "a Return held by backpressure was timed out")
+        self.assertEqual([r for r in tap.records() if r.get("type") == "warning"], [])
 
 
 if __name__ == "__main__":

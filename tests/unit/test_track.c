@@ -1799,10 +1799,6 @@ START_TEST(latency_beyond_the_histogram_range)
 }
 END_TEST
 
-/* RabbitMQ reads nothing of a blocked connection (PROTOCOL §6): a non-confirm mandatory publish's return window
- * and a plain publish's hold do not run out while it is blocked, however long the alarm; they run again from
- * connection.unblocked, so a Return or a refusing close that follows the alarm still finds its publish. The
- * publish that made the broker block the connection (it came before connection.blocked) is flagged too. */
 /* Channels above the channel_max the client's tune-ok set: the broker refuses them (a connection error), and the
  * tracker keeps no state for them however many a client names; each publish still gets its record, unknown with
  * reason channel_max, without counting as a memory shortage. */
@@ -1830,6 +1826,10 @@ START_TEST(channels_beyond_channel_max_keep_no_state)
 }
 END_TEST
 
+/* RabbitMQ reads nothing of a blocked connection (PROTOCOL §6): a non-confirm mandatory publish's return window
+ * and a plain publish's hold do not run out while it is blocked, however long the alarm; they run again from
+ * connection.unblocked, so a Return or a refusing close that follows the alarm still finds its publish. The
+ * publish that made the broker block the connection (it came before connection.blocked) is flagged too. */
 START_TEST(blocked_connection_pauses_the_windows)
 {
 	tap_track_channel_open(c, 1, T0);
@@ -1852,6 +1852,86 @@ START_TEST(blocked_connection_pauses_the_windows)
 	ck_assert_uint_eq(n_seen, 2);
 	assert_verdict(verdict(1), UNPROVEN, NONE, NO_ORDER);
 	assert_field(nth("publish", 1), "blocked", "true");
+}
+END_TEST
+
+/* The tap stopped reading the broker (a client that reads slowly holds its side back): a Return may wait unread in
+ * the tap's socket, so no window runs out while held, an acked publish's late-return hold included; each runs
+ * again in full from the end of the hold. */
+START_TEST(held_broker_side_pauses_every_window)
+{
+	tap_track_channel_open(c, 1, T0);
+	confirm_channel(2);
+	struct tap_publish m = pub("x", "gone", true);
+	tap_track_publish(c, 1, &m, T0 + 1);
+	tap_track_publish(c, 2, &m, T0 + 2);
+	tap_track_ack(c, 2, 1, false, T0 + 3);
+	tap_track_conn_held(c, true, T0 + 10);
+	tap_track_tick(t, T0 + 20 * TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
+	ck_assert_uint_eq(n_seen, 0);
+	int64_t unheld = T0 + 30 * TAP_TRACK_RETURN_WINDOW_US_DEFAULT;
+	tap_track_conn_held(c, false, unheld);
+	tap_track_tick(t, unheld + TAP_TRACK_LATE_RETURN_US_DEFAULT - 1);
+	ck_assert_uint_eq(n_seen, 0);
+	tap_track_tick(t, unheld + TAP_TRACK_LATE_RETURN_US_DEFAULT);
+	ck_assert_uint_eq(n_seen, 1);
+	assert_verdict(verdict(0), ROUTED, ACK, NO_ORDER);
+	struct tap_return r = ret("x", "gone");
+	tap_track_return(c, 1, &r, unheld + TAP_TRACK_RETURN_WINDOW_US_DEFAULT - 1); /* still in its window */
+	ck_assert_uint_eq(n_seen, 2);
+	assert_verdict(verdict(1), RETURNED, NONE, NO_ORDER);
+}
+END_TEST
+
+/* A client that opens a channel again before the broker's close-ok to its channel.close: the acks the broker still
+ * sends are for the old channel's publishes, never for the new channel's (RabbitMQ then ends the connection, 504
+ * "second 'channel.open' seen"); the broker's close-ok ends the old channel, and the new one's publish ends with
+ * the broker's connection.close, unanswered. */
+START_TEST(reopen_before_close_ok_keeps_the_answers_apart)
+{
+	confirm_channel(1);
+	struct tap_publish m = pub("x", "k", true);
+	tap_track_publish(c, 1, &m, T0 + 1);
+	tap_track_publish(c, 1, &m, T0 + 2);
+	tap_track_channel_close(c, 1, TAP_BY_CLIENT, 200, S("bye"), T0 + 3);
+	tap_track_channel_open(c, 1, T0 + 4);
+	tap_track_confirm_select(c, 1, T0 + 5);
+	tap_track_publish(c, 1, &m, T0 + 6);
+	tap_track_ack(c, 1, 2, true, T0 + 7); /* the old channel's two */
+	tap_track_channel_close_ok(c, 1, T0 + 8);
+	tap_track_tick(t, T0 + 8 + TAP_TRACK_LATE_RETURN_US_DEFAULT);
+	ck_assert_uint_eq(n_seen, 2);
+	assert_verdict(verdict(0), ROUTED, ACK, NO_ORDER);
+	assert_verdict(verdict(1), ROUTED, ACK, NO_ORDER);
+	tap_track_conn_close(c, TAP_BY_BROKER, 504, S("CHANNEL_ERROR - second 'channel.open' seen"), T0 + 9);
+	tap_track_conn_end(c, "broker_eof", T0 + 10);
+	c = NULL;
+	ck_assert_uint_eq(n_seen, 3);
+	ck_assert_int_eq(verdict(2)->v.route, UNKNOWN);
+	ck_assert_int_ne(verdict(2)->v.confirm, ACK);
+	ck_assert_str_eq(verdict(2)->reason_by, "broker");
+	ck_assert_uint_eq(verdict(2)->v.reason_code, 504);
+}
+END_TEST
+
+/* The same client, had the broker finished the close before the new open came: its open-ok ends the old channel
+ * (nothing more comes for it) and the acks after it are the new channel's. */
+START_TEST(reopen_taken_by_the_broker)
+{
+	confirm_channel(1);
+	struct tap_publish m = pub("x", "k", true);
+	tap_track_publish(c, 1, &m, T0 + 1);
+	tap_track_channel_close(c, 1, TAP_BY_CLIENT, 200, S("bye"), T0 + 2);
+	tap_track_channel_open(c, 1, T0 + 3);
+	tap_track_confirm_select(c, 1, T0 + 4);
+	tap_track_publish(c, 1, &m, T0 + 5);
+	tap_track_channel_open_ok(c, 1, T0 + 6); /* no close-ok seen: the old publish was never answered */
+	ck_assert_uint_eq(n_seen, 1);
+	ck_assert_int_eq(verdict(0)->v.route, UNKNOWN);
+	tap_track_ack(c, 1, 1, false, T0 + 7);
+	tap_track_tick(t, T0 + 7 + TAP_TRACK_LATE_RETURN_US_DEFAULT);
+	ck_assert_uint_eq(n_seen, 2);
+	assert_verdict(verdict(1), ROUTED, ACK, NO_ORDER);
 }
 END_TEST
 
@@ -2499,6 +2579,9 @@ int main(void)
 	tcase_add_test(tc, optional_properties_and_escaping);
 	tcase_add_test(tc, blocked_and_unblocked);
 	tcase_add_test(tc, blocked_connection_pauses_the_windows);
+	tcase_add_test(tc, held_broker_side_pauses_every_window);
+	tcase_add_test(tc, reopen_before_close_ok_keeps_the_answers_apart);
+	tcase_add_test(tc, reopen_taken_by_the_broker);
 	tcase_add_test(tc, channels_beyond_channel_max_keep_no_state);
 	tcase_add_test(tc, latency_beyond_the_histogram_range);
 	tcase_add_test(tc, channels_anywhere_in_the_id_range);
