@@ -582,7 +582,11 @@ void tap_leg_arm_setup(struct leg *l)
 		return;
 	if (!l->setup_timer)
 		l->setup_timer = evtimer_new(px->base, on_setup_timeout, l);
-	tap_leg_watch(l, l->setup_timer, &px->handshake_timeout);
+	int64_t left = l->setup_left_us > 0 ? l->setup_left_us : (int64_t)px->handshake_ms * 1000;
+	struct timeval tv = {(time_t)(left / 1000000), (suseconds_t)(left % 1000000)};
+	l->setup_due_us = tap_now_us() + left;
+	l->setup_left_us = 0;
+	tap_leg_watch(l, l->setup_timer, &tv);
 }
 
 /* A leg was not set up within --handshake-timeout. */
@@ -959,8 +963,6 @@ void tap_proxy_get_stats(const struct tap_proxy *px, struct tap_proxy_stats *st)
 void tap_proxy_set_handshake_timeout(struct tap_proxy *px, uint32_t ms)
 {
 	px->handshake_ms = ms;
-	px->handshake_timeout.tv_sec = ms / 1000;
-	px->handshake_timeout.tv_usec = (suseconds_t)(ms % 1000) * 1000;
 }
 
 void tap_proxy_on_idle(struct tap_proxy *px, void (*cb)(void *arg), void *arg)

@@ -40,6 +40,8 @@ struct leg {
 	struct event *rd;          /* the session's own read event */
 	struct event *wr;          /* TLS legs: the socket is writable (or the upstream connect is done) */
 	struct event *setup_timer; /* until set up (TLS handshake, upstream connect): --handshake-timeout */
+	int64_t setup_due_us;      /* ... when it runs out */
+	int64_t setup_left_us;     /* a TLS client's time left while its first step is with the handshaker, else 0 */
 	struct tls_job *job;       /* TLS client legs: the handshake step the handshaker has (tlswork.c) */
 	evutil_socket_t fd;        /* -1 until the socket exists */
 	size_t low_water;          /* TLS legs: tap_leg_written once `out` drains to this */
@@ -97,7 +99,6 @@ struct tap_proxy {
 	uint64_t fd_limit_before; /* stats.fd_limit when the shortage began */
 	uint64_t accept_pauses;   /* in this shortage */
 	uint32_t handshake_ms;    /* 0: setting up a leg may take forever */
-	struct timeval handshake_timeout;
 	struct tap_tls_work *handshaker; /* TLS listener: the thread for clients' first handshake steps */
 	struct event *buffer_sweep; /* TLS: which legs keep their record buffers (tlsleg.c) */
 	void (*idle_cb)(void *);

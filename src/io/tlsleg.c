@@ -50,9 +50,13 @@ static void hand_over(struct leg *l)
 	event_del(l->rd); /* the SSL and the socket are the handshaker's until the step is back */
 	event_del(l->wr);
 	/* --handshake-timeout bounds the client, not the handshaker's queue:
-	 * its clock restarts when the step is back */
-	if (l->setup_timer)
+	 * its clock stops meanwhile, and goes on with what was left when the
+	 * step is back */
+	if (l->setup_timer && evtimer_pending(l->setup_timer, NULL)) {
+		int64_t left = l->setup_due_us - tap_now_us();
+		l->setup_left_us = left > 0 ? left : 1;
 		evtimer_del(l->setup_timer);
+	}
 	if (!tap_tls_work_add(l->s->px->handshaker, l)) {
 		l->first_step_done = true;
 		tap_leg_arm_setup(l);

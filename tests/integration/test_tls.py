@@ -280,6 +280,30 @@ class HandshakeTimeout(PkiCase):
         self.assertGreaterEqual(min(r["duration_us"] for r in timed_out), 950_000)
         self.assertEqual([r["route"] for r in tap.records("publish")], ["routed"])
 
+    def test_timeout_counts_from_the_connect_not_from_the_client_hello(self):
+        """A client that sends its ClientHello late in its --handshake-timeout and then nothing more is closed when
+        the timeout runs out, counted from its connect (the time its first step spent with the handshaker thread
+        aside): not a whole timeout after its ClientHello (it was: 1.8 s for a 1 s timeout)."""
+        tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key"),
+                              "--handshake-timeout", "1000"])
+        ctx = ssl.create_default_context(cafile=self.p("ca.pem"))
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+        with self.assertRaises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        hello = outgoing.read()
+        c = socket.create_connection(("127.0.0.1", tap.port))
+        time.sleep(0.8)
+        c.sendall(hello)  # then never the rest of the handshake
+        self.assertIsNotNone(closed_after(c, 5))
+        c.close()
+        self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
+        rec = tap.records("connection")[-1]
+        self.assertEqual((rec["by"], rec["text"]), ("client_tls_error", "TLS handshake timed out after 1000 ms"))
+        print(f"closed {rec['duration_us'] / 1000:.0f} ms after its connect")
+        self.assertGreaterEqual(rec["duration_us"], 950_000)
+        self.assertLess(rec["duration_us"], 1_500_000)
+
     def test_broker_connection_waits_for_the_client_handshake(self):
         """The upstream connection is opened once the client's handshake is done: stalled, failed and abandoned
         handshakes cost the broker no connection."""
