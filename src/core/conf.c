@@ -477,6 +477,8 @@ static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
 				: NULL;
 	if (needs_tls && !c->upstream_tls)
 		return usage_error(err, cap, "%s: needs --upstream-tls", needs_tls);
+	if (c->upstream_insecure && c->upstream_ca) /* the CA would be silently ignored */
+		return usage_error(err, cap, "--upstream-insecure: verifies nothing, so --upstream-ca would not be used");
 	if (c->keylog && !c->tls_cert && !c->upstream_tls)
 		return usage_error(err, cap, "--keylog: needs TLS on a leg (--tls-cert or --upstream-tls)");
 	if (c->header_values)

@@ -148,7 +148,7 @@ class Verification(TlsCase):
 
     def test_insecure_opt_out_connects_and_warns(self):
         tap = self.tls_tap(client_tls=False, upstream_args=[
-            "--upstream-tls", "--upstream-ca", self.p("rogue.pem"), "--upstream-insecure",
+            "--upstream-tls", "--upstream-insecure",
             "--upstream-cert", self.p("client.pem"), "--upstream-key", self.p("client.key")])
         self.assertIn("WARNING", tap.stderr())
         c = pika.BlockingConnection(self.pika_params(tap.port, tls=False))

@@ -290,6 +290,7 @@ static const struct bad_case bad_cases[] = {
 	{{"--tap-id", ""}, "--tap-id"},
 	{{"--tap-id", "a\"b"}, "--tap-id"},
 	{{"--upstream-tls", "--upstream-sni", "a b"}, "--upstream-sni"},
+	{{"--upstream-tls", "--upstream-insecure", "--upstream-ca", "ca.pem"}, "--upstream-insecure"}, /* CA unused */
 	{{"--tls-cert", "c.pem"}, "--tls-cert"},
 	{{"--keylog", "k.log"}, "--keylog"}, /* no TLS leg to log */
 	{{"--header-values", "a,b,c,d,e,f,g,h,i"}, "--header-values"}, /* more than 8 */
