@@ -292,7 +292,23 @@ static void loss_reasons(const struct tap_out_stats *st, char out[LOSS_REASONS_M
 	}
 }
 
-/* The tracker's summary, then one line per output: what it was handed and what it lost, and why. */
+/* The process's peak resident memory in KiB (VmHWM), or 0 where /proc does not say. */
+static unsigned long peak_rss_kib(void)
+{
+	unsigned long kib = 0;
+	char line[128];
+	FILE *f = fopen("/proc/self/status", "r");
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "VmHWM: %lu kB", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+/* The tracker's summary, then one line per output: what it was handed and what it lost, and why; last the
+ * process's peak memory (what every source of it came to: sessions, queues, tracking, backlogs). */
 static void print_summary(struct app *app)
 {
 	struct tap_buf b;
@@ -315,6 +331,7 @@ static void print_summary(struct app *app)
 	uint64_t log_lost = tap_log_lost();
 	if (log_lost)
 		tap_buf_printf(&b, "output stderr lost=%" PRIu64 " lines\n", log_lost);
+	tap_buf_printf(&b, "process peak_rss_kib=%lu\n", peak_rss_kib());
 	if (b.oom && app->track) { /* what matters most, on the stack */
 		struct tap_track_stats ts;
 		tap_track_get_stats(app->track, &ts);

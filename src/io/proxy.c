@@ -467,9 +467,20 @@ static void read_rest(struct leg *l)
 	}
 	while (left > 0 && (got = recv(l->fd, l->s->px->scratch, left < TAP_PROXY_MAX_IO ? left : TAP_PROXY_MAX_IO,
 				      0)) > 0) {
-		tap_leg_pass_on(l, l->s->px->scratch, (size_t)got, tap_now_us());
+		tap_leg_pass_on_rest(l, l->s->px->scratch, (size_t)got);
 		left -= (size_t)got;
 	}
+}
+
+void tap_leg_pass_on_rest(struct leg *from, const void *data, size_t len)
+{
+	int64_t now = tap_now_us();
+	if (from->peer->out && !tap_leg_queue_for(from->peer)) {
+		tap_leg_pass_on(from, data, len, now);
+		return;
+	}
+	tap_leg_account(from, len);
+	tap_leg_observe(from, data, len, now);
 }
 
 static void read_rest_if_open(struct leg *l)

@@ -144,8 +144,12 @@ int tap_tls_leg_connect(struct leg *l);
  * returns how many it took. What it did not take must be queued next: an
  * interrupted write is repeated from there (with the length it had). */
 size_t tap_tls_leg_send(struct leg *to, const void *data, size_t len);
-/* Decrypts what a handshaken TLS leg still holds, unread, and passes it on: up to `cap` bytes, until its
- * socket is empty (see read_rest in proxy.c). */
+/* What a session that is ending read from `from` (read_rest): passed on when it can go straight into the
+ * peer's socket, else only observed: bytes queued now would be freed unsent, and a client that keeps writing
+ * would decide how much memory they take. */
+void tap_leg_pass_on_rest(struct leg *from, const void *data, size_t len);
+/* Decrypts what a handshaken TLS leg still holds, unread, and passes it on (tap_leg_pass_on_rest): up to `cap`
+ * bytes, until its socket is empty (see read_rest in proxy.c). */
 void tap_tls_leg_read_rest(struct leg *l, size_t cap);
 /* Starts the --handshake-timeout clock of a leg not yet set up (a TLS handshake, an upstream connect). */
 void tap_leg_arm_setup(struct leg *l);

@@ -450,7 +450,7 @@ void tap_tls_leg_read_rest(struct leg *l, size_t cap)
 		return;
 	while (cap > 0 && tap_tls_read(l->ssl, buf, cap < TAP_PROXY_MAX_IO ? cap : TAP_PROXY_MAX_IO, &got, why,
 				       sizeof why) == TAP_TLS_OK) {
-		tap_leg_pass_on(l, buf, got, tap_now_us());
+		tap_leg_pass_on_rest(l, buf, got);
 		cap -= got < cap ? got : cap;
 	}
 }
