@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds amqptap's Debian package with CPack: a RelWithDebInfo build without tests, installed under /usr,
-# stripped, dependencies from dpkg-shlibdeps. Prints the .deb's path as the last line of stdout (the build's
-# own output goes to stderr).
+# stripped, dependencies from dpkg-shlibdeps; scripts/dist/deb/cpack.cmake adds what debhelper would add (the
+# copyright file, changelog.Debian.gz, lintian overrides). Prints the .deb's path as the last line of stdout
+# (the build's own output goes to stderr).
 # Env: TAP_PKG_BUILD_DIR (build-pkg). Needs: cmake, gcc, pkg-config, libevent-dev, libssl-dev, libpcap-dev, dpkg-dev, file.
 # Install it with `dpkg -i` (or `apt-get install ./amqptap_*.deb`); tests/package/test_package.py does.
 set -euo pipefail
@@ -16,7 +17,12 @@ cmake -S "$TAP_REPO" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL
 	-DTAP_BUILD_TESTS=OFF -DTAP_SANITIZE=OFF -DTAP_FUZZ=OFF >&2
 cmake --build "$dir" -j"$(nproc)" >&2
 rm -f "$dir"/amqptap_*.deb
-(cd "$dir" && cpack -G DEB) >&2
+# The changelog entry names the build (`amqptap --version`) and is dated by the commit it was built from.
+built_from=$("$dir/amqptap" --version)
+built_from=${built_from%%$'\n'*}
+epoch=${SOURCE_DATE_EPOCH:-$(git -C "$TAP_REPO" log -1 --format=%ct 2>/dev/null || date +%s)}
+(cd "$dir" && SOURCE_DATE_EPOCH=$epoch cpack -G DEB -D CPACK_PROJECT_CONFIG_FILE="$TAP_REPO/scripts/dist/deb/cpack.cmake" \
+	-D TAP_DEB_BUILT_FROM="$built_from") >&2
 debs=("$dir"/amqptap_*.deb)
 [ -f "${debs[0]}" ] || tap_die "cpack made no .deb in $dir"
 tap_log "built ${debs[0]}"

@@ -2,8 +2,9 @@
 # machine, the installed /usr/bin/amqptap carries a real confirmed publish to the test broker (with the
 # options of the shipped /etc/default/amqptap), man renders the installed man page, bash completes every
 # option from the installed completion, systemd-analyze verify accepts both units, logrotate accepts its
-# config, and dpkg -r / dpkg -P remove it all. Needs root (dpkg); installs man-db, systemd, bash-completion,
-# dpkg-dev, file and logrotate when missing. Run once per CI run: ctest -L package (about 30 s).
+# config, lintian finds no error in the .deb, and dpkg -r / dpkg -P remove it all, the links of enabled
+# units included. Needs root (dpkg); installs man-db, systemd, bash-completion, dpkg-dev, file, logrotate,
+# strace and lintian when missing. Run once per CI run: ctest -L package (about 45 s).
 
 import os
 import re
@@ -27,8 +28,12 @@ UNIT_DIR = "/usr/lib/systemd/system"
 UNITS = ("amqptap.service", "amqptap-sniff@.service")
 DEFAULTS = "/etc/default/amqptap"
 LOGROTATE = "/etc/logrotate.d/amqptap"
+DOC = "/usr/share/doc/amqptap"
 TOOLS = {"man": "man-db", "systemd-analyze": "systemd", "dpkg-shlibdeps": "dpkg-dev", "file": "file",
-         "logrotate": "logrotate", "strace": "strace"}
+         "logrotate": "logrotate", "strace": "strace", "lintian": "lintian"}
+# What `systemctl enable` makes for the units (README: `systemctl enable --now amqptap`, `amqptap-sniff@eth0`).
+ENABLED = ("amqptap.service", "amqptap-sniff@eth0.service", "amqptap-sniff@lo.service")
+SYSTEMD_DIRS = ("/etc/systemd", "/lib/systemd", "/usr/lib/systemd", "/run/systemd")
 
 
 def sh(*args, check=True, timeout=300, **kw):
@@ -104,6 +109,36 @@ class PackageTest(unittest.TestCase):
         self.assertIn(DEFAULTS, conffiles)
         self.assertIn(LOGROTATE, conffiles)
         self.assertNotIn(b"__asan_init", open(INSTALLED, "rb").read(), "the package is not a sanitizer build")
+
+    def test_1_lintian(self):
+        """lintian (Debian's package checker) finds no error, and the warnings and notes this package once had
+        (no copyright file or changelog, description lines over 80 columns, systemctl in maintainer scripts,
+        a .comment section) stay fixed. Its overrides, each with its reason: scripts/dist/deb/lintian-overrides."""
+        r = sh("lintian", "--fail-on", "error", "--display-info", self.deb, check=False, timeout=600)
+        out = r.stdout + r.stderr
+        self.assertEqual(r.returncode, 0, out)
+        self.assertNotRegex(out, r"(?m)^E: ")
+        for tag in ("no-copyright-file", "no-changelog", "copyright-", "changelog-file", "dep5",
+                    "extended-description-line-too-long", "maintainer-script-calls-systemctl",
+                    "binary-has-unneeded-section"):
+            self.assertNotRegex(out, rf"(?m)^[EWI]: amqptap: \S*{re.escape(tag)}", tag)
+
+    def test_1_copyright_and_changelog(self):
+        """The files every Debian package carries: a machine-readable copyright file (DEP-5) and the
+        changelog, gzipped, whose entry is the package's version."""
+        for path in (f"{DOC}/copyright", f"{DOC}/changelog.Debian.gz"):
+            self.assertIn(path, self.files)
+        with open(f"{DOC}/copyright") as f:
+            copyright_ = f.read()
+        self.assertTrue(copyright_.startswith(
+            "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n"), copyright_)
+        self.assertRegex(copyright_, r"(?m)^Files: \*\nCopyright: .+\nLicense: \S+")
+        version = sh("dpkg-query", "-W", "-f=${Version}", "amqptap").stdout
+        changelog = sh("zcat", f"{DOC}/changelog.Debian.gz").stdout
+        self.assertTrue(changelog.startswith(f"amqptap ({version}) "), changelog)
+        self.assertRegex(changelog, r"(?m)^ -- .+ <.+@.+>  \w{3}, \d{2} \w{3} \d{4} \d{2}:\d{2}:\d{2} \+0000$")
+        self.assertIn(sh(INSTALLED, "--version").stdout.splitlines()[0], " ".join(changelog.split()),
+                      "the entry names the build")
 
     def test_1_binary_is_hardened(self):
         """As Debian hardens its packages (lintian's hardening-no-bindnow, hardening-no-fortify-functions): full
@@ -284,16 +319,38 @@ class PackageTest(unittest.TestCase):
         self.assertIn("/var/log/amqptap/*.jsonl", r.stdout + r.stderr)
 
     def test_8_remove_and_purge(self):
+        # enabled as the README says (systemd is not PID 1 here: `systemctl enable` only makes the links)
+        for unit in ENABLED:
+            sh("systemctl", "enable", unit)
+        links = self.enablement_links()
+        self.assertEqual(sorted(os.path.basename(p) for p in links), sorted(ENABLED), links)
         r = dpkg("-r", "amqptap")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertFalse(os.path.exists(INSTALLED))
         self.assertEqual(sh("bash", "-c", "command -v amqptap", check=False).stdout, "")
         self.assertTrue(os.path.exists(DEFAULTS), "conffiles stay until purge")
+        self.assertEqual(self.enablement_links(), links, "the enablement stays until purge, as conffiles do")
         r = dpkg("-P", "amqptap")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertFalse(installed("amqptap"))
         left = [f for f in self.files if os.path.isfile(f) or os.path.islink(f)]
         self.assertEqual(left, [], "every file of the package is gone")
+        left = [os.path.join(d, n) for top in SYSTEMD_DIRS for d, dirs, files in os.walk(top)
+                for n in dirs + files if "amqptap" in n]
+        self.assertEqual(left, [], "no unit file, drop-in or link of amqptap under systemd's directories")
+        self.assertEqual(self.enablement_links(), [], "no link to an amqptap unit left")
+
+    @staticmethod
+    def enablement_links():
+        """Every symbolic link under systemd's directories named after an amqptap unit or pointing at one."""
+        found = []
+        for top in SYSTEMD_DIRS:
+            for d, dirs, files in os.walk(top):
+                for n in dirs + files:
+                    p = os.path.join(d, n)
+                    if os.path.islink(p) and ("amqptap" in n or "amqptap" in os.readlink(p)):
+                        found.append(p)
+        return sorted(found)
 
 
 if __name__ == "__main__":
