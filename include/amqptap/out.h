@@ -92,8 +92,9 @@ struct tap_out_stats {
 struct tap_out;
 
 /* Opens (creating 0600) or takes stdout, and starts the writer. NULL with errno set when that failed. A FIFO that
- * nobody reads yet is opened by the writer, which waits for a reader: records wait in the backlog meanwhile, and
- * the caller goes on at once. */
+ * nobody reads yet is opened by the writer, which waits for a reader (trying every 200 ms, without blocking):
+ * records wait in the backlog meanwhile, and the caller goes on at once. A LINES FIFO whose reader goes away
+ * (EPIPE) is waited for the same way, and writing goes on where it stopped, the stream whole across readers. */
 struct tap_out *tap_out_open(const struct tap_out_conf *conf);
 /* The same on a descriptor that stays the caller's (stderr for the log); path is only used in messages. */
 struct tap_out *tap_out_open_fd(const struct tap_out_conf *conf, int fd);

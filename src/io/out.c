@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #define SPARE_MAX_BYTES (256 * 1024) /* a batch grown past this by one big record is freed, not kept */
 #define FILL_SLACK (4 * 1024)        /* a new batch's room past TAP_OUT_BATCH_BYTES */
 #define CANCEL_JOIN_MS 200
+#define READER_RETRY_MS 200 /* how often a FIFO nobody reads is tried again */
 
 /* Whether the output closes its descriptor: stdout and stderr stay open. */
 enum fd_owner {
@@ -239,6 +241,15 @@ static void loss_note(struct tap_buf *b, const struct tap_out *o, uint64_t lost,
 
 /* ---- writer thread ---- */
 
+static int reader_wait(struct tap_out *o, const char *data, size_t *off);
+
+/* LINES into a FIFO the tap opened by its path: a reader that went away (EPIPE) is waited for, not written off (a
+ * log shipper restarting). */
+static bool waits_for_reader(const struct tap_out *o)
+{
+	return o->kind == TAP_OUT_LINES && o->path && o->own_fd && o->pipe;
+}
+
 /* Writes len bytes from *off on, waiting as long as the file takes; this is where a writer can be cancelled.
  * Returns 0, or the errno that stopped it with *off at the first byte not written. (No local of this frame, or
  * of the frames below it, has its address taken: see OUT_OF_LINE.) */
@@ -255,6 +266,12 @@ static int write_all(struct tap_out *o, const char *data, size_t len, size_t *of
 		}
 		if (n < 0 && err == EINTR)
 			continue;
+		if (n < 0 && err == EPIPE && waits_for_reader(o)) {
+			err = reader_wait(o, data, off);
+			if (!err)
+				continue;
+			return err;
+		}
 		if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) { /* an inherited O_NONBLOCK descriptor */
 			o->wait = (struct pollfd){.fd = o->fd, .events = POLLOUT};
 			pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
@@ -396,9 +413,21 @@ static size_t piece_end(const struct tap_out *o, const struct chunk *c, size_t o
 	return nl ? (size_t)(nl - d) + 1 : len;
 }
 
-static int open_path(const char *path)
+/* Opens path for writing without waiting (a FIFO nobody reads refuses: ENXIO); the descriptor writes blocking.
+ * create: a missing file is made (0600), else ENOENT. */
+static int open_path(const char *path, bool create)
 {
-	return open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
+	int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (create ? O_CREAT : 0), 0600);
+	if (fd < 0)
+		return -1;
+	int flags = fcntl(fd, F_GETFL);
+	if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
+		int err = errno;
+		close(fd);
+		errno = err;
+		return -1;
+	}
+	return fd;
 }
 
 /* The writer thread can be cancelled (tap_out_close) while it waits in write(), poll() or open(). A cancelled
@@ -415,18 +444,79 @@ static OUT_OF_LINE bool is_fifo(int fd)
 	return fd >= 0 && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
 }
 
-/* Opens the path again and writes to it from now on; false (errno set) when it cannot be opened. A FIFO without a
- * reader blocks here, where a close may cancel the writer. */
-static OUT_OF_LINE bool writer_open_again(struct tap_out *o)
+/* Whether two descriptors are the same file (for FIFOs: the same pipe, while one of them holds it open). */
+static OUT_OF_LINE bool same_file(int a, int b)
 {
-	pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
-	int fd = open_path(o->path);
-	int err = errno;
-	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
-	if (fd < 0) {
-		errno = err;
-		return false;
+	struct stat sa, sb;
+	return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* Bytes in a pipe that no reader has taken yet; 0 if unknown. */
+static OUT_OF_LINE size_t pipe_unread(int fd)
+{
+	int n = 0;
+	return ioctl(fd, FIONREAD, &n) == 0 && n > 0 ? (size_t)n : 0;
+}
+
+/* open_path, tried again every READER_RETRY_MS while the path is a FIFO nobody reads (and, without create, while
+ * it is missing: a reader may make it again), as long as it takes; -1 with errno set when it failed otherwise. The
+ * wait is where a close may cancel the writer. */
+static int open_waiting(const char *path, bool create)
+{
+	for (;;) {
+		int fd = open_path(path, create);
+		int err = errno;
+		if (fd >= 0 || (err != ENXIO && err != EINTR && (create || err != ENOENT))) {
+			errno = err;
+			return fd;
+		}
+		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+		(void)poll(NULL, 0, READER_RETRY_MS);
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 	}
+}
+
+/* Writer thread, after EPIPE (waits_for_reader): what is not written yet stays where it is, the rest of data from
+ * *off on and the backlog behind it (which the loop keeps bounded, counting what does not fit), until a reader
+ * opens the FIFO again; then writing goes on there. The old descriptor is closed only then, so the pipe, with what
+ * the last reader left unread in it and the start of a line it stopped in the middle of, lives on for the next
+ * reader: the stream stays whole across readers. A FIFO made anew is another pipe: the line being written starts
+ * again from its beginning (data starts at a line's), and what was unread in the old one is gone (logged). Returns
+ * 0, or the errno of an open that failed otherwise than for want of a reader. */
+static int reader_wait(struct tap_out *o, const char *data, size_t *off)
+{
+	tap_log_error("--%s %s: the reader went away; records wait for the next one (at most %zu KiB, then they are "
+		      "dropped and counted)",
+		      o->name, o->path, o->backlog_bytes / 1024);
+	int fd = open_waiting(o->path, false);
+	if (fd < 0) {
+		int err = errno;
+		tap_log_error("--%s %s: cannot open it again: %s", o->name, o->path, strerror(err));
+		return err;
+	}
+	if (!same_file(fd, o->fd)) {
+		const char *nl = *off ? memrchr(data, '\n', *off) : NULL;
+		*off = nl ? (size_t)(nl - data) + 1 : 0;
+		size_t unread = pipe_unread(o->fd);
+		if (unread)
+			tap_log_error("--%s %s: made anew while unread: the %zu bytes of records the last reader left in the "
+				      "old FIFO are lost",
+				      o->name, o->path, unread);
+	}
+	close(o->fd);
+	o->fd = fd;
+	o->pipe = is_fifo(fd);
+	tap_log_info("--%s %s: a reader opened it; writing again", o->name, o->path);
+	return 0;
+}
+
+/* Opens the path again and writes to it from now on; false (errno set) when it cannot be opened. A FIFO without a
+ * reader is waited for (open_waiting), where a close may cancel the writer. create: see open_path. */
+static OUT_OF_LINE bool writer_open_again(struct tap_out *o, bool create)
+{
+	int fd = open_waiting(o->path, create);
+	if (fd < 0)
+		return false;
 	if (o->fd >= 0)
 		close(o->fd);
 	o->fd = fd;
@@ -441,7 +531,7 @@ static OUT_OF_LINE bool writer_open_again(struct tap_out *o)
  * takes. */
 static OUT_OF_LINE void writer_open(struct tap_out *o)
 {
-	if (!writer_open_again(o)) { /* the writes that find no descriptor count the records lost */
+	if (!writer_open_again(o, false)) { /* the writes that find no descriptor count the records lost */
 		tap_log_error("--%s %s: cannot open: %s", o->name, o->path, strerror(errno));
 		return;
 	}
@@ -460,7 +550,7 @@ static void writer_reopen(struct tap_out *o)
 {
 	if (!o->path || !o->own_fd)
 		return;
-	if (writer_open_again(o)) {
+	if (writer_open_again(o, true)) {
 		(void)writer_head(o); /* at once, so the new file reads before any block; a failure: with the next */
 		return;
 	}
@@ -475,7 +565,7 @@ static void writer_chunk(struct tap_out *o, struct chunk *c)
 {
 	if (c->records == 0 && c->data.len == 0)
 		return;
-	if (file_deleted(o) && !writer_open_again(o)) { /* deleted, and the path cannot be made again yet */
+	if (file_deleted(o) && !writer_open_again(o, true)) { /* deleted, and the path cannot be made again yet */
 		writer_lost(o, c->records, errno);
 		return;
 	}

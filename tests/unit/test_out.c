@@ -2,6 +2,7 @@
  * /dev/full counted, a pipe nobody reads never blocks the caller and loses whole records only, a loss is marked
  * by a records_lost record (with the run and tap), close gives up on a stuck writer at its deadline, every file of
  * a block output begins with its head (again after a failed write lost it), and the log never waits on stderr. */
+#include "amqptap/buf.h"
 #include "amqptap/log.h"
 #include "amqptap/out.h"
 
@@ -474,6 +475,136 @@ static size_t lines_in(const char *path, size_t want)
 	return n;
 }
 
+/* Drains rd into buf until it holds want newlines or 3 s passed. */
+static void drain_lines(int rd, char **buf, size_t *len, size_t *cap, size_t want)
+{
+	for (int rounds = 0; rounds < 300; rounds++) {
+		drain(rd, buf, len, cap);
+		size_t n = 0;
+		for (size_t i = 0; i < *len; i++)
+			n += (*buf)[i] == '\n';
+		if (n >= want)
+			return;
+		usleep(10000);
+	}
+}
+
+/* A FIFO whose reader goes away and comes back (a log shipper restarting): the records written meanwhile wait for
+ * the next reader, who gets them; a line longer than PIPE_BUF that the first reader left half read is finished
+ * for the next one, so the two readers together got the stream whole, and nothing is lost. */
+START_TEST(fifo_reader_comes_back)
+{
+	signal(SIGPIPE, SIG_IGN); /* as the tap does */
+	char path[128];
+	snprintf(path, sizeof path, "%s/back.fifo", tmpdir);
+	unlink(path);
+	ck_assert_int_eq(mkfifo(path, 0600), 0);
+	int rd = open(path, O_RDONLY | O_NONBLOCK);
+	ck_assert_int_ge(rd, 0);
+	struct tap_out *o = open_lines(path, 0);
+	char *got = NULL;
+	size_t len = 0, cap = 0;
+	char line[64];
+	for (int i = 1; i <= 100; i++) {
+		int k = snprintf(line, sizeof line, "{\"n\":%d}", i);
+		tap_out_line(o, line, (size_t)k);
+	}
+	tap_out_flush(o);
+	drain_lines(rd, &got, &len, &cap, 100);
+	ck_assert_uint_eq(len, 9 * 8 + 90 * 9 + 10); /* {"n":1}..{"n":100}, newlines included */
+	/* a line of 200 KB: the writer blocks in it once the pipe is full; the reader takes 10 KB of it and goes */
+	size_t big = 200 * 1024;
+	char *b = malloc(big);
+	ck_assert_ptr_nonnull(b);
+	memcpy(b, "{\"n\":101,\"pad\":\"", 17);
+	for (size_t i = 17; i < big - 2; i++)
+		b[i] = (char)('a' + i % 26);
+	memcpy(b + big - 2, "\"}", 2);
+	tap_out_line(o, b, big);
+	tap_out_flush(o);
+	usleep(100000);
+	size_t before = len;
+	while (len - before < 10000) {
+		ssize_t n = read(rd, got + len, 10000 - (len - before));
+		if (n > 0)
+			len += (size_t)n;
+		else
+			usleep(1000);
+	}
+	close(rd);
+	for (int i = 102; i <= 200; i++) { /* while nobody reads */
+		int k = snprintf(line, sizeof line, "{\"n\":%d}", i);
+		tap_out_line(o, line, (size_t)k);
+	}
+	tap_out_flush(o);
+	usleep(600000); /* the writer meets EPIPE and tries the FIFO again a few times */
+	rd = open(path, O_RDONLY | O_NONBLOCK);
+	ck_assert_int_ge(rd, 0);
+	drain_lines(rd, &got, &len, &cap, 200);
+	struct tap_out_stats s;
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	drain(rd, &got, &len, &cap);
+	close(rd);
+	ck_assert_uint_eq(s.records, 200);
+	ck_assert_uint_eq(s.lost, 0);
+	ck_assert_uint_eq(s.write_errors, 0);
+	/* the two readers together: the stream as handed over, byte for byte */
+	struct tap_buf w;
+	tap_buf_init(&w);
+	for (int i = 1; i <= 200; i++) {
+		if (i == 101)
+			tap_buf_append(&w, b, big);
+		else
+			tap_buf_printf(&w, "{\"n\":%d}", i);
+		tap_buf_putc(&w, '\n');
+	}
+	ck_assert_uint_eq(len, w.len);
+	ck_assert(memcmp(got, w.data, w.len) == 0);
+	tap_buf_deinit(&w);
+	free(b);
+	free(got);
+	unlink(path);
+}
+END_TEST
+
+/* A reader gap longer than the backlog takes: what does not fit is counted lost (backlog_full) and the next reader
+ * gets a records_lost record where the gap is; what was written plus what was lost is every record. */
+START_TEST(fifo_reader_gap_past_the_backlog)
+{
+	signal(SIGPIPE, SIG_IGN);
+	char path[128];
+	snprintf(path, sizeof path, "%s/gap.fifo", tmpdir);
+	unlink(path);
+	ck_assert_int_eq(mkfifo(path, 0600), 0);
+	int rd = open(path, O_RDONLY | O_NONBLOCK);
+	ck_assert_int_ge(rd, 0);
+	struct tap_out *o = open_lines(path, 4096);
+	char *got = NULL;
+	size_t len = 0, cap = 0;
+	lines_from(o, 1, 10);
+	drain_lines(rd, &got, &len, &cap, 10);
+	close(rd);
+	for (int i = 0; i < 200; i++) /* 2000 lines in 200 batches, past a 4 KiB backlog */
+		lines_from(o, 11 + 10 * i, 10);
+	usleep(300000);
+	rd = open(path, O_RDONLY | O_NONBLOCK);
+	ck_assert_int_ge(rd, 0);
+	usleep(300000);
+	lines_from(o, 2011, 10);
+	struct tap_out_stats s;
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	drain(rd, &got, &len, &cap);
+	close(rd);
+	ck_assert_uint_eq(s.records, 2020);
+	ck_assert_uint_gt(s.lost, 0);
+	ck_assert_uint_eq(s.lost_by[TAP_OUT_LOST_BACKLOG_FULL], s.lost);
+	check_lines(got, len, 2020, s.lost, true);
+	ck_assert_ptr_nonnull(strstr(got, "{\"n\":2020}\n"));
+	free(got);
+	unlink(path);
+}
+END_TEST
+
 /* An output file deleted under the tap is made again at the next batch (what went into the deleted file is gone
  * with it); while its directory is gone too, the records are counted lost, and a records_lost record says so in
  * the file made once the directory is back. */
@@ -673,6 +804,8 @@ int main(void)
 	tcase_add_test(tc, blocks_whole_and_counted);
 	tcase_add_test(tc, wait_until_loses_nothing);
 	tcase_add_test(tc, fifo_without_reader_delays_nothing);
+	tcase_add_test(tc, fifo_reader_comes_back);
+	tcase_add_test(tc, fifo_reader_gap_past_the_backlog);
 	tcase_add_test(tc, deleted_file_is_made_again);
 	tcase_add_test(tc, every_file_begins_with_the_head);
 	tcase_add_test(tc, a_lost_head_is_written_again);
