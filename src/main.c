@@ -682,6 +682,7 @@ static int start_metrics(struct app *app, const struct tap_admin_sources *src)
 		return 1;
 	}
 	tap_log_info("metrics on http://%s/", metrics_at);
+	tap_metrics_set_log_lost_source(tap_log_lost);
 	tap_track_set_verdict_hook(app->track, tap_metrics_tally_verdict, tap_admin_tally(app->admin));
 	tap_track_set_conn_hook(app->track, tap_metrics_tally_conn, tap_admin_tally(app->admin));
 	return 0;
@@ -842,6 +843,8 @@ static int run_sniff(const struct tap_conf *conf)
 		event_free(app.tick_timer);
 	event_base_free(app.base);
 	(void)tap_log_stop(tap_out_clock_us() + LOG_FLUSH_MS * 1000);
+	if (tap_log_lost() && app.exit_code == 0) /* log lines lost count as records lost do */
+		app.exit_code = 1;
 	return app.exit_code;
 }
 
@@ -950,6 +953,8 @@ static int run_proxy(const struct tap_conf *conf)
 	tap_tls_free(app.tls);
 	int64_t log_deadline = tap_out_clock_us() + LOG_FLUSH_MS * 1000;
 	(void)tap_log_stop(log_deadline > deadline ? log_deadline : deadline); /* its losses were in the summary */
+	if (tap_log_lost() && app.exit_code == 0) /* log lines lost count as records lost do */
+		app.exit_code = 1;
 	return app.exit_code;
 }
 

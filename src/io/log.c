@@ -12,6 +12,7 @@
 
 static struct tap_out *log_out; /* set and cleared by the main thread while no other thread logs */
 static int log_level = TAP_LOG_INFO;
+static uint64_t direct_lost; /* lines written directly that stderr did not take (atomic) */
 
 void tap_log_set_level(enum tap_log_level level)
 {
@@ -25,8 +26,14 @@ void tap_log_text(const char *text, size_t len)
 		tap_out_text(o, text, len);
 		return;
 	}
-	(void)fwrite(text, 1, len, stderr); /* nothing better to do when stderr fails */
-	(void)fflush(stderr);
+	size_t n = fwrite(text, 1, len, stderr); /* unbuffered: written, or failed, at once */
+	if (n < len) { /* the lines it cut and those it did not reach count lost */
+		uint64_t lines = 0;
+		for (size_t i = n; i < len; i++)
+			lines += text[i] == '\n';
+		__atomic_add_fetch(&direct_lost, lines ? lines : 1, __ATOMIC_RELAXED);
+	}
+	clearerr(stderr);
 }
 
 static void log_v(enum tap_log_level level, const char *fmt, va_list ap)
@@ -97,5 +104,5 @@ uint64_t tap_log_lost(void)
 	struct tap_out_stats st = {0};
 	if (o)
 		tap_out_get_stats(o, &st);
-	return lost_before + st.lost;
+	return lost_before + st.lost + __atomic_load_n(&direct_lost, __ATOMIC_RELAXED);
 }

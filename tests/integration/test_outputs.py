@@ -2,13 +2,15 @@
 # FIFOs nobody reads, /dev/full and a full tmpfs. Real rabbitmq-c publishers go through the tap to the throwaway
 # broker; the tap must keep forwarding at normal speed, accept new clients, end within --grace plus the 2 s flush
 # bound on SIGTERM, count what it lost (stderr, summary, exit code 1) and never leave a merged half line.
-# Output files are created 0600; every line of them carries the run, records_lost records too.
+# Output files are created 0600; every line of them carries the run, records_lost records too. Log lines stderr did
+# not take (a pipe nobody reads, or whose reader is gone) are counted in /metrics and make the exit code 1.
 
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
@@ -17,8 +19,8 @@ import time
 
 import pika
 
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, CLIENTS_DIR, TapTestCase, free_port, main, read_records,
-                        require_broker, wait_for)
+from tapharness import (AMQPTAP_BIN, BROKER_PORT, CLIENTS_DIR, TapTestCase, free_port, http_get, main,
+                        read_records, require_broker, wait_for)
 
 PUBLISHER = os.path.join(CLIENTS_DIR, "stream_publisher")
 GRACE_MS = 500
@@ -103,6 +105,16 @@ def summary_losses(err, name):
 def summary_counts(err, name):
     """(records, lost) from the last summary line of the output."""
     return summary_losses(err, name)[:2]
+
+
+def log_lines_lost(mport):
+    """amqptap_log_lines_lost_total from /metrics on mport; None while it does not answer or lacks the series."""
+    try:
+        text = http_get(mport, "/metrics", timeout=2)[2].decode()
+    except (OSError, ValueError):
+        return None
+    m = re.search(r"(?m)^amqptap_log_lines_lost_total (\d+)$", text)
+    return int(m.group(1)) if m else -1
 
 
 def parse_lines(data, allow_cut_last=False):
@@ -370,6 +382,53 @@ class Outputs(TapTestCase):
             self.assertTrue(notes, f"no records_lost record in {path}")
             self.assertEqual({r["tap"] for r in notes}, {"tap-lines"})
         self.assertEqual(len(runs), 1, runs)
+
+    def stderr_tap(self, stderr_fd):
+        """amqptap -v with --metrics, stderr the given descriptor; returns (process, listen port, metrics port)."""
+        port, mport = free_port(), free_port()
+        d = tempfile.mkdtemp(prefix="amqptap-err-")
+        self.addCleanup(shutil.rmtree, d, True)
+        proc = subprocess.Popen([AMQPTAP_BIN, "-v", "--listen", f"127.0.0.1:{port}", "--upstream",
+                                 f"127.0.0.1:{BROKER_PORT}", "--verdicts", os.path.join(d, "v.jsonl"), "--metrics",
+                                 f"127.0.0.1:{mport}", "--grace", str(GRACE_MS)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr_fd)
+        self.addCleanup(lambda: proc.poll() is None and (proc.kill(), proc.wait()))
+        self.assertTrue(wait_for(lambda: proc.poll() is not None or log_lines_lost(mport) is not None, 10))
+        self.assertIsNone(proc.poll())
+        return proc, port, mport
+
+    def test_stderr_never_read_counts_lost_log_lines(self):
+        """stderr a pipe nobody reads: forwarding goes on, the log lines that did not fit are counted in
+        amqptap_log_lines_lost_total, and the exit code is 1; once stderr is read again the summary says so."""
+        r, w = os.pipe()
+        proc, port, mport = self.stderr_tap(w)
+        os.close(w)
+        for _ in range(4000):  # -v: two lines each, ~600 KB, past the pipe and the 256 KiB backlog
+            socket.create_connection(("127.0.0.1", port), 5).close()
+        self.assertTrue(wait_for(lambda: (log_lines_lost(mport) or 0) > 0, 10), log_lines_lost(mport))
+        self.assertEqual(http_get(mport, "/healthz")[0], 200)  # the loop is not held up
+        got = bytearray()
+        reader = threading.Thread(target=lambda: got.extend(os.fdopen(r, "rb").read()), daemon=True)
+        reader.start()  # stderr works again
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(15), 1)
+        reader.join(10)
+        err = got.decode("utf-8", "replace")
+        self.assertRegex(err, r"line\(s\) of this log were lost")
+        self.assertRegex(err, r"(?m)^output stderr lost=[1-9]\d* lines$")
+        self.assertNotIn("Sanitizer", err)
+
+    def test_stderr_reader_gone_counts_lost_log_lines(self):
+        """stderr a pipe whose reader is gone: every log line fails (EPIPE) and is counted; exit code 1."""
+        r, w = os.pipe()
+        os.close(r)
+        proc, port, mport = self.stderr_tap(w)
+        os.close(w)
+        socket.create_connection(("127.0.0.1", port), 5).close()
+        self.assertTrue(wait_for(lambda: (log_lines_lost(mport) or 0) >= 3, 10), log_lines_lost(mport))
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(15), 1)
 
     def test_files_created_0600(self):
         d = tempfile.mkdtemp(prefix="amqptap-mode-")
