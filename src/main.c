@@ -682,7 +682,6 @@ static int start_metrics(struct app *app, const struct tap_admin_sources *src)
 		return 1;
 	}
 	tap_log_info("metrics on http://%s/", metrics_at);
-	tap_metrics_set_log_lost_source(tap_log_lost);
 	tap_track_set_verdict_hook(app->track, tap_metrics_tally_verdict, tap_admin_tally(app->admin));
 	tap_track_set_conn_hook(app->track, tap_metrics_tally_conn, tap_admin_tally(app->admin));
 	return 0;

@@ -150,12 +150,8 @@ struct tap_metrics_snapshot {
 	uint64_t http_open, http_total, http_timeouts, http_paused;
 	uint64_t http_evicted; /* idle connections closed to make room at the cap */
 	uint64_t http_renders; /* pages rendered (a copy served again is not one) */
+	uint64_t log_lines_lost; /* lines stderr did not take (log.h, tap_log_lost) */
 };
-
-/* Where amqptap_log_lines_lost_total comes from: the tap's own log (log.h, tap_log_lost) belongs to the io layer,
- * which core does not call, so the program hands its reader over once before the endpoint starts; every render
- * asks it (any thread may). NULL, the default: 0. */
-void tap_metrics_set_log_lost_source(uint64_t (*lost)(void));
 
 /* Fills the tracker's part of s: stats, the confirm histogram, quantiles, open channels and blocked connections. */
 void tap_metrics_collect_track(struct tap_metrics_snapshot *s, const struct tap_track *t);

@@ -300,19 +300,6 @@ void tap_metrics_collect_track(struct tap_metrics_snapshot *s, const struct tap_
 
 /* ---- one-number metrics, defined once ---- */
 
-static uint64_t (*log_lost_source)(void); /* tap_metrics_set_log_lost_source's */
-
-void tap_metrics_set_log_lost_source(uint64_t (*lost)(void))
-{
-	__atomic_store_n(&log_lost_source, lost, __ATOMIC_RELEASE);
-}
-
-static uint64_t log_lines_lost(void)
-{
-	uint64_t (*lost)(void) = __atomic_load_n(&log_lost_source, __ATOMIC_ACQUIRE);
-	return lost ? lost() : 0;
-}
-
 enum metric_type { COUNTER, GAUGE, HISTOGRAM };
 #define TAP_METRICS_XSTR(x) #x
 #define TAP_METRICS_STR(x) TAP_METRICS_XSTR(x)
@@ -347,7 +334,7 @@ static const char *const type_names[] = {"counter", "gauge", "histogram"};
 	  s->out[TAP_METRICS_OUT_VERDICTS].lines, "records_written")                                               \
 	X("log_lines_lost_total", COUNTER,                                                                         \
 	  "Lines of the tap's own log that stderr did not take (nobody read it, or it failed); the exit code is 1.", \
-	  log_lines_lost(), "log_lines_lost")                                                                      \
+	  s->log_lines_lost, "log_lines_lost")                                                                      \
 	X("connections_open", GAUGE, "Client connections open (forwarded; in sniff, followed).", s->active,      \
 	  "connections_open")                                                                                      \
 	X("connections_total", COUNTER, "Client connections accepted (in sniff, seen).", s->accepted,             \

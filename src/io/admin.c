@@ -206,6 +206,7 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 	s->http_paused = a->pauses;
 	s->http_evicted = a->evictions;
 	s->http_renders = a->renders;
+	s->log_lines_lost = tap_log_lost();
 }
 
 /* ---- connections: cap, eviction and deadline ----
