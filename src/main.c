@@ -331,6 +331,9 @@ static void print_summary(struct app *app)
 	uint64_t log_lost = tap_log_lost();
 	if (log_lost)
 		tap_buf_printf(&b, "output stderr lost=%" PRIu64 " lines\n", log_lost);
+	if (app->observer.pending_over) /* counted in "short of memory" too */
+		tap_buf_printf(&b, "decoder contents_without_details=%" PRIu64 " (in-progress contents over %u MiB)\n",
+			       app->observer.pending_over, (unsigned)(app->observer.pending_max >> 20));
 	tap_buf_printf(&b, "process peak_rss_kib=%lu\n", peak_rss_kib());
 	if (b.oom && app->track) { /* what matters most, on the stack */
 		struct tap_track_stats ts;

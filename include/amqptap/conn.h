@@ -50,7 +50,14 @@ struct tap_observer {
 	const struct tap_capture_sink *capture; /* NULL: no capture */
 	uint64_t decode_errors;           /* decode_error records written */
 	uint64_t capture_gaps, gap_bytes; /* capture_gap records written, and the bytes they name missing */
+	/* the stores of contents in progress (their strings), every channel of every connection: at most about
+	 * pending_max (TAP_OBSERVER_PENDING_MAX); contents that found it full and kept no details */
+	size_t pending_mem, pending_max;
+	uint64_t pending_over;
 };
+
+/* Bounds what the decoder keeps of contents in progress across all connections (see store_put in conn.c). */
+#define TAP_OBSERVER_PENDING_MAX (64u << 20)
 
 void tap_observer_init(struct tap_observer *o, struct tap_track *track, tap_track_emit_fn emit, void *emit_ctx,
 		       const struct tap_frames_sink *frames, uint32_t body_bytes);

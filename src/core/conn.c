@@ -56,7 +56,6 @@ struct direction {
 	bool bad_method_seen; /* a method that did not decode got its decode_error record */
 };
 
-#define MAX_HEADER_KEYS 64
 
 struct tap_conn {
 	struct tap_observer *o;
@@ -93,6 +92,7 @@ void tap_observer_init(struct tap_observer *o, struct tap_track *track, tap_trac
 	o->emit_ctx = emit_ctx;
 	o->frames = frames;
 	o->body_bytes = body_bytes;
+	o->pending_max = TAP_OBSERVER_PENDING_MAX;
 	tap_buf_init(&o->scratch);
 }
 
@@ -139,6 +139,7 @@ void tap_conn_held(struct tap_conn *c, bool held, int64_t now_us)
 }
 
 static void pending_cut(struct tap_conn *c, uint16_t channel, struct pending *p, int64_t now_us);
+static void store_free(const struct tap_conn *c, struct tap_buf *store);
 
 void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 {
@@ -163,7 +164,7 @@ void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 	}
 	for (size_t i = 0; i < c->n_chans; i++)
 		for (int d = 0; d < TAP_DIR_COUNT; d++)
-			tap_buf_deinit(&c->chans[i].dir[d].store);
+			store_free(c, &c->chans[i].dir[d].store);
 	free(c->chans);
 	free(c->chan_index);
 	free(c);
@@ -232,10 +233,33 @@ static struct tap_slice arg_slice(const struct tap_method *m, int idx)
 	return (struct tap_slice){m->args[idx].ptr, m->args[idx].len};
 }
 
-static struct span keep(struct pending *p, const uint8_t *s, size_t len)
+/* Appends to a channel's store, counted in the observer's pending_mem. Past its pending_max a store does
+ * not grow: its content keeps nothing (as when out of memory: the record says details_lost), so that clients with
+ * thousands of channels, each with a content in progress, cannot grow the tap without bound. */
+static void store_put(const struct tap_conn *c, struct pending *p, const void *data, size_t len)
+{
+	struct tap_observer *o = c->o;
+	size_t cap = p->store.cap;
+	if (p->store.len + len > cap && o->pending_mem >= o->pending_max) {
+		if (!p->store.oom)
+			o->pending_over++;
+		p->store.oom = true;
+		return;
+	}
+	tap_buf_append(&p->store, data, len);
+	o->pending_mem += p->store.cap - cap;
+}
+
+static void store_free(const struct tap_conn *c, struct tap_buf *store)
+{
+	c->o->pending_mem -= store->cap;
+	tap_buf_deinit(store);
+}
+
+static struct span keep(const struct tap_conn *c, struct pending *p, const uint8_t *s, size_t len)
 {
 	struct span sp = {(uint32_t)p->store.len, (uint32_t)len};
-	tap_buf_append(&p->store, s, len);
+	store_put(c, p, s, len);
 	return sp;
 }
 
@@ -256,15 +280,15 @@ static void keep_wanted_headers(const struct tap_conn *c, struct pending *p, str
 			continue;
 		size_t raw = (size_t)(it.p - at);
 		if (raw <= KEPT_FIELD_MAX) {
-			tap_buf_append(&p->store, at, raw);
+			store_put(c, p, at, raw);
 		} else if (f.type == 'S' || f.type == 'x') {
 			size_t head = 1 + (size_t)f.name_len + 1; /* name length, name, type */
 			uint32_t keep_len = f.len < KEPT_FIELD_MAX ? f.len : KEPT_FIELD_MAX;
 			uint8_t len_be[4] = {(uint8_t)(keep_len >> 24), (uint8_t)(keep_len >> 16), (uint8_t)(keep_len >> 8),
 					     (uint8_t)keep_len};
-			tap_buf_append(&p->store, at, head);
-			tap_buf_append(&p->store, len_be, 4);
-			tap_buf_append(&p->store, f.ptr, keep_len);
+			store_put(c, p, at, head);
+			store_put(c, p, len_be, 4);
+			store_put(c, p, f.ptr, keep_len);
 		} else {
 			p->headers_cut = true;
 		}
@@ -283,11 +307,11 @@ static struct tap_slice span_slice(const struct pending *p, struct span sp)
  * memory on every channel it was sent on. */
 #define PENDING_STORE_KEEP 4096
 
-static void pending_reset(struct pending *p, enum pending_kind kind)
+static void pending_reset(const struct tap_conn *c, struct pending *p, enum pending_kind kind)
 {
 	struct tap_buf store = p->store;
 	if (store.cap > PENDING_STORE_KEEP)
-		tap_buf_deinit(&store);
+		store_free(c, &store);
 	tap_buf_reset(&store);
 	memset(p, 0, sizeof *p);
 	p->store = store;
@@ -297,7 +321,7 @@ static void pending_reset(struct pending *p, enum pending_kind kind)
 static void pending_finish(struct tap_conn *c, uint16_t channel, struct pending *p, bool cut, int64_t now_us)
 {
 	if (p->kind == PENDING_PUBLISH) {
-		struct tap_slice keys[MAX_HEADER_KEYS];
+		struct tap_slice keys[TAP_TRACK_HEADER_KEYS_MAX + 1];
 		size_t n = p->store.data ? p->n_header_keys : 0;
 		const uint8_t *kp = n ? (const uint8_t *)p->store.data + p->header_keys_off : NULL;
 		for (size_t i = 0; i < n && !p->store.oom; i++) { /* stored as u8 length + bytes */
@@ -344,7 +368,7 @@ static void pending_finish(struct tap_conn *c, uint16_t channel, struct pending 
 		};
 		tap_track_return(c->tc, channel, &r, now_us);
 	}
-	pending_reset(p, PENDING_NONE);
+	pending_reset(c, p, PENDING_NONE);
 	p->ended = true;
 }
 
@@ -362,7 +386,7 @@ static void pending_cut(struct tap_conn *c, uint16_t channel, struct pending *p,
 	if (p->kind == PENDING_PUBLISH)
 		pending_finish(c, channel, p, true, now_us);
 	else
-		pending_reset(p, PENDING_NONE);
+		pending_reset(c, p, PENDING_NONE);
 }
 
 static void on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int64_t now_us)
@@ -380,21 +404,21 @@ static void on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_fra
 	if (rc == TAP_OK) {
 		if (props.flags & TAP_PROP_MESSAGE_ID) {
 			p->has_message_id = true;
-			p->message_id = keep(p, props.message_id.ptr, props.message_id.len);
+			p->message_id = keep(c, p, props.message_id.ptr, props.message_id.len);
 		}
 		if (props.flags & TAP_PROP_CORRELATION_ID) {
 			p->has_correlation_id = true;
-			p->correlation_id = keep(p, props.correlation_id.ptr, props.correlation_id.len);
+			p->correlation_id = keep(c, p, props.correlation_id.ptr, props.correlation_id.len);
 		}
 		if (props.flags & TAP_PROP_CONTENT_TYPE)
-			p->content_type = keep(p, props.content_type.ptr, props.content_type.len);
+			p->content_type = keep(c, p, props.content_type.ptr, props.content_type.len);
 		if (props.flags & TAP_PROP_TYPE)
-			p->type = keep(p, props.type.ptr, props.type.len);
+			p->type = keep(c, p, props.type.ptr, props.type.len);
 		if (props.flags & TAP_PROP_APP_ID)
-			p->app_id = keep(p, props.app_id.ptr, props.app_id.len);
+			p->app_id = keep(c, p, props.app_id.ptr, props.app_id.len);
 		if (props.flags & TAP_PROP_USER_ID) {
 			p->has_user_id = true;
-			p->user_id = keep(p, props.user_id.ptr, props.user_id.len);
+			p->user_id = keep(c, p, props.user_id.ptr, props.user_id.len);
 		}
 		p->has_delivery_mode = (props.flags & TAP_PROP_DELIVERY_MODE) != 0;
 		p->delivery_mode = props.delivery_mode;
@@ -406,9 +430,14 @@ static void on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_fra
 			keep_wanted_headers(c, p, props.headers);
 			p->header_keys_off = (uint32_t)p->store.len;
 			tap_table_it_init(&it, props.headers.ptr, props.headers.len);
-			while (p->n_header_keys < MAX_HEADER_KEYS && tap_table_next(&it, &f) > 0) {
-				tap_buf_putc(&p->store, (char)f.name_len);
-				tap_buf_append(&p->store, f.name, f.name_len);
+			/* one key more than a record shows, so that it says the list was cut */
+			size_t key_bytes = 0;
+			while (p->n_header_keys <= TAP_TRACK_HEADER_KEYS_MAX && key_bytes <= TAP_TRACK_HEADER_BYTES_MAX &&
+			       tap_table_next(&it, &f) > 0) {
+				uint8_t len = (uint8_t)f.name_len;
+				store_put(c, p, &len, 1);
+				store_put(c, p, f.name, f.name_len);
+				key_bytes += f.name_len;
 				p->n_header_keys++;
 			}
 		}
@@ -522,11 +551,11 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 		if (!ch)
 			break;
 		struct pending *p = &ch->dir[TAP_C2S];
-		pending_reset(p, PENDING_PUBLISH);
+		pending_reset(c, p, PENDING_PUBLISH);
 		struct tap_slice x = arg_slice(m, TAP_ARG_BASIC_PUBLISH_EXCHANGE);
 		struct tap_slice rk = arg_slice(m, TAP_ARG_BASIC_PUBLISH_ROUTING_KEY);
-		p->exchange = keep(p, x.ptr, x.len);
-		p->routing_key = keep(p, rk.ptr, rk.len);
+		p->exchange = keep(c, p, x.ptr, x.len);
+		p->routing_key = keep(c, p, rk.ptr, rk.len);
 		p->mandatory = m->args[TAP_ARG_BASIC_PUBLISH_MANDATORY].u != 0;
 		p->immediate = m->args[TAP_ARG_BASIC_PUBLISH_IMMEDIATE].u != 0;
 		break;
@@ -588,14 +617,14 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		if (!ch)
 			break;
 		struct pending *p = &ch->dir[TAP_S2C];
-		pending_reset(p, PENDING_RETURN);
+		pending_reset(c, p, PENDING_RETURN);
 		struct tap_slice text = arg_slice(m, TAP_ARG_BASIC_RETURN_REPLY_TEXT);
 		struct tap_slice x = arg_slice(m, TAP_ARG_BASIC_RETURN_EXCHANGE);
 		struct tap_slice rk = arg_slice(m, TAP_ARG_BASIC_RETURN_ROUTING_KEY);
 		p->reply_code = (uint16_t)m->args[TAP_ARG_BASIC_RETURN_REPLY_CODE].u;
-		p->reply_text = keep(p, text.ptr, text.len);
-		p->exchange = keep(p, x.ptr, x.len);
-		p->routing_key = keep(p, rk.ptr, rk.len);
+		p->reply_text = keep(c, p, text.ptr, text.len);
+		p->exchange = keep(c, p, x.ptr, x.len);
+		p->routing_key = keep(c, p, rk.ptr, rk.len);
 		break;
 	}
 	default:

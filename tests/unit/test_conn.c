@@ -793,6 +793,95 @@ START_TEST(headers_tables_are_not_kept_whole)
 }
 END_TEST
 
+/* One connection's client: on each of `channels` channels a publish whose content header carries 64 header keys of
+ * 250 bytes and whose body never comes. */
+static void contents_left_open(struct tap_bytes *cl, unsigned channels)
+{
+	static char key[251];
+	tap_build_raw(cl, "AMQP\0\0\x09\x01", 8);
+	plain_start_ok(cl);
+	tap_build_tune_ok_open(cl, "/");
+	for (unsigned ch = 1; ch <= channels; ch++) {
+		tap_build_method(cl, (uint16_t)ch, TAP_CHANNEL_OPEN, "", 1);
+		struct tap_bytes a = {0}, t = {0};
+		tap_build_u16(&a, 0);
+		tap_build_shortstr(&a, "x");
+		tap_build_shortstr(&a, "k");
+		tap_build_u8(&a, 0);
+		tap_build_method(cl, (uint16_t)ch, TAP_BASIC_PUBLISH, a.d, a.n);
+		for (unsigned k = 0; k < 64; k++) {
+			memset(key, 'k', 250);
+			snprintf(key, sizeof key, "%02u", k);
+			key[2] = 'k';
+			header_field(&t, key, "v", 1);
+		}
+		a.n = 0;
+		tap_build_u16(&a, 60);
+		tap_build_u16(&a, 0);
+		tap_build_u64(&a, 1); /* a body that never comes */
+		tap_build_u16(&a, 1u << 13);
+		tap_build_u32(&a, (uint32_t)t.n);
+		tap_build_raw(&a, t.d, t.n);
+		tap_build_frame(cl, 2, (uint16_t)ch, a.d, a.n);
+		tap_build_free(&a);
+		tap_build_free(&t);
+	}
+}
+
+/* Counts the records contents_in_progress_are_bounded cares about. */
+struct record_counts {
+	size_t publishes, details_lost, headers_cut;
+};
+
+static void emit_counted(void *ctx, const char *json, size_t len)
+{
+	struct record_counts *n = ctx;
+	char line[16384];
+	ck_assert_uint_lt(len, sizeof line);
+	memcpy(line, json, len);
+	line[len] = '\0';
+	if (!strstr(line, "\"type\":\"publish\""))
+		return;
+	n->publishes++;
+	n->details_lost += strstr(line, "\"details_lost\":true") != NULL;
+	n->headers_cut += strstr(line, "\"headers_truncated\":true") != NULL;
+}
+
+/* Contents in progress keep their strings, per channel: a client that leaves one open on each of 2,000 channels
+ * with 64 long header keys costs a few KB a channel (what a record shows: 32 keys, 1 KiB of them), not the 32 KB
+ * it did; and across connections the stores stop growing at the observer's pending_max: a content that finds it
+ * full keeps no details (details_lost), yet every publish still gets its record. */
+START_TEST(contents_in_progress_are_bounded)
+{
+	enum { CHANNELS = 2000 };
+	struct tap_bytes cl = {0};
+	contents_left_open(&cl, CHANNELS);
+	struct record_counts n = {0};
+	struct tap_track_conf tc = {0};
+	struct tap_track *t = tap_track_new(&tc, emit_counted, &n);
+	struct tap_observer o;
+	tap_observer_init(&o, t, emit_counted, &n, NULL, 0);
+	struct tap_conn *c = tap_conn_new(&o, 1, "127.0.0.1:1", "127.0.0.1:2", 1);
+	tap_conn_feed(c, TAP_C2S, cl.d, cl.n, 2);
+	ck_assert_msg(o.pending_mem <= CHANNELS * 4096u, "%zu bytes kept for %d contents", o.pending_mem, CHANNELS);
+	ck_assert_uint_eq(o.pending_over, 0);
+	o.pending_max = 1u << 20; /* a second connection finds the stores at their bound */
+	struct tap_conn *c2 = tap_conn_new(&o, 2, "127.0.0.1:3", "127.0.0.1:2", 3);
+	tap_conn_feed(c2, TAP_C2S, cl.d, cl.n, 4);
+	ck_assert_uint_le(o.pending_mem, CHANNELS * 4096u + 8192);
+	ck_assert_uint_eq(o.pending_over, CHANNELS);
+	tap_conn_end(c, "client_eof", 5);
+	tap_conn_end(c2, "client_eof", 6);
+	ck_assert_uint_eq(o.pending_mem, 0);
+	ck_assert_uint_eq(n.publishes, 2 * CHANNELS);
+	ck_assert_uint_eq(n.details_lost, CHANNELS);
+	ck_assert_uint_eq(n.headers_cut, CHANNELS);
+	tap_track_free(t);
+	tap_observer_deinit(&o);
+	tap_build_free(&cl);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("conn");
@@ -813,6 +902,7 @@ int main(void)
 	tcase_add_test(tc, thousands_of_channels_keep_their_publishes_apart);
 	tcase_add_test(tc, undecodable_method_is_reported_once_and_decoding_goes_on);
 	tcase_add_test(tc, headers_tables_are_not_kept_whole);
+	tcase_add_test(tc, contents_in_progress_are_bounded);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
