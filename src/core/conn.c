@@ -74,6 +74,7 @@ struct tap_conn {
 	bool login_done; /* the client's tune-ok or connection.open was decoded: no SASL exchange can follow */
 	enum tap_amqp_version version; /* of the client's protocol header, and the tune-ok's frame_max: a decoder */
 	uint32_t frame_max;            /* restarted after a capture gap needs them */
+	uint32_t broker_frame_max;     /* the broker's connection.tune: 0, none seen or no limit */
 	bool tuned;
 	/* capture copy of the client stream: held bytes start at held_offset */
 	void *capture;
@@ -469,8 +470,12 @@ static int on_body(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_
 	return TAP_OK;
 }
 
+/* The tune-ok's frame_max, but never above the broker's: it refuses bigger frames (a connection error), so a
+ * client that asks for more (0, no limit) cannot make the decoder buffer frames the broker will not take. */
 static void set_frame_max(struct tap_conn *c, uint32_t frame_max)
 {
+	if (c->broker_frame_max && (frame_max == 0 || frame_max > c->broker_frame_max))
+		frame_max = c->broker_frame_max;
 	c->frame_max = frame_max;
 	c->tuned = true;
 	tap_frame_dec_set_frame_max(&c->dir[TAP_S2C].dec, frame_max);
@@ -570,6 +575,9 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 {
 	struct tap_track_conn *tc = c->tc;
 	switch (m->def->id) {
+	case TAP_CONNECTION_TUNE:
+		c->broker_frame_max = (uint32_t)m->args[TAP_ARG_CONNECTION_TUNE_FRAME_MAX].u;
+		break;
 	case TAP_CONNECTION_OPEN_OK:
 		tap_track_conn_open(tc, (struct tap_slice){(const uint8_t *)c->vhost, c->vhost_len}, now_us);
 		break;

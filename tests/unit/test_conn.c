@@ -828,6 +828,45 @@ static void contents_left_open(struct tap_bytes *cl, unsigned channels)
 	}
 }
 
+/* A client whose tune-ok asks for frames without limit (frame_max 0) from a broker whose tune said 131072: the
+ * decoder holds it to the broker's limit (the broker refuses bigger frames), so a 1 MiB method frame is a
+ * decode_error, not 1 MiB buffered (up to 16 MiB a direction were, for every such connection). */
+START_TEST(frame_max_is_the_brokers_at_most)
+{
+	static char big[1 << 20];
+	struct tap_bytes br = {0}, cl = {0}, a = {0};
+	tap_build_u16(&a, 2047);
+	tap_build_u32(&a, 131072);
+	tap_build_u16(&a, 60);
+	tap_build_method(&br, 0, TAP_CONNECTION_TUNE, a.d, a.n);
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	plain_start_ok(&cl);
+	a.n = 0;
+	tap_build_u16(&a, 2047);
+	tap_build_u32(&a, 0);
+	tap_build_u16(&a, 60);
+	tap_build_method(&cl, 0, TAP_CONNECTION_TUNE_OK, a.d, a.n);
+	tap_build_method(&cl, 1, TAP_CHANNEL_OPEN, big, sizeof big);
+	static struct sink s;
+	memset(&s, 0, sizeof s);
+	struct tap_track_conf tc = {0};
+	struct tap_track *t = tap_track_new(&tc, emit, &s);
+	struct tap_observer o;
+	tap_observer_init(&o, t, emit, &s, NULL, 0);
+	struct tap_conn *c = tap_conn_new(&o, 7, "127.0.0.1:40000", "127.0.0.1:5672", 1000);
+	tap_conn_feed(c, TAP_S2C, br.d, br.n, 2000);
+	tap_conn_feed(c, TAP_C2S, cl.d, cl.n, 3000);
+	tap_conn_end(c, "client_eof", 4000);
+	tap_track_free(t);
+	tap_observer_deinit(&o);
+	ck_assert_uint_eq(count(s.records, "\"type\":\"decode_error\""), 1);
+	ck_assert_ptr_nonnull(strstr(s.records, "\"status\":\"TAP_E_FRAME_TOO_LARGE\""));
+	tap_build_free(&a);
+	tap_build_free(&br);
+	tap_build_free(&cl);
+}
+END_TEST
+
 /* Counts the records contents_in_progress_are_bounded cares about. */
 struct record_counts {
 	size_t publishes, details_lost, headers_cut;
@@ -903,6 +942,7 @@ int main(void)
 	tcase_add_test(tc, undecodable_method_is_reported_once_and_decoding_goes_on);
 	tcase_add_test(tc, headers_tables_are_not_kept_whole);
 	tcase_add_test(tc, contents_in_progress_are_bounded);
+	tcase_add_test(tc, frame_max_is_the_brokers_at_most);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
