@@ -433,7 +433,8 @@ class SlowReaderReturnsTest(TapTestCase):
     def test_returns_held_by_backpressure_are_not_timed_out(self):
         require_broker(self)
         count, body = 400, b"r" * 65536
-        tap = self.start_tap(["--return-window", "300"], frames=False)
+        # a window a loaded broker meets (it took over 300 ms in a busy CI run), well short of the time unread
+        tap = self.start_tap(["--return-window", "1000"], frames=False)
         c = RawClient(tap.port, timeout=60)
         c.method(1, 20, 10, c.short(""))
         c.expect(1, 20, 11)
@@ -448,7 +449,7 @@ class SlowReaderReturnsTest(TapTestCase):
 
         writer = threading.Thread(target=publish, daemon=True)
         writer.start()
-        time.sleep(2.0)  # reads nothing for 2 s: the tap stops reading the broker while returns wait
+        time.sleep(3.0)  # reads nothing for 3 s: the tap stops reading the broker while returns wait
         returned = 0
         while returned < count:
             ftype, ch, payload = c.read_frame()
