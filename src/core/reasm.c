@@ -427,12 +427,21 @@ static void flush_holes(struct tap_reasm *r, struct stream *s, int64_t ts)
 }
 
 /* The peer acknowledged bytes of `dir` up to `ack`: a hole below that was delivered on the wire and lost only by
- * the capture, so it will never be retransmitted; it is given up on at once instead of when the buffer fills. */
+ * the capture, so it will never be retransmitted; it is given up on at once instead of when the buffer fills. So
+ * are acknowledged bytes nothing after them was captured yet: without this the hole would show only with the
+ * next segment of `dir`, perhaps after a return window ran out and took a lost Return for none (`unproven`). */
 static void skip_acked(struct tap_reasm *r, struct stream *s, enum tap_dir dir, uint32_t ack, int64_t ts)
 {
 	struct half *h = &s->h[dir];
 	while (h->init && h->n > 0 && !h->fin_done && !s->closed && (int32_t)(ack - h->next) > 0)
 		skip_hole(r, s, dir, ts);
+	if (h->init && h->n == 0 && !h->fin_done && !s->closed && (int32_t)(ack - h->next) > 0) {
+		uint32_t missing = ack - h->next;
+		r->st->gaps++;
+		h->next = ack;
+		if (r->cb->gap)
+			r->cb->gap(r->cb->ctx, s->user, dir, missing, ts);
+	}
 }
 
 static bool over_total(const struct tap_reasm *r, size_t len)

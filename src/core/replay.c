@@ -37,16 +37,28 @@ struct replay {
 	int64_t next_deadline; /* the tracker is ticked only from then on (tap_track_tick's answer) */
 	int64_t min_window_us; /* no deadline the tracker creates for new bytes is nearer than this */
 	bool started;
+	bool due; /* the clock moved: deadlines may have passed (settle_due) */
 	uint64_t gaps, gap_bytes;
 	const struct tap_replay_hooks *hooks;
 };
 
+/* A packet moved the clock on. The deadlines it passed are settled by what the packet brings (settle_due), not
+ * here: a gap it shows (bytes missing before it) first ends what those bytes may have decided, `unknown`, so that
+ * a Return the capture lost is not taken for a window that ran out (`unproven`); data comes after them. */
 static void on_packet(void *ctx, int64_t ts)
 {
 	struct replay *r = ctx;
 	if (!r->started || ts > r->now)
 		r->now = ts;
 	r->started = true;
+	r->due = true;
+}
+
+static void settle_due(struct replay *r)
+{
+	if (!r->due)
+		return;
+	r->due = false;
 	if (r->now >= r->next_deadline)
 		r->next_deadline = tap_track_tick(r->track, r->now);
 }
@@ -62,6 +74,7 @@ static void *on_open(void *ctx, uint64_t id, const char *client, const char *ser
 {
 	struct replay *r = ctx;
 	(void)ts;
+	settle_due(r);
 	struct rp_stream *s = calloc(1, sizeof *s);
 	if (!s) {
 		tap_track_conn_unfollowed(r->track);
@@ -162,6 +175,7 @@ static void on_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data
 	struct replay *r = ctx;
 	struct rp_stream *s = user;
 	(void)ts;
+	settle_due(r);
 	if (!s)
 		return;
 	s->d[dir].pos += len;
@@ -179,14 +193,17 @@ static void on_gap(void *ctx, void *user, enum tap_dir dir, uint64_t missing, in
 	struct replay *r = ctx;
 	struct rp_stream *s = user;
 	(void)ts;
-	if (!s)
+	if (!s) {
+		settle_due(r);
 		return;
+	}
 	r->gaps++;
 	r->gap_bytes += missing;
 	struct rp_dir *d = &s->d[dir];
 	tap_conn_gap(s->conn, dir, d->pos, missing, r->now);
 	d->pos += missing;
 	fed(r);
+	settle_due(r); /* after the gap: see on_packet */
 	if (dir == TAP_S2C) {
 		d->dead = true;
 		return;
@@ -207,6 +224,7 @@ static void on_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts
 	struct replay *r = ctx;
 	struct rp_stream *s = user;
 	(void)ts;
+	settle_due(r);
 	if (!s)
 		return;
 	if (s->conn)
@@ -320,8 +338,10 @@ int tap_replay_live_packet(struct tap_replay_live *l, uint32_t linktype, int64_t
 
 void tap_replay_live_advance(struct tap_replay_live *l, int64_t now_us)
 {
-	if (l && l->r.started)
+	if (l && l->r.started) {
 		on_packet(&l->r, now_us);
+		settle_due(&l->r);
+	}
 }
 
 void tap_replay_live_end(struct tap_replay_live *l, int64_t now_us, struct tap_replay_stats *stats)

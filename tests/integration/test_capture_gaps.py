@@ -261,6 +261,45 @@ class CaptureGaps(unittest.TestCase):
             self.assertEqual([(c["by"], c["code"]) for c in close], [("client", 200)])
             self.assertIn("capture gaps: 1 (8192 bytes missing)", err)
 
+    def test_lost_return_before_a_silence_is_a_gap_not_unproven(self):
+        """The last Returns of returned_noconfirm (no confirms, mandatory) cut out, and 3 s of silence before the
+        client's next packet: their publishes' 2 s window runs out before the broker sends anything more, but the
+        client's next packet acknowledges the lost bytes, so they end `unknown` by capture_gap, not `unproven` (a
+        guess the capture cannot back)."""
+        cap = os.path.join(CAPTURES, "returned_noconfirm.pcapng")
+        port = capture_port(cap)
+        with open(cap, "rb") as f:
+            data = f.read()
+        returns = subprocess.run(["tshark", "-r", cap, "-d", f"tcp.port=={port},amqp", "-Y",
+                                  "amqp.method.class == 60 && amqp.method.method == 50", "-T", "fields", "-e",
+                                  "frame.number"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                 check=True).stdout.split()
+        dropped = int(returns[-1])  # the packet of the last Returns
+        out, n = [], 0
+        for btype, raw in blocks(data):
+            if btype == 6:
+                n += 1
+                if n == dropped:
+                    continue
+                if n > dropped:  # 3 s later
+                    hi, lo = struct.unpack_from("<II", raw, 12)
+                    t = ((hi << 32) | lo) + 3_000_000
+                    raw = raw[:12] + struct.pack("<II", t >> 32, t & 0xFFFFFFFF) + raw[20:]
+            out.append(raw)
+        rc, recs, err = replay_bytes(b"".join(out), port)
+        golden = read_records(cap[:-len(".pcapng")] + ".verdicts.jsonl")
+        full = {identity(r): r for r in golden if r["type"] == "publish"}
+        pubs = [r for r in recs if r["type"] == "publish"]
+        self.assertEqual(len(pubs), len(full), err)
+        self.assertTrue([r for r in recs if r["type"] == "capture_gap" and r["dir"] == "s2c"], recs)
+        routes = collections.Counter(r["route"] for r in pubs)
+        print(f"packet {dropped} (Returns) cut, 3 s of silence after it: {dict(routes)}")
+        self.assertNotIn("unproven", routes, "a publish whose Return the capture lost was written unproven")
+        self.assertGreater(routes["unknown"], 0)
+        for r in pubs:  # what is still claimed, the full capture claims too
+            if claims(r):
+                self.assertEqual(claims(r), claims(full[identity(r)]), r)
+
     def test_two_holes_in_one_direction_each_at_its_offset(self):
         """Two separate holes in the client's stream, and two in the broker's: each capture_gap says where its hole
         starts in the stream, counting the bytes of the earlier hole (and those skipped to find a frame again, or
