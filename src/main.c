@@ -587,6 +587,12 @@ static void replay_idle(void *ctx)
 			tap_out_flush(app->out[i]);
 }
 
+static int64_t replay_clock(void *ctx)
+{
+	(void)ctx;
+	return tap_now_us();
+}
+
 /* SIGINT or SIGTERM during a replay (Ctrl-C ends `tcpdump -U -w - | amqptap replay -`): the capture ends where it
  * is read to, as at its end, so every record is still written. A second signal kills (SA_RESETHAND). */
 static volatile sig_atomic_t replay_stop_signal;
@@ -653,7 +659,7 @@ static int run_replay(const struct tap_conf *conf)
 		char err[512];
 		struct tap_replay_stats rs;
 		struct tap_replay_hooks hooks = {
-			.ctx = &app, .idle = replay_idle, .stop = replay_stop, .ports = conf->ports + 1,
+			.ctx = &app, .idle = replay_idle, .clock = replay_clock, .stop = replay_stop, .ports = conf->ports + 1,
 			.n_ports = conf->n_ports - 1, .min_window_us = app.min_window_us,
 		};
 		int rc = tap_replay_run(conf->replay_file, conf->ports[0], &app.observer, app.track, &hooks,

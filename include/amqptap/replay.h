@@ -30,12 +30,18 @@ struct tap_replay_stats {
  * packet (0: at every packet). */
 struct tap_replay_hooks {
 	void *ctx;
-	void (*idle)(void *ctx);
+	void (*idle)(void *ctx); /* a pipe waits for packets: at once and every 100 ms while it does */
+	/* The wall clock (Unix us), or NULL. With it, a pipe whose packets are read within TAP_REPLAY_LIVE_US of their
+	 * timestamps is a live capture: while it waits, its clock goes on, TAP_REPLAY_LIVE_LAG_US behind. */
+	int64_t (*clock)(void *ctx);
 	bool (*stop)(void *ctx); /* as tap_capture_cb's; may be NULL */
 	const uint16_t *ports;
 	size_t n_ports;
 	int64_t min_window_us;
 };
+#define TAP_REPLAY_LIVE_US (10 * 1000000LL)
+#define TAP_REPLAY_LIVE_LAG_US (200 * 1000LL)
+
 /* path "-" reads standard input as it arrives (pcap or pcapng), so records follow a live `tcpdump -U -w -`.
  * hooks and stats may be NULL; stats is written whatever the outcome (zero when the capture could not be opened). */
 int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track,

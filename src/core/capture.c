@@ -108,14 +108,23 @@ static size_t src_read(struct tap_capture *c, void *buf, size_t n)
 	return got;
 }
 
-/* Before the next record of a pipe: when no byte is waiting, the caller hears so before the read blocks. */
+/* How often the caller of a pipe that waits for its next record hears so. */
+#define IDLE_EVERY_MS 100
+
+/* Before the next record of a pipe: while no byte is waiting, the caller hears so at once and every
+ * IDLE_EVERY_MS (it writes what it batched; a live capture's clock goes on), until one is or it says to stop. */
 static void idle_hint(struct tap_capture *c)
 {
 	if (!c->stream || !c->cb || !c->cb->idle)
 		return;
 	struct pollfd p = {.fd = fileno(c->f), .events = POLLIN};
-	if (poll(&p, 1, 0) == 0)
-		c->cb->idle(c->cb->ctx);
+	for (int wait_ms = 0;; wait_ms = IDLE_EVERY_MS) {
+		int n = poll(&p, 1, wait_ms);
+		if (n > 0 || (n < 0 && errno != EINTR) || stopping(c))
+			return; /* readable, or the read says what is wrong, or no read at all */
+		if (n == 0)
+			c->cb->idle(c->cb->ctx);
+	}
 }
 
 static uint32_t rd32(const struct tap_capture *c, const uint8_t *p)

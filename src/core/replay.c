@@ -38,6 +38,7 @@ struct replay {
 	int64_t min_window_us; /* no deadline the tracker creates for new bytes is nearer than this */
 	bool started;
 	bool due; /* the clock moved: deadlines may have passed (settle_due) */
+	int64_t read_at; /* wall clock when the last packet was read, if its time was then (a live capture), else 0 */
 	uint64_t gaps, gap_bytes;
 	const struct tap_replay_hooks *hooks;
 };
@@ -52,6 +53,10 @@ static void on_packet(void *ctx, int64_t ts)
 		r->now = ts;
 	r->started = true;
 	r->due = true;
+	if (r->hooks && r->hooks->clock) {
+		int64_t wall = r->hooks->clock(r->hooks->ctx);
+		r->read_at = wall - ts < TAP_REPLAY_LIVE_US && ts - wall < TAP_REPLAY_LIVE_US ? wall : 0;
+	}
 }
 
 static void settle_due(struct replay *r)
@@ -235,9 +240,22 @@ static void on_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts
 	free(s);
 }
 
+/* A pipe waits for packets. One from a live capture (`tcpdump -U -w - | amqptap replay -`: its packets are read
+ * when they are captured) has its clock go on meanwhile, TAP_REPLAY_LIVE_LAG_US behind the wall clock as sniff's
+ * is, so that a verdict held for a window is written once the window is over, not at the next packet, which on a
+ * quiet link may be the next heartbeat. An old capture through a pipe keeps its own time. */
 static void on_idle(void *ctx)
 {
 	struct replay *r = ctx;
+	if (r->read_at) {
+		int64_t now = r->now + (r->hooks->clock(r->hooks->ctx) - r->read_at) - TAP_REPLAY_LIVE_LAG_US;
+		if (now > r->now) {
+			r->read_at += now - r->now;
+			r->now = now;
+			r->due = true;
+			settle_due(r);
+		}
+	}
 	if (r->hooks && r->hooks->idle)
 		r->hooks->idle(r->hooks->ctx);
 }

@@ -371,6 +371,55 @@ class Pipes(unittest.TestCase):
         self.assertTrue(any(json.loads(line)["type"] == "publish" for line in rest.splitlines()))
 
 
+    def test_a_live_pipe_that_goes_quiet_still_settles(self):
+        """A live capture through a pipe (its packets' times are now) that goes quiet after the broker's last
+        answers: the acked mandatory publishes held for a late Return are written once their hold is over, while
+        the pipe stays open, not at the next packet (on a quiet link the next heartbeat, or never)."""
+        cap = os.path.join(CAPTURES, "confirm_mandatory.pcapng")
+        port = capture_port(cap)
+        with open(cap, "rb") as f:
+            data = f.read()
+        closes = subprocess.run(["tshark", "-r", cap, "-d", f"tcp.port=={port},amqp", "-Y",
+                                 "amqp.method.class == 20 && amqp.method.method == 40", "-T", "fields", "-e",
+                                 "frame.number"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                check=True).stdout.split()
+        quiet_from = int(closes[0])  # the client's channel.close and all after it are never sent
+        bl = blocks(data)
+        stamps = [struct.unpack_from("<II", raw, 12) for t, raw in bl if t == 6]
+        last = (stamps[quiet_from - 2][0] << 32) | stamps[quiet_from - 2][1]
+        shift = int(time.time() * 1e6) - last  # as if the last packet sent was captured just now
+        out, n = [], 0
+        for btype, raw in bl:
+            if btype == 6:
+                n += 1
+                if n >= quiet_from:
+                    break
+                hi, lo = struct.unpack_from("<II", raw, 12)
+                t = ((hi << 32) | lo) + shift
+                raw = raw[:12] + struct.pack("<II", t >> 32, t & 0xFFFFFFFF) + raw[20:]
+            out.append(raw)
+        golden = [r for r in read_records(cap[:-len(".pcapng")] + ".verdicts.jsonl") if r["type"] == "publish"]
+        p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(port)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            p.stdin.write(b"".join(out))
+            p.stdin.flush()
+            got, buf, end = [], b"", time.monotonic() + 5
+            while len(got) < len(golden) and time.monotonic() < end:
+                ready, _, _ = select.select([p.stdout], [], [], 0.2)
+                if ready:  # raw reads: a buffered readline would hide lines from select
+                    buf += os.read(p.stdout.fileno(), 65536)
+                    *lines, buf = buf.split(b"\n")
+                    got += [r for r in map(json.loads, lines) if r["type"] == "publish"]
+            self.assertIsNone(p.poll(), "replay ended before its input did")
+            print(f"{len(got)} of {len(golden)} publish records written while the pipe was quiet")
+            self.assertEqual(sorted((r["route"], r["confirm"]) for r in got),
+                             sorted((r["route"], r["confirm"]) for r in golden))
+        finally:
+            p.stdin.close()
+            p.kill()
+            p.wait()
+
     def test_sigint_ends_a_live_view_as_its_end_would(self):
         """Ctrl-C on `tcpdump -U -w - | amqptap replay -` signals both while the pipe is open: replay ends the
         capture where it has read to, as an end of file would, so it writes every record the golden verdicts have
