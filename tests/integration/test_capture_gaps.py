@@ -84,6 +84,25 @@ def cut(data, drop):
     return b"".join(out)
 
 
+def frames_with_method(cap, port, class_id, method_id):
+    """The numbers (1-based) of the packets of cap that carry the given AMQP method."""
+    out = subprocess.run(["tshark", "-r", cap, "-d", f"tcp.port=={port},amqp", "-Y",
+                          f"amqp.method.class == {class_id} && amqp.method.method == {method_id}", "-T", "fields",
+                          "-e", "frame.number"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         check=True).stdout
+    return [int(n) for n in out.split()]
+
+
+def stamp(raw):
+    """An enhanced packet block's timestamp (microseconds, as the committed captures have it)."""
+    hi, lo = struct.unpack_from("<II", raw, 12)
+    return (hi << 32) | lo
+
+
+def restamped(raw, us):
+    return raw[:12] + struct.pack("<II", us >> 32, us & 0xFFFFFFFF) + raw[20:]
+
+
 def replay_bytes(data, port, path="-"):
     r = subprocess.run([AMQPTAP_BIN, "replay", path, "--port", str(port)], input=data, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, timeout=120)
@@ -270,11 +289,7 @@ class CaptureGaps(unittest.TestCase):
         port = capture_port(cap)
         with open(cap, "rb") as f:
             data = f.read()
-        returns = subprocess.run(["tshark", "-r", cap, "-d", f"tcp.port=={port},amqp", "-Y",
-                                  "amqp.method.class == 60 && amqp.method.method == 50", "-T", "fields", "-e",
-                                  "frame.number"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                 check=True).stdout.split()
-        dropped = int(returns[-1])  # the packet of the last Returns
+        dropped = frames_with_method(cap, port, 60, 50)[-1]  # the packet of the last Returns
         out, n = [], 0
         for btype, raw in blocks(data):
             if btype == 6:
@@ -282,9 +297,7 @@ class CaptureGaps(unittest.TestCase):
                 if n == dropped:
                     continue
                 if n > dropped:  # 3 s later
-                    hi, lo = struct.unpack_from("<II", raw, 12)
-                    t = ((hi << 32) | lo) + 3_000_000
-                    raw = raw[:12] + struct.pack("<II", t >> 32, t & 0xFFFFFFFF) + raw[20:]
+                    raw = restamped(raw, stamp(raw) + 3_000_000)
             out.append(raw)
         rc, recs, err = replay_bytes(b"".join(out), port)
         golden = read_records(cap[:-len(".pcapng")] + ".verdicts.jsonl")
@@ -379,24 +392,17 @@ class Pipes(unittest.TestCase):
         port = capture_port(cap)
         with open(cap, "rb") as f:
             data = f.read()
-        closes = subprocess.run(["tshark", "-r", cap, "-d", f"tcp.port=={port},amqp", "-Y",
-                                 "amqp.method.class == 20 && amqp.method.method == 40", "-T", "fields", "-e",
-                                 "frame.number"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                check=True).stdout.split()
-        quiet_from = int(closes[0])  # the client's channel.close and all after it are never sent
+        quiet_from = frames_with_method(cap, port, 20, 40)[0]  # the client's channel.close: it and all after, unsent
         bl = blocks(data)
-        stamps = [struct.unpack_from("<II", raw, 12) for t, raw in bl if t == 6]
-        last = (stamps[quiet_from - 2][0] << 32) | stamps[quiet_from - 2][1]
-        shift = int(time.time() * 1e6) - last  # as if the last packet sent was captured just now
+        last_sent = [raw for t, raw in bl if t == 6][quiet_from - 2]
+        shift = int(time.time() * 1e6) - stamp(last_sent)  # as if it was captured just now
         out, n = [], 0
         for btype, raw in bl:
             if btype == 6:
                 n += 1
                 if n >= quiet_from:
                     break
-                hi, lo = struct.unpack_from("<II", raw, 12)
-                t = ((hi << 32) | lo) + shift
-                raw = raw[:12] + struct.pack("<II", t >> 32, t & 0xFFFFFFFF) + raw[20:]
+                raw = restamped(raw, stamp(raw) + shift)
             out.append(raw)
         golden = [r for r in read_records(cap[:-len(".pcapng")] + ".verdicts.jsonl") if r["type"] == "publish"]
         p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(port)], stdin=subprocess.PIPE,
