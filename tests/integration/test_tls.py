@@ -25,6 +25,18 @@ from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, Peer, free_port, http_get,
 from tlslib import PLAIN_PORT, STORM, TLS_PORT, PkiCase, TlsCase
 
 
+def memory_tls_client(ca):
+    """A Python TLS client trusting ca on memory BIOs, its ClientHello written: (the SSL object, its incoming and
+    outgoing BIOs, the ClientHello bytes)."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context(cafile=ca).wrap_bio(incoming, outgoing, server_hostname="localhost")
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:  # it waits for the server's answer
+        pass
+    return tls, incoming, outgoing, outgoing.read()
+
+
 class BothLegs(TlsCase):
     def test_scenarios_same_over_tls_and_plain(self):
         tls = self.tls_tap()
@@ -286,12 +298,7 @@ class HandshakeTimeout(PkiCase):
         aside): not a whole timeout after its ClientHello (it was: 1.8 s for a 1 s timeout)."""
         tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key"),
                               "--handshake-timeout", "1000"])
-        ctx = ssl.create_default_context(cafile=self.p("ca.pem"))
-        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        tls = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
-        with self.assertRaises(ssl.SSLWantReadError):
-            tls.do_handshake()
-        hello = outgoing.read()
+        hello = memory_tls_client(self.p("ca.pem"))[3]
         c = socket.create_connection(("127.0.0.1", tap.port))
         time.sleep(0.8)
         c.sendall(hello)  # then never the rest of the handshake
@@ -423,12 +430,7 @@ class Handshaker(PkiCase):
         carries AMQP through to the broker."""
         require_broker(self)
         tap = self.start_tap(["--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key")])
-        ctx = ssl.create_default_context(cafile=self.p("ca.pem"))
-        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        tls = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
-        with self.assertRaises(ssl.SSLWantReadError):
-            tls.do_handshake()
-        hello = outgoing.read()
+        tls, incoming, outgoing, hello = memory_tls_client(self.p("ca.pem"))
         self.assertGreater(len(hello), 200)
         sock = tap.connect()
         sock.settimeout(5)
