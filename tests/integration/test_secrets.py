@@ -109,19 +109,24 @@ class SecretsCase(TapTestCase):
         self.assertEqual(r.returncode, 0, r.stderr.decode())
         self.assertIn(mechanism, r.stdout.decode().split(), r.stdout.decode())
 
+    def amqplain_publish(self, tap, fields, message_id):
+        """Logs in through the tap with AMQPLAIN, these (key, string value) fields as its response, and publishes
+        one confirmed message; returns the response."""
+        resp = b"".join(RawClient.short(k) + b"S" + RawClient.long(v.encode()) for k, v in fields)
+        rc, _ = raw_login(tap.port, b"AMQP\x00\x00\x09\x01", "AMQPLAIN", resp)
+        finish_login(rc)
+        rc.open_confirm_channel(1)
+        rc.publish_parts(1, "", self.queue, b"hello", message_id, mandatory=True)
+        rc.expect(1, 60, 80)
+        rc.close()
+        return resp
+
     def test_pcap_hides_all_of_the_response_but_the_user(self):
         """--pcap hides every byte of a start-ok response but the user name (and what finds it), as --frames
         hides all but the user: a PLAIN authzid and an AMQPLAIN key besides LOGIN are the client's secrets too."""
         authzid, token = distinctive("authz"), distinctive("token")
         tap = self.start_tap_with_pcap()
-        resp = b"".join(RawClient.short(k) + b"S" + RawClient.long(v.encode())
-                        for k, v in (("LOGIN", USER), ("PASSWORD", PASSWORD), ("X-TOKEN", token)))
-        rc, _ = raw_login(tap.port, b"AMQP\x00\x00\x09\x01", "AMQPLAIN", resp)
-        finish_login(rc)
-        rc.open_confirm_channel(1)
-        rc.publish_parts(1, "", self.queue, b"hello", "x-1", mandatory=True)
-        rc.expect(1, 60, 80)
-        rc.close()
+        resp = self.amqplain_publish(tap, (("LOGIN", USER), ("PASSWORD", PASSWORD), ("X-TOKEN", token)), "x-1")
         # PLAIN with an authzid: whatever the broker makes of it, the tap has seen the start-ok
         presp = authzid.encode() + plain(USER, PASSWORD)
         rc, _ = raw_login(tap.port, b"AMQP\x00\x00\x09\x01", "PLAIN", presp)
@@ -206,14 +211,7 @@ class SecretsCase(TapTestCase):
     def test_amqplain_with_two_password_keys(self):
         decoy = distinctive("second")
         tap = self.start_tap_with_pcap()
-        resp = b"".join(RawClient.short(k) + b"S" + RawClient.long(v.encode())
-                        for k, v in (("LOGIN", USER), ("PASSWORD", PASSWORD), ("PASSWORD", decoy)))
-        rc, _ = raw_login(tap.port, b"AMQP\x00\x00\x09\x01", "AMQPLAIN", resp)
-        finish_login(rc)
-        rc.open_confirm_channel(1)
-        rc.publish_parts(1, "", self.queue, b"hello", "a-1", mandatory=True)
-        rc.expect(1, 60, 80)
-        rc.close()
+        resp = self.amqplain_publish(tap, (("LOGIN", USER), ("PASSWORD", PASSWORD), ("PASSWORD", decoy)), "a-1")
         wait_for(lambda: tap.records("publish"), 10)
         self.assertEqual(tap.stop(), 0)
         pubs = tap.records("publish")
