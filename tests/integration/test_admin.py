@@ -8,10 +8,8 @@
 import collections
 import json
 import os
-import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -22,50 +20,14 @@ import pika.exceptions
 
 from tapharness import free_port, http_get, main, wait_for
 from scenario_lib import ScenarioCase
-from test_metrics import MAX_HTTP_CONNS, metric_samples, start_metrics_tap
+from test_metrics import MAX_HTTP_CONNS, metric_samples, start_metrics_tap, start_prometheus
 
-PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
 
 
 def series_keys(text):
     """The series (name and labels, as written) of every sample line of a Prometheus text body."""
     return [line.rpartition(" ")[0] for line in text.splitlines() if line and not line.startswith("#")]
-
-
-def start_prometheus(case, target_port):
-    """A real Prometheus scraping the tap every second; returns its web port."""
-    d = tempfile.mkdtemp(prefix="amqptap-prom-")
-    case.addCleanup(shutil.rmtree, d, True)
-    cfg = os.path.join(d, "prometheus.yml")
-    with open(cfg, "w") as f:
-        f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
-                "scrape_configs:\n  - job_name: amqptap\n    static_configs:\n"
-                f"      - targets: ['127.0.0.1:{target_port}']\n")
-    port = free_port()
-    log = open(os.path.join(d, "prometheus.log"), "wb")
-    case.addCleanup(log.close)
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={d}/data",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-
-    def stop():
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    case.addCleanup(stop)
-
-    def ready():
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
-    case.assertTrue(wait_for(ready, 30, 0.2), "prometheus not ready")
-    return port
 
 
 def prom_query(port, expr):

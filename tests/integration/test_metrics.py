@@ -107,42 +107,45 @@ def expected_from_records(case, recs):
     return total, routes, confirms
 
 
-class PrometheusScrape(ScenarioCase):
-    def start_prometheus(self, target_port):
-        d = tempfile.mkdtemp(prefix="amqptap-prom-")
-        self.addCleanup(shutil.rmtree, d, True)
-        cfg = os.path.join(d, "prometheus.yml")
-        with open(cfg, "w") as f:
-            f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n"
-                    "scrape_configs:\n  - job_name: amqptap\n    static_configs:\n"
-                    f"      - targets: ['127.0.0.1:{target_port}']\n")
-        port = free_port()
-        log = open(os.path.join(d, "prometheus.log"), "wb")
-        self.addCleanup(log.close)
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={d}/data",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+def prom_ready(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
-        def stop():
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.addCleanup(stop)
-        ready = wait_for(lambda: self._prom_ready(port), 30, 0.2)
-        self.assertTrue(ready, f"prometheus not ready: {open(os.path.join(d, 'prometheus.log')).read()[-2000:]}")
-        return port
 
-    @staticmethod
-    def _prom_ready(port):
+def start_prometheus(case, target_port):
+    """A real Prometheus scraping the tap at target_port every second, stopped at the case's cleanup; returns its
+    web port once it is ready."""
+    d = tempfile.mkdtemp(prefix="amqptap-prom-")
+    case.addCleanup(shutil.rmtree, d, True)
+    cfg = os.path.join(d, "prometheus.yml")
+    with open(cfg, "w") as f:
+        f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n"
+                "scrape_configs:\n  - job_name: amqptap\n    static_configs:\n"
+                f"      - targets: ['127.0.0.1:{target_port}']\n")
+    port = free_port()
+    log = open(os.path.join(d, "prometheus.log"), "wb")
+    case.addCleanup(log.close)
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={d}/data",
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+    def stop():
+        proc.terminate()
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    case.addCleanup(stop)
+    ready = wait_for(lambda: prom_ready(port), 30, 0.2)
+    case.assertTrue(ready, f"prometheus not ready: {open(os.path.join(d, 'prometheus.log')).read()[-2000:]}")
+    return port
 
+
+class PrometheusScrape(ScenarioCase):
     def query_all(self, port, expr):
         """Every sample of an instant query (an expression Prometheus cannot parse fails the test)."""
         url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
@@ -166,7 +169,7 @@ class PrometheusScrape(ScenarioCase):
         for tool in (PROMETHEUS, PROMTOOL):
             self.assertTrue(os.access(tool, os.X_OK), f"{tool} missing (apt-get install prometheus)")
         tap, mport = start_metrics_tap(self)
-        prom = self.start_prometheus(mport)
+        prom = start_prometheus(self, mport)
         self.assertTrue(wait_for(lambda: self.query(prom, 'up{job="amqptap"}') == 1, 20, 0.3),
                         "prometheus never scraped the tap successfully")
         run_scenario(self, tap)
@@ -296,7 +299,7 @@ class PrometheusScrape(ScenarioCase):
         self.assertTrue(wait_for(lambda: "sniffing on lo" in open(err.name).read() or p.poll() is not None, 10))
         self.assertIsNone(p.poll(), open(err.name).read())
         self.assertIn(f"metrics on http://127.0.0.1:{mport}/", open(err.name).read())
-        prom = self.start_prometheus(mport)
+        prom = start_prometheus(self, mport)
         self.assertTrue(wait_for(lambda: self.query(prom, 'up{job="amqptap"}') == 1, 20, 0.3),
                         "prometheus never scraped the sniffer")
         queue = self.declare_queue("sniffed")
