@@ -489,6 +489,17 @@ static void drain_lines(int rd, char **buf, size_t *len, size_t *cap, size_t wan
 	}
 }
 
+/* A FIFO in tmpdir with a reader open on it (non-blocking), its path written to path. */
+static int fifo_with_reader(char *path, size_t cap, const char *name)
+{
+	snprintf(path, cap, "%s/%s", tmpdir, name);
+	unlink(path);
+	ck_assert_int_eq(mkfifo(path, 0600), 0);
+	int rd = open(path, O_RDONLY | O_NONBLOCK);
+	ck_assert_int_ge(rd, 0);
+	return rd;
+}
+
 /* A FIFO whose reader goes away and comes back (a log shipper restarting): the records written meanwhile wait for
  * the next reader, who gets them; a line longer than PIPE_BUF that the first reader left half read is finished
  * for the next one, so the two readers together got the stream whole, and nothing is lost. */
@@ -496,11 +507,7 @@ START_TEST(fifo_reader_comes_back)
 {
 	signal(SIGPIPE, SIG_IGN); /* as the tap does */
 	char path[128];
-	snprintf(path, sizeof path, "%s/back.fifo", tmpdir);
-	unlink(path);
-	ck_assert_int_eq(mkfifo(path, 0600), 0);
-	int rd = open(path, O_RDONLY | O_NONBLOCK);
-	ck_assert_int_ge(rd, 0);
+	int rd = fifo_with_reader(path, sizeof path, "back.fifo");
 	struct tap_out *o = open_lines(path, 0);
 	char *got = NULL;
 	size_t len = 0, cap = 0;
@@ -573,11 +580,7 @@ START_TEST(fifo_reader_gap_past_the_backlog)
 {
 	signal(SIGPIPE, SIG_IGN);
 	char path[128];
-	snprintf(path, sizeof path, "%s/gap.fifo", tmpdir);
-	unlink(path);
-	ck_assert_int_eq(mkfifo(path, 0600), 0);
-	int rd = open(path, O_RDONLY | O_NONBLOCK);
-	ck_assert_int_ge(rd, 0);
+	int rd = fifo_with_reader(path, sizeof path, "gap.fifo");
 	struct tap_out *o = open_lines(path, 4096);
 	char *got = NULL;
 	size_t len = 0, cap = 0;
