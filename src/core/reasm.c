@@ -403,15 +403,21 @@ static void drain(struct tap_reasm *r, struct stream *s, enum tap_dir dir, int64
 	}
 }
 
+/* Gives up on the bytes of `dir` before `upto`: a gap. */
+static void give_up_to(struct tap_reasm *r, struct stream *s, enum tap_dir dir, uint32_t upto, int64_t ts)
+{
+	struct half *h = &s->h[dir];
+	uint32_t missing = upto - h->next;
+	r->st->gaps++;
+	h->next = upto;
+	if (r->cb->gap)
+		r->cb->gap(r->cb->ctx, s->user, dir, missing, ts);
+}
+
 /* Gives up on the hole before the first buffered segment. */
 static void skip_hole(struct tap_reasm *r, struct stream *s, enum tap_dir dir, int64_t ts)
 {
-	struct half *h = &s->h[dir];
-	uint32_t missing = h->segs[0].seq - h->next;
-	r->st->gaps++;
-	h->next = h->segs[0].seq;
-	if (r->cb->gap)
-		r->cb->gap(r->cb->ctx, s->user, dir, missing, ts);
+	give_up_to(r, s, dir, s->h[dir].segs[0].seq, ts);
 	drain(r, s, dir, ts);
 }
 
@@ -435,13 +441,8 @@ static void skip_acked(struct tap_reasm *r, struct stream *s, enum tap_dir dir, 
 	struct half *h = &s->h[dir];
 	while (h->init && h->n > 0 && !h->fin_done && !s->closed && (int32_t)(ack - h->next) > 0)
 		skip_hole(r, s, dir, ts);
-	if (h->init && h->n == 0 && !h->fin_done && !s->closed && (int32_t)(ack - h->next) > 0) {
-		uint32_t missing = ack - h->next;
-		r->st->gaps++;
-		h->next = ack;
-		if (r->cb->gap)
-			r->cb->gap(r->cb->ctx, s->user, dir, missing, ts);
-	}
+	if (h->init && h->n == 0 && !h->fin_done && !s->closed && (int32_t)(ack - h->next) > 0)
+		give_up_to(r, s, dir, ack, ts);
 }
 
 static bool over_total(const struct tap_reasm *r, size_t len)
