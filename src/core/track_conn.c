@@ -363,12 +363,7 @@ static void chan_retire(struct tap_track_conn *c, struct trk_chan *ch, int64_t n
 	static const struct trk_reason reopen = {.by = "reopen"};
 	if (c->retired)
 		chan_end(c, c->retired, &reopen, now_us); /* a third open before the broker answered: no more to keep */
-	uint32_t i = 0;
-	while (c->chans[i] != ch)
-		i++;
-	memmove(&c->chans[i], &c->chans[i + 1], (c->n_chans - i - 1) * sizeof *c->chans);
-	c->n_chans--;
-	c->retired = ch;
+	trk_chan_retire(c, ch);
 }
 
 void tap_track_channel_open(struct tap_track_conn *c, uint16_t id, int64_t now_us)
@@ -437,8 +432,9 @@ void tap_track_tx_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 void tap_track_channel_close(struct tap_track_conn *c, uint16_t id, enum tap_peer by, uint16_t code,
                              struct tap_slice text, int64_t now_us)
 {
-	struct trk_chan *ch = by == TAP_BY_BROKER && c->retired && c->retired->id == id ? c->retired
-	                                                                                : trk_chan_in_budget(c, id, now_us);
+	struct trk_chan *ch = by == TAP_BY_BROKER ? trk_chan_answering(c, id) : NULL;
+	if (!ch)
+		ch = trk_chan_in_budget(c, id, now_us);
 	if (!ch)
 		return;
 	/* Closes can cross: the client closes while the broker's 404 is on its way. The broker's close says why

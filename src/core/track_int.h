@@ -343,6 +343,8 @@ struct trk_chan *trk_chan_find(const struct tap_track_conn *c, uint16_t id);
 /* The channel the broker's answers on `id` are for: a retired one first (its answers come before the broker
  * takes the new open), else trk_chan_find's. */
 struct trk_chan *trk_chan_answering(const struct tap_track_conn *c, uint16_t id);
+/* Takes ch out of chans and keeps it as c->retired (the one before must be gone). */
+void trk_chan_retire(struct tap_track_conn *c, struct trk_chan *ch);
 /* The channel, created when new (NULL when out of memory). */
 struct trk_chan *trk_chan_get(struct tap_track_conn *c, uint16_t id);
 void trk_chan_free(struct tap_track_conn *c, struct trk_chan *ch);

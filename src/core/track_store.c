@@ -215,17 +215,27 @@ static void active_add(struct tap_track_conn *c, struct trk_chan *ch)
 	c->active[c->n_active++] = ch;
 }
 
+static void chans_remove(struct tap_track_conn *c, const struct trk_chan *ch)
+{
+	uint32_t i = chan_pos(c, ch->id);
+	memmove(&c->chans[i], &c->chans[i + 1], (c->n_chans - i - 1) * sizeof *c->chans);
+	c->n_chans--;
+}
+
+void trk_chan_retire(struct tap_track_conn *c, struct trk_chan *ch)
+{
+	chans_remove(c, ch);
+	c->retired = ch;
+}
+
 void trk_chan_free(struct tap_track_conn *c, struct trk_chan *ch)
 {
 	struct tap_track *t = c->t;
 	active_remove(c, ch);
-	if (c->retired == ch) {
+	if (c->retired == ch)
 		c->retired = NULL;
-	} else {
-		uint32_t i = chan_pos(c, ch->id);
-		memmove(&c->chans[i], &c->chans[i + 1], (c->n_chans - i - 1) * sizeof *c->chans);
-		c->n_chans--;
-	}
+	else
+		chans_remove(c, ch);
 	if (ch->close_text)
 		trk_free(t, ch->close_text, ch->close_text_len + 1);
 	trk_free(t, ch->ring, ch->cap * sizeof *ch->ring);
