@@ -203,24 +203,28 @@ static void settle_deadlines(struct app *app, int64_t now_us)
 		app->next_deadline = tap_track_tick(app->track, now_us);
 }
 
+/* The tracker was handed a deadline at now_us: it is at least the shortest window away. */
+static void deadline_from(struct app *app, int64_t now_us)
+{
+	if (now_us + app->min_window_us < app->next_deadline)
+		app->next_deadline = now_us + app->min_window_us;
+}
+
 static void hook_data(void *ctx, void *sess, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us)
 {
 	struct app *app = ctx;
 	settle_deadlines(app, now_us);
 	if (sess)
 		tap_conn_feed(sess, dir, data, len, now_us);
-	/* a deadline created by these bytes is at least the shortest window away */
-	if (now_us + app->min_window_us < app->next_deadline)
-		app->next_deadline = now_us + app->min_window_us;
+	deadline_from(app, now_us); /* made by these bytes */
 }
 
 static void hook_held(void *ctx, void *sess, bool held, int64_t now_us)
 {
 	struct app *app = ctx;
 	tap_conn_held(sess, held, now_us);
-	/* the windows run again in full: the first to run out is the shortest window away */
-	if (!held && now_us + app->min_window_us < app->next_deadline)
-		app->next_deadline = now_us + app->min_window_us;
+	if (!held)
+		deadline_from(app, now_us); /* the windows run again in full */
 }
 
 static void hook_close(void *ctx, void *sess, uint64_t conn_id, enum tap_proxy_end why, const char *detail,
@@ -587,6 +591,14 @@ static void replay_idle(void *ctx)
 			tap_out_flush(app->out[i]);
 }
 
+/* Stops the log writer by `deadline`; log lines lost count as records lost do. */
+static void log_stop(struct app *app, int64_t deadline)
+{
+	(void)tap_log_stop(deadline);
+	if (tap_log_lost() && app->exit_code == 0)
+		app->exit_code = 1;
+}
+
 static int64_t replay_clock(void *ctx)
 {
 	(void)ctx;
@@ -850,9 +862,7 @@ static int run_sniff(const struct tap_conf *conf)
 	if (app.tick_timer)
 		event_free(app.tick_timer);
 	event_base_free(app.base);
-	(void)tap_log_stop(tap_out_clock_us() + LOG_FLUSH_MS * 1000);
-	if (tap_log_lost() && app.exit_code == 0) /* log lines lost count as records lost do */
-		app.exit_code = 1;
+	log_stop(&app, tap_out_clock_us() + LOG_FLUSH_MS * 1000);
 	return app.exit_code;
 }
 
@@ -960,9 +970,7 @@ static int run_proxy(const struct tap_conf *conf)
 	event_base_free(app.base);
 	tap_tls_free(app.tls);
 	int64_t log_deadline = tap_out_clock_us() + LOG_FLUSH_MS * 1000;
-	(void)tap_log_stop(log_deadline > deadline ? log_deadline : deadline); /* its losses were in the summary */
-	if (tap_log_lost() && app.exit_code == 0) /* log lines lost count as records lost do */
-		app.exit_code = 1;
+	log_stop(&app, log_deadline > deadline ? log_deadline : deadline); /* its losses were in the summary */
 	return app.exit_code;
 }
 
