@@ -440,7 +440,8 @@ static void render_hist(struct tap_buf *b, const char *name, const char *help, c
 /* The label value of a real exchange, before the text format's escaping: the name, with a byte that is not UTF-8
  * as \xHH, a backslash as \\ and a backslash before a leading "(". Each name has its own value (two names that
  * differ only in bytes that are not UTF-8 would both show U+FFFD, and of a series that comes twice in a scrape
- * Prometheus keeps one sample and drops the other), and none starts with "(" as the pseudo names do. Returns its length; out holds 4 bytes per name byte. */
+ * Prometheus keeps one sample and drops the other), and none starts with "(" as the pseudo names do. Returns its
+ * length; out holds 4 bytes per name byte. */
 static size_t exchange_label(char *out, const char *name, size_t len)
 {
 	static const char hex[] = "0123456789abcdef";
