@@ -8,10 +8,15 @@
 #    median CPU ratio at most 1.02 (issue 16: within 2 %), else FAIL (exit 1). Needs a quiet machine to mean much.
 # 2. Instructions (deterministic, valgrind's callgrind): each tap alone under callgrind for two message counts; the
 #    difference of the totals divided by the difference of the counts is the tap's instructions per publish (start
-#    and exit cancel out). The metrics tap is scraped only after the load, and what the scrapes cost (on_request,
-#    inclusive) is taken out and shown per scrape. Also the inclusive cost of the tally's verdict hook per publish.
+#    and exit cancel out). The metrics tap is scraped only after the load, and what the scrapes cost (on_request on
+#    the http thread and on_want on the loop, inclusive) is taken out and shown per scrape. Also the inclusive cost of the tally's verdict hook per publish.
+# 3. A request flood: a W=1 publisher (5,000 messages) through the --metrics tap alone, beside a process that only
+#    burns a CPU, and beside a client asking for /metrics as fast as it can (keep-alive, pipelined: the test's
+#    FLOOD client), in turn, the order rotated every round. The burner is the flood's own CPU without its requests,
+#    so flood/burner is what answering the requests costs the traffic. Prints medians and the tap's threads' CPU;
+#    PASS when the flood's median throughput is at least 0.9 × the burner's.
 #
-# Environment: TAP_BENCH_ROUNDS (8; 0 skips part 1), TAP_BENCH_LOAD ("conns window bytes messages", default
+# Environment: TAP_BENCH_ROUNDS (8; 0 skips part 1), TAP_BENCH_FLOOD_ROUNDS (5; 0 skips part 3), TAP_BENCH_LOAD ("conns window bytes messages", default
 # "1 1000 64 200000"), TAP_BENCH_CALLGRIND ("5000 25000": the two message counts; "" skips part 2),
 # TAP_BENCH_BUILD (build dir, default build), TAP_BROKER_PORT / TAP_BROKER_DIST_PORT (a broker.sh node; started and
 # stopped here when none runs).
@@ -134,7 +139,7 @@ cg_ir() { # file function...
 		END { printf "%s", total; for (i = 1; i <= n; i++) printf " %s", got[w[i]]; print "" }'
 }
 
-cg_run() { # target msgs -> "total on_request tally_verdict slot_step scrapes"
+cg_run() { # target msgs -> "total on_request on_want tally_verdict slot_step scrapes"
 	local port http file
 	port=$(free_port) http=$(free_port)
 	file=$out/callgrind.$1.$2
@@ -152,7 +157,7 @@ cg_run() { # target msgs -> "total on_request tally_verdict slot_step scrapes"
 	kill -TERM "$cg_pid"
 	wait "$cg_pid" || true
 	cg_pid=
-	echo "$(cg_ir "$file" on_request tap_metrics_tally_verdict trk_slot_step) $scrapes"
+	echo "$(cg_ir "$file" on_request on_want tap_metrics_tally_verdict trk_slot_step) $scrapes"
 }
 
 if [ -n "$cg_counts" ]; then
@@ -168,8 +173,9 @@ if [ -n "$cg_counts" ]; then
 import sys
 rows = {}
 for line in open(sys.argv[1]):
-    target, n, total, req, tally, settle, scrapes = line.split()
-    rows[(target, int(n))] = (int(total), int(req), int(tally), int(scrapes), int(settle))
+    target, n, total, req, render, tally, settle, scrapes = line.split()
+    # a scrape: answered on the http thread (on_request), rendered on the loop (on_want)
+    rows[(target, int(n))] = (int(total), int(req) + int(render), int(tally), int(scrapes), int(settle))
 conns, window, size = sys.argv[2:5]
 (n1, n2) = sorted({n for _, n in rows})
 per = {}
@@ -190,9 +196,71 @@ print(f"  settling a publish (trk_slot_step, inclusive: verdict, record, counts,
 m = rows[("metrics", n2)]
 print(f"  of which the tally (tap_metrics_tally_verdict, inclusive): {m[2] / n2:,.1f} instructions per publish")
 if m[3]:
-    print(f"  one scrape of /metrics (on_request, inclusive): {m[1] / m[3]:,.0f} instructions")
+    print(f"  one scrape of /metrics (on_request and on_want, inclusive): {m[1] / m[3]:,.0f} instructions")
 PY
 fi
+# ---- 3. a request flood beside a W=1 publisher ----
+
+flood_rounds=${TAP_BENCH_FLOOD_ROUNDS:-5}
+if [ "$flood_rounds" -gt 0 ]; then
+	port=$(free_port) http=$(free_port)
+	"$build/amqptap" --listen "127.0.0.1:$port" --upstream "127.0.0.1:$TAP_BROKER_PORT" \
+		--verdicts "$out/flood.jsonl" --metrics "127.0.0.1:$http" 2>"$out/flood.log" &
+	metrics_pid=$!
+	tap_wait_port "$http"
+	tap_wait_port "$port"
+	/usr/bin/python3 -c 'import re, sys; print(re.search(r"FLOOD = r\"\"\"(.*?)\"\"\"", sys.stdin.read(), re.S).group(1))' \
+		<"$repo/tests/integration/test_admin.py" >"$out/flood.py"
+	thread_ticks() { # pid -> "loop http" CPU ticks
+		local loop=0 http=0 t f
+		for t in /proc/"$1"/task/*; do
+			f=$(sed 's/.*) //' "$t/stat" | awk '{ print $12 + $13 }')
+			if [ "${t##*/}" = "$1" ]; then loop=$f; elif [ "$(cat "$t/comm")" = http ]; then http=$f; fi
+		done
+		echo "$loop $http"
+	}
+	flood_run() { # arm round
+		local side= l0 h0 l1 h1 line
+		case $1 in
+		burner) timeout 6 /usr/bin/python3 -c 'while True: pass' & side=$! ;;
+		flood) /usr/bin/python3 "$out/flood.py" "$http" /metrics 6 >"$out/flood.$2.json" & side=$! ;;
+		esac
+		[ -n "$side" ] && sleep 0.5
+		read -r l0 h0 < <(thread_ticks "$metrics_pid")
+		line=$("$loadgen" -p "$port" -w 1 -s 64 -n 5000)
+		read -r l1 h1 < <(thread_ticks "$metrics_pid")
+		[ -n "$side" ] && { kill "$side" 2>/dev/null || true; wait "$side" 2>/dev/null || true; }
+		printf '{"round":%d,"arm":"%s","loop_ticks":%d,"http_ticks":%d,"run":%s}\n' "$2" "$1" $((l1 - l0)) \
+			$((h1 - h0)) "$line" >>"$out/flood.jsonl.res"
+		tap_log "flood round $2 $1: $line"
+	}
+	arms=(alone burner flood)
+	for r in $(seq "$flood_rounds"); do
+		for i in 0 1 2; do flood_run "${arms[$(((r + i) % 3))]}" "$r"; done
+	done
+	kill -TERM "$metrics_pid" 2>/dev/null || true
+	wait "$metrics_pid" 2>/dev/null || true
+	metrics_pid=
+	/usr/bin/python3 - "$out/flood.jsonl.res" "$(getconf CLK_TCK)" <<'PY' || verdict=FAIL
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+tck = int(sys.argv[2])
+med = lambda arm, f: statistics.median(f(r) for r in rows if r["arm"] == arm)
+print(f"\nrequest flood: W=1, 64 B, 5,000 messages per run through the --metrics tap; "
+      f"{len(rows) // 3} rounds, order rotated\n")
+print("| beside the publisher | msg/s | p50 µs | p99 µs | tap loop CPU s | tap http thread CPU s |")
+print("|---|---|---|---|---|---|")
+for arm, what in (("alone", "nothing"), ("burner", "a process burning a CPU"),
+                  ("flood", "a client asking for /metrics as fast as it can")):
+    print(f"| {what} | {med(arm, lambda r: r['run']['msgs_per_s']):,.0f} | {med(arm, lambda r: r['run']['p50_us']):.0f} "
+          f"| {med(arm, lambda r: r['run']['p99_us']):.0f} | {med(arm, lambda r: r['loop_ticks']) / tck:.2f} "
+          f"| {med(arm, lambda r: r['http_ticks']) / tck:.2f} |")
+ratio = med("flood", lambda r: r["run"]["msgs_per_s"]) / med("burner", lambda r: r["run"]["msgs_per_s"])
+print(f"\nflood / burner throughput {ratio:.3f} (>= 0.900): {'PASS' if ratio >= 0.9 else 'FAIL'}")
+sys.exit(0 if ratio >= 0.9 else 1)
+PY
+fi
+
 [ "$rounds" -gt 0 ] || verdict="$verdict (no wall-clock rounds)"
 echo "bench-metrics: $verdict"
 [ "${verdict%% *}" = PASS ]

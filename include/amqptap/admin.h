@@ -1,9 +1,12 @@
-/* The `--metrics` HTTP endpoint (io layer): libevent's evhttp on the forwarding loop serving /metrics (Prometheus),
- * /healthz, /api/status and the live status page at /. A request renders from counters the tracker and the proxy
- * keep anyway; forwarding never waits for it, and each page is rendered at most once per TAP_ADMIN_CACHE_MS however
- * many ask. The HTTP side is bounded: request headers and body size, live connections (at the cap a new one takes
- * the place of the one longest without a request), an idle timeout and a deadline for each request. No password:
- * anyone who reaches the port reads it all, which tap_admin_new says on stderr when it is not on loopback. */
+/* The `--metrics` HTTP endpoint (io layer): libevent's evhttp on a thread of its own, `http`, serving /metrics
+ * (Prometheus), /healthz, /api/status and the live status page at /. The forwarding loop only renders the pages, from
+ * counters the tracker and the proxy keep anyway, each at most once per TAP_ADMIN_CACHE_MS however many ask; every
+ * request is accepted, parsed and answered on the http thread, at a lower CPU priority than the loop, so forwarding
+ * never waits for a client of the endpoint. The HTTP side is bounded: request headers and body size, live
+ * connections (at the cap a new one takes the place of the one longest without a request), an idle timeout, a
+ * deadline for each request, and a rate of requests (all clients together): past it the http
+ * thread sleeps, reading nothing, so a client that asks as fast as it can costs the machine that rate's CPU. No password: anyone who reaches the port reads it all, which tap_admin_new says on
+ * stderr when it is not on loopback. */
 #ifndef AMQPTAP_ADMIN_H
 #define AMQPTAP_ADMIN_H
 
@@ -20,6 +23,9 @@
 #define TAP_ADMIN_IDLE_SECONDS 5        /* no byte read or written for this long: closed */
 #define TAP_ADMIN_REQUEST_SECONDS 10    /* a whole request must arrive within this of the connection or last reply */
 #define TAP_ADMIN_CACHE_MS 1000         /* a rendered page is served again for this long (well under a scrape interval) */
+#define TAP_ADMIN_RENDER_WAIT_MS 2000   /* a request waits this long for the loop to render its page, then gets a 503 */
+#define TAP_ADMIN_RATE 100              /* requests answered a second, all clients together; more wait */
+#define TAP_ADMIN_BURST 50              /* taken at once after a quiet spell before the rate holds them back */
 
 struct event_base;
 struct tap_admin;
@@ -38,7 +44,7 @@ struct tap_admin_sources {
 	struct tap_sniff *sniff;                     /* `amqptap sniff`: packets and kernel drops */
 };
 
-/* Listens on addr with the base's loop. Returns NULL with a one-line reason in err. Writes the bound address
+/* Listens on addr (on the http thread it starts); the pages are rendered on base's loop. Returns NULL with a one-line reason in err. Writes the bound address
  * ("127.0.0.1:9464") into bound; logs one WARNING line when that is not a loopback address. */
 struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_addr *addr,
                                 const struct tap_admin_sources *src, char *bound, size_t bound_cap, char *err,
@@ -48,7 +54,7 @@ struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_a
 struct tap_metrics_tally *tap_admin_tally(struct tap_admin *a);
 /* The AMQP listener stopped accepting (shutdown began): /healthz answers 503 from now on. a may be NULL. */
 void tap_admin_stopping(struct tap_admin *a);
-/* Closes the endpoint; a may be NULL. Call before freeing the event base. */
+/* Stops the http thread and closes the endpoint; a may be NULL. Call before freeing the event base. */
 void tap_admin_free(struct tap_admin *a);
 
 #endif

@@ -150,6 +150,7 @@ struct tap_metrics_snapshot {
 	uint64_t http_open, http_total, http_timeouts, http_paused;
 	uint64_t http_evicted; /* idle connections closed to make room at the cap */
 	uint64_t http_renders; /* pages rendered (a copy served again is not one) */
+	uint64_t http_paced;   /* requests that waited for the endpoint's rate */
 	uint64_t log_lines_lost; /* lines stderr did not take (log.h, tap_log_lost) */
 };
 

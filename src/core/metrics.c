@@ -358,7 +358,10 @@ static const char *const type_names[] = {"counter", "gauge", "histogram"};
 	  s->http_evicted, "http_evicted")                                                                         \
 	X("http_renders_total", COUNTER,                                                                          \
 	  "Pages the metrics endpoint rendered; a request within a second of its page's last render gets that copy.", \
-	  s->http_renders, "http_renders")
+	  s->http_renders, "http_renders")                                                                         \
+	X("http_paced_total", COUNTER,                                                                            \
+	  "Requests the metrics endpoint made wait to stay within its rate (all clients together).",                \
+	  s->http_paced, "http_paced")
 
 /* ---- Prometheus text ---- */
 

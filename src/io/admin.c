@@ -1,7 +1,18 @@
-/* The --metrics endpoint on libevent's evhttp (DESIGN §6c): routes, the snapshot a request renders from, and the
+/* The --metrics endpoint on libevent's evhttp (DESIGN §6c): routes, the snapshot a page renders from, and the
  * bounds. evhttp bounds request sizes and idle time itself; the connection cap (with eviction), the per-request
  * deadline and the rendered pages kept for TAP_ADMIN_CACHE_MS are ours, the first two kept on evhttp 2.1's
- * connection close callback (see adopt_new). */
+ * connection close callback (see adopt_new).
+ *
+ * Two threads, so that no HTTP client can take the forwarding loop's time: the `http` thread (its own event base,
+ * at ADMIN_NICE) accepts, parses and answers every request; the loop only renders a page, when the http thread asks
+ * for one that is older than TAP_ADMIN_CACHE_MS, into the copy both share under mu:
+ *
+ *   http: request --copy fresh--> reply                       loop: want_ev --snapshot, render--> pages[p], gen++
+ *             `--stale: wanted |= p, want_fd, wait (rendered)--^            `--broadcast rendered--> http: copy, reply
+ *
+ * However many ask, the loop renders each page at most once per TAP_ADMIN_CACHE_MS. A loop that does not render
+ * within TAP_ADMIN_RENDER_WAIT_MS gets its client a 503. The http thread answers at most TAP_ADMIN_RATE requests a
+ * second (pace). */
 #include "amqptap/admin.h"
 #include "amqptap/out.h"
 
@@ -9,6 +20,7 @@
 #include "amqptap/log.h"
 #include "amqptap/proxy.h"
 #include "amqptap/sniff.h"
+#include "amqptap/thread.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -18,10 +30,13 @@
 #include <event2/http.h>
 #include <event2/listener.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -50,29 +65,54 @@ struct adm_conn {
 /* The pages rendered from the counters, each kept and served again for TAP_ADMIN_CACHE_MS. */
 enum adm_page { PAGE_METRICS, PAGE_HEALTH, PAGE_STATUS, N_RENDERED, PAGE_INDEX = N_RENDERED, PAGE_NONE };
 
+/* The http thread's nice value (the loop's is the process's): where the two want one CPU, the loop gets about nine
+ * tenths of it, so a client that asks as fast as it can slows forwarding by no more than a CPU's small share. */
+#define ADMIN_NICE 10
+
 struct adm_rendered {
 	struct tap_buf body;
 	int code;
 	int64_t at_us; /* tap_out_clock_us of the render */
+	uint64_t gen;  /* renders of this page so far */
 	bool valid;    /* false: never rendered, out of memory, or dropped when shutdown began */
 };
 
 struct tap_admin {
+	/* the loop's */
 	struct event_base *base;
-	struct evhttp *http;
-	struct evhttp_bound_socket *sock;
 	struct tap_admin_sources src;
 	struct tap_metrics_tally *tally;
-	struct adm_rendered rendered[N_RENDERED]; /* by enum adm_page */
+	struct tap_buf scratch; /* the page being rendered, swapped into pages[] */
 	int64_t start_us;
 	double start_time_seconds; /* of the process, from /proc; 0: not known */
-	bool stopping, paused;
-	uint64_t open, total, timeouts, pauses, evictions, renders;
-	uint64_t closing; /* connections freed in this loop turn: libevent closes their sockets later in the turn */
-	uint64_t stamps; /* the last adm_conn stamp given */
+	bool stopping;
+	uint64_t renders;
+	struct event *want_ev; /* want_fd readable */
+
+	/* shared, under mu */
+	pthread_mutex_t mu;
+	pthread_cond_t rendered; /* the loop went through wanted */
+	struct adm_rendered pages[N_RENDERED]; /* by enum adm_page */
+	unsigned wanted; /* bits by enum adm_page: pages the http thread waits for */
+	bool asked;      /* want_fd was written since the loop last took wanted */
+	bool quit;       /* tap_admin_free: waits end, the http thread stops */
+	int want_fd;     /* eventfd: http thread -> loop */
+	int quit_fd;     /* eventfd: tap_admin_free -> http thread */
+
+	/* the http thread's; the loop reads the counters for its snapshot */
+	struct event_base *hbase;
+	struct evhttp *http;
+	struct evhttp_bound_socket *sock;
+	pthread_t thread;
+	bool started, paused;
+	_Atomic uint64_t open, total, timeouts, pauses, evictions, paced;
+	int64_t paid_until_us; /* pace: when the requests and connections taken so far are paid for at TAP_ADMIN_RATE */
+	uint64_t closing; /* connections freed in this turn: libevent closes their sockets later in the turn */
+	uint64_t stamps;  /* the last adm_conn stamp given */
 	struct adm_conn *conns;
 	struct event *adopt;  /* activated by new_conn */
-	struct event *settle; /* a zero timeout added by conn_release: the next loop turn, with closing's sockets shut */
+	struct event *settle; /* a zero timeout added by conn_release: the next turn, with closing's sockets shut */
+	struct event *quit_ev;
 };
 
 /* ---- the process, from /proc/self ---- */
@@ -206,7 +246,33 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 	s->http_paused = a->pauses;
 	s->http_evicted = a->evictions;
 	s->http_renders = a->renders;
+	s->http_paced = a->paced;
 	s->log_lines_lost = tap_log_lost();
+}
+
+/* ---- the rate, on the http thread ----
+ *
+ * Each request costs 1/TAP_ADMIN_RATE s; up to TAP_ADMIN_BURST can be taken at once after a quiet spell (a generic
+ * cell rate: paid_until_us runs ahead of the clock by at most the burst). Past that the thread sleeps until the next
+ * is paid for, reading and accepting nothing meanwhile: a flood of requests waits in its clients' sockets, where it
+ * costs nobody CPU. Connections are not paced: they are bounded by the cap, and a client that connects and sends
+ * nothing (or closes) costs an accept and a close. */
+static void pace(struct tap_admin *a)
+{
+	const int64_t cost_us = 1000000 / TAP_ADMIN_RATE;
+	int64_t now = tap_out_clock_us();
+	if (a->paid_until_us < now)
+		a->paid_until_us = now;
+	int64_t wake = a->paid_until_us - (int64_t)TAP_ADMIN_BURST * cost_us;
+	if (wake > now) {
+		a->paced++;
+		struct timespec until = tap_mono_abs(wake);
+		pthread_mutex_lock(&a->mu);
+		while (!a->quit && pthread_cond_timedwait(&a->rendered, &a->mu, &until) != ETIMEDOUT)
+			;
+		pthread_mutex_unlock(&a->mu);
+	}
+	a->paid_until_us += cost_us;
 }
 
 /* ---- connections: cap, eviction and deadline ----
@@ -398,13 +464,18 @@ static enum adm_page page_of(const char *path)
 	return PAGE_NONE;
 }
 
-static void reply(struct evhttp_request *req, int code, const char *reason, const char *type, const void *body,
-                  size_t len)
+static void headers(struct evhttp_request *req, const char *type)
 {
 	struct evkeyvalq *h = evhttp_request_get_output_headers(req);
 	evhttp_add_header(h, "Content-Type", type);
 	evhttp_add_header(h, "Cache-Control", "no-store");
 	evhttp_add_header(h, "X-Content-Type-Options", "nosniff");
+}
+
+static void reply(struct evhttp_request *req, int code, const char *reason, const char *type, const void *body,
+                  size_t len)
+{
+	headers(req, type);
 	struct evbuffer *out = evhttp_request_get_output_buffer(req);
 	if (evbuffer_add(out, body, len) != 0) {
 		evhttp_send_error(req, HTTP_INTERNAL, "out of memory");
@@ -413,37 +484,117 @@ static void reply(struct evhttp_request *req, int code, const char *reason, cons
 	evhttp_send_reply(req, code, reason, NULL);
 }
 
-/* Renders page from a fresh snapshot into r: the only place the counters are read for a request. */
-static void render(struct tap_admin *a, enum adm_page page, struct adm_rendered *r, int64_t now_us)
+/* ---- rendering, on the loop ---- */
+
+static bool fresh(const struct adm_rendered *r, int64_t now_us)
+{
+	return r->valid && now_us - r->at_us < (int64_t)TAP_ADMIN_CACHE_MS * 1000;
+}
+
+/* Renders page from a fresh snapshot and hands it to the http thread: the only place the counters are read for a
+ * request. */
+static void render(struct tap_admin *a, enum adm_page page)
 {
 	a->renders++;
 	struct tap_metrics_snapshot s;
 	snapshot(a, &s);
 	tap_metrics_tally_rank(a->tally);
-	tap_buf_reset(&r->body);
-	r->code = HTTP_OK;
+	tap_buf_reset(&a->scratch);
+	int code = HTTP_OK;
 	switch (page) {
 	case PAGE_METRICS:
-		tap_metrics_render_prometheus(&s, a->tally, &r->body);
+		tap_metrics_render_prometheus(&s, a->tally, &a->scratch);
 		break;
 	case PAGE_HEALTH:
-		tap_metrics_render_health(&s, a->tally, &r->body);
-		r->code = s.listening ? HTTP_OK : HTTP_SERVUNAVAIL;
+		tap_metrics_render_health(&s, a->tally, &a->scratch);
+		code = s.listening ? HTTP_OK : HTTP_SERVUNAVAIL;
 		break;
 	case PAGE_STATUS:
-		tap_metrics_render_status(&s, a->tally, a->src.track, &r->body);
+		tap_metrics_render_status(&s, a->tally, a->src.track, &a->scratch);
 		break;
 	case PAGE_INDEX:
 	case PAGE_NONE:
 		break;
 	}
-	r->at_us = now_us;
+	pthread_mutex_lock(&a->mu);
+	struct adm_rendered *r = &a->pages[page];
+	struct tap_buf done = a->scratch;
+	a->scratch = r->body;
+	r->body = done;
+	r->code = code;
+	r->at_us = tap_out_clock_us();
+	r->gen++;
 	r->valid = !r->body.oom;
+	pthread_mutex_unlock(&a->mu);
+}
+
+/* The http thread wants pages: each that is not fresh is rendered. */
+static void on_want(evutil_socket_t fd, short what, void *arg)
+{
+	struct tap_admin *a = arg;
+	(void)what;
+	uint64_t n;
+	(void)!read(fd, &n, sizeof n); /* EAGAIN: a wake already taken */
+	pthread_mutex_lock(&a->mu);
+	unsigned wanted = a->wanted;
+	a->wanted = 0;
+	a->asked = false;
+	pthread_mutex_unlock(&a->mu);
+	for (unsigned p = 0; p < N_RENDERED; p++) {
+		if (!(wanted & 1u << p))
+			continue;
+		pthread_mutex_lock(&a->mu);
+		bool now_fresh = fresh(&a->pages[p], tap_out_clock_us());
+		pthread_mutex_unlock(&a->mu);
+		if (!now_fresh)
+			render(a, p);
+	}
+	pthread_mutex_lock(&a->mu);
+	pthread_cond_broadcast(&a->rendered);
+	pthread_mutex_unlock(&a->mu);
+}
+
+/* ---- answering, on the http thread ---- */
+
+/* Under mu: the loop is to look at page. */
+static void ask(struct tap_admin *a, enum adm_page page)
+{
+	a->wanted |= 1u << page;
+	if (a->asked)
+		return;
+	a->asked = true;
+	uint64_t one = 1;
+	(void)!write(a->want_fd, &one, sizeof one); /* an eventfd short of overflow takes it */
+}
+
+/* Copies page, rendered within TAP_ADMIN_CACHE_MS or since the request came, into req's reply; 0, or the HTTP
+ * error to answer instead. */
+static int take_page(struct tap_admin *a, enum adm_page page, struct evhttp_request *req, int *code)
+{
+	struct adm_rendered *r = &a->pages[page];
+	struct timespec until = tap_mono_abs(tap_out_clock_us() + (int64_t)TAP_ADMIN_RENDER_WAIT_MS * 1000);
+	int err = 0;
+	pthread_mutex_lock(&a->mu);
+	uint64_t asked_at = r->gen;
+	bool ready, late = false;
+	while (!(ready = r->valid && (r->gen != asked_at || fresh(r, tap_out_clock_us()))) && !a->quit && !late) {
+		if (!(a->wanted & 1u << page))
+			ask(a, page);
+		late = pthread_cond_timedwait(&a->rendered, &a->mu, &until) == ETIMEDOUT;
+	}
+	if (!ready) /* out of memory when the loop rendered it; else the loop did not get to it in time, or stops */
+		err = r->gen != asked_at && !a->quit ? HTTP_INTERNAL : HTTP_SERVUNAVAIL;
+	else if (evbuffer_add(evhttp_request_get_output_buffer(req), r->body.data, r->body.len) != 0)
+		err = HTTP_INTERNAL;
+	*code = r->code;
+	pthread_mutex_unlock(&a->mu);
+	return err;
 }
 
 static void on_request(struct evhttp_request *req, void *arg)
 {
 	struct tap_admin *a = arg;
+	pace(a);
 	request_arrived(a, req);
 	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
 	enum adm_page page = page_of(uri ? evhttp_uri_get_path(uri) : NULL);
@@ -465,16 +616,36 @@ static void on_request(struct evhttp_request *req, void *arg)
 		reply(req, HTTP_OK, "OK", "text/html; charset=utf-8", tap_admin_status_html, tap_admin_status_html_len);
 		return;
 	}
-	struct adm_rendered *r = &a->rendered[page];
-	int64_t now = tap_out_clock_us();
-	if (!r->valid || now - r->at_us >= (int64_t)TAP_ADMIN_CACHE_MS * 1000)
-		render(a, page, r, now);
-	if (!r->valid) {
-		evhttp_send_error(req, HTTP_INTERNAL, "out of memory");
+	int code;
+	int err = take_page(a, page, req, &code);
+	if (err == HTTP_INTERNAL) {
+		evhttp_send_error(req, err, "out of memory");
+		return;
+	}
+	if (err) {
+		evhttp_send_error(req, err, "the tap did not render the page in time");
 		return;
 	}
 	const char *type = page == PAGE_METRICS ? "text/plain; version=0.0.4; charset=utf-8" : "application/json";
-	reply(req, r->code, r->code == HTTP_OK ? "OK" : "Service Unavailable", type, r->body.data, r->body.len);
+	headers(req, type);
+	evhttp_send_reply(req, code, code == HTTP_OK ? "OK" : "Service Unavailable", NULL);
+}
+
+/* The http thread's loop, until tap_admin_free. */
+static void on_quit(evutil_socket_t fd, short what, void *arg)
+{
+	struct tap_admin *a = arg;
+	(void)fd;
+	(void)what;
+	event_base_loopbreak(a->hbase);
+}
+
+static void *http_main(void *arg)
+{
+	struct tap_admin *a = arg;
+	(void)setpriority(PRIO_PROCESS, (id_t)gettid(), ADMIN_NICE); /* failing that, it runs as the loop does */
+	(void)event_base_dispatch(a->hbase);
+	return NULL;
 }
 
 /* ---- life cycle ---- */
@@ -520,24 +691,35 @@ struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_a
                                 size_t err_cap)
 {
 	struct tap_admin *a = calloc(1, sizeof *a);
-	if (a) {
-		a->tally = malloc(sizeof *a->tally);
-		a->http = evhttp_new(base);
-		a->adopt = event_new(base, -1, 0, adopt_new, a);
-		a->settle = evtimer_new(base, settle, a);
-	}
-	if (!a || !a->tally || !a->http || !a->adopt || !a->settle) {
+	if (!a) {
 		snprintf(err, err_cap, "out of memory");
-		tap_admin_free(a);
 		return NULL;
 	}
 	a->base = base;
 	a->src = *src;
 	a->start_us = tap_now_us();
 	a->start_time_seconds = process_start_time();
-	tap_metrics_tally_init(a->tally);
+	tap_buf_init(&a->scratch);
 	for (size_t i = 0; i < N_RENDERED; i++)
-		tap_buf_init(&a->rendered[i].body);
+		tap_buf_init(&a->pages[i].body);
+	pthread_mutex_init(&a->mu, NULL);
+	tap_cond_init_mono(&a->rendered);
+	a->want_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	a->quit_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	a->tally = malloc(sizeof *a->tally);
+	a->hbase = event_base_new();
+	a->http = a->hbase ? evhttp_new(a->hbase) : NULL;
+	a->adopt = a->hbase ? event_new(a->hbase, -1, 0, adopt_new, a) : NULL;
+	a->settle = a->hbase ? evtimer_new(a->hbase, settle, a) : NULL;
+	a->quit_ev = a->hbase && a->quit_fd >= 0 ? event_new(a->hbase, a->quit_fd, EV_READ, on_quit, a) : NULL;
+	a->want_ev = a->want_fd >= 0 ? event_new(base, a->want_fd, EV_READ | EV_PERSIST, on_want, a) : NULL;
+	if (!a->tally || !a->http || !a->adopt || !a->settle || !a->quit_ev || !a->want_ev ||
+	    event_add(a->quit_ev, NULL) < 0 || event_add(a->want_ev, NULL) < 0) {
+		snprintf(err, err_cap, "%s", a->want_fd < 0 || a->quit_fd < 0 ? strerror(errno) : "out of memory");
+		tap_admin_free(a);
+		return NULL;
+	}
+	tap_metrics_tally_init(a->tally);
 	evhttp_set_max_headers_size(a->http, TAP_ADMIN_MAX_HEADERS);
 	evhttp_set_max_body_size(a->http, TAP_ADMIN_MAX_BODY);
 	evhttp_set_timeout(a->http, TAP_ADMIN_IDLE_SECONDS);
@@ -561,6 +743,13 @@ struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_a
 		              "the counters and exchange names, and on /api/status client addresses, users, vhosts and the "
 		              "last problem publishes with their routing keys and message ids",
 		              bound);
+	int rc = tap_thread_start(&a->thread, http_main, a, "http");
+	if (rc != 0) {
+		snprintf(err, err_cap, "--metrics: no thread: %s", strerror(rc));
+		tap_admin_free(a);
+		return NULL;
+	}
+	a->started = true;
 	return a;
 }
 
@@ -574,18 +763,30 @@ void tap_admin_stopping(struct tap_admin *a)
 	if (!a)
 		return;
 	a->stopping = true;
+	pthread_mutex_lock(&a->mu);
 	for (size_t i = 0; i < N_RENDERED; i++) /* /healthz says 503 at once */
-		a->rendered[i].valid = false;
+		a->pages[i].valid = false;
+	pthread_mutex_unlock(&a->mu);
 }
 
 void tap_admin_free(struct tap_admin *a)
 {
 	if (!a)
 		return;
+	if (a->started) {
+		pthread_mutex_lock(&a->mu);
+		a->quit = true;
+		pthread_cond_broadcast(&a->rendered);
+		pthread_mutex_unlock(&a->mu);
+		uint64_t one = 1;
+		(void)!write(a->quit_fd, &one, sizeof one); /* a fresh eventfd takes it */
+		pthread_join(a->thread, NULL);
+	}
+	/* the http thread is gone: its objects are freed here */
 	a->sock = NULL; /* evhttp_free frees it before it closes the connections */
 	if (a->http)
 		evhttp_free(a->http); /* closes every adopted connection: conn_closed */
-	while (a->conns) {    /* accepted in this loop turn, not adopted yet */
+	while (a->conns) {    /* accepted in the last turn, not adopted yet */
 		struct bufferevent *bev = a->conns->bev;
 		conn_release(a->conns);
 		if (bev)
@@ -595,8 +796,21 @@ void tap_admin_free(struct tap_admin *a)
 		event_free(a->adopt);
 	if (a->settle)
 		event_free(a->settle);
+	if (a->quit_ev)
+		event_free(a->quit_ev);
+	if (a->hbase)
+		event_base_free(a->hbase);
+	if (a->want_ev)
+		event_free(a->want_ev);
+	if (a->want_fd >= 0)
+		close(a->want_fd);
+	if (a->quit_fd >= 0)
+		close(a->quit_fd);
 	for (size_t i = 0; i < N_RENDERED; i++)
-		tap_buf_deinit(&a->rendered[i].body);
+		tap_buf_deinit(&a->pages[i].body);
+	tap_buf_deinit(&a->scratch);
+	pthread_cond_destroy(&a->rendered);
+	pthread_mutex_destroy(&a->mu);
 	free(a->tally);
 	free(a);
 }

@@ -114,12 +114,6 @@ static int64_t wall_us(void)
 	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-static struct timespec mono_abs(int64_t mono_us)
-{
-	struct timespec ts = {(time_t)(mono_us / 1000000), (long)(mono_us % 1000000) * 1000};
-	return ts;
-}
-
 /* ---- chunks ---- */
 
 static struct chunk *chunk_new(void)
@@ -676,13 +670,9 @@ static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_
 	o->head_due = o->file_head.len > 0;
 	o->run = conf->run ? strdup(conf->run) : NULL;
 	o->tap_id = conf->tap_id ? strdup(conf->tap_id) : NULL;
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_mutex_init(&o->mu, NULL);
-	pthread_cond_init(&o->wake, &ca);
-	pthread_cond_init(&o->room, &ca);
-	pthread_condattr_destroy(&ca);
+	tap_cond_init_mono(&o->wake);
+	tap_cond_init_mono(&o->room);
 	bool copied = !o->file_head.oom && (!conf->run || o->run) && (!conf->tap_id || o->tap_id);
 	if (!o->name || (conf->path && strcmp(conf->path, "-") != 0 && !o->path) || !o->fill || !copied) {
 		out_free(o);
@@ -773,7 +763,7 @@ static bool room_for(struct tap_out *o, size_t len)
 		}
 		if (tap_out_clock_us() >= o->wait_until_us)
 			return false;
-		struct timespec ts = mono_abs(o->wait_until_us);
+		struct timespec ts = tap_mono_abs(o->wait_until_us);
 		pthread_cond_timedwait(&o->room, &o->mu, &ts);
 	}
 }
@@ -974,7 +964,7 @@ void tap_out_close(struct tap_out *o, int64_t deadline_us, struct tap_out_stats 
 		hand_over(o);
 	o->closing = true;
 	pthread_cond_signal(&o->wake);
-	struct timespec until = mono_abs(deadline_us);
+	struct timespec until = tap_mono_abs(deadline_us);
 	while (!o->writer_done && tap_out_clock_us() < deadline_us)
 		pthread_cond_timedwait(&o->room, &o->mu, &until);
 	bool done = o->writer_done;

@@ -2,7 +2,9 @@
 #include "amqptap/thread.h"
 
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <time.h>
 
 int tap_thread_start(pthread_t *thread, void *(*fn)(void *), void *arg, const char *name)
 {
@@ -17,4 +19,19 @@ int tap_thread_start(pthread_t *thread, void *(*fn)(void *), void *arg, const ch
 		(void)pthread_setname_np(*thread, cut); /* a name is a convenience */
 	}
 	return rc;
+}
+
+void tap_cond_init_mono(pthread_cond_t *cond)
+{
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(cond, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
+struct timespec tap_mono_abs(int64_t mono_us)
+{
+	struct timespec ts = {(time_t)(mono_us / 1000000), (long)(mono_us % 1000000) * 1000};
+	return ts;
 }

@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -18,9 +19,9 @@ import urllib.request
 import pika
 import pika.exceptions
 
-from tapharness import free_port, http_get, main, wait_for
+from tapharness import free_port, http_get, main, proc_stat, wait_for
 from scenario_lib import ScenarioCase
-from test_metrics import MAX_HTTP_CONNS, metric_samples, start_metrics_tap, start_prometheus
+from test_metrics import MAX_HTTP_CONNS, metric_samples, note, start_metrics_tap, start_prometheus
 
 PROMTOOL = "/usr/bin/promtool"
 
@@ -173,6 +174,94 @@ class RenderedCopies(ScenarioCase):
         after = metric_samples(http_get(mport, "/metrics")[2].decode())
         self.assertEqual(after["amqptap_publish_records_total"], before["amqptap_publish_records_total"] + 1)
         self.assertGreater(after["amqptap_http_renders_total"], renders)
+
+
+def thread_cpu_ticks(pid):
+    """CPU ticks (user + system) of each thread of pid, by thread name; the loop is the thread named like the
+    process, the one whose id is pid."""
+    ticks = collections.Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        name, fields = proc_stat(f"/proc/{pid}/task/{tid}/stat")
+        ticks["loop" if int(tid) == pid else name] += int(fields[11]) + int(fields[12])
+    return ticks
+
+
+# A client that asks for one page as fast as it can for some seconds: 20 requests at a time on a keep-alive
+# connection, the next 20 as soon as the first replies come (evhttp answers pipelined requests one by one and waits
+# for the client's ACK between them: a client that waited for all 20 would ask a few hundred times a second). Prints
+# {path: replies}.
+FLOOD = r"""
+import json, socket, sys, time
+port, path, secs = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+batch = f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode() * 20
+n, end, tail = 0, time.monotonic() + secs, b""
+with socket.create_connection(("127.0.0.1", port)) as s:
+    s.settimeout(5)
+    while time.monotonic() < end:
+        s.sendall(batch)
+        data = s.recv(1 << 20)
+        if not data:
+            sys.exit("the endpoint closed a keep-alive connection")
+        data = tail + data
+        n += data.count(b"HTTP/1.1 200 OK\r\n")
+        tail = data[-16:]
+print(json.dumps({path: n}))
+"""
+
+
+class RequestFlood(ScenarioCase):
+    def test_a_request_flood_is_paced_on_the_http_thread(self):
+        """Clients that ask for /metrics, /healthz and /api/status as fast as they can, pipelined on keep-alive
+        connections, get TAP_ADMIN_RATE answers a second (after a burst of TAP_ADMIN_BURST) from the http thread; the
+        forwarding loop renders each page at most once a second and answers none of the requests, so neither thread
+        spends more than a sliver of CPU on them; a scrape from another client still gets in, and a publisher
+        meanwhile gets every verdict."""
+        queue = self.declare_queue("q")
+        tap, mport = start_metrics_tap(self)
+        before = thread_cpu_ticks(tap.pid)
+        self.assertIn("http", before, "the endpoint has a thread of its own")
+        secs = 4
+        floods = [subprocess.Popen([sys.executable, "-c", FLOOD, str(mport), path, str(secs)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE) for path in ("/metrics", "/healthz", "/api/status")]
+        t0 = time.monotonic()
+        conn = self.connect(tap)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(200):
+            ch.basic_publish("", queue, b"m", pika.BasicProperties(message_id=f"m{i}"), mandatory=True)
+        time.sleep(max(0.0, 1 - (time.monotonic() - t0)))
+        t_scrape = time.monotonic()
+        scrape = http_get(mport, "/metrics", timeout=10)
+        scrape_secs = time.monotonic() - t_scrape
+        answered = {}
+        for f in floods:
+            out, err = f.communicate(timeout=60)
+            self.assertEqual(f.returncode, 0, err.decode())
+            answered.update(json.loads(out))
+        elapsed = time.monotonic() - t0
+        after = thread_cpu_ticks(tap.pid)
+        conn.close()
+        loop, http = after["loop"] - before["loop"], after["http"] - before["http"]
+        m = metric_samples(http_get(mport, "/metrics")[2].decode())
+        total = sum(answered.values())
+        note(f"{total} requests answered in {elapsed:.1f} s ({answered}); a scrape beside them took {scrape_secs:.2f} s;"
+             f" CPU ticks: loop {loop}, http {http}; {m['amqptap_http_renders_total']} renders, "
+             f"{m['amqptap_http_paced_total']} paced")
+
+        self.assertEqual(scrape[0], 200)
+        self.assertLess(scrape_secs, 3, "a scrape waited behind the flood")
+        self.assertGreater(total, TAP_ADMIN_RATE * (secs - 1), "the flood was not answered at the endpoint's rate")
+        self.assertLessEqual(total, TAP_ADMIN_RATE * elapsed + TAP_ADMIN_BURST, "more answers than the rate allows")
+        self.assertGreater(m["amqptap_http_paced_total"], total / 2)
+        tck = os.sysconf("SC_CLK_TCK")
+        self.assertLess(loop + http, 0.15 * elapsed * tck, "the flood took more than a sliver of the tap's CPU")
+        self.assertLessEqual(m["amqptap_http_renders_total"], 3 * (int(elapsed) + 2), "one render a second a page")
+        recs = self.stop_tap(tap)
+        self.assertEqual(sorted(r["message_id"] for r in recs), sorted(f"m{i}" for i in range(200)))
+        self.assertEqual({(r["route"], r["confirm"]) for r in recs}, {("routed", "ack")})
+
+
+TAP_ADMIN_RATE, TAP_ADMIN_BURST = 100, 50
 
 
 class Exposure(ScenarioCase):
