@@ -67,7 +67,7 @@ struct app {
 	struct tap_observer observer;
 	struct tap_admin *admin; /* --metrics; NULL: off */
 	unsigned closed_since_trim; /* sessions ended since the heap was last trimmed */
-	uint64_t tracking_high;     /* the most tracking memory since the heap was last trimmed */
+	uint64_t tracking_high;     /* the most tracking and decoder memory since the heap was last trimmed */
 	int64_t last_close_us, last_trim_us;
 	bool stopping;
 	int exit_code;
@@ -247,7 +247,7 @@ static void flush_outputs(struct app *app)
 			tap_out_flush(app->out[i]);
 }
 
-/* Tracking memory freed since the last trim that is worth handing back to the kernel. */
+/* Tracking and decoder memory freed since the last trim that is worth handing back to the kernel. */
 #define TRIM_AFTER_TRACKING_BYTES (16u << 20)
 
 /* Return windows, late-return holds, and the 10 ms flush of the outputs. */
@@ -263,17 +263,19 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	 * hand them back once a wave of closes is over (200 ms without one), or every 10 s under steady churn */
 	bool wave_over = app->closed_since_trim >= 64 &&
 	                 (now_us - app->last_close_us >= 200000 || now_us - app->last_trim_us >= 10000000);
-	/* the same after a burst of outstanding publishes: the tracker freed most of what it held */
+	/* the same after a burst of outstanding publishes or of contents in progress: the tracker and the decoder freed
+	 * most of what they held */
 	struct tap_track_stats st;
 	tap_track_get_stats(app->track, &st);
-	if (st.memory > app->tracking_high)
-		app->tracking_high = st.memory;
-	bool burst_over = app->tracking_high - st.memory >= TRIM_AFTER_TRACKING_BYTES && st.memory < app->tracking_high / 2;
+	uint64_t held = st.memory + app->observer.pending_mem;
+	if (held > app->tracking_high)
+		app->tracking_high = held;
+	bool burst_over = app->tracking_high - held >= TRIM_AFTER_TRACKING_BYTES && held < app->tracking_high / 2;
 	if (wave_over || burst_over) {
 		malloc_trim(0);
 		app->closed_since_trim = 0;
 		app->last_trim_us = now_us;
-		app->tracking_high = st.memory;
+		app->tracking_high = held;
 	}
 }
 

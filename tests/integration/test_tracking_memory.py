@@ -244,5 +244,47 @@ class TrackingMemoryTest(ScenarioCase):
         self.assertEqual(first["headers"], ["\x01" * 170])  # 1,022 bytes escaped: what fits of the first key
 
 
+    def test_memory_of_contents_in_progress_is_given_back(self):
+        """Two connections of 2,000 channels each start a publish whose content header carries eight 1 KiB values
+        of --header-values keys (the decoder keeps them until the body comes: about 8 KiB a channel) and send the
+        bodies a second later, the connections staying open: once the contents are done the heap is trimmed and
+        the resident memory falls back (before: it stayed at its peak, about 40 MB, until a connection closed)."""
+        if is_asan_build():
+            self.skipTest("the resident memory of an ASan build is the sanitizer allocator's")
+        def frame(ftype, ch, payload):
+            return struct.pack(">BHI", ftype, ch, len(payload)) + payload + b"\xce"
+        keys = [f"k{i}" for i in range(8)]
+        tap = self.start_tap(["--header-values", ",".join(keys)])
+        base_kb = rss_kb(tap.pid)
+        table = b"".join(Client.short(k) + b"S" + Client.long(b"v" * 1000) for k in keys)
+        header = struct.pack(">HHQH", 60, 0, 1, 0x2000) + struct.pack(">I", len(table)) + table
+        clients, n = [Client(tap.port), Client(tap.port)], 2000
+        for cl in clients:
+            for ch in range(1, n + 1):
+                cl.method(ch, 20, 10, Client.short(""))
+            opened = set()
+            while len(opened) < n:  # the broker's channels answer in their own order
+                ftype, ch, payload = cl.read_frame()
+                if ftype == 1 and payload[:4] == struct.pack(">HH", 20, 11):
+                    opened.add(ch)
+            cl.sock.sendall(b"".join(
+                frame(1, ch, struct.pack(">HHH", 60, 40, 0) + Client.short("") + Client.short(f"nowhere.{ch}") +
+                      b"\x00") + frame(2, ch, header) for ch in range(1, n + 1)))
+        self.assertTrue(wait_for(lambda: rss_kb(tap.pid) > base_kb + 20 * 1024, 20, 0.1),
+                        f"the contents in progress did not show: {rss_kb(tap.pid)} KiB")
+        time.sleep(0.5)  # the last content headers read
+        peak_kb = rss_kb(tap.pid)
+        for cl in clients:
+            cl.sock.sendall(b"".join(frame(3, ch, b"b") for ch in range(1, n + 1)))
+        self.assertTrue(wait_for(lambda: len(tap.records("publish")) == 2 * n, 30, 0.1))
+        fell = wait_for(lambda: rss_kb(tap.pid) < peak_kb - 10 * 1024, 5, 0.1)
+        print(f"\n  contents in progress: VmRSS {base_kb} kB at the start, {peak_kb} kB with {2 * n} in progress, "
+              f"{rss_kb(tap.pid)} kB once done (connections open)")
+        self.assertTrue(fell, "the heap kept the memory of the finished contents")
+        for cl in clients:
+            cl.close_connection()
+        self.assertEqual(tap.stop(), 0)
+
+
 if __name__ == "__main__":
     main()
