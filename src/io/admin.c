@@ -106,7 +106,7 @@ struct tap_admin {
 	pthread_t thread;
 	bool started, paused;
 	_Atomic uint64_t open, total, timeouts, pauses, evictions, paced;
-	int64_t paid_until_us; /* pace: when the requests and connections taken so far are paid for at TAP_ADMIN_RATE */
+	int64_t paid_until_us; /* pace: when the requests taken so far are paid for at TAP_ADMIN_RATE */
 	uint64_t closing; /* connections freed in this turn: libevent closes their sockets later in the turn */
 	uint64_t stamps;  /* the last adm_conn stamp given */
 	struct adm_conn *conns;
