@@ -6,6 +6,7 @@
 
 #include "amqptap/props.h" /* struct tap_slice */
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,5 +37,10 @@ struct tap_sasl {
  * Any other mechanism, or a PLAIN response without its two NULs: the whole response is secret, no user.
  * An empty response has no secret. */
 void tap_sasl_parse(struct tap_slice mechanism, struct tap_slice response, struct tap_sasl *out);
+
+/* True for the name of a SASL mechanism that clients and RabbitMQ's plugins use (PLAIN, AMQPLAIN, EXTERNAL,
+ * SCRAM-SHA-*, ...). Any other start-ok `mechanism` is shown nowhere: a client can put anything there, its password
+ * included, and no broker would accept it anyway. */
+bool tap_sasl_mechanism_known(struct tap_slice mechanism);
 
 #endif

@@ -72,6 +72,7 @@ struct tap_conn {
 	char vhost[256];
 	size_t vhost_len;
 	bool login_done; /* the client's tune-ok or connection.open was decoded: no SASL exchange can follow */
+	bool midstream;  /* a capture that began mid-connection (tap_conn_start_unseen): no login to wait for */
 	enum tap_amqp_version version; /* of the client's protocol header, and the tune-ok's frame_max: a decoder */
 	uint32_t frame_max;            /* restarted after a capture gap needs them */
 	uint32_t broker_frame_max;     /* the broker's connection.tune: 0, none seen or no limit */
@@ -731,7 +732,8 @@ static void bad_method(struct tap_conn *c, enum tap_dir dir, const struct tap_fr
 	uint8_t shown[TAP_FRAME_HEADER_SIZE + 4] = {TAP_FRAME_METHOD, (uint8_t)(ev->channel >> 8), (uint8_t)ev->channel};
 	for (int i = 0; i < 4; i++)
 		shown[3 + i] = (uint8_t)(ev->len >> (24 - 8 * i));
-	size_t ids = ev->len < 4 ? ev->len : 4;
+	/* a client's "method" before the login may be its password in a frame of its own making: its header only */
+	size_t ids = dir == TAP_C2S && !c->login_done ? 0 : ev->len < 4 ? ev->len : 4;
 	memcpy(shown + TAP_FRAME_HEADER_SIZE, ev->data, ids);
 	decode_error_record(c, dir, status, ev->offset, shown, TAP_FRAME_HEADER_SIZE + ids, now_us);
 }
@@ -814,16 +816,16 @@ static void trace_frame(struct tap_conn *c, enum tap_dir dir, const struct tap_f
 	tap_buf_reset(&d->body_prefix);
 }
 
-/* Where the client bytes that must still be held start: the first byte of an unfinished frame that may be a
- * method carrying a secret (its header is incomplete, or it is a method on channel 0 or of class connection, or
- * of a class not known yet), else the end of what was decoded. */
-static uint64_t hold_from(const struct tap_frame_dec *d)
+/* Where the client bytes that must still be held start: the first byte of an unfinished frame that may carry a
+ * secret (any frame before the login; after it, one whose header is incomplete, or a method on channel 0 or of
+ * class connection, or of a class not known yet), else the end of what was decoded. */
+static uint64_t hold_from(const struct tap_conn *c, const struct tap_frame_dec *d)
 {
 	struct tap_frame_partial f;
 	if (!tap_frame_dec_partial(d, &f))
 		return tap_frame_dec_offset(d);
-	if (f.type == 0 || (f.type == TAP_FRAME_METHOD && (f.channel == 0 || f.class_id == 0 ||
-							   f.class_id == TAP_CLASS_CONNECTION)))
+	if ((!c->login_done && !c->midstream) || f.type == 0 ||
+	    (f.type == TAP_FRAME_METHOD && (f.channel == 0 || f.class_id == 0 || f.class_id == TAP_CLASS_CONNECTION)))
 		return f.offset;
 	return tap_frame_dec_offset(d);
 }
@@ -843,7 +845,7 @@ static void capture_chunk(struct tap_conn *c, enum tap_dir dir, const uint8_t *d
 	if (d->gapped) /* the decoder restarted mid-stream: it cannot say where a secret lies, leave a hole */
 		return;
 	uint64_t end = chunk_offset + len;
-	uint64_t release = d->stopped ? end : hold_from(&d->dec);
+	uint64_t release = d->stopped ? end : hold_from(c, &d->dec);
 	if (release > end)
 		release = end;
 	bool mask_tail = d->stopped && d->decoded < end;
@@ -908,6 +910,14 @@ static void conn_decode(struct tap_conn *c, enum tap_dir dir, const uint8_t *dat
 		data += n;
 		len -= (size_t)n;
 		int rc = TAP_OK;
+		if (dir == TAP_C2S && !c->login_done && !c->midstream &&
+		    (ev.kind == TAP_EV_HEADER || ev.kind == TAP_EV_BODY)) {
+			/* nothing but methods comes before the login: bytes that claim to be content then are not
+			 * understood, and whatever they hold (a password framed as a body) is shown nowhere */
+			d->stopped = true;
+			decode_error(c, dir, TAP_E_UNEXPECTED_FRAME, ev.offset, chunk, chunk_len, chunk_offset, now_us);
+			return;
+		}
 		switch (ev.kind) {
 		case TAP_EV_METHOD:
 			trace_frame(c, dir, &ev, now_us);
@@ -951,8 +961,10 @@ static void conn_decode(struct tap_conn *c, enum tap_dir dir, const uint8_t *dat
 
 void tap_conn_start_unseen(struct tap_conn *c, int64_t now_us)
 {
-	if (c)
-		tap_track_conn_unseen(c->tc, "capture_start", now_us);
+	if (!c)
+		return;
+	c->midstream = true;
+	tap_track_conn_unseen(c->tc, "capture_start", now_us);
 }
 
 void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t offset, uint64_t missing, int64_t now_us)

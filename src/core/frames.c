@@ -43,7 +43,7 @@ static void write_method(struct tap_json *j, const struct tap_frame_ev *ev)
 		if (ad->reserved)
 			continue;
 		tap_json_key(j, ad->json_name);
-		if (tap_redact_is_secret(def->id, i)) {
+		if (tap_redact_is_secret(&m, i)) {
 			write_redacted(j, a->len);
 			continue;
 		}

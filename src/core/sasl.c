@@ -77,6 +77,17 @@ static void parse_amqplain(struct tap_slice r, struct tap_sasl *out)
 	}
 }
 
+bool tap_sasl_mechanism_known(struct tap_slice mechanism)
+{
+	static const char *const known[] = {"PLAIN",       "AMQPLAIN",      "EXTERNAL",      "ANONYMOUS",
+	                                    "SCRAM-SHA-1", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER",
+	                                    "XOAUTH2",     "GSSAPI",        "CRAM-MD5",      "RABBIT-CR-DEMO"};
+	for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+		if (slice_is(mechanism, known[i]))
+			return true;
+	return false;
+}
+
 void tap_sasl_parse(struct tap_slice mechanism, struct tap_slice response, struct tap_sasl *out)
 {
 	memset(out, 0, sizeof *out);

@@ -98,6 +98,8 @@ static void broker_stream(struct tap_bytes *s)
 struct sink {
 	char records[16384];
 	size_t len;
+	char frames[65536]; /* the frame trace, with 64 body bytes a body */
+	size_t frames_len;
 	uint8_t captured[TAP_DIR_COUNT][8192];
 	size_t cap_len[TAP_DIR_COUNT];
 	int opened, closed;
@@ -156,6 +158,15 @@ static void cap_close(void *ctx, void *sc, const char *how, int64_t ts)
 
 static const struct tap_capture_sink capture = {NULL, cap_open, cap_data, cap_close};
 
+static void frames_line(void *ctx, const char *json, size_t len)
+{
+	struct sink *s = ctx;
+	ck_assert_uint_lt(s->frames_len + len + 1, sizeof s->frames);
+	memcpy(s->frames + s->frames_len, json, len);
+	s->frames_len += len;
+	s->frames[s->frames_len++] = '\n';
+}
+
 /* Feeds the client stream cut into `step`-byte pieces (0: one piece) and, when `cut` > 0, one extra cut at that
  * offset, then the broker stream (if any), then ends the connection. */
 static void run_streams(struct sink *s, const struct tap_bytes *cl, const struct tap_bytes *br, size_t step, size_t cut)
@@ -166,7 +177,8 @@ static void run_streams(struct sink *s, const struct tap_bytes *cl, const struct
 	struct tap_observer o;
 	struct tap_capture_sink cs = capture;
 	cs.ctx = s;
-	tap_observer_init(&o, t, emit, s, NULL, 0);
+	struct tap_frames_sink fs = {s, frames_line};
+	tap_observer_init(&o, t, emit, s, &fs, 64);
 	o.capture = &cs;
 	struct tap_conn *c = tap_conn_new(&o, 7, "127.0.0.1:40000", "127.0.0.1:5672", 1000);
 	ck_assert_ptr_nonnull(c);
@@ -215,7 +227,13 @@ static void assert_no_password(const struct sink *s, const char *pw)
 		ck_assert_msg(!memmem(s->captured[TAP_C2S], s->cap_len[TAP_C2S], pw + i, 3), "capture holds %.3s",
 			      pw + i);
 		ck_assert_msg(!memmem(s->records, s->len, pw + i, 3), "records hold %.3s", pw + i);
+		ck_assert_msg(!memmem(s->frames, s->frames_len, pw + i, 3), "the frame trace holds %.3s", pw + i);
 	}
+	char hex[2 * 64 + 1]; /* as a body_hex or decode_error hex would show it */
+	for (size_t i = 0; pw[i] && i < 64; i++)
+		snprintf(hex + 2 * i, 3, "%02x", (unsigned char)pw[i]);
+	ck_assert_msg(!memmem(s->records, s->len, hex, 6), "records hold %.6s", hex);
+	ck_assert_msg(!memmem(s->frames, s->frames_len, hex, 6), "the frame trace holds %.6s", hex);
 }
 
 START_TEST(records_of_a_session)
@@ -318,6 +336,55 @@ START_TEST(cut_start_ok_is_overwritten)
 			ck_assert_mem_eq(s.captured[TAP_C2S], "AMQP\0\0\x09\x01", 8);
 		}
 		tap_build_free(&part);
+	}
+	tap_build_free(&cl);
+}
+END_TEST
+
+/* Before the login, frames of the client's own making: a content header and a body frame whose payloads are a
+ * password, and a "method" that is one. None of it is shown: no frame line, no byte in a decode_error, the capture
+ * copy overwritten from there on; at every split. (Before: the capture kept both passwords, the trace showed the
+ * body's as body_hex, the decode_error 4 bytes of the method's.) */
+START_TEST(client_frames_before_the_login_are_shown_nowhere)
+{
+	for (int k = 0; k < 3; k++) {
+		struct tap_bytes cl = {0};
+		tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+		if (k == 0)
+			tap_build_frame(&cl, 2, 0, PASSWORD PASSWORD2, strlen(PASSWORD PASSWORD2));
+		else if (k == 1)
+			tap_build_frame(&cl, 3, 1, PASSWORD PASSWORD2, strlen(PASSWORD PASSWORD2));
+		else
+			tap_build_frame(&cl, 1, 0, PASSWORD PASSWORD2, strlen(PASSWORD PASSWORD2));
+		plain_start_ok(&cl);
+		static struct sink s;
+		for (size_t cut = 0; cut < cl.n; cut++) {
+			run_streams(&s, &cl, NULL, 0, cut);
+			assert_no_password(&s, PASSWORD);
+			assert_no_password(&s, PASSWORD2);
+			ck_assert_ptr_nonnull(strstr(s.records, "\"type\":\"decode_error\""));
+			ck_assert_ptr_null(memmem(s.frames, s.frames_len, "body", 4));
+		}
+		tap_build_free(&cl);
+	}
+}
+END_TEST
+
+/* A start-ok whose mechanism is no mechanism's name but a password: the mechanism is hidden like the response, in
+ * the capture and the trace (before: both showed it). */
+START_TEST(unknown_mechanism_is_hidden)
+{
+	static const char resp[] = "\0guest\0" PASSWORD2;
+	struct tap_bytes cl = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	tap_build_start_ok(&cl, NULL, "PLAIN" PASSWORD, resp, sizeof resp - 1);
+	static struct sink s;
+	for (size_t cut = 0; cut < cl.n; cut++) {
+		run_streams(&s, &cl, NULL, 0, cut);
+		assert_no_password(&s, PASSWORD);
+		assert_no_password(&s, PASSWORD2);
+		static const char shown[] = "\"mechanism\":\"<redacted 14 bytes>\"";
+		ck_assert_ptr_nonnull(memmem(s.frames, s.frames_len, shown, sizeof shown - 1));
 	}
 	tap_build_free(&cl);
 }
@@ -931,6 +998,8 @@ int main(void)
 	tcase_add_test(tc, any_split_gives_the_same_result);
 	tcase_add_test(tc, amqplain_two_passwords);
 	tcase_add_test(tc, cut_start_ok_is_overwritten);
+	tcase_add_test(tc, client_frames_before_the_login_are_shown_nowhere);
+	tcase_add_test(tc, unknown_mechanism_is_hidden);
 	tcase_add_test(tc, undecodable_start_ok_is_overwritten);
 	tcase_add_test(tc, update_secret_split_anywhere);
 	tcase_add_test(tc, foreign_protocol_is_a_decode_error_and_overwritten);
