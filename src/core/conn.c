@@ -75,7 +75,9 @@ struct tap_conn {
 	bool midstream;  /* a capture that began mid-connection (tap_conn_start_unseen): no login to wait for */
 	enum tap_amqp_version version; /* of the client's protocol header, and the tune-ok's frame_max: a decoder */
 	uint32_t frame_max;            /* restarted after a capture gap needs them */
-	uint32_t broker_frame_max;     /* the broker's connection.tune: 0, none seen or no limit */
+	uint32_t broker_frame_max;     /* the broker's connection.tune: 0, no limit */
+	uint32_t client_frame_max;     /* the client's tune-ok: 0, no limit */
+	bool broker_tuned;             /* the broker's connection.tune was seen */
 	bool tuned;
 	/* capture copy of the client stream: held bytes start at held_offset */
 	void *capture;
@@ -473,10 +475,15 @@ static int on_body(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_
 
 /* The tune-ok's frame_max, but never above the broker's: it refuses bigger frames (a connection error), so a
  * client that asks for more (0, no limit) cannot make the decoder buffer frames the broker will not take. */
-static void set_frame_max(struct tap_conn *c, uint32_t frame_max)
+/* The frame_max both decoders apply once the client's tune-ok came: its value, never above the broker's tune, nor
+ * above TAP_FRAME_MAX_DEFAULT while that tune was not seen (a client that sends its tune-ok before the broker asked
+ * is not to size the tap's buffers: it is applied again when the tune comes). */
+static void set_frame_max(struct tap_conn *c)
 {
-	if (c->broker_frame_max && (frame_max == 0 || frame_max > c->broker_frame_max))
-		frame_max = c->broker_frame_max;
+	uint32_t frame_max = c->client_frame_max;
+	uint32_t ceiling = c->broker_tuned ? c->broker_frame_max : TAP_FRAME_MAX_DEFAULT;
+	if (ceiling && (frame_max == 0 || frame_max > ceiling))
+		frame_max = ceiling;
 	c->frame_max = frame_max;
 	c->tuned = true;
 	tap_frame_dec_set_frame_max(&c->dir[TAP_S2C].dec, frame_max);
@@ -519,7 +526,8 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 		tap_track_conn_tune(tc, (uint16_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_CHANNEL_MAX].u,
 				    (uint32_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_FRAME_MAX].u,
 				    (uint16_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_HEARTBEAT].u);
-		set_frame_max(c, (uint32_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_FRAME_MAX].u);
+		c->client_frame_max = (uint32_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_FRAME_MAX].u;
+		set_frame_max(c);
 		break;
 	case TAP_CONNECTION_OPEN: {
 		c->login_done = true;
@@ -578,6 +586,9 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 	switch (m->def->id) {
 	case TAP_CONNECTION_TUNE:
 		c->broker_frame_max = (uint32_t)m->args[TAP_ARG_CONNECTION_TUNE_FRAME_MAX].u;
+		c->broker_tuned = true;
+		if (c->tuned) /* the client answered first */
+			set_frame_max(c);
 		break;
 	case TAP_CONNECTION_OPEN_OK:
 		tap_track_conn_open(tc, (struct tap_slice){(const uint8_t *)c->vhost, c->vhost_len}, now_us);
