@@ -376,7 +376,7 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	                                         (p->content_cut ? TRK_FLAG_CUT : 0))};
 	struct trk_verdict vd;
 	struct trk_reason unseen = {.by = c->unseen_by ? c->unseen_by : no_memory.by};
-	bool beyond = !ch && trk_chan_beyond_max(c, id);
+	bool beyond = !ch && trk_chan_beyond_max(c);
 	if (!ch || ch->mode == TRK_MODE_UNKNOWN) {
 		/* nothing it is answered with can be placed (DESIGN §6b), no memory to know its channel's mode, or a
 		 * channel the broker refuses (no state is kept for it) */

@@ -325,15 +325,15 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 
 /* ---- channel events ---- */
 
-bool trk_chan_beyond_max(const struct tap_track_conn *c, uint16_t id)
+bool trk_chan_beyond_max(const struct tap_track_conn *c)
 {
-	return c->tuned && c->channel_max && id > c->channel_max;
+	return c->tuned && c->channel_max && c->n_chans >= c->channel_max;
 }
 
 struct trk_chan *trk_chan_in_budget(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_find(c, id);
-	if (ch || trk_chan_beyond_max(c, id))
+	if (ch || trk_chan_beyond_max(c))
 		return ch;
 	trk_make_room(c->t, tap_mem_cost(sizeof *ch) + tap_mem_cost(c->cap_chans * 2 * sizeof *c->chans), now_us);
 	return trk_chan_get(c, id);
@@ -371,7 +371,7 @@ void tap_track_channel_open(struct tap_track_conn *c, uint16_t id, int64_t now_u
 	struct trk_chan *ch = trk_chan_find(c, id);
 	if (ch)
 		chan_retire(c, ch, now_us);
-	if (!trk_chan_in_budget(c, id, now_us) && !trk_chan_beyond_max(c, id))
+	if (!trk_chan_in_budget(c, id, now_us) && !trk_chan_beyond_max(c))
 		chan_lost(c); /* it is created by its first publish, in an unknown mode, or never */
 	chan_event(c, id, "open", now_us);
 }
@@ -408,7 +408,7 @@ void trk_chan_first_publish(struct tap_track_conn *c, struct trk_chan *ch, int64
 void tap_track_confirm_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
-	if (!ch && !trk_chan_beyond_max(c, id))
+	if (!ch && !trk_chan_beyond_max(c))
 		chan_lost(c);
 	if (ch && (ch->mode == TRK_MODE_NONE || ch->mode == TRK_MODE_UNKNOWN)) {
 		ch->mode = TRK_MODE_CONFIRM;
@@ -422,7 +422,7 @@ void tap_track_confirm_select(struct tap_track_conn *c, uint16_t id, int64_t now
 void tap_track_tx_select(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_in_budget(c, id, now_us);
-	if (!ch && !trk_chan_beyond_max(c, id))
+	if (!ch && !trk_chan_beyond_max(c))
 		chan_lost(c);
 	if (ch && (ch->mode == TRK_MODE_NONE || ch->mode == TRK_MODE_UNKNOWN))
 		ch->mode = TRK_MODE_TX;

@@ -410,9 +410,10 @@ void trk_warn_chan_end(struct tap_track_conn *c, struct trk_chan *ch, int64_t no
 /* Frees what c keeps for the rules. */
 void trk_warn_conn_free(struct tap_track_conn *c);
 
-/* Whether channel id is above the channel_max the client's tune-ok set: the broker refuses it (a connection
- * error), and no state is kept for it. */
-bool trk_chan_beyond_max(const struct tap_track_conn *c, uint16_t id);
+/* Whether a channel not known yet would go past the channel_max the client's tune-ok set: as many channels are open
+ * already (RabbitMQ counts open channels, whatever their numbers, and refuses one more with a connection error), so
+ * no state is kept for it. */
+bool trk_chan_beyond_max(const struct tap_track_conn *c);
 
 /* track.c: every publish of c still waiting is flagged BLOCKED; the tick is to look at c at now_us. */
 void trk_mark_blocked(struct tap_track_conn *c);

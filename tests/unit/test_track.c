@@ -1799,12 +1799,16 @@ START_TEST(latency_beyond_the_histogram_range)
 }
 END_TEST
 
-/* Channels above the channel_max the client's tune-ok set: the broker refuses them (a connection error), and the
- * tracker keeps no state for them however many a client names; each publish still gets its record, unknown with
- * reason channel_max, without counting as a memory shortage. */
+/* Channels past the channel_max the client's tune-ok set: RabbitMQ counts the channels open, not their numbers, and
+ * refuses one more with a connection error. With 100 open the tracker keeps no state for another however many a
+ * client names; each publish still gets its record, unknown with reason channel_max, without counting as a memory
+ * shortage. A channel numbered 5001 is tracked once one of the 100 has closed (before: any number above 100 was
+ * refused, and a publish the broker acked on channel 5000 was written unknown). */
 START_TEST(channels_beyond_channel_max_keep_no_state)
 {
 	tap_track_conn_tune(c, 100, 131072, 0);
+	for (unsigned ch = 1; ch <= 100; ch++)
+		confirm_channel((uint16_t)ch);
 	struct tap_track_stats before = stats();
 	struct tap_publish p = pub("x", "k", true);
 	for (unsigned ch = 101; ch <= 5000; ch++) {
@@ -1818,10 +1822,15 @@ START_TEST(channels_beyond_channel_max_keep_no_state)
 	ck_assert_str_eq(verdict(0)->reason_by, "channel_max");
 	ck_assert_uint_eq(after.oom, before.oom);
 	ck_assert_uint_lt(after.memory_peak, before.memory_peak + 64 * 1024);
-	confirm_channel(100); /* the last one allowed is tracked */
-	tap_track_publish(c, 100, &p, T0 + 2);
+	tap_track_publish(c, 100, &p, T0 + 2); /* the open ones are tracked */
 	tap_track_ack(c, 100, 1, false, T0 + 3);
+	tap_track_channel_close(c, 1, TAP_BY_CLIENT, 200, S("bye"), T0 + 4);
+	tap_track_channel_close_ok(c, 1, T0 + 5);
+	confirm_channel(5001);
+	tap_track_publish(c, 5001, &p, T0 + 6);
+	tap_track_ack(c, 5001, 1, false, T0 + 7);
 	tap_track_tick(t, T0 + 10000000);
+	assert_verdict(verdict(n_seen - 2), ROUTED, ACK, NO_ORDER);
 	assert_verdict(verdict(n_seen - 1), ROUTED, ACK, NO_ORDER);
 }
 END_TEST
