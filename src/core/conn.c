@@ -42,7 +42,6 @@ struct pending {
 
 struct channel {
 	uint16_t number;
-	bool used;
 	struct pending dir[TAP_DIR_COUNT];
 };
 
@@ -174,10 +173,15 @@ void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 	free(c);
 }
 
-/* Where channel number's entry is, or the free one it would take. */
+static size_t index_home(size_t cap, uint16_t number)
+{
+	return ((uint32_t)number * 2654435761u) & (cap - 1);
+}
+
+/* Where channel number's entry is, or the free one it would take (linear probing from index_home). */
 static size_t index_slot(const uint32_t *index, size_t cap, const struct channel *chans, uint16_t number)
 {
-	size_t i = ((uint32_t)number * 2654435761u) & (cap - 1);
+	size_t i = index_home(cap, number);
 	while (index[i] && chans[index[i] - 1].number != number)
 		i = (i + 1) & (cap - 1);
 	return i;
@@ -198,6 +202,43 @@ static bool index_reserve(struct tap_conn *c)
 	c->chan_index = index;
 	c->index_cap = cap;
 	return true;
+}
+
+/* Forgets channel number at its close-ok (either side's), so that what a client makes the decoder keep follows the
+ * channels open, not every number it ever used (cycling through 65,535 numbers kept 22 MB a connection). The close
+ * and the close-ok ended any content on it (a method does); one in progress now belongs to the channel reopened
+ * under that number before the close-ok, which keeps the entry. The index entry goes with the entries after it in
+ * its probe run moved back; the last channel takes the freed place in chans. */
+static void channel_drop(struct tap_conn *c, uint16_t number)
+{
+	if (!c->index_cap)
+		return;
+	size_t i = index_slot(c->chan_index, c->index_cap, c->chans, number), mask = c->index_cap - 1;
+	uint32_t at = c->chan_index[i];
+	if (!at)
+		return;
+	struct channel *ch = &c->chans[at - 1];
+	if (ch->dir[TAP_C2S].kind != PENDING_NONE || ch->dir[TAP_S2C].kind != PENDING_NONE)
+		return;
+	for (int d = 0; d < TAP_DIR_COUNT; d++)
+		store_free(c, &ch->dir[d].store);
+	c->chan_index[i] = 0;
+	for (size_t j = (i + 1) & mask; c->chan_index[j]; j = (j + 1) & mask) {
+		size_t home = index_home(c->index_cap, c->chans[c->chan_index[j] - 1].number);
+		bool stays = i <= j ? home > i && home <= j : home > i || home <= j; /* home in (i, j], cyclically */
+		if (!stays) {
+			c->chan_index[i] = c->chan_index[j];
+			c->chan_index[j] = 0;
+			i = j;
+		}
+	}
+	size_t k = at - 1, last = c->n_chans - 1;
+	if (k != last) { /* chans[last] still has its number: index_slot finds its entry */
+		c->chans[k] = c->chans[last];
+		c->chan_index[index_slot(c->chan_index, c->index_cap, c->chans, c->chans[k].number)] = (uint32_t)k + 1;
+	}
+	c->n_chans--;
+	c->last_chan = SIZE_MAX;
 }
 
 /* Channel state, created on first use. NULL only when out of memory. */
@@ -307,9 +348,10 @@ static struct tap_slice span_slice(const struct pending *p, struct span sp)
 	return (struct tap_slice){(const uint8_t *)p->store.data + sp.off, sp.len};
 }
 
-/* A channel's store keeps its room for the next content, up to this: one content with long strings must not hold
- * memory on every channel it was sent on. */
-#define PENDING_STORE_KEEP 4096
+/* A channel's store keeps its room for the next content, up to this (a typical publish's strings fit): one content
+ * with long strings must not hold memory on every channel it was sent on, nor fill the observer's pending_max with
+ * room kept on thousands of idle channels. */
+#define PENDING_STORE_KEEP 512
 
 static void pending_reset(const struct tap_conn *c, struct pending *p, enum pending_kind kind)
 {
@@ -549,6 +591,7 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 		break;
 	case TAP_CHANNEL_CLOSE_OK:
 		tap_track_channel_close_ok(tc, channel, now_us);
+		channel_drop(c, channel);
 		break;
 	case TAP_CONFIRM_SELECT:
 		tap_track_confirm_select(tc, channel, now_us);
@@ -621,6 +664,7 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		break;
 	case TAP_CHANNEL_CLOSE_OK:
 		tap_track_channel_close_ok(tc, channel, now_us);
+		channel_drop(c, channel);
 		break;
 	case TAP_TX_COMMIT_OK:
 	case TAP_TX_ROLLBACK_OK:
