@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define FIELD(f) offsetof(struct tap_conf, f)
@@ -458,9 +459,49 @@ static int check_modes(const struct tap_conf *c, const bool given[N_OPTIONS], ch
 	return TAP_OK;
 }
 
+/* Whether two paths name one file: the same text ("-" is standard output), or the same existing file. */
+static bool same_file(const char *a, const char *b)
+{
+	if (strcmp(a, b) == 0)
+		return true;
+	struct stat sa, sb;
+	return strcmp(a, "-") != 0 && strcmp(b, "-") != 0 && stat(a, &sa) == 0 && stat(b, &sb) == 0 &&
+	       sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* No two outputs in one file (JSON Lines and pcapng mixed on standard output, two writers appending to one file)
+ * and none into the capture being replayed. */
+static int check_outputs(const struct tap_conf *c, char *err, size_t cap)
+{
+	const struct {
+		const char *name, *path;
+	} out[] = {{"verdicts", c->verdicts}, {"frames", c->frames}, {"pcap", c->pcap}, {"keylog", c->keylog}};
+	const size_t n = sizeof out / sizeof out[0];
+	for (size_t i = 0; i < n; i++) {
+		if (!out[i].path)
+			continue;
+		if (c->mode == TAP_MODE_REPLAY && c->replay_file && strcmp(c->replay_file, "-") != 0 &&
+		    same_file(out[i].path, c->replay_file))
+			return usage_error(err, cap, "--%s: %s is the capture being replayed", out[i].name, out[i].path);
+		for (size_t k = 0; k < i; k++) {
+			if (!out[k].path || !same_file(out[k].path, out[i].path))
+				continue;
+			if (strcmp(out[i].path, "-") == 0)
+				return usage_error(err, cap, "--%s: standard output is --%s's already%s", out[i].name,
+						   out[k].name, k == 0 ? " (its default: give --verdicts FILE)" : "");
+			return usage_error(err, cap, "--%s: %s is --%s's file already", out[i].name, out[i].path,
+					   out[k].name);
+		}
+	}
+	return TAP_OK;
+}
+
 /* Options that only make sense together. */
 static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
 {
+	int rc = check_outputs(c, err, cap);
+	if (rc)
+		return rc;
 	if (!c->tls_cert != !c->tls_key)
 		return usage_error(err, cap, "%s: --tls-cert and --tls-key go together",
 				   c->tls_cert ? "--tls-cert" : "--tls-key");

@@ -305,6 +305,11 @@ static const struct bad_case bad_cases[] = {
 	{{"replay", "x.pcap", "--tap-id", "a"}, "--tap-id"},
 	{{"-i", "lo"}, "--interface: only for 'amqptap sniff'"},
 	{{"--buffer-size", "1024"}, "--buffer-size"},
+	/* two outputs in one file, or one into the capture being replayed */
+	{{"--pcap", "-"}, "--pcap: standard output is --verdicts's"},
+	{{"-ov.json", "-f", "-", "--pcap=-"}, "--pcap: standard output is --frames's"},
+	{{"-o", "same.out", "--pcap", "same.out"}, "--pcap: same.out is --verdicts's file"},
+	{{"replay", "x.pcap", "-o", "x.pcap"}, "--verdicts: x.pcap is the capture being replayed"},
 };
 
 START_TEST(bad_options_name_themselves)
