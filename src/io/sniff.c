@@ -10,6 +10,7 @@
 
 #include <event2/event.h>
 #include <linux/if_packet.h>
+#include <net/if.h>
 #include <pcap/pcap.h>
 #include <sys/socket.h>
 #include <stdbool.h>
@@ -148,7 +149,8 @@ struct tap_sniff *tap_sniff_new(struct event_base *base, const char *iface, cons
 	(void)pcap_set_promisc(s->p, 0);
 	(void)pcap_set_timeout(s->p, SNIFF_TIMEOUT_MS);
 	(void)pcap_set_buffer_size(s->p, (int)(buffer_kib > 0x1FFFFF ? 0x1FFFFF : buffer_kib) * 1024);
-	int rc = pcap_activate(s->p);
+	/* a name no interface has is the user's typo whatever the privileges: libpcap says "permission denied" first */
+	int rc = strcmp(iface, "any") != 0 && if_nametoindex(iface) == 0 ? PCAP_ERROR_NO_SUCH_DEVICE : pcap_activate(s->p);
 	if (rc == PCAP_ERROR_NO_SUCH_DEVICE) {
 		snprintf(err, cap, "--interface %s: no such interface", iface);
 		*exit_code = 2;
