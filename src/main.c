@@ -608,17 +608,31 @@ static int64_t replay_clock(void *ctx)
 }
 
 /* SIGINT or SIGTERM during a replay (Ctrl-C ends `tcpdump -U -w - | amqptap replay -`): the capture ends where it
- * is read to, as at its end, so every record is still written. A second signal kills (SA_RESETHAND). */
-static volatile sig_atomic_t replay_stop_signal;
+ * is read to, as at its end, so every record is still written. A second signal kills (SA_RESETHAND). SIGHUP and
+ * SIGUSR1 do what they do for the proxy (reopen the outputs, print the summary) at the next packet or wait. */
+static volatile sig_atomic_t replay_stop_signal, replay_hup, replay_usr1;
 
 static void on_replay_signal(int sig)
 {
-	replay_stop_signal = sig;
+	if (sig == SIGHUP)
+		replay_hup = 1;
+	else if (sig == SIGUSR1)
+		replay_usr1 = 1;
+	else
+		replay_stop_signal = sig;
 }
 
 static bool replay_stop(void *ctx)
 {
-	(void)ctx;
+	struct app *app = ctx;
+	if (replay_hup) {
+		replay_hup = 0;
+		reopen_outputs(app);
+	}
+	if (replay_usr1) {
+		replay_usr1 = 0;
+		print_summary(app);
+	}
 	return replay_stop_signal != 0;
 }
 
@@ -669,6 +683,9 @@ static int run_replay(const struct tap_conf *conf)
 	sigemptyset(&sa.sa_mask);
 	(void)sigaction(SIGINT, &sa, NULL);
 	(void)sigaction(SIGTERM, &sa, NULL);
+	sa.sa_flags = 0;
+	(void)sigaction(SIGHUP, &sa, NULL);
+	(void)sigaction(SIGUSR1, &sa, NULL);
 	if (code == 0) {
 		char err[512];
 		struct tap_replay_stats rs;

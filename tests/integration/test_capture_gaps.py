@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import select
+import shutil
 import signal
 import struct
 import subprocess
@@ -19,7 +20,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tapharness import AMQPTAP_BIN, SOURCE_DIR, main, read_records  # noqa: E402
+from tapharness import AMQPTAP_BIN, SOURCE_DIR, main, read_records, wait_for  # noqa: E402
 
 CAPTURES = os.path.join(SOURCE_DIR, "captures")
 IDENTITY = ("channel", "exchange", "routing_key", "message_id", "body_size")
@@ -457,6 +458,46 @@ class Pipes(unittest.TestCase):
         self.assertIn("output verdicts records=", err)  # the summary
         got = [{k: v for k, v in json.loads(line).items() if k not in ("ts", "run")} for line in out.splitlines()]
         self.assertEqual(got, golden)
+
+    def test_sighup_and_sigusr1_on_a_live_view(self):
+        """SIGHUP and SIGUSR1 do for `replay -` what they do for the proxy: the verdict file, moved aside, is made
+        anew (records after the signal go to the new one) and the summary is printed, the replay going on; then
+        SIGINT ends it with every record written across the two files. (Before: either signal killed it, with the
+        records not yet flushed lost and no summary.)"""
+        cap = os.path.join(CAPTURES, "alternate_exchange.pcapng")
+        port = capture_port(cap)
+        golden = [{k: v for k, v in r.items() if k not in ("ts", "run")}
+                  for r in read_records(os.path.join(CAPTURES, "alternate_exchange.verdicts.jsonl"))]
+        with open(cap, "rb") as f:
+            data = f.read()
+        d = tempfile.mkdtemp()
+        out = os.path.join(d, "v.jsonl")
+        p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(port), "-o", out], stdin=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            p.stdin.write(data)
+            p.stdin.flush()  # and the pipe stays open: the records of the connection still open wait for more
+            self.assertTrue(wait_for(lambda: os.path.exists(out) and os.path.getsize(out) > 0, 10, 0.1))
+            time.sleep(0.3)
+            os.rename(out, out + ".1")
+            p.send_signal(signal.SIGHUP)
+            p.send_signal(signal.SIGUSR1)
+            self.assertTrue(wait_for(lambda: os.path.exists(out), 10, 0.1), "SIGHUP made no new verdict file")
+            time.sleep(0.3)
+            self.assertIsNone(p.poll(), "replay ended on SIGHUP or SIGUSR1")
+            p.send_signal(signal.SIGINT)
+            _, err = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        err = err.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertGreaterEqual(err.count("output verdicts records="), 2, "SIGUSR1's summary and the last one")
+        got = [{k: v for k, v in r.items() if k not in ("ts", "run")}
+               for r in read_records(out + ".1") + read_records(out)]
+        self.assertEqual(got, golden)
+        shutil.rmtree(d)
 
 
 if __name__ == "__main__":
