@@ -32,7 +32,8 @@ struct tap_replay_hooks {
 	void *ctx;
 	void (*idle)(void *ctx); /* a pipe waits for packets: at once and every 100 ms while it does */
 	/* The wall clock (Unix us), or NULL. With it, a pipe whose packets are read within TAP_REPLAY_LIVE_US of their
-	 * timestamps is a live capture: while it waits, its clock goes on, TAP_REPLAY_LIVE_LAG_US behind. */
+	 * timestamps is a live capture: while it waits, its clock goes on, TAP_REPLAY_LIVE_LAG_US behind, or more when
+	 * packets came later than that (then as late as the latest, plus TAP_REPLAY_LIVE_SLACK_US). */
 	int64_t (*clock)(void *ctx);
 	bool (*stop)(void *ctx); /* as tap_capture_cb's; may be NULL */
 	const uint16_t *ports;
@@ -40,7 +41,11 @@ struct tap_replay_hooks {
 	int64_t min_window_us;
 };
 #define TAP_REPLAY_LIVE_US (10 * 1000000LL)
-#define TAP_REPLAY_LIVE_LAG_US (200 * 1000LL)
+/* tcpdump -U without --immediate-mode hands a packet over up to its 1 s buffer timeout after capturing it: a clock
+ * that went on closer to the wall clock would be ahead of packets still to come, which could not go back for them
+ * (their latencies came out 0, a window ran out before the answer that closed it was read). */
+#define TAP_REPLAY_LIVE_LAG_US (1200 * 1000LL)
+#define TAP_REPLAY_LIVE_SLACK_US (200 * 1000LL)
 
 /* path "-" reads standard input as it arrives (pcap or pcapng), so records follow a live `tcpdump -U -w -`.
  * hooks and stats may be NULL; stats is written whatever the outcome (zero when the capture could not be opened). */

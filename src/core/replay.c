@@ -39,6 +39,7 @@ struct replay {
 	bool started;
 	bool due; /* the clock moved: deadlines may have passed (settle_due) */
 	int64_t read_at; /* wall clock when the last packet was read, if its time was then (a live capture), else 0 */
+	int64_t lag_us;  /* how far behind the wall clock a live capture's clock goes on (on_idle) */
 	uint64_t gaps, gap_bytes;
 	const struct tap_replay_hooks *hooks;
 };
@@ -56,6 +57,8 @@ static void on_packet(void *ctx, int64_t ts)
 	if (r->hooks && r->hooks->clock) {
 		int64_t wall = r->hooks->clock(r->hooks->ctx);
 		r->read_at = wall - ts < TAP_REPLAY_LIVE_US && ts - wall < TAP_REPLAY_LIVE_US ? wall : 0;
+		if (r->read_at && wall - ts + TAP_REPLAY_LIVE_SLACK_US > r->lag_us)
+			r->lag_us = wall - ts + TAP_REPLAY_LIVE_SLACK_US; /* the next may come as late */
 	}
 }
 
@@ -241,14 +244,14 @@ static void on_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts
 }
 
 /* A pipe waits for packets. One from a live capture (`tcpdump -U -w - | amqptap replay -`: its packets are read
- * when they are captured) has its clock go on meanwhile, TAP_REPLAY_LIVE_LAG_US behind the wall clock as sniff's
- * is, so that a verdict held for a window is written once the window is over, not at the next packet, which on a
+ * when they are captured) has its clock go on meanwhile, lag_us behind the wall clock (TAP_REPLAY_LIVE_LAG_US or
+ * more), so that a verdict held for a window is written once the window is over, not at the next packet, which on a
  * quiet link may be the next heartbeat. An old capture through a pipe keeps its own time. */
 static void on_idle(void *ctx)
 {
 	struct replay *r = ctx;
 	if (r->read_at) {
-		int64_t now = r->now + (r->hooks->clock(r->hooks->ctx) - r->read_at) - TAP_REPLAY_LIVE_LAG_US;
+		int64_t now = r->now + (r->hooks->clock(r->hooks->ctx) - r->read_at) - r->lag_us;
 		if (now > r->now) {
 			r->read_at += now - r->now;
 			r->now = now;
@@ -269,7 +272,8 @@ static bool on_stop(void *ctx)
 static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs, struct tap_track *track,
 		  const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap)
 {
-	struct replay r = {.obs = obs, .track = track, .hooks = hooks, .min_window_us = hooks ? hooks->min_window_us : 0};
+	struct replay r = {.obs = obs, .track = track, .hooks = hooks, .min_window_us = hooks ? hooks->min_window_us : 0,
+	                   .lag_us = TAP_REPLAY_LIVE_LAG_US};
 	struct tap_capture_cb cb = {
 		.ctx = &r, .packet = on_packet, .open = on_open, .data = on_data, .gap = on_gap, .close = on_close,
 		.idle = on_idle, .stop = on_stop,
@@ -329,7 +333,7 @@ int tap_replay_live_new(struct tap_replay_live **out, const uint16_t *ports, siz
 	struct tap_replay_live *l = calloc(1, sizeof *l);
 	if (!l)
 		return TAP_E_NOMEM;
-	l->r = (struct replay){.obs = obs, .track = track, .min_window_us = min_window_us};
+	l->r = (struct replay){.obs = obs, .track = track, .min_window_us = min_window_us, .lag_us = TAP_REPLAY_LIVE_LAG_US};
 	l->cb = (struct tap_capture_cb){
 		.ctx = &l->r, .packet = on_packet, .open = on_open, .data = on_data, .gap = on_gap, .close = on_close,
 	};

@@ -427,6 +427,45 @@ class Pipes(unittest.TestCase):
             p.kill()
             p.wait()
 
+    def test_a_live_pipe_that_hands_packets_over_late_keeps_their_times(self):
+        """tcpdump -U without --immediate-mode hands packets over up to a second after it captured them: here every
+        packet comes 0.4 s after its timestamp and the broker's first ack half a second after the packet before it
+        (0.9 s late). The records have the capture's latencies, as a replay of the file gives them. (Before: the
+        clock, which went on 200 ms behind the wall while the pipe was quiet, had passed the ack's time, which could
+        not go back: its confirm latencies came out about 0.7 s.)"""
+        cap = os.path.join(CAPTURES, "confirm_no_mandatory.pcapng")
+        port = capture_port(cap)
+        with open(cap, "rb") as f:
+            data = f.read()
+        first_ack = frames_with_method(cap, port, 60, 80)[0]
+        bl = blocks(data)
+        packets = [raw for t, raw in bl if t == 6]
+        shift = int(time.time() * 1e6) - 400000 - stamp(packets[first_ack - 2])
+        head, tail, n = [], [], 0
+        for btype, raw in bl:
+            if btype == 6:
+                n += 1
+                raw = restamped(raw, stamp(raw) + shift)
+            (head if n < first_ack else tail).append(raw)
+        golden = [r for r in read_records(cap[:-len(".pcapng")] + ".verdicts.jsonl") if r["type"] == "publish"]
+        p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(port)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            p.stdin.write(b"".join(head))
+            p.stdin.flush()
+            time.sleep(0.5)  # the pipe is quiet: the live clock goes on
+            p.stdin.write(b"".join(tail))
+            p.stdin.close()
+            out = p.stdout.read()
+            p.wait(60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        got = [r for r in map(json.loads, out.splitlines()) if r["type"] == "publish"]
+        self.assertEqual([(r["seq"], r["route"], r["confirm"], r.get("confirm_us")) for r in got],
+                         [(r["seq"], r["route"], r["confirm"], r.get("confirm_us")) for r in golden])
+
     def test_sigint_ends_a_live_view_as_its_end_would(self):
         """Ctrl-C on `tcpdump -U -w - | amqptap replay -` signals both while the pipe is open: replay ends the
         capture where it has read to, as an end of file would, so it writes every record the golden verdicts have
