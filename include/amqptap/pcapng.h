@@ -44,12 +44,14 @@ struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *c
 void tap_pcapng_conn_data(struct tap_pcapng_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us);
 /* How a connection ended, as its capture shows it (a replay of the file gives the same end). */
 enum tap_pcapng_end {
-	TAP_PCAPNG_CLIENT_FIN, /* FIN from the client, ACK, FIN from the broker, ACK: a clean end, and every other */
+	TAP_PCAPNG_CLIENT_FIN, /* FIN from the client, ACK, FIN from the broker, ACK */
 	TAP_PCAPNG_BROKER_FIN, /* the same, the broker first */
 	TAP_PCAPNG_CLIENT_RST, /* a reset from the client */
 	TAP_PCAPNG_BROKER_RST, /* a reset from the broker */
+	TAP_PCAPNG_OPEN,       /* nothing: neither peer ended it (the tap stopped, the capture ended, TLS failed, ...) */
 };
-/* The end of a connection that ended `how` (tap_conn_end's reason: "client_reset", "broker_eof", ...). */
+/* The end of a connection that ended `how` (tap_conn_end's reason: "client_eof", "broker_reset", ...): only what a
+ * peer did is written, so a replay of the file does not blame the client for a close the tap made. */
 enum tap_pcapng_end tap_pcapng_end_of(const char *how);
 /* Writes the end and frees c. */
 void tap_pcapng_conn_close(struct tap_pcapng_conn *c, enum tap_pcapng_end how, int64_t ts_us);

@@ -382,7 +382,7 @@ void tap_pcapng_conn_close(struct tap_pcapng_conn *c, enum tap_pcapng_end how, i
 	enum tap_dir other = first == TAP_C2S ? TAP_S2C : TAP_C2S;
 	if (how == TAP_PCAPNG_CLIENT_RST || how == TAP_PCAPNG_BROKER_RST) {
 		write_packet(c, first, TCP_RST | TCP_ACK, NULL, 0, ts_us);
-	} else {
+	} else if (how != TAP_PCAPNG_OPEN) {
 		write_packet(c, first, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
 		write_packet(c, other, TCP_ACK, NULL, 0, ts_us);
 		write_packet(c, other, TCP_FIN | TCP_ACK, NULL, 0, ts_us);
@@ -394,6 +394,8 @@ void tap_pcapng_conn_close(struct tap_pcapng_conn *c, enum tap_pcapng_end how, i
 enum tap_pcapng_end tap_pcapng_end_of(const char *how)
 {
 	if (!how)
+		return TAP_PCAPNG_OPEN;
+	if (strcmp(how, "client_eof") == 0)
 		return TAP_PCAPNG_CLIENT_FIN;
 	if (strcmp(how, "client_reset") == 0)
 		return TAP_PCAPNG_CLIENT_RST;
@@ -401,5 +403,5 @@ enum tap_pcapng_end tap_pcapng_end_of(const char *how)
 		return TAP_PCAPNG_BROKER_RST;
 	if (strcmp(how, "broker_eof") == 0)
 		return TAP_PCAPNG_BROKER_FIN;
-	return TAP_PCAPNG_CLIENT_FIN;
+	return TAP_PCAPNG_OPEN;
 }

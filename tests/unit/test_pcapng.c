@@ -183,6 +183,38 @@ START_TEST(round_trip_through_the_reader)
 }
 END_TEST
 
+/* Only what a peer did ends a connection in the file: one the tap stopped following (it stopped, the capture ended,
+ * TLS failed) gets no FIN or RST, so a replay of the file ends it with the capture, as the live records did, and
+ * does not blame the client (before: a FIN from the client, read back as client_eof). */
+START_TEST(an_end_no_peer_made_is_not_written)
+{
+	ck_assert_int_eq(tap_pcapng_end_of("client_eof"), TAP_PCAPNG_CLIENT_FIN);
+	ck_assert_int_eq(tap_pcapng_end_of("broker_eof"), TAP_PCAPNG_BROKER_FIN);
+	ck_assert_int_eq(tap_pcapng_end_of("client_reset"), TAP_PCAPNG_CLIENT_RST);
+	ck_assert_int_eq(tap_pcapng_end_of("broker_reset"), TAP_PCAPNG_BROKER_RST);
+	static const char *const tap_made[] = {"shutdown", "capture_end", "capture_idle", "client_tls_error", NULL};
+	for (size_t i = 0; i < sizeof tap_made / sizeof tap_made[0]; i++)
+		ck_assert_int_eq(tap_pcapng_end_of(tap_made[i]), TAP_PCAPNG_OPEN);
+	char path[128];
+	snprintf(path, sizeof path, "%s/open.pcapng", tmpdir);
+	FILE *out = fopen(path, "wb");
+	ck_assert_ptr_nonnull(out);
+	struct tap_pcapng *p = tap_pcapng_new(file_write, out);
+	struct tap_pcapng_conn *a = tap_pcapng_conn_open(p, "10.1.1.1:1234", "10.1.1.2:5672", 1000000);
+	tap_pcapng_conn_data(a, TAP_C2S, (const uint8_t *)"AMQP\0\0\x09\x01", 8, 1000001);
+	tap_pcapng_conn_close(a, tap_pcapng_end_of("shutdown"), 1000002);
+	tap_pcapng_free(p);
+	fclose(out);
+	struct rb r;
+	char err[256] = "";
+	ck_assert_msg(read_back(path, &r, err, sizeof err) == 0, "%s", err);
+	ck_assert_uint_eq(r.n, 1);
+	ck_assert_int_eq(r.how[0], TAP_CAPTURE_END_CAPTURE);
+	rb_free(&r);
+	unlink(path);
+}
+END_TEST
+
 /* A process killed after a flush leaves whole blocks only: the file reads cleanly up to there. */
 START_TEST(flushed_prefix_is_readable)
 {
@@ -369,6 +401,7 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, round_trip_through_the_reader);
 	tcase_add_test(tc, flushed_prefix_is_readable);
+	tcase_add_test(tc, an_end_no_peer_made_is_not_written);
 	tcase_add_test(tc, tshark_decodes_every_frame);
 	tcase_add_test(tc, head_apart_and_a_second_section);
 	suite_add_tcase(s, tc);
