@@ -82,6 +82,8 @@ int main(int argc, char **argv)
 		c[k] = tap_pcapng_conn_open(p, client, k & 1 ? "[::1]:5672" : "127.0.0.1:5672", ts);
 		tap_pcapng_conn_data(c[k], TAP_C2S, (const uint8_t *)"AMQP\0\0\x09\x01", 8, ++ts);
 		cb.n = 0;
+		tap_build_start_ok(&cb, NULL, "PLAIN", "\0guest\0guest", 12); /* content comes only after a login */
+		tap_build_tune_ok_open(&cb, "/");
 		tap_build_method(&cb, 1, TAP_CHANNEL_OPEN, "\0", 1);
 		if (k % 4 != 3)
 			tap_build_method(&cb, 1, TAP_CONFIRM_SELECT, "\0", 1);
