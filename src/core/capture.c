@@ -158,7 +158,10 @@ static bool blk_reserve(struct tap_capture *c, size_t n)
 
 /* ---- packet parsing ---- */
 
-static bool parse_tcp(struct tap_segment *g, const uint8_t *p, size_t len)
+/* len: the TCP bytes captured; lost: those after them that the snap length cut off (the segment's payload on the
+ * wire is len - header + lost). A header that is not whole tells nothing: the packet is skipped and its payload
+ * becomes a gap when later packets show it missing. */
+static bool parse_tcp(struct tap_segment *g, const uint8_t *p, size_t len, size_t lost)
 {
 	if (len < 20)
 		return false;
@@ -172,21 +175,35 @@ static bool parse_tcp(struct tap_segment *g, const uint8_t *p, size_t len)
 	g->flags = p[13];
 	g->payload = p + doff;
 	g->len = len - doff;
+	g->lost = lost;
 	return true;
 }
 
+/* The IP datagram claims `total` bytes and `len` were captured, of which the snap length cut `cut` off its end:
+ * the bytes the datagram lost, or SIZE_MAX when its length is not believable (longer than both). */
+static size_t ip_lost(size_t total, size_t len, size_t cut)
+{
+	if (total <= len)
+		return 0;
+	return total - len <= cut ? total - len : SIZE_MAX;
+}
+
 /* RFC 791 §3.1; fragments are not reassembled (counted). A total length of 0 is a segment the sender's NIC was
- * to cut (TSO, as captured on the sender): the captured bytes are its length, as tshark reads it. */
-static bool parse_ipv4(struct tap_segment *g, struct tap_capture_stats *st, const uint8_t *p, size_t len)
+ * to cut (TSO, as captured on the sender): its length is what was captured plus what the snap length cut, as
+ * tshark reads it. cut: the bytes of the packet the snap length left out (0 when it was captured whole). */
+static bool parse_ipv4(struct tap_segment *g, struct tap_capture_stats *st, const uint8_t *p, size_t len,
+		       size_t cut)
 {
 	if (len < 20 || (p[0] >> 4) != 4)
 		return false;
 	size_t ihl = (size_t)(p[0] & 0x0F) * 4;
 	size_t total = tap_be16(p + 2);
 	if (total == 0)
-		total = len;
-	if (ihl < 20 || total < ihl || total > len)
+		total = len + cut;
+	size_t lost = ip_lost(total, len, cut);
+	if (ihl < 20 || total < ihl || ihl > len || lost == SIZE_MAX)
 		return false;
+	total -= lost; /* the captured part */
 	if ((tap_be16(p + 6) & 0x3FFF) != 0) {
 		st->fragments++;
 		return false;
@@ -196,20 +213,22 @@ static bool parse_ipv4(struct tap_segment *g, struct tap_capture_stats *st, cons
 	g->v6 = false;
 	memcpy(g->src, p + 12, 4);
 	memcpy(g->dst, p + 16, 4);
-	return parse_tcp(g, p + ihl, total - ihl);
+	return parse_tcp(g, p + ihl, total - ihl, lost);
 }
 
 /* RFC 8200 §4: hop-by-hop, routing, destination options and AH are skipped, and so is a fragment header that
  * holds the whole packet (offset 0, no more fragments: an atomic fragment); other fragments are counted. */
-static bool parse_ipv6(struct tap_segment *g, struct tap_capture_stats *st, const uint8_t *p, size_t len)
+static bool parse_ipv6(struct tap_segment *g, struct tap_capture_stats *st, const uint8_t *p, size_t len,
+		       size_t cut)
 {
 	if (len < 40 || (p[0] >> 4) != 6)
 		return false;
 	size_t plen = tap_be16(p + 4);
-	if (plen == 0 || 40 + plen > len)
+	size_t lost = ip_lost(40 + plen, len, cut);
+	if (plen == 0 || lost == SIZE_MAX)
 		return false;
 	uint8_t nh = p[6];
-	size_t off = 40, end = 40 + plen;
+	size_t off = 40, end = 40 + plen - lost; /* the captured part: every extension header must be in it */
 	for (int i = 0; i < 16 && nh != 6; i++) {
 		if (off + 8 > end)
 			return false;
@@ -233,24 +252,24 @@ static bool parse_ipv6(struct tap_segment *g, struct tap_capture_stats *st, cons
 	g->v6 = true;
 	memcpy(g->src, p + 8, 16);
 	memcpy(g->dst, p + 24, 16);
-	return parse_tcp(g, p + off, end - off);
+	return parse_tcp(g, p + off, end - off, lost);
 }
 
-static bool parse_ip(struct tap_segment *g, struct tap_capture_stats *st, const uint8_t *p, size_t len)
+static bool parse_ip(struct tap_segment *g, struct tap_capture_stats *st, const uint8_t *p, size_t len, size_t cut)
 {
 	if (len < 1)
 		return false;
 	if ((p[0] >> 4) == 4)
-		return parse_ipv4(g, st, p, len);
+		return parse_ipv4(g, st, p, len, cut);
 	if ((p[0] >> 4) == 6)
-		return parse_ipv6(g, st, p, len);
+		return parse_ipv6(g, st, p, len, cut);
 	return false;
 }
 
 /* An EtherType and what follows it, behind any number of 802.1Q / 802.1ad tags (on Ethernet, and after a Linux
  * cooked header, where libpcap puts a tag the kernel took off back this way). */
 static bool parse_ethertype(struct tap_segment *g, struct tap_capture_stats *st, uint16_t type, const uint8_t *p,
-			    size_t len)
+			    size_t len, size_t cut)
 {
 	size_t off = 0;
 	while (type == 0x8100 || type == 0x88A8 || type == 0x9100) {
@@ -260,9 +279,9 @@ static bool parse_ethertype(struct tap_segment *g, struct tap_capture_stats *st,
 		off += 4;
 	}
 	if (type == 0x0800)
-		return parse_ipv4(g, st, p + off, len - off);
+		return parse_ipv4(g, st, p + off, len - off, cut);
 	if (type == 0x86DD)
-		return parse_ipv6(g, st, p + off, len - off);
+		return parse_ipv6(g, st, p + off, len - off, cut);
 	return false;
 }
 
@@ -283,23 +302,24 @@ bool tap_capture_link_known(uint32_t linktype)
 	}
 }
 
+/* cut: the bytes of the packet its capture's snap length left out. */
 static bool parse_link(struct tap_segment *g, struct tap_capture_stats *st, uint32_t linktype, const uint8_t *p,
-		       size_t len)
+		       size_t len, size_t cut)
 {
 	switch (linktype) {
 	case TAP_CAPTURE_LINK_ETHERNET:
-		return len >= 14 && parse_ethertype(g, st, tap_be16(p + 12), p + 14, len - 14);
+		return len >= 14 && parse_ethertype(g, st, tap_be16(p + 12), p + 14, len - 14, cut);
 	case TAP_CAPTURE_LINK_RAW:
 	case TAP_CAPTURE_LINK_IPV4:
 	case TAP_CAPTURE_LINK_IPV6:
-		return parse_ip(g, st, p, len);
+		return parse_ip(g, st, p, len, cut);
 	case TAP_CAPTURE_LINK_NULL:
 	case TAP_CAPTURE_LINK_LOOP: /* 4-byte address family, in either byte order: the IP version tells */
-		return len >= 4 && parse_ip(g, st, p + 4, len - 4);
+		return len >= 4 && parse_ip(g, st, p + 4, len - 4, cut);
 	case TAP_CAPTURE_LINK_LINUX_SLL:
-		return len >= 16 && parse_ethertype(g, st, tap_be16(p + 14), p + 16, len - 16);
+		return len >= 16 && parse_ethertype(g, st, tap_be16(p + 14), p + 16, len - 16, cut);
 	case TAP_CAPTURE_LINK_LINUX_SLL2:
-		return len >= 20 && parse_ethertype(g, st, tap_be16(p), p + 20, len - 20);
+		return len >= 20 && parse_ethertype(g, st, tap_be16(p), p + 20, len - 20, cut);
 	default:
 		if (st->unknown_link++ == 0)
 			st->unknown_linktype = linktype;
@@ -307,7 +327,8 @@ static bool parse_link(struct tap_segment *g, struct tap_capture_stats *st, uint
 	}
 }
 
-/* One packet, caplen bytes of the wire_len it had. */
+/* One packet, caplen bytes of the wire_len it had. A packet the snap length cut still delivers the payload bytes it
+ * holds; the rest of its payload, as the IP length gives it, is a gap (reasm: tap_segment.lost). */
 static int on_packet(struct tap_capture *c, uint32_t linktype, int64_t ts, const uint8_t *p, size_t caplen,
 		     size_t wire_len)
 {
@@ -318,7 +339,7 @@ static int on_packet(struct tap_capture *c, uint32_t linktype, int64_t ts, const
 		c->cb->packet(c->cb->ctx, ts);
 	tap_reasm_packet_time(&c->reasm, ts);
 	struct tap_segment g;
-	if (!parse_link(&g, &c->st, linktype, p, caplen)) {
+	if (!parse_link(&g, &c->st, linktype, p, caplen, caplen < wire_len ? wire_len - caplen : 0)) {
 		c->st.skipped++;
 		return TAP_OK;
 	}

@@ -26,6 +26,7 @@ struct stream_key {
 struct ooo_seg {
 	uint32_t seq;
 	uint32_t len;
+	uint32_t lost; /* bytes after data that the snap length cut off (tap_segment.lost) */
 	bool fin;
 	uint8_t *data;
 };
@@ -360,17 +361,22 @@ static void reach_fin(struct stream *s, enum tap_dir dir)
 	}
 }
 
-/* Delivers [seq, seq+len) (+FIN) if it starts at or before `next`; returns false when it lies ahead. */
+static void give_up_to(struct tap_reasm *r, struct stream *s, enum tap_dir dir, uint32_t upto, int64_t ts);
+
+/* Delivers [seq, seq+len) (+FIN) if it starts at or before `next`; returns false when it lies ahead. The `lost`
+ * bytes after the data (cut by the snap length) are given up on once the data before them is delivered: the
+ * captured prefix still counts, and the next segment's sequence number follows the bytes on the wire. */
 static bool deliver_inorder(struct tap_reasm *r, struct stream *s, enum tap_dir dir, uint32_t seq, const uint8_t *data,
-			    size_t len, bool fin, int64_t ts)
+			    size_t len, size_t lost, bool fin, int64_t ts)
 {
 	struct half *h = &s->h[dir];
 	int32_t rel = (int32_t)(seq - h->next);
 	if (rel > 0)
 		return false;
 	size_t old = (size_t)(-(int64_t)rel);
-	if (old >= len + (fin ? 1 : 0)) {
-		if (len || fin)
+	uint32_t end = seq + (uint32_t)(len + lost); /* where the segment ends on the wire, before its FIN */
+	if (old >= len + lost + (fin ? 1 : 0)) {
+		if (len || lost || fin)
 			r->st->retransmitted++;
 		return true;
 	}
@@ -379,9 +385,13 @@ static bool deliver_inorder(struct tap_reasm *r, struct stream *s, enum tap_dir 
 		if (old <= len) {
 			data += old;
 			len -= old;
+		} else {
+			len = 0; /* only the cut-off part is new */
 		}
 	}
 	emit(r, s, dir, data, len, ts);
+	if ((int32_t)(end - h->next) > 0)
+		give_up_to(r, s, dir, end, ts);
 	if (fin && !h->fin_done)
 		reach_fin(s, dir);
 	return true;
@@ -398,7 +408,7 @@ static void drain(struct tap_reasm *r, struct stream *s, enum tap_dir dir, int64
 		h->n--;
 		h->bytes -= g.len;
 		r->ooo_held -= ooo_cost(g.len);
-		deliver_inorder(r, s, dir, g.seq, g.data, g.len, g.fin, ts);
+		deliver_inorder(r, s, dir, g.seq, g.data, g.len, g.lost, g.fin, ts);
 		free(g.data);
 	}
 }
@@ -466,7 +476,7 @@ static void make_ooo_room(struct tap_reasm *r, const struct stream *s, size_t le
 }
 
 static int buffer_ahead(struct tap_reasm *r, struct stream *s, enum tap_dir dir, uint32_t seq, const uint8_t *data,
-			size_t len, bool fin, int64_t ts)
+			size_t len, size_t lost, bool fin, int64_t ts)
 {
 	struct half *h = &s->h[dir];
 	if (over_total(r, len))
@@ -476,7 +486,7 @@ static int buffer_ahead(struct tap_reasm *r, struct stream *s, enum tap_dir dir,
 		skip_hole(r, s, dir, ts);
 		if (h->fin_done)
 			return TAP_OK;
-		if (deliver_inorder(r, s, dir, seq, data, len, fin, ts)) {
+		if (deliver_inorder(r, s, dir, seq, data, len, lost, fin, ts)) {
 			drain(r, s, dir, ts);
 			return TAP_OK;
 		}
@@ -487,7 +497,7 @@ static int buffer_ahead(struct tap_reasm *r, struct stream *s, enum tap_dir dir,
 		h->next = seq;
 		if (r->cb->gap)
 			r->cb->gap(r->cb->ctx, s->user, dir, missing, ts);
-		deliver_inorder(r, s, dir, seq, data, len, fin, ts);
+		deliver_inorder(r, s, dir, seq, data, len, lost, fin, ts);
 		return TAP_OK;
 	}
 	if (h->n == h->cap) {
@@ -498,7 +508,7 @@ static int buffer_ahead(struct tap_reasm *r, struct stream *s, enum tap_dir dir,
 		h->segs = p;
 		h->cap = cap;
 	}
-	struct ooo_seg g = {seq, (uint32_t)len, fin, NULL};
+	struct ooo_seg g = {seq, (uint32_t)len, (uint32_t)lost, fin, NULL};
 	if (len) {
 		g.data = malloc(len);
 		if (!g.data)
@@ -584,7 +594,7 @@ int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t 
 		bool handshake = (g->flags & TCP_SYN) != 0;
 		if (syn_only && dir == TAP_S2C && !(to_server && from_server))
 			return TAP_OK; /* a SYN from the broker port: not a connection to the broker */
-		if (!handshake && (g->len == 0 || (g->flags & TCP_RST)))
+		if (!handshake && (g->len + g->lost == 0 || (g->flags & TCP_RST)))
 			return TAP_OK; /* teardown or keepalive of a stream we never saw: nothing to deliver */
 		if (s && !handshake)
 			return TAP_OK; /* late packets of a closed stream */
@@ -638,12 +648,12 @@ int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t 
 		return TAP_OK;
 	}
 	bool fin = (g->flags & TCP_FIN) != 0;
-	if (h->fin_done || (g->len == 0 && !fin))
+	if (h->fin_done || (g->len + g->lost == 0 && !fin))
 		return TAP_OK;
-	if (deliver_inorder(r, s, dir, seq, g->payload, g->len, fin, ts)) {
+	if (deliver_inorder(r, s, dir, seq, g->payload, g->len, g->lost, fin, ts)) {
 		drain(r, s, dir, ts);
 	} else {
-		int rc = buffer_ahead(r, s, dir, seq, g->payload, g->len, fin, ts);
+		int rc = buffer_ahead(r, s, dir, seq, g->payload, g->len, g->lost, fin, ts);
 		if (rc < 0)
 			return rc;
 	}

@@ -18,6 +18,9 @@ struct tap_segment {
 	uint8_t flags;
 	const uint8_t *payload;
 	size_t len;
+	/* payload bytes after those captured that the capture's snap length cut off: the segment covers len + lost
+	 * bytes of sequence space, and the lost ones are a gap */
+	size_t lost;
 };
 
 struct stream;

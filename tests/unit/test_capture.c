@@ -320,6 +320,8 @@ struct got_stream {
 	struct tap_buf bytes[TAP_DIR_COUNT];
 	int64_t first_ts[TAP_DIR_COUNT], open_ts, close_ts;
 	uint64_t gaps;
+	uint64_t missing[TAP_DIR_COUNT]; /* bytes the gaps lost */
+	int64_t gap_ts;                  /* of the last gap */
 };
 
 struct got {
@@ -357,10 +359,10 @@ static void g_data(void *ctx, void *user, enum tap_dir dir, const uint8_t *data,
 static void g_gap(void *ctx, void *user, enum tap_dir dir, uint64_t missing, int64_t ts)
 {
 	(void)ctx;
-	(void)dir;
-	(void)missing;
-	(void)ts;
-	((struct got_stream *)user)->gaps++;
+	struct got_stream *s = user;
+	s->gaps++;
+	s->missing[dir] += missing;
+	s->gap_ts = ts;
 }
 
 static void g_close(void *ctx, void *user, enum tap_capture_end how, int64_t ts)
@@ -680,6 +682,73 @@ static int run_pkts(size_t n, const size_t *order, struct got *g)
 	tap_buf_deinit(&b);
 	return rc;
 }
+
+/* A classic pcap of Ethernet frames, packet i cut to caplen[i] bytes by the snap length (0: captured whole). */
+static int run_cut(size_t n, const size_t *order, const size_t *caplen, bool v6, struct got *g,
+		   struct tap_capture_stats *st)
+{
+	struct tap_buf b;
+	tap_buf_init(&b);
+	write_pcap(&b, pk, 0, 1, false, false, v6); /* the file header */
+	static uint8_t frame[70100];
+	for (size_t k = 0; k < n; k++) {
+		size_t i = order ? order[k] : k;
+		size_t len = link_wrap(frame, 1, pk[i].data, pk[i].len, v6, false);
+		size_t cap = caplen[i] && caplen[i] < len ? caplen[i] : len;
+		put32le(&b, (uint32_t)(pk[i].ts / 1000000), false);
+		put32le(&b, (uint32_t)(pk[i].ts % 1000000), false);
+		put32le(&b, (uint32_t)cap, false);
+		put32le(&b, (uint32_t)len, false);
+		tap_buf_append(&b, frame, cap);
+	}
+	char err[256] = "";
+	int rc = run_mem_limits(b.data, b.len, 5672, g, 0, 0, st, err, sizeof err);
+	tap_buf_deinit(&b);
+	return rc;
+}
+
+/* A packet the snap length cut (tcpdump -s 96) delivers the payload bytes it holds, in order; only the bytes cut off
+ * are a gap, and the next segment follows them in sequence space. So a publish whose method frame is in the captured
+ * prefix is still decoded. Out of order the same. A cut inside the TCP header leaves nothing of the payload known:
+ * the whole of it is the gap. IPv4 and IPv6. */
+START_TEST(snap_length_keeps_the_captured_prefix)
+{
+	for (int v6 = 0; v6 < 2; v6++) {
+		size_t hdr = 14 + (v6 ? 40 : 20) + 20; /* Ethernet, IP, TCP */
+		for (int swapped = 0; swapped < 2; swapped++) {
+			struct conv v;
+			conv_init(&v, v6, 40009, 5672, pk);
+			conv_open(&v);                                             /* 0 1 2 */
+			conv_send(&v, true, F_PSH | F_ACK, "0123456789abcdef", 16); /* 3: cut after 6 payload bytes */
+			conv_send(&v, true, F_PSH | F_ACK, "next", 4);             /* 4 */
+			conv_send(&v, false, F_PSH | F_ACK, "ok", 2);              /* 5 */
+			conv_close(&v);                                            /* 6 7 8 9 */
+			size_t caplen[MAX_PKTS] = {0};
+			caplen[3] = hdr + 6;
+			size_t order[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, swap[] = {0, 1, 2, 4, 3, 5, 6, 7, 8, 9};
+			struct got g;
+			struct tap_capture_stats st;
+			ck_assert_int_eq(run_cut(10, swapped ? swap : order, caplen, v6, &g, &st), 0);
+			ck_assert_uint_eq(g.n, 1);
+			assert_bytes(&g.s[0].bytes[TAP_C2S], "012345next");
+			assert_bytes(&g.s[0].bytes[TAP_S2C], "ok");
+			ck_assert_uint_eq(g.s[0].gaps, 1);
+			ck_assert_uint_eq(g.s[0].missing[TAP_C2S], 10);
+			ck_assert_int_eq(g.s[0].how, TAP_CAPTURE_END_CLIENT_FIN);
+			ck_assert_uint_eq(st.cut_short, 1);
+			ck_assert_uint_eq(st.skipped, 0);
+			got_free(&g);
+
+			caplen[3] = hdr - 1; /* the TCP header cut: the packet tells nothing */
+			ck_assert_int_eq(run_cut(10, swapped ? swap : order, caplen, v6, &g, &st), 0);
+			assert_bytes(&g.s[0].bytes[TAP_C2S], "next");
+			ck_assert_uint_eq(g.s[0].missing[TAP_C2S], 16);
+			ck_assert_uint_eq(st.skipped, 1);
+			got_free(&g);
+		}
+	}
+}
+END_TEST
 
 START_TEST(out_of_order_retransmit_overlap)
 {
@@ -1206,6 +1275,7 @@ int main(void)
 	tcase_add_test(tc, pcapng_interfaces_and_resolutions);
 	tcase_add_test(tc, out_of_order_retransmit_overlap);
 	tcase_add_test(tc, acked_hole_is_given_up_at_once);
+	tcase_add_test(tc, snap_length_keeps_the_captured_prefix);
 	tcase_add_test(tc, mid_connection_start);
 	tcase_add_test(tc, pcapng_interfaces_with_clocks_apart);
 	tcase_add_test(tc, pcapng_tsoffset_either_sign);
