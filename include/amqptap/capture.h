@@ -33,6 +33,13 @@
  * closed (an AMQP connection with the default 60 s heartbeat sends a frame at least every 30 s); at most this
  * many open streams, and as many closed ones remembered to drop their late packets. */
 #define TAP_CAPTURE_IDLE_US_DEFAULT (600 * 1000000LL)
+/* How long (capture time) bytes a peer acknowledged are awaited before the capture's lack of them is a gap. A
+ * capture merged from two one-direction taps (mergecap) orders the directions by two clocks, so an ACK can come
+ * before the segment it acknowledges by as much as the clocks differ: NTP keeps hosts on one LAN within about a
+ * millisecond, so 10 ms tolerates that ten times over (and the kernel's and the taps' timestamping jitter, µs),
+ * while a Return the capture did lose still ends its publish `unknown`: replay holds the tracker's deadlines
+ * while bytes are awaited (tap_capture_known_until), so the wait delays records by at most this much. */
+#define TAP_CAPTURE_REORDER_US (10 * 1000LL)
 #define TAP_CAPTURE_MAX_STREAMS_DEFAULT 65536u
 
 /* How a stream ended. */
@@ -137,6 +144,14 @@ bool tap_capture_link_known(uint32_t linktype);
 /* One captured packet of link type `linktype` (TAP_CAPTURE_LINK_*), read only during the call. Returns 0 or
  * TAP_E_NOMEM. */
 int tap_capture_push(struct tap_capture *c, uint32_t linktype, int64_t ts_us, const uint8_t *packet, size_t caplen);
+/* The latest capture time before which every byte sent is known: bytes a peer acknowledged that the capture has
+ * not had yet (awaited for TAP_CAPTURE_REORDER_US) were sent after their direction's last segment before them, so a
+ * deadline up to then can be settled, a later one not yet (a Return among them would decide it). INT64_MAX when
+ * nothing is awaited. */
+int64_t tap_capture_known_until(const struct tap_capture *c);
+/* The capture's clock reached now with no packet (a live capture gone quiet): acknowledged bytes awaited since
+ * TAP_CAPTURE_REORDER_US before it are given up on (gap callbacks), as a packet at now would. */
+void tap_capture_advance(struct tap_capture *c, int64_t now);
 /* Ends every open stream as the end of a capture does (TAP_CAPTURE_END_CAPTURE unless a FIN was seen). */
 void tap_capture_end_all(struct tap_capture *c);
 

@@ -16,7 +16,8 @@
  * "capture_idle" for a stream that carried nothing for TAP_CAPTURE_IDLE_US_DEFAULT, "capture_limit" for the least
  * recently active one when more than TAP_CAPTURE_MAX_STREAMS_DEFAULT are open (a later packet of either starts a new
  * mid-stream connection), or "capture_end" for streams open at the end. tap_track_tick runs at a packet when a deadline
- * may be due, and tap_track_tick + tap_track_shutdown at the last timestamp. A stream seen without its SYN is
+ * may be due (only up to what tap_capture_known_until says while bytes a peer acknowledged are awaited, at most
+ * TAP_CAPTURE_REORDER_US), and tap_track_tick + tap_track_shutdown at the last timestamp. A stream seen without its SYN is
  * resynchronised on the first plausible frame boundary of each direction. Returns 0 or a negative status with a message
  * in err; on a corrupt capture everything before the fault has been replayed and written. */
 struct tap_replay_stats {

@@ -738,6 +738,16 @@ int tap_capture_add_port(struct tap_capture *c, uint16_t port)
 	return TAP_OK;
 }
 
+int64_t tap_capture_known_until(const struct tap_capture *c)
+{
+	return tap_reasm_known_until(&c->reasm);
+}
+
+void tap_capture_advance(struct tap_capture *c, int64_t now)
+{
+	tap_reasm_expire_acks(&c->reasm, now);
+}
+
 void tap_capture_end_all(struct tap_capture *c)
 {
 	tap_reasm_close_all(&c->reasm, c->last_ts);

@@ -42,6 +42,19 @@ struct half {
 	struct ooo_seg *segs; /* sorted by distance from next */
 	size_t n, cap;
 	size_t bytes;
+	/* The peer acknowledged up to `acked`. Bytes below it that the capture has not had yet are awaited (linked
+	 * in tap_reasm's waits, oldest first) for TAP_CAPTURE_REORDER_US from wait_since, then given up on. */
+	bool acked_set;
+	bool waiting;
+	uint32_t acked;
+	uint32_t wait_seq;  /* awaited up to here: what was acknowledged at wait_since */
+	int64_t wait_since;
+	/* capture time of this direction's latest segment that reached `next`: bytes from `next` on were sent after
+	 * it, so nothing they hold can have been sent before it */
+	int64_t seen_ts;
+	struct half *wprev, *wnext;
+	struct stream *owner;
+	enum tap_dir dir;
 };
 
 /* A stream stays in the table after it closed (so late packets of it are recognised and dropped) until it has
@@ -149,8 +162,48 @@ static size_t ooo_cost(size_t len)
 	return len + sizeof(struct ooo_seg) + 32;
 }
 
+static void wait_unlink(struct tap_reasm *r, struct half *h)
+{
+	if (!h->waiting)
+		return;
+	if (h->wprev)
+		h->wprev->wnext = h->wnext;
+	else
+		r->wait_head = h->wnext;
+	if (h->wnext)
+		h->wnext->wprev = h->wprev;
+	else
+		r->wait_tail = h->wprev;
+	h->wprev = h->wnext = NULL;
+	h->waiting = false;
+}
+
+/* After `next` or `acked` of s's direction dir moved: a wait whose bytes came ends, and acknowledged bytes not yet
+ * had start one (at the capture's clock, which never goes back, so the waits stay oldest first). */
+static void wait_review(struct tap_reasm *r, struct stream *s, enum tap_dir dir)
+{
+	struct half *h = &s->h[dir];
+	if (h->waiting && (int32_t)(h->wait_seq - h->next) <= 0)
+		wait_unlink(r, h);
+	if (h->waiting || !h->acked_set || h->fin_done || s->closed || (int32_t)(h->acked - h->next) <= 0)
+		return;
+	h->waiting = true;
+	h->wait_seq = h->acked;
+	h->wait_since = r->now;
+	h->owner = s;
+	h->dir = dir;
+	h->wnext = NULL;
+	h->wprev = r->wait_tail;
+	if (r->wait_tail)
+		r->wait_tail->wnext = h;
+	else
+		r->wait_head = h;
+	r->wait_tail = h;
+}
+
 static void half_clear(struct tap_reasm *r, struct half *h)
 {
+	wait_unlink(r, h);
 	for (size_t i = 0; i < h->n; i++) {
 		r->ooo_held -= ooo_cost(h->segs[i].len);
 		free(h->segs[i].data);
@@ -273,6 +326,7 @@ void tap_reasm_expire(struct tap_reasm *r, int64_t ts)
 	}
 	clock_to(r, ts);
 	ts = r->now;
+	tap_reasm_expire_acks(r, ts);
 	while ((s = r->live.head) && idle_for(ts, s->last_ts, r->idle_us)) {
 		r->st->idle_closed++;
 		flush_holes(r, s, ts);
@@ -346,15 +400,18 @@ static void emit(struct tap_reasm *r, struct stream *s, enum tap_dir dir, const 
 	h->next += (uint32_t)len;
 	h->spoke |= len > 0;
 	r->st->bytes += len;
+	if (h->waiting)
+		wait_review(r, s, dir);
 	if (len && r->cb->data)
 		r->cb->data(r->cb->ctx, s->user, dir, data, len, ts);
 }
 
-static void reach_fin(struct stream *s, enum tap_dir dir)
+static void reach_fin(struct tap_reasm *r, struct stream *s, enum tap_dir dir)
 {
 	struct half *h = &s->h[dir];
 	h->fin_done = true;
 	h->next++;
+	wait_unlink(r, h);
 	if (!s->fin_seen) {
 		s->fin_seen = true;
 		s->first_fin = dir;
@@ -393,7 +450,7 @@ static bool deliver_inorder(struct tap_reasm *r, struct stream *s, enum tap_dir 
 	if ((int32_t)(end - h->next) > 0)
 		give_up_to(r, s, dir, end, ts);
 	if (fin && !h->fin_done)
-		reach_fin(s, dir);
+		reach_fin(r, s, dir);
 	return true;
 }
 
@@ -420,6 +477,7 @@ static void give_up_to(struct tap_reasm *r, struct stream *s, enum tap_dir dir, 
 	uint32_t missing = upto - h->next;
 	r->st->gaps++;
 	h->next = upto;
+	wait_review(r, s, dir); /* before the callback: the caller may ask tap_reasm_known_until */
 	if (r->cb->gap)
 		r->cb->gap(r->cb->ctx, s->user, dir, missing, ts);
 }
@@ -432,27 +490,74 @@ static void skip_hole(struct tap_reasm *r, struct stream *s, enum tap_dir dir, i
 }
 
 /* The stream ends with segments still buffered behind holes: the holes are given up on (gap callbacks) and what
- * follows them delivered, so the data and a FIN behind a lost segment are not lost with it. */
+ * follows them delivered, so the data and a FIN behind a lost segment are not lost with it; so are the bytes the
+ * peer acknowledged that never came (the reorder allowance is moot when nothing more will be read). */
 static void flush_holes(struct tap_reasm *r, struct stream *s, int64_t ts)
 {
 	for (int d = 0; d < TAP_DIR_COUNT; d++) {
 		struct half *h = &s->h[d];
 		while (h->n > 0 && !h->fin_done && !s->closed)
 			skip_hole(r, s, (enum tap_dir)d, ts);
+		if (h->acked_set && !h->fin_done && !s->closed && (int32_t)(h->acked - h->next) > 0)
+			give_up_to(r, s, (enum tap_dir)d, h->acked, ts);
 	}
 }
 
-/* The peer acknowledged bytes of `dir` up to `ack`: a hole below that was delivered on the wire and lost only by
- * the capture, so it will never be retransmitted; it is given up on at once instead of when the buffer fills. So
- * are acknowledged bytes nothing after them was captured yet: without this the hole would show only with the
- * next segment of `dir`, perhaps after a return window ran out and took a lost Return for none (`unproven`). */
-static void skip_acked(struct tap_reasm *r, struct stream *s, enum tap_dir dir, uint32_t ack, int64_t ts)
+/* A hole of `dir` below what the peer acknowledged, with later bytes of `dir` captured after it: the hole was
+ * delivered on the wire and lost only by the capture (a capture keeps each direction's order, even a merge of two
+ * one-direction taps), so it will never come; it is given up on at once instead of when the buffer fills. */
+static void skip_acked_holes(struct tap_reasm *r, struct stream *s, enum tap_dir dir, int64_t ts)
 {
 	struct half *h = &s->h[dir];
-	while (h->init && h->n > 0 && !h->fin_done && !s->closed && (int32_t)(ack - h->next) > 0)
+	while (h->acked_set && h->n > 0 && !h->fin_done && !s->closed && (int32_t)(h->acked - h->next) > 0)
 		skip_hole(r, s, dir, ts);
-	if (h->init && h->n == 0 && !h->fin_done && !s->closed && (int32_t)(ack - h->next) > 0)
-		give_up_to(r, s, dir, ack, ts);
+}
+
+/* The peer acknowledged bytes of `dir` up to `ack`. Acknowledged bytes nothing after them was captured yet are a
+ * gap too (without that the hole would show only with the next segment of `dir`, perhaps after a return window
+ * ran out and took a lost Return for none: `unproven`), but not at once: an ACK can be captured before the segment
+ * it acknowledges (two one-direction taps merged, their clocks apart), so they are awaited for
+ * TAP_CAPTURE_REORDER_US (tap_reasm_expire_acks), or until a later segment of `dir` shows them lost. */
+static void peer_acked(struct tap_reasm *r, struct stream *s, enum tap_dir dir, uint32_t ack, int64_t ts)
+{
+	struct half *h = &s->h[dir];
+	if (!h->init)
+		return;
+	if (!h->acked_set || (int32_t)(ack - h->acked) > 0) {
+		h->acked = ack;
+		h->acked_set = true;
+	}
+	skip_acked_holes(r, s, dir, ts);
+	if (!s->closed)
+		wait_review(r, s, dir);
+}
+
+static bool waited(int64_t now, int64_t since)
+{
+	return now >= since && (uint64_t)now - (uint64_t)since >= (uint64_t)TAP_CAPTURE_REORDER_US;
+}
+
+void tap_reasm_expire_acks(struct tap_reasm *r, int64_t now)
+{
+	struct half *h;
+	while ((h = r->wait_head) != NULL && waited(now, h->wait_since)) {
+		struct stream *s = h->owner;
+		uint32_t upto = h->wait_seq;
+		wait_unlink(r, h);
+		if (!s->closed && !h->fin_done && (int32_t)(upto - h->next) > 0) {
+			give_up_to(r, s, h->dir, upto, now);
+			drain(r, s, h->dir, now);
+		}
+	}
+}
+
+int64_t tap_reasm_known_until(const struct tap_reasm *r)
+{
+	int64_t until = INT64_MAX;
+	for (const struct half *h = r->wait_head; h; h = h->wnext)
+		if (h->seen_ts - 1 < until)
+			until = h->seen_ts - 1;
+	return until;
 }
 
 static bool over_total(const struct tap_reasm *r, size_t len)
@@ -628,14 +733,17 @@ int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t 
 		if ((g->flags & TCP_ACK) && !back->init) {
 			back->init = true;
 			back->next = g->ack;
+			back->seen_ts = r->now;
 		}
 	}
 	if (!h->init) {
 		h->init = true;
 		h->next = seq;
 	}
+	if ((int32_t)(seq - h->next) <= 0 && (int32_t)(seq + (uint32_t)(g->len + g->lost) - h->next) >= 0)
+		h->seen_ts = r->now; /* sent after every byte before `next`, before any after it */
 	if ((g->flags & TCP_ACK) && !(g->flags & TCP_SYN))
-		skip_acked(r, s, tap_dir_reverse(dir), g->ack, ts);
+		peer_acked(r, s, tap_dir_reverse(dir), g->ack, ts);
 	if (s->closed)
 		return TAP_OK;
 	if (g->flags & TCP_RST) {
@@ -656,6 +764,7 @@ int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t 
 		int rc = buffer_ahead(r, s, dir, seq, g->payload, g->len, g->lost, fin, ts);
 		if (rc < 0)
 			return rc;
+		skip_acked_holes(r, s, dir, ts); /* a later segment shows acknowledged bytes lost */
 	}
 	if (s->h[TAP_S2C].fin_done && s->h[TAP_C2S].fin_done)
 		stream_close(r, s, fin_end(s), ts);
@@ -695,4 +804,5 @@ void tap_reasm_deinit(struct tap_reasm *r)
 	}
 	free(r->tab);
 	r->tab = NULL;
+	r->wait_head = r->wait_tail = NULL;
 }

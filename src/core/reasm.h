@@ -24,6 +24,7 @@ struct tap_segment {
 };
 
 struct stream;
+struct half;
 
 /* A list of streams through one of their links (the link's offset in struct stream), oldest first. */
 struct stream_list {
@@ -53,6 +54,8 @@ struct tap_reasm {
 	bool jump_pending;
 	int64_t jump_at;
 	uint64_t jump_step;
+	/* stream directions awaiting bytes their peer acknowledged, oldest wait first (tap_reasm_expire_acks) */
+	struct half *wait_head, *wait_tail;
 };
 
 /* Empty, counting into st; port, cb, idle_us and max_streams are set by the caller before the first segment. */
@@ -63,6 +66,11 @@ void tap_reasm_expire(struct tap_reasm *r, int64_t ts);
 /* A packet's time, before its segment: tap_reasm_expire at it, unless it moved the clock on by the idle time or
  * more at once, which the packet after it resolves (a silence of every stream, or two clocks apart). */
 void tap_reasm_packet_time(struct tap_reasm *r, int64_t ts);
+/* Bytes a peer acknowledged that the capture has not had for TAP_CAPTURE_REORDER_US by capture time now are
+ * given up on (gap callbacks); tap_reasm_expire does this at every packet. */
+void tap_reasm_expire_acks(struct tap_reasm *r, int64_t now);
+/* See tap_capture_known_until. */
+int64_t tap_reasm_known_until(const struct tap_reasm *r);
 /* One segment seen at ts: 0, or TAP_E_NOMEM. */
 int tap_reasm_segment(struct tap_reasm *r, const struct tap_segment *g, int64_t ts);
 /* The end of the capture: every open stream is closed (after a FIN as that FIN's end, else _END_CAPTURE). */

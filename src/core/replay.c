@@ -42,6 +42,7 @@ struct replay {
 	int64_t lag_us;  /* how far behind the wall clock a live capture's clock goes on (on_idle) */
 	uint64_t gaps, gap_bytes;
 	const struct tap_replay_hooks *hooks;
+	struct tap_capture *cap; /* asked what is known (tap_capture_known_until) before a deadline is settled */
 };
 
 /* A packet moved the clock on. The deadlines it passed are settled by what the packet brings (settle_due), not
@@ -62,13 +63,21 @@ static void on_packet(void *ctx, int64_t ts)
 	}
 }
 
+/* Deadlines are settled up to the packet's time, or only up to what the capture knows while bytes a peer
+ * acknowledged are awaited (TAP_CAPTURE_REORDER_US): those may hold a Return that decides a publish whose window
+ * ends meanwhile, and as a gap they end it `unknown`. The rest stays due for when they came or were given up. */
 static void settle_due(struct replay *r)
 {
 	if (!r->due)
 		return;
-	r->due = false;
-	if (r->now >= r->next_deadline)
-		r->next_deadline = tap_track_tick(r->track, r->now);
+	int64_t until = r->now;
+	int64_t known = r->cap ? tap_capture_known_until(r->cap) : INT64_MAX;
+	if (known < until)
+		until = known;
+	else
+		r->due = false;
+	if (until >= r->next_deadline)
+		r->next_deadline = tap_track_tick(r->track, until);
 }
 
 /* The tracker was handed something at r->now: a deadline it made is no nearer than the shortest window. */
@@ -256,6 +265,7 @@ static void on_idle(void *ctx)
 			r->read_at += now - r->now;
 			r->now = now;
 			r->due = true;
+			tap_capture_advance(r->cap, now); /* awaited bytes still missing by now are a gap first */
 			settle_due(r);
 		}
 	}
@@ -273,7 +283,7 @@ static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs
 		  const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap)
 {
 	struct replay r = {.obs = obs, .track = track, .hooks = hooks, .min_window_us = hooks ? hooks->min_window_us : 0,
-	                   .lag_us = TAP_REPLAY_LIVE_LAG_US};
+	                   .lag_us = TAP_REPLAY_LIVE_LAG_US, .cap = c};
 	struct tap_capture_cb cb = {
 		.ctx = &r, .packet = on_packet, .open = on_open, .data = on_data, .gap = on_gap, .close = on_close,
 		.idle = on_idle, .stop = on_stop,
@@ -346,6 +356,7 @@ int tap_replay_live_new(struct tap_replay_live **out, const uint16_t *ports, siz
 		free(l);
 		return rc;
 	}
+	l->r.cap = l->c;
 	for (size_t i = 1; i < n_ports; i++)
 		(void)tap_capture_add_port(l->c, ports[i]); /* within TAP_CAPTURE_MAX_PORTS: checked above */
 	*out = l;
@@ -362,6 +373,7 @@ void tap_replay_live_advance(struct tap_replay_live *l, int64_t now_us)
 {
 	if (l && l->r.started) {
 		on_packet(&l->r, now_us);
+		tap_capture_advance(l->c, l->r.now);
 		settle_due(&l->r);
 	}
 }

@@ -1056,6 +1056,108 @@ START_TEST(acked_hole_is_given_up_at_once)
 }
 END_TEST
 
+/* A capture merged from two one-direction taps whose clocks differ: the client's ACK of the broker's segment comes
+ * 20 µs before that segment. Bytes acknowledged and not yet captured are awaited for TAP_CAPTURE_REORDER_US, so
+ * that is no gap (it made one, and every later publish `unknown`); a segment later than that is one. */
+START_TEST(ack_before_the_data_it_acknowledges)
+{
+	const int64_t late[] = {20, TAP_CAPTURE_REORDER_US - 1, TAP_CAPTURE_REORDER_US, 20 * 1000};
+	for (size_t k = 0; k < sizeof late / sizeof late[0]; k++) {
+		struct conv v;
+		conv_init(&v, false, 40010, 5672, pk);
+		conv_open(&v);                                  /* 0 1 2 */
+		conv_send(&v, false, F_PSH | F_ACK, "hello", 5); /* 3 */
+		conv_send(&v, true, F_ACK, NULL, 0);            /* 4: acks it, captured first */
+		v.ts += 30 * 1000;
+		conv_send(&v, true, F_PSH | F_ACK, "more", 4);  /* 5 */
+		conv_close(&v);                                 /* 6 7 8 9 */
+		pk[4].ts = pk[3].ts;
+		pk[3].ts += late[k];
+		size_t order[] = {0, 1, 2, 4, 3, 5, 6, 7, 8, 9};
+		struct got g;
+		ck_assert_int_eq(run_pkts(10, order, &g), 0);
+		bool gap = late[k] >= TAP_CAPTURE_REORDER_US;
+		ck_assert_uint_eq(g.s[0].gaps, gap);
+		assert_bytes(&g.s[0].bytes[TAP_S2C], gap ? "" : "hello");
+		assert_bytes(&g.s[0].bytes[TAP_C2S], "more");
+		if (gap) { /* at the packet that moved the clock past the allowance, before its own bytes */
+			ck_assert_uint_eq(g.s[0].missing[TAP_S2C], 5);
+			ck_assert_int_eq(g.s[0].gap_ts, pk[3].ts);
+		}
+		got_free(&g);
+	}
+}
+END_TEST
+
+static int64_t wait_gap_ts;
+static uint64_t wait_gaps, wait_missing;
+
+static void wait_gap(void *ctx, void *user, enum tap_dir dir, uint64_t missing, int64_t ts)
+{
+	(void)ctx, (void)user, (void)dir;
+	wait_gaps++;
+	wait_missing += missing;
+	wait_gap_ts = ts;
+}
+
+static void wait_segment(struct tap_reasm *r, bool c2s, uint32_t seq, uint32_t ack, uint8_t flags, const char *data,
+			 int64_t ts)
+{
+	struct tap_segment g = {.sport = c2s ? 40011 : 5672, .dport = c2s ? 5672 : 40011, .seq = seq, .ack = ack,
+				.flags = flags, .payload = (const uint8_t *)data, .len = data ? strlen(data) : 0};
+	memcpy(c2s ? g.src : g.dst, "\x0a\x00\x00\x01", 4);
+	memcpy(c2s ? g.dst : g.src, "\x0a\x00\x00\x02", 4);
+	tap_reasm_packet_time(r, ts);
+	ck_assert_int_eq(tap_reasm_segment(r, &g, ts), 0);
+}
+
+/* Bytes the client acknowledged that the capture never had (a Return it lost), acknowledged after 3 s of silence:
+ * while they are awaited, what is known ends before the broker's last segment (the lost bytes came after it), so the
+ * replay settles no deadline past it; once the allowance is over they are a gap, which a packet of the direction
+ * beyond them shows at once too. */
+START_TEST(acked_bytes_never_captured_are_a_gap_after_the_allowance)
+{
+	struct tap_capture_stats st = {0};
+	struct tap_capture_cb cb = {.gap = wait_gap};
+	for (int beyond = 0; beyond < 2; beyond++) {
+		struct tap_reasm r;
+		tap_reasm_init(&r, &st);
+		r.ports[0] = 5672;
+		r.cb = &cb;
+		r.idle_us = TAP_CAPTURE_IDLE_US_DEFAULT;
+		r.max_streams = TAP_CAPTURE_MAX_STREAMS_DEFAULT;
+		wait_gaps = wait_missing = 0;
+		const int64_t t = 1700000000000000;
+		wait_segment(&r, true, 100, 0, F_SYN, NULL, t);
+		wait_segment(&r, false, 1000, 101, F_SYN | F_ACK, NULL, t + 10);
+		wait_segment(&r, true, 101, 1001, F_ACK, NULL, t + 20);
+		wait_segment(&r, false, 1001, 101, F_PSH | F_ACK, "abcd", t + 1000); /* the broker's last, captured */
+		ck_assert_int_eq(tap_reasm_known_until(&r), INT64_MAX);
+		/* [1005, 1013) sent and lost by the capture; acknowledged 3 s later */
+		const int64_t ack_at = t + 3000000;
+		wait_segment(&r, true, 101, 1013, F_ACK, NULL, ack_at);
+		ck_assert_uint_eq(wait_gaps, 0);
+		ck_assert_int_eq(tap_reasm_known_until(&r), t + 1000 - 1);
+		if (beyond) { /* the broker's next segment, after the lost bytes: they are lost */
+			wait_segment(&r, false, 1013, 101, F_PSH | F_ACK, "next", ack_at + 50);
+			ck_assert_uint_eq(wait_gaps, 1);
+			ck_assert_int_eq(wait_gap_ts, ack_at + 50);
+		} else {
+			tap_reasm_expire(&r, ack_at + TAP_CAPTURE_REORDER_US - 1);
+			ck_assert_uint_eq(wait_gaps, 0);
+			tap_reasm_expire(&r, ack_at + TAP_CAPTURE_REORDER_US);
+			ck_assert_uint_eq(wait_gaps, 1);
+			ck_assert_int_eq(wait_gap_ts, ack_at + TAP_CAPTURE_REORDER_US);
+		}
+		ck_assert_uint_eq(wait_missing, 8);
+		ck_assert_int_eq(tap_reasm_known_until(&r), INT64_MAX);
+		tap_reasm_close_all(&r, ack_at + 1000000);
+		ck_assert_uint_eq(wait_gaps, 1);
+		tap_reasm_deinit(&r);
+	}
+}
+END_TEST
+
 START_TEST(truncated_file_keeps_earlier_streams)
 {
 	size_t n = basic_conv(false, false);
@@ -1276,6 +1378,8 @@ int main(void)
 	tcase_add_test(tc, out_of_order_retransmit_overlap);
 	tcase_add_test(tc, acked_hole_is_given_up_at_once);
 	tcase_add_test(tc, snap_length_keeps_the_captured_prefix);
+	tcase_add_test(tc, ack_before_the_data_it_acknowledges);
+	tcase_add_test(tc, acked_bytes_never_captured_are_a_gap_after_the_allowance);
 	tcase_add_test(tc, mid_connection_start);
 	tcase_add_test(tc, pcapng_interfaces_with_clocks_apart);
 	tcase_add_test(tc, pcapng_tsoffset_either_sign);
