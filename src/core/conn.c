@@ -965,10 +965,11 @@ static void conn_decode(struct tap_conn *c, enum tap_dir dir, const uint8_t *dat
 		data += n;
 		len -= (size_t)n;
 		int rc = TAP_OK;
-		if (dir == TAP_C2S && !c->login_done && !c->midstream &&
+		if (dir == TAP_C2S && !c->login_done && !c->midstream && !d->gapped &&
 		    (ev.kind == TAP_EV_HEADER || ev.kind == TAP_EV_BODY)) {
 			/* nothing but methods comes before the login: bytes that claim to be content then are not
-			 * understood, and whatever they hold (a password framed as a body) is shown nowhere */
+			 * understood, and whatever they hold (a password framed as a body) is shown nowhere. After a
+			 * gap the login may have been in what the capture lost (and the capture copy keeps nothing). */
 			d->stopped = true;
 			decode_error(c, dir, TAP_E_UNEXPECTED_FRAME, ev.offset, chunk, chunk_len, chunk_offset, now_us);
 			return;
