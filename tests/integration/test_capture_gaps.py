@@ -466,34 +466,39 @@ class Pipes(unittest.TestCase):
         self.assertEqual([(r["seq"], r["route"], r["confirm"], r.get("confirm_us")) for r in got],
                          [(r["seq"], r["route"], r["confirm"], r.get("confirm_us")) for r in golden])
 
+    def live_view(self, name, extra=(), stdout=subprocess.PIPE):
+        """`amqptap replay -` of captures/NAME.pcapng written whole into a pipe that stays open: (process, the
+        golden records without ts and run). The caller ends it with end_by_sigint, or the cleanup kills it."""
+        cap = os.path.join(CAPTURES, f"{name}.pcapng")
+        golden = [{k: v for k, v in r.items() if k not in ("ts", "run")}
+                  for r in read_records(os.path.join(CAPTURES, f"{name}.verdicts.jsonl"))]
+        p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(capture_port(cap)), *extra],
+                             stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.PIPE)
+        self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
+        with open(cap, "rb") as f:
+            p.stdin.write(f.read())
+        p.stdin.flush()  # and the pipe stays open: replay waits for more
+        return p, golden
+
+    def end_by_sigint(self, p):
+        """SIGINT, then (stdout, stderr) once it exited 0 and said so."""
+        self.assertIsNone(p.poll(), "replay ended before its input did")
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        err = err.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("replay stopped by SIGINT", err)
+        return out, err
+
     def test_sigint_ends_a_live_view_as_its_end_would(self):
         """Ctrl-C on `tcpdump -U -w - | amqptap replay -` signals both while the pipe is open: replay ends the
         capture where it has read to, as an end of file would, so it writes every record the golden verdicts have
         (the capture's connection closed before its end), and the connection's records, with exit 0."""
-        cap = os.path.join(CAPTURES, "alternate_exchange.pcapng")
-        port = capture_port(cap)
-        golden = [{k: v for k, v in r.items() if k not in ("ts", "run")}
-                  for r in read_records(os.path.join(CAPTURES, "alternate_exchange.verdicts.jsonl"))]
-        with open(cap, "rb") as f:
-            data = f.read()
-        p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(port)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            p.stdin.write(data)
-            p.stdin.flush()  # and the pipe stays open: replay waits for more
-            ready, _, _ = select.select([p.stdout], [], [], 10)
-            self.assertTrue(ready, "no record within 10 s")
-            time.sleep(0.5)
-            self.assertIsNone(p.poll(), "replay ended before its input did")
-            p.send_signal(signal.SIGINT)
-            out, err = p.communicate(timeout=30)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        err = err.decode()
-        self.assertEqual(p.returncode, 0, err)
-        self.assertIn("replay stopped by SIGINT", err)
+        p, golden = self.live_view("alternate_exchange")
+        ready, _, _ = select.select([p.stdout], [], [], 10)
+        self.assertTrue(ready, "no record within 10 s")
+        time.sleep(0.5)
+        out, err = self.end_by_sigint(p)
         self.assertIn("output verdicts records=", err)  # the summary
         got = [{k: v for k, v in json.loads(line).items() if k not in ("ts", "run")} for line in out.splitlines()]
         self.assertEqual(got, golden)
@@ -503,41 +508,22 @@ class Pipes(unittest.TestCase):
         anew (records after the signal go to the new one) and the summary is printed, the replay going on; then
         SIGINT ends it with every record written across the two files. (Before: either signal killed it, with the
         records not yet flushed lost and no summary.)"""
-        cap = os.path.join(CAPTURES, "alternate_exchange.pcapng")
-        port = capture_port(cap)
-        golden = [{k: v for k, v in r.items() if k not in ("ts", "run")}
-                  for r in read_records(os.path.join(CAPTURES, "alternate_exchange.verdicts.jsonl"))]
-        with open(cap, "rb") as f:
-            data = f.read()
         d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
         out = os.path.join(d, "v.jsonl")
-        p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(port), "-o", out], stdin=subprocess.PIPE,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            p.stdin.write(data)
-            p.stdin.flush()  # and the pipe stays open: the records of the connection still open wait for more
-            self.assertTrue(wait_for(lambda: os.path.exists(out) and os.path.getsize(out) > 0, 10, 0.1))
-            time.sleep(0.3)
-            os.rename(out, out + ".1")
-            p.send_signal(signal.SIGHUP)
-            p.send_signal(signal.SIGUSR1)
-            self.assertTrue(wait_for(lambda: os.path.exists(out), 10, 0.1), "SIGHUP made no new verdict file")
-            time.sleep(0.3)
-            self.assertIsNone(p.poll(), "replay ended on SIGHUP or SIGUSR1")
-            p.send_signal(signal.SIGINT)
-            _, err = p.communicate(timeout=30)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        err = err.decode()
-        self.assertEqual(p.returncode, 0, err)
+        p, golden = self.live_view("alternate_exchange", ["-o", out], stdout=subprocess.DEVNULL)
+        self.assertTrue(wait_for(lambda: os.path.exists(out) and os.path.getsize(out) > 0, 10, 0.1))
+        time.sleep(0.3)
+        os.rename(out, out + ".1")
+        p.send_signal(signal.SIGHUP)
+        p.send_signal(signal.SIGUSR1)
+        self.assertTrue(wait_for(lambda: os.path.exists(out), 10, 0.1), "SIGHUP made no new verdict file")
+        time.sleep(0.3)
+        _, err = self.end_by_sigint(p)
         self.assertGreaterEqual(err.count("output verdicts records="), 2, "SIGUSR1's summary and the last one")
         got = [{k: v for k, v in r.items() if k not in ("ts", "run")}
                for r in read_records(out + ".1") + read_records(out)]
         self.assertEqual(got, golden)
-        shutil.rmtree(d)
-
 
 if __name__ == "__main__":
     main()
