@@ -416,7 +416,7 @@ static int run_mem(const void *data, size_t len, uint16_t port, struct got *g, c
 static void assert_bytes(const struct tap_buf *b, const char *want)
 {
 	ck_assert_uint_eq(b->len, strlen(want));
-	ck_assert(memcmp(b->data, want, b->len) == 0);
+	ck_assert(b->len == 0 || memcmp(b->data, want, b->len) == 0); /* an empty buffer may have no data */
 }
 
 #define MAX_PKTS 128
