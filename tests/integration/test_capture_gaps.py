@@ -104,6 +104,19 @@ def restamped(raw, us):
     return raw[:12] + struct.pack("<II", us >> 32, us & 0xFFFFFFFF) + raw[20:]
 
 
+def numbered_blocks(data):
+    """The pcapng blocks of data as (n, is a packet block, bytes): n is the packet's number (1-based), or for any
+    other block the number of the last packet before it."""
+    n = 0
+    for btype, raw in blocks(data):
+        n += btype == 6
+        yield n, btype == 6, raw
+
+
+def golden_publishes(cap):
+    return [r for r in read_records(cap[:-len(".pcapng")] + ".verdicts.jsonl") if r["type"] == "publish"]
+
+
 def replay_bytes(data, port, path="-"):
     r = subprocess.run([AMQPTAP_BIN, "replay", path, "--port", str(port)], input=data, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, timeout=120)
@@ -291,14 +304,12 @@ class CaptureGaps(unittest.TestCase):
         with open(cap, "rb") as f:
             data = f.read()
         dropped = frames_with_method(cap, port, 60, 50)[-1]  # the packet of the last Returns
-        out, n = [], 0
-        for btype, raw in blocks(data):
-            if btype == 6:
-                n += 1
-                if n == dropped:
-                    continue
-                if n > dropped:  # 3 s later
-                    raw = restamped(raw, stamp(raw) + 3_000_000)
+        out = []
+        for n, packet, raw in numbered_blocks(data):
+            if packet and n == dropped:
+                continue
+            if packet and n > dropped:  # 3 s later
+                raw = restamped(raw, stamp(raw) + 3_000_000)
             out.append(raw)
         rc, recs, err = replay_bytes(b"".join(out), port)
         golden = read_records(cap[:-len(".pcapng")] + ".verdicts.jsonl")
@@ -394,18 +405,11 @@ class Pipes(unittest.TestCase):
         with open(cap, "rb") as f:
             data = f.read()
         quiet_from = frames_with_method(cap, port, 20, 40)[0]  # the client's channel.close: it and all after, unsent
-        bl = blocks(data)
-        last_sent = [raw for t, raw in bl if t == 6][quiet_from - 2]
+        last_sent = [raw for _, packet, raw in numbered_blocks(data) if packet][quiet_from - 2]
         shift = int(time.time() * 1e6) - stamp(last_sent)  # as if it was captured just now
-        out, n = [], 0
-        for btype, raw in bl:
-            if btype == 6:
-                n += 1
-                if n >= quiet_from:
-                    break
-                raw = restamped(raw, stamp(raw) + shift)
-            out.append(raw)
-        golden = [r for r in read_records(cap[:-len(".pcapng")] + ".verdicts.jsonl") if r["type"] == "publish"]
+        out = [restamped(raw, stamp(raw) + shift) if packet else raw
+               for n, packet, raw in numbered_blocks(data) if n < quiet_from]
+        golden = golden_publishes(cap)
         p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(port)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         try:
@@ -438,16 +442,12 @@ class Pipes(unittest.TestCase):
         with open(cap, "rb") as f:
             data = f.read()
         first_ack = frames_with_method(cap, port, 60, 80)[0]
-        bl = blocks(data)
-        packets = [raw for t, raw in bl if t == 6]
+        packets = [raw for _, packet, raw in numbered_blocks(data) if packet]
         shift = int(time.time() * 1e6) - 400000 - stamp(packets[first_ack - 2])
-        head, tail, n = [], [], 0
-        for btype, raw in bl:
-            if btype == 6:
-                n += 1
-                raw = restamped(raw, stamp(raw) + shift)
-            (head if n < first_ack else tail).append(raw)
-        golden = [r for r in read_records(cap[:-len(".pcapng")] + ".verdicts.jsonl") if r["type"] == "publish"]
+        head, tail = [], []
+        for n, packet, raw in numbered_blocks(data):
+            (head if n < first_ack else tail).append(restamped(raw, stamp(raw) + shift) if packet else raw)
+        golden = golden_publishes(cap)
         p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(port)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         try:
