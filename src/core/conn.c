@@ -871,6 +871,14 @@ static void trace_frame(struct tap_conn *c, enum tap_dir dir, const struct tap_f
 	tap_buf_reset(&d->body_prefix);
 }
 
+/* Whether the client may still be logging in: its tune-ok or connection.open not decoded, in a stream followed from
+ * its start with nothing lost (a capture begun mid-connection, or a client-side gap, may have had the login in
+ * what the tap never saw). */
+static bool logging_in(const struct tap_conn *c)
+{
+	return !c->login_done && !c->midstream && !c->dir[TAP_C2S].gapped;
+}
+
 /* Where the client bytes that must still be held start: the first byte of an unfinished frame that may carry a
  * secret (any frame before the login; after it, one whose header is incomplete, or a method on channel 0 or of
  * class connection, or of a class not known yet), else the end of what was decoded. */
@@ -879,7 +887,7 @@ static uint64_t hold_from(const struct tap_conn *c, const struct tap_frame_dec *
 	struct tap_frame_partial f;
 	if (!tap_frame_dec_partial(d, &f))
 		return tap_frame_dec_offset(d);
-	if ((!c->login_done && !c->midstream) || f.type == 0 ||
+	if (logging_in(c) || f.type == 0 ||
 	    (f.type == TAP_FRAME_METHOD && (f.channel == 0 || f.class_id == 0 || f.class_id == TAP_CLASS_CONNECTION)))
 		return f.offset;
 	return tap_frame_dec_offset(d);
@@ -965,11 +973,9 @@ static void conn_decode(struct tap_conn *c, enum tap_dir dir, const uint8_t *dat
 		data += n;
 		len -= (size_t)n;
 		int rc = TAP_OK;
-		if (dir == TAP_C2S && !c->login_done && !c->midstream && !d->gapped &&
-		    (ev.kind == TAP_EV_HEADER || ev.kind == TAP_EV_BODY)) {
+		if (dir == TAP_C2S && logging_in(c) && (ev.kind == TAP_EV_HEADER || ev.kind == TAP_EV_BODY)) {
 			/* nothing but methods comes before the login: bytes that claim to be content then are not
-			 * understood, and whatever they hold (a password framed as a body) is shown nowhere. After a
-			 * gap the login may have been in what the capture lost (and the capture copy keeps nothing). */
+			 * understood, and whatever they hold (a password framed as a body) is shown nowhere */
 			d->stopped = true;
 			decode_error(c, dir, TAP_E_UNEXPECTED_FRAME, ev.offset, chunk, chunk_len, chunk_offset, now_us);
 			return;
