@@ -399,6 +399,27 @@ static void begin_shutdown(struct app *app)
 		on_grace_over(-1, 0, app); /* no memory for the timer: no grace, rather than no end */
 }
 
+/* libevent gives a signal back, when its event is freed, the action it had when the event was added; for these four
+ * the default action is to die. Once the loop has ended the tap is stopping anyway and what is left of its teardown
+ * is bounded by the flush deadlines, so a late signal (a supervisor repeating its SIGTERM, a stop sent just as the
+ * last session ended) must not kill it with the last log lines unwritten and its exit status lost: the action to
+ * be given back is "ignore". */
+static void add_signal_events(struct event **sigs, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (sigs[i]) {
+			signal(event_get_signal(sigs[i]), SIG_IGN);
+			evsignal_add(sigs[i], NULL);
+		}
+}
+
+static void free_signal_events(struct event **sigs, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (sigs[i])
+			event_free(sigs[i]);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	struct app *app = arg;
@@ -845,11 +866,9 @@ static int run_sniff(const struct tap_conf *conf)
 	}
 	int sig_nums[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 	struct event *sigs[4];
-	for (size_t i = 0; i < 4; i++) {
+	for (size_t i = 0; i < 4; i++)
 		sigs[i] = evsignal_new(app.base, sig_nums[i], on_sniff_signal, &app);
-		if (sigs[i])
-			evsignal_add(sigs[i], NULL);
-	}
+	add_signal_events(sigs, 4);
 	app.tick_timer = event_new(app.base, -1, EV_PERSIST, on_sniff_tick, &app);
 	struct timeval tick = {0, 10000};
 	if (app.tick_timer)
@@ -875,9 +894,7 @@ static int run_sniff(const struct tap_conf *conf)
 		app.exit_code = 1;
 	tap_admin_free(app.admin); /* it reads the capture: before that goes */
 	tap_sniff_free(app.sniff);
-	for (size_t i = 0; i < 4; i++)
-		if (sigs[i])
-			event_free(sigs[i]);
+	free_signal_events(sigs, 4);
 	if (app.tick_timer)
 		event_free(app.tick_timer);
 	event_base_free(app.base);
@@ -958,9 +975,7 @@ static int run_proxy(const struct tap_conf *conf)
 	app.sig_hup = evsignal_new(app.base, SIGHUP, on_signal, &app);
 	app.sig_usr1 = evsignal_new(app.base, SIGUSR1, on_signal, &app);
 	struct event *sigs[] = {app.sig_int, app.sig_term, app.sig_hup, app.sig_usr1};
-	for (size_t i = 0; i < 4; i++)
-		if (sigs[i])
-			evsignal_add(sigs[i], NULL);
+	add_signal_events(sigs, 4);
 	app.tick_timer = event_new(app.base, -1, EV_PERSIST, on_tick, &app);
 	struct timeval tick = {0, 10000};
 	if (app.tick_timer)
@@ -979,9 +994,7 @@ static int run_proxy(const struct tap_conf *conf)
 	if (!outputs_close(&app, deadline) && app.exit_code == 0)
 		app.exit_code = 1;
 	tap_admin_free(app.admin);
-	for (size_t i = 0; i < 4; i++)
-		if (sigs[i])
-			event_free(sigs[i]);
+	free_signal_events(sigs, 4);
 	if (app.grace_timer)
 		event_free(app.grace_timer);
 	if (app.tick_timer)
