@@ -1,6 +1,7 @@
 #!/bin/sh
 # Builds the libFuzzer harnesses (tests/fuzz/fuzz_*.c) with clang in build-fuzz and runs each for N seconds
-# (default 30) on a scratch copy of its seed corpus. Exits non-zero if any harness finds a crash.
+# (default 30), one per core at a time, on a scratch copy of its seed corpus. Exits non-zero if any harness finds a
+# crash.
 # Usage: scripts/fuzz.sh [seconds] [build-dir]
 set -eu
 secs=${1:-30}
@@ -11,8 +12,9 @@ CC=clang cmake -B "$build" -S "$root" -DTAP_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDe
 targets=$(for f in "$root"/tests/fuzz/fuzz_*.c; do printf ' --target %s' "$(basename "$f" .c)"; done)
 # shellcheck disable=SC2086
 cmake --build "$build" -j2 $targets >/dev/null
-status=0
-for h in "$build"/fuzz/fuzz_*; do
+# Runs one harness; its verdict line (and on failure the end of its log) goes to $build/$name.result.
+fuzz_one() {
+	h=$1
 	name=$(basename "$h")
 	corpus="$build/fuzz-corpus/${name#fuzz_}"
 	mkdir -p "$corpus"
@@ -30,7 +32,26 @@ for h in "$build"/fuzz/fuzz_*; do
 				echo "    $(basename "$a") (base64): $(base64 -w0 "$a")"
 			fi
 		done
-		status=1
+		return 1
 	fi
+} >"$build/$(basename "$1").result"
+
+# One harness per core at a time (each is single-threaded and runs for the same time); results in name order.
+jobs=$(nproc)
+set -- "$build"/fuzz/fuzz_*
+while [ $# -gt 0 ]; do
+	n=0
+	while [ $# -gt 0 ] && [ $n -lt "$jobs" ]; do
+		fuzz_one "$1" &
+		shift
+		n=$((n + 1))
+	done
+	wait
+done
+status=0
+for h in "$build"/fuzz/fuzz_*; do
+	result="$build/$(basename "$h").result"
+	cat "$result"
+	grep -q ': ok (' "$result" || status=1
 done
 exit $status

@@ -29,11 +29,12 @@ trap 'exit 130' INT TERM
 step() {
 	local name=$1
 	shift
+	local started=$SECONDS rc=0
 	tap_log "== $name"
-	if ! "$@"; then
-		failed+=("$name")
-		return 1
-	fi
+	"$@" || rc=1
+	tap_log "== $name: $([ $rc = 0 ] && echo ok || echo FAILED) in $((SECONDS - started)) s"
+	[ $rc = 0 ] || failed+=("$name")
+	return $rc
 }
 
 step packages tap_need_pkgs "${TAP_BUILD_PKGS[@]}" check librabbitmq-dev \

@@ -376,8 +376,17 @@ def check_confirmed_publishes(testcase, records, count, channel=1):
     return pubs
 
 
-class _CountingResult(unittest.TextTestResult):
-    pass
+class _TimedResult(unittest.TextTestResult):
+    """Keeps each test's wall time, for the slowest ones on the last line (where the CI's 20 minutes go)."""
+
+    def startTest(self, test):
+        self._started = time.monotonic()
+        super().startTest(test)
+
+    def stopTest(self, test):
+        super().stopTest(test)
+        self.times = getattr(self, "times", [])
+        self.times.append((time.monotonic() - self._started, test.id().rsplit(".", 1)[-1]))
 
 
 def main():
@@ -386,7 +395,7 @@ def main():
     names = sys.argv[1:]
     loader = unittest.defaultTestLoader
     suite = loader.loadTestsFromNames(names, module) if names else loader.loadTestsFromModule(module)
-    runner = unittest.TextTestRunner(verbosity=2, stream=sys.stdout, resultclass=_CountingResult)
+    runner = unittest.TextTestRunner(verbosity=2, stream=sys.stdout, resultclass=_TimedResult)
     result = runner.run(suite)
     failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
     skipped = len(result.skipped)
@@ -394,6 +403,9 @@ def main():
     line = f"{passed} passed, {failed} failed"
     if skipped:
         line += f", {skipped} skipped"
+    slowest = sorted(getattr(result, "times", []), reverse=True)[:3]
+    if slowest:
+        line += "; slowest: " + ", ".join(f"{name} {took:.1f} s" for took, name in slowest)
     print(line)
     sys.stdout.flush()
     sys.exit(1 if failed or result.testsRun == 0 else 0)

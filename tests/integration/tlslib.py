@@ -8,6 +8,7 @@ import ssl
 import subprocess
 import tempfile
 import time
+import unittest
 
 import pika
 
@@ -50,18 +51,46 @@ def broker_sh(*args):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
 
 
+_shared = {}  # what every class of a test file uses: "pki" (a directory), "broker" (True once started)
+
+
+def _end_shared():
+    if _shared.pop("broker", False):
+        broker_sh("stop")
+    pki = _shared.pop("pki", None)
+    if pki:
+        shutil.rmtree(pki, ignore_errors=True)
+
+
+def shared_pki():
+    """The certificates of this test file's run, written at the first use and removed when its tests are done."""
+    if "pki" not in _shared:
+        _shared["pki"] = tempfile.mkdtemp(prefix="amqptap-pki-")
+        unittest.addModuleCleanup(_end_shared)
+        make_pki(_shared["pki"])
+    return _shared["pki"]
+
+
+def shared_tls_broker(pki):
+    """The TLS broker of this test file's run, started at the first use and stopped with the certificates (a start
+    and stop per class cost 10 s each)."""
+    if _shared.get("broker"):
+        return
+    BROKER_ENV.update({"TAP_BROKER_TLS_CA": f"{pki}/ca.pem", "TAP_BROKER_TLS_CERT": f"{pki}/server.pem",
+                       "TAP_BROKER_TLS_KEY": f"{pki}/server.key"})
+    r = broker_sh("start")
+    if r.returncode != 0:
+        raise RuntimeError("TLS broker did not start: " + r.stdout.decode()[-2000:])
+    _shared["broker"] = True
+
+
 class PkiCase(TapTestCase):
     """Certificates for the class's tests (no broker of its own)."""
     pki = None
 
     @classmethod
     def setUpClass(cls):
-        cls.pki = tempfile.mkdtemp(prefix="amqptap-pki-")
-        make_pki(cls.pki)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.pki, ignore_errors=True)
+        cls.pki = shared_pki()
 
     def p(self, name):
         return os.path.join(self.pki, name)
@@ -73,16 +102,7 @@ class TlsCase(PkiCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        BROKER_ENV.update({"TAP_BROKER_TLS_CA": f"{cls.pki}/ca.pem", "TAP_BROKER_TLS_CERT": f"{cls.pki}/server.pem",
-                           "TAP_BROKER_TLS_KEY": f"{cls.pki}/server.key"})
-        r = broker_sh("start")
-        if r.returncode != 0:
-            raise RuntimeError("TLS broker did not start: " + r.stdout.decode()[-2000:])
-
-    @classmethod
-    def tearDownClass(cls):
-        broker_sh("stop")
-        super().tearDownClass()
+        shared_tls_broker(cls.pki)
 
     def tls_tap(self, client_tls=True, upstream_args=None, extra=(), **kw):
         args = []
