@@ -225,14 +225,12 @@ static enum tap_capture_end fin_end(const struct stream *s)
 	return s->first_fin == TAP_C2S ? TAP_CAPTURE_END_CLIENT_FIN : TAP_CAPTURE_END_SERVER_FIN;
 }
 
-/* Moves the capture clock to ts if that is later; a packet a second or more behind it is counted. */
+/* Moves the capture clock to ts if that is later. */
 static void clock_to(struct tap_reasm *r, int64_t ts)
 {
 	if (!r->now_set || ts > r->now) {
 		r->now = ts;
 		r->now_set = true;
-	} else if ((uint64_t)r->now - (uint64_t)ts >= 1000000) {
-		r->st->clock_back++;
 	}
 }
 
@@ -302,6 +300,8 @@ static void resolve_jump(struct tap_reasm *r, int64_t ts)
 
 void tap_reasm_packet_time(struct tap_reasm *r, int64_t ts)
 {
+	if (r->now_set && ts < r->now && (uint64_t)r->now - (uint64_t)ts >= 1000000)
+		r->st->clock_back++; /* here, once per packet: the clock is looked at again for its segment */
 	if (r->jump_pending)
 		resolve_jump(r, ts);
 	if (r->now_set && ts > r->now && r->idle_us > 0 && (uint64_t)ts - (uint64_t)r->now >= (uint64_t)r->idle_us) {

@@ -637,6 +637,30 @@ START_TEST(pcapng_interfaces_with_clocks_apart)
 }
 END_TEST
 
+/* Two packets stamped 2 s before the ones around them count as two clock steps back, once each, whatever else
+ * (a stream's close, expiry) looks at the clock at their time. The stream is whole: they are in order on the wire. */
+START_TEST(clock_back_counts_packets)
+{
+	size_t n = basic_conv(false, false);
+	ck_assert_uint_gt(n, 8);
+	pk[4].ts -= 2000000;
+	pk[n - 1].ts -= 2000000; /* the last: it closes the stream */
+	struct tap_buf b;
+	tap_buf_init(&b);
+	write_pcap(&b, pk, n, 1, false, false, false);
+	struct got g;
+	struct tap_capture_stats st;
+	char err[256] = "";
+	ck_assert_msg(run_mem_limits(b.data, b.len, 5672, &g, 0, 0, &st, err, sizeof err) == 0, "%s", err);
+	ck_assert_uint_eq(g.n, 1);
+	assert_bytes(&g.s[0].bytes[TAP_S2C], "start-ok");
+	ck_assert_uint_eq(g.s[0].bytes[TAP_C2S].len, 19);
+	ck_assert_uint_eq(st.clock_back, 2);
+	got_free(&g);
+	tap_buf_deinit(&b);
+}
+END_TEST
+
 START_TEST(pcapng_interfaces_and_resolutions)
 {
 	size_t n = basic_conv(false, true);
@@ -1382,6 +1406,7 @@ int main(void)
 	tcase_add_test(tc, acked_bytes_never_captured_are_a_gap_after_the_allowance);
 	tcase_add_test(tc, mid_connection_start);
 	tcase_add_test(tc, pcapng_interfaces_with_clocks_apart);
+	tcase_add_test(tc, clock_back_counts_packets);
 	tcase_add_test(tc, pcapng_tsoffset_either_sign);
 	tcase_add_test(tc, packets_the_reader_must_not_lose);
 	tcase_add_test(tc, out_of_order_bound_over_all_streams);
