@@ -115,6 +115,11 @@ struct tap_capture;
  * arrive (tcpdump -U -w -), the idle callback telling when the next read may wait. Returns 0 or a negative status (TAP_E_IO, TAP_E_BAD_CAPTURE,
  * TAP_E_NOMEM) with a message in err. */
 int tap_capture_open(struct tap_capture **c, const char *path, char *err, size_t cap);
+/* The same for a reader a signal may stop while the file is opened (a FIFO waits for its writer) or its header is
+ * awaited (a writer that has not written yet): a signal's interruption asks stop(ctx) (it may also do what the
+ * signal asked), and once that says to stop, the capture is one without packets, and no error. */
+int tap_capture_open_until(struct tap_capture **c, const char *path, bool (*stop)(void *ctx), void *ctx, char *err,
+			   size_t cap);
 /* The same over a memory buffer, borrowed until tap_capture_free; name is used in messages. */
 int tap_capture_open_mem(struct tap_capture **c, const void *data, size_t len, const char *name, char *err,
 			 size_t cap);

@@ -48,6 +48,9 @@ struct tap_capture {
 	enum format fmt;
 	bool swap;
 	bool ran;
+	bool stopped_early; /* a stop came before the header was read: a capture without packets */
+	bool (*open_stop)(void *ctx); /* the stop asked while opening, before cb (tap_capture_open_until) */
+	void *open_ctx;
 	/* pcap */
 	uint32_t linktype;
 	bool nsec;
@@ -76,7 +79,9 @@ static int fail(char *err, size_t cap, int rc, const char *fmt, ...)
 
 static bool stopping(const struct tap_capture *c)
 {
-	return c->cb && c->cb->stop && c->cb->stop(c->cb->ctx);
+	if (c->cb)
+		return c->cb->stop && c->cb->stop(c->cb->ctx);
+	return c->open_stop && c->open_stop(c->open_ctx);
 }
 
 static size_t src_read(struct tap_capture *c, void *buf, size_t n)
@@ -564,7 +569,7 @@ static int pcapng_run(struct tap_capture *c, char *err, size_t cap)
 
 /* ---- open / run ---- */
 
-static int open_common(struct tap_capture *c, char *err, size_t cap)
+static int read_header(struct tap_capture *c, char *err, size_t cap)
 {
 	uint8_t h[24];
 	size_t n = src_read(c, h, 4);
@@ -605,6 +610,17 @@ static int open_common(struct tap_capture *c, char *err, size_t cap)
 	return TAP_OK;
 }
 
+/* The header, unless a stop cut it short: then the capture has no packets, and no error. */
+static int open_common(struct tap_capture *c, char *err, size_t cap)
+{
+	int rc = read_header(c, err, cap);
+	if (rc < 0 && stopping(c)) {
+		c->stopped_early = true;
+		return TAP_OK;
+	}
+	return rc;
+}
+
 static int capture_new(struct tap_capture **out, const char *name)
 {
 	struct tap_capture *c = calloc(1, sizeof *c);
@@ -623,17 +639,32 @@ static int capture_new(struct tap_capture **out, const char *name)
 
 int tap_capture_open(struct tap_capture **out, const char *path, char *err, size_t cap)
 {
+	return tap_capture_open_until(out, path, NULL, NULL, err, cap);
+}
+
+int tap_capture_open_until(struct tap_capture **out, const char *path, bool (*stop)(void *ctx), void *ctx, char *err,
+			   size_t cap)
+{
 	*out = NULL;
 	struct tap_capture *c;
 	if (capture_new(&c, path) < 0)
 		return fail(err, cap, TAP_E_NOMEM, "out of memory");
+	c->open_stop = stop;
+	c->open_ctx = ctx;
 	if (strcmp(path, "-") == 0) {
 		int fd = dup(STDIN_FILENO);
 		c->f = fd >= 0 ? fdopen(fd, "rb") : NULL;
 		if (!c->f && fd >= 0)
 			(void)close(fd); /* fdopen failed: the descriptor is ours to close */
 	} else {
-		c->f = fopen(path, "rb");
+		/* a FIFO's open waits for a writer; a signal interrupts it */
+		while (!(c->f = fopen(path, "rb")) && errno == EINTR) {
+			if (stopping(c)) {
+				c->stopped_early = true;
+				*out = c;
+				return TAP_OK;
+			}
+		}
 	}
 	if (!c->f) {
 		int rc = fail(err, cap, TAP_E_IO, "%s: %s", path, strerror(errno));
@@ -701,6 +732,8 @@ int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_captu
 	c->cb = cb ? cb : &none;
 	c->reasm.ports[0] = port;
 	c->reasm.cb = c->cb;
+	if (c->stopped_early)
+		return TAP_OK;
 	int rc = c->fmt == FMT_PCAP ? pcap_run(c, err, cap) : pcapng_run(c, err, cap);
 	if (rc == TAP_OK && c->f && ferror(c->f) && !stopping(c)) /* a stop's interrupted read is no error */
 		rc = fail(err, cap, TAP_E_IO, "%s: read error at offset %" PRIu64, c->name, c->off);

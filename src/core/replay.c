@@ -312,7 +312,7 @@ int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, st
 	struct tap_capture *c;
 	if (stats)
 		*stats = (struct tap_replay_stats){0};
-	int rc = tap_capture_open(&c, path, err, cap);
+	int rc = tap_capture_open_until(&c, path, hooks ? hooks->stop : NULL, hooks ? hooks->ctx : NULL, err, cap);
 	if (rc < 0)
 		return rc;
 	return replay(c, port, obs, track, hooks, stats, err, cap);

@@ -525,5 +525,56 @@ class Pipes(unittest.TestCase):
                for r in read_records(out + ".1") + read_records(out)]
         self.assertEqual(got, golden)
 
+    def test_stop_before_the_capture_began(self):
+        """A replay of a FIFO nobody has opened yet, or of a pipe whose writer has written nothing yet (tcpdump that
+        waits for its interface), ends at SIGINT as a capture without packets: exit 0, said so, no error. Before,
+        the FIFO's waiting open failed with "Interrupted system call" (exit 1), and the pipe's header read went on
+        waiting through the signal until the writer closed, then said "too short for a capture file"."""
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        fifo = os.path.join(d, "cap")
+        os.mkfifo(fifo, 0o600)
+        waiting_for_a_writer = subprocess.Popen([AMQPTAP_BIN, "replay", fifo], stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE)
+        silent_writer = subprocess.Popen([AMQPTAP_BIN, "replay", "-"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for p in (waiting_for_a_writer, silent_writer):
+            self.addCleanup(lambda p=p: p.poll() is None and (p.kill(), p.wait()))
+        time.sleep(0.5)
+        for p in (waiting_for_a_writer, silent_writer):
+            out, err = self.end_by_sigint(p)
+            self.assertEqual(out, b"")
+            self.assertNotRegex(err, r"(?i)interrupted|too short|amqptap: replay [-/]")  # no error line
+        silent_writer.stdin.close()
+
+    def test_signals_while_a_fifo_waits_for_its_writer(self):
+        """SIGUSR1 and SIGHUP while `replay FIFO` waits for a writer: the summary is printed and the replay goes on
+        waiting; the capture written later is replayed whole (before, either signal ended it with exit 1)."""
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        fifo = os.path.join(d, "cap")
+        os.mkfifo(fifo, 0o600)
+        cap = os.path.join(CAPTURES, "alternate_exchange.pcapng")
+        p = subprocess.Popen([AMQPTAP_BIN, "replay", fifo, "--port", str(capture_port(cap))], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
+        time.sleep(0.3)
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(0.3)
+        p.send_signal(signal.SIGHUP)
+        time.sleep(0.3)
+        self.assertIsNone(p.poll(), "a signal ended the wait for the writer")
+        with open(fifo, "wb") as w, open(cap, "rb") as f:
+            w.write(f.read())
+        out, err = p.communicate(timeout=30)
+        err = err.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertGreaterEqual(err.count("output verdicts records="), 2, "SIGUSR1's summary and the last one")
+        golden = [{k: v for k, v in r.items() if k not in ("ts", "run")}
+                  for r in read_records(os.path.join(CAPTURES, "alternate_exchange.verdicts.jsonl"))]
+        got = [{k: v for k, v in json.loads(line).items() if k not in ("ts", "run")} for line in out.splitlines()]
+        self.assertEqual(got, golden)
+
+
 if __name__ == "__main__":
     main()
