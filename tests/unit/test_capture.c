@@ -606,6 +606,18 @@ START_TEST(pcapng_tsoffset_either_sign)
 }
 END_TEST
 
+/* Replays capture b of basic_conv's conversation, whatever its clocks: one stream with all its bytes; its stats. */
+static void replay_basic_conv(const struct tap_buf *b, struct tap_capture_stats *st)
+{
+	struct got g;
+	char err[256] = "";
+	ck_assert_msg(run_mem_limits(b->data, b->len, 5672, &g, 0, 0, st, err, sizeof err) == 0, "%s", err);
+	ck_assert_uint_eq(g.n, 1);
+	assert_bytes(&g.s[0].bytes[TAP_S2C], "start-ok");
+	ck_assert_uint_eq(g.s[0].bytes[TAP_C2S].len, 19);
+	got_free(&g);
+}
+
 /* A merge of two hosts' captures whose clocks differ by an hour: the client's packets on one interface, the
  * broker's on the other. Streams age by the latest time seen, so the late clock's packets do not make the
  * connection look idle and split it into many mid-stream ones. */
@@ -623,16 +635,10 @@ START_TEST(pcapng_interfaces_with_clocks_apart)
 		size_t len = link_wrap(frame, 1, pk[i].data, pk[i].len, false, false);
 		ng_epb(&b, from_client ? 0 : 1, (uint64_t)(pk[i].ts + (from_client ? 0 : 3600000000)), frame, len, false);
 	}
-	struct got g;
 	struct tap_capture_stats st;
-	char err[256] = "";
-	ck_assert_msg(run_mem_limits(b.data, b.len, 5672, &g, 0, 0, &st, err, sizeof err) == 0, "%s", err);
-	ck_assert_uint_eq(g.n, 1);
-	assert_bytes(&g.s[0].bytes[TAP_S2C], "start-ok");
-	ck_assert_uint_eq(g.s[0].bytes[TAP_C2S].len, 19);
+	replay_basic_conv(&b, &st);
 	ck_assert_uint_eq(st.clock_steps, 1);
 	ck_assert_uint_gt(st.clock_back, 0);
-	got_free(&g);
 	tap_buf_deinit(&b);
 }
 END_TEST
@@ -648,15 +654,9 @@ START_TEST(clock_back_counts_packets)
 	struct tap_buf b;
 	tap_buf_init(&b);
 	write_pcap(&b, pk, n, 1, false, false, false);
-	struct got g;
 	struct tap_capture_stats st;
-	char err[256] = "";
-	ck_assert_msg(run_mem_limits(b.data, b.len, 5672, &g, 0, 0, &st, err, sizeof err) == 0, "%s", err);
-	ck_assert_uint_eq(g.n, 1);
-	assert_bytes(&g.s[0].bytes[TAP_S2C], "start-ok");
-	ck_assert_uint_eq(g.s[0].bytes[TAP_C2S].len, 19);
+	replay_basic_conv(&b, &st);
 	ck_assert_uint_eq(st.clock_back, 2);
-	got_free(&g);
 	tap_buf_deinit(&b);
 }
 END_TEST
