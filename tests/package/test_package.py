@@ -247,7 +247,21 @@ class PackageTest(unittest.TestCase):
             self.assertIn(line, unit)
         self.assertNotIn("CAP_NET_RAW", unit, "raw sockets only for the sniff instance")
         with open(os.path.join(UNIT_DIR, "amqptap-sniff@.service")) as f:
-            self.assertIn("AmbientCapabilities=CAP_NET_RAW\n", f.read())
+            sniff = f.read()
+        self.assertIn("AmbientCapabilities=CAP_NET_RAW\n", sniff)
+        # One dynamic user for both: systemd gives LogsDirectory= to the user of each unit it starts, so with a
+        # user per unit the last one started would own /var/log/amqptap and the others could not reopen their
+        # files at rotation (found by running them as separate users: "cannot reopen: Permission denied").
+        def identity(text):
+            return sorted(re.findall(r"(?m)^(?:DynamicUser|User|Group|LogsDirectory|LogsDirectoryMode)=.*$", text))
+        self.assertEqual(identity(unit), identity(sniff))
+        self.assertIn("User=amqptap", identity(unit))
+        # the interface is the instance name as given: %I would make br-1234 "br/1234"
+        exec_start = re.search(r"(?m)^ExecStart=(.*)$", sniff).group(1)
+        self.assertIn("--interface %i ", exec_start)
+        self.assertNotIn("%I", re.sub(r"(?m)^#.*$", "", sniff))
+        unescaped = sh("systemd-escape", "--unescape", "br-1234").stdout.strip()
+        self.assertEqual(unescaped, "br/1234", "what %I would have given")
 
     # Every system call and socket family of a live session (publish, SIGHUP, SIGUSR1, SIGTERM), traced with
     # strace, is one that the unit's SystemCallFilter= and RestrictAddressFamilies= let through: the hardening
@@ -317,6 +331,31 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertNotRegex(r.stdout + r.stderr, r"(?i)error")
         self.assertIn("/var/log/amqptap/*.jsonl", r.stdout + r.stderr)
+
+    def test_7_logrotate_rotates_records_and_captures(self):
+        """A forced rotation with the shipped config renames the records and the --pcap capture (it once rotated
+        only *.jsonl, so a capture grew without end)."""
+        logs = "/var/log/amqptap"
+        made = not os.path.isdir(logs)
+        os.makedirs(logs, exist_ok=True)
+        names = ("verdicts.jsonl", "taptest.pcapng")
+        try:
+            for name in names:
+                with open(os.path.join(logs, name), "w") as f:
+                    f.write("x\n")
+            with tempfile.TemporaryDirectory() as d:
+                r = sh("logrotate", "-f", "-s", os.path.join(d, "state"), LOGROTATE, check=False)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            for name in names:
+                self.assertTrue(os.path.exists(os.path.join(logs, name + ".1")), f"{name} was not rotated")
+                self.assertFalse(os.path.exists(os.path.join(logs, name)), "nocreate: the tap makes the new one")
+        finally:
+            for name in names:
+                for suffix in ("", ".1"):
+                    if os.path.exists(os.path.join(logs, name + suffix)):
+                        os.remove(os.path.join(logs, name + suffix))
+            if made:
+                os.rmdir(logs)
 
     def test_8_remove_and_purge(self):
         # enabled as the README says (systemd is not PID 1 here: `systemctl enable` only makes the links)
