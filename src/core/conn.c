@@ -399,6 +399,7 @@ static void pending_finish(struct tap_conn *c, uint16_t channel, struct pending 
 			.headers_cut = p->headers_cut,
 			.details_lost = p->store.oom,
 			.content_cut = cut,
+			.header_lost = cut && !p->have_header,
 		};
 		tap_track_publish(c->tc, channel, &pub, now_us);
 	} else if (p->kind == PENDING_RETURN) {

@@ -214,14 +214,15 @@ void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struc
 	uint64_t seq = confirm_mode ? ch->next - ch->sel_off : 0;
 	w->publishes++;
 
-	if (confirm_mode && !(p->has_delivery_mode && p->delivery_mode == 2))
-		warn_once(c, ch, TAP_TRACK_RULE_TRANSIENT_IN_CONFIRM_MODE, seq, now_us);
-
-	bool has_id = p->has_message_id && p->message_id.len;
-	if (!has_id)
-		warn_once(c, ch, TAP_TRACK_RULE_MISSING_MESSAGE_ID, seq, now_us);
-	else if (seen_recently(c, p->message_id))
-		warn_once(c, ch, TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID, seq, now_us);
+	if (!p->header_lost) { /* its properties never came: absent is not known to be missing */
+		if (confirm_mode && !(p->has_delivery_mode && p->delivery_mode == 2))
+			warn_once(c, ch, TAP_TRACK_RULE_TRANSIENT_IN_CONFIRM_MODE, seq, now_us);
+		bool has_id = p->has_message_id && p->message_id.len;
+		if (!has_id)
+			warn_once(c, ch, TAP_TRACK_RULE_MISSING_MESSAGE_ID, seq, now_us);
+		else if (seen_recently(c, p->message_id))
+			warn_once(c, ch, TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID, seq, now_us);
+	}
 
 	if (confirm_mode) {
 		/* A client that waits for each confirm never has two publishes in flight. One that has had is

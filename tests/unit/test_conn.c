@@ -379,6 +379,29 @@ START_TEST(client_frames_before_the_login_are_shown_nowhere)
 }
 END_TEST
 
+/* The connection ends between a publish's method and its content header (a broker stopped mid-publish): the publish
+ * has its record, and no warning judges the properties that never came (it was once "transient" and "without a
+ * message id"). */
+START_TEST(publish_cut_before_its_header_is_not_judged)
+{
+	struct tap_bytes cl = {0}, one = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	plain_start_ok(&cl);
+	open_session(&cl);
+	tap_build_method(&cl, 1, TAP_CONFIRM_SELECT, "\0", 1);
+	publish(&one, 1, "rk", "id-1", 4, "abcd");
+	size_t method_len = 7 + 4 + 2 + 1 + 3 + 1 + 2 + 1 + 1; /* header, class+method, ticket, "x.d", "rk", bits, end */
+	tap_build_raw(&cl, one.d, method_len);
+	struct sink s;
+	run_streams(&s, &cl, NULL, 0, 0);
+	ck_assert_uint_eq(count(s.records, "\"type\":\"publish\""), 1);
+	ck_assert_msg(!strstr(s.records, "transient_in_confirm_mode"), "%s", s.records);
+	ck_assert_msg(!strstr(s.records, "missing_message_id"), "%s", s.records);
+	tap_build_free(&cl);
+	tap_build_free(&one);
+}
+END_TEST
+
 static void emit_none(void *ctx, const char *json, size_t len)
 {
 	(void)ctx;
@@ -1051,6 +1074,7 @@ int main(void)
 	Suite *s = suite_create("conn");
 	TCase *tc = tcase_create("observer");
 	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, publish_cut_before_its_header_is_not_judged);
 	tcase_add_test(tc, records_of_a_session);
 	tcase_add_test(tc, capture_overwrites_only_the_password);
 	tcase_add_test(tc, any_split_gives_the_same_result);

@@ -149,6 +149,20 @@ START_TEST(transient_in_confirm_mode)
 }
 END_TEST
 
+/* A publish whose connection ended between its method and its content header (a broker stopped mid-publish):
+ * its properties are not known, so it is neither transient nor without a message id. */
+START_TEST(no_property_rule_for_a_publish_cut_before_its_header)
+{
+	confirm_channel(1, T0);
+	struct tap_publish p = {.exchange = S("x"), .routing_key = S("k"), .content_cut = true, .header_lost = true};
+	tap_track_publish(c, 1, &p, T0 + 1);
+	tap_track_conn_end(c, "broker_eof", T0 + 2);
+	ck_assert_uint_eq(warnings("transient_in_confirm_mode"), 0);
+	ck_assert_uint_eq(warnings("missing_message_id"), 0);
+	ck_assert_uint_eq(counted(TAP_TRACK_RULE_TRANSIENT_IN_CONFIRM_MODE) + counted(TAP_TRACK_RULE_MISSING_MESSAGE_ID), 0);
+}
+END_TEST
+
 /* ---- missing_message_id ---- */
 
 START_TEST(missing_message_id)
@@ -472,6 +486,7 @@ int main(void)
 	tcase_add_test(tc, window_survives_forgotten_ids);
 	tcase_add_test(tc, blocked_annotation);
 	tcase_add_test(tc, rule_names);
+	tcase_add_test(tc, no_property_rule_for_a_publish_cut_before_its_header);
 	suite_add_tcase(s, tc);
 	return tap_check_failures(s) ? EXIT_FAILURE : EXIT_SUCCESS;
 }
