@@ -460,13 +460,31 @@ static int check_modes(const struct tap_conf *c, const bool given[N_OPTIONS], ch
 }
 
 /* Whether two paths name one file: the same text ("-" is standard output), or the same existing file. */
+static bool same_inode(const char *a, const char *b)
+{
+	struct stat sa, sb;
+	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* Whether a and b name one file: the same string, the same existing file (links, ./x and x), or a file not made
+ * yet under one name in one directory (the outputs are created only after this check). */
 static bool same_file(const char *a, const char *b)
 {
 	if (strcmp(a, b) == 0)
 		return true;
-	struct stat sa, sb;
-	return strcmp(a, "-") != 0 && strcmp(b, "-") != 0 && stat(a, &sa) == 0 && stat(b, &sb) == 0 &&
-	       sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+	if (strcmp(a, "-") == 0 || strcmp(b, "-") == 0)
+		return false;
+	if (same_inode(a, b))
+		return true;
+	const char *base_a = strrchr(a, '/'), *base_b = strrchr(b, '/');
+	base_a = base_a ? base_a + 1 : a;
+	base_b = base_b ? base_b + 1 : b;
+	if (strcmp(base_a, base_b) != 0)
+		return false;
+	char dir_a[PATH_MAX], dir_b[PATH_MAX];
+	snprintf(dir_a, sizeof dir_a, "%.*s", base_a == a ? 1 : (int)(base_a - a), base_a == a ? "." : a);
+	snprintf(dir_b, sizeof dir_b, "%.*s", base_b == b ? 1 : (int)(base_b - b), base_b == b ? "." : b);
+	return same_inode(dir_a, dir_b);
 }
 
 /* No two outputs in one file (JSON Lines and pcapng mixed on standard output, two writers appending to one file)

@@ -310,7 +310,23 @@ static const struct bad_case bad_cases[] = {
 	{{"-ov.json", "-f", "-", "--pcap=-"}, "--pcap: standard output is --frames's"},
 	{{"-o", "same.out", "--pcap", "same.out"}, "--pcap: same.out is --verdicts's file"},
 	{{"replay", "x.pcap", "-o", "x.pcap"}, "--verdicts: x.pcap is the capture being replayed"},
+	/* files not made yet: one name in one directory, spelt two ways */
+	{{"-o", "tap-not-made.out", "--pcap", "./tap-not-made.out"}, "--pcap: ./tap-not-made.out is --verdicts's file"},
+	{{"-f", "/tmp/../tmp/tap-not-made.out", "--pcap", "/tmp/tap-not-made.out"}, "is --frames's file"},
 };
+
+/* Two outputs not made yet under different names, or the same name in different directories, are two files. */
+START_TEST(outputs_not_made_yet_apart)
+{
+	char *argv[][5] = {{"amqptap", "-o", "tap-not-made-a.out", "--pcap", "tap-not-made-b.out"},
+			   {"amqptap", "-o", "/tmp/tap-not-made.out", "--pcap", "tap-not-made.out"}};
+	for (size_t i = 0; i < 2; i++) {
+		struct tap_conf c;
+		char err[256] = "";
+		ck_assert_msg(parse(&c, err, sizeof err, 5, argv[i]) == TAP_OK, "%s", err);
+	}
+}
+END_TEST
 
 START_TEST(bad_options_name_themselves)
 {
@@ -510,6 +526,7 @@ int main(void)
 	tcase_add_test(tc, short_forms_and_bundles);
 	tcase_add_test(tc, replay_and_double_dash);
 	tcase_add_test(tc, tap_id);
+	tcase_add_test(tc, outputs_not_made_yet_apart);
 	tcase_add_loop_test(tc, bad_options_name_themselves, 0, (int)(sizeof bad_cases / sizeof bad_cases[0]));
 	tcase_add_test(tc, usage_lists_exactly_the_table);
 	tcase_add_test(tc, man_lists_exactly_the_table);
