@@ -140,24 +140,19 @@ static bool read_self_stat(unsigned long long *ticks, unsigned long long *start,
 	return true;
 }
 
-/* When the process started, in Unix seconds: boot time (/proc/stat btime) plus its start tick. */
+/* When the process started, in Unix seconds: now, less its age (the clock since boot, less its start tick). Not
+ * /proc/stat's boot time: the service's ProcSubset=pid hides that file. */
 static double process_start_time(void)
 {
 	unsigned long long ticks, start, vsize;
 	long long rss;
-	if (!read_self_stat(&ticks, &start, &vsize, &rss))
-		return 0;
-	FILE *f = fopen("/proc/stat", "r");
-	if (!f)
-		return 0;
-	char line[256];
-	unsigned long long btime = 0;
-	while (fgets(line, sizeof line, f))
-		if (sscanf(line, "btime %llu", &btime) == 1)
-			break;
-	(void)fclose(f); /* read-only */
+	struct timespec now, since_boot;
 	long hz = sysconf(_SC_CLK_TCK);
-	return btime && hz > 0 ? (double)btime + (double)start / (double)hz : 0;
+	if (!read_self_stat(&ticks, &start, &vsize, &rss) || hz <= 0 || clock_gettime(CLOCK_REALTIME, &now) != 0 ||
+	    clock_gettime(CLOCK_BOOTTIME, &since_boot) != 0)
+		return 0;
+	double age = (double)since_boot.tv_sec + (double)since_boot.tv_nsec / 1e9 - (double)start / (double)hz;
+	return (double)now.tv_sec + (double)now.tv_nsec / 1e9 - age;
 }
 
 static uint64_t count_open_fds(void)

@@ -522,6 +522,33 @@ class HealthAndRoutes(ScenarioCase):
             self.assertIn(key, st)
         self.assertEqual(len(st["confirm_latency"]["buckets"]), len(LE_US) + 1)
 
+    def test_process_start_time_under_the_units_proc_subset(self):
+        """The service runs with ProcSubset=pid, which hides /proc/stat: process_start_time_seconds must still be
+        when the tap started (it was 0, read from /proc/stat's boot time). The tap runs here in a mount namespace of
+        its own whose /proc is mounted subset=pid (unshare and sh exec it: its pid is the process's)."""
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            self.skipTest("needs root and unshare for a /proc of its own")
+        mport = free_port()
+        script = ("mount -t proc -o subset=pid proc /proc && test ! -e /proc/stat && exec \"$@\"")
+        started = time.time()
+        p = subprocess.Popen(["unshare", "--mount", "sh", "-c", script, "sh", AMQPTAP_BIN,
+                              "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{BROKER_PORT}", "--verdicts",
+                              os.devnull, "--metrics", f"127.0.0.1:{mport}"], stderr=subprocess.PIPE)
+        self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
+        m = {}
+
+        def scraped():
+            nonlocal m
+            try:
+                m = metric_samples(http_get(mport, "/metrics", timeout=2)[2].decode())
+                return True
+            except OSError:
+                return False
+        self.assertTrue(wait_for(scraped, 10, 0.1), p.stderr.read1().decode() if p.poll() is not None else "")
+        self.assertLess(abs(m["process_start_time_seconds"] - started), 5, m["process_start_time_seconds"])
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(15), 0)
+
     def test_unreachable_upstream_is_reported(self):
         tap, mport = start_metrics_tap(self, upstream_port=free_port())
         # the tap resets a client whose broker is unreachable (as a refused connect would), possibly before
