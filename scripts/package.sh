@@ -21,8 +21,15 @@ rm -f "$dir"/amqptap_*.deb
 built_from=$("$dir/amqptap" --version)
 built_from=${built_from%%$'\n'*}
 epoch=${SOURCE_DATE_EPOCH:-$(git -C "$TAP_REPO" log -1 --format=%ct 2>/dev/null || date +%s)}
+# A build from git is version+gitN.gCOMMIT (N: the commits up to it), so a package built from a later commit is
+# newer to dpkg and apt (with the bare project version every build was 0.1.0-1, and `apt-get install` of a newer
+# one did nothing); ".dirty" when the tree had changes. Outside git: the project version.
+version=$("$dir/amqptap" --version | sed -n '1s/^amqptap \([^ ]*\) .*/\1/p')
+if count=$(git -C "$TAP_REPO" rev-list --count HEAD 2>/dev/null) && [[ $built_from =~ \(git\ ([0-9a-f]{12})(-dirty)?\) ]]; then
+	version+="+git$count.g${BASH_REMATCH[1]}${BASH_REMATCH[2]:+.dirty}"
+fi
 (cd "$dir" && SOURCE_DATE_EPOCH=$epoch cpack -G DEB -D CPACK_PROJECT_CONFIG_FILE="$TAP_REPO/scripts/dist/deb/cpack.cmake" \
-	-D TAP_DEB_BUILT_FROM="$built_from") >&2
+	-D CPACK_DEBIAN_PACKAGE_VERSION="$version" -D TAP_DEB_BUILT_FROM="$built_from") >&2
 debs=("$dir"/amqptap_*.deb)
 [ -f "${debs[0]}" ] || tap_die "cpack made no .deb in $dir"
 tap_log "built ${debs[0]}"

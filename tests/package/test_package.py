@@ -154,7 +154,17 @@ class PackageTest(unittest.TestCase):
         out = sh(INSTALLED, "--version").stdout.splitlines()
         self.assertRegex(out[0], r"^amqptap \d+\.\d+\.\d+ \(git ([0-9a-f]{12}(-dirty)?|unknown)\)$")
         version = sh("dpkg-query", "-W", "-f=${Version}", "amqptap").stdout
-        self.assertTrue(version.startswith(out[0].split()[1] + "-"), f"{out[0]} vs package {version}")
+        self.assertTrue(version.startswith(out[0].split()[1]), f"{out[0]} vs package {version}")
+        # built from git: the commit count and the commit, so a later build is newer to apt (every build was once
+        # 0.1.0-1, and `apt-get install` of a rebuilt package did nothing)
+        commit = re.search(r"\(git ([0-9a-f]{12})(-dirty)?\)", out[0])
+        if commit:
+            count = sh("git", "-C", SOURCE_DIR, "rev-list", "--count", "HEAD").stdout.strip()
+            dirty = ".dirty" if commit.group(2) else ""
+            self.assertEqual(version, f"{out[0].split()[1]}+git{count}.g{commit.group(1)}{dirty}-1")
+            older = f"{out[0].split()[1]}+git{int(count) - 1}.g{commit.group(1)}-1"
+            self.assertEqual(sh("dpkg", "--compare-versions", version, "gt", older, check=False).returncode, 0)
+            self.assertEqual(sh("dpkg", "--compare-versions", version, "gt", "0.1.0-1", check=False).returncode, 0)
         self.assertTrue(out[1].startswith("libevent "))
         self.assertIn("OpenSSL", out[2])
 

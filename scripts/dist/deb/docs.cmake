@@ -8,7 +8,11 @@ if(NOT IS_DIRECTORY "${root}/usr/bin")
   message(FATAL_ERROR "docs.cmake: no staged tree at ${root}")
 endif()
 set(doc "${root}/usr/share/doc/${CPACK_PACKAGE_NAME}")
-set(version "${CPACK_PACKAGE_VERSION}-${CPACK_DEBIAN_PACKAGE_RELEASE}")
+if(CPACK_DEBIAN_PACKAGE_VERSION)  # scripts/package.sh: the version with its git commit
+  set(version "${CPACK_DEBIAN_PACKAGE_VERSION}-${CPACK_DEBIAN_PACKAGE_RELEASE}")
+else()
+  set(version "${CPACK_PACKAGE_VERSION}-${CPACK_DEBIAN_PACKAGE_RELEASE}")
+endif()
 set(maintainer "${CPACK_DEBIAN_PACKAGE_MAINTAINER}")
 if(NOT maintainer)
   set(maintainer "${CPACK_PACKAGE_CONTACT}")  # what CPackDeb falls back to, later than this script runs
