@@ -134,6 +134,27 @@ static int resolve(const struct tap_conf_addr *a, bool passive, struct sockaddr_
 	return 0;
 }
 
+/* The upstream name's other addresses (besides first, tap_proxy_new's), each once, for the proxy to move on to
+ * when one is unreachable. */
+static void add_other_upstreams(struct tap_proxy *px, const struct tap_conf_addr *a, const struct sockaddr *first,
+				int first_len)
+{
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_protocol = IPPROTO_TCP};
+	char port[8];
+	snprintf(port, sizeof port, "%u", a->port);
+	struct addrinfo *res = NULL;
+	if (getaddrinfo(a->host, port, &hints, &res) != 0 || !res)
+		return;
+	for (struct addrinfo *r = res; r; r = r->ai_next) {
+		bool seen = (int)r->ai_addrlen == first_len && memcmp(first, r->ai_addr, r->ai_addrlen) == 0;
+		for (struct addrinfo *q = res; q != r && !seen; q = q->ai_next)
+			seen = q->ai_addrlen == r->ai_addrlen && memcmp(q->ai_addr, r->ai_addr, r->ai_addrlen) == 0;
+		if (!seen && tap_proxy_add_upstream(px, r->ai_addr, (int)r->ai_addrlen) < 0)
+			break;
+	}
+	freeaddrinfo(res);
+}
+
 /* --metrics names a host that resolves, said before anything starts (libevent would resolve it itself, later,
  * with a warning of its own and no reason). Returns 0 or the exit code. */
 static int check_metrics_addr(const struct tap_conf *conf)
@@ -941,8 +962,10 @@ static int run_proxy(const struct tap_conf *conf)
 	    .held = hook_held};
 	if (app.base)
 		app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up, up_len, upstream_name, app.tls, &hooks);
-	if (app.proxy)
+	if (app.proxy) {
+		add_other_upstreams(app.proxy, &conf->upstream, (struct sockaddr *)&up, up_len);
 		tap_proxy_on_idle(app.proxy, on_idle, &app);
+	}
 	if (app.proxy)
 		tap_proxy_set_handshake_timeout(app.proxy, conf->handshake_timeout_ms);
 	char bound[80];

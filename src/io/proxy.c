@@ -242,6 +242,27 @@ static void log_tls_failure(const struct tap_session *s, enum tap_proxy_end why,
 		      why == TAP_END_CLIENT_TLS ? "client" : "broker", text);
 }
 
+static void use_upstream(struct tap_proxy *px, size_t at)
+{
+	px->upstream_at = at;
+	px->upstream = px->upstreams[at];
+	px->upstream_len = px->upstream_lens[at];
+	format_sockaddr((struct sockaddr *)&px->upstream, px->upstream_addr, sizeof px->upstream_addr);
+}
+
+/* A session sent to upstream address `failed` found it unreachable: the next sessions go to the next address, if
+ * the name has another and no other session moved on already. */
+static void next_upstream(struct tap_proxy *px, size_t failed)
+{
+	if (px->n_upstreams < 2 || failed != px->upstream_at)
+		return;
+	char was[sizeof px->upstream_addr];
+	snprintf(was, sizeof was, "%s", px->upstream_addr);
+	use_upstream(px, (failed + 1) % px->n_upstreams);
+	tap_log_error("upstream %s: %s is unreachable; new connections go to %s", px->upstream_name, was,
+		      px->upstream_addr);
+}
+
 static void session_fail(struct tap_session *s, enum tap_proxy_end why, const char *fmt, ...)
 {
 	struct tap_proxy *px = s->px;
@@ -255,6 +276,7 @@ static void session_fail(struct tap_session *s, enum tap_proxy_end why, const ch
 		px->stats.unreachable++;
 		tap_log_error("conn %llu: upstream %s unreachable: %s", (unsigned long long)s->id, px->upstream_name,
 		              s->detail);
+		next_upstream(px, s->upstream_at);
 		end_with_reset(s);
 		return;
 	case TAP_END_FD_LIMIT:
@@ -788,6 +810,7 @@ static bool connect_upstream(struct tap_session *s)
 	struct tap_proxy *px = s->px;
 	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
 	tap_leg_arm_setup(upstream);
+	s->upstream_at = px->upstream_at;
 	int err = 0;
 	if (upstream->tls)
 		err = tap_tls_leg_connect(upstream);
@@ -912,14 +935,22 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 		free(px);
 		return NULL;
 	}
-	memcpy(&px->upstream, upstream, (size_t)upstream_len);
-	px->upstream_len = upstream_len;
 	snprintf(px->upstream_name, sizeof px->upstream_name, "%s", upstream_name);
-	format_sockaddr(upstream, px->upstream_addr, sizeof px->upstream_addr);
+	(void)tap_proxy_add_upstream(px, upstream, upstream_len);
+	use_upstream(px, 0);
 	if (hooks)
 		px->hooks = *hooks;
 	TAILQ_INIT(&px->sessions);
 	return px;
+}
+
+int tap_proxy_add_upstream(struct tap_proxy *px, const struct sockaddr *addr, int len)
+{
+	if (px->n_upstreams == TAP_PROXY_UPSTREAM_ADDRS || len <= 0 || (size_t)len > sizeof(struct sockaddr_storage))
+		return -1;
+	memcpy(&px->upstreams[px->n_upstreams], addr, (size_t)len);
+	px->upstream_lens[px->n_upstreams++] = len;
+	return 0;
 }
 
 int tap_proxy_listen(struct tap_proxy *px, const struct sockaddr *addr, int addr_len, char *bound, size_t bound_cap)

@@ -132,7 +132,8 @@ class Tap:
     """A running amqptap process. Output files live in a private temp dir removed by stop()."""
 
     def __init__(self, upstream_port, extra_args=(), upstream_host="127.0.0.1", frames=True, env=None,
-                 ready_timeout=10.0):
+                 ready_timeout=10.0, prefix=()):
+        """prefix: a command that execs the tap (its arguments follow), so that the process is still the tap's."""
         self.dir = tempfile.mkdtemp(prefix="amqptap-it-")
         self.port = free_port()
         self.upstream = (upstream_host, upstream_port)
@@ -150,8 +151,8 @@ class Tap:
         if env:
             full_env.update(env)
         self._err = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._err,
-                                     env=full_env)
+        self.proc = subprocess.Popen([*prefix, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=self._err, env=full_env)
         self.returncode = None
         if not wait_for(lambda: self.proc.poll() is not None or "listening on" in self.stderr(), ready_timeout):
             self.kill()

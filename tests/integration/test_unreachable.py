@@ -12,18 +12,52 @@
 import errno
 import os
 import resource
+import shutil
 import socket
+import tempfile
 import threading
 import time
 
 import amqp
 import pika
+import pika.exceptions
 
 from tapharness import (AMQP_091_HEADER, BROKER_PORT, Peer, TapTestCase, echo_handler, fd_count, free_port, main,
                         proc_stat, recv_bytes, require_broker, wait_for)
 
 
 class UnreachableTest(TapTestCase):
+    def test_a_name_whose_first_address_is_unreachable(self):
+        """--upstream NAME with an AAAA and an A record, the broker listening on IPv4 only (as this test's does):
+        the client sent to [::1] is turned away, and the tap moves on, so the next one gets through to 127.0.0.1
+        (before: the first address only, every client turned away). The name is given in an /etc/hosts of the
+        tap's own (a mount namespace)."""
+        require_broker(self)
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            self.skipTest("needs root and unshare for an /etc/hosts of its own")
+        hosts = os.path.join(tempfile.mkdtemp(), "hosts")
+        self.addCleanup(shutil.rmtree, os.path.dirname(hosts))
+        with open(hosts, "w") as f:
+            f.write("::1 dualhost\n127.0.0.1 dualhost\n")
+        tap = self.start_tap(upstream_host="dualhost", prefix=[
+            "unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', hosts])
+        with self.assertRaises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", tap.port, connection_attempts=1))
+        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", tap.port, connection_attempts=1))
+        ch = c.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", "dualhost.nowhere", b"x", pika.BasicProperties(message_id="m1"))
+        c.close()
+        self.assertTrue(wait_for(lambda: len(tap.records("publish")) == 1, 5))
+        self.assertEqual(tap.records("publish")[0]["confirm"], "ack")
+        conns = tap.records("connection")
+        went = {r["conn"]: r["upstream"] for r in conns if "upstream" in r}  # the open record, or a lone close's
+        ended = {r["conn"]: r["by"] for r in conns if r["event"] == "close"}
+        self.assertEqual([(went[c], ended[c]) for c in sorted(ended)],
+                         [(f"[::1]:{BROKER_PORT}", "unreachable"), (f"127.0.0.1:{BROKER_PORT}", "client")])
+        self.assertIn(f"[::1]:{BROKER_PORT} is unreachable; new connections go to 127.0.0.1:{BROKER_PORT}",
+                      tap.stderr())
+
     def closed_within(self, tap, limit, send=b""):
         """Seconds from connecting (and sending `send`) until the tap closes the connection (EOF or reset, which
         may even beat connect() itself), or None if it stays open past limit."""
