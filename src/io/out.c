@@ -506,11 +506,31 @@ static int reader_wait(struct tap_out *o, const char *data, size_t *off)
 
 /* Opens the path again and writes to it from now on; false (errno set) when it cannot be opened. A FIFO without a
  * reader is waited for (open_waiting), where a close may cancel the writer. create: see open_path. */
+/* A file made anew at a reopen (after logrotate renamed the old one) gets the old one's mode and group, so a
+ * `chmod 640` and `chgrp adm` for a log shipper survive rotations as they survive restarts. Not for a private
+ * output (always 0600), and nothing from a FIFO or device. */
+static OUT_OF_LINE void keep_mode(const struct tap_out *o, int old_fd, int new_fd)
+{
+	struct stat was, now;
+	if (o->private_mode || old_fd < 0 || fstat(old_fd, &was) != 0 || fstat(new_fd, &now) != 0 ||
+	    !S_ISREG(was.st_mode) || !S_ISREG(now.st_mode))
+		return;
+	if (now.st_gid != was.st_gid) {
+		int refused = fchown(new_fd, (uid_t)-1, was.st_gid); /* not ours to give: the mode still applies */
+		(void)refused;
+	}
+	(void)fchmod(new_fd, was.st_mode & 0777);
+}
+
 static OUT_OF_LINE bool writer_open_again(struct tap_out *o, bool create)
 {
+	struct stat st;
+	bool made = create && stat(o->path, &st) != 0 && errno == ENOENT;
 	int fd = open_waiting(o->path, create);
 	if (fd < 0)
 		return false;
+	if (made)
+		keep_mode(o, o->fd, fd);
 	if (o->fd >= 0)
 		close(o->fd);
 	o->fd = fd;

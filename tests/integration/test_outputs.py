@@ -442,5 +442,29 @@ class Outputs(TapTestCase):
             self.assertEqual(stat.S_IMODE(os.stat(p).st_mode), 0o600, p)
 
 
+    def test_mode_and_group_survive_a_rotation(self):
+        """An operator's chmod 640 and chgrp (for a log shipper) carry over to the file the tap makes after logrotate
+        renamed the old one and SIGHUP reopened it; they survived restarts, but the new file was 0600 (README:
+        "survives restarts"). Not the TLS key log, a secret: that one is always made 0600."""
+        d = tempfile.mkdtemp(prefix="amqptap-mode-")
+        self.addCleanup(shutil.rmtree, d, True)
+        paths = [os.path.join(d, x) for x in ("v.jsonl", "c.pcapng")]
+        tap = self.raw_tap(["--verdicts", paths[0], "--pcap", paths[1]])
+        tap.publish(5, 30)
+        self.assertTrue(wait_for(lambda: all(os.path.getsize(p) > 0 for p in paths), 5))
+        group = 4 if os.geteuid() == 0 else os.getgid()  # adm, as a shipper's group would be
+        for p in paths:
+            os.chmod(p, 0o640)
+            os.chown(p, -1, group)
+            os.rename(p, p + ".1")
+        tap.proc.send_signal(signal.SIGHUP)
+        self.assertTrue(wait_for(lambda: all(os.path.exists(p) for p in paths), 5), tap.stderr())
+        tap.publish(5, 30)
+        code, _ = tap.stop()
+        self.assertEqual(code, 0, tap.stderr())
+        for p in paths:
+            st = os.stat(p)
+            self.assertEqual((stat.S_IMODE(st.st_mode), st.st_gid), (0o640, group), p)
+
 if __name__ == "__main__":
     main()
