@@ -755,10 +755,13 @@ static int run_replay(const struct tap_conf *conf)
 }
 
 /* --metrics: the endpoint, and the tracker's hooks feeding its tally. Returns the exit code. */
-static int start_metrics(struct app *app, const struct tap_admin_sources *src)
+static int start_metrics(struct app *app, const struct tap_admin_sources *sources)
 {
 	char metrics_at[80], err[400];
-	app->admin = tap_admin_new(app->base, &app->conf->metrics, src, metrics_at, sizeof metrics_at, err, sizeof err);
+	struct tap_admin_sources src = *sources;
+	src.tap_id = app->conf->tap_id;
+	src.run = app->run;
+	app->admin = tap_admin_new(app->base, &app->conf->metrics, &src, metrics_at, sizeof metrics_at, err, sizeof err);
 	if (!app->admin) {
 		tap_log_error("%s", err);
 		return 1;
@@ -872,8 +875,8 @@ static int run_sniff(const struct tap_conf *conf)
 		at += snprintf(capture_name + at, sizeof capture_name - (size_t)at, "%s %u", i ? "," : "", conf->ports[i]);
 	if (!code && conf->metrics.host[0]) {
 		struct tap_admin_sources src = {
-			capture_name, app.track, NULL,
-			{app.out[OUT_VERDICTS], app.out[OUT_FRAMES], app.out[OUT_PCAP]}, &app.observer, app.sniff};
+			.upstream_name = capture_name, .track = app.track, .observer = &app.observer, .sniff = app.sniff,
+			.outputs = {app.out[OUT_VERDICTS], app.out[OUT_FRAMES], app.out[OUT_PCAP]}};
 		code = start_metrics(&app, &src);
 	}
 	if (code) {
@@ -980,8 +983,8 @@ static int run_proxy(const struct tap_conf *conf)
 	}
 	if (!code && conf->metrics.host[0]) {
 		struct tap_admin_sources src = {
-			upstream_name, app.track, app.proxy,
-			{app.out[OUT_VERDICTS], app.out[OUT_FRAMES], app.out[OUT_PCAP]}, &app.observer, NULL};
+			.upstream_name = upstream_name, .track = app.track, .proxy = app.proxy, .observer = &app.observer,
+			.outputs = {app.out[OUT_VERDICTS], app.out[OUT_FRAMES], app.out[OUT_PCAP]}};
 		code = start_metrics(&app, &src);
 	}
 	if (code) {

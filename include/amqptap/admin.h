@@ -42,6 +42,7 @@ struct tap_admin_sources {
 	struct tap_out *outputs[TAP_METRICS_N_OUT]; /* by enum tap_metrics_out; NULL: not asked for */
 	const struct tap_observer *observer;         /* decode errors and capture gaps */
 	struct tap_sniff *sniff;                     /* `amqptap sniff`: packets and kernel drops */
+	const char *tap_id, *run;                    /* as in the records (start_metrics sets them) */
 };
 
 /* Listens on addr (on the http thread it starts); the pages are rendered on base's loop. Returns NULL with a one-line reason in err. Writes the bound address

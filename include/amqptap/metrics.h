@@ -126,6 +126,7 @@ enum tap_metrics_out { TAP_METRICS_OUT_VERDICTS, TAP_METRICS_OUT_FRAMES, TAP_MET
 
 struct tap_metrics_snapshot {
 	const char *version;
+	const char *tap_id, *run; /* --tap-id and the run id of every record: from an alert to the records */
 	const char *upstream_name;
 	int64_t now_us, start_us;
 	bool listening; /* the AMQP listener accepts clients (false while shutting down) */

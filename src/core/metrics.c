@@ -616,8 +616,14 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 		       "1 if the broker answered the last connection attempt, 0 if unreachable or its TLS failed.");
 		tap_buf_printf(b, "amqptap_upstream_up %d\n", t->upstream == TAP_UPSTREAM_REACHABLE ? 1 : 0);
 	}
-	family(b, "build_info", GAUGE, "Always 1; the version in a label.");
-	labelled(b, "build_info", "version", s->version ? s->version : "", 1);
+	family(b, "build_info", GAUGE, "Always 1; the version, the tap id and the run id of its records in labels.");
+	tap_buf_printf(b, "amqptap_build_info{version=\"");
+	label_value(b, s->version ? s->version : "");
+	tap_buf_printf(b, "\",tap=\"");
+	label_value(b, s->tap_id ? s->tap_id : "");
+	tap_buf_printf(b, "\",run=\"");
+	label_value(b, s->run ? s->run : "");
+	tap_buf_printf(b, "\"} 1\n");
 	render_process(b, s);
 }
 
@@ -649,6 +655,8 @@ static void json_head(struct tap_json *j, const struct tap_metrics_snapshot *s, 
 	tap_json_kv_bool(j, "listening", s->listening);
 	json_seconds(j, "uptime_seconds", s->now_us - s->start_us);
 	tap_json_kv_str(j, "version", s->version ? s->version : "");
+	tap_json_kv_str(j, "tap", s->tap_id ? s->tap_id : "");
+	tap_json_kv_str(j, "run", s->run ? s->run : "");
 	tap_json_kv_str(j, "upstream", s->upstream_name ? s->upstream_name : "");
 	json_upstream(j, t);
 }

@@ -191,6 +191,8 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 {
 	memset(s, 0, sizeof *s);
 	s->version = TAP_VERSION;
+	s->tap_id = a->src.tap_id;
+	s->run = a->src.run;
 	s->upstream_name = a->src.upstream_name;
 	s->now_us = tap_now_us();
 	s->start_us = a->start_us;

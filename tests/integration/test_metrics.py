@@ -195,6 +195,9 @@ class PrometheusScrape(ScenarioCase):
         self.assertEqual(self.query(prom, "amqptap_decode_errors_total"), 0)
         self.assertEqual(self.query(prom, 'amqptap_records_lost_total{reason="no_memory"}'), 0)
         self.assertEqual(self.query(prom, 'amqptap_build_info{version!=""}'), 1)
+        # from an alert to the records: the build info names the tap and the run its records carry
+        opened = [r for r in tap.records("connection") if r["event"] == "open"][0]
+        self.assertEqual(self.query(prom, f'amqptap_build_info{{tap="{opened["tap"]}",run="{opened["run"]}"}}'), 1)
         self.assertEqual(self.query(prom, "amqptap_upstream_up"), 1)
         self.assertGreater(self.query(prom, 'amqptap_forwarded_bytes_total{dir="c2s"}'), 0)
         self.assertGreater(self.query(prom, "process_resident_memory_bytes"), 1 << 20)
@@ -239,7 +242,7 @@ class PrometheusScrape(ScenarioCase):
             self.assertTrue(n.startswith("amqptap_") or n.startswith("process_"), n)
         labels = {m for k in metric_samples(body.decode()) for m in re.findall(r'[{,](\w+)="', k)}
         self.assertLessEqual(labels, {"route", "confirm", "reply_code", "rule", "reason", "output", "dir", "le", "by",
-                                      "version", "exchange"},
+                                      "version", "exchange", "tap", "run"},
                              "a label per routing key or message would be unbounded (exchanges are: top N)")
 
     # What each example alert of the README gives after the scenario (keyed by a piece of its expression): True

@@ -516,7 +516,8 @@ START_TEST(prometheus_text_of_a_real_tracker)
 	struct tap_metrics_tally *t = new_tally();
 	struct sink k = {0};
 	struct tap_track *tr = scenario(t, &k);
-	struct tap_metrics_snapshot s = {.version = "9.9.9", .listening = true, .accepted = 5, .active = 1,
+	struct tap_metrics_snapshot s = {.version = "9.9.9", .tap_id = "rabbit-1", .run = "5f0c2a9e41d7", .listening = true,
+	                                 .accepted = 5, .active = 1,
 	                                 .bytes = {[TAP_C2S] = 100, [TAP_S2C] = 50},
 	                                 .out = {[TAP_METRICS_OUT_VERDICTS] = {.on = true, .lines = 7}},
 	                                 .have_process = true, .rss_bytes = 4096, .cpu_seconds = 1.5};
@@ -567,7 +568,7 @@ START_TEST(prometheus_text_of_a_real_tracker)
 		"\namqptap_decode_errors_total 0\n",
 		"\namqptap_upstream_up 1\n",
 		"\namqptap_listening 1\n",
-		"\namqptap_build_info{version=\"9.9.9\"} 1\n",
+		"\namqptap_build_info{version=\"9.9.9\",tap=\"rabbit-1\",run=\"5f0c2a9e41d7\"} 1\n",
 		"\nprocess_resident_memory_bytes 4096\n",
 		"\nprocess_cpu_seconds_total 1.50\n",
 	};
@@ -631,6 +632,7 @@ START_TEST(prometheus_text_of_a_real_tracker)
 	json = text_of(&b);
 	ck_assert_msg(json_valid(json), "not JSON: %s", json);
 	ck_assert_ptr_nonnull(strstr(json, "\"status\":\"stopping\",\"listening\":false"));
+	ck_assert_ptr_nonnull(strstr(json, "\"tap\":\"rabbit-1\",\"run\":\"5f0c2a9e41d7\""));
 	ck_assert_ptr_nonnull(strstr(json, "\"upstream_reachable\":true"));
 	tap_buf_deinit(&b);
 
