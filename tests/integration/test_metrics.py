@@ -427,6 +427,9 @@ class StatusPage(ScenarioCase):
         self.assertEqual(nums(xrows["(default)"]), [routes["routed"], RETURNED, routes["unproven"], 0])
         self.assertEqual(nums(xrows[f"missing.{self.prefix}"]), [0, 0, 0, MISSING_X])
         self.assertRegex(dom, r"return latency \(publish forwarded → return\): p50 ")
+        # times say their day and zone (they were a bare time of day, in UTC without a word)
+        day = [r for r in publish_records(tap.verdicts)][0]["ts"][:10]
+        self.assertRegex(dom, r"updated %s \d\d:\d\d:\d\d\.\d{6} UTC" % day)
 
         shot = os.path.join(ARTIFACT_DIR, "test_metrics-status-page.png")
         run = chromium(self, f"http://127.0.0.1:{mport}/", f"--screenshot={shot}", "--window-size=1400,1700",
