@@ -31,6 +31,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 
 /* The record outputs, in the order they are opened and named in messages. */
@@ -492,6 +493,20 @@ static void pcap_close(void *ctx, void *sc, const char *how, int64_t ts_us)
 /* Opens output i into app->out[i]: 0, or the exit code after saying why (2: the path cannot be opened, a bad
  * value; 1: the tap had no memory or thread for it). A BLOCKS output is --pcap: each of its files begins with
  * the pcapng head. */
+/* A file that existed keeps its mode (a chmod 640 for a shipper is the operator's): one every user may read is
+ * said once, for the outputs that can hold what publishers send (--frames: header values and body bytes when
+ * asked; --pcap: every message whole). */
+static void warn_if_world_readable(enum app_out i, const char *path)
+{
+	struct stat st;
+	if (i == OUT_VERDICTS || !path || strcmp(path, "-") == 0 || stat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
+	    !(st.st_mode & S_IROTH))
+		return;
+	fprintf(stderr, "amqptap: WARNING: --%s %s is readable by every user (mode %04o) and holds what publishers "
+		"send%s: chmod o-r it\n", out_names[i], path, (unsigned)(st.st_mode & 07777),
+		i == OUT_PCAP ? " (whole messages)" : "");
+}
+
 static int open_output(struct app *app, enum app_out i, const char *path, enum tap_out_kind kind)
 {
 	struct tap_out_conf oc = {.name = out_names[i], .path = path, .kind = kind};
@@ -510,8 +525,10 @@ static int open_output(struct app *app, enum app_out i, const char *path, enum t
 	oc.head_len = head.len;
 	app->out[i] = tap_out_open(&oc);
 	tap_buf_deinit(&head);
-	if (app->out[i])
+	if (app->out[i]) {
+		warn_if_world_readable(i, path);
 		return 0;
+	}
 	int err = errno;
 	bool no_memory = err == ENOMEM || err == EAGAIN; /* EAGAIN: no memory or thread for the writer */
 	fprintf(stderr, "amqptap: --%s %s: %s%s\n", out_names[i], path ? path : "-",

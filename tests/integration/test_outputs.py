@@ -466,5 +466,22 @@ class Outputs(TapTestCase):
             st = os.stat(p)
             self.assertEqual((stat.S_IMODE(st.st_mode), st.st_gid), (0o640, group), p)
 
+    def test_world_readable_capture_is_said(self):
+        """An existing --pcap or --frames file keeps its mode; one every user may read gets a warning at start, as
+        it holds what publishers send (a --verdicts file has no bodies: no warning)."""
+        d = tempfile.mkdtemp(prefix="amqptap-mode-")
+        self.addCleanup(shutil.rmtree, d, True)
+        paths = [os.path.join(d, x) for x in ("v.jsonl", "f.jsonl", "c.pcapng")]
+        for p in paths:
+            open(p, "w").close()
+            os.chmod(p, 0o644)
+        tap = self.raw_tap(["--verdicts", paths[0], "--frames", paths[1], "--pcap", paths[2]])
+        err = tap.stderr()
+        code, _ = tap.stop()
+        self.assertEqual(code, 0, tap.stderr())
+        self.assertIn(f"WARNING: --pcap {paths[2]} is readable by every user (mode 0644)", err)
+        self.assertIn(f"WARNING: --frames {paths[1]} is readable by every user", err)
+        self.assertNotIn("--verdicts", err)
+
 if __name__ == "__main__":
     main()
