@@ -309,6 +309,12 @@ size_t tap_conf_bash_completion(char *out, size_t cap)
 		int kind; /* -1: every other option with a value */
 		const char *complete;
 	} groups[] = {{TAP_OPT_PATH, "_filedir\n\t\t"}, {TAP_OPT_IFACE, "_available_interfaces -a\n\t\t"}, {-1, ""}};
+	/* a short option with a value may end a bundle of flags without one (-vo FILE): bash-completion's extglob */
+	char flags[32] = "";
+	size_t n_flags = 0;
+	for (size_t i = 0; i < n && n_flags + 1 < sizeof flags; i++)
+		if (opts[i].short_name && !opts[i].arg)
+			flags[n_flags++] = opts[i].short_name;
 	doc_puts(&d, "\tcase $prev in\n");
 	for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
 		bool any = false;
@@ -319,7 +325,8 @@ size_t tap_conf_bash_completion(char *out, size_t cap)
 				continue;
 			doc_printf(&d, "%s--%s", any ? "|" : "\t", o->name);
 			if (o->short_name)
-				doc_printf(&d, "|-%c", o->short_name);
+				doc_printf(&d, "|-%s%s%s%c", n_flags ? "?(+([" : "", flags, n_flags ? "]))" : "",
+					   o->short_name);
 			any = true;
 		}
 		if (any)

@@ -233,7 +233,8 @@ class PackageTest(unittest.TestCase):
                 "comp amqptap replay cap\n"
                 "comp amqptap --verdicts cap\n"
                 "comp amqptap --listen ''\n"
-                "comp amqptap ''\n")
+                "comp amqptap ''\n"
+                "comp amqptap -vo cap\n")
             r = sh("bash", "-c", script, cwd=d)
         self.assertIn("complete -F _amqptap amqptap", r.stdout)
         parts = r.stdout.split("---\n")
@@ -243,6 +244,7 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(parts[2].split(), ["capture.pcapng"])
         self.assertEqual(parts[3].split(), [], "no file names for an address")
         self.assertEqual(parts[4].split(), ["replay", "sniff"])  # the subcommands
+        self.assertEqual(parts[5].split(), ["capture.pcapng"], "-vo FILE: a bundle ending in an option's letter")
 
     def test_6_units_verify(self):
         for unit in ("amqptap.service", "amqptap-sniff@eth0.service"):
