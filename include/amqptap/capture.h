@@ -146,9 +146,10 @@ int tap_capture_new_push(struct tap_capture **c, uint16_t port, const struct tap
 /* Whether packets of this link type (a LINKTYPE_ value) are read. */
 bool tap_capture_link_known(uint32_t linktype);
 
-/* One captured packet of link type `linktype` (TAP_CAPTURE_LINK_*), read only during the call. Returns 0 or
- * TAP_E_NOMEM. */
-int tap_capture_push(struct tap_capture *c, uint32_t linktype, int64_t ts_us, const uint8_t *packet, size_t caplen);
+/* One captured packet of link type `linktype` (TAP_CAPTURE_LINK_*), read only during the call: caplen bytes of the
+ * wire_len it had (fewer when the snap length cut it: the rest of its payload is a gap). Returns 0 or TAP_E_NOMEM. */
+int tap_capture_push(struct tap_capture *c, uint32_t linktype, int64_t ts_us, const uint8_t *packet, size_t caplen,
+		     size_t wire_len);
 /* The latest capture time before which every byte sent is known: bytes a peer acknowledged that the capture has
  * not had yet (awaited for TAP_CAPTURE_REORDER_US) were sent after their direction's last segment before them, so a
  * deadline up to then can be settled, a later one not yet (a Return among them would decide it). INT64_MAX when

@@ -62,9 +62,10 @@ struct tap_replay_live;
 /* ports: the broker ports (1 to TAP_CAPTURE_MAX_PORTS, else TAP_E_USAGE); min_window_us as in tap_replay_hooks. */
 int tap_replay_live_new(struct tap_replay_live **l, const uint16_t *ports, size_t n_ports, int64_t min_window_us,
 			struct tap_observer *obs, struct tap_track *track);
-/* One packet of link type `linktype` (TAP_CAPTURE_LINK_*); 0 or TAP_E_NOMEM. */
+/* One packet of link type `linktype` (TAP_CAPTURE_LINK_*), caplen bytes of wire_len (as tap_capture_push); 0 or
+ * TAP_E_NOMEM. */
 int tap_replay_live_packet(struct tap_replay_live *l, uint32_t linktype, int64_t ts_us, const uint8_t *packet,
-			   size_t caplen);
+			   size_t caplen, size_t wire_len);
 /* The capture's clock reached now_us with no packet (a quiet capture): what the tracker holds until a time (a plain
  * publish's late-Return window, a mandatory one's --return-window) is settled once that time has passed, as a packet
  * at now_us would settle it. The clock never goes back; before the first packet nothing happens. */

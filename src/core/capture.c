@@ -757,10 +757,11 @@ int tap_capture_new_push(struct tap_capture **out, uint16_t port, const struct t
 	return TAP_OK;
 }
 
-int tap_capture_push(struct tap_capture *c, uint32_t linktype, int64_t ts_us, const uint8_t *packet, size_t caplen)
+int tap_capture_push(struct tap_capture *c, uint32_t linktype, int64_t ts_us, const uint8_t *packet, size_t caplen,
+		     size_t wire_len)
 {
 	c->st.file_bytes += caplen;
-	return on_packet(c, linktype, ts_us, packet, caplen, caplen);
+	return on_packet(c, linktype, ts_us, packet, caplen, wire_len > caplen ? wire_len : caplen);
 }
 
 int tap_capture_add_port(struct tap_capture *c, uint16_t port)

@@ -364,9 +364,9 @@ int tap_replay_live_new(struct tap_replay_live **out, const uint16_t *ports, siz
 }
 
 int tap_replay_live_packet(struct tap_replay_live *l, uint32_t linktype, int64_t ts_us, const uint8_t *packet,
-			   size_t caplen)
+			   size_t caplen, size_t wire_len)
 {
-	return tap_capture_push(l->c, linktype, ts_us, packet, caplen);
+	return tap_capture_push(l->c, linktype, ts_us, packet, caplen, wire_len);
 }
 
 void tap_replay_live_advance(struct tap_replay_live *l, int64_t now_us)

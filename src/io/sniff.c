@@ -91,7 +91,7 @@ static void on_pcap_packet(u_char *user, const struct pcap_pkthdr *h, const u_ch
 	int64_t ts = (int64_t)h->ts.tv_sec * 1000000 + h->ts.tv_usec;
 	s->packets++;
 	if (s->live)
-		(void)tap_replay_live_packet(s->live, s->linktype, ts, bytes, h->caplen); /* out of memory: counted there */
+		(void)tap_replay_live_packet(s->live, s->linktype, ts, bytes, h->caplen, h->len); /* no memory: counted */
 }
 
 void tap_sniff_read(struct tap_sniff *s)

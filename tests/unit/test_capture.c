@@ -707,26 +707,44 @@ static int run_pkts(size_t n, const size_t *order, struct got *g)
 	return rc;
 }
 
-/* A classic pcap of Ethernet frames, packet i cut to caplen[i] bytes by the snap length (0: captured whole). */
-static int run_cut(size_t n, const size_t *order, const size_t *caplen, bool v6, struct got *g,
+/* Ethernet frames, packet i cut to caplen[i] bytes by the snap length (0: captured whole): a classic pcap, or (push)
+ * handed over one by one with their length on the wire, as `amqptap sniff` does. */
+static int run_cut(size_t n, const size_t *order, const size_t *caplen, bool v6, bool push, struct got *g,
 		   struct tap_capture_stats *st)
 {
 	struct tap_buf b;
 	tap_buf_init(&b);
 	write_pcap(&b, pk, 0, 1, false, false, v6); /* the file header */
+	memset(g, 0, sizeof *g);
+	struct tap_capture_cb cb = {.ctx = g, .packet = g_packet, .open = g_open, .data = g_data, .gap = g_gap,
+				    .close = g_close};
+	struct tap_capture *c = NULL;
+	if (push)
+		ck_assert_int_eq(tap_capture_new_push(&c, 5672, &cb), 0);
 	static uint8_t frame[70100];
 	for (size_t k = 0; k < n; k++) {
 		size_t i = order ? order[k] : k;
 		size_t len = link_wrap(frame, 1, pk[i].data, pk[i].len, v6, false);
 		size_t cap = caplen[i] && caplen[i] < len ? caplen[i] : len;
+		if (push) {
+			ck_assert_int_eq(tap_capture_push(c, 1, pk[i].ts, frame, cap, len), 0);
+			continue;
+		}
 		put32le(&b, (uint32_t)(pk[i].ts / 1000000), false);
 		put32le(&b, (uint32_t)(pk[i].ts % 1000000), false);
 		put32le(&b, (uint32_t)cap, false);
 		put32le(&b, (uint32_t)len, false);
 		tap_buf_append(&b, frame, cap);
 	}
-	char err[256] = "";
-	int rc = run_mem_limits(b.data, b.len, 5672, g, 0, 0, st, err, sizeof err);
+	int rc = 0;
+	if (push) {
+		tap_capture_end_all(c);
+		tap_capture_get_stats(c, st);
+		tap_capture_free(c);
+	} else {
+		char err[256] = "";
+		rc = run_mem_limits(b.data, b.len, 5672, g, 0, 0, st, err, sizeof err);
+	}
 	tap_buf_deinit(&b);
 	return rc;
 }
@@ -734,10 +752,12 @@ static int run_cut(size_t n, const size_t *order, const size_t *caplen, bool v6,
 /* A packet the snap length cut (tcpdump -s 96) delivers the payload bytes it holds, in order; only the bytes cut off
  * are a gap, and the next segment follows them in sequence space. So a publish whose method frame is in the captured
  * prefix is still decoded. Out of order the same. A cut inside the TCP header leaves nothing of the payload known:
- * the whole of it is the gap. IPv4 and IPv6. */
+ * the whole of it is the gap. IPv4 and IPv6; from a file and pushed (sniff: it once passed only the captured length,
+ * so a cut packet looked whole and the next segment's bytes were taken as following it). */
 START_TEST(snap_length_keeps_the_captured_prefix)
 {
-	for (int v6 = 0; v6 < 2; v6++) {
+	for (int n = 0; n < 4; n++) {
+		int v6 = n & 1, push = n >> 1;
 		size_t hdr = 14 + (v6 ? 40 : 20) + 20; /* Ethernet, IP, TCP */
 		for (int swapped = 0; swapped < 2; swapped++) {
 			struct conv v;
@@ -752,7 +772,7 @@ START_TEST(snap_length_keeps_the_captured_prefix)
 			size_t order[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, swap[] = {0, 1, 2, 4, 3, 5, 6, 7, 8, 9};
 			struct got g;
 			struct tap_capture_stats st;
-			ck_assert_int_eq(run_cut(10, swapped ? swap : order, caplen, v6, &g, &st), 0);
+			ck_assert_int_eq(run_cut(10, swapped ? swap : order, caplen, v6, push, &g, &st), 0);
 			ck_assert_uint_eq(g.n, 1);
 			assert_bytes(&g.s[0].bytes[TAP_C2S], "012345next");
 			assert_bytes(&g.s[0].bytes[TAP_S2C], "ok");
@@ -764,7 +784,7 @@ START_TEST(snap_length_keeps_the_captured_prefix)
 			got_free(&g);
 
 			caplen[3] = hdr - 1; /* the TCP header cut: the packet tells nothing */
-			ck_assert_int_eq(run_cut(10, swapped ? swap : order, caplen, v6, &g, &st), 0);
+			ck_assert_int_eq(run_cut(10, swapped ? swap : order, caplen, v6, push, &g, &st), 0);
 			assert_bytes(&g.s[0].bytes[TAP_C2S], "next");
 			ck_assert_uint_eq(g.s[0].missing[TAP_C2S], 16);
 			ck_assert_uint_eq(st.skipped, 1);
@@ -927,7 +947,7 @@ START_TEST(several_ports)
 				ck_assert_int_eq(tap_capture_add_port(c, 5673), 0);
 			if (push) {
 				for (size_t i = 0; i < n; i++)
-					ck_assert_int_eq(tap_capture_push(c, 101, pk[i].ts, pk[i].data, pk[i].len), 0);
+					ck_assert_int_eq(tap_capture_push(c, 101, pk[i].ts, pk[i].data, pk[i].len, pk[i].len), 0);
 				tap_capture_end_all(c);
 			} else {
 				ck_assert_int_eq(tap_capture_run(c, 5672, &cb, err, sizeof err), 0);

@@ -249,7 +249,7 @@ START_TEST(pushed_packets_give_the_file_records)
 			memcpy(&lo, buf + off + 16, 4);
 			memcpy(&caplen, buf + off + 20, 4);
 			int64_t ts = (int64_t)((uint64_t)hi << 32 | lo);
-			ck_assert_int_eq(tap_replay_live_packet(live, linktype, ts, buf + off + 28, caplen), 0);
+			ck_assert_int_eq(tap_replay_live_packet(live, linktype, ts, buf + off + 28, caplen, caplen), 0);
 			pushed++;
 		}
 		off += len;
