@@ -25,6 +25,7 @@
 #include <openssl/crypto.h>
 #include <openssl/opensslv.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,11 +111,12 @@ static void keep_heap_warm(void)
 #endif
 }
 
-/* Resolves a once, at start. Returns 0, or the exit code: 1 when resolution failed for now (no answer from the
- * name server, as at boot before the network is up: a service manager should try again), 2 when the name does not
- * exist (a mistake in the configuration). */
-static int resolve(const struct tap_conf_addr *a, bool passive, struct sockaddr_storage *out, int *out_len,
-		   char *err, size_t cap)
+/* Resolves a once, at start, into up to max addresses (each once, in the resolver's order); *n is how many. Returns
+ * 0, or the exit code: 1 when resolution failed for now (no answer from the name server, as at boot before the
+ * network is up: a service manager should try again), 2 when the name does not exist (a mistake in the
+ * configuration). */
+static int resolve(const struct tap_conf_addr *a, bool passive, struct sockaddr_storage *out, int *out_len, size_t max,
+		   size_t *n, char *err, size_t cap)
 {
 	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_protocol = IPPROTO_TCP};
 	if (passive)
@@ -129,31 +131,18 @@ static int resolve(const struct tap_conf_addr *a, bool passive, struct sockaddr_
 			 for_now ? " (for now: exit 1, so that a service manager starts the tap again)" : "");
 		return for_now ? 1 : 2;
 	}
-	memcpy(out, res->ai_addr, res->ai_addrlen);
-	*out_len = (int)res->ai_addrlen;
-	freeaddrinfo(res);
-	return 0;
-}
-
-/* The upstream name's other addresses (besides first, tap_proxy_new's), each once, for the proxy to move on to
- * when one is unreachable. */
-static void add_other_upstreams(struct tap_proxy *px, const struct tap_conf_addr *a, const struct sockaddr *first,
-				int first_len)
-{
-	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_protocol = IPPROTO_TCP};
-	char port[8];
-	snprintf(port, sizeof port, "%u", a->port);
-	struct addrinfo *res = NULL;
-	if (getaddrinfo(a->host, port, &hints, &res) != 0 || !res)
-		return;
-	for (struct addrinfo *r = res; r; r = r->ai_next) {
-		bool seen = (int)r->ai_addrlen == first_len && memcmp(first, r->ai_addr, r->ai_addrlen) == 0;
-		for (struct addrinfo *q = res; q != r && !seen; q = q->ai_next)
-			seen = q->ai_addrlen == r->ai_addrlen && memcmp(q->ai_addr, r->ai_addr, r->ai_addrlen) == 0;
-		if (!seen && tap_proxy_add_upstream(px, r->ai_addr, (int)r->ai_addrlen) < 0)
-			break;
+	*n = 0;
+	for (struct addrinfo *r = res; r && *n < max; r = r->ai_next) {
+		bool seen = r->ai_addrlen > sizeof *out;
+		for (size_t k = 0; k < *n && !seen; k++)
+			seen = out_len[k] == (int)r->ai_addrlen && memcmp(&out[k], r->ai_addr, r->ai_addrlen) == 0;
+		if (seen)
+			continue;
+		memcpy(&out[*n], r->ai_addr, r->ai_addrlen);
+		out_len[(*n)++] = (int)r->ai_addrlen;
 	}
 	freeaddrinfo(res);
+	return 0;
 }
 
 /* --metrics names a host that resolves, said before anything starts (libevent would resolve it itself, later,
@@ -165,7 +154,8 @@ static int check_metrics_addr(const struct tap_conf *conf)
 	struct sockaddr_storage ss;
 	int len;
 	char err[400];
-	int bad = resolve(&conf->metrics, true, &ss, &len, err, sizeof err);
+	size_t n;
+	int bad = resolve(&conf->metrics, true, &ss, &len, 1, &n, err, sizeof err);
 	if (bad)
 		fprintf(stderr, "amqptap: --metrics: %s\n", err);
 	return bad;
@@ -425,14 +415,25 @@ static void begin_shutdown(struct app *app)
  * the default action is to die. Once the loop has ended the tap is stopping anyway and what is left of its teardown
  * is bounded by the flush deadlines, so a late signal (a supervisor repeating its SIGTERM, a stop sent just as the
  * last session ended) must not kill it with the last log lines unwritten and its exit status lost: the action to
- * be given back is "ignore". */
+ * be given back is "ignore". The signals are blocked meanwhile (one that comes stays pending and reaches libevent),
+ * and a signal whose event could not be added keeps its default action: it still ends the tap. */
 static void add_signal_events(struct event **sigs, size_t n)
 {
+	sigset_t set, was;
+	sigemptyset(&set);
 	for (size_t i = 0; i < n; i++)
-		if (sigs[i]) {
-			signal(event_get_signal(sigs[i]), SIG_IGN);
-			evsignal_add(sigs[i], NULL);
-		}
+		if (sigs[i])
+			sigaddset(&set, event_get_signal(sigs[i]));
+	pthread_sigmask(SIG_BLOCK, &set, &was);
+	for (size_t i = 0; i < n; i++) {
+		if (!sigs[i])
+			continue;
+		int sig = event_get_signal(sigs[i]);
+		signal(sig, SIG_IGN);
+		if (evsignal_add(sigs[i], NULL) < 0)
+			signal(sig, SIG_DFL);
+	}
+	pthread_sigmask(SIG_SETMASK, &was, NULL);
 }
 
 static void free_signal_events(struct event **sigs, size_t n)
@@ -490,9 +491,6 @@ static void pcap_close(void *ctx, void *sc, const char *how, int64_t ts_us)
 	tap_pcapng_conn_close(sc, tap_pcapng_end_of(how), ts_us);
 }
 
-/* Opens output i into app->out[i]: 0, or the exit code after saying why (2: the path cannot be opened, a bad
- * value; 1: the tap had no memory or thread for it). A BLOCKS output is --pcap: each of its files begins with
- * the pcapng head. */
 /* A file that existed keeps its mode (a chmod 640 for a shipper is the operator's): one every user may read is
  * said once, for the outputs that can hold what publishers send (--frames: header values and body bytes when
  * asked; --pcap: every message whole). */
@@ -507,6 +505,9 @@ static void warn_if_world_readable(enum app_out i, const char *path)
 		i == OUT_PCAP ? " (whole messages)" : "");
 }
 
+/* Opens output i into app->out[i]: 0, or the exit code after saying why (2: the path cannot be opened, a bad
+ * value; 1: the tap had no memory or thread for it). A BLOCKS output is --pcap: each of its files begins with
+ * the pcapng head. */
 static int open_output(struct app *app, enum app_out i, const char *path, enum tap_out_kind kind)
 {
 	struct tap_out_conf oc = {.name = out_names[i], .path = path, .kind = kind};
@@ -946,14 +947,15 @@ static int run_sniff(const struct tap_conf *conf)
 static int run_proxy(const struct tap_conf *conf)
 {
 	char err[700];
-	struct sockaddr_storage up, lis;
-	int up_len, lis_len;
-	int bad = resolve(&conf->upstream, false, &up, &up_len, err, sizeof err);
+	struct sockaddr_storage up[TAP_PROXY_UPSTREAM_ADDRS], lis;
+	int up_len[TAP_PROXY_UPSTREAM_ADDRS], lis_len;
+	size_t n_up, n_lis;
+	int bad = resolve(&conf->upstream, false, up, up_len, TAP_PROXY_UPSTREAM_ADDRS, &n_up, err, sizeof err);
 	if (bad) {
 		fprintf(stderr, "amqptap: --upstream: %s\n", err);
 		return bad;
 	}
-	if ((bad = resolve(&conf->listen, true, &lis, &lis_len, err, sizeof err))) {
+	if ((bad = resolve(&conf->listen, true, &lis, &lis_len, 1, &n_lis, err, sizeof err))) {
 		fprintf(stderr, "amqptap: --listen: %s\n", err);
 		return bad;
 	}
@@ -981,13 +983,13 @@ static int run_proxy(const struct tap_conf *conf)
 	    .ctx = &app, .open = hook_open, .data = hook_data, .close = hook_close, .refused = hook_refused,
 	    .held = hook_held};
 	if (app.base)
-		app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up, up_len, upstream_name, app.tls, &hooks);
+		app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up[0], up_len[0], upstream_name, app.tls, &hooks);
 	if (app.proxy) {
-		add_other_upstreams(app.proxy, &conf->upstream, (struct sockaddr *)&up, up_len);
+		for (size_t i = 1; i < n_up; i++) /* the name's other addresses, for when one is unreachable */
+			(void)tap_proxy_add_upstream(app.proxy, (struct sockaddr *)&up[i], up_len[i]); /* fit: n_up <= max */
 		tap_proxy_on_idle(app.proxy, on_idle, &app);
-	}
-	if (app.proxy)
 		tap_proxy_set_handshake_timeout(app.proxy, conf->handshake_timeout_ms);
+	}
 	char bound[80];
 	if (!code && !app.proxy) {
 		fprintf(stderr, "amqptap: cannot start: %s\n", strerror(errno));
