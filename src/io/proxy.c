@@ -245,9 +245,7 @@ static void log_tls_failure(const struct tap_session *s, enum tap_proxy_end why,
 static void use_upstream(struct tap_proxy *px, size_t at)
 {
 	px->upstream_at = at;
-	px->upstream = px->upstreams[at];
-	px->upstream_len = px->upstream_lens[at];
-	format_sockaddr((struct sockaddr *)&px->upstream, px->upstream_addr, sizeof px->upstream_addr);
+	format_sockaddr((struct sockaddr *)&px->upstreams[at], px->upstream_addr, sizeof px->upstream_addr);
 }
 
 /* A session sent to upstream address `failed` found it unreachable: the next sessions go to the next address, if
@@ -810,11 +808,11 @@ static bool connect_upstream(struct tap_session *s)
 	struct tap_proxy *px = s->px;
 	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
 	tap_leg_arm_setup(upstream);
-	s->upstream_at = px->upstream_at;
 	int err = 0;
 	if (upstream->tls)
 		err = tap_tls_leg_connect(upstream);
-	else if (bufferevent_socket_connect(upstream->bev, (struct sockaddr *)&px->upstream, px->upstream_len) < 0)
+	else if (bufferevent_socket_connect(upstream->bev, (struct sockaddr *)&px->upstreams[s->upstream_at],
+					    px->upstream_lens[s->upstream_at]) < 0)
 		err = EVUTIL_SOCKET_ERROR();
 	if (err) {
 		if (out_of_fds(err)) {
@@ -850,6 +848,7 @@ static void on_accept(struct evconnlistener *listener, evutil_socket_t fd, struc
 	}
 	s->px = px;
 	s->id = ++px->next_id;
+	s->upstream_at = px->upstream_at; /* the address its record names, also for a later TLS connect */
 	set_nodelay(fd);
 	leg_init(s, SIDE_CLIENT, tap_tls_listener(px->tls));
 	leg_init(s, SIDE_UPSTREAM, tap_tls_upstream(px->tls));
@@ -936,7 +935,7 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 		return NULL;
 	}
 	snprintf(px->upstream_name, sizeof px->upstream_name, "%s", upstream_name);
-	(void)tap_proxy_add_upstream(px, upstream, upstream_len);
+	(void)tap_proxy_add_upstream(px, upstream, upstream_len); /* the first: fits, and its length was checked */
 	use_upstream(px, 0);
 	if (hooks)
 		px->hooks = *hooks;

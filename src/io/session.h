@@ -74,7 +74,7 @@ struct tap_session {
 	enum tap_proxy_end why;
 	char detail[160];
 	void *obs;
-	size_t upstream_at; /* the proxy's upstream address this session was sent to */
+	size_t upstream_at; /* the proxy's upstream address this session goes to (chosen at accept) */
 };
 
 TAILQ_HEAD(session_list, tap_session);
@@ -82,11 +82,9 @@ TAILQ_HEAD(session_list, tap_session);
 struct tap_proxy {
 	struct event_base *base;
 	struct evconnlistener *listener;
-	struct sockaddr_storage upstream; /* the address in use: upstreams[upstream_at] */
-	int upstream_len;
 	struct sockaddr_storage upstreams[TAP_PROXY_UPSTREAM_ADDRS]; /* every address of the name, as resolved */
 	int upstream_lens[TAP_PROXY_UPSTREAM_ADDRS];
-	size_t n_upstreams, upstream_at;
+	size_t n_upstreams, upstream_at; /* upstream_at: where new sessions go */
 	char upstream_name[300]; /* as configured, for messages */
 	char upstream_addr[80];  /* numeric, for observers */
 	struct tap_proxy_hooks hooks;

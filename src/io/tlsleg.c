@@ -413,10 +413,12 @@ int tap_tls_leg_accept(struct leg *l, evutil_socket_t fd)
 int tap_tls_leg_connect(struct leg *l)
 {
 	struct tap_proxy *px = l->s->px;
-	evutil_socket_t fd = socket(px->upstream.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	const struct sockaddr_storage *to = &px->upstreams[l->s->upstream_at];
+	evutil_socket_t fd = socket(to->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return errno;
-	if (connect(fd, (struct sockaddr *)&px->upstream, (socklen_t)px->upstream_len) < 0 && errno != EINPROGRESS) {
+	if (connect(fd, (const struct sockaddr *)to, (socklen_t)px->upstream_lens[l->s->upstream_at]) < 0 &&
+	    errno != EINPROGRESS) {
 		int err = errno;
 		close(fd);
 		return err;
