@@ -293,6 +293,17 @@ size_t tap_conf_man(char *out, size_t cap, const char *version)
 	return doc_end(&d);
 }
 
+/* A case pattern for short option c, which takes a value: alone (-o) or ending a bundle of the flags without one
+ * (-vo FILE), with bash-completion's extglob. */
+static void short_with_value(struct doc *d, const char *flags, char c)
+{
+	if (flags[0])
+		doc_printf(d, "|-?(+([%s]))%c", flags, c);
+	else
+		doc_printf(d, "|-%c", c);
+}
+
+
 /* Words for bash: every option's long form (with a trailing '=' for those that take a value, as bash-completion
  * does) and short form; the value completion follows the option's kind. */
 size_t tap_conf_bash_completion(char *out, size_t cap)
@@ -309,8 +320,7 @@ size_t tap_conf_bash_completion(char *out, size_t cap)
 		int kind; /* -1: every other option with a value */
 		const char *complete;
 	} groups[] = {{TAP_OPT_PATH, "_filedir\n\t\t"}, {TAP_OPT_IFACE, "_available_interfaces -a\n\t\t"}, {-1, ""}};
-	/* a short option with a value may end a bundle of flags without one (-vo FILE): bash-completion's extglob */
-	char flags[32] = "";
+	char flags[32] = ""; /* the short options without a value */
 	size_t n_flags = 0;
 	for (size_t i = 0; i < n && n_flags + 1 < sizeof flags; i++)
 		if (opts[i].short_name && !opts[i].arg)
@@ -325,8 +335,7 @@ size_t tap_conf_bash_completion(char *out, size_t cap)
 				continue;
 			doc_printf(&d, "%s--%s", any ? "|" : "\t", o->name);
 			if (o->short_name)
-				doc_printf(&d, "|-%s%s%s%c", n_flags ? "?(+([" : "", flags, n_flags ? "]))" : "",
-					   o->short_name);
+				short_with_value(&d, flags, o->short_name);
 			any = true;
 		}
 		if (any)
@@ -350,7 +359,7 @@ size_t tap_conf_bash_completion(char *out, size_t cap)
 			continue;
 		doc_printf(&d, "%s--%s", any ? "|" : "", o->name);
 		if (o->short_name)
-			doc_printf(&d, "|-%c", o->short_name);
+			short_with_value(&d, flags, o->short_name);
 		any = true;
 	}
 	doc_puts(&d, ")\n\t\t\tcontinue\n\t\t\t;;\n\t\tesac\n\t\tif [[ ${words[i]} != -* ]]; then\n"

@@ -158,8 +158,9 @@ class PackageTest(unittest.TestCase):
         # built from git: the commit count and the commit, so a later build is newer to apt (every build was once
         # 0.1.0-1, and `apt-get install` of a rebuilt package did nothing)
         commit = re.search(r"\(git ([0-9a-f]{12})(-dirty)?\)", out[0])
-        if commit:
-            count = sh("git", "-C", SOURCE_DIR, "rev-list", "--count", "HEAD").stdout.strip()
+        shallow = sh("git", "-C", SOURCE_DIR, "rev-parse", "--is-shallow-repository").stdout.strip() == "true"
+        if commit and not shallow:
+            count = sh("git", "-C", SOURCE_DIR, "rev-list", "--count", commit.group(1)).stdout.strip()
             dirty = ".dirty" if commit.group(2) else ""
             self.assertEqual(version, f"{out[0].split()[1]}+git{count}.g{commit.group(1)}{dirty}-1")
             older = f"{out[0].split()[1]}+git{int(count) - 1}.g{commit.group(1)}-1"
@@ -234,7 +235,8 @@ class PackageTest(unittest.TestCase):
                 "comp amqptap --verdicts cap\n"
                 "comp amqptap --listen ''\n"
                 "comp amqptap ''\n"
-                "comp amqptap -vo cap\n")
+                "comp amqptap -vo cap\n"
+                "comp amqptap -vo out.jsonl replay cap\n")
             r = sh("bash", "-c", script, cwd=d)
         self.assertIn("complete -F _amqptap amqptap", r.stdout)
         parts = r.stdout.split("---\n")
@@ -245,6 +247,7 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(parts[3].split(), [], "no file names for an address")
         self.assertEqual(parts[4].split(), ["replay", "sniff"])  # the subcommands
         self.assertEqual(parts[5].split(), ["capture.pcapng"], "-vo FILE: a bundle ending in an option's letter")
+        self.assertEqual(parts[6].split(), ["capture.pcapng"], "-vo FILE is skipped in finding the subcommand")
 
     def test_6_units_verify(self):
         for unit in ("amqptap.service", "amqptap-sniff@eth0.service"):
