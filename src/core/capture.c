@@ -610,11 +610,12 @@ static int read_header(struct tap_capture *c, char *err, size_t cap)
 	return TAP_OK;
 }
 
-/* The header, unless a stop cut it short: then the capture has no packets, and no error. */
+/* The header, unless a stop cut its read short: then the capture has no packets, and no error. */
 static int open_common(struct tap_capture *c, char *err, size_t cap)
 {
 	int rc = read_header(c, err, cap);
-	if (rc < 0 && stopping(c)) {
+	/* an interrupted read or one cut short by the end of the input, not a bad header */
+	if (rc < 0 && c->f && (ferror(c->f) || feof(c->f)) && stopping(c)) {
 		c->stopped_early = true;
 		return TAP_OK;
 	}
@@ -657,13 +658,14 @@ int tap_capture_open_until(struct tap_capture **out, const char *path, bool (*st
 		if (!c->f && fd >= 0)
 			(void)close(fd); /* fdopen failed: the descriptor is ours to close */
 	} else {
-		/* a FIFO's open waits for a writer; a signal interrupts it */
-		while (!(c->f = fopen(path, "rb")) && errno == EINTR) {
-			if (stopping(c)) {
-				c->stopped_early = true;
-				*out = c;
-				return TAP_OK;
-			}
+		/* a FIFO's open waits for a writer; a signal interrupts it (one just before the open is seen here too,
+		 * one in between waits for the writer or the next signal) */
+		while (!stopping(c) && !(c->f = fopen(path, "rb")) && errno == EINTR)
+			;
+		if (!c->f && stopping(c)) {
+			c->stopped_early = true;
+			*out = c;
+			return TAP_OK;
 		}
 	}
 	if (!c->f) {

@@ -346,6 +346,17 @@ class CaptureGaps(unittest.TestCase):
                 self.assertEqual(sorted(gaps), holes(info, drop))
 
 
+def waits_with_handlers(pid):
+    """Whether process pid has its SIGINT handler installed and sleeps (waits for input): a signal now is its to
+    handle, not a default action that kills it."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return False
+    return int(status["SigCgt"], 16) >> (signal.SIGINT - 1) & 1 and status["State"].split()[0] == "S"
+
+
 class Pipes(unittest.TestCase):
     def test_pcapng_and_pcap_from_a_pipe(self):
         cap = os.path.join(CAPTURES, "confirm_mandatory.pcapng")
@@ -540,7 +551,7 @@ class Pipes(unittest.TestCase):
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for p in (waiting_for_a_writer, silent_writer):
             self.addCleanup(lambda p=p: p.poll() is None and (p.kill(), p.wait()))
-        time.sleep(0.5)
+            self.assertTrue(wait_for(lambda p=p: waits_with_handlers(p.pid), 10, 0.05), "never waited for input")
         for p in (waiting_for_a_writer, silent_writer):
             out, err = self.end_by_sigint(p)
             self.assertEqual(out, b"")
@@ -558,7 +569,7 @@ class Pipes(unittest.TestCase):
         p = subprocess.Popen([AMQPTAP_BIN, "replay", fifo, "--port", str(capture_port(cap))], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
         self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
-        time.sleep(0.3)
+        self.assertTrue(wait_for(lambda: waits_with_handlers(p.pid), 10, 0.05), "never waited for a writer")
         p.send_signal(signal.SIGUSR1)
         time.sleep(0.3)
         p.send_signal(signal.SIGHUP)
