@@ -24,8 +24,12 @@ epoch=${SOURCE_DATE_EPOCH:-$(git -C "$TAP_REPO" log -1 --format=%ct 2>/dev/null 
 # A build from git is version+gitN.gCOMMIT (N: the commits up to it), so a package built from a later commit is
 # newer to dpkg and apt (with the bare project version every build was 0.1.0-1, and `apt-get install` of a newer
 # one did nothing); ".dirty" when the tree had changes. Outside git: the project version.
-version=$("$dir/amqptap" --version | sed -n '1s/^amqptap \([^ ]*\) .*/\1/p')
-if count=$(git -C "$TAP_REPO" rev-list --count HEAD 2>/dev/null) && [[ $built_from =~ \(git\ ([0-9a-f]{12})(-dirty)?\) ]]; then
+# The count is of the commit the binary was built from; a shallow clone cannot count, so it gets the plain version.
+version=${built_from#amqptap }
+version=${version%% *}
+if [[ $built_from =~ \(git\ ([0-9a-f]{12})(-dirty)?\) ]] &&
+	[ "$(git -C "$TAP_REPO" rev-parse --is-shallow-repository 2>/dev/null)" = false ] &&
+	count=$(git -C "$TAP_REPO" rev-list --count "${BASH_REMATCH[1]}" 2>/dev/null); then
 	version+="+git$count.g${BASH_REMATCH[1]}${BASH_REMATCH[2]:+.dirty}"
 fi
 (cd "$dir" && SOURCE_DATE_EPOCH=$epoch cpack -G DEB -D CPACK_PROJECT_CONFIG_FILE="$TAP_REPO/scripts/dist/deb/cpack.cmake" \
