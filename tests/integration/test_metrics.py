@@ -357,21 +357,22 @@ def readme_alert(piece):
 
 class ReadmeAlertsOverTime(unittest.TestCase):
     """The README's exchange alert over made-up series (promtool test rules): an exchange whose series appeared
-    inside the window with its first returns counts them, as does one returning all along; one quiet for the window
-    does not, nor a tap restart's reset. (`topk(3, increase(...[5m]))` gave 0 for the first kind: increase() does
-    not count a series' first sample.)"""
+    inside the window with its first returns counts them, as do one returning all along and one returning after its
+    tap restarted (a counter reset); one quiet for the window does not. (`topk(3, increase(...[5m]))` gave 0 for the
+    first kind: increase() does not count a series' first sample.)"""
 
     def test_exchange_alert_counts_a_series_that_appeared(self):
         expr = readme_alert("topk(3")
         series = {"new": "_ _ _ 3 3 3 3", "quiet": "5 5 5 5 5 5 5", "busy": "5 6 7 8 9 10 11",
-                  "restarted": "50 50 50 1 1 1 1"}
+                  "restarted": "50 50 50 1 2 3 4"}
         lines = ["evaluation_interval: 1m", "tests:", "- interval: 1m", "  input_series:"]
         for name, values in series.items():
             lines += [f"  - series: 'amqptap_exchange_publishes_total{{exchange=\"{name}\",route=\"returned\"}}'",
                       f"    values: '{values}'"]
         lines += ["  promql_expr_test:", f"  - expr: '{expr}'", "    eval_time: 6m", "    exp_samples:"]
-        for name, value in (("new", 3), ("busy", 5)):
-            lines += [f"    - labels: '{{exchange=\"{name}\",route=\"returned\"}}'", f"      value: {value}"]
+        for name, value in (("new", 3), ("busy", 5), ("restarted", 4)):
+            kept = '__name__=\"amqptap_exchange_publishes_total\",' if name == "new" else ""  # unless keeps it
+            lines += [f"    - labels: '{{{kept}exchange=\"{name}\",route=\"returned\"}}'", f"      value: {value}"]
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "alerts_test.yml")
             with open(path, "w") as f:
