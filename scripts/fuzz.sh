@@ -37,12 +37,16 @@ fuzz_one() {
 } >"$build/$(basename "$1").result"
 
 # One harness per core at a time (each is single-threaded and runs for the same time); results in name order.
-jobs=$(nproc)
+cores=$(nproc)
+pids=
+trap 'kill $pids 2>/dev/null; exit 130' INT TERM # the harnesses running in the background go with the script
 set -- "$build"/fuzz/fuzz_*
 while [ $# -gt 0 ]; do
 	n=0
-	while [ $# -gt 0 ] && [ $n -lt "$jobs" ]; do
+	pids=
+	while [ $# -gt 0 ] && [ $n -lt "$cores" ]; do
 		fuzz_one "$1" &
+		pids="$pids $!"
 		shift
 		n=$((n + 1))
 	done

@@ -452,7 +452,9 @@ class Outputs(TapTestCase):
         tap = self.raw_tap(["--verdicts", paths[0], "--pcap", paths[1]])
         tap.publish(5, 30)
         self.assertTrue(wait_for(lambda: all(os.path.getsize(p) > 0 for p in paths), 5))
-        group = 4 if os.geteuid() == 0 else os.getgid()  # adm, as a shipper's group would be
+        if os.geteuid() != 0:
+            self.skipTest("needs root to give the files a group of their own")
+        group = 4  # adm, as a shipper's group would be
         for p in paths:
             os.chmod(p, 0o640)
             os.chown(p, -1, group)

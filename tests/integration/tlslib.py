@@ -71,11 +71,12 @@ def shared_pki():
     return _shared["pki"]
 
 
-def shared_tls_broker(pki):
-    """The TLS broker of this test file's run, started at the first use and stopped with the certificates (a start
-    and stop per class cost 10 s each)."""
+def shared_tls_broker():
+    """The TLS broker of this test file's run (with shared_pki's certificates), started at the first use and stopped
+    with the certificates (a start and stop per class cost 10 s each)."""
     if _shared.get("broker"):
         return
+    pki = shared_pki()
     BROKER_ENV.update({"TAP_BROKER_TLS_CA": f"{pki}/ca.pem", "TAP_BROKER_TLS_CERT": f"{pki}/server.pem",
                        "TAP_BROKER_TLS_KEY": f"{pki}/server.key"})
     r = broker_sh("start")
@@ -102,7 +103,7 @@ class TlsCase(PkiCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        shared_tls_broker(cls.pki)
+        shared_tls_broker()
 
     def tls_tap(self, client_tls=True, upstream_args=None, extra=(), **kw):
         args = []
