@@ -459,15 +459,14 @@ static int check_modes(const struct tap_conf *c, const bool given[N_OPTIONS], ch
 	return TAP_OK;
 }
 
-/* Whether two paths name one file: the same text ("-" is standard output), or the same existing file. */
 static bool same_inode(const char *a, const char *b)
 {
 	struct stat sa, sb;
 	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-/* Whether a and b name one file: the same string, the same existing file (links, ./x and x), or a file not made
- * yet under one name in one directory (the outputs are created only after this check). */
+/* Whether a and b name one file: the same text ("-" is standard output), the same existing file (links, ./x and
+ * x), or a file not made yet under one name in one directory (the outputs are created only after this check). */
 static bool same_file(const char *a, const char *b)
 {
 	if (strcmp(a, b) == 0)

@@ -504,8 +504,6 @@ static int reader_wait(struct tap_out *o, const char *data, size_t *off)
 	return 0;
 }
 
-/* Opens the path again and writes to it from now on; false (errno set) when it cannot be opened. A FIFO without a
- * reader is waited for (open_waiting), where a close may cancel the writer. create: see open_path. */
 /* A file made anew at a reopen (after logrotate renamed the old one) gets the old one's mode and group, so a
  * `chmod 640` and `chgrp adm` for a log shipper survive rotations as they survive restarts. Not for a private
  * output (always 0600), and nothing from a FIFO or device. */
@@ -522,6 +520,8 @@ static OUT_OF_LINE void keep_mode(const struct tap_out *o, int old_fd, int new_f
 	(void)fchmod(new_fd, was.st_mode & 0777);
 }
 
+/* Opens the path again and writes to it from now on; false (errno set) when it cannot be opened. A FIFO without a
+ * reader is waited for (open_waiting), where a close may cancel the writer. create: see open_path. */
 static OUT_OF_LINE bool writer_open_again(struct tap_out *o, bool create)
 {
 	struct stat st;
