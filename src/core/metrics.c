@@ -397,22 +397,27 @@ static void label_value(struct tap_buf *b, const char *v)
 	label_valuen(b, v, strlen(v));
 }
 
-/* amqptap_NAME{LABEL="VALUE"} N */
+/* amqptap_NAME{LABEL="VALUE",...} N, kv holding the labels and their values in turn */
+static void labelled_n(struct tap_buf *b, const char *name, const char *const *kv, size_t labels, uint64_t n)
+{
+	tap_buf_printf(b, "amqptap_%s{", name);
+	for (size_t i = 0; i < labels; i++) {
+		tap_buf_printf(b, "%s%s=\"", i ? "," : "", kv[2 * i]);
+		label_value(b, kv[2 * i + 1]);
+		tap_buf_putc(b, '"');
+	}
+	tap_buf_printf(b, "} %" PRIu64 "\n", n);
+}
+
 static void labelled(struct tap_buf *b, const char *name, const char *label, const char *value, uint64_t n)
 {
-	tap_buf_printf(b, "amqptap_%s{%s=\"", name, label);
-	label_value(b, value);
-	tap_buf_printf(b, "\"} %" PRIu64 "\n", n);
+	labelled_n(b, name, (const char *const[]){label, value}, 1, n);
 }
 
 static void labelled2(struct tap_buf *b, const char *name, const char *label, const char *value, const char *label2,
 		      const char *value2, uint64_t n)
 {
-	tap_buf_printf(b, "amqptap_%s{%s=\"", name, label);
-	label_value(b, value);
-	tap_buf_printf(b, "\",%s=\"", label2);
-	label_value(b, value2);
-	tap_buf_printf(b, "\"} %" PRIu64 "\n", n);
+	labelled_n(b, name, (const char *const[]){label, value, label2, value2}, 2, n);
 }
 
 static void le_label(char out[24], uint64_t us)
@@ -617,13 +622,10 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 		tap_buf_printf(b, "amqptap_upstream_up %d\n", t->upstream == TAP_UPSTREAM_REACHABLE ? 1 : 0);
 	}
 	family(b, "build_info", GAUGE, "Always 1; the version, the tap id and the run id of its records in labels.");
-	tap_buf_printf(b, "amqptap_build_info{version=\"");
-	label_value(b, s->version ? s->version : "");
-	tap_buf_printf(b, "\",tap=\"");
-	label_value(b, s->tap_id ? s->tap_id : "");
-	tap_buf_printf(b, "\",run=\"");
-	label_value(b, s->run ? s->run : "");
-	tap_buf_printf(b, "\"} 1\n");
+	labelled_n(b, "build_info",
+		   (const char *const[]){"version", s->version ? s->version : "", "tap", s->tap_id ? s->tap_id : "",
+					 "run", s->run ? s->run : ""},
+		   3, 1);
 	render_process(b, s);
 }
 
