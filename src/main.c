@@ -133,10 +133,10 @@ static int resolve(const struct tap_conf_addr *a, bool passive, struct sockaddr_
 	}
 	*n = 0;
 	for (struct addrinfo *r = res; r && *n < max; r = r->ai_next) {
-		bool seen = r->ai_addrlen > sizeof *out;
-		for (size_t k = 0; k < *n && !seen; k++)
-			seen = out_len[k] == (int)r->ai_addrlen && memcmp(&out[k], r->ai_addr, r->ai_addrlen) == 0;
-		if (seen)
+		bool skip = r->ai_addrlen > sizeof *out; /* too long to keep (never for TCP), or kept already */
+		for (size_t k = 0; k < *n && !skip; k++)
+			skip = out_len[k] == (int)r->ai_addrlen && memcmp(&out[k], r->ai_addr, r->ai_addrlen) == 0;
+		if (skip)
 			continue;
 		memcpy(&out[*n], r->ai_addr, r->ai_addrlen);
 		out_len[(*n)++] = (int)r->ai_addrlen;

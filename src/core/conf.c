@@ -459,6 +459,15 @@ static int check_modes(const struct tap_conf *c, const bool given[N_OPTIONS], ch
 	return TAP_OK;
 }
 
+/* The directory part of path, whose last component starts at base ("." for none). */
+static void dir_part(const char *path, const char *base, char out[PATH_MAX])
+{
+	if (base == path)
+		snprintf(out, PATH_MAX, ".");
+	else
+		snprintf(out, PATH_MAX, "%.*s", (int)(base - path), path);
+}
+
 static bool same_inode(const char *a, const char *b)
 {
 	struct stat sa, sb;
@@ -481,8 +490,8 @@ static bool same_file(const char *a, const char *b)
 	if (strcmp(base_a, base_b) != 0)
 		return false;
 	char dir_a[PATH_MAX], dir_b[PATH_MAX];
-	snprintf(dir_a, sizeof dir_a, "%.*s", base_a == a ? 1 : (int)(base_a - a), base_a == a ? "." : a);
-	snprintf(dir_b, sizeof dir_b, "%.*s", base_b == b ? 1 : (int)(base_b - b), base_b == b ? "." : b);
+	dir_part(a, base_a, dir_a);
+	dir_part(b, base_b, dir_b);
 	return same_inode(dir_a, dir_b);
 }
 

@@ -303,7 +303,6 @@ static void short_with_value(struct doc *d, const char *flags, char c)
 		doc_printf(d, "|-%c", c);
 }
 
-
 /* Words for bash: every option's long form (with a trailing '=' for those that take a value, as bash-completion
  * does) and short form; the value completion follows the option's kind. */
 size_t tap_conf_bash_completion(char *out, size_t cap)
