@@ -353,14 +353,13 @@ static void print_summary(struct app *app)
 		tap_buf_printf(&b, "decoder contents_without_details=%" PRIu64 " (in-progress contents over %u MiB)\n",
 			       app->observer.pending_over, (unsigned)(app->observer.pending_max >> 20));
 	tap_buf_printf(&b, "process peak_rss_kib=%lu\n", peak_rss_kib());
-	if (b.oom && app->track) { /* what matters most, on the stack */
+	bool written = !b.oom && (b.len == 0 || tap_log_text(b.data, b.len));
+	if (!written && app->track) { /* what matters most, on the stack */
 		struct tap_track_stats ts;
 		tap_track_get_stats(app->track, &ts);
 		tap_log_error("summary: no memory to write it in full; %" PRIu64 " publishes, %" PRIu64 " records not "
 		              "rendered, %" PRIu64 " connections not followed (the outputs' losses follow)",
 		              ts.publishes, ts.records_oom, ts.conns_unfollowed);
-	} else if (b.len) {
-		tap_log_text(b.data, b.len);
 	}
 	tap_buf_deinit(&b);
 }

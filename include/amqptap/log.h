@@ -4,6 +4,7 @@
 #ifndef AMQPTAP_LOG_H
 #define AMQPTAP_LOG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,8 +22,9 @@ void tap_log_set_level(enum tap_log_level level);
 void tap_log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void tap_log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void tap_log_verbose(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Whole lines as they are (the summary), whatever the level: the caller asked for them. */
-void tap_log_text(const char *text, size_t len);
+/* Whole lines as they are (the summary), whatever the level: the caller asked for them. Returns false when they
+ * were lost (counted in tap_log_lost). */
+bool tap_log_text(const char *text, size_t len);
 
 /* Starts the writer thread for stderr; 0, or -1 (messages then stay direct). */
 int tap_log_start(void);

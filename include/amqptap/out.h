@@ -102,8 +102,10 @@ struct tap_out *tap_out_open_fd(const struct tap_out_conf *conf, int fd);
 /* Loop thread only. One record without its newline (LINES), or one whole binary block (BLOCKS). */
 void tap_out_line(struct tap_out *o, const char *data, size_t len);
 void tap_out_block(struct tap_out *o, const void *data, size_t len);
-/* Any thread, TEXT outputs: one or more whole lines, handed to the writer at once. */
-void tap_out_text(struct tap_out *o, const char *data, size_t len);
+/* Any thread, TEXT outputs: one or more whole lines, handed to the writer at once. With memory short they go into
+ * a reserve kept for that (8 KiB, one text at a time until it is written). Returns false when they were dropped
+ * (counted; the next text or the close begins with a line saying how many). */
+bool tap_out_text(struct tap_out *o, const char *data, size_t len);
 
 /* Loop thread: hands the batch to the writer. Waits for room in the backlog only until tap_out_wait_until's time
  * (never, by default): past it a batch that does not fit is dropped. */

@@ -19,13 +19,11 @@ void tap_log_set_level(enum tap_log_level level)
 	__atomic_store_n(&log_level, (int)level, __ATOMIC_RELAXED);
 }
 
-void tap_log_text(const char *text, size_t len)
+bool tap_log_text(const char *text, size_t len)
 {
 	struct tap_out *o = __atomic_load_n(&log_out, __ATOMIC_ACQUIRE);
-	if (o) {
-		tap_out_text(o, text, len);
-		return;
-	}
+	if (o)
+		return tap_out_text(o, text, len);
 	size_t n = fwrite(text, 1, len, stderr); /* unbuffered: written, or failed, at once */
 	if (n < len) { /* the lines it cut and those it did not reach count lost */
 		uint64_t lines = 0;
@@ -34,6 +32,7 @@ void tap_log_text(const char *text, size_t len)
 		__atomic_add_fetch(&direct_lost, lines ? lines : 1, __ATOMIC_RELAXED);
 	}
 	clearerr(stderr);
+	return n == len;
 }
 
 static void log_v(enum tap_log_level level, const char *fmt, va_list ap)

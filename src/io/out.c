@@ -26,6 +26,8 @@
 #define FILL_SLACK (4 * 1024)        /* a new batch's room past TAP_OUT_BATCH_BYTES */
 #define CANCEL_JOIN_MS 200
 #define READER_RETRY_MS 200 /* how often a FIFO nobody reads is tried again */
+#define TEXT_RESERVE_BYTES (8 * 1024) /* TEXT: room kept for lines that find no memory (the summary at exit) */
+#define LOSS_NOTE_BYTES 512           /* room for a loss note (it may still grow the batch) */
 
 /* Whether the output closes its descriptor: stdout and stderr stay open. */
 enum fd_owner {
@@ -46,6 +48,7 @@ struct chunk {
 	uint64_t records;
 	size_t *ends; /* BLOCKS: where each record ends, to find the record a failed write cut */
 	size_t ends_cap;
+	bool reserve; /* the TEXT output's reserve: goes back to it once written */
 };
 
 struct tap_out {
@@ -79,6 +82,7 @@ struct tap_out {
 	size_t queued_bytes; /* including the chunk being written */
 	struct chunk *spare;
 	size_t n_spare;
+	struct chunk *reserve; /* TEXT: a batch allocated at open for when memory runs out; NULL while queued */
 	bool closing;
 	bool writer_done;
 	uint64_t write_errors;
@@ -144,6 +148,11 @@ static void chunk_reset(struct chunk *c)
 /* Under mu. */
 static void chunk_recycle(struct tap_out *o, struct chunk *c)
 {
+	if (c->reserve) {
+		chunk_reset(c);
+		o->reserve = c;
+		return;
+	}
 	if (o->n_spare >= SPARE_CHUNKS || c->data.cap > SPARE_MAX_BYTES) {
 		chunk_free(c);
 		return;
@@ -163,6 +172,21 @@ static struct chunk *chunk_take(struct tap_out *o)
 	o->spare = c->next;
 	o->n_spare--;
 	c->next = NULL;
+	return c;
+}
+
+/* Under mu: a batch holding len bytes, taking the reserve if memory is short and it is free; NULL if neither. */
+static struct chunk *chunk_with_room(struct tap_out *o, size_t len)
+{
+	struct chunk *c = chunk_take(o);
+	if (c && tap_buf_reserve(&c->data, len))
+		return c;
+	if (c)
+		chunk_recycle(o, c);
+	c = o->reserve;
+	if (!c || len > c->data.cap)
+		return NULL;
+	o->reserve = NULL;
 	return c;
 }
 
@@ -656,6 +680,7 @@ static void out_free(struct tap_out *o)
 		c = next;
 	}
 	chunk_free(o->fill);
+	chunk_free(o->reserve);
 	chunk_free(o->current);
 	tap_buf_deinit(&o->note);
 	tap_buf_deinit(&o->file_head);
@@ -683,6 +708,11 @@ static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_
 	o->private_mode = conf->private_mode;
 	o->pipe = is_fifo(fd);
 	o->fill = conf->kind == TAP_OUT_TEXT ? chunk_new() : fill_take(o); /* nobody else sees o yet: no lock */
+	if (conf->kind == TAP_OUT_TEXT && (o->reserve = chunk_new()) != NULL) {
+		o->reserve->reserve = true;
+		tap_buf_presize(&o->reserve->data, TEXT_RESERVE_BYTES);
+	}
+	bool reserved = conf->kind != TAP_OUT_TEXT || (o->reserve && o->reserve->data.cap >= TEXT_RESERVE_BYTES);
 	tap_buf_init(&o->note);
 	tap_buf_init(&o->file_head);
 	if (conf->kind == TAP_OUT_BLOCKS && conf->head_len)
@@ -694,7 +724,7 @@ static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_
 	tap_cond_init_mono(&o->wake);
 	tap_cond_init_mono(&o->room);
 	bool copied = !o->file_head.oom && (!conf->run || o->run) && (!conf->tap_id || o->tap_id);
-	if (!o->name || (conf->path && strcmp(conf->path, "-") != 0 && !o->path) || !o->fill || !copied) {
+	if (!o->name || (conf->path && strcmp(conf->path, "-") != 0 && !o->path) || !o->fill || !reserved || !copied) {
 		out_free(o);
 		errno = ENOMEM;
 		return NULL;
@@ -788,21 +818,23 @@ static bool room_for(struct tap_out *o, size_t len)
 	}
 }
 
-/* Under mu: a loss note before the next records, in its own chunk, if losses are unreported and it fits. */
-static void queue_drop_note(struct tap_out *o)
+/* Under mu: a loss note before the next records, in its own chunk, if losses are unreported and it fits. Returns
+ * whether none is left unreported. */
+static bool queue_drop_note(struct tap_out *o)
 {
 	if (o->drop_unreported == 0 || o->kind == TAP_OUT_BLOCKS)
-		return;
-	struct chunk *n = chunk_take(o);
+		return true;
+	struct chunk *n = chunk_with_room(o, LOSS_NOTE_BYTES);
 	if (!n)
-		return;
+		return false;
 	loss_note(&n->data, o, o->drop_unreported, o->drop_first_us, 0, o->drop_no_memory);
 	if (n->data.oom || !room_for(o, n->data.len)) {
 		chunk_recycle(o, n);
-		return;
+		return false;
 	}
 	enqueue(o, n);
 	o->drop_unreported = 0;
+	return true;
 }
 
 /* Under mu: hands the fill batch over (or drops it whole) and starts a new one. */
@@ -882,25 +914,25 @@ void tap_out_block(struct tap_out *o, const void *data, size_t len)
 		tap_out_flush(o);
 }
 
-void tap_out_text(struct tap_out *o, const char *data, size_t len)
+bool tap_out_text(struct tap_out *o, const char *data, size_t len)
 {
 	pthread_mutex_lock(&o->mu);
 	o->records++;
-	struct chunk *c = chunk_take(o);
-	if (c) {
-		tap_buf_append(&c->data, data, len);
-		c->records = count_newlines(data, len);
-	}
-	bool no_memory = !c || c->data.oom;
-	if (no_memory || !room_for(o, c->data.len)) {
-		note_drop(o, c ? c->records : 1, no_memory ? TAP_OUT_LOST_NO_MEMORY : TAP_OUT_LOST_BACKLOG_FULL);
+	uint64_t lines = count_newlines(data, len);
+	struct chunk *c = chunk_with_room(o, len);
+	bool taken = c && room_for(o, len);
+	if (!taken) {
+		note_drop(o, lines ? lines : 1, c ? TAP_OUT_LOST_BACKLOG_FULL : TAP_OUT_LOST_NO_MEMORY);
 		if (c)
 			chunk_recycle(o, c);
 	} else {
-		queue_drop_note(o);
+		tap_buf_append(&c->data, data, len);
+		c->records = lines;
+		(void)queue_drop_note(o);
 		enqueue(o, c);
 	}
 	pthread_mutex_unlock(&o->mu);
+	return taken;
 }
 
 void tap_out_wait_until(struct tap_out *o, int64_t mono_us)
@@ -966,6 +998,15 @@ static uint64_t unwritten_records(const struct tap_out *o, size_t current_off)
 	return n;
 }
 
+/* Under mu: a TEXT output's last line names the lines lost since its last note; with memory short it waits for the
+ * reserve to be written, until the deadline. */
+static void last_text_note(struct tap_out *o, int64_t deadline_us)
+{
+	struct timespec until = tap_mono_abs(deadline_us);
+	while (!queue_drop_note(o) && !o->writer_done && tap_out_clock_us() < deadline_us)
+		pthread_cond_timedwait(&o->room, &o->mu, &until);
+}
+
 /* Writers that could not be cancelled, kept reachable so their memory is not reported as leaked. */
 static struct tap_out *abandoned[16];
 
@@ -982,6 +1023,8 @@ void tap_out_close(struct tap_out *o, int64_t deadline_us, struct tap_out_stats 
 		o->wait_until_us = deadline_us;
 	if (o->kind != TAP_OUT_TEXT)
 		hand_over(o);
+	else
+		last_text_note(o, deadline_us);
 	o->closing = true;
 	pthread_cond_signal(&o->wake);
 	struct timespec until = tap_mono_abs(deadline_us);

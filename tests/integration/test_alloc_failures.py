@@ -38,8 +38,8 @@ def failing_env(one_in, stop_file):
 
 def summary(stderr):
     """From the tap's summary at exit: (publishes tracked, verdict records lost (by the output, or not rendered
-    for want of memory), anything lost: records by any output, and connections the tap had no memory to follow
-    or take (they have no records at all)). A summary the tap had no memory to write in full is one line with what matters
+    for want of memory), anything lost: records by any output, lines of the log, and connections the tap had no
+    memory to follow or take (they have no records at all)). A summary the tap had no memory to write in full is one line with what matters
     most, the outputs' losses on lines of their own."""
     short = re.search(r"^amqptap: summary: no memory to write it in full; (\d+) publishes, (\d+) records not "
                       r"rendered, (\d+) connections not followed", stderr, re.M)
@@ -54,6 +54,11 @@ def summary(stderr):
         if not total or not tracking or "verdicts" not in outputs:
             raise AssertionError(f"no summary in the tap's stderr: {stderr[-2000:]}")
         pubs, unrendered, not_followed = int(total.group(1)), int(tracking.group(1)), int(tracking.group(2))
+    # log lines lost count as records lost do (exit 1); the summary has those lost before it, the notes on stderr
+    # all of them (the last note comes at the log's close)
+    in_summary = re.search(r"^output stderr lost=(\d+) lines$", stderr, re.M)
+    noted = sum(int(n) for n in re.findall(r"^amqptap: (\d+) line\(s\) of this log were lost", stderr, re.M))
+    outputs["stderr"] = max(int(in_summary.group(1)) if in_summary else 0, noted)
     verdicts_lost = unrendered + outputs.get("verdicts", 0)
     lost_anywhere = verdicts_lost + not_followed + sum(n for k, n in outputs.items() if k != "verdicts")
     return pubs, verdicts_lost, lost_anywhere, not_followed

@@ -363,6 +363,43 @@ START_TEST(a_batch_without_memory_counts_what_it_drops)
 	free(d);
 }
 END_TEST
+
+/* The log with no memory at all (the summary at exit while allocations fail): a text that fits the reserve is
+ * written whole; one past it is dropped and counted; the close ends the file with a line saying how many were lost,
+ * waiting for the reserve to come back from the writer. (Both texts were once lost, the summary with them.) */
+START_TEST(log_text_without_memory_uses_the_reserve)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/log.txt", tmpdir);
+	unlink(path);
+	struct tap_out_conf oc = {.name = "stderr", .path = path, .kind = TAP_OUT_TEXT, .backlog_bytes = 1 << 20};
+	struct tap_out *o = tap_out_open(&oc);
+	ck_assert_ptr_nonnull(o);
+	char summary[2048], big[12 * 1024];
+	size_t n = 0, m = 0;
+	for (int i = 0; n + 64 < sizeof summary; i++)
+		n += (size_t)snprintf(summary + n, sizeof summary - n, "summary line %02d .............................\n", i);
+	for (int i = 0; i < 120; i++)
+		m += (size_t)snprintf(big + m, sizeof big - m, "past the reserve %03d %080d\n", i, 0);
+	fail_alloc = true;
+	bool summary_taken = tap_out_text(o, summary, n);
+	bool big_taken = tap_out_text(o, big, m);
+	struct tap_out_stats s;
+	tap_out_close(o, tap_out_clock_us() + 5000000, &s);
+	fail_alloc = false;
+	ck_assert(summary_taken);
+	ck_assert(!big_taken);
+	ck_assert_uint_eq(s.lost, 120);
+	ck_assert_uint_eq(s.lost_by[TAP_OUT_LOST_NO_MEMORY], 120);
+	size_t len;
+	char *d = slurp(path, &len);
+	static const char note[] = "amqptap: 120 line(s) of this log were lost (no memory)\n";
+	ck_assert_uint_eq(len, n + sizeof note - 1);
+	ck_assert_int_eq(memcmp(d, summary, n), 0);
+	ck_assert_str_eq(d + n, note);
+	free(d);
+}
+END_TEST
 #endif
 
 /* stderr into a pipe nobody reads: logging never waits, lines are counted lost, and stopping the log ends at its
@@ -815,6 +852,7 @@ int main(void)
 	tcase_add_test(tc, loss_note_names_the_run_and_tap);
 #ifdef FAIL_ALLOC_WORKS
 	tcase_add_test(tc, a_batch_without_memory_counts_what_it_drops);
+	tcase_add_test(tc, log_text_without_memory_uses_the_reserve);
 #endif
 	tcase_add_test(tc, log_never_waits_on_stderr);
 	suite_add_tcase(s, tc);
