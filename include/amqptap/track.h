@@ -211,7 +211,8 @@ struct tap_publish {
 	bool headers_cut;          /* one of those was too long to keep: its value is said cut */
 	bool details_lost; /* no memory kept its strings: exchange, routing key, ids and properties are not known */
 	bool content_cut;  /* the connection ended before its content did: written unknown whatever its channel */
-	bool header_lost;  /* content_cut before the content header: no property is known, so no rule judges them */
+	bool header_lost;  /* content_cut before the content header: no property is known (body_size is written null),
+	                    * so no rule judges them */
 };
 
 /* Whether a header field of this name may be shown in a record: traceparent, or one of the --header-values keys. */

@@ -373,7 +373,8 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	struct trk_slot e = {.state = TRK_STATE_WAIT,
 	                     .flags = (uint32_t)((p->mandatory ? TRK_FLAG_MANDATORY : 0) |
 	                                         (confirm_mode ? TRK_FLAG_CONFIRM : 0) |
-	                                         (p->content_cut ? TRK_FLAG_CUT : 0))};
+	                                         (p->content_cut ? TRK_FLAG_CUT : 0) |
+	                                         (p->header_lost ? TRK_FLAG_NO_HEADER : 0))};
 	struct trk_verdict vd;
 	struct trk_reason unseen = {.by = c->unseen_by ? c->unseen_by : no_memory.by};
 	bool beyond = !ch && trk_chan_beyond_max(c);
@@ -411,6 +412,7 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	    .blocked = c->blocked,
 	    .delivery_mode = p->delivery_mode,
 	    .body_size = p->body_size,
+	    .header_lost = p->header_lost,
 	    .timestamp = p->timestamp,
 	    .t_pub = now_us,
 	};
@@ -492,7 +494,7 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	    .delivery_mode = p->delivery_mode,
 	};
 	e->flags = (uint32_t)((p->mandatory ? TRK_FLAG_MANDATORY : 0) | (confirm_mode ? TRK_FLAG_CONFIRM : 0) |
-	                      (p->content_cut ? TRK_FLAG_CUT : 0) |
+	                      (p->content_cut ? TRK_FLAG_CUT : 0) | (p->header_lost ? TRK_FLAG_NO_HEADER : 0) |
 	                      (ch->mode == TRK_MODE_TX ? TRK_FLAG_TX : 0) |
 	                      (p->has_message_id ? TRK_FLAG_HAS_MESSAGE_ID : 0) |
 	                      (p->has_correlation_id ? TRK_FLAG_HAS_CORRELATION_ID : 0) |

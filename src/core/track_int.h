@@ -85,6 +85,7 @@ enum trk_flag {
 	TRK_FLAG_CUT = 1 << 16,       /* its content never finished: the broker never had the whole message */
 	TRK_FLAG_AMBIGUOUS = 1 << 17, /* a Return may have been its: it and others matched one that had no way to
 	                                 tell them apart (no or the same message_id) */
+	TRK_FLAG_NO_HEADER = 1 << 18, /* cut before its content header: its size and properties are not known */
 };
 
 /* How the broker's publish-caused close (if any) on a channel pointed at the publish it refused. */
@@ -270,6 +271,7 @@ struct trk_view {
 	bool route_lost;       /* no memory kept its exchange and routing key: written null */
 	bool details_lost;     /* route_lost, or no memory kept its message id, correlation id or timestamp */
 	bool refused_unnamed;  /* REFUSED on a channel whose close named no culprit */
+	bool header_lost;      /* NO_HEADER: body_size written null */
 	uint8_t delivery_mode;
 	uint64_t body_size, seq, timestamp;
 	int64_t t_pub;

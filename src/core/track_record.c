@@ -248,7 +248,8 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 		p = put(PUT(p, ","), v->extra, v->extra_len);
 	if (v->has_timestamp)
 		p = tap_json_uint_at(PUT(p, ",\"timestamp\":"), v->timestamp);
-	p = tap_json_uint_at(PUT(p, ",\"body_size\":"), v->body_size);
+	p = PUT(p, ",\"body_size\":");
+	p = v->header_lost ? put_lit(p, json_null) : tap_json_uint_at(p, v->body_size);
 	p = put_lit(PUT(p, ",\"route\":"), route_json[vd->route]);
 	if (vd->route == TAP_TRACK_ROUTE_RETURNED) {
 		p = tap_json_uint_at(PUT(p, ",\"reply_code\":"), vd->reply_code);

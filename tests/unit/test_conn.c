@@ -380,8 +380,8 @@ START_TEST(client_frames_before_the_login_are_shown_nowhere)
 END_TEST
 
 /* The connection ends between a publish's method and its content header (a broker stopped mid-publish): the publish
- * has its record, and no warning judges the properties that never came (it was once "transient" and "without a
- * message id"). */
+ * has its record, with body_size null (it was 0, as for an empty message), and no warning judges the properties that
+ * never came (it was once "transient" and "without a message id"). */
 START_TEST(publish_cut_before_its_header_is_not_judged)
 {
 	struct tap_bytes cl = {0}, one = {0};
@@ -397,6 +397,7 @@ START_TEST(publish_cut_before_its_header_is_not_judged)
 	ck_assert_uint_eq(count(s.records, "\"type\":\"publish\""), 1);
 	ck_assert_msg(!strstr(s.records, "transient_in_confirm_mode"), "%s", s.records);
 	ck_assert_msg(!strstr(s.records, "missing_message_id"), "%s", s.records);
+	ck_assert_msg(strstr(s.records, "\"body_size\":null,"), "its size never came: %s", s.records);
 	tap_build_free(&cl);
 	tap_build_free(&one);
 }
