@@ -248,7 +248,8 @@ class PrometheusScrape(ScenarioCase):
     # What each example alert of the README gives after the scenario (keyed by a piece of its expression): True
     # fires, False stays quiet, None either (it depends on the machine's speed).
     README_ALERTS = {'route="returned"}[5m]) > 0': True, "histogram_quantile(0.99": None,
-                     'confirm="unknown"}[5m]) > 0': True, "amqptap_upstream_up == 0": False,
+                     'confirm="unknown"}[5m]) > 0': True, 'route="unknown"}[5m]) > 0': True,
+                     "amqptap_upstream_up == 0": False,
                      "topk(3": True, "changes(process_start_time_seconds": False, "amqptap_capture_drops_total": False,
                      "amqptap_connections_unfollowed_total": False, "amqptap_connections_closed_total": False}
 
@@ -356,29 +357,49 @@ def readme_alert(piece):
 
 
 class ReadmeAlertsOverTime(unittest.TestCase):
-    """The README's exchange alert over made-up series (promtool test rules): an exchange whose series appeared
-    inside the window with its first returns counts them, as do one returning all along and one returning after its
-    tap restarted (a counter reset); one quiet for the window does not. (`topk(3, increase(...[5m]))` gave 0 for the
-    first kind: increase() does not count a series' first sample.)"""
+    """The README's alerts over made-up series (promtool test rules), for what one scrape of the scenario cannot
+    show."""
 
-    def test_exchange_alert_counts_a_series_that_appeared(self):
-        expr = readme_alert("topk(3")
-        series = {"new": "_ _ _ 3 3 3 3", "quiet": "5 5 5 5 5 5 5", "busy": "5 6 7 8 9 10 11",
-                  "restarted": "50 50 50 1 2 3 4"}
+    def promtool_test(self, series, expr, want):
+        """expr over series ({series selector: values}, one a minute) at 6m gives the samples want ([(labels,
+        value)]; [] for none)."""
         lines = ["evaluation_interval: 1m", "tests:", "- interval: 1m", "  input_series:"]
-        for name, values in series.items():
-            lines += [f"  - series: 'amqptap_exchange_publishes_total{{exchange=\"{name}\",route=\"returned\"}}'",
-                      f"    values: '{values}'"]
-        lines += ["  promql_expr_test:", f"  - expr: '{expr}'", "    eval_time: 6m", "    exp_samples:"]
-        for name, value in (("new", 3), ("busy", 5), ("restarted", 4)):
-            kept = '__name__=\"amqptap_exchange_publishes_total\",' if name == "new" else ""  # unless keeps it
-            lines += [f"    - labels: '{{{kept}exchange=\"{name}\",route=\"returned\"}}'", f"      value: {value}"]
+        for selector, values in series.items():
+            lines += [f"  - series: '{selector}'", f"    values: '{values}'"]
+        lines += ["  promql_expr_test:", f"  - expr: '{expr}'", "    eval_time: 6m",
+                  "    exp_samples:" + ("" if want else " []")]
+        for labels, value in want:
+            lines += [f"    - labels: '{labels}'", f"      value: {value}"]
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "alerts_test.yml")
             with open(path, "w") as f:
                 f.write("\n".join(lines) + "\n")
             r = subprocess.run([PROMTOOL, "test", "rules", path], capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_exchange_alert_counts_a_series_that_appeared(self):
+        """An exchange whose series appeared inside the window with its first returns counts them, as do one
+        returning all along and one returning after its tap restarted (a counter reset); one quiet for the window
+        does not. (`topk(3, increase(...[5m]))` gave 0 for the first kind: increase() does not count a series' first
+        sample.)"""
+        values = {"new": "_ _ _ 3 3 3 3", "quiet": "5 5 5 5 5 5 5", "busy": "5 6 7 8 9 10 11",
+                  "restarted": "50 50 50 1 2 3 4"}
+        series = {f'amqptap_exchange_publishes_total{{exchange="{name}",route="returned"}}': v
+                  for name, v in values.items()}
+        want = []
+        for name, value in (("new", 3), ("busy", 5), ("restarted", 4)):
+            kept = '__name__="amqptap_exchange_publishes_total",' if name == "new" else ""  # unless keeps it
+            want.append((f'{{{kept}exchange="{name}",route="returned"}}', value))
+        self.promtool_test(series, readme_alert("topk(3"), want)
+
+    def test_unknown_route_alert_sees_refused_plain_publishes(self):
+        """Publishes the broker refused on a channel without confirms (route unknown, confirm none): the route
+        alert fires, the confirm alert (the one for confirm channels) does not."""
+        series = {'amqptap_publish_routes_total{route="unknown"}': "0 0 0 2 4 4 4",
+                  'amqptap_publish_confirms_total{confirm="unknown"}': "0 0 0 0 0 0 0",
+                  'amqptap_publish_confirms_total{confirm="none"}': "0 0 0 2 4 4 4"}
+        self.promtool_test(series, readme_alert('route="unknown"'), [("{route=\"unknown\"}", 4)])
+        self.promtool_test(series, readme_alert('confirm="unknown"'), [])
 
 
 class StatusPage(ScenarioCase):
