@@ -94,6 +94,7 @@ struct tap_out {
 	bool partial;  /* a line was cut and could not be removed: the next write starts with "\n" */
 	bool broken;   /* a block was cut and could not be removed: nothing more can be appended */
 	bool head_due; /* the file does not begin with the head yet */
+	bool made;     /* the last open_waiting made the file */
 	size_t head_off;
 	bool fail_reported;
 	uint64_t wlost_unreported;
@@ -432,10 +433,10 @@ static size_t piece_end(const struct tap_out *o, const struct chunk *c, size_t o
 }
 
 /* Opens path for writing without waiting (a FIFO nobody reads refuses: ENXIO); the descriptor writes blocking.
- * create: a missing file is made (0600), else ENOENT. */
-static int open_path(const char *path, bool create)
+ * make: only a file this call makes (0600), else EEXIST; otherwise a missing file is ENOENT. */
+static int open_path(const char *path, bool make)
 {
-	int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (create ? O_CREAT : 0), 0600);
+	int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (make ? O_CREAT | O_EXCL : 0), 0600);
 	if (fd < 0)
 		return -1;
 	int flags = fcntl(fd, F_GETFL);
@@ -477,13 +478,25 @@ static OUT_OF_LINE size_t pipe_unread(int fd)
 }
 
 /* open_path, tried again every READER_RETRY_MS while the path is a FIFO nobody reads (and, without create, while
- * it is missing: a reader may make it again), as long as it takes; -1 with errno set when it failed otherwise. The
- * wait is where a close may cancel the writer. */
-static int open_waiting(const char *path, bool create)
+ * it is missing: a reader may make it again), as long as it takes; -1 with errno set when it failed otherwise.
+ * create: a missing file is made, and o->made says whether this call made it (O_EXCL: a file someone else made
+ * in the meantime is not taken for the tap's own). The wait is where a close may cancel the writer. */
+static int open_waiting(struct tap_out *o, bool create)
 {
+	const char *path = o->path;
+	o->made = false;
 	for (;;) {
-		int fd = open_path(path, create);
+		int fd = create ? open_path(path, true) : -1;
+		if (fd >= 0) {
+			o->made = true;
+			return fd;
+		}
+		if (create && errno != EEXIST && errno != EINTR)
+			return -1;
+		fd = open_path(path, false);
 		int err = errno;
+		if (fd < 0 && create && err == ENOENT)
+			continue; /* gone again since: made now */
 		if (fd >= 0 || (err != ENXIO && err != EINTR && (create || err != ENOENT))) {
 			errno = err;
 			return fd;
@@ -506,7 +519,7 @@ static int reader_wait(struct tap_out *o, const char *data, size_t *off)
 	tap_log_error("--%s %s: the reader went away; records wait for the next one (at most %zu KiB, then they are "
 		      "dropped and counted)",
 		      o->name, o->path, o->backlog_bytes / 1024);
-	int fd = open_waiting(o->path, false);
+	int fd = open_waiting(o, false);
 	if (fd < 0) {
 		int err = errno;
 		tap_log_error("--%s %s: cannot open it again: %s", o->name, o->path, strerror(err));
@@ -545,15 +558,13 @@ static OUT_OF_LINE void keep_mode(const struct tap_out *o, int old_fd, int new_f
 }
 
 /* Opens the path again and writes to it from now on; false (errno set) when it cannot be opened. A FIFO without a
- * reader is waited for (open_waiting), where a close may cancel the writer. create: see open_path. */
+ * reader is waited for (open_waiting), where a close may cancel the writer. create: see open_waiting. */
 static OUT_OF_LINE bool writer_open_again(struct tap_out *o, bool create)
 {
-	struct stat st;
-	bool made = create && stat(o->path, &st) != 0 && errno == ENOENT;
-	int fd = open_waiting(o->path, create);
+	int fd = open_waiting(o, create);
 	if (fd < 0)
 		return false;
-	if (made)
+	if (o->made)
 		keep_mode(o, o->fd, fd);
 	if (o->fd >= 0)
 		close(o->fd);
