@@ -82,7 +82,7 @@ struct tap_out {
 	size_t queued_bytes; /* including the chunk being written */
 	struct chunk *spare;
 	size_t n_spare;
-	struct chunk *reserve; /* TEXT: a batch allocated at open for when memory runs out; NULL while queued */
+	struct chunk *reserve; /* TEXT: a batch allocated at open for when memory runs out; NULL while in use */
 	bool closing;
 	bool writer_done;
 	uint64_t write_errors;
@@ -432,11 +432,18 @@ static size_t piece_end(const struct tap_out *o, const struct chunk *c, size_t o
 	return nl ? (size_t)(nl - d) + 1 : len;
 }
 
-/* Opens path for writing without waiting (a FIFO nobody reads refuses: ENXIO); the descriptor writes blocking.
- * make: only a file this call makes (0600), else EEXIST; otherwise a missing file is ENOENT. */
-static int open_path(const char *path, bool make)
+/* How open_path treats a missing file. */
+enum open_how {
+	OPEN_EXISTING, /* ENOENT */
+	OPEN_NEW,      /* made (0600), and only a file this call makes: else EEXIST */
+	OPEN_ANY,      /* made if missing (also a symbolic link's missing target, which OPEN_NEW refuses) */
+};
+
+/* Opens path for writing without waiting (a FIFO nobody reads refuses: ENXIO); the descriptor writes blocking. */
+static int open_path(const char *path, enum open_how how)
 {
-	int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (make ? O_CREAT | O_EXCL : 0), 0600);
+	static const int create[] = {[OPEN_EXISTING] = 0, [OPEN_NEW] = O_CREAT | O_EXCL, [OPEN_ANY] = O_CREAT};
+	int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | create[how], 0600);
 	if (fd < 0)
 		return -1;
 	int flags = fcntl(fd, F_GETFL);
@@ -486,17 +493,20 @@ static int open_waiting(struct tap_out *o, bool create)
 	const char *path = o->path;
 	o->made = false;
 	for (;;) {
-		int fd = create ? open_path(path, true) : -1;
+		int fd = create ? open_path(path, OPEN_NEW) : -1;
 		if (fd >= 0) {
 			o->made = true;
 			return fd;
 		}
 		if (create && errno != EEXIST && errno != EINTR)
 			return -1;
-		fd = open_path(path, false);
+		fd = open_path(path, OPEN_EXISTING);
 		int err = errno;
-		if (fd < 0 && create && err == ENOENT)
-			continue; /* gone again since: made now */
+		if (fd < 0 && create && err == ENOENT) { /* a link to nothing (or gone since): made as open(2) makes it */
+			fd = open_path(path, OPEN_ANY);
+			err = errno;
+			o->made = fd >= 0;
+		}
 		if (fd >= 0 || (err != ENXIO && err != EINTR && (create || err != ENOENT))) {
 			errno = err;
 			return fd;
@@ -564,6 +574,12 @@ static OUT_OF_LINE bool writer_open_again(struct tap_out *o, bool create)
 	int fd = open_waiting(o, create);
 	if (fd < 0)
 		return false;
+	if (o->private_mode && fchmod(fd, 0600) != 0) { /* secrets: never into a file others read */
+		int err = errno;
+		close(fd);
+		errno = err;
+		return false;
+	}
 	if (o->made)
 		keep_mode(o, o->fd, fd);
 	if (o->fd >= 0)
@@ -580,12 +596,8 @@ static OUT_OF_LINE bool writer_open_again(struct tap_out *o, bool create)
  * takes. */
 static OUT_OF_LINE void writer_open(struct tap_out *o)
 {
-	if (!writer_open_again(o, false)) { /* the writes that find no descriptor count the records lost */
+	if (!writer_open_again(o, false)) /* the writes that find no descriptor count the records lost */
 		tap_log_error("--%s %s: cannot open: %s", o->name, o->path, strerror(errno));
-		return;
-	}
-	if (o->private_mode)
-		(void)fchmod(o->fd, 0600);
 }
 
 /* Whether the file written to was deleted (no name left: what is written to it is lost to every reader). */
@@ -927,10 +939,20 @@ void tap_out_block(struct tap_out *o, const void *data, size_t len)
 
 bool tap_out_text(struct tap_out *o, const char *data, size_t len)
 {
+	return tap_out_text_until(o, data, len, 0);
+}
+
+bool tap_out_text_until(struct tap_out *o, const char *data, size_t len, int64_t deadline_us)
+{
 	pthread_mutex_lock(&o->mu);
 	o->records++;
 	uint64_t lines = count_newlines(data, len);
 	struct chunk *c = chunk_with_room(o, len);
+	while (!c && !o->reserve && !o->writer_done && tap_out_clock_us() < deadline_us) { /* the reserve is out */
+		struct timespec until = tap_mono_abs(deadline_us);
+		pthread_cond_timedwait(&o->room, &o->mu, &until);
+		c = chunk_with_room(o, len);
+	}
 	bool taken = c && room_for(o, len);
 	if (!taken) {
 		note_drop(o, lines ? lines : 1, c ? TAP_OUT_LOST_BACKLOG_FULL : TAP_OUT_LOST_NO_MEMORY);

@@ -117,6 +117,70 @@ START_TEST(reopen_keeps_order_and_mode)
 }
 END_TEST
 
+/* A reopen whose path is a symbolic link to a file that does not exist (a log directory's "current" link, its
+ * target rotated away): the target is made, as open(2) makes it, and the records go there. (The O_EXCL create
+ * refuses a link and the plain open finds no target: the writer once went round between the two without end,
+ * and the close left it spinning.) */
+START_TEST(reopen_through_a_dangling_link_makes_its_target)
+{
+	char path[128], target[140];
+	snprintf(path, sizeof path, "%s/link.jsonl", tmpdir);
+	snprintf(target, sizeof target, "%s/target.jsonl", tmpdir);
+	unlink(path);
+	unlink(target);
+	struct tap_out *o = open_lines(path, 0);
+	tap_out_line(o, "{\"a\":1}", 7);
+	tap_out_flush(o);
+	struct stat st;
+	for (int i = 0; i < 500 && (stat(path, &st) != 0 || st.st_size < 8); i++) /* written, before it goes */
+		usleep(10000);
+	ck_assert_int_eq(unlink(path), 0);
+	ck_assert_int_eq(symlink(target, path), 0);
+	tap_out_reopen(o);
+	tap_out_line(o, "{\"b\":2}", 7);
+	struct tap_out_stats s;
+	int64_t t0 = tap_out_clock_us();
+	tap_out_close(o, t0 + 3000000, &s);
+	ck_assert_int_lt(tap_out_clock_us() - t0, 1000000);
+	ck_assert_uint_eq(s.lost, 0);
+	size_t len;
+	char *d = slurp(target, &len);
+	ck_assert_str_eq(d, "{\"b\":2}\n");
+	free(d);
+	unlink(path);
+	unlink(target);
+}
+END_TEST
+
+/* A private output (the TLS key log) reopened onto a file someone else made meanwhile, readable by all: the file
+ * is made 0600 before a secret goes into it. */
+START_TEST(private_output_reopened_onto_a_foreign_file_is_made_private)
+{
+	char path[128], moved[140];
+	snprintf(path, sizeof path, "%s/keys.log", tmpdir);
+	snprintf(moved, sizeof moved, "%s.1", path);
+	unlink(path);
+	unlink(moved);
+	struct tap_out_conf oc = {.name = "keylog", .path = path, .kind = TAP_OUT_TEXT, .private_mode = true};
+	struct tap_out *o = tap_out_open(&oc);
+	ck_assert_ptr_nonnull(o);
+	ck_assert_int_eq(rename(path, moved), 0);
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(fchmod(fd, 0644), 0); /* whatever the umask */
+	close(fd);
+	tap_out_reopen(o);
+	ck_assert(tap_out_text(o, "CLIENT_RANDOM 00 11\n", 20));
+	tap_out_close(o, tap_out_clock_us() + 5000000, NULL);
+	struct stat st;
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0600);
+	ck_assert_int_eq(st.st_size, 20);
+	unlink(path);
+	unlink(moved);
+}
+END_TEST
+
 START_TEST(dev_full_counts_every_record)
 {
 	struct tap_out *o = open_lines("/dev/full", 0);
@@ -850,6 +914,8 @@ int main(void)
 	tcase_add_test(tc, every_file_begins_with_the_head);
 	tcase_add_test(tc, a_lost_head_is_written_again);
 	tcase_add_test(tc, loss_note_names_the_run_and_tap);
+	tcase_add_test(tc, reopen_through_a_dangling_link_makes_its_target);
+	tcase_add_test(tc, private_output_reopened_onto_a_foreign_file_is_made_private);
 #ifdef FAIL_ALLOC_WORKS
 	tcase_add_test(tc, a_batch_without_memory_counts_what_it_drops);
 	tcase_add_test(tc, log_text_without_memory_uses_the_reserve);
