@@ -231,6 +231,12 @@ static void hook_data(void *ctx, void *sess, enum tap_dir dir, const uint8_t *da
 	deadline_from(app, now_us); /* made by these bytes */
 }
 
+static void hook_upstream_local(void *ctx, void *sess, const char *local)
+{
+	(void)ctx;
+	tap_conn_upstream_local(sess, local);
+}
+
 static void hook_held(void *ctx, void *sess, bool held, int64_t now_us)
 {
 	struct app *app = ctx;
@@ -326,8 +332,9 @@ static unsigned long peak_rss_kib(void)
 }
 
 /* The tracker's summary, then one line per output: what it was handed and what it lost, and why; last the
- * process's peak memory (what every source of it came to: sessions, queues, tracking, backlogs). */
-static void print_summary(struct app *app)
+ * process's peak memory (what every source of it came to: sessions, queues, tracking, backlogs). With memory short
+ * it waits for the log's reserve until wait_until_us (tap_out_clock_us; 0: not at all). */
+static void print_summary(struct app *app, int64_t wait_until_us)
 {
 	struct tap_buf b;
 	tap_buf_init(&b);
@@ -353,12 +360,12 @@ static void print_summary(struct app *app)
 		tap_buf_printf(&b, "decoder contents_without_details=%" PRIu64 " (in-progress contents over %u MiB)\n",
 			       app->observer.pending_over, (unsigned)(app->observer.pending_max >> 20));
 	tap_buf_printf(&b, "process peak_rss_kib=%lu\n", peak_rss_kib());
-	bool written = !b.oom && (b.len == 0 || tap_log_text(b.data, b.len));
+	bool written = !b.oom && (b.len == 0 || tap_log_text_until(b.data, b.len, wait_until_us));
 	if (!written && app->track) { /* what matters most, on the stack */
 		struct tap_track_stats ts;
 		tap_track_get_stats(app->track, &ts);
-		tap_log_error("summary: no memory to write it in full; %" PRIu64 " publishes, %" PRIu64 " records not "
-		              "rendered, %" PRIu64 " connections not followed (the outputs' losses follow)",
+		tap_log_error("summary: no memory or no room in the log to write it in full; %" PRIu64 " publishes, %" PRIu64
+		              " records not rendered, %" PRIu64 " connections not followed (the outputs' losses follow)",
 		              ts.publishes, ts.records_oom, ts.conns_unfollowed);
 	}
 	tap_buf_deinit(&b);
@@ -463,7 +470,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 		if (app->conf->tls_cert || app->conf->upstream_tls)
 			tap_log_info("%llu TLS legs keeping their record buffers (busy in the last second)",
 				     (unsigned long long)st.tls_busy_legs);
-		print_summary(app);
+		print_summary(app, 0);
 		break;
 	}
 	}
@@ -612,7 +619,7 @@ static bool outputs_close(struct app *app, int64_t deadline_us)
 	bool whole = true;
 	if (app->outputs_ready) {
 		if (app->conf->verbosity >= TAP_VERBOSITY_NORMAL) /* SIGUSR1 asks for it even with -q */
-			print_summary(app);
+			print_summary(app, tap_out_clock_us() + LOG_FLUSH_MS * 1000);
 		tap_observer_deinit(&app->observer);
 	}
 	for (size_t i = 0; i < OUT_COUNT; i++) {
@@ -690,7 +697,7 @@ static bool replay_stop(void *ctx)
 	}
 	if (replay_usr1) {
 		replay_usr1 = 0;
-		print_summary(app);
+		print_summary(app, 0);
 	}
 	return replay_stop_signal != 0;
 }
@@ -851,7 +858,7 @@ static void on_sniff_signal(evutil_socket_t sig, short what, void *arg)
 		tap_sniff_get_stats(app->sniff, &st);
 		tap_log_info("%" PRIu64 " packets captured (%" PRIu64 " queued by the kernel), %" PRIu64
 			     " dropped by the kernel", st.packets, st.received, st.dropped);
-		print_summary(app);
+		print_summary(app, 0);
 	}
 }
 
@@ -980,7 +987,7 @@ static int run_proxy(const struct tap_conf *conf)
 	tap_conf_addr_format(&conf->upstream, upstream_name, sizeof upstream_name);
 	struct tap_proxy_hooks hooks = {
 	    .ctx = &app, .open = hook_open, .data = hook_data, .close = hook_close, .refused = hook_refused,
-	    .held = hook_held};
+	    .held = hook_held, .upstream_local = hook_upstream_local};
 	if (app.base)
 		app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up[0], up_len[0], upstream_name, app.tls, &hooks);
 	if (app.proxy) {

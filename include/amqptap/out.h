@@ -103,9 +103,12 @@ struct tap_out *tap_out_open_fd(const struct tap_out_conf *conf, int fd);
 void tap_out_line(struct tap_out *o, const char *data, size_t len);
 void tap_out_block(struct tap_out *o, const void *data, size_t len);
 /* Any thread, TEXT outputs: one or more whole lines, handed to the writer at once. With memory short they go into
- * a reserve kept for that (8 KiB, one text at a time until it is written). Returns false when they were dropped
- * (counted; the next text or the close begins with a line saying how many). */
+ * a reserve kept for that (8 KiB, one text at a time until it is written). Returns false when they were dropped:
+ * counted, and a line saying how many comes before a later text (when there is room for both) or at the close. */
 bool tap_out_text(struct tap_out *o, const char *data, size_t len);
+/* tap_out_text that, finding the reserve in use, waits for it until deadline_us (tap_out_clock_us): the exit
+ * summary. */
+bool tap_out_text_until(struct tap_out *o, const char *data, size_t len, int64_t deadline_us);
 
 /* Loop thread: hands the batch to the writer. Waits for room in the backlog only until tap_out_wait_until's time
  * (never, by default): past it a batch that does not fit is dropped. */
@@ -119,8 +122,9 @@ void tap_out_reopen(struct tap_out *o);
 
 void tap_out_get_stats(struct tap_out *o, struct tap_out_stats *st);
 
-/* Hands over the last batch and lets the writer finish until deadline_us (monotonic); a writer still stuck then is
- * cancelled and what it had not written counts as lost. Frees o (a writer that cannot even be cancelled is left
+/* Hands over the last batch (TEXT: the note of lines lost since the last one, waiting for the reserve if memory is
+ * short) and lets the writer finish until deadline_us (monotonic); a writer still stuck then is cancelled and what
+ * it had not written counts as lost. Frees o (a writer that cannot even be cancelled is left
  * behind with its memory) and fills *st (may be NULL) with the final counts. */
 void tap_out_close(struct tap_out *o, int64_t deadline_us, struct tap_out_stats *st);
 

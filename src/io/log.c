@@ -21,9 +21,14 @@ void tap_log_set_level(enum tap_log_level level)
 
 bool tap_log_text(const char *text, size_t len)
 {
+	return tap_log_text_until(text, len, 0);
+}
+
+bool tap_log_text_until(const char *text, size_t len, int64_t deadline_us)
+{
 	struct tap_out *o = __atomic_load_n(&log_out, __ATOMIC_ACQUIRE);
 	if (o)
-		return tap_out_text(o, text, len);
+		return tap_out_text_until(o, text, len, deadline_us);
 	size_t n = fwrite(text, 1, len, stderr); /* unbuffered: written, or failed, at once */
 	if (n < len) { /* the lines it cut and those it did not reach count lost */
 		uint64_t lines = 0;

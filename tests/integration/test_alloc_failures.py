@@ -39,10 +39,10 @@ def failing_env(one_in, stop_file):
 def summary(stderr):
     """From the tap's summary at exit: (publishes tracked, verdict records lost (by the output, or not rendered
     for want of memory), anything lost: records by any output, lines of the log, and connections the tap had no
-    memory to follow or take (they have no records at all)). A summary the tap had no memory to write in full is one line with what matters
-    most, the outputs' losses on lines of their own."""
-    short = re.search(r"^amqptap: summary: no memory to write it in full; (\d+) publishes, (\d+) records not "
-                      r"rendered, (\d+) connections not followed", stderr, re.M)
+    memory to follow or take (they have no records at all)). A summary the tap could not write in full is one line
+    with what matters most, the outputs' losses on lines of their own."""
+    short = re.search(r"^amqptap: summary: no memory or no room in the log to write it in full; (\d+) publishes, "
+                      r"(\d+) records not rendered, (\d+) connections not followed", stderr, re.M)
     if short:
         pubs, unrendered, not_followed = (int(g) for g in short.groups())
         outputs = {k: int(n) for k, n in re.findall(r"^amqptap: --(\w+): (\d+) of \d+ records lost", stderr, re.M)}
