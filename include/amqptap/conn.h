@@ -75,6 +75,8 @@ void tap_conn_feed(struct tap_conn *c, enum tap_dir dir, const uint8_t *data, si
 /* Why the connection failed below AMQP (unreachable broker, TLS error),
  * for the connection record; call before tap_conn_end. */
 void tap_conn_note(struct tap_conn *c, const char *detail);
+/* The proxy's own address towards the broker (tap_track_conn_upstream_local). */
+void tap_conn_upstream_local(struct tap_conn *c, const char *addr);
 /* The proxy stopped (held) or went on reading the broker's side (tap_track_conn_held). */
 void tap_conn_held(struct tap_conn *c, bool held, int64_t now_us);
 /* The capture lost `missing` bytes of one direction (replay, sniff) from stream `offset` on (the bytes of the

@@ -22,7 +22,7 @@
 #define TAP_TRACK_MAX_MEMORY_DEFAULT (UINT64_C(256) << 20)
 
 /* The version of the record layout, in each connection open record; raised when a member changes meaning. */
-#define TAP_TRACK_SCHEMA 1
+#define TAP_TRACK_SCHEMA 2 /* 2: body_size may be null (a publish cut before its content header) */
 #define TAP_TRACK_RUN_MAX 16u
 #define TAP_TRACK_TAP_ID_MAX 256u
 
@@ -159,6 +159,9 @@ void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t c
 /* Why the TCP or TLS connection failed (e.g. "certificate verify failed"), shown as the `text` of the reason
  * when no close method gave one. Copied. */
 void tap_track_conn_detail(struct tap_track_conn *c, const char *detail);
+/* The proxy's own address on its connection to the broker ("ip:port": what the broker, and a sniffer on its host,
+ * see as the client), written as `upstream_local` in the open record. Copied. */
+void tap_track_conn_upstream_local(struct tap_track_conn *c, const char *addr);
 /* connection.close-ok from the broker to the client's connection.close: the broker said all it had to say, so
  * publishes still in their return window when the connection ends got no Return (unproven). */
 void tap_track_conn_close_ok(struct tap_track_conn *c, int64_t now_us);

@@ -135,6 +135,12 @@ void tap_conn_note(struct tap_conn *c, const char *detail)
 		tap_track_conn_detail(c->tc, detail);
 }
 
+void tap_conn_upstream_local(struct tap_conn *c, const char *addr)
+{
+	if (c)
+		tap_track_conn_upstream_local(c->tc, addr);
+}
+
 void tap_conn_held(struct tap_conn *c, bool held, int64_t now_us)
 {
 	if (c)

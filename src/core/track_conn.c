@@ -94,6 +94,7 @@ static void conn_free(struct tap_track_conn *c)
 	tap_buf_deinit(&c->prefix);
 	trk_free_str(t, &c->client);
 	trk_free_str(t, &c->upstream);
+	trk_free_str(t, &c->upstream_local);
 	trk_free_str(t, &c->user);
 	trk_free_str(t, &c->vhost);
 	trk_free_str(t, &c->product);
@@ -244,6 +245,13 @@ void tap_track_conn_held(struct tap_track_conn *c, bool held, int64_t now_us)
 void tap_track_conn_detail(struct tap_track_conn *c, const char *detail)
 {
 	if (!trk_set_cstr(c->t, &c->end_detail, detail))
+		c->details_lost = true;
+}
+
+void tap_track_conn_upstream_local(struct tap_track_conn *c, const char *addr)
+{
+	c->proxied = true;
+	if (!trk_set_cstr(c->t, &c->upstream_local, addr))
 		c->details_lost = true;
 }
 

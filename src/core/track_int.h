@@ -185,6 +185,8 @@ struct tap_track_conn {
 	struct tap_track_conn *prev, *next;
 	uint64_t id;
 	char *client, *upstream, *user, *vhost, *product, *version, *platform;
+	char *upstream_local; /* proxy: the tap's own end of its connection to the broker (the client the broker sees) */
+	bool proxied;         /* upstream_local was given (NULL then: no memory kept it) */
 	uint16_t channel_max, heartbeat;
 	uint32_t frame_max;
 	bool tuned, opened, blocked;

@@ -614,6 +614,8 @@ void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, 
 	write_tap(r, &j);
 	str_or_null(&j, "client", c->client);
 	str_or_null(&j, "upstream", c->upstream);
+	if (c->proxied) /* the proxy's: replay and sniff see the broker's client directly */
+		str_or_null(&j, "upstream_local", c->upstream_local);
 	str_or_null(&j, "user", c->user);
 	str_or_null(&j, "vhost", c->vhost);
 	str_or_null(&j, "product", c->product);

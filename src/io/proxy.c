@@ -797,6 +797,20 @@ static void leg_init(struct tap_session *s, enum side side, bool tls)
 	l->reading = true;
 }
 
+/* The connect has bound the socket: its address is the client the broker sees. */
+static void tell_upstream_local(struct tap_session *s)
+{
+	struct tap_proxy *px = s->px;
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	int fd = s->leg[SIDE_UPSTREAM].fd;
+	if (!px->hooks.upstream_local || fd < 0 || getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
+		return;
+	char name[80];
+	format_sockaddr((struct sockaddr *)&ss, name, sizeof name);
+	px->hooks.upstream_local(px->hooks.ctx, s->obs, name);
+}
+
 /* Opens the connection to the broker. A TLS client's session opens it
  * only once the client's handshake is done, as HAProxy does: a client that
  * never finishes its handshake costs the broker no connection, and in a
@@ -823,9 +837,11 @@ static bool connect_upstream(struct tap_session *s)
 		}
 		return false;
 	}
+	if (!upstream->tls)
+		upstream->fd = bufferevent_getfd(upstream->bev);
+	tell_upstream_local(s);
 	if (upstream->tls)
 		return true;
-	upstream->fd = bufferevent_getfd(upstream->bev);
 	upstream->rd = event_new(px->base, upstream->fd, EV_READ | EV_PERSIST, on_readable, upstream);
 	if (!upstream->rd) {
 		session_fail(s, TAP_END_NO_MEMORY, "out of memory");

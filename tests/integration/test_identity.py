@@ -72,7 +72,7 @@ class IdentityTest(TapTestCase):
         self.assertEqual(len(opens), len(taps) * CONNECTIONS)
         self.assertEqual(sorted({o["tap"] for o in opens}), sorted(set(taps)))
         for o in opens:
-            self.assertEqual(o["schema"], 1)
+            self.assertEqual(o["schema"], 2)
             self.assertRegex(o["run"], r"^[0-9a-f]{12}$")
             self.assertRegex(o["started"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
         self.assertEqual(len({o["run"] for o in opens}), len(taps), "one run per tap process")

@@ -73,7 +73,7 @@ START_TEST(open_record_names_tap_run_schema)
 	ck_assert_str_eq(find_rec("connection", "open"),
 			 "{\"type\":\"connection\",\"ts\":\"2026-11-29T10:15:02.000000Z\",\"run\":\"0a1b2c3d4e5f\","
 			 "\"conn\":3,\"event\":\"open\",\"tap\":\"node-a\",\"started\":\"2026-11-29T10:10:00.123456Z\","
-			 "\"schema\":1,\"client\":\"127.0.0.1:51234\",\"upstream\":\"127.0.0.1:5672\",\"user\":\"guest\","
+			 "\"schema\":2,\"client\":\"127.0.0.1:51234\",\"upstream\":\"127.0.0.1:5672\",\"user\":\"guest\","
 			 "\"vhost\":\"/\",\"product\":null,\"version\":null,\"platform\":null,\"frame_max\":131072,"
 			 "\"heartbeat\":60,\"channel_max\":2047}");
 }
@@ -138,7 +138,7 @@ START_TEST(close_without_open_names_tap_and_user)
 	ck_assert_str_eq(recs[0],
 			 "{\"type\":\"connection\",\"ts\":\"2026-11-29T10:15:02.000006Z\",\"run\":\"0a1b2c3d4e5f\","
 			 "\"conn\":4,\"event\":\"close\",\"tap\":\"node-a\",\"started\":\"2026-11-29T10:10:00.123456Z\","
-			 "\"schema\":1,\"client\":\"127.0.0.1:51235\",\"upstream\":\"127.0.0.1:5672\",\"user\":\"mallory\","
+			 "\"schema\":2,\"client\":\"127.0.0.1:51235\",\"upstream\":\"127.0.0.1:5672\",\"user\":\"mallory\","
 			 "\"by\":\"broker\",\"code\":403,\"text\":\"ACCESS_REFUSED\",\"duration_us\":6,\"publishes\":0,"
 			 "\"routed\":0,\"returned\":0,\"unproven\":0,\"unknown\":0,\"acked\":0,\"nacked\":0}");
 }
