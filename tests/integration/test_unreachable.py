@@ -57,6 +57,8 @@ class UnreachableTest(TapTestCase):
         c.close()
         self.assertTrue(wait_for(lambda: len(tap.records("publish")) == 1, 5))
         self.assertEqual(tap.records("publish")[0]["confirm"], "ack")
+        # the second close record follows the client's close (c.close() returns before the tap has seen the FIN)
+        self.assertTrue(wait_for(lambda: sum(r["event"] == "close" for r in tap.records("connection")) == 2, 5))
         conns = tap.records("connection")
         went = {r["conn"]: r["upstream"] for r in conns if "upstream" in r}  # the open record, or a lone close's
         ended = {r["conn"]: r["by"] for r in conns if r["event"] == "close"}
