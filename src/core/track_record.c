@@ -657,6 +657,8 @@ void trk_record_conn_close(struct trk_render *r, const struct tap_track_conn *c,
 		write_tap(r, &j);
 		str_or_null(&j, "client", c->client);
 		str_or_null(&j, "upstream", c->upstream);
+		if (c->proxied) /* a broker that refused the login saw it */
+			str_or_null(&j, "upstream_local", c->upstream_local);
 		str_or_null(&j, "user", c->user);
 	} else {
 		str_or_null(&j, "client", c->client);

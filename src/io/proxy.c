@@ -64,11 +64,17 @@ int64_t tap_now_us(void)
 	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/* "ip:port" or "[ip6]:port"; an IPv4-mapped IPv6 address (a dual-stack socket speaking IPv4) as the IPv4 one, as
+ * the peer, the broker and a sniffer see it. */
 static void format_sockaddr(const struct sockaddr *sa, char *out, size_t cap)
 {
 	char host[INET6_ADDRSTRLEN] = "?";
 	unsigned port = 0;
-	if (sa->sa_family == AF_INET) {
+	const struct sockaddr_in6 *mapped = (const struct sockaddr_in6 *)(const void *)sa;
+	if (sa->sa_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&mapped->sin6_addr)) {
+		inet_ntop(AF_INET, &mapped->sin6_addr.s6_addr[12], host, sizeof host);
+		snprintf(out, cap, "%s:%u", host, (unsigned)ntohs(mapped->sin6_port));
+	} else if (sa->sa_family == AF_INET) {
 		const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)sa;
 		inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
 		port = ntohs(in->sin_port);
@@ -673,6 +679,18 @@ static const char *error_text(int err, const char *why)
 	return err ? evutil_socket_error_to_string(err) : "";
 }
 
+void tap_leg_tcp_up(struct leg *l)
+{
+	struct tap_proxy *px = l->s->px;
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	if (!px->hooks.upstream_local || l->fd < 0 || getsockname(l->fd, (struct sockaddr *)&ss, &len) != 0)
+		return;
+	char name[80];
+	format_sockaddr((struct sockaddr *)&ss, name, sizeof name);
+	px->hooks.upstream_local(px->hooks.ctx, l->s->obs, name);
+}
+
 void tap_leg_event(struct leg *l, short what, int err, const char *why)
 {
 	struct tap_session *s = l->s;
@@ -681,6 +699,8 @@ void tap_leg_event(struct leg *l, short what, int err, const char *why)
 		if (!l->tls && l->setup_timer)
 			evtimer_del(l->setup_timer); /* set up: the setup timeout is done */
 		if (l->side == SIDE_UPSTREAM) {
+			if (!l->tls) /* a TLS leg said so when its TCP connect completed */
+				tap_leg_tcp_up(l);
 			l->connected = true;
 			set_nodelay(l->fd);
 			set_reading(l, l->reading);
@@ -797,20 +817,6 @@ static void leg_init(struct tap_session *s, enum side side, bool tls)
 	l->reading = true;
 }
 
-/* The connect has bound the socket: its address is the client the broker sees. */
-static void tell_upstream_local(struct tap_session *s)
-{
-	struct tap_proxy *px = s->px;
-	struct sockaddr_storage ss;
-	socklen_t len = sizeof ss;
-	int fd = s->leg[SIDE_UPSTREAM].fd;
-	if (!px->hooks.upstream_local || fd < 0 || getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
-		return;
-	char name[80];
-	format_sockaddr((struct sockaddr *)&ss, name, sizeof name);
-	px->hooks.upstream_local(px->hooks.ctx, s->obs, name);
-}
-
 /* Opens the connection to the broker. A TLS client's session opens it
  * only once the client's handshake is done, as HAProxy does: a client that
  * never finishes its handshake costs the broker no connection, and in a
@@ -837,11 +843,9 @@ static bool connect_upstream(struct tap_session *s)
 		}
 		return false;
 	}
-	if (!upstream->tls)
-		upstream->fd = bufferevent_getfd(upstream->bev);
-	tell_upstream_local(s);
 	if (upstream->tls)
 		return true;
+	upstream->fd = bufferevent_getfd(upstream->bev);
 	upstream->rd = event_new(px->base, upstream->fd, EV_READ | EV_PERSIST, on_readable, upstream);
 	if (!upstream->rd) {
 		session_fail(s, TAP_END_NO_MEMORY, "out of memory");

@@ -121,6 +121,9 @@ void tap_leg_watch(struct leg *l, struct event *ev, const struct timeval *tv);
 /* In a leg's read callback, first: true when tap_leg_watch failed for it and
  * the session was ended (it may be gone). */
 bool tap_leg_end_if_unwatched(struct leg *l);
+/* The upstream leg's TCP connect completed (a TLS leg's handshake is still to
+ * come): its own address is the client the broker sees, told to the observer. */
+void tap_leg_tcp_up(struct leg *l);
 /* A leg's output drained to its low watermark. The session may be gone on
  * return. */
 void tap_leg_written(struct leg *l);

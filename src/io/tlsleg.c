@@ -278,6 +278,7 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 			return;
 		}
 		l->tcp_up = true;
+		tap_leg_tcp_up(l);
 		int one = 1;
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 		step_handshake(l);

@@ -12,7 +12,7 @@ import threading
 
 import pika
 
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, TapTestCase, main, read_records, require_broker,
+from tapharness import (AMQPTAP_BIN, BROKER_PORT, TapTestCase, free_port, main, read_records, require_broker,
                         without_identity)
 
 
@@ -84,6 +84,28 @@ class Ipv6(TapTestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         # replay writes no process identity: its records are the same on every run
         self.assertEqual([x for x in read_records(out) if x["type"] == "publish"], without_identity(self, recs))
+
+
+    def test_ipv4_through_dual_stack_sockets_is_named_as_ipv4(self):
+        """A tap listening on [::] (dual-stack) reached over IPv4, and forwarding to [::ffff:127.0.0.1]: its records
+        name the client, the broker and its own end towards the broker as the IPv4 addresses a sniffer and the
+        broker see (they were IPv4-mapped IPv6 ones, [::ffff:127.0.0.1]:P, which match nothing there)."""
+        require_broker(self)
+        port = free_port()
+        tap = self.start_tap(["--listen", f"[::]:{port}"], upstream_host="[::ffff:127.0.0.1]")
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        local = conn._impl._transport._sock.getsockname()[1]
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", f"dual.{os.getpid()}", b"x", pika.BasicProperties(message_id="d1"))
+        conn.close()
+        self.assertEqual(tap.stop(), 0)
+        opened = [r for r in tap.records("connection") if r["event"] == "open"]
+        self.assertEqual(len(opened), 1, opened)
+        self.assertEqual(opened[0]["client"], f"127.0.0.1:{local}")
+        self.assertEqual(opened[0]["upstream"], f"127.0.0.1:{BROKER_PORT}")
+        self.assertRegex(opened[0]["upstream_local"], r"^127\.0\.0\.1:\d+$")
+        self.assertEqual(tap.records("publish")[0]["client"], f"127.0.0.1:{local}")
 
 
 if __name__ == "__main__":

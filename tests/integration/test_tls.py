@@ -100,6 +100,9 @@ class BothLegs(TlsCase):
             closes = lambda: [r for r in tap.records("connection") if r.get("event") == "close"]
             self.assertTrue(wait_for(closes, 5), tap.records("connection"))
             self.assertNotIn("tls_error", closes()[0]["by"])
+            # its own end towards the broker, told when the TCP connect completed (a TLS leg before its handshake)
+            opened = [r for r in tap.records("connection") if r.get("event") == "open"]
+            self.assertRegex(opened[0]["upstream_local"], r"^127\.0\.0\.1:\d+$")
 
     def test_frames_and_pcap_hold_decrypted_frames(self):
         d = tempfile.mkdtemp(prefix="amqptap-tlspcap-")

@@ -122,7 +122,8 @@ START_TEST(tap_id_escaped_run_bounded)
 END_TEST
 
 /* A connection that ends before connection.open (a login the broker refused, an unreachable broker) has no open
- * record: its close record names the tap, the broker and the user itself, so merged logs can still place it. */
+ * record: its close record names the tap, the broker, the proxy's own end towards it (a refused login reached the
+ * broker, which logged that address) and the user itself, so merged logs can still place it. */
 START_TEST(close_without_open_names_tap_and_user)
 {
 	struct tap_track_conf conf = {.tap_id = "node-a", .run = "0a1b2c3d4e5f", .started_us = STARTED};
@@ -130,6 +131,7 @@ START_TEST(close_without_open_names_tap_and_user)
 	struct tap_track *t = tap_track_new(&conf, capture, NULL);
 	ck_assert_ptr_nonnull(t);
 	struct tap_track_conn *c = tap_track_conn_new(t, 4, "127.0.0.1:51235", "127.0.0.1:5672", T0);
+	tap_track_conn_upstream_local(c, "127.0.0.1:40100");
 	tap_track_conn_user(c, S("mallory"));
 	tap_track_conn_close(c, TAP_BY_BROKER, 403, S("ACCESS_REFUSED"), T0 + 5);
 	tap_track_conn_end(c, "broker_eof", T0 + 6);
@@ -138,7 +140,8 @@ START_TEST(close_without_open_names_tap_and_user)
 	ck_assert_str_eq(recs[0],
 			 "{\"type\":\"connection\",\"ts\":\"2026-11-29T10:15:02.000006Z\",\"run\":\"0a1b2c3d4e5f\","
 			 "\"conn\":4,\"event\":\"close\",\"tap\":\"node-a\",\"started\":\"2026-11-29T10:10:00.123456Z\","
-			 "\"schema\":2,\"client\":\"127.0.0.1:51235\",\"upstream\":\"127.0.0.1:5672\",\"user\":\"mallory\","
+			 "\"schema\":2,\"client\":\"127.0.0.1:51235\",\"upstream\":\"127.0.0.1:5672\","
+			 "\"upstream_local\":\"127.0.0.1:40100\",\"user\":\"mallory\","
 			 "\"by\":\"broker\",\"code\":403,\"text\":\"ACCESS_REFUSED\",\"duration_us\":6,\"publishes\":0,"
 			 "\"routed\":0,\"returned\":0,\"unproven\":0,\"unknown\":0,\"acked\":0,\"nacked\":0}");
 }
