@@ -380,11 +380,20 @@ static void reopen_outputs(struct app *app)
 			tap_out_reopen(app->out[i]);
 }
 
+/* Ends the event loop after this turn's callbacks. libevent's loopexit needs memory (a timer); without it the loop is
+ * broken at once, which needs none: a stop must never be lost to a failed allocation (the tap ran on, ignoring the
+ * SIGTERM). */
+static void loop_exit(struct event_base *base)
+{
+	if (event_base_loopexit(base, NULL) != 0)
+		(void)event_base_loopbreak(base);
+}
+
 static void on_idle(void *arg)
 {
 	struct app *app = arg;
 	if (app->stopping)
-		event_base_loopexit(app->base, NULL);
+		loop_exit(app->base);
 }
 
 static void on_grace_over(evutil_socket_t fd, short what, void *arg)
@@ -393,7 +402,7 @@ static void on_grace_over(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	tap_proxy_close_all(app->proxy);
-	event_base_loopexit(app->base, NULL);
+	loop_exit(app->base);
 }
 
 static void begin_shutdown(struct app *app)
@@ -406,7 +415,7 @@ static void begin_shutdown(struct app *app)
 	tap_proxy_stop_accepting(app->proxy);
 	tap_admin_stopping(app->admin);
 	if (tap_proxy_active(app->proxy) == 0) {
-		event_base_loopexit(app->base, NULL);
+		loop_exit(app->base);
 		return;
 	}
 	tap_log_info("stopping; %zu session(s) get %u ms to finish", tap_proxy_active(app->proxy),
@@ -850,7 +859,7 @@ static void on_sniff_signal(evutil_socket_t sig, short what, void *arg)
 	struct app *app = arg;
 	(void)what;
 	if (sig == SIGINT || sig == SIGTERM) {
-		event_base_loopexit(app->base, NULL);
+		loop_exit(app->base);
 	} else if (sig == SIGHUP) {
 		reopen_outputs(app);
 	} else if (sig == SIGUSR1) {

@@ -8,6 +8,7 @@
 #include "amqptap/thread.h"
 
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -717,8 +718,20 @@ static void out_free(struct tap_out *o)
 	free(o);
 }
 
+/* glibc loads the unwinder pthread_cancel needs (libgcc_s) at the first cancel, and aborts the process when that
+ * load finds no memory ("libgcc_s.so.1 must be installed for pthread_cancel to work"): a stuck writer cancelled at
+ * a stop while memory was short took the summary and the exit status with it. backtrace() loads the same unwinder
+ * and, should that fail, just returns 0: called at the first open, while memory is whole, it loads it for good. */
+static void load_unwinder(void)
+{
+	void *pc;
+	(void)backtrace(&pc, 1);
+}
+
 static struct tap_out *out_new(const struct tap_out_conf *conf, int fd, enum fd_owner owner)
 {
+	static pthread_once_t unwinder = PTHREAD_ONCE_INIT;
+	pthread_once(&unwinder, load_unwinder);
 	struct tap_out *o = calloc(1, sizeof *o);
 	if (!o)
 		return NULL;

@@ -104,7 +104,8 @@ void tap_sniff_read(struct tap_sniff *s)
 	s->failed = true;
 	tap_log_error("--interface %s: the capture failed: %s", s->iface, pcap_geterr(s->p));
 	event_del(s->ev);
-	event_base_loopexit(s->base, NULL);
+	if (event_base_loopexit(s->base, NULL) != 0) /* no memory for its timer: at once, which needs none */
+		(void)event_base_loopbreak(s->base);
 }
 
 bool tap_sniff_failed(const struct tap_sniff *s)
