@@ -854,6 +854,17 @@ static bool room_for(struct tap_out *o, size_t len)
 	}
 }
 
+/* Under mu: waits for the writer to finish a chunk (the reserve may be back), until deadline_us; false, without
+ * waiting, once the deadline has passed or the writer has ended. */
+static bool written_until(struct tap_out *o, int64_t deadline_us)
+{
+	if (o->writer_done || tap_out_clock_us() >= deadline_us)
+		return false;
+	struct timespec until = tap_mono_abs(deadline_us);
+	pthread_cond_timedwait(&o->room, &o->mu, &until);
+	return true;
+}
+
 /* Under mu: a loss note before the next records, in its own chunk, if losses are unreported and it fits. Returns
  * whether none is left unreported. */
 static bool queue_drop_note(struct tap_out *o)
@@ -961,11 +972,8 @@ bool tap_out_text_until(struct tap_out *o, const char *data, size_t len, int64_t
 	o->records++;
 	uint64_t lines = count_newlines(data, len);
 	struct chunk *c = chunk_with_room(o, len);
-	while (!c && !o->reserve && !o->writer_done && tap_out_clock_us() < deadline_us) { /* the reserve is out */
-		struct timespec until = tap_mono_abs(deadline_us);
-		pthread_cond_timedwait(&o->room, &o->mu, &until);
+	while (!c && !o->reserve && written_until(o, deadline_us)) /* the reserve is out */
 		c = chunk_with_room(o, len);
-	}
 	bool taken = c && room_for(o, len);
 	if (!taken) {
 		note_drop(o, lines ? lines : 1, c ? TAP_OUT_LOST_BACKLOG_FULL : TAP_OUT_LOST_NO_MEMORY);
@@ -1048,9 +1056,8 @@ static uint64_t unwritten_records(const struct tap_out *o, size_t current_off)
  * reserve to be written, until the deadline. */
 static void last_text_note(struct tap_out *o, int64_t deadline_us)
 {
-	struct timespec until = tap_mono_abs(deadline_us);
-	while (!queue_drop_note(o) && !o->writer_done && tap_out_clock_us() < deadline_us)
-		pthread_cond_timedwait(&o->room, &o->mu, &until);
+	while (!queue_drop_note(o) && written_until(o, deadline_us))
+		;
 }
 
 /* Writers that could not be cancelled, kept reachable so their memory is not reported as leaked. */
