@@ -365,7 +365,7 @@ static void print_summary(struct app *app, int64_t wait_until_us)
 		struct tap_track_stats ts;
 		tap_track_get_stats(app->track, &ts);
 		tap_log_error("summary: no memory or no room in the log to write it in full; %" PRIu64 " publishes, %" PRIu64
-		              " records not rendered, %" PRIu64 " connections not followed (the outputs' losses follow)",
+		              " records not rendered, %" PRIu64 " connections not followed (the outputs' losses, if any, follow)",
 		              ts.publishes, ts.records_oom, ts.conns_unfollowed);
 	}
 	tap_buf_deinit(&b);

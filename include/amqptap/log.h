@@ -25,7 +25,7 @@ void tap_log_verbose(const char *fmt, ...) __attribute__((format(printf, 1, 2)))
 /* Whole lines as they are (the summary), whatever the level: the caller asked for them. Returns false when they
  * were lost (counted in tap_log_lost). */
 bool tap_log_text(const char *text, size_t len);
-/* tap_log_text waiting, with memory short, until deadline_us for the log's reserve (tap_out_text_until). */
+/* tap_log_text waiting until deadline_us for the log's reserve or for room in its backlog (tap_out_text_until). */
 bool tap_log_text_until(const char *text, size_t len, int64_t deadline_us);
 
 /* Starts the writer thread for stderr; 0, or -1 (messages then stay direct). */

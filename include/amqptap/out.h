@@ -106,8 +106,8 @@ void tap_out_block(struct tap_out *o, const void *data, size_t len);
  * a reserve kept for that (8 KiB, one text at a time until it is written). Returns false when they were dropped:
  * counted, and a line saying how many comes before a later text (when there is room for both) or at the close. */
 bool tap_out_text(struct tap_out *o, const char *data, size_t len);
-/* tap_out_text that, finding the reserve in use, waits for it until deadline_us (tap_out_clock_us): the exit
- * summary. */
+/* tap_out_text that, finding the reserve in use or the backlog full, waits for the writer until deadline_us
+ * (tap_out_clock_us): the exit summary. */
 bool tap_out_text_until(struct tap_out *o, const char *data, size_t len, int64_t deadline_us);
 
 /* Loop thread: hands the batch to the writer. Waits for room in the backlog only until tap_out_wait_until's time

@@ -698,17 +698,39 @@ static void summary_line(struct tap_buf *out, const struct trk_counts *k, const 
 	               tap_hist_quantile(h, 0.99), h->max);
 }
 
+/* Whether connection a goes before b in the summary: more publishes waiting for the broker first, then the older. */
+static bool summary_before(const struct tap_track_conn *a, const struct tap_track_conn *b)
+{
+	return a->outstanding != b->outstanding ? a->outstanding > b->outstanding : a->id < b->id;
+}
+
+/* The summary names at most TAP_TRACK_SUMMARY_CONNS connections, those with the most publishes waiting for the
+ * broker: it is made on the event loop and goes into the log's backlog, and a line for each of thousands of
+ * connections held the loop up and did not fit. The total counts them all. */
 void trk_summary(const struct tap_track *t, struct tap_buf *out)
 {
 	struct trk_counts total = t->closed_counts;
+	const struct tap_track_conn *top[TAP_TRACK_SUMMARY_CONNS];
+	size_t n_top = 0, n_conns = 0;
+	for (const struct tap_track_conn *c = t->conns; c; c = c->next, n_conns++) {
+		trk_counts_add(&total, &c->counts);
+		if (n_top == TAP_TRACK_SUMMARY_CONNS && !summary_before(c, top[n_top - 1]))
+			continue;
+		size_t i = n_top < TAP_TRACK_SUMMARY_CONNS ? n_top++ : n_top - 1; /* a full list drops its last */
+		for (; i > 0 && summary_before(c, top[i - 1]); i--)
+			top[i] = top[i - 1];
+		top[i] = c;
+	}
 	tap_buf_printf(out, "amqptap summary: %" PRIu64 " connections open, %" PRIu64 " in total\n",
 	               t->st.connections_open, t->st.connections_total);
-	for (const struct tap_track_conn *c = t->conns; c; c = c->next) {
+	for (size_t i = 0; i < n_top; i++) {
+		const struct tap_track_conn *c = top[i];
 		tap_buf_printf(out, "conn %" PRIu64 " %s", c->id, c->client ? c->client : "-");
 		tap_buf_printf(out, " outstanding=%" PRIu64, c->outstanding);
 		summary_line(out, &c->counts, c->hist ? c->hist : &no_confirms);
-		trk_counts_add(&total, &c->counts);
 	}
+	if (n_conns > n_top)
+		tap_buf_printf(out, "and %zu more connections (in the total below)\n", n_conns - n_top);
 	tap_buf_printf(out, "total outstanding=%" PRIu64, t->st.outstanding);
 	summary_line(out, &total, &t->hist);
 	tap_buf_printf(out,

@@ -975,6 +975,8 @@ bool tap_out_text_until(struct tap_out *o, const char *data, size_t len, int64_t
 	while (!c && !o->reserve && written_until(o, deadline_us)) /* the reserve is out */
 		c = chunk_with_room(o, len);
 	bool taken = c && room_for(o, len);
+	while (c && !taken && written_until(o, deadline_us)) /* the backlog is full */
+		taken = room_for(o, len);
 	if (!taken) {
 		note_drop(o, lines ? lines : 1, c ? TAP_OUT_LOST_BACKLOG_FULL : TAP_OUT_LOST_NO_MEMORY);
 		if (c)

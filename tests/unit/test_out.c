@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -709,6 +710,72 @@ START_TEST(fifo_reader_gap_past_the_backlog)
 }
 END_TEST
 
+struct late_reader {
+	int rd;
+	const char *want;
+	char *buf;
+	size_t len, cap;
+};
+
+/* Starts reading after 200 ms, then reads until it has seen want (at most 5 s). */
+static void *read_late(void *arg)
+{
+	struct late_reader *r = arg;
+	usleep(200000);
+	for (int i = 0; i < 500; i++) {
+		drain(r->rd, &r->buf, &r->len, &r->cap);
+		if (r->len && memmem(r->buf, r->len, r->want, strlen(r->want)))
+			break;
+		usleep(10000);
+	}
+	return NULL;
+}
+
+/* The exit summary into a log whose backlog is full (stderr read slowly): it waits for room until its deadline
+ * instead of being dropped at once. (It was dropped, the summary lost, whenever the stop found the log lagging.) */
+START_TEST(text_until_waits_for_room_in_the_backlog)
+{
+	char path[128];
+	struct late_reader r = {.rd = fifo_with_reader(path, sizeof path, "slow-stderr"), .want = "the summary\n"};
+	struct tap_out_conf oc = {.name = "stderr", .path = path, .kind = TAP_OUT_TEXT, .backlog_bytes = 32 * 1024};
+	struct tap_out *o = tap_out_open(&oc);
+	ck_assert_ptr_nonnull(o);
+	char line[1024];
+	memset(line, '.', sizeof line - 1);
+	line[sizeof line - 1] = '\n';
+	int filled = 0, dropped = 0; /* the pipe, then the backlog, until the writer no longer takes any */
+	while (filled < 1000 && dropped < 3) {
+		if (tap_out_text(o, line, sizeof line)) {
+			filled++;
+			dropped = 0;
+		} else {
+			dropped++;
+			usleep(50000);
+		}
+	}
+	ck_assert_int_eq(dropped, 3);
+	pthread_t reader;
+	ck_assert_int_eq(pthread_create(&reader, NULL, read_late, &r), 0);
+	int64_t t0 = tap_out_clock_us();
+	char summary[sizeof line + 16]; /* as long as a line: it does not fit where they did not */
+	memset(summary, '-', sizeof line);
+	memcpy(summary + sizeof line, r.want, strlen(r.want));
+	bool taken = tap_out_text_until(o, summary, sizeof line + strlen(r.want), t0 + 3000000);
+	int64_t waited = tap_out_clock_us() - t0;
+	pthread_join(reader, NULL);
+	struct tap_out_stats s;
+	tap_out_close(o, tap_out_clock_us() + 2000000, &s);
+	ck_assert(taken);
+	ck_assert_int_ge(waited, 100000); /* it had to wait for the reader */
+	ck_assert_ptr_nonnull(memmem(r.buf, r.len, r.want, strlen(r.want)));
+	ck_assert_uint_eq(s.lost, s.lost_by[TAP_OUT_LOST_BACKLOG_FULL]);
+	ck_assert_uint_le(s.lost, 1000); /* the lines that found the backlog full, not the summary */
+	free(r.buf);
+	close(r.rd);
+	unlink(path);
+}
+END_TEST
+
 /* An output file deleted under the tap is made again at the next batch (what went into the deleted file is gone
  * with it); while its directory is gone too, the records are counted lost, and a records_lost record says so in
  * the file made once the directory is back. */
@@ -947,6 +1014,7 @@ int main(void)
 	tcase_add_test(tc, log_text_without_memory_uses_the_reserve);
 #endif
 	tcase_add_test(tc, log_never_waits_on_stderr);
+	tcase_add_test(tc, text_until_waits_for_room_in_the_backlog);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	char cmd[128];

@@ -1980,6 +1980,54 @@ START_TEST(summary_and_latency)
 }
 END_TEST
 
+/* How many lines of text begin with prefix. */
+static size_t count_lines_starting(const char *text, const char *prefix)
+{
+	size_t n = 0, len = strlen(prefix);
+	for (const char *l = text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL)
+		n += strncmp(l, prefix, len) == 0;
+	return n;
+}
+
+/* The summary names the connections with the most publishes waiting (ties: the older first), at most
+ * TAP_TRACK_SUMMARY_CONNS of them, says how many it left out, and counts them all in the total. */
+START_TEST(summary_names_the_busiest_connections)
+{
+	enum { EXTRA = 2 * TAP_TRACK_SUMMARY_CONNS };
+	struct tap_publish p = pub("x", "k", false);
+	for (int i = 0; i < EXTRA; i++) { /* ids 100..139, i / 2 publishes waiting */
+		struct tap_track_conn *k = tap_track_conn_new(t, 100 + (uint64_t)i, "127.0.0.1:2", "127.0.0.1:5672", T0);
+		ck_assert_ptr_nonnull(k);
+		tap_track_conn_open(k, S("/"), T0);
+		tap_track_channel_open(k, 1, T0);
+		tap_track_confirm_select(k, 1, T0);
+		for (int n = 0; n < i / 2; n++)
+			tap_track_publish(k, 1, &p, T0 + 1);
+	}
+	struct tap_buf b;
+	tap_buf_init(&b);
+	tap_track_summary(t, &b);
+	tap_buf_putc(&b, '\0');
+	ck_assert_int_eq((int)count_lines_starting(b.data, "conn "), TAP_TRACK_SUMMARY_CONNS);
+	char name[64];
+	for (int i = 0; i < EXTRA; i++) { /* the top half by publishes waiting: 120..139 */
+		snprintf(name, sizeof name, "\nconn %d 127.0.0.1:2 outstanding=%d ", 100 + i, i / 2);
+		if (i >= EXTRA / 2)
+			ck_assert_msg(strstr(b.data, name) != NULL, "missing%s", name);
+		else
+			ck_assert_msg(strstr(b.data, name) == NULL, "listed%s", name);
+	}
+	const char *c138 = strstr(b.data, "\nconn 138 "), *c139 = strstr(b.data, "\nconn 139 ");
+	const char *c136 = strstr(b.data, "\nconn 136 ");
+	ck_assert(c138 && c139 && c136 && c138 < c139 && c139 < c136); /* most waiting first, then by age */
+	snprintf(name, sizeof name, "\nand %d more connections (in the total below)\n",
+	         EXTRA + 1 - TAP_TRACK_SUMMARY_CONNS);
+	ck_assert_msg(strstr(b.data, name) != NULL, "%s", b.data);
+	ck_assert_ptr_nonnull(strstr(b.data, "\ntotal outstanding=380 publishes=380 ")); /* 2 x (0 + 1 + ... + 19) */
+	tap_buf_deinit(&b);
+}
+END_TEST
+
 START_TEST(every_record_has_type_and_ts)
 {
 	confirm_channel(1);
@@ -2598,6 +2646,7 @@ int main(void)
 	tcase_add_test(tc, latency_beyond_the_histogram_range);
 	tcase_add_test(tc, channels_anywhere_in_the_id_range);
 	tcase_add_test(tc, summary_and_latency);
+	tcase_add_test(tc, summary_names_the_busiest_connections);
 	tcase_add_test(tc, every_record_has_type_and_ts);
 	tcase_add_test(tc, header_keys_capped_in_number);
 	tcase_add_test(tc, header_keys_capped_in_bytes_on_character_boundaries);
