@@ -653,16 +653,19 @@ void trk_record_conn_close(struct trk_render *r, const struct tap_track_conn *c,
 	rec_begin(r, &j, "connection", now_us);
 	tap_json_kv_uint(&j, "conn", c->id);
 	tap_json_kv_str(&j, "event", "close");
-	if (!c->opened) { /* no open record says who and where: an unreachable broker, TLS or a login that failed */
+	/* No open record says who and where (an unreachable broker, TLS or a login that failed): the close does. A
+	 * proxy's end towards the broker is on every close (a broker that refused the login saw it too), so a long
+	 * connection whose open record was rotated away can still be joined to a sniffer's or the broker's view. */
+	bool alone = !c->opened;
+	if (alone)
 		write_tap(r, &j);
-		str_or_null(&j, "client", c->client);
+	str_or_null(&j, "client", c->client);
+	if (alone)
 		str_or_null(&j, "upstream", c->upstream);
-		if (c->proxied) /* a broker that refused the login saw it */
-			str_or_null(&j, "upstream_local", c->upstream_local);
+	if (c->proxied)
+		str_or_null(&j, "upstream_local", c->upstream_local);
+	if (alone)
 		str_or_null(&j, "user", c->user);
-	} else {
-		str_or_null(&j, "client", c->client);
-	}
 	write_close_reason(&j, why);
 	tap_json_kv_int(&j, "duration_us", now_us - c->t_new);
 	write_counts(&j, &c->counts);

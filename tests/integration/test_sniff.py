@@ -418,9 +418,10 @@ class SniffLinks(TapTestCase):
                                        for r in recs if r["type"] == "publish")
         self.assertEqual(verdicts(leg4), verdicts(tap_recs))
         self.assertEqual(len(verdicts(leg4)), 6)
-        # the tap's open record names its own end towards the broker: the client a sniffer there sees
-        opened = [r for r in tap_recs if r["type"] == "connection" and r["event"] == "open"]
-        self.assertEqual([r["upstream_local"] for r in opened], [legs[v4[0]]])
+        # the tap's open and close records name its own end towards the broker: the client a sniffer there sees
+        for event in ("open", "close"):
+            recs = [r for r in tap_recs if r["type"] == "connection" and r["event"] == event]
+            self.assertEqual([r["upstream_local"] for r in recs], [legs[v4[0]]], event)
 
     def test_any_interface_gives_what_lo_gives(self):
         """`-i any` (Linux cooked link type) and `-i lo` (Ethernet) capture the same session at once: the same

@@ -147,6 +147,31 @@ START_TEST(close_without_open_names_tap_and_user)
 }
 END_TEST
 
+/* A proxy's close record repeats its end towards the broker, so a connection whose open record was rotated away
+ * still joins to a sniffer's or the broker's view of it; a connection replayed or sniffed has no such leg. */
+START_TEST(close_names_the_proxy_end_towards_the_broker)
+{
+	struct tap_track_conf conf = {.tap_id = "node-a", .run = "0a1b2c3d4e5f", .started_us = STARTED};
+	reset_recs();
+	struct tap_track *t = tap_track_new(&conf, capture, NULL);
+	ck_assert_ptr_nonnull(t);
+	struct tap_track_conn *proxied = tap_track_conn_new(t, 5, "127.0.0.1:51236", "127.0.0.1:5672", T0);
+	tap_track_conn_upstream_local(proxied, "127.0.0.1:40101");
+	struct tap_track_conn *sniffed = tap_track_conn_new(t, 6, "127.0.0.1:51237", "127.0.0.1:5672", T0);
+	struct tap_track_conn *both[] = {proxied, sniffed};
+	for (size_t i = 0; i < 2; i++) {
+		tap_track_conn_open(both[i], S("/"), T0 + 1);
+		tap_track_conn_close(both[i], TAP_BY_CLIENT, 200, S("bye"), T0 + 5);
+		tap_track_conn_end(both[i], "client_eof", T0 + 6);
+	}
+	tap_track_free(t);
+	ck_assert_uint_eq(n_recs, 4); /* open and close of each */
+	ck_assert_ptr_nonnull(strstr(recs[1], "\"event\":\"close\",\"client\":\"127.0.0.1:51236\","
+	                                      "\"upstream_local\":\"127.0.0.1:40101\",\"by\":\"client\""));
+	ck_assert_ptr_nonnull(strstr(recs[3], "\"event\":\"close\",\"client\":\"127.0.0.1:51237\",\"by\":\"client\""));
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("identity");
@@ -156,6 +181,7 @@ int main(void)
 	tcase_add_test(tc, no_identity_without_run);
 	tcase_add_test(tc, tap_id_escaped_run_bounded);
 	tcase_add_test(tc, close_without_open_names_tap_and_user);
+	tcase_add_test(tc, close_names_the_proxy_end_towards_the_broker);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	reset_recs();
