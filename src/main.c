@@ -231,9 +231,10 @@ static void hook_data(void *ctx, void *sess, enum tap_dir dir, const uint8_t *da
 	deadline_from(app, now_us); /* made by these bytes */
 }
 
-static void hook_upstream_local(void *ctx, void *sess, const char *local)
+static void hook_upstream_local(void *ctx, void *sess, uint64_t conn_id, const char *local)
 {
 	(void)ctx;
+	tap_log_verbose("conn %llu connected to the broker from %s", (unsigned long long)conn_id, local);
 	tap_conn_upstream_local(sess, local);
 }
 

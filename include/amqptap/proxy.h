@@ -46,7 +46,7 @@ struct tap_proxy_hooks {
 	/* A client closed at once, the tap having no memory for its session: it gets no open, data or close. */
 	void (*refused)(void *ctx);
 	/* The session's TCP connection to the broker is up, from `local` (the tap's own address and port on it). */
-	void (*upstream_local)(void *ctx, void *sess, const char *local);
+	void (*upstream_local)(void *ctx, void *sess, uint64_t conn_id, const char *local);
 	/* The session stopped (held) or went on reading the broker: its client reads slowly (backpressure). */
 	void (*held)(void *ctx, void *sess, bool held, int64_t now_us);
 };

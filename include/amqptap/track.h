@@ -160,7 +160,7 @@ void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t c
  * when no close method gave one. Copied. */
 void tap_track_conn_detail(struct tap_track_conn *c, const char *detail);
 /* The proxy's own address on its connection to the broker ("ip:port": what the broker, and a sniffer on its host,
- * see as the client), written as `upstream_local` in the open record. Copied. */
+ * see as the client), written as `upstream_local` in the open and close records. Copied. */
 void tap_track_conn_upstream_local(struct tap_track_conn *c, const char *addr);
 /* connection.close-ok from the broker to the client's connection.close: the broker said all it had to say, so
  * publishes still in their return window when the connection ends got no Return (unproven). */

@@ -95,8 +95,8 @@ static const struct tap_conf_option options[] = {
 	 .level = TAP_VERBOSITY_QUIET, .help = "only errors and warnings on stderr"},
 	{.name = "verbose", .short_name = 'v', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
 	 .level = TAP_VERBOSITY_VERBOSE,
-	 .help = "also one line per connection opened and closed on stderr (the proxy; replay and sniff write "
-	         "their connection records)"},
+	 .help = "also a line on stderr when a connection opens, reaches the broker (from which local address) and "
+	         "closes (the proxy; replay and sniff write their connection records)"},
 	{.name = "help", .short_name = 'h', .kind = TAP_OPT_HELP, .help = "show this help and exit"},
 	{.name = "version", .short_name = 'V', .kind = TAP_OPT_VERSION,
 	 .help = "show the version, git revision and library versions and exit"},

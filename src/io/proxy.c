@@ -688,7 +688,7 @@ void tap_leg_tcp_up(struct leg *l)
 		return;
 	char name[80];
 	format_sockaddr((struct sockaddr *)&ss, name, sizeof name);
-	px->hooks.upstream_local(px->hooks.ctx, l->s->obs, name);
+	px->hooks.upstream_local(px->hooks.ctx, l->s->obs, l->s->id, name);
 }
 
 void tap_leg_event(struct leg *l, short what, int err, const char *why)

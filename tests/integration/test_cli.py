@@ -290,6 +290,8 @@ class VerbosityTest(TapTestCase):
         opened = re.search(r"amqptap: conn (\d+) from 127\.0\.0\.1:\d+ to 127\.0\.0\.1:%d\n" % BROKER_PORT, err)
         self.assertTrue(opened, err)
         self.assertIn(f"amqptap: conn {opened.group(1)} closed: client_eof", err)  # the same connection
+        # the tap's own end towards the broker, what the broker lists as the client (upstream_local)
+        self.assertRegex(err, r"amqptap: conn %s connected to the broker from 127\.0\.0\.1:\d+\n" % opened.group(1))
 
     def test_quiet_writes_nothing_but_records(self):
         err = self.session("-qo{verdicts}", "-l", "127.0.0.1:{port}", "-u", "127.0.0.1:{broker}")
