@@ -615,9 +615,10 @@ static void outputs_drain_until(struct app *app, int64_t deadline_us)
 			tap_out_wait_until(app->out[i], deadline_us);
 }
 
-/* Writes what is left until deadline_us, closes every output, prints the summary with what each lost, and names
- * the outputs that lost records. The tracker must be shut down first. Returns true when no record was lost. */
-static bool outputs_close(struct app *app, int64_t deadline_us)
+/* Writes what is left until deadline_us, closes every output, prints the summary with what each lost (when the tap
+ * ran: a start that failed says why in one line, not with a summary of nothing), and names the outputs that lost
+ * records. The tracker must be shut down first. Returns true when no record was lost. */
+static bool outputs_close(struct app *app, int64_t deadline_us, bool ran)
 {
 	tap_pcapng_free(app->pcap); /* writes nothing more */
 	app->pcap = NULL;
@@ -628,7 +629,7 @@ static bool outputs_close(struct app *app, int64_t deadline_us)
 	app->outputs_closed = true;
 	bool whole = true;
 	if (app->outputs_ready) {
-		if (app->conf->verbosity >= TAP_VERBOSITY_NORMAL) /* SIGUSR1 asks for it even with -q */
+		if (ran && app->conf->verbosity >= TAP_VERBOSITY_NORMAL) /* SIGUSR1 asks for it even with -q */
 			print_summary(app, tap_out_clock_us() + LOG_FLUSH_MS * 1000);
 		tap_observer_deinit(&app->observer);
 	}
@@ -670,6 +671,23 @@ static void replay_idle(void *ctx)
 }
 
 /* Stops the log writer by `deadline`; log lines lost count as records lost do. */
+/* The last parts a running tap needs: the tick (deadlines, flushes, metrics) and the stderr writer, without which a
+ * log line written while stderr lags would hold the event loop up. Without either it does not start: exit 1. */
+static int start_tick_and_log(struct app *app, event_callback_fn on_tick_fn)
+{
+	struct timeval tick = {0, 10000};
+	app->tick_timer = event_new(app->base, -1, EV_PERSIST, on_tick_fn, app);
+	if (!app->tick_timer || evtimer_add(app->tick_timer, &tick) != 0) {
+		fprintf(stderr, "amqptap: cannot start: no memory for its timer\n");
+		return 1;
+	}
+	if (tap_log_start() != 0) {
+		fprintf(stderr, "amqptap: cannot start the stderr writer: %s\n", strerror(errno));
+		return 1;
+	}
+	return 0;
+}
+
 static void log_stop(struct app *app, int64_t deadline)
 {
 	(void)tap_log_stop(deadline);
@@ -762,7 +780,8 @@ static int run_replay(const struct tap_conf *conf)
 	sa.sa_flags = 0;
 	(void)sigaction(SIGHUP, &sa, NULL);
 	(void)sigaction(SIGUSR1, &sa, NULL);
-	if (code == 0) {
+	bool ran = code == 0;
+	if (ran) {
 		char err[512];
 		struct tap_replay_stats rs;
 		struct tap_replay_hooks hooks = {
@@ -783,7 +802,7 @@ static int run_replay(const struct tap_conf *conf)
 			code = 1;
 		}
 	}
-	if (!outputs_close(&app, INT64_MAX) && code == 0)
+	if (!outputs_close(&app, INT64_MAX, ran) && code == 0)
 		code = 1;
 	return code;
 }
@@ -913,11 +932,15 @@ static int run_sniff(const struct tap_conf *conf)
 			.outputs = {app.out[OUT_VERDICTS], app.out[OUT_FRAMES], app.out[OUT_PCAP]}};
 		code = start_metrics(&app, &src);
 	}
+	if (!code)
+		code = start_tick_and_log(&app, on_sniff_tick);
 	if (code) {
+		if (app.tick_timer)
+			event_free(app.tick_timer);
 		tap_admin_free(app.admin);
 		tap_sniff_free(app.sniff);
 		tap_replay_live_end(live, tap_now_us(), NULL);
-		(void)outputs_close(&app, tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000);
+		(void)outputs_close(&app, tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000, false);
 		if (app.base)
 			event_base_free(app.base);
 		return code;
@@ -927,12 +950,6 @@ static int run_sniff(const struct tap_conf *conf)
 	for (size_t i = 0; i < 4; i++)
 		sigs[i] = evsignal_new(app.base, sig_nums[i], on_sniff_signal, &app);
 	add_signal_events(sigs, 4);
-	app.tick_timer = event_new(app.base, -1, EV_PERSIST, on_sniff_tick, &app);
-	struct timeval tick = {0, 10000};
-	if (app.tick_timer)
-		evtimer_add(app.tick_timer, &tick);
-	if (tap_log_start() != 0)
-		fprintf(stderr, "amqptap: WARNING: cannot start the stderr writer; messages are written directly\n");
 	tap_log_info("sniffing on %s (link type %s), filter: %s", conf->interface, tap_sniff_link_name(app.sniff),
 		     tap_sniff_filter(app.sniff));
 
@@ -948,7 +965,7 @@ static int run_sniff(const struct tap_conf *conf)
 	if (rs.gaps > 0)
 		tap_log_error("capture gaps: %" PRIu64 " (%" PRIu64 " bytes missing); the publishes they may have "
 			      "affected are written route unknown, by capture_gap", rs.gaps, rs.gap_bytes);
-	if (!outputs_close(&app, deadline) && app.exit_code == 0)
+	if (!outputs_close(&app, deadline, true) && app.exit_code == 0)
 		app.exit_code = 1;
 	tap_admin_free(app.admin); /* it reads the capture: before that goes */
 	tap_sniff_free(app.sniff);
@@ -1022,10 +1039,14 @@ static int run_proxy(const struct tap_conf *conf)
 			.outputs = {app.out[OUT_VERDICTS], app.out[OUT_FRAMES], app.out[OUT_PCAP]}};
 		code = start_metrics(&app, &src);
 	}
+	if (!code)
+		code = start_tick_and_log(&app, on_tick);
 	if (code) {
+		if (app.tick_timer)
+			event_free(app.tick_timer);
 		tap_proxy_free(app.proxy);
 		/* nothing was forwarded; the exit code says why */
-		(void)outputs_close(&app, tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000);
+		(void)outputs_close(&app, tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000, false);
 		if (app.base)
 			event_base_free(app.base);
 		tap_tls_free(app.tls);
@@ -1037,12 +1058,6 @@ static int run_proxy(const struct tap_conf *conf)
 	app.sig_usr1 = evsignal_new(app.base, SIGUSR1, on_signal, &app);
 	struct event *sigs[] = {app.sig_int, app.sig_term, app.sig_hup, app.sig_usr1};
 	add_signal_events(sigs, 4);
-	app.tick_timer = event_new(app.base, -1, EV_PERSIST, on_tick, &app);
-	struct timeval tick = {0, 10000};
-	if (app.tick_timer)
-		evtimer_add(app.tick_timer, &tick);
-	if (tap_log_start() != 0)
-		fprintf(stderr, "amqptap: WARNING: cannot start the stderr writer; messages are written directly\n");
 	tap_log_info("listening on %s, forwarding to %s%s%s", bound, upstream_name,
 		     tap_tls_listener(app.tls) ? " (TLS from clients)" : "", tap_tls_upstream(app.tls) ? " (TLS to broker)" : "");
 
@@ -1052,7 +1067,7 @@ static int run_proxy(const struct tap_conf *conf)
 	outputs_drain_until(&app, deadline);
 	tap_proxy_free(app.proxy); /* ends what is left: reason "shutdown" */
 	tap_track_shutdown(app.track, tap_now_us());
-	if (!outputs_close(&app, deadline) && app.exit_code == 0)
+	if (!outputs_close(&app, deadline, true) && app.exit_code == 0)
 		app.exit_code = 1;
 	tap_admin_free(app.admin);
 	free_signal_events(sigs, 4);

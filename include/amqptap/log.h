@@ -28,7 +28,8 @@ bool tap_log_text(const char *text, size_t len);
 /* tap_log_text waiting until deadline_us for the log's reserve or for room in its backlog (tap_out_text_until). */
 bool tap_log_text_until(const char *text, size_t len, int64_t deadline_us);
 
-/* Starts the writer thread for stderr; 0, or -1 (messages then stay direct). */
+/* Starts the writer thread for stderr; 0, or -1 with errno set (messages then stay direct: a running tap must not
+ * go on without it). */
 int tap_log_start(void);
 /* Lets the writer finish until deadline_us (tap_out_clock_us) and goes back to direct writes. Returns how many
  * lines were lost while it ran. */

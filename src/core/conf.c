@@ -92,7 +92,8 @@ static const struct tap_conf_option options[] = {
 	{.name = "keylog", .kind = TAP_OPT_PATH, .offset = FIELD(keylog), .arg = "FILE", .def_shown = "$SSLKEYLOGFILE",
 	 .help = "NSS key log of both TLS legs, mode 0600", .modes = TAP_FOR_PROXY},
 	{.name = "quiet", .short_name = 'q', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
-	 .level = TAP_VERBOSITY_QUIET, .help = "only errors and warnings on stderr"},
+	 .level = TAP_VERBOSITY_QUIET,
+	 .help = "only errors and warnings on stderr (no summary at exit; SIGUSR1 still prints it)"},
 	{.name = "verbose", .short_name = 'v', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
 	 .level = TAP_VERBOSITY_VERBOSE,
 	 .help = "also a line on stderr when a connection opens, reaches the broker (from which local address) and "

@@ -214,6 +214,55 @@ class AllocFailuresCase(TlsCase):
                 self.assertLess(took, 8.0, run)
                 self.assertRegex(err, r"(?m)^(output verdicts records=|amqptap: summary: )", run)
 
+    def test_each_helper_thread_refused_at_start(self):
+        """The Nth thread the tap starts is refused (FAILALLOC_THREAD=N, each N in turn: the record writers, the
+        metrics server, the stderr writer): it either does not start (exit 1, naming why in a line, no summary of
+        nothing) or starts whole and forwards. It must never run on without a helper: without the stderr writer it
+        used to go on writing its log directly, where a stderr that lags holds the event loop, and forwarding, up."""
+        require_broker(self)
+        q = self.queue("threads")
+        refused, ran = [], []
+        for n in range(1, 7):
+            with tempfile.TemporaryDirectory() as d:
+                port, mport = free_port(), free_port()
+                verdicts, err_path = os.path.join(d, "v.jsonl"), os.path.join(d, "err")
+                env = dict(os.environ, LD_PRELOAD=FAILALLOC, FAILALLOC_THREAD=str(n))
+                with open(err_path, "wb") as err:
+                    tap = subprocess.Popen([AMQPTAP_BIN, "--listen", f"127.0.0.1:{port}", "--upstream",
+                                            f"127.0.0.1:{BROKER_PORT}", "--verdicts", verdicts, "--frames",
+                                            os.path.join(d, "f.jsonl"), "--metrics", f"127.0.0.1:{mport}"],
+                                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+                self.addCleanup(lambda tap=tap: tap.poll() is None and tap.kill())
+                read_err = lambda: open(err_path, encoding="utf-8", errors="replace").read()  # noqa: E731
+                deadline = time.monotonic() + 10
+                while tap.poll() is None and "listening on" not in read_err() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if tap.poll() is not None:
+                    err = read_err()
+                    lines = [ln for ln in err.splitlines() if not ln.startswith("failalloc:")]
+                    self.assertEqual(tap.returncode, 1, f"thread {n}: {err}")
+                    self.assertRegex(lines[-1], r"^amqptap: .*(cannot start|no thread)", f"thread {n}: {err}")
+                    self.assertNotIn("summary", err, f"thread {n}")
+                    refused.append(n)
+                    continue
+                self.assertIn("listening on", read_err(), f"thread {n}")
+                conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+                ch = conn.channel()
+                ch.confirm_delivery()
+                ch.basic_publish("", q, b"x", mandatory=True)
+                conn.close()
+                tap.send_signal(signal.SIGTERM)
+                tap.wait(15)
+                err = read_err()
+                self.assertEqual(tap.returncode, 0, f"thread {n}: {err}")
+                self.assertNotIn("directly", err, f"thread {n}")
+                pubs = [r for r in read_records(verdicts) if r["type"] == "publish"]
+                self.assertEqual([(r["route"], r["confirm"]) for r in pubs], [("routed", "ack")], f"thread {n}")
+                ran.append(n)
+        print(f"threads refused at start: {refused}; started whole: {ran}")
+        self.assertEqual(refused, [1, 2, 3, 4])  # verdicts, frames, metrics, stderr
+        self.assertTrue(ran)
+
     def test_stop_while_allocations_fail(self):
         """SIGTERM to a tap whose allocations go on failing (one in 30) while eight rabbitmq-c publishers stream
         through it, two seeded runs: it exits within the shutdown grace (1 s) and a margin, never killed, with

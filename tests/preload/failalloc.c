@@ -5,9 +5,12 @@
  * At exit it writes "failalloc: N of M allocations failed" to stderr, so a test can tell that it reached its
  * premise. FAILALLOC_SEED (a number) makes the choice the same from run to run for the same calls in each thread
  * (the default seed is the thread's own address: it differs with every run). FAILALLOC_ONE_IN unset or 0: nothing
- * fails. glibc only (__libc_malloc and friends). Not for sanitizer
+ * fails. FAILALLOC_THREAD=N makes the process's Nth pthread_create fail (EAGAIN), whatever else is set: each
+ * helper thread's start can be refused in turn. glibc only (__libc_malloc and friends). Not for sanitizer
  * builds: their allocator comes first. */
+#include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -22,6 +25,7 @@ void *__libc_calloc(size_t n, size_t size);
 void *__libc_realloc(void *p, size_t n);
 
 static int64_t armed_at_ns = INT64_MAX;
+static unsigned fail_thread; /* FAILALLOC_THREAD */
 static uint32_t one_in;
 static uint64_t seed;
 static const char *stop_file;
@@ -44,6 +48,8 @@ __attribute__((constructor)) static void arm(void)
 	stop_file = getenv("FAILALLOC_STOP_FILE");
 	const char *sd = getenv("FAILALLOC_SEED");
 	seed = sd ? strtoull(sd, NULL, 10) : 0;
+	const char *th = getenv("FAILALLOC_THREAD");
+	fail_thread = th ? (unsigned)strtoul(th, NULL, 10) : 0;
 	armed_at_ns = now_ns() + (after ? (int64_t)strtoll(after, NULL, 10) : 0) * 1000000;
 }
 
@@ -89,6 +95,17 @@ void *calloc(size_t n, size_t size)
 void *realloc(void *p, size_t n)
 {
 	return n && fails() ? NULL : __libc_realloc(p, n);
+}
+
+int pthread_create(pthread_t *thread, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+	static atomic_uint made;
+	static int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+	if (fail_thread && atomic_fetch_add(&made, 1) + 1 == fail_thread)
+		return EAGAIN;
+	if (!real)
+		*(void **)&real = dlsym(RTLD_NEXT, "pthread_create");
+	return real ? real(thread, attr, fn, arg) : EAGAIN;
 }
 
 __attribute__((destructor)) static void report(void)
