@@ -121,15 +121,22 @@ START_TEST(tap_id_escaped_run_bounded)
 }
 END_TEST
 
-/* A connection that ends before connection.open (a login the broker refused, an unreachable broker) has no open
- * record: its close record names the tap, the broker, the proxy's own end towards it (a refused login reached the
- * broker, which logged that address) and the user itself, so merged logs can still place it. */
-START_TEST(close_without_open_names_tap_and_user)
+/* A tracker of tap node-a, run 0a1b2c3d4e5f, with no records yet. */
+static struct tap_track *node_a_tracker(void)
 {
 	struct tap_track_conf conf = {.tap_id = "node-a", .run = "0a1b2c3d4e5f", .started_us = STARTED};
 	reset_recs();
 	struct tap_track *t = tap_track_new(&conf, capture, NULL);
 	ck_assert_ptr_nonnull(t);
+	return t;
+}
+
+/* A connection that ends before connection.open (a login the broker refused, an unreachable broker) has no open
+ * record: its close record names the tap, the broker, the proxy's own end towards it (a refused login reached the
+ * broker, which logged that address) and the user itself, so merged logs can still place it. */
+START_TEST(close_without_open_names_tap_and_user)
+{
+	struct tap_track *t = node_a_tracker();
 	struct tap_track_conn *c = tap_track_conn_new(t, 4, "127.0.0.1:51235", "127.0.0.1:5672", T0);
 	tap_track_conn_upstream_local(c, "127.0.0.1:40100");
 	tap_track_conn_user(c, S("mallory"));
@@ -151,10 +158,7 @@ END_TEST
  * still joins to a sniffer's or the broker's view of it; a connection replayed or sniffed has no such leg. */
 START_TEST(close_names_the_proxy_end_towards_the_broker)
 {
-	struct tap_track_conf conf = {.tap_id = "node-a", .run = "0a1b2c3d4e5f", .started_us = STARTED};
-	reset_recs();
-	struct tap_track *t = tap_track_new(&conf, capture, NULL);
-	ck_assert_ptr_nonnull(t);
+	struct tap_track *t = node_a_tracker();
 	struct tap_track_conn *proxied = tap_track_conn_new(t, 5, "127.0.0.1:51236", "127.0.0.1:5672", T0);
 	tap_track_conn_upstream_local(proxied, "127.0.0.1:40101");
 	struct tap_track_conn *sniffed = tap_track_conn_new(t, 6, "127.0.0.1:51237", "127.0.0.1:5672", T0);
