@@ -231,6 +231,12 @@ static void hook_data(void *ctx, void *sess, enum tap_dir dir, const uint8_t *da
 	deadline_from(app, now_us); /* made by these bytes */
 }
 
+static void hook_upstream_moved(void *ctx, void *sess, const char *upstream)
+{
+	(void)ctx;
+	tap_conn_upstream(sess, upstream);
+}
+
 static void hook_upstream_local(void *ctx, void *sess, uint64_t conn_id, const char *local)
 {
 	(void)ctx;
@@ -495,6 +501,12 @@ static void *pcap_open(void *ctx, uint64_t conn, const char *client, const char 
 	return tap_pcapng_conn_open(app->pcap, client, server, ts_us);
 }
 
+static void pcap_server(void *ctx, void *sc, const char *server)
+{
+	(void)ctx;
+	tap_pcapng_conn_server(sc, server);
+}
+
 static void pcap_data(void *ctx, void *sc, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us)
 {
 	(void)ctx;
@@ -578,7 +590,7 @@ static int outputs_open(struct app *app)
 			fprintf(stderr, "amqptap: out of memory at start\n");
 			return 1;
 		}
-		app->pcap_sink = (struct tap_capture_sink){app, pcap_open, pcap_data, pcap_close};
+		app->pcap_sink = (struct tap_capture_sink){app, pcap_open, pcap_data, pcap_close, pcap_server};
 	}
 	struct tap_track_conf tconf = {
 		.return_window_us = (int64_t)conf->return_window_ms * 1000,
@@ -1014,7 +1026,7 @@ static int run_proxy(const struct tap_conf *conf)
 	tap_conf_addr_format(&conf->upstream, upstream_name, sizeof upstream_name);
 	struct tap_proxy_hooks hooks = {
 	    .ctx = &app, .open = hook_open, .data = hook_data, .close = hook_close, .refused = hook_refused,
-	    .held = hook_held, .upstream_local = hook_upstream_local};
+	    .held = hook_held, .upstream_moved = hook_upstream_moved, .upstream_local = hook_upstream_local};
 	if (app.base)
 		app.proxy = tap_proxy_new(app.base, (struct sockaddr *)&up[0], up_len[0], upstream_name, app.tls, &hooks);
 	if (app.proxy) {

@@ -30,6 +30,7 @@ struct tap_capture_sink {
 	void *(*open)(void *ctx, uint64_t conn, const char *client, const char *server, int64_t ts_us);
 	void (*data)(void *ctx, void *sc, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us);
 	void (*close)(void *ctx, void *sc, const char *how, int64_t ts_us); /* how: as tap_conn_end's reason_by */
+	void (*server)(void *ctx, void *sc, const char *server); /* the server moved before any data (NULL: never) */
 };
 
 /* Receives the frame trace (--frames): one JSON object per decoded frame, without its newline; the slice is only
@@ -75,6 +76,9 @@ void tap_conn_feed(struct tap_conn *c, enum tap_dir dir, const uint8_t *data, si
 /* Why the connection failed below AMQP (unreachable broker, TLS error),
  * for the connection record; call before tap_conn_end. */
 void tap_conn_note(struct tap_conn *c, const char *detail);
+/* The broker's address changed before any byte passed (the proxy went on to the name's next address): the records
+ * and the capture name the new one. */
+void tap_conn_upstream(struct tap_conn *c, const char *addr);
 /* The proxy's own address towards the broker (tap_track_conn_upstream_local). */
 void tap_conn_upstream_local(struct tap_conn *c, const char *addr);
 /* The proxy stopped (held) or went on reading the broker's side (tap_track_conn_held). */

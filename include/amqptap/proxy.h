@@ -45,6 +45,8 @@ struct tap_proxy_hooks {
 		      int64_t now_us);
 	/* A client closed at once, the tap having no memory for its session: it gets no open, data or close. */
 	void (*refused)(void *ctx);
+	/* The session's first address was unreachable: it goes to `upstream` (numeric) now, before any byte passed. */
+	void (*upstream_moved)(void *ctx, void *sess, const char *upstream);
 	/* The session's TCP connection to the broker is up, from `local` (the tap's own address and port on it). */
 	void (*upstream_local)(void *ctx, void *sess, uint64_t conn_id, const char *local);
 	/* The session stopped (held) or went on reading the broker: its client reads slowly (backpressure). */

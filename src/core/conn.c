@@ -135,6 +135,15 @@ void tap_conn_note(struct tap_conn *c, const char *detail)
 		tap_track_conn_detail(c->tc, detail);
 }
 
+void tap_conn_upstream(struct tap_conn *c, const char *addr)
+{
+	if (!c)
+		return;
+	tap_track_conn_upstream(c->tc, addr);
+	if (c->capture && c->o->capture->server)
+		c->o->capture->server(c->o->capture->ctx, c->capture, addr);
+}
+
 void tap_conn_upstream_local(struct tap_conn *c, const char *addr)
 {
 	if (c)

@@ -47,6 +47,10 @@ struct tap_pcapng_conn {
 	struct tap_pcapng *p;
 	bool v6;
 	bool sent_client_data;
+	bool shaken;      /* its SYN, SYN-ACK, ACK are written: at its first packet, so the server can still move */
+	bool client_v6;
+	struct endpoint client; /* as parsed, before any mapping */
+	int64_t opened_us; /* their time */
 	struct endpoint ep[TAP_DIR_COUNT]; /* indexed by the direction its sender sends in: client at TAP_C2S */
 };
 
@@ -319,6 +323,26 @@ static void write_packet(struct tap_pcapng_conn *c, enum tap_dir dir, uint8_t fl
 	block_finish(p);
 }
 
+/* The endpoints: the client as parsed (c->client), the server from its text; one that is not a numeric address is
+ * a documentation address, and a v4/v6 mix is written IPv4-mapped. */
+static void set_endpoints(struct tap_pcapng_conn *c, const char *server)
+{
+	struct endpoint *srv = &c->ep[TAP_S2C], *cli = &c->ep[TAP_C2S];
+	bool srv_v6 = false;
+	memset(srv->addr, 0, sizeof srv->addr);
+	if (!parse_addr(server, srv->addr, &srv_v6, &srv->port)) {
+		memcpy(srv->addr, (const uint8_t[4]){192, 0, 2, 2}, 4);
+		srv->port = 5672;
+	}
+	memcpy(cli->addr, c->client.addr, sizeof cli->addr);
+	cli->port = c->client.port;
+	c->v6 = srv_v6 || c->client_v6;
+	if (c->v6 && !srv_v6)
+		map_v4(srv->addr);
+	if (c->v6 && !c->client_v6)
+		map_v4(cli->addr);
+}
+
 struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *client, const char *server,
 					     int64_t ts_us)
 {
@@ -328,36 +352,41 @@ struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *c
 	if (!c)
 		return NULL;
 	c->p = p;
-	/* per sending direction: the broker sends s2c, the client c2s */
-	bool v6[TAP_DIR_COUNT] = {false, false};
-	static const uint8_t fallback[TAP_DIR_COUNT][4] = {[TAP_S2C] = {192, 0, 2, 2}, [TAP_C2S] = {192, 0, 2, 1}};
-	static const uint16_t fallback_port[TAP_DIR_COUNT] = {[TAP_S2C] = 5672, [TAP_C2S] = 0};
-	const char *text[TAP_DIR_COUNT] = {[TAP_S2C] = server, [TAP_C2S] = client};
-	for (int i = 0; i < TAP_DIR_COUNT; i++) {
-		if (!parse_addr(text[i], c->ep[i].addr, &v6[i], &c->ep[i].port)) {
-			memcpy(c->ep[i].addr, fallback[i], 4);
-			c->ep[i].port = fallback_port[i];
-		}
+	c->opened_us = ts_us;
+	if (!parse_addr(client, c->client.addr, &c->client_v6, &c->client.port)) {
+		memcpy(c->client.addr, (const uint8_t[4]){192, 0, 2, 1}, 4);
+		c->client.port = 0;
 	}
-	c->v6 = v6[TAP_S2C] || v6[TAP_C2S];
-	for (int i = 0; i < TAP_DIR_COUNT; i++)
-		if (c->v6 && !v6[i])
-			map_v4(c->ep[i].addr);
+	set_endpoints(c, server);
 	/* Deterministic, distinct initial sequence numbers per connection. */
 	uint64_t n = ++p->conns;
 	c->ep[TAP_C2S].next_seq = (uint32_t)(n * 0x9E3779B1u);
 	c->ep[TAP_S2C].next_seq = (uint32_t)(n * 0x85EBCA77u + 0x1000u);
-
-	write_packet(c, TAP_C2S, TCP_SYN, NULL, 0, ts_us);
-	write_packet(c, TAP_S2C, TCP_SYN | TCP_ACK, NULL, 0, ts_us);
-	write_packet(c, TAP_C2S, TCP_ACK, NULL, 0, ts_us);
 	return c;
+}
+
+void tap_pcapng_conn_server(struct tap_pcapng_conn *c, const char *server)
+{
+	if (c && !c->shaken)
+		set_endpoints(c, server);
+}
+
+/* The handshake, once, before the connection's first other packet. */
+static void shake(struct tap_pcapng_conn *c)
+{
+	if (c->shaken)
+		return;
+	c->shaken = true;
+	write_packet(c, TAP_C2S, TCP_SYN, NULL, 0, c->opened_us);
+	write_packet(c, TAP_S2C, TCP_SYN | TCP_ACK, NULL, 0, c->opened_us);
+	write_packet(c, TAP_C2S, TCP_ACK, NULL, 0, c->opened_us);
 }
 
 void tap_pcapng_conn_data(struct tap_pcapng_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us)
 {
 	if (!c || len == 0)
 		return;
+	shake(c);
 	/* Wireshark's AMQP dissector recognises the protocol header (0-9-1 §4.2.2) only in a packet of its own. */
 	if (dir == TAP_C2S && !c->sent_client_data && len > 8 && memcmp(data, "AMQP", 4) == 0) {
 		write_packet(c, TAP_C2S, TCP_PSH | TCP_ACK, data, 8, ts_us);
@@ -378,6 +407,7 @@ void tap_pcapng_conn_close(struct tap_pcapng_conn *c, enum tap_pcapng_end how, i
 {
 	if (!c)
 		return;
+	shake(c);
 	enum tap_dir first = how == TAP_PCAPNG_BROKER_FIN || how == TAP_PCAPNG_BROKER_RST ? TAP_S2C : TAP_C2S;
 	enum tap_dir other = first == TAP_C2S ? TAP_S2C : TAP_C2S;
 	if (how == TAP_PCAPNG_CLIENT_RST || how == TAP_PCAPNG_BROKER_RST) {

@@ -248,6 +248,12 @@ void tap_track_conn_detail(struct tap_track_conn *c, const char *detail)
 		c->details_lost = true;
 }
 
+void tap_track_conn_upstream(struct tap_track_conn *c, const char *addr)
+{
+	if (!trk_set_cstr(c->t, &c->upstream, addr))
+		c->details_lost = true;
+}
+
 void tap_track_conn_upstream_local(struct tap_track_conn *c, const char *addr)
 {
 	c->proxied = true;

@@ -248,6 +248,13 @@ static void log_tls_failure(const struct tap_session *s, enum tap_proxy_end why,
 		      why == TAP_END_CLIENT_TLS ? "client" : "broker", text);
 }
 
+/* Address number `at` of the upstream name, numeric (in a buffer of the proxy's own: until the next call). */
+static const char *upstream_text(struct tap_proxy *px, size_t at)
+{
+	format_sockaddr((struct sockaddr *)&px->upstreams[at], px->upstream_text, sizeof px->upstream_text);
+	return px->upstream_text;
+}
+
 static void use_upstream(struct tap_proxy *px, size_t at)
 {
 	px->upstream_at = at;
@@ -267,6 +274,36 @@ static void next_upstream(struct tap_proxy *px, size_t failed)
 		      px->upstream_addr);
 }
 
+static bool connect_upstream(struct tap_session *s);
+static int plain_leg_new(struct leg *l, evutil_socket_t fd);
+static void leg_init(struct tap_session *s, enum side side, bool tls);
+
+/* A session whose address was unreachable goes on to the name's next one, as a client library connecting
+ * directly tries each address in turn, until it has tried them all (or the tap is stopping). Nothing has passed
+ * yet: the client is read only once the broker is connected, so the upstream leg is made anew and the record
+ * and --pcap name the address it goes to. Returns false when it is not retried (the caller ends it). */
+static bool retry_upstream(struct tap_session *s)
+{
+	struct tap_proxy *px = s->px;
+	if (px->stopped || ++s->upstream_tries >= px->n_upstreams)
+		return false;
+	struct leg *up = &s->leg[SIDE_UPSTREAM];
+	leg_free(up);
+	memset(up, 0, sizeof *up);
+	leg_init(s, SIDE_UPSTREAM, tap_tls_upstream(px->tls));
+	s->upstream_at = (s->upstream_at + 1) % px->n_upstreams;
+	s->detail[0] = '\0';
+	tap_log_error("conn %llu: trying %s", (unsigned long long)s->id, upstream_text(px, s->upstream_at));
+	if (px->hooks.upstream_moved)
+		px->hooks.upstream_moved(px->hooks.ctx, s->obs, upstream_text(px, s->upstream_at));
+	int err = up->tls ? ((up->out = evbuffer_new()) ? 0 : ENOMEM) : plain_leg_new(up, -1);
+	if (err)
+		session_fail(s, TAP_END_NO_MEMORY, "out of memory");
+	else
+		(void)connect_upstream(s); /* on failure the session is gone, or retried once more */
+	return true;
+}
+
 static void session_fail(struct tap_session *s, enum tap_proxy_end why, const char *fmt, ...)
 {
 	struct tap_proxy *px = s->px;
@@ -277,10 +314,12 @@ static void session_fail(struct tap_session *s, enum tap_proxy_end why, const ch
 	s->why = why;
 	switch (why) {
 	case TAP_END_UNREACHABLE:
-		px->stats.unreachable++;
-		tap_log_error("conn %llu: upstream %s unreachable: %s", (unsigned long long)s->id, px->upstream_name,
-		              s->detail);
+		tap_log_error("conn %llu: upstream %s unreachable at %s: %s", (unsigned long long)s->id,
+		              px->upstream_name, upstream_text(px, s->upstream_at), s->detail);
 		next_upstream(px, s->upstream_at);
+		if (retry_upstream(s))
+			return;
+		px->stats.unreachable++; /* a client turned away: every address was tried */
 		end_with_reset(s);
 		return;
 	case TAP_END_FD_LIMIT:
@@ -306,6 +345,8 @@ static void set_reading(struct leg *l, bool on)
 	if (l->side == SIDE_UPSTREAM && on != l->reading && px->hooks.held)
 		px->hooks.held(px->hooks.ctx, l->s->obs, !on, tap_now_us());
 	l->reading = on;
+	if (l->side == SIDE_CLIENT && !l->peer->connected)
+		return; /* read once the broker is: see connect_upstream */
 	if (l->tls) {
 		tap_tls_leg_reading(l);
 		return;
@@ -644,8 +685,6 @@ static void setup_timed_out(struct leg *l)
 		session_fail(s, TAP_END_UNREACHABLE, "connect timed out after %u ms", ms);
 }
 
-static bool connect_upstream(struct tap_session *s);
-
 void tap_leg_watch(struct leg *l, struct event *ev, const struct timeval *tv)
 {
 	if (ev && event_add(ev, tv) == 0)
@@ -704,6 +743,7 @@ void tap_leg_event(struct leg *l, short what, int err, const char *why)
 			l->connected = true;
 			set_nodelay(l->fd);
 			set_reading(l, l->reading);
+			set_reading(l->peer, l->peer->reading); /* the client's bytes waited for this */
 			settle(s);
 		} else {
 			(void)connect_upstream(s); /* on failure the session is gone */

@@ -75,6 +75,7 @@ struct tap_session {
 	char detail[160];
 	void *obs;
 	size_t upstream_at; /* the proxy's upstream address this session goes to (chosen at accept) */
+	size_t upstream_tries; /* addresses found unreachable so far: it moves on to the next until it has tried all */
 };
 
 TAILQ_HEAD(session_list, tap_session);
@@ -87,6 +88,7 @@ struct tap_proxy {
 	size_t n_upstreams, upstream_at; /* upstream_at: where new sessions go */
 	char upstream_name[300]; /* as configured, for messages */
 	char upstream_addr[80];  /* numeric, for observers */
+	char upstream_text[80];  /* upstream_text's */
 	struct tap_proxy_hooks hooks;
 	struct tap_tls *tls;
 	struct session_list sessions;

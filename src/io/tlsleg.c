@@ -435,7 +435,7 @@ void tap_tls_leg_reading(struct leg *l)
 {
 	if (!l->handshaken || !l->rd)
 		return;
-	if (!l->reading) {
+	if (!l->reading || (l->side == SIDE_CLIENT && !l->peer->connected)) { /* a client waits for its broker */
 		event_del(l->rd);
 		return;
 	}

@@ -61,7 +61,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	const uint8_t *cl = data + 3, *br = data + 3 + split;
 	size_t cl_len = split, br_len = size - 3 - split;
 	struct counts counts = {{0}};
-	struct tap_capture_sink sink = {&counts, cap_open, cap_data, cap_close};
+	struct tap_capture_sink sink = {&counts, cap_open, cap_data, cap_close, NULL};
 	struct tap_track *t = tap_track_new(NULL, emit, NULL);
 	if (!t)
 		return 0;

@@ -10,10 +10,12 @@
 # through once a connection ends.
 
 import errno
+import json
 import os
 import resource
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -22,50 +24,91 @@ import amqp
 import pika
 import pika.exceptions
 
-from tapharness import (AMQP_091_HEADER, BROKER_PORT, Peer, TapTestCase, echo_handler, fd_count, free_port, main,
-                        proc_stat, recv_bytes, require_broker, wait_for)
+from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, BROKER_PORT, Peer, TapTestCase, echo_handler, fd_count,
+                        free_port, main, proc_stat, recv_bytes, require_broker, wait_for)
 
 
 class UnreachableTest(TapTestCase):
-    def test_a_name_whose_first_address_is_unreachable(self):
-        """--upstream NAME with an AAAA and an A record, the broker listening on IPv4 only (as this test's does):
-        the client sent to [::1] is turned away, and the tap moves on, so the next one gets through to 127.0.0.1
-        (before: the first address only, every client turned away). The name is given in an /etc/hosts of the
-        tap's own (a mount namespace)."""
-        require_broker(self)
+    def tmpdir(self):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        return d
+
+    def dualhost_tap(self, port, extra):
+        """A tap in front of dualhost:port, a name with an AAAA record (::1) first and an A record (127.0.0.1),
+        given in an /etc/hosts of the tap's own (a mount namespace); nothing may listen on [::1]:port."""
         if os.geteuid() != 0 or not shutil.which("unshare"):
             self.skipTest("needs root and unshare for an /etc/hosts of its own")
-        try:  # the case needs a broker on IPv4 only (this test's) and IPv6 on loopback
-            socket.create_connection(("::1", BROKER_PORT), timeout=2).close()
-            self.skipTest("the broker listens on [::1] too")
+        try:  # the case needs the port unused on [::1] (the broker listens on IPv4 only) and IPv6 on loopback
+            socket.create_connection(("::1", port), timeout=2).close()
+            self.skipTest(f"something listens on [::1]:{port}")
         except ConnectionRefusedError:
             pass
         except OSError:
             self.skipTest("no IPv6 on loopback")
-        hosts = os.path.join(tempfile.mkdtemp(), "hosts")
-        self.addCleanup(shutil.rmtree, os.path.dirname(hosts))
+        hosts = os.path.join(self.tmpdir(), "hosts")
         with open(hosts, "w") as f:
             f.write("::1 dualhost\n127.0.0.1 dualhost\n")
-        tap = self.start_tap(upstream_host="dualhost", prefix=[
+        return self.start_tap(extra, upstream_port=port, upstream_host="dualhost", prefix=[
             "unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', hosts])
-        with self.assertRaises(pika.exceptions.AMQPConnectionError):
-            pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", tap.port, connection_attempts=1))
-        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", tap.port, connection_attempts=1))
-        ch = c.channel()
-        ch.confirm_delivery()
-        ch.basic_publish("", "dualhost.nowhere", b"x", pika.BasicProperties(message_id="m1"))
-        c.close()
-        self.assertTrue(wait_for(lambda: len(tap.records("publish")) == 1, 5))
-        self.assertEqual(tap.records("publish")[0]["confirm"], "ack")
+
+    def test_a_name_with_no_address_reachable(self):
+        """Both addresses refused: the session tries each once, then the client is turned away (reset) as for
+        any unreachable broker, with one close record naming the last address tried."""
+        port = free_port()
+        tap = self.dualhost_tap(port, [])
+        t0 = time.monotonic()
+        with self.assertRaises((ConnectionError, amqp.exceptions.AMQPError, OSError)):
+            c = amqp.Connection(f"127.0.0.1:{tap.port}", connect_timeout=5)
+            c.connect()
+        self.assertLess(time.monotonic() - t0, 2)
+        self.assertTrue(wait_for(lambda: len(tap.records("connection")) == 1, 5))
+        rec = tap.records("connection")[0]
+        self.assertEqual((rec["event"], rec["by"], rec["upstream"]), ("close", "unreachable", f"127.0.0.1:{port}"))
+        err = tap.stderr()
+        self.assertIn(f"conn 1: upstream dualhost:{port} unreachable at [::1]:{port}: ", err)
+        self.assertIn(f"conn 1: trying 127.0.0.1:{port}", err)
+        self.assertIn(f"conn 1: upstream dualhost:{port} unreachable at 127.0.0.1:{port}: ", err)
+        self.assertEqual(err.count("trying"), 1, err)
+
+    def test_a_name_whose_first_address_is_unreachable(self):
+        """--upstream NAME with an AAAA and an A record, the broker listening on IPv4 only (as this test's does):
+        the first client's session finds [::1] refused and goes on to 127.0.0.1 itself, as a client library
+        connecting directly tries each address (before: that client was turned away), and the tap sends the next
+        clients to 127.0.0.1 at once. The records and the --pcap name the address each session went to. The name
+        is given in an /etc/hosts of the tap's own (a mount namespace)."""
+        require_broker(self)
+        pcap = os.path.join(self.tmpdir(), "dual.pcapng")
+        tap = self.dualhost_tap(BROKER_PORT, ["--pcap", pcap])
+        for i in (1, 2):
+            c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", tap.port, connection_attempts=1))
+            ch = c.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("", "dualhost.nowhere", b"x", pika.BasicProperties(message_id=f"m{i}"))
+            c.close()
+        self.assertTrue(wait_for(lambda: len(tap.records("publish")) == 2, 5))
+        self.assertEqual([r["confirm"] for r in tap.records("publish")], ["ack", "ack"])
         # the second close record follows the client's close (c.close() returns before the tap has seen the FIN)
         self.assertTrue(wait_for(lambda: sum(r["event"] == "close" for r in tap.records("connection")) == 2, 5))
         conns = tap.records("connection")
-        went = {r["conn"]: r["upstream"] for r in conns if "upstream" in r}  # the open record, or a lone close's
+        went = {r["conn"]: r["upstream"] for r in conns if r["event"] == "open"}
         ended = {r["conn"]: r["by"] for r in conns if r["event"] == "close"}
         self.assertEqual([(went[c], ended[c]) for c in sorted(ended)],
-                         [(f"[::1]:{BROKER_PORT}", "unreachable"), (f"127.0.0.1:{BROKER_PORT}", "client")])
-        self.assertIn(f"[::1]:{BROKER_PORT} is unreachable; new connections go to 127.0.0.1:{BROKER_PORT}",
-                      tap.stderr())
+                         [(f"127.0.0.1:{BROKER_PORT}", "client")] * 2)
+        err = tap.stderr()
+        self.assertIn(f"conn 1: upstream dualhost:{BROKER_PORT} unreachable at [::1]:{BROKER_PORT}: ", err)
+        self.assertIn(f"[::1]:{BROKER_PORT} is unreachable; new connections go to 127.0.0.1:{BROKER_PORT}", err)
+        self.assertIn(f"conn 1: trying 127.0.0.1:{BROKER_PORT}", err)
+        self.assertNotIn("conn 2: upstream", err)
+        self.assertEqual(tap.stop(), 0)
+        # the capture names the address each session went to: a replay of it gives the same connections
+        out = subprocess.run([AMQPTAP_BIN, "replay", pcap, "--port", str(BROKER_PORT), "--verdicts", "-"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        replayed = [json.loads(line) for line in out.stdout.splitlines()]
+        self.assertEqual([r["upstream"] for r in replayed if r["type"] == "connection" and r["event"] == "open"],
+                         [f"127.0.0.1:{BROKER_PORT}"] * 2)
+        self.assertEqual(sorted(r["message_id"] for r in replayed if r["type"] == "publish"), ["m1", "m2"])
 
     def closed_within(self, tap, limit, send=b""):
         """Seconds from connecting (and sending `send`) until the tap closes the connection (EOF or reset, which

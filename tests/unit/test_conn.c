@@ -157,7 +157,7 @@ static void cap_close(void *ctx, void *sc, const char *how, int64_t ts)
 	s->closed++;
 }
 
-static const struct tap_capture_sink capture = {NULL, cap_open, cap_data, cap_close};
+static const struct tap_capture_sink capture = {NULL, cap_open, cap_data, cap_close, NULL};
 
 static void frames_line(void *ctx, const char *json, size_t len)
 {

@@ -328,6 +328,38 @@ static void one_conn(struct tap_pcapng *p, const char *client, int64_t t)
 	tap_pcapng_conn_close(a, TAP_PCAPNG_CLIENT_FIN, t + 3);
 }
 
+/* The proxy went on to the broker name's next address before any byte passed: the capture names that one, for
+ * the whole connection (a v6 first address and a v4 second: no IPv4-mapped leftovers); once a packet is written
+ * the server stays. */
+START_TEST(server_moves_until_the_first_packet)
+{
+	char path[128];
+	snprintf(path, sizeof path, "%s/moved.pcapng", tmpdir);
+	FILE *out = fopen(path, "wb");
+	ck_assert_ptr_nonnull(out);
+	struct tap_pcapng *p = tap_pcapng_new(file_write, out);
+	struct tap_pcapng_conn *a = tap_pcapng_conn_open(p, "127.0.0.1:40000", "[::1]:5672", 1000000);
+	ck_assert_ptr_nonnull(a);
+	tap_pcapng_conn_server(a, "127.0.0.2:5672");
+	tap_pcapng_conn_data(a, TAP_C2S, (const uint8_t *)"AMQP\0\0\x09\x01", 8, 1000001);
+	tap_pcapng_conn_server(a, "10.9.9.9:5672"); /* too late: ignored */
+	tap_pcapng_conn_data(a, TAP_S2C, (const uint8_t *)"x", 1, 1000002);
+	tap_pcapng_conn_close(a, TAP_PCAPNG_CLIENT_FIN, 1000003);
+	tap_pcapng_free(p);
+	fclose(out);
+	struct rb r;
+	char err[256];
+	ck_assert_int_eq(read_back(path, &r, err, sizeof err), 0);
+	ck_assert_uint_eq(r.n, 1);
+	ck_assert_str_eq(r.addr[0][0], "127.0.0.2:5672");
+	ck_assert_str_eq(r.addr[0][1], "127.0.0.1:40000");
+	ck_assert_uint_eq(r.bytes[0][TAP_C2S].len, 8);
+	ck_assert_uint_eq(r.bytes[0][TAP_S2C].len, 1);
+	ck_assert(!r.mid[0]); /* the handshake is there */
+	rb_free(&r);
+}
+END_TEST
+
 /* tap_pcapng_head followed by a headless writer's blocks is the file tap_pcapng_new writes; the same again appended
  * is a second section (what the tap's output writes into a file that exists, or one made again), and the reader
  * and tshark read both sections. */
@@ -404,6 +436,7 @@ int main(void)
 	tcase_add_test(tc, an_end_no_peer_made_is_not_written);
 	tcase_add_test(tc, tshark_decodes_every_frame);
 	tcase_add_test(tc, head_apart_and_a_second_section);
+	tcase_add_test(tc, server_moves_until_the_first_packet);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	rmdir(tmpdir);
