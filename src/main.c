@@ -58,6 +58,7 @@ struct app {
 	struct tap_out *out[OUT_COUNT]; /* NULL: not asked for */
 	struct tap_out_stats out_final[OUT_COUNT];
 	bool outputs_closed;
+	bool upstream_movable; /* the proxy's broker name has several addresses: a session may move to the next */
 	struct tap_frames_sink frames_sink;
 	struct tap_pcapng *pcap;
 	struct tap_capture_sink pcap_sink;
@@ -498,7 +499,13 @@ static void *pcap_open(void *ctx, uint64_t conn, const char *client, const char 
 {
 	struct app *app = ctx;
 	(void)conn;
-	return tap_pcapng_conn_open(app->pcap, client, server, ts_us);
+	struct tap_pcapng_conn *c = tap_pcapng_conn_open(app->pcap, client, server, ts_us);
+	/* its handshake now, in the order of the accepts, so a replay numbers the connections as the tap did; with a
+	 * broker name of several addresses not before the connection's first packet, which is when the address it
+	 * goes to is settled (tap_conn_upstream) */
+	if (!app->upstream_movable)
+		tap_pcapng_conn_begin(c);
+	return c;
 }
 
 static void pcap_server(void *ctx, void *sc, const char *server)
@@ -1010,7 +1017,7 @@ static int run_proxy(const struct tap_conf *conf)
 	keep_heap_warm();
 	signal(SIGPIPE, SIG_IGN);
 
-	struct app app = {.conf = conf, .exit_code = 0};
+	struct app app = {.conf = conf, .exit_code = 0, .upstream_movable = n_up > 1};
 	int code = 0;
 	app.tls = tap_tls_new(conf, err, sizeof err, &code);
 	if (!app.tls) {

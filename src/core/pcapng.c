@@ -365,16 +365,9 @@ struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *c
 	return c;
 }
 
-void tap_pcapng_conn_server(struct tap_pcapng_conn *c, const char *server)
+void tap_pcapng_conn_begin(struct tap_pcapng_conn *c)
 {
-	if (c && !c->shaken)
-		set_endpoints(c, server);
-}
-
-/* The handshake, once, before the connection's first other packet. */
-static void shake(struct tap_pcapng_conn *c)
-{
-	if (c->shaken)
+	if (!c || c->shaken)
 		return;
 	c->shaken = true;
 	write_packet(c, TAP_C2S, TCP_SYN, NULL, 0, c->opened_us);
@@ -382,11 +375,17 @@ static void shake(struct tap_pcapng_conn *c)
 	write_packet(c, TAP_C2S, TCP_ACK, NULL, 0, c->opened_us);
 }
 
+void tap_pcapng_conn_server(struct tap_pcapng_conn *c, const char *server)
+{
+	if (c && !c->shaken)
+		set_endpoints(c, server);
+}
+
 void tap_pcapng_conn_data(struct tap_pcapng_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, int64_t ts_us)
 {
 	if (!c || len == 0)
 		return;
-	shake(c);
+	tap_pcapng_conn_begin(c);
 	/* Wireshark's AMQP dissector recognises the protocol header (0-9-1 §4.2.2) only in a packet of its own. */
 	if (dir == TAP_C2S && !c->sent_client_data && len > 8 && memcmp(data, "AMQP", 4) == 0) {
 		write_packet(c, TAP_C2S, TCP_PSH | TCP_ACK, data, 8, ts_us);
@@ -407,7 +406,7 @@ void tap_pcapng_conn_close(struct tap_pcapng_conn *c, enum tap_pcapng_end how, i
 {
 	if (!c)
 		return;
-	shake(c);
+	tap_pcapng_conn_begin(c);
 	enum tap_dir first = how == TAP_PCAPNG_BROKER_FIN || how == TAP_PCAPNG_BROKER_RST ? TAP_S2C : TAP_C2S;
 	enum tap_dir other = first == TAP_C2S ? TAP_S2C : TAP_C2S;
 	if (how == TAP_PCAPNG_CLIENT_RST || how == TAP_PCAPNG_BROKER_RST) {
