@@ -368,7 +368,7 @@ struct tap_tls *tap_tls_new(const struct tap_conf *conf, char *err, size_t cap, 
 	t->shared = malloc(TAP_TLS_READ_SPACE);
 	if (!t->shared || !t->sock_reader || !BIO_meth_set_read(t->sock_reader, reader_read) ||
 	    !BIO_meth_set_ctrl(t->sock_reader, reader_ctrl) || !BIO_meth_set_destroy(t->sock_reader, reader_free))
-		return fail(t, err, cap, exit_code, 1, "TLS socket reader");
+		return fail(t, err, cap, exit_code, 1, "TLS socket reader: out of memory");
 	const char *keylog = conf->keylog ? conf->keylog : getenv("SSLKEYLOGFILE");
 	const char *keylog_from = conf->keylog ? "--keylog" : "SSLKEYLOGFILE";
 	bool any_tls = conf->tls_cert || conf->upstream_tls;
