@@ -247,8 +247,8 @@ int64_t tap_track_tick(struct tap_track *t, int64_t now_us);
 /* Every pending publish of every connection is written (reason {"by":"shutdown"}; acked but held ones keep their
  * real verdict), connections are closed and freed. */
 void tap_track_shutdown(struct tap_track *t, int64_t now_us);
-/* Appends a human summary: for the TAP_TRACK_SUMMARY_CONNS live connections with the most publishes waiting for
- * the broker (then the oldest), how many more there are, and the total of every connection. */
+/* Appends a human summary: for the TAP_TRACK_SUMMARY_CONNS live connections with the most publishes outstanding
+ * (held ones included; then the oldest), how many more there are, and the total of every connection. */
 #define TAP_TRACK_SUMMARY_CONNS 20
 void tap_track_summary(struct tap_track *t, struct tap_buf *out);
 

@@ -701,14 +701,13 @@ static void summary_line(struct tap_buf *out, const struct trk_counts *k, const 
 	               tap_hist_quantile(h, 0.99), h->max);
 }
 
-/* Whether connection a goes before b in the summary: more publishes waiting for the broker first, then the older. */
+/* Whether connection a goes before b in the summary: more publishes outstanding first, then the older. */
 static bool summary_before(const struct tap_track_conn *a, const struct tap_track_conn *b)
 {
 	return a->outstanding != b->outstanding ? a->outstanding > b->outstanding : a->id < b->id;
 }
 
-/* The summary names at most TAP_TRACK_SUMMARY_CONNS connections, those with the most publishes waiting for the
- * broker: it is made on the event loop and goes into the log's backlog, and a line for each of thousands of
+/* The summary names at most TAP_TRACK_SUMMARY_CONNS connections, those with the most publishes outstanding: it is made on the event loop and goes into the log's backlog, and a line for each of thousands of
  * connections held the loop up and did not fit. The total counts them all. */
 void trk_summary(const struct tap_track *t, struct tap_buf *out)
 {
