@@ -707,8 +707,9 @@ static bool summary_before(const struct tap_track_conn *a, const struct tap_trac
 	return a->outstanding != b->outstanding ? a->outstanding > b->outstanding : a->id < b->id;
 }
 
-/* The summary names at most TAP_TRACK_SUMMARY_CONNS connections, those with the most publishes outstanding: it is made on the event loop and goes into the log's backlog, and a line for each of thousands of
- * connections held the loop up and did not fit. The total counts them all. */
+/* The summary names at most TAP_TRACK_SUMMARY_CONNS connections, those with the most publishes outstanding: it is
+ * made on the event loop and goes into the log's backlog, and a line for each of thousands of connections held the
+ * loop up and did not fit. The total counts them all. */
 void trk_summary(const struct tap_track *t, struct tap_buf *out)
 {
 	struct trk_counts total = t->closed_counts;
