@@ -346,7 +346,7 @@ static void set_reading(struct leg *l, bool on)
 		px->hooks.held(px->hooks.ctx, l->s->obs, !on, tap_now_us());
 	l->reading = on;
 	if (l->side == SIDE_CLIENT && !l->peer->connected)
-		return; /* read once the broker is: see connect_upstream */
+		return; /* read once the broker is connected: see connect_upstream */
 	if (l->tls) {
 		tap_tls_leg_reading(l);
 		return;
@@ -862,7 +862,10 @@ static void leg_init(struct tap_session *s, enum side side, bool tls)
  * never finishes its handshake costs the broker no connection, and in a
  * reconnect storm the broker's handshakes are not started long before the
  * tap can take its part in them (RabbitMQ drops a TLS handshake that takes
- * more than 5 s). Returns false when the session was ended. */
+ * more than 5 s). The client is not read until the broker is connected
+ * (set_reading): its bytes wait in its socket, so a session whose address
+ * is unreachable can still go to another (retry_upstream). Returns false
+ * when the session was ended or went to another address. */
 static bool connect_upstream(struct tap_session *s)
 {
 	struct tap_proxy *px = s->px;
