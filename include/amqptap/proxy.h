@@ -88,9 +88,10 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 /* The most addresses an upstream name is tried at (tap_proxy_add_upstream). */
 #define TAP_PROXY_UPSTREAM_ADDRS 8
 /* Another address of the upstream name (a name with A and AAAA records), tried after the one given to
- * tap_proxy_new: when a connection finds the address in use unreachable, the next ones go to the next address
- * (round the list), so an address that refuses (IPv6 on a broker listening on IPv4 only) turns away one client,
- * not all. Returns 0, or -1 when the list is full or len is not an address's. */
+ * tap_proxy_new: a connection that finds the address in use unreachable goes on to the next (round the list) until
+ * it has tried them all, and the next connections go to the next address first, so an address that refuses (IPv6
+ * on a broker listening on IPv4 only) turns away no client. Returns 0, or -1 when the list is full or len is not an
+ * address's. */
 int tap_proxy_add_upstream(struct tap_proxy *p, const struct sockaddr *addr, int len);
 /* Starts listening on addr; returns 0 or -1 with errno. Writes the bound
  * address ("127.0.0.1:5673") into bound. */

@@ -159,7 +159,8 @@ void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t c
 /* Why the TCP or TLS connection failed (e.g. "certificate verify failed"), shown as the `text` of the reason
  * when no close method gave one. Copied. */
 void tap_track_conn_detail(struct tap_track_conn *c, const char *detail);
-/* The broker's address, changed before connection.open (the proxy went on to the name's next address). Copied. */
+/* The broker's address, changed before connection.open (the proxy went on to the name's next address); forgets the
+ * upstream_local of the last one. Copied. */
 void tap_track_conn_upstream(struct tap_track_conn *c, const char *addr);
 /* The proxy's own address on its connection to the broker ("ip:port": what the broker, and a sniffer on its host,
  * see as the client), written as `upstream_local` in the open and close records. Copied. */

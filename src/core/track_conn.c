@@ -252,6 +252,7 @@ void tap_track_conn_upstream(struct tap_track_conn *c, const char *addr)
 {
 	if (!trk_set_cstr(c->t, &c->upstream, addr))
 		c->details_lost = true;
+	trk_free_str(c->t, &c->upstream_local); /* the last address's: the new one sets its own */
 }
 
 void tap_track_conn_upstream_local(struct tap_track_conn *c, const char *addr)

@@ -17,6 +17,7 @@
 #include <event2/listener.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,6 +179,8 @@ static void session_end(struct tap_session *s)
 	px->stats.active--;
 	if (px->hooks.close)
 		px->hooks.close(px->hooks.ctx, s->obs, s->id, s->why, s->detail[0] ? s->detail : NULL, tap_now_us());
+	if (s->client_gone) /* before its socket is closed */
+		event_free(s->client_gone);
 	leg_free(&s->leg[SIDE_CLIENT]);
 	leg_free(&s->leg[SIDE_UPSTREAM]);
 	if (s->reset_later)
@@ -221,6 +224,10 @@ static void end_with_reset(struct tap_session *s)
 	struct leg *client = &s->leg[SIDE_CLIENT];
 	if (s->reset_later)
 		return; /* already waiting */
+	if (s->client_gone) { /* turned away now: a close of the client's from here on does not change why */
+		event_free(s->client_gone);
+		s->client_gone = NULL;
+	}
 	reset_client_on_close(s);
 	struct timeval grace = {0, TAP_PROXY_RESET_GRACE_MS * 1000};
 	if (s->client_spoke || client->tls || !client->rd ||
@@ -277,6 +284,8 @@ static void next_upstream(struct tap_proxy *px, size_t failed)
 static bool connect_upstream(struct tap_session *s);
 static int plain_leg_new(struct leg *l, evutil_socket_t fd);
 static void leg_init(struct tap_session *s, enum side side, bool tls);
+static void read_rest_if_open(struct leg *l);
+static void set_reading(struct leg *l, bool on);
 
 /* A session whose address was unreachable goes on to the name's next one, as a client library connecting
  * directly tries each address in turn, until it has tried them all (or the tap is stopping). Nothing has passed
@@ -285,7 +294,7 @@ static void leg_init(struct tap_session *s, enum side side, bool tls);
 static bool retry_upstream(struct tap_session *s)
 {
 	struct tap_proxy *px = s->px;
-	if (px->stopped || ++s->upstream_tries >= px->n_upstreams)
+	if (px->stopped || s->client_left || ++s->upstream_tries >= px->n_upstreams)
 		return false;
 	struct leg *up = &s->leg[SIDE_UPSTREAM];
 	leg_free(up);
@@ -319,7 +328,7 @@ static void session_fail(struct tap_session *s, enum tap_proxy_end why, const ch
 		next_upstream(px, s->upstream_at);
 		if (retry_upstream(s))
 			return;
-		px->stats.unreachable++; /* a client turned away: every address was tried */
+		px->stats.unreachable++; /* a client turned away: every address was tried, or the tap is stopping */
 		end_with_reset(s);
 		return;
 	case TAP_END_FD_LIMIT:
@@ -334,7 +343,49 @@ static void session_fail(struct tap_session *s, enum tap_proxy_end why, const ch
 		tap_log_error("conn %llu: %s", (unsigned long long)s->id, s->detail);
 		break;
 	}
+	/* what a client sent while its broker was being connected is read (and observed) first: closing a socket with
+	 * bytes unread sends a reset, and such a failure (a broker's TLS, no memory) closes the client, as any other */
+	if (!s->leg[SIDE_UPSTREAM].connected)
+		read_rest_if_open(&s->leg[SIDE_CLIENT]);
 	session_end(s);
+}
+
+/* How often a client waiting for its broker's connect is looked at: has it gone? */
+#define CLIENT_GONE_CHECK_MS 500
+
+/* A client that closed (a FIN, or a reset) while its broker connect was pending is read from then on, as every
+ * client was before the connect, so its end is seen and handled as any (a reset ends the session, a FIN is passed
+ * on once the broker is connected, within the drain timeout), rather than once the connect is done or given up
+ * (minutes, without a --handshake-timeout). Its session goes to no other address after that. A timer and poll(),
+ * not the event loop: epoll would report the waiting bytes on every turn (libevent keeps no edge trigger on a
+ * socket whose bufferevent also watches it). */
+static void on_client_check(evutil_socket_t fd, short what, void *arg)
+{
+	struct tap_session *s = arg;
+	struct leg *client = &s->leg[SIDE_CLIENT];
+	(void)fd;
+	(void)what;
+	struct pollfd p = {.fd = client->fd, .events = POLLRDHUP};
+	if (poll(&p, 1, 0) != 1 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+		return;
+	event_free(s->client_gone);
+	s->client_gone = NULL;
+	s->client_left = true;
+	set_reading(client, client->reading);
+}
+
+void tap_leg_await_broker(struct leg *client)
+{
+	struct tap_session *s = client->s;
+	if (s->client_gone || client->fd < 0)
+		return;
+	/* without memory for it, a client that leaves is noticed once the connect is done, as any EOF */
+	struct timeval every = {0, CLIENT_GONE_CHECK_MS * 1000};
+	s->client_gone = event_new(s->px->base, -1, EV_PERSIST, on_client_check, s);
+	if (s->client_gone && evtimer_add(s->client_gone, &every) < 0) {
+		event_free(s->client_gone);
+		s->client_gone = NULL;
+	}
 }
 
 /* Turns reading from a leg on or off. A plain upstream leg's read event
@@ -345,8 +396,10 @@ static void set_reading(struct leg *l, bool on)
 	if (l->side == SIDE_UPSTREAM && on != l->reading && px->hooks.held)
 		px->hooks.held(px->hooks.ctx, l->s->obs, !on, tap_now_us());
 	l->reading = on;
-	if (l->side == SIDE_CLIENT && !l->peer->connected)
-		return; /* read once the broker is connected: see connect_upstream */
+	if (l->side == SIDE_CLIENT && !l->peer->connected && !l->s->client_left) { /* see connect_upstream */
+		tap_leg_await_broker(l);
+		return;
+	}
 	if (l->tls) {
 		tap_tls_leg_reading(l);
 		return;
@@ -743,6 +796,10 @@ void tap_leg_event(struct leg *l, short what, int err, const char *why)
 			l->connected = true;
 			set_nodelay(l->fd);
 			set_reading(l, l->reading);
+			if (s->client_gone) { /* read from now on: its EOF is seen there */
+				event_free(s->client_gone);
+				s->client_gone = NULL;
+			}
 			set_reading(l->peer, l->peer->reading); /* the client's bytes waited for this */
 			settle(s);
 		} else {

@@ -71,6 +71,8 @@ struct tap_session {
 	bool reset_client; /* the client is closed with a reset (no close_notify either) */
 	bool client_spoke; /* a byte came from the client */
 	struct event *reset_later; /* the client is to be reset once it speaks, or when this fires */
+	struct event *client_gone; /* until the broker is connected (the client is not read): has the client closed? */
+	bool client_left;          /* ... it did: read from then on, and sent to no other address */
 	enum tap_proxy_end why;
 	char detail[160];
 	void *obs;
@@ -126,6 +128,9 @@ bool tap_leg_end_if_unwatched(struct leg *l);
 /* The upstream leg's TCP connect completed (a TLS leg's handshake is still to
  * come): its own address is the client the broker sees, told to the observer. */
 void tap_leg_tcp_up(struct leg *l);
+/* A client leg that is not read until the broker is connected: a client that goes away meanwhile (FIN or reset)
+ * is seen within half a second and read from then on. */
+void tap_leg_await_broker(struct leg *client);
 /* A leg's output drained to its low watermark. The session may be gone on
  * return. */
 void tap_leg_written(struct leg *l);

@@ -435,8 +435,11 @@ void tap_tls_leg_reading(struct leg *l)
 {
 	if (!l->handshaken || !l->rd)
 		return;
-	if (!l->reading || (l->side == SIDE_CLIENT && !l->peer->connected)) { /* a client waits for its broker */
+	bool awaits_broker = l->side == SIDE_CLIENT && !l->peer->connected && !l->s->client_left;
+	if (!l->reading || awaits_broker) {
 		event_del(l->rd);
+		if (awaits_broker)
+			tap_leg_await_broker(l); /* a client is read once its broker is connected */
 		return;
 	}
 	tap_leg_watch(l, l->rd, NULL);

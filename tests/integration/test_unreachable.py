@@ -15,6 +15,7 @@ import os
 import resource
 import shutil
 import socket
+import struct
 import subprocess
 import tempfile
 import threading
@@ -208,6 +209,52 @@ class UnreachableTest(TapTestCase):
         rec = tap.records("connection")[-1]
         self.assertEqual((rec["by"], rec["text"]), ("unreachable", "connect timed out after 500 ms"))
         self.assertTrue(wait_for(lambda: "connect timed out" in tap.stderr(), 5), tap.stderr())  # its own writer
+
+    def hanging_listener(self):
+        """A listener whose accept queue is full: it drops further SYNs, so a connect to it hangs."""
+        full = socket.socket()
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        self.addCleanup(full.close)
+        queued = socket.create_connection(full.getsockname())
+        self.addCleanup(queued.close)
+        return full.getsockname()[1]
+
+    def test_client_that_resets_during_a_hanging_connect_is_let_go(self):
+        """A client is read only once its broker is connected, but one that goes away meanwhile is still seen:
+        with no --handshake-timeout, a client that sent its header and reset while the connect hung had its
+        session (and its socket) held until the kernel gave the connect up, about two minutes. Its end is now
+        handled as before the client waited: the session ends within the drain timeout (10 s) as client_reset,
+        and the tap does not spin meanwhile on the bytes that wait (a first try with epoll did)."""
+        tap = self.start_tap(["--handshake-timeout", "0"], upstream_port=self.hanging_listener())
+        cpu0 = cpu_seconds(tap.proc.pid)
+        sock = tap.connect()
+        sock.sendall(AMQP_091_HEADER)
+        time.sleep(0.3)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        self.assertTrue(wait_for(lambda: tap.records("connection"), 14), "the session outlived its client")
+        rec = tap.records("connection")[-1]
+        self.assertEqual((rec["event"], rec["by"]), ("close", "client_reset"), rec)
+        self.assertLess(cpu_seconds(tap.proc.pid) - cpu0, 1.0, "the tap spun while the client waited")
+
+    def test_broker_tls_failure_closes_the_client_without_a_reset(self):
+        """A broker that takes the TCP connection and never answers the TLS handshake: the client is closed with
+        a FIN, as before it waited for its broker, not reset by the kernel for the header the tap had not read."""
+        silent = socket.socket()
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        self.addCleanup(silent.close)
+        tap = self.start_tap(["--upstream-tls", "--upstream-insecure", "--handshake-timeout", "500"],
+                             upstream_port=silent.getsockname()[1])
+        sock = tap.connect()
+        sock.sendall(AMQP_091_HEADER)
+        sock.settimeout(5)
+        self.assertEqual(sock.recv(100), b"")  # EOF; a reset raises ConnectionResetError
+        sock.close()
+        self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
+        rec = tap.records("connection")[-1]
+        self.assertEqual((rec["by"], rec["text"]), ("broker_tls_error", "TLS handshake timed out after 500 ms"))
 
 
 def cpu_seconds(pid):

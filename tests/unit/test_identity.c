@@ -176,6 +176,22 @@ START_TEST(close_names_the_proxy_end_towards_the_broker)
 }
 END_TEST
 
+/* A session that went on to the broker name's next address names that one, and not the local end of its
+ * connection to the last (which a TLS failure there left behind): the next address never connected. */
+START_TEST(moved_upstream_forgets_the_last_local_end)
+{
+	struct tap_track *t = node_a_tracker();
+	struct tap_track_conn *c = tap_track_conn_new(t, 7, "127.0.0.1:51238", "[::1]:5672", T0);
+	tap_track_conn_upstream_local(c, "[::1]:40102");
+	tap_track_conn_upstream(c, "127.0.0.1:5672");
+	tap_track_conn_close(c, TAP_BY_CLIENT, 0, S(""), T0 + 5);
+	tap_track_conn_end(c, "unreachable", T0 + 6);
+	tap_track_free(t);
+	ck_assert_uint_eq(n_recs, 1);
+	ck_assert_ptr_nonnull(strstr(recs[0], "\"upstream\":\"127.0.0.1:5672\",\"upstream_local\":null,"));
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("identity");
@@ -186,6 +202,7 @@ int main(void)
 	tcase_add_test(tc, tap_id_escaped_run_bounded);
 	tcase_add_test(tc, close_without_open_names_tap_and_user);
 	tcase_add_test(tc, close_names_the_proxy_end_towards_the_broker);
+	tcase_add_test(tc, moved_upstream_forgets_the_last_local_end);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	reset_recs();
