@@ -140,7 +140,7 @@ struct tap_metrics_snapshot {
 	bool have_capture;
 	uint64_t capture_packets, capture_drops, capture_gaps, capture_gap_bytes;
 	/* the forwarding engine */
-	uint64_t accepted, active, unreachable;
+	uint64_t accepted, active, unreachable, address_failures;
 	uint64_t bytes[2]; /* by enum tap_dir */
 	struct tap_metrics_output out[TAP_METRICS_N_OUT];
 	/* the process (/proc/self); have_process false: not known */

@@ -56,7 +56,8 @@ struct tap_proxy_hooks {
 struct tap_proxy_stats {
 	uint64_t accepted;
 	uint64_t active;
-	uint64_t unreachable;
+	uint64_t unreachable;       /* clients turned away: no address of the broker's name could be reached */
+	uint64_t address_failures;  /* connects to one of its addresses that failed (the session may have gone on) */
 	uint64_t fd_limit; /* clients closed because the tap had no descriptor for their upstream */
 	uint64_t bytes_c2s;
 	uint64_t bytes_s2c;

@@ -344,6 +344,9 @@ static const char *const type_names[] = {"counter", "gauge", "histogram"};
 	X("channels_open", GAUGE, "Channels open on the tracked connections.", s->channels_open, "channels_open")  \
 	X("upstream_unreachable_total", COUNTER, "Client connections for which the broker could not be reached.", \
 	  s->unreachable, "upstream_unreachable")                                                                  \
+	X("upstream_address_failures_total", COUNTER,                                                              \
+	  "Connects to one address of the broker's name that failed (the connection may have gone on to the next).", \
+	  s->address_failures, "upstream_address_failures")                                                        \
 	X("http_connections_open", GAUGE, "Connections to this metrics endpoint.", s->http_open,                  \
 	  "http_connections_open")                                                                                 \
 	X("http_connections_total", COUNTER, "Connections accepted by this metrics endpoint.", s->http_total,     \

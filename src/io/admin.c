@@ -221,6 +221,7 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 		s->accepted = ps.accepted;
 		s->active = ps.active;
 		s->unreachable = ps.unreachable;
+		s->address_failures = ps.address_failures;
 		s->bytes[TAP_C2S] = ps.bytes_c2s;
 		s->bytes[TAP_S2C] = ps.bytes_s2c;
 	}

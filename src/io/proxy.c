@@ -323,6 +323,7 @@ static void session_fail(struct tap_session *s, enum tap_proxy_end why, const ch
 	s->why = why;
 	switch (why) {
 	case TAP_END_UNREACHABLE:
+		px->stats.address_failures++;
 		tap_log_error("conn %llu: upstream %s unreachable at %s: %s", (unsigned long long)s->id,
 		              px->upstream_name, upstream_text(px, s->upstream_at), s->detail);
 		next_upstream(px, s->upstream_at);

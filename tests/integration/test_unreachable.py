@@ -12,6 +12,7 @@
 import errno
 import json
 import os
+import re
 import resource
 import shutil
 import socket
@@ -26,7 +27,7 @@ import pika
 import pika.exceptions
 
 from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, BROKER_PORT, Peer, TapTestCase, echo_handler, fd_count,
-                        free_port, main, proc_stat, recv_bytes, require_broker, wait_for)
+                        free_port, http_get, main, proc_stat, recv_bytes, require_broker, wait_for)
 
 
 class UnreachableTest(TapTestCase):
@@ -56,8 +57,8 @@ class UnreachableTest(TapTestCase):
     def test_a_name_with_no_address_reachable(self):
         """Both addresses refused: the session tries each once, then the client is turned away (reset) as for
         any unreachable broker, with one close record naming the last address tried."""
-        port = free_port()
-        tap = self.dualhost_tap(port, [])
+        port, mport = free_port(), free_port()
+        tap = self.dualhost_tap(port, ["--metrics", f"127.0.0.1:{mport}"])
         t0 = time.monotonic()
         with self.assertRaises((ConnectionError, amqp.exceptions.AMQPError, OSError)):
             c = amqp.Connection(f"127.0.0.1:{tap.port}", connect_timeout=5)
@@ -71,6 +72,7 @@ class UnreachableTest(TapTestCase):
         self.assertIn(f"conn 1: trying 127.0.0.1:{port}", err)
         self.assertIn(f"conn 1: upstream dualhost:{port} unreachable at 127.0.0.1:{port}: ", err)
         self.assertEqual(err.count("trying"), 1, err)
+        self.assertEqual(upstream_counters(mport), (2, 1))
 
     def test_a_name_whose_first_address_is_unreachable(self):
         """--upstream NAME with an AAAA and an A record, the broker listening on IPv4 only (as this test's does):
@@ -79,8 +81,8 @@ class UnreachableTest(TapTestCase):
         clients to 127.0.0.1 at once. The records and the --pcap name the address each session went to. The name
         is given in an /etc/hosts of the tap's own (a mount namespace)."""
         require_broker(self)
-        pcap = os.path.join(self.tmpdir(), "dual.pcapng")
-        tap = self.dualhost_tap(BROKER_PORT, ["--pcap", pcap])
+        pcap, mport = os.path.join(self.tmpdir(), "dual.pcapng"), free_port()
+        tap = self.dualhost_tap(BROKER_PORT, ["--pcap", pcap, "--metrics", f"127.0.0.1:{mport}"])
         for i in (1, 2):
             c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", tap.port, connection_attempts=1))
             ch = c.channel()
@@ -101,6 +103,8 @@ class UnreachableTest(TapTestCase):
         self.assertIn(f"[::1]:{BROKER_PORT} is unreachable; new connections go to 127.0.0.1:{BROKER_PORT}", err)
         self.assertIn(f"conn 1: trying 127.0.0.1:{BROKER_PORT}", err)
         self.assertNotIn("conn 2: upstream", err)
+        # the failover shows in the metrics: an address failed, no client was turned away
+        self.assertEqual(upstream_counters(mport), (1, 0))
         self.assertEqual(tap.stop(), 0)
         # the capture names the address each session went to: a replay of it gives the same connections
         out = subprocess.run([AMQPTAP_BIN, "replay", pcap, "--port", str(BROKER_PORT), "--verdicts", "-"],
@@ -255,6 +259,13 @@ class UnreachableTest(TapTestCase):
         self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
         rec = tap.records("connection")[-1]
         self.assertEqual((rec["by"], rec["text"]), ("broker_tls_error", "TLS handshake timed out after 500 ms"))
+
+
+def upstream_counters(mport):
+    """(amqptap_upstream_address_failures_total, amqptap_upstream_unreachable_total) from the tap's /metrics."""
+    text = http_get(mport, "/metrics")[2].decode()
+    value = lambda name: int(re.search(rf"^{name} (\d+)$", text, re.M).group(1))  # noqa: E731
+    return value("amqptap_upstream_address_failures_total"), value("amqptap_upstream_unreachable_total")
 
 
 def cpu_seconds(pid):
