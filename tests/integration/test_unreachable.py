@@ -197,15 +197,8 @@ class UnreachableTest(TapTestCase):
         self.assertEqual({r.get("by") for r in tap.records("connection")}, {"unreachable"})
 
     def test_connect_that_hangs_times_out(self):
-        # a listener whose accept queue is full drops further SYNs: connecting to it hangs, as to a host that is
-        # down or firewalled
-        full = socket.socket()
-        full.bind(("127.0.0.1", 0))
-        full.listen(0)
-        self.addCleanup(full.close)
-        queued = socket.create_connection(full.getsockname())
-        self.addCleanup(queued.close)
-        tap = self.start_tap(["--handshake-timeout", "500"], upstream_port=full.getsockname()[1])
+        # connecting to a listener whose accept queue is full hangs, as to a host that is down or firewalled
+        tap = self.start_tap(["--handshake-timeout", "500"], upstream_port=self.hanging_listener())
         took = self.closed_within(tap, 5.0, AMQP_091_HEADER)
         self.assertIsNotNone(took, "the client waited on a connect that never completed")
         self.assertGreaterEqual(took, 0.45)
