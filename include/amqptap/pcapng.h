@@ -36,10 +36,9 @@ struct tap_pcapng *tap_pcapng_new_headless(tap_pcapng_write_fn write, void *ctx)
 void tap_pcapng_free(struct tap_pcapng *p);
 
 /* One synthetic TCP connection: SYN, SYN-ACK, ACK at ts_us (written by tap_pcapng_conn_begin, else before its first
- * other packet). Addresses are
- * "ip:port" or "[v6]:port"; text that is not a numeric address is written as 192.0.2.1 (client) / 192.0.2.2
- * (server); a v4/v6 mix uses IPv4-mapped IPv6. Returns NULL when out of memory; the other calls accept NULL and do
- * nothing. */
+ * other packet). Addresses are "ip:port" or "[v6]:port"; text that is not a numeric address is written as 192.0.2.1
+ * (client) / 192.0.2.2 (server); a v4/v6 mix uses IPv4-mapped IPv6. Returns NULL when out of memory; the other
+ * calls accept NULL and do nothing. */
 struct tap_pcapng_conn *tap_pcapng_conn_open(struct tap_pcapng *p, const char *client, const char *server,
 					     int64_t ts_us);
 /* Writes c's handshake now, if not yet: a reader numbers connections in the order their handshakes come. */

@@ -172,6 +172,20 @@ static void leg_free(struct leg *l)
 	l->out = NULL;
 }
 
+/* The client is no longer watched for leaving while its broker connect is pending (tap_leg_await_broker). */
+static void stop_awaiting_broker(struct tap_session *s)
+{
+	if (s->client_gone) {
+		event_free(s->client_gone);
+		s->client_gone = NULL;
+	}
+}
+
+bool tap_leg_awaits_broker(const struct leg *l)
+{
+	return l->side == SIDE_CLIENT && !l->peer->connected && !l->s->client_left;
+}
+
 static void session_end(struct tap_session *s)
 {
 	struct tap_proxy *px = s->px;
@@ -179,8 +193,7 @@ static void session_end(struct tap_session *s)
 	px->stats.active--;
 	if (px->hooks.close)
 		px->hooks.close(px->hooks.ctx, s->obs, s->id, s->why, s->detail[0] ? s->detail : NULL, tap_now_us());
-	if (s->client_gone) /* before its socket is closed */
-		event_free(s->client_gone);
+	stop_awaiting_broker(s); /* before its socket is closed */
 	leg_free(&s->leg[SIDE_CLIENT]);
 	leg_free(&s->leg[SIDE_UPSTREAM]);
 	if (s->reset_later)
@@ -224,10 +237,7 @@ static void end_with_reset(struct tap_session *s)
 	struct leg *client = &s->leg[SIDE_CLIENT];
 	if (s->reset_later)
 		return; /* already waiting */
-	if (s->client_gone) { /* turned away now: a close of the client's from here on does not change why */
-		event_free(s->client_gone);
-		s->client_gone = NULL;
-	}
+	stop_awaiting_broker(s); /* turned away now: a close of the client's from here on does not change why */
 	reset_client_on_close(s);
 	struct timeval grace = {0, TAP_PROXY_RESET_GRACE_MS * 1000};
 	if (s->client_spoke || client->tls || !client->rd ||
@@ -302,9 +312,10 @@ static bool retry_upstream(struct tap_session *s)
 	leg_init(s, SIDE_UPSTREAM, tap_tls_upstream(px->tls));
 	s->upstream_at = (s->upstream_at + 1) % px->n_upstreams;
 	s->detail[0] = '\0';
-	tap_log_error("conn %llu: trying %s", (unsigned long long)s->id, upstream_text(px, s->upstream_at));
+	const char *to = upstream_text(px, s->upstream_at);
+	tap_log_error("conn %llu: trying %s", (unsigned long long)s->id, to);
 	if (px->hooks.upstream_moved)
-		px->hooks.upstream_moved(px->hooks.ctx, s->obs, upstream_text(px, s->upstream_at));
+		px->hooks.upstream_moved(px->hooks.ctx, s->obs, to);
 	int err = up->tls ? ((up->out = evbuffer_new()) ? 0 : ENOMEM) : plain_leg_new(up, -1);
 	if (err)
 		session_fail(s, TAP_END_NO_MEMORY, "out of memory");
@@ -369,8 +380,7 @@ static void on_client_check(evutil_socket_t fd, short what, void *arg)
 	struct pollfd p = {.fd = client->fd, .events = POLLRDHUP};
 	if (poll(&p, 1, 0) != 1 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
 		return;
-	event_free(s->client_gone);
-	s->client_gone = NULL;
+	stop_awaiting_broker(s);
 	s->client_left = true;
 	set_reading(client, client->reading);
 }
@@ -383,10 +393,8 @@ void tap_leg_await_broker(struct leg *client)
 	/* without memory for it, a client that leaves is noticed once the connect is done, as any EOF */
 	struct timeval every = {0, CLIENT_GONE_CHECK_MS * 1000};
 	s->client_gone = event_new(s->px->base, -1, EV_PERSIST, on_client_check, s);
-	if (s->client_gone && evtimer_add(s->client_gone, &every) < 0) {
-		event_free(s->client_gone);
-		s->client_gone = NULL;
-	}
+	if (s->client_gone && evtimer_add(s->client_gone, &every) < 0)
+		stop_awaiting_broker(s);
 }
 
 /* Turns reading from a leg on or off. A plain upstream leg's read event
@@ -397,7 +405,7 @@ static void set_reading(struct leg *l, bool on)
 	if (l->side == SIDE_UPSTREAM && on != l->reading && px->hooks.held)
 		px->hooks.held(px->hooks.ctx, l->s->obs, !on, tap_now_us());
 	l->reading = on;
-	if (l->side == SIDE_CLIENT && !l->peer->connected && !l->s->client_left) { /* see connect_upstream */
+	if (tap_leg_awaits_broker(l)) { /* see connect_upstream */
 		tap_leg_await_broker(l);
 		return;
 	}
@@ -797,11 +805,8 @@ void tap_leg_event(struct leg *l, short what, int err, const char *why)
 			l->connected = true;
 			set_nodelay(l->fd);
 			set_reading(l, l->reading);
-			if (s->client_gone) { /* read from now on: its EOF is seen there */
-				event_free(s->client_gone);
-				s->client_gone = NULL;
-			}
-			set_reading(l->peer, l->peer->reading); /* the client's bytes waited for this */
+			stop_awaiting_broker(s); /* the client is read from now on: its EOF is seen there */
+			set_reading(l->peer, l->peer->reading); /* its bytes waited for this */
 			settle(s);
 		} else {
 			(void)connect_upstream(s); /* on failure the session is gone */

@@ -128,6 +128,8 @@ bool tap_leg_end_if_unwatched(struct leg *l);
 /* The upstream leg's TCP connect completed (a TLS leg's handshake is still to
  * come): its own address is the client the broker sees, told to the observer. */
 void tap_leg_tcp_up(struct leg *l);
+/* Whether l is a client leg not to be read yet: its broker is not connected (see connect_upstream). */
+bool tap_leg_awaits_broker(const struct leg *l);
 /* A client leg that is not read until the broker is connected: a client that goes away meanwhile (FIN or reset)
  * is seen within half a second and read from then on. */
 void tap_leg_await_broker(struct leg *client);

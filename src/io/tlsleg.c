@@ -435,7 +435,7 @@ void tap_tls_leg_reading(struct leg *l)
 {
 	if (!l->handshaken || !l->rd)
 		return;
-	bool awaits_broker = l->side == SIDE_CLIENT && !l->peer->connected && !l->s->client_left;
+	bool awaits_broker = tap_leg_awaits_broker(l);
 	if (!l->reading || awaits_broker) {
 		event_del(l->rd);
 		if (awaits_broker)
