@@ -583,12 +583,19 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 /* Reads what a leg sent that still sits unread in its socket, so that it
  * is observed and passed on: a broker's connection.close explaining why a
  * write to it failed, a client's publishes held back by backpressure when
- * the broker went away or when the tap stops. At most TAP_PROXY_REST_MAX:
- * more than a socket's receive buffer holds, and a client that keeps
- * writing into a closing session cannot keep the tap reading. */
+ * the broker went away or when the tap stops. At most TAP_PROXY_REST_MAX or
+ * the socket's receive buffer, whichever is more: all the socket holds (the
+ * kernel grows a busy socket's buffer up to net.ipv4.tcp_rmem's maximum, 32
+ * MiB here, past the 16 MiB that once cut the rest, and the publishes past
+ * the cut had no record), while a client that keeps writing into a closing
+ * session cannot keep the tap reading. */
 static void read_rest(struct leg *l)
 {
 	size_t left = TAP_PROXY_REST_MAX;
+	int rcvbuf = 0;
+	socklen_t optlen = sizeof rcvbuf;
+	if (l->fd >= 0 && getsockopt(l->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &optlen) == 0 && (size_t)rcvbuf > left)
+		left = (size_t)rcvbuf;
 	ssize_t got;
 	if (l->tls) {
 		tap_tls_leg_read_rest(l, left);
