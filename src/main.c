@@ -1044,7 +1044,9 @@ static int run_proxy(const struct tap_conf *conf)
 	}
 	char bound[80];
 	if (!code && !app.proxy) {
-		fprintf(stderr, "amqptap: cannot start: %s\n", strerror(errno));
+		int err = errno; /* EAGAIN: the one thread the proxy starts, the TLS listener's handshaker */
+		fprintf(stderr, "amqptap: cannot start%s: %s\n",
+		        err == EAGAIN && tap_tls_listener(app.tls) ? " its TLS handshake thread" : "", strerror(err));
 		code = 1;
 	} else if (!code && tap_proxy_listen(app.proxy, (struct sockaddr *)&lis, lis_len, bound, sizeof bound) < 0) {
 		char shown[300];

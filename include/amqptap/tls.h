@@ -49,6 +49,8 @@ enum tap_tls_step tap_tls_write(struct ssl_st *ssl, const void *buf, size_t len,
 /* OpenSSL holds input (records read ahead, or decrypted bytes) that no
  * readiness event will announce. */
 bool tap_tls_pending(const struct ssl_st *ssl);
+/* Whether a byte has come from the peer on this SSL's socket. */
+bool tap_tls_heard(const struct ssl_st *ssl);
 /* Whether an SSL keeps its record buffers between records (a busy leg:
  * SSL_MODE_RELEASE_BUFFERS would free and allocate them around every
  * record) or gives them back (a quiet one: they are freed now unless they

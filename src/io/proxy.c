@@ -736,7 +736,9 @@ void tap_leg_arm_setup(struct leg *l)
 	tap_leg_watch(l, l->setup_timer, &tv);
 }
 
-/* A leg was not set up within --handshake-timeout. */
+/* A leg was not set up within --handshake-timeout. An upstream address that took the TCP connection and never
+ * sent a byte back (a hung node, a balancer with no backend) is as unreachable as one that does not answer the
+ * connect: the session goes on to the name's next address. One that answered and stalled is a TLS failure. */
 static void setup_timed_out(struct leg *l)
 {
 	struct tap_session *s = l->s;
@@ -748,10 +750,12 @@ static void setup_timed_out(struct leg *l)
 	struct sockaddr_storage ss;
 	socklen_t len = sizeof ss;
 	bool tcp_up = l->fd >= 0 && getpeername(l->fd, (struct sockaddr *)&ss, &len) == 0;
-	if (l->tls && tcp_up)
+	if (!tcp_up || !l->ssl)
+		session_fail(s, TAP_END_UNREACHABLE, "connect timed out after %u ms", ms);
+	else if (tap_tls_heard(l->ssl))
 		session_fail(s, TAP_END_BROKER_TLS, "TLS handshake timed out after %u ms", ms);
 	else
-		session_fail(s, TAP_END_UNREACHABLE, "connect timed out after %u ms", ms);
+		session_fail(s, TAP_END_UNREACHABLE, "no answer to the TLS handshake within %u ms", ms);
 }
 
 void tap_leg_watch(struct leg *l, struct event *ev, const struct timeval *tv)

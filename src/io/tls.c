@@ -585,6 +585,11 @@ bool tap_tls_pending(const SSL *ssl)
 	return SSL_has_pending(ssl) == 1 || (r && r->len > 0);
 }
 
+bool tap_tls_heard(const SSL *ssl)
+{
+	return BIO_number_read(SSL_get_rbio(ssl)) > 0; /* the BIO layer counts what each read returned */
+}
+
 void tap_tls_apart(SSL *ssl, bool apart)
 {
 	struct reader *r = BIO_get_data(SSL_get_rbio(ssl));

@@ -25,7 +25,7 @@ import pika
 from scenario_lib import stream_publisher
 from tapharness import (AMQPTAP_BIN, BROKER_PORT, CLIENTS_DIR, FAILALLOC, free_port, is_asan_build, main, read_records,
                         require_broker)
-from tlslib import PLAIN_PORT, STORM, TlsCase
+from tlslib import PLAIN_PORT, STORM, TlsCase, shared_pki
 
 LOADGEN = os.path.join(os.path.dirname(CLIENTS_DIR), "bench", "bench_loadgen")
 AFTER_MS = 1500  # the tap starts up whole before the first failure
@@ -262,6 +262,35 @@ class AllocFailuresCase(TlsCase):
         print(f"threads refused at start: {refused}; started whole: {ran}")
         self.assertEqual(refused, [1, 2, 3, 4])  # verdicts, frames, metrics, stderr
         self.assertTrue(ran)
+
+    def test_tls_handshake_thread_refused_at_start(self):
+        """A TLS listener's proxy starts a thread of its own, the handshaker: refused, the tap exits 1 with a line
+        naming it (it said only "cannot start: Resource temporarily unavailable"). Each thread is refused in turn
+        until one of them is the handshaker."""
+        pki = shared_pki()
+        lines = []
+        for n in range(1, 6):
+            with tempfile.TemporaryDirectory() as d:
+                err_path = os.path.join(d, "err")
+                with open(err_path, "wb") as err:
+                    tap = subprocess.Popen([AMQPTAP_BIN, "--listen", f"127.0.0.1:{free_port()}", "--upstream",
+                                            f"127.0.0.1:{BROKER_PORT}", "--tls-cert", os.path.join(pki, "server.pem"),
+                                            "--tls-key", os.path.join(pki, "server.key"), "--verdicts",
+                                            os.path.join(d, "v.jsonl")],
+                                           env=dict(os.environ, LD_PRELOAD=FAILALLOC, FAILALLOC_THREAD=str(n)),
+                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+                self.addCleanup(lambda tap=tap: tap.poll() is None and tap.kill())
+                read_err = lambda: open(err_path, encoding="utf-8", errors="replace").read()  # noqa: E731
+                deadline = time.monotonic() + 10
+                while tap.poll() is None and "listening on" not in read_err() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if tap.poll() is None:
+                    tap.send_signal(signal.SIGTERM)
+                    self.assertEqual(tap.wait(15), 0, f"thread {n}: {read_err()}")
+                    continue
+                self.assertEqual(tap.returncode, 1, f"thread {n}: {read_err()}")
+                lines += [ln for ln in read_err().splitlines() if not ln.startswith("failalloc:")][-1:]
+        self.assertIn("amqptap: cannot start its TLS handshake thread: Resource temporarily unavailable", lines)
 
     def test_stop_while_allocations_fail(self):
         """SIGTERM to a tap whose allocations go on failing (one in 30) while eight rabbitmq-c publishers stream

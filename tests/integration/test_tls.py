@@ -341,15 +341,18 @@ class HandshakeTimeout(PkiCase):
             self.assertEqual(c.recv(64), b"AMQP\x00\x00\x09\x01")
         self.assertEqual(peer.accepted, 1)
 
-    def test_broker_that_never_answers_the_handshake(self):
+    def broker_handshake_timeout(self, answer):
+        """A broker that takes the ClientHello, sends `answer` and then nothing: the client is closed once
+        --handshake-timeout (500 ms) runs out, and its connection's close record is returned."""
         hold = threading.Event()
         self.addCleanup(hold.set)
 
-        def mute_broker(conn, _idx):  # takes the ClientHello and says nothing
+        def stalling_broker(conn, _idx):
             conn.recv(65536)
+            conn.sendall(answer)
             hold.wait(30)
 
-        peer = Peer(mute_broker)
+        peer = Peer(stalling_broker)
         self.addCleanup(peer.close)
         tap = self.start_tap(["--upstream-tls", "--upstream-ca", self.p("ca.pem"), "--handshake-timeout", "500"],
                              upstream_port=peer.port, upstream_host="localhost")
@@ -357,13 +360,22 @@ class HandshakeTimeout(PkiCase):
         c.sendall(b"AMQP\x00\x00\x09\x01")
         took = closed_after(c, 5)
         c.close()
-        self.assertIsNotNone(took, "the client waited on a broker that never answered")
+        self.assertIsNotNone(took, "the client waited on a broker that never finished the handshake")
         self.assertGreaterEqual(took, 0.45)
         self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
-        rec = tap.records("connection")[-1]
+        self.assertEqual(peer.accepted, 1)
+        return tap.records("connection")[-1]
+
+    def test_broker_that_never_answers_the_handshake(self):
+        """Connected, and not a byte back (a hung node, a balancer with no backend behind it): the address is
+        unreachable, as one that does not answer the connect, so a name's next address would be tried."""
+        rec = self.broker_handshake_timeout(b"")
+        self.assertEqual((rec["by"], rec["text"]), ("unreachable", "no answer to the TLS handshake within 500 ms"))
+
+    def test_broker_that_stalls_in_the_handshake(self):
+        """The broker answered (here the first 5 bytes of a TLS record, whose body never comes): a TLS failure."""
+        rec = self.broker_handshake_timeout(b"\x16\x03\x03\x00\x50")
         self.assertEqual((rec["by"], rec["text"]), ("broker_tls_error", "TLS handshake timed out after 500 ms"))
-
-
 
 
 class Storm(PkiCase):

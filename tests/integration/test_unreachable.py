@@ -16,6 +16,7 @@ import re
 import resource
 import shutil
 import socket
+import ssl
 import struct
 import subprocess
 import tempfile
@@ -28,6 +29,7 @@ import pika.exceptions
 
 from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, BROKER_PORT, Peer, TapTestCase, echo_handler, fd_count,
                         free_port, http_get, main, proc_stat, recv_bytes, require_broker, wait_for)
+from tlslib import shared_pki
 
 
 class UnreachableTest(TapTestCase):
@@ -36,11 +38,19 @@ class UnreachableTest(TapTestCase):
         self.addCleanup(shutil.rmtree, d)
         return d
 
-    def dualhost_tap(self, port, extra):
-        """A tap in front of dualhost:port, a name with an AAAA record (::1) first and an A record (127.0.0.1),
-        given in an /etc/hosts of the tap's own (a mount namespace); nothing may listen on [::1]:port."""
+    def hosts_namespace(self):
+        """The prefix that runs the tap with an /etc/hosts of its own (a mount namespace), in which dualhost has
+        an AAAA record (::1) first and an A record (127.0.0.1)."""
         if os.geteuid() != 0 or not shutil.which("unshare"):
             self.skipTest("needs root and unshare for an /etc/hosts of its own")
+        hosts = os.path.join(self.tmpdir(), "hosts")
+        with open(hosts, "w") as f:
+            f.write("::1 dualhost\n127.0.0.1 dualhost\n")
+        return ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', hosts]
+
+    def dualhost_tap(self, port, extra):
+        """A tap in front of dualhost:port (hosts_namespace); nothing may listen on [::1]:port."""
+        prefix = self.hosts_namespace()
         try:  # the case needs the port unused on [::1] (the broker listens on IPv4 only) and IPv6 on loopback
             socket.create_connection(("::1", port), timeout=2).close()
             self.skipTest(f"something listens on [::1]:{port}")
@@ -48,11 +58,7 @@ class UnreachableTest(TapTestCase):
             pass
         except OSError:
             self.skipTest("no IPv6 on loopback")
-        hosts = os.path.join(self.tmpdir(), "hosts")
-        with open(hosts, "w") as f:
-            f.write("::1 dualhost\n127.0.0.1 dualhost\n")
-        return self.start_tap(extra, upstream_port=port, upstream_host="dualhost", prefix=[
-            "unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', hosts])
+        return self.start_tap(extra, upstream_port=port, upstream_host="dualhost", prefix=prefix)
 
     def test_a_name_with_no_address_reachable(self):
         """Both addresses refused: the session tries each once, then the client is turned away (reset) as for
@@ -236,14 +242,20 @@ class UnreachableTest(TapTestCase):
         self.assertLess(cpu_seconds(tap.proc.pid) - cpu0, 1.0, "the tap spun while the client waited")
 
     def test_broker_tls_failure_closes_the_client_without_a_reset(self):
-        """A broker that takes the TCP connection and never answers the TLS handshake: the client is closed with
-        a FIN, as before it waited for its broker, not reset by the kernel for the header the tap had not read."""
-        silent = socket.socket()
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)
-        self.addCleanup(silent.close)
-        tap = self.start_tap(["--upstream-tls", "--upstream-insecure", "--handshake-timeout", "500"],
-                             upstream_port=silent.getsockname()[1])
+        """A broker whose answer to the TLS handshake is not TLS (a plain AMQP port: its protocol header): the
+        client is closed with a FIN, as before it waited for its broker, not reset by the kernel for the header the
+        tap had not read."""
+        def plain_amqp_port(conn, _idx):
+            conn.recv(65536)
+            conn.sendall(AMQP_091_HEADER)
+            conn.settimeout(10)
+            while conn.recv(65536):  # until the tap closes: closing with its bytes unread would reset it
+                pass
+
+        peer = Peer(plain_amqp_port)
+        self.addCleanup(peer.close)
+        tap = self.start_tap(["--upstream-tls", "--upstream-insecure", "--handshake-timeout", "5000"],
+                             upstream_port=peer.port)
         sock = tap.connect()
         sock.sendall(AMQP_091_HEADER)
         sock.settimeout(5)
@@ -251,7 +263,47 @@ class UnreachableTest(TapTestCase):
         sock.close()
         self.assertTrue(wait_for(lambda: tap.records("connection"), 5))
         rec = tap.records("connection")[-1]
-        self.assertEqual((rec["by"], rec["text"]), ("broker_tls_error", "TLS handshake timed out after 500 ms"))
+        self.assertEqual(rec["by"], "broker_tls_error", rec)
+        self.assertEqual(peer.accepted, 1)
+
+    def test_a_tls_address_that_never_answers_is_passed_over(self):
+        """--upstream-tls to a name whose first address takes the TCP connection and never answers the TLS
+        handshake (a hung node): after --handshake-timeout the session goes on to the next address, as for one
+        that does not answer the connect (before, the client was closed as broker_tls_error)."""
+        port, mport = free_port(), free_port()
+        silent = socket.socket(socket.AF_INET6)
+        try:
+            silent.bind(("::1", port))
+        except OSError:
+            self.skipTest("no IPv6 on loopback")
+        silent.listen(8)  # never accepted: the kernel takes the connection, nobody answers
+        self.addCleanup(silent.close)
+        pki = shared_pki()
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.load_cert_chain(os.path.join(pki, "server.pem"), os.path.join(pki, "server.key"))
+
+        def tls_echo(conn, _idx):
+            with server.wrap_socket(conn, server_side=True) as t:
+                while data := t.recv(65536):
+                    t.sendall(data)
+
+        peer = Peer(tls_echo, port=port)
+        self.addCleanup(peer.close)
+        tap = self.start_tap(["--upstream-tls", "--upstream-ca", os.path.join(pki, "ca.pem"), "--upstream-sni",
+                              "localhost", "--handshake-timeout", "500", "--metrics", f"127.0.0.1:{mport}"],
+                             upstream_port=port, upstream_host="dualhost", prefix=self.hosts_namespace())
+        sock = tap.connect()
+        sock.sendall(AMQP_091_HEADER)
+        sock.settimeout(5)
+        self.assertEqual(recv_bytes(sock, len(AMQP_091_HEADER)), AMQP_091_HEADER)  # the echo, through 127.0.0.1
+        sock.close()
+        self.assertTrue(wait_for(lambda: "conn 1: trying" in tap.stderr(), 5), tap.stderr())  # its own writer
+        err = tap.stderr()
+        self.assertIn(f"conn 1: upstream dualhost:{port} unreachable at [::1]:{port}: no answer to the TLS "
+                      "handshake within 500 ms", err)
+        self.assertIn(f"conn 1: trying 127.0.0.1:{port}", err)
+        self.assertEqual(upstream_counters(mport), (1, 0))
+        self.assertEqual(peer.accepted, 1)
 
 
 def upstream_counters(mport):
