@@ -9,7 +9,8 @@
 # sniffed/direct and floor/direct with a bootstrapped 95 % interval of each median, the paired ratio sniffed/floor
 # (what the sniffer costs beyond the capture itself), CPU seconds per million messages of the sniffer and of the
 # proxy, the kernel drops and publish
-# records of each sniffed run, and PASS/FAIL for each target: throughput >= 0.99 x direct, sniffer CPU per message
+# records of each sniffed run, how busy the whole machine was during each target's runs and what it spent per
+# message (so the CPU per message a 0.99 target leaves a sniffer: 1 % of the direct runs'), and PASS/FAIL for each target: throughput >= 0.99 x direct, sniffer CPU per message
 # <= the proxy's, no drops (and one publish record per message) with the default --buffer-size. Markdown also goes
 # to .run/bench-sniff/latest.md.
 #
@@ -103,6 +104,7 @@ floor_start() {
 
 run_one() {
 	local round=$1 target=$2 port=$TAP_BROKER_PORT pid= before=0 after=0 line drops=null records=null
+	local busy0 total0 busy1 total1
 	[ "$target" = tap ] && port=$tap_port pid=$tap_pid
 	if [ "$target" = sniffed ]; then
 		sniff_start
@@ -112,8 +114,10 @@ run_one() {
 		pid=$sniff_pid
 	fi
 	[ -n "$pid" ] && before=$(tap_cpu_ticks "$pid")
+	read -r busy0 total0 < <(tap_machine_ticks)
 	line=$(timeout 600 "$loadgen" -p "$port" -c "$conns" -w "$window" -s "$size" -n "$msgs") ||
 		tap_log "round $round $target: loadgen failed: $line"
+	read -r busy1 total1 < <(tap_machine_ticks)
 	sleep 0.3 # the last packets and the 50 ms late-return hold of acked mandatory publishes
 	[ -n "$pid" ] && after=$(tap_cpu_ticks "$pid")
 	if [ "$target" = sniffed ]; then
@@ -134,8 +138,10 @@ run_one() {
 		: >"$tap_verdicts"
 	fi
 	[ -n "$line" ] || line='{"error":"no output"}'
-	printf '{"round":%d,"target":"%s","cpu_s":%s,"drops":%s,"records":%s,"run":%s}\n' "$round" "$target" \
-		"$(awk -v t=$((after - before)) -v k="$tck" 'BEGIN { printf "%.2f", t / k }')" "$drops" "$records" \
+	printf '{"round":%d,"target":"%s","cpu_s":%s,"machine_busy":%s,"machine_cpu_s":%s,"drops":%s,"records":%s,"run":%s}\n' \
+		"$round" "$target" "$(awk -v t=$((after - before)) -v k="$tck" 'BEGIN { printf "%.2f", t / k }')" \
+		"$(awk -v b=$((busy1 - busy0)) -v t=$((total1 - total0)) 'BEGIN { printf "%.3f", (t > 0 ? b / t : 0) }')" \
+		"$(awk -v b=$((busy1 - busy0)) -v k="$tck" 'BEGIN { printf "%.2f", b / k }')" "$drops" "$records" \
 		"$line" >>"$results"
 	tap_log "round $round $target: $line (cpu ticks $((after - before)), drops $drops, records $records)"
 }
@@ -185,6 +191,10 @@ sniffed = list(by.get("sniffed", {}).values())
 drops = sum(r["drops"] or 0 for r in sniffed)
 short = [(r["round"], r["records"], r["run"]["sent"]) for r in sniffed if r["records"] != r["run"]["sent"]]
 fmt = lambda v, p=0: "n/a" if v is None else f"{v:,.{p}f}"  # noqa: E731
+pct = lambda v: "n/a" if v is None else f"{v * 100:.0f} %"  # noqa: E731
+busy = lambda t: [r["machine_busy"] for r in by.get(t, {}).values() if "machine_busy" in r]  # noqa: E731
+machine_us = lambda t: [r["machine_cpu_s"] / r["run"]["sent"] * 1e6 for r in by.get(t, {}).values()  # noqa: E731
+                        if "machine_cpu_s" in r and r["run"].get("sent")]
 rounds = len({r["round"] for r in runs})
 lines = [f"Rounds: {rounds} (direct, sniffed, floor = tcpdump -w /dev/null with the same filter, tap alternating, "
          "each round starting one later), "
@@ -197,7 +207,20 @@ lines = [f"Rounds: {rounds} (direct, sniffed, floor = tcpdump -w /dev/null with 
          f"| × floor (paired median, interval) | | {fmt(med(sniffed_floor), 3)} ({ci(sniffed_floor)}) | | |",
          f"| CPU s per M msgs (capture / proxy) | | {fmt(med(cpu_per_m('sniffed')), 2)} | "
          f"{fmt(med(cpu_per_m('floor')), 2)} | {fmt(med(cpu_per_m('tap')), 2)} |",
-         f"| kernel drops (all sniffed runs) | | {drops} | | |", ""]
+         f"| kernel drops (all sniffed runs) | | {drops} | | |",
+         f"| machine busy (all processes, during the publisher's run) | {pct(med(busy('direct')))} | "
+         f"{pct(med(busy('sniffed')))} | {pct(med(busy('floor')))} | {pct(med(busy('tap')))} |",
+         f"| machine CPU µs per message (all processes) | {fmt(med(machine_us('direct')), 1)} | "
+         f"{fmt(med(machine_us('sniffed')), 1)} | {fmt(med(machine_us('floor')), 1)} | "
+         f"{fmt(med(machine_us('tap')), 1)} |", ""]
+# With the machine nearly busy, what a sniffer spends comes out of the broker's and the publisher's CPU: 0.99 x
+# direct leaves it about 1 % of what they spend per message.
+budget = med(machine_us("direct"))
+if budget is not None:
+    lines += [f"The 0.99 target leaves a sniffer about {budget / 100:.2f} µs of CPU per message (1 % of the "
+              f"{budget:.1f} µs the machine spends per message in the direct runs, {pct(med(busy('direct')))} "
+              f"busy); the sniffer spent {fmt(med(cpu_per_m('sniffed')), 2)}, tcpdump "
+              f"{fmt(med(cpu_per_m('floor')), 2)}.", ""]
 ratio = med(paired)
 cs, ct = med(cpu_per_m("sniffed")), med(cpu_per_m("tap"))
 checks = [
