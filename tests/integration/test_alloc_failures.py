@@ -214,6 +214,22 @@ class AllocFailuresCase(TlsCase):
                 self.assertLess(took, 8.0, run)
                 self.assertRegex(err, r"(?m)^(output verdicts records=|amqptap: summary: )", run)
 
+    def start_with_thread_refused(self, n, d, args):
+        """Starts the tap (args, in front of the test broker, stderr in d) with its Nth thread refused
+        (FAILALLOC_THREAD=N) and waits until it has exited or listens. Returns (the process, a reader of its
+        stderr)."""
+        err_path = os.path.join(d, "err")
+        with open(err_path, "wb") as err:
+            tap = subprocess.Popen([AMQPTAP_BIN, "--upstream", f"127.0.0.1:{BROKER_PORT}", *args],
+                                   env=dict(os.environ, LD_PRELOAD=FAILALLOC, FAILALLOC_THREAD=str(n)),
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        self.addCleanup(lambda: tap.poll() is None and tap.kill())
+        read_err = lambda: open(err_path, encoding="utf-8", errors="replace").read()  # noqa: E731
+        deadline = time.monotonic() + 10
+        while tap.poll() is None and "listening on" not in read_err() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return tap, read_err
+
     def test_each_helper_thread_refused_at_start(self):
         """The Nth thread the tap starts is refused (FAILALLOC_THREAD=N, each N in turn: the record writers, the
         metrics server, the stderr writer): it either does not start (exit 1, naming why in a line, no summary of
@@ -225,18 +241,10 @@ class AllocFailuresCase(TlsCase):
         for n in range(1, 7):
             with tempfile.TemporaryDirectory() as d:
                 port, mport = free_port(), free_port()
-                verdicts, err_path = os.path.join(d, "v.jsonl"), os.path.join(d, "err")
-                env = dict(os.environ, LD_PRELOAD=FAILALLOC, FAILALLOC_THREAD=str(n))
-                with open(err_path, "wb") as err:
-                    tap = subprocess.Popen([AMQPTAP_BIN, "--listen", f"127.0.0.1:{port}", "--upstream",
-                                            f"127.0.0.1:{BROKER_PORT}", "--verdicts", verdicts, "--frames",
-                                            os.path.join(d, "f.jsonl"), "--metrics", f"127.0.0.1:{mport}"],
-                                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-                self.addCleanup(lambda tap=tap: tap.poll() is None and tap.kill())
-                read_err = lambda: open(err_path, encoding="utf-8", errors="replace").read()  # noqa: E731
-                deadline = time.monotonic() + 10
-                while tap.poll() is None and "listening on" not in read_err() and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                verdicts = os.path.join(d, "v.jsonl")
+                tap, read_err = self.start_with_thread_refused(n, d, [
+                    "--listen", f"127.0.0.1:{port}", "--verdicts", verdicts, "--frames", os.path.join(d, "f.jsonl"),
+                    "--metrics", f"127.0.0.1:{mport}"])
                 if tap.poll() is not None:
                     err = read_err()
                     lines = [ln for ln in err.splitlines() if not ln.startswith("failalloc:")]
@@ -271,19 +279,9 @@ class AllocFailuresCase(TlsCase):
         lines = []
         for n in range(1, 6):
             with tempfile.TemporaryDirectory() as d:
-                err_path = os.path.join(d, "err")
-                with open(err_path, "wb") as err:
-                    tap = subprocess.Popen([AMQPTAP_BIN, "--listen", f"127.0.0.1:{free_port()}", "--upstream",
-                                            f"127.0.0.1:{BROKER_PORT}", "--tls-cert", os.path.join(pki, "server.pem"),
-                                            "--tls-key", os.path.join(pki, "server.key"), "--verdicts",
-                                            os.path.join(d, "v.jsonl")],
-                                           env=dict(os.environ, LD_PRELOAD=FAILALLOC, FAILALLOC_THREAD=str(n)),
-                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-                self.addCleanup(lambda tap=tap: tap.poll() is None and tap.kill())
-                read_err = lambda: open(err_path, encoding="utf-8", errors="replace").read()  # noqa: E731
-                deadline = time.monotonic() + 10
-                while tap.poll() is None and "listening on" not in read_err() and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                tap, read_err = self.start_with_thread_refused(n, d, [
+                    "--listen", f"127.0.0.1:{free_port()}", "--tls-cert", os.path.join(pki, "server.pem"),
+                    "--tls-key", os.path.join(pki, "server.key"), "--verdicts", os.path.join(d, "v.jsonl")])
                 if tap.poll() is None:
                     tap.send_signal(signal.SIGTERM)
                     self.assertEqual(tap.wait(15), 0, f"thread {n}: {read_err()}")
