@@ -8,11 +8,11 @@
 # run and stopped after it, so the direct runs carry none of its cost. Prints the medians, the paired ratios
 # sniffed/direct and floor/direct with a bootstrapped 95 % interval of each median, the paired ratio sniffed/floor
 # (what the sniffer costs beyond the capture itself), CPU seconds per million messages of the sniffer and of the
-# proxy, the kernel drops and publish
-# records of each sniffed run, how busy the whole machine was during each target's runs and what it spent per
-# message (so the CPU per message a 0.99 target leaves a sniffer: 1 % of the direct runs'), and PASS/FAIL for each target: throughput >= 0.99 x direct, sniffer CPU per message
-# <= the proxy's, no drops (and one publish record per message) with the default --buffer-size. Markdown also goes
-# to .run/bench-sniff/latest.md.
+# proxy, the kernel drops and publish records of each sniffed run, how busy the whole machine was during each
+# target's runs and what it spent per message (so the CPU per message a 0.99 target leaves a sniffer: 1 % of the
+# direct runs'), and PASS/FAIL for each target: throughput >= 0.99 x direct, sniffer CPU per message <= the
+# proxy's, no drops (and one publish record per message) with the default --buffer-size. Markdown also goes to
+# .run/bench-sniff/latest.md.
 #
 # Environment: as scripts/bench.sh: TAP_BENCH_ROUNDS (5), TAP_BENCH_SCALE (multiplies the message count, e.g. 0.1
 # for a smoke run), TAP_BENCH_BUILD (build dir, shared with bench.sh), TAP_BENCH_BUILD_TYPE (Release),
@@ -138,7 +138,8 @@ run_one() {
 		: >"$tap_verdicts"
 	fi
 	[ -n "$line" ] || line='{"error":"no output"}'
-	printf '{"round":%d,"target":"%s","cpu_s":%s,"machine_busy":%s,"machine_cpu_s":%s,"drops":%s,"records":%s,"run":%s}\n' \
+	local row='{"round":%d,"target":"%s","cpu_s":%s,"machine_busy":%s,"machine_cpu_s":%s,"drops":%s,"records":%s'
+	printf "$row"',"run":%s}\n' \
 		"$round" "$target" "$(awk -v t=$((after - before)) -v k="$tck" 'BEGIN { printf "%.2f", t / k }')" \
 		"$(awk -v b=$((busy1 - busy0)) -v t=$((total1 - total0)) 'BEGIN { printf "%.3f", (t > 0 ? b / t : 0) }')" \
 		"$(awk -v b=$((busy1 - busy0)) -v k="$tck" 'BEGIN { printf "%.2f", b / k }')" "$drops" "$records" \
