@@ -265,7 +265,8 @@ class Peer:
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
         self.errors = []
-        self.threads = []
+        self._running = 0  # handlers started and not returned: counted before the thread starts (join)
+        self._done = threading.Condition()
         self._closed = False
         self._t = threading.Thread(target=self._accept_loop, daemon=True)
         self._t.start()
@@ -279,9 +280,9 @@ class Peer:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             idx = self.accepted
             self.accepted += 1
-            t = threading.Thread(target=self._run, args=(conn, idx), daemon=True)
-            t.start()
-            self.threads.append(t)  # after start: join() on a thread not yet started raises
+            with self._done:
+                self._running += 1
+            threading.Thread(target=self._run, args=(conn, idx), daemon=True).start()
 
     def _run(self, conn, idx):
         try:
@@ -290,11 +291,16 @@ class Peer:
             self.errors.append(repr(e))
         finally:
             conn.close()
+            with self._done:
+                self._running -= 1
+                self._done.notify_all()
 
     def join(self, timeout=30.0):
-        end = time.monotonic() + timeout
-        for t in list(self.threads):
-            t.join(max(0.0, end - time.monotonic()))
+        """Waits until every handler started so far has returned. A handler counts from before its thread starts:
+        joining the threads listed missed one whose client was already served but that the accept loop had not
+        listed yet, and its result was not there when the test looked."""
+        with self._done:
+            self._done.wait_for(lambda: self._running == 0, timeout)
 
     def close(self):
         self._closed = True
