@@ -12,12 +12,14 @@
 # publish (for the storm: 1,000, every one routed and acked).
 #
 # Environment: TAP_BENCH_ROUNDS (5), TAP_BENCH_LOADS (names from the list below, default all), TAP_BENCH_SCALE
-# (multiplies every message count; 0.3 keeps a whole run within about 15 minutes on 2 cores), TAP_BENCH_STORM
-# (clients per storm, 1000; 0 skips the storm and the idle measurement), TAP_BENCH_STORM_ROUNDS (storms in the first
-# 3 rounds only), TAP_BENCH_BYSTANDER (0: no publisher stays connected through the storms), TAP_BENCH_BUILD (build dir, default build-tlsb), TAP_BENCH_BUILD_TYPE (Release), TAP_BENCH_OUT
-# (default .run/bench-tls), TAP_BENCH_TAP_PORT (5762; HAProxy listens one above, the idle-memory tap and HAProxy two
-# and three above, the floor relay four above), TAP_BENCH_TAP_ARGS (extra amqptap options), TAP_BENCH_PERF=1 (also profile the tap with perf
-# during TAP_BENCH_PERF_LOAD, default w100_4k, into $TAP_BENCH_OUT/perf-*.txt).
+# (multiplies every message count; 0.3 keeps a whole run within about 15 minutes on 2 cores), TAP_BENCH_STORM (clients
+# per storm, 1000; 0 skips the storm and the idle measurement), TAP_BENCH_STORM_ROUNDS (storms in the first 3 rounds
+# only), TAP_BENCH_BYSTANDER (0: no publisher stays connected through the storms), TAP_BENCH_BUILD (build dir, default
+# build-tlsb), TAP_BENCH_BUILD_TYPE (Release), TAP_BENCH_OUT (default .run/bench-tls), TAP_BENCH_TAP_PORT (5762; HAProxy
+# listens one above, the idle-memory tap and HAProxy two and three above, the floor relay four above),
+# TAP_BENCH_TAP_ARGS (extra amqptap options), TAP_BENCH_TAP_WRAP (a command the tap is started under, e.g. "chrt -b 0"),
+# TAP_BENCH_PERF=1 (also profile the tap with perf during TAP_BENCH_PERF_LOAD, default w100_4k, into
+# $TAP_BENCH_OUT/perf-*.txt).
 # The broker: plain port 5760, TLS port 5761, node benchtls@localhost, data in $TAP_BENCH_OUT/broker; its listen
 # backlog is raised to 4096 (RabbitMQ's 128 drops SYNs in a storm, which would time the broker's backlog instead of
 # the relays). TAP_BENCH_BROKER_TICKETS=1 has it issue TLS 1.3 session tickets (off in RabbitMQ by default), so that
@@ -173,8 +175,8 @@ CFG
 
 # Starts amqptap with TLS on both legs on port $1, records into $2; prints its pid.
 start_tap() {
-	# shellcheck disable=SC2086 # extra options are words
-	"$build/amqptap" --listen "127.0.0.1:$1" --tls-cert "$pki/server.pem" --tls-key "$pki/server.key" \
+	# shellcheck disable=SC2086 # extra options and the wrapper are words
+	${TAP_BENCH_TAP_WRAP:-} "$build/amqptap" --listen "127.0.0.1:$1" --tls-cert "$pki/server.pem" --tls-key "$pki/server.key" \
 		--upstream "localhost:$TAP_BROKER_TLS_PORT" --upstream-tls --upstream-ca "$pki/ca.pem" \
 		--upstream-cert "$pki/client.pem" --upstream-key "$pki/client.key" --verdicts "$2" \
 		${TAP_BENCH_TAP_ARGS:-} >/dev/null 2>>"$out/amqptap.log" &
