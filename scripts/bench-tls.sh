@@ -152,6 +152,7 @@ else
 fi
 tap_wait_port "$TAP_BROKER_TLS_PORT"
 cat "$TAP_BROKER_DIR/tickets" >"$out/broker-tickets" 2>/dev/null || echo 0 >"$out/broker-tickets"
+printf '%s\n' "${TAP_BENCH_TAP_WRAP:-}" >"$out/tap-wrap" # the report names it
 
 # HAProxy terminating TLS from clients and originating TLS to the broker, verified as the tap verifies it.
 write_haproxy_cfg() { # port file

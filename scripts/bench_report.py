@@ -73,11 +73,13 @@ def render_tls(outdir):
     R = Runs(os.path.join(outdir, "results.jsonl"))
     T = ("direct", "haproxy", "floor", "tap")
     med = R.med
+    wrap_path = os.path.join(outdir, "tap-wrap")
+    wrap = open(wrap_path).read().strip() if os.path.exists(wrap_path) else ""
     lines = [f"TLS on both relay legs (client → relay → broker, mTLS and host name checked towards the broker): HAProxy "
              f"{_haproxy_version()} (1 thread), the TLS floor relay (tests/bench/bench_tls_relay.c: OpenSSL on the "
              "sockets and nothing else) and amqptap, alternating with the client speaking TLS to the broker directly. "
              f"Rounds: {R.rounds}, {os.cpu_count()} CPUs. Medians over rounds; 'paired' = median of the per-round "
-             "ratios.\n",
+             "ratios." + (f" The tap ran under `{wrap}` (TAP_BENCH_TAP_WRAP)." if wrap else "") + "\n",
              "| load | direct msg/s | HAProxy msg/s | floor msg/s | tap msg/s | HAProxy/direct | floor/direct "
              "| tap/direct | tap/HAProxy | tap/direct paired | tap/HAProxy paired |",
              "|" + "---|" * 11]
