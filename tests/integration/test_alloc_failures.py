@@ -508,8 +508,10 @@ class AllocFailuresCase(TlsCase):
         pubs = [r for r in recs if r["type"] == "publish"]
         self.assertGreater(sum(1 for r in pubs if r["route"] == "routed"), res["ok"] // 2)
         # every publish a client saw confirmed has its record (routed, or unknown where the tap lost track of it),
-        # or the summary counts it lost
-        self.assertGreaterEqual(len(pubs) + summary(err)[1], res["ok"])
+        # or the summary counts it lost: a record lost, or the one publish of a client whose connection the tap had
+        # no memory to follow (such a connection has no records at all)
+        _, lost, _, not_followed = summary(err)
+        self.assertGreaterEqual(len(pubs) + lost + not_followed, res["ok"], err[-2000:])
 
 if __name__ == "__main__":
     main()
