@@ -6,7 +6,6 @@
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -18,8 +17,8 @@ from tapharness import TapTestCase, main, read_records, require_broker
 
 PUBLISHES = 5
 CONNECTIONS = 2  # per tap run: conn 1 and 2 in every run, so conn alone is ambiguous after merging
-README = os.path.join(os.environ.get("TAP_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
-                      "README.md")
+JOIN_JQ = os.path.join(os.environ.get("TAP_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
+                       "scripts", "dist", "examples", "join-open.jq")
 
 
 def publish_through(port, queue):
@@ -44,13 +43,10 @@ def join_counts(records):
 
 
 def readme_jq_join():
-    """The jq program of the README's "Shipping records to a log pipeline" section (its first jq block)."""
-    with open(README, encoding="utf-8") as f:
-        text = f.read()
-    section = text[text.index("## Shipping records to a log pipeline"):]
-    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
-    m = re.search(r"jq -s '(.*?)'", block, re.S)
-    return m.group(1)
+    """The jq program the README's "Shipping records to a log pipeline" section shows and ships:
+    scripts/dist/examples/join-open.jq (its comment lines left out)."""
+    with open(JOIN_JQ, encoding="utf-8") as f:
+        return "".join(line for line in f if not line.startswith("#"))
 
 
 class IdentityTest(TapTestCase):

@@ -342,11 +342,12 @@ class PrometheusScrape(ScenarioCase):
 
 
 def readme_alerts():
-    """The expressions of the README's example alerts."""
-    with open(os.path.join(SOURCE_DIR, "README.md")) as f:
-        block = re.search(r"Example alerts:\n\n```\n(.*?)```", f.read(), re.S)
-    assert block, "no example alerts in the README"
-    return [ln for ln in block.group(1).splitlines() if ln.strip() and not ln.startswith("#")]
+    """The expressions of the example alerts the README points to: the `expr` of every rule in
+    scripts/dist/examples/amqptap.rules.yml (one line each)."""
+    with open(os.path.join(SOURCE_DIR, "scripts", "dist", "examples", "amqptap.rules.yml")) as f:
+        exprs = re.findall(r"(?m)^\s+expr: (.+)$", f.read())
+    assert exprs, "no example alerts in scripts/dist/examples/amqptap.rules.yml"
+    return exprs
 
 
 def readme_alert(piece):

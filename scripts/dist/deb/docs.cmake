@@ -18,6 +18,10 @@ if(NOT maintainer)
   set(maintainer "${CPACK_PACKAGE_CONTACT}")  # what CPackDeb falls back to, later than this script runs
 endif()
 
+set(license "${CPACK_TAP_LICENSE}")  # TAP_LICENSE of the top-level CMakeLists.txt
+if(NOT license STREQUAL "Apache-2.0")  # the only license whose text the copyright file carries
+  message(FATAL_ERROR "docs.cmake: the copyright file has no text for license '${license}'")
+endif()
 configure_file("${CMAKE_CURRENT_LIST_DIR}/copyright" "${doc}/copyright" @ONLY)
 file(CHMOD "${doc}/copyright" PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
 
