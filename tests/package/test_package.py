@@ -133,6 +133,11 @@ class PackageTest(unittest.TestCase):
         self.assertTrue(copyright_.startswith(
             "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n"), copyright_)
         self.assertRegex(copyright_, r"(?m)^Files: \*\nCopyright: .+\nLicense: \S+")
+        # the license of the tree (LICENSE, TAP_LICENSE), its full text in Debian's common licenses
+        self.assertRegex(copyright_, r"(?m)^Files: \*\nCopyright: .+\nLicense: Apache-2\.0\n")
+        self.assertIn('"/usr/share/common-licenses/Apache-2.0"', copyright_)
+        for example in ("amqptap.rules.yml", "join-open.jq"):  # the README's alerts and jq join, as files
+            self.assertIn(f"{DOC}/examples/{example}", self.files)
         version = sh("dpkg-query", "-W", "-f=${Version}", "amqptap").stdout
         changelog = sh("zcat", f"{DOC}/changelog.Debian.gz").stdout
         self.assertTrue(changelog.startswith(f"amqptap ({version}) "), changelog)
