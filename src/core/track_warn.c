@@ -1,7 +1,11 @@
 /* The publisher anti-patterns of DESIGN §4 seen on the wire: each rule writes one `warning` record per channel
- * (channel_churn: per connection) the first time it matches, and every warning is counted by rule in the
- * tracker's stats. The rules read the events track.c and track_conn.c hand them and change no verdict. */
-#include "track_int.h"
+ * (channel_churn: per connection; a Return that matches no publish, or several, every time) the first time it
+ * matches, and every warning is counted by rule in the tracker's stats. The rules read the events the wire-event
+ * and lifecycle layers hand them and change no verdict. */
+#include "track_warn.h"
+
+#include "track_record.h"
+#include "track_store.h"
 
 #include <string.h>
 
@@ -22,13 +26,19 @@ const char *tap_track_rule_name(enum tap_track_rule rule)
 	return rule < TAP_TRACK_N_RULES ? rule_names[rule] : "unknown";
 }
 
-void trk_warn(struct tap_track_conn *c, uint16_t ch, enum tap_track_rule rule, uint64_t seq, int64_t now_us)
+/* The warning record of rule is in t->render: it is emitted and counted (the one place warnings are counted). */
+static void warning_written(struct tap_track *t, enum tap_track_rule rule)
 {
-	struct tap_track *t = c->t;
-	trk_record_warning(&t->render, c, ch, rule_names[rule], seq, now_us);
 	trk_emit(t);
 	t->st.warnings++;
 	t->st.warnings_by_rule[rule]++;
+}
+
+/* Writes the `warning` record of rule (seq 0: none). */
+static void warn(struct tap_track_conn *c, uint16_t ch, enum tap_track_rule rule, uint64_t seq, int64_t now_us)
+{
+	trk_record_warning(&c->t->render, c, ch, rule_names[rule], seq, now_us);
+	warning_written(c->t, rule);
 }
 
 /* Writes rule for ch unless it was written for ch before. */
@@ -39,7 +49,7 @@ static void warn_once(struct tap_track_conn *c, struct trk_chan *ch, enum tap_tr
 	if (ch->warn.warned & bit)
 		return;
 	ch->warn.warned |= bit;
-	trk_warn(c, ch->id, rule, seq, now_us);
+	warn(c, ch->id, rule, seq, now_us);
 }
 
 /* ---- the recent message ids of a connection ----
@@ -190,7 +200,8 @@ static bool seen_recently(struct tap_track_conn *c, struct tap_slice id)
 	return false;
 }
 
-void trk_warn_done(struct tap_track_conn *c, const struct trk_view *v, const struct trk_verdict *vd)
+/* An id whose publish the client may retransmit leaves the window of recent ids. */
+static void forget_resendable(struct tap_track_conn *c, const struct trk_view *v, const struct trk_verdict *vd)
 {
 	bool resend = vd->confirm == TAP_TRACK_CONFIRM_NACK || vd->confirm == TAP_TRACK_CONFIRM_UNKNOWN ||
 	              vd->route == TAP_TRACK_ROUTE_RETURNED || vd->route == TAP_TRACK_ROUTE_UNKNOWN;
@@ -204,6 +215,38 @@ void trk_warn_done(struct tap_track_conn *c, const struct trk_view *v, const str
 }
 
 /* ---- the rules ---- */
+
+void trk_warn_done(struct tap_track_conn *c, struct trk_chan *ch, const struct trk_view *v,
+                   const struct trk_verdict *vd, int64_t now_us)
+{
+	forget_resendable(c, v, vd);
+	if (!ch)
+		return;
+	if (vd->confirm == TAP_TRACK_CONFIRM_ACK && !v->mandatory)
+		warn_once(c, ch, TAP_TRACK_RULE_CONFIRM_WITHOUT_MANDATORY, v->seq, now_us);
+	if (vd->order == TAP_TRACK_ORDER_ACK_BEFORE_RETURN)
+		warn_once(c, ch, TAP_TRACK_RULE_ACK_BEFORE_RETURN, v->seq, now_us);
+}
+
+void trk_warn_unmatched_return(struct tap_track_conn *c, uint16_t id, const struct tap_return *r, int64_t now_us)
+{
+	struct tap_track *t = c->t;
+	enum tap_track_rule rule = TAP_TRACK_RULE_UNMATCHED_RETURN;
+	trk_record_return_warning(&t->render, c, id, r, rule_names[rule], 0, 0, 0, now_us);
+	warning_written(t, rule);
+	t->st.unmatched_returns++;
+}
+
+void trk_warn_ambiguous_return(struct tap_track_conn *c, const struct trk_chan *ch, const struct tap_return *r,
+                               uint64_t n, uint64_t first, uint64_t last, int64_t now_us)
+{
+	struct tap_track *t = c->t;
+	enum tap_track_rule rule = TAP_TRACK_RULE_AMBIGUOUS_RETURN;
+	bool confirm_mode = trk_slot(ch, first)->flags & TRK_FLAG_CONFIRM;
+	trk_record_return_warning(&t->render, c, ch->id, r, rule_names[rule], n, confirm_mode ? first - ch->sel_off : 0,
+	                          confirm_mode ? last - ch->sel_off : 0, now_us);
+	warning_written(t, rule);
+}
 
 void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struct tap_publish *p, int64_t now_us)
 {
@@ -258,5 +301,5 @@ void trk_warn_chan_end(struct tap_track_conn *c, struct trk_chan *ch, int64_t no
 		return;
 	c->warned_churn = true;
 	uint64_t seq = ch->mode == TRK_MODE_CONFIRM && ch->next > ch->sel_off ? ch->next - 1 - ch->sel_off : 0;
-	trk_warn(c, ch->id, TAP_TRACK_RULE_CHANNEL_CHURN, seq, now_us);
+	warn(c, ch->id, TAP_TRACK_RULE_CHANNEL_CHURN, seq, now_us);
 }
