@@ -36,18 +36,16 @@ void tap_record_head_init(struct tap_record_head *h, const char *run);
  * returns its end. */
 char *tap_record_ts_at(struct tap_record_head *h, char *p, int64_t unix_us);
 
-/* {"type":"<type>","ts":<ts>[,"run":<run>] at p, into room the caller reserved (TAP_RECORD_HEAD_MAX); type is one
- * of the program's constant names, written as is. Returns the end. Inline: the publish record, most of what the
- * tap writes, is begun with it. */
-static inline char *tap_record_head_at(struct tap_record_head *h, char *p, const char *type, size_t type_len,
-                                       int64_t unix_us)
+/* The header's opening up to the value of "ts": the type goes between lead and trail; TAP_RECORD_OPEN for a type
+ * known when the program is built. */
+#define TAP_RECORD_OPEN_LEAD "{\"type\":\""
+#define TAP_RECORD_OPEN_TRAIL "\",\"ts\":"
+#define TAP_RECORD_OPEN(type) TAP_RECORD_OPEN_LEAD type TAP_RECORD_OPEN_TRAIL
+
+/* The header's "ts" value and its "run" member at p. */
+static inline char *tap_record_head_rest_at(struct tap_record_head *h, char *p, int64_t unix_us)
 {
-	memcpy(p, "{\"type\":\"", sizeof "{\"type\":\"" - 1);
-	p += sizeof "{\"type\":\"" - 1;
-	memcpy(p, type, type_len);
-	p += type_len;
-	memcpy(p, "\",\"ts\":", sizeof "\",\"ts\":" - 1);
-	p = tap_record_ts_at(h, p + sizeof "\",\"ts\":" - 1, unix_us);
+	p = tap_record_ts_at(h, p, unix_us);
 	if (h->run_json_len) {
 		memcpy(p, ",\"run\":", sizeof ",\"run\":" - 1);
 		p += sizeof ",\"run\":" - 1;
@@ -56,6 +54,14 @@ static inline char *tap_record_head_at(struct tap_record_head *h, char *p, const
 	}
 	return p;
 }
+
+/* {"type":"<type>","ts":<ts>[,"run":<run>] at p, into room the caller reserved (TAP_RECORD_HEAD_MAX), for a
+ * record whose type is a literal: TAP_RECORD_HEAD_AT(h, p, "publish", now_us). Returns the end. Written in one
+ * copy and inline: the publish record, most of what the tap writes, is begun with it. */
+#define TAP_RECORD_HEAD_AT(h, p, type, unix_us)                                                                    \
+	tap_record_head_rest_at((h), (char *)memcpy((p), TAP_RECORD_OPEN(type), sizeof TAP_RECORD_OPEN(type) - 1) +    \
+	                                 sizeof TAP_RECORD_OPEN(type) - 1,                                             \
+	                        (unix_us))
 
 /* Appends the header of a record of this type to b; j then writes the record's other members and closes it with
  * tap_json_obj_end. On no memory b is marked oom, as by any other write. */

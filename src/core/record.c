@@ -47,10 +47,19 @@ char *tap_record_ts_at(struct tap_record_head *h, char *p, int64_t unix_us)
 void tap_record_begin(struct tap_json *j, struct tap_buf *b, struct tap_record_head *h, const char *type,
                       int64_t unix_us)
 {
+	static const char lead[] = TAP_RECORD_OPEN_LEAD, trail[] = TAP_RECORD_OPEN_TRAIL;
 	size_t type_len = strlen(type);
 	tap_json_init_in_object(j, b);
-	if (tap_buf_reserve(b, TAP_RECORD_HEAD_MAX(type_len)))
-		b->len = (size_t)(tap_record_head_at(h, b->data + b->len, type, type_len, unix_us) - b->data);
+	if (!tap_buf_reserve(b, TAP_RECORD_HEAD_MAX(type_len)))
+		return;
+	char *p = b->data + b->len;
+	memcpy(p, lead, sizeof lead - 1);
+	p += sizeof lead - 1;
+	memcpy(p, type, type_len);
+	p += type_len;
+	memcpy(p, trail, sizeof trail - 1);
+	p += sizeof trail - 1;
+	b->len = (size_t)(tap_record_head_rest_at(h, p, unix_us) - b->data);
 }
 
 void tap_record_begin_once(struct tap_json *j, struct tap_buf *b, const char *type, int64_t unix_us,

@@ -83,7 +83,7 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 		ch->next++;
 		ch->base = ch->next;
 	}
-	trk_publish_done(c, id, ch, &v, &vd, now_us);
+	trk_publish_done(c, id, &v, &vd, now_us);
 }
 
 /* What a stored publish keeps in its channel's arena: [timestamp] message_id correlation_id (each id cut to 255

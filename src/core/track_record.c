@@ -165,7 +165,7 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 	tap_buf_reset(b);
 	if (!tap_buf_reserve(b, most))
 		return; /* b->oom: counted as a record that could not be written */
-	char *p = tap_record_head_at(&r->head, b->data, "publish", sizeof "publish" - 1, now_us);
+	char *p = TAP_RECORD_HEAD_AT(&r->head, b->data, "publish", now_us);
 	if (prefix) /* "conn", "client", "vhost", "user" without the brace */
 		p = put(PUT(p, ","), c->prefix.data + 1, c->prefix.len - 1);
 	else /* no memory kept the rendered prefix: the same members, written here */

@@ -192,8 +192,8 @@ static void call_verdict_hook(struct tap_track_conn *c, uint16_t ch, const struc
 }
 
 /* The verdict hook sees the record while the render buffer still holds it: a warning may be written next. */
-void trk_publish_done(struct tap_track_conn *c, uint16_t id, struct trk_chan *ch, const struct trk_view *v,
-                      const struct trk_verdict *vd, int64_t now_us)
+void trk_publish_done(struct tap_track_conn *c, uint16_t id, const struct trk_view *v, const struct trk_verdict *vd,
+                      int64_t now_us)
 {
 	struct tap_track *t = c->t;
 	trk_record_publish(&t->render, c, id, v, vd, now_us);
@@ -201,7 +201,7 @@ void trk_publish_done(struct tap_track_conn *c, uint16_t id, struct trk_chan *ch
 	count_verdict(c, v, vd);
 	if (t->verdict_hook)
 		call_verdict_hook(c, id, v, vd, now_us);
-	trk_warn_done(c, ch, v, vd, now_us);
+	trk_warn_done(c, v, vd);
 }
 
 void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, enum trk_event ev,
@@ -237,8 +237,9 @@ void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, en
 	}
 	struct trk_view v;
 	trk_view_of_slot(&v, c, ch, n);
-	trk_publish_done(c, ch->id, ch, &v, &vd, stamp_us);
+	trk_publish_done(c, ch->id, &v, &vd, stamp_us);
 	trk_slot_release(c, ch, n);
+	trk_warn_verdict(c, ch, &v, &vd, stamp_us);
 }
 
 /* ---- what decided the waiting publishes was lost ---- */

@@ -10,10 +10,9 @@
  * with. Reads e, changes nothing. */
 enum trk_state trk_verdict_of(const struct trk_slot *e, enum trk_event ev, const struct trk_reason *why,
                               struct trk_verdict *vd);
-/* The one place a publish ends: its record is written, counted and shown to the verdict hook, and the warning
- * rules see its verdict. ch: where it was published (NULL: no memory for the channel), id its number. */
-void trk_publish_done(struct tap_track_conn *c, uint16_t id, struct trk_chan *ch, const struct trk_view *v,
-                      const struct trk_verdict *vd, int64_t now_us);
+/* The one place a publish ends: its record is written on channel id, counted and shown to the verdict hook. */
+void trk_publish_done(struct tap_track_conn *c, uint16_t id, const struct trk_view *v, const struct trk_verdict *vd,
+                      int64_t now_us);
 /* Applies ev to outstanding slot n: it waits on, is held, or its record is written (stamped stamp_us) and it is
  * released. */
 void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, enum trk_event ev,

@@ -41,11 +41,10 @@ static void warn(struct tap_track_conn *c, uint16_t ch, enum tap_track_rule rule
 	warning_written(c->t, rule);
 }
 
-/* Writes rule for ch unless it was written for ch before. */
-static void warn_once(struct tap_track_conn *c, struct trk_chan *ch, enum tap_track_rule rule, uint64_t seq,
-                      int64_t now_us)
+void trk_warn_once(struct tap_track_conn *c, struct trk_chan *ch, enum tap_track_rule rule, uint64_t seq,
+                   int64_t now_us)
 {
-	uint16_t bit = (uint16_t)(1u << rule);
+	uint16_t bit = trk_warn_bit(rule);
 	if (ch->warn.warned & bit)
 		return;
 	ch->warn.warned |= bit;
@@ -200,8 +199,7 @@ static bool seen_recently(struct tap_track_conn *c, struct tap_slice id)
 	return false;
 }
 
-/* An id whose publish the client may retransmit leaves the window of recent ids. */
-static void forget_resendable(struct tap_track_conn *c, const struct trk_view *v, const struct trk_verdict *vd)
+void trk_warn_done(struct tap_track_conn *c, const struct trk_view *v, const struct trk_verdict *vd)
 {
 	bool resend = vd->confirm == TAP_TRACK_CONFIRM_NACK || vd->confirm == TAP_TRACK_CONFIRM_UNKNOWN ||
 	              vd->route == TAP_TRACK_ROUTE_RETURNED || vd->route == TAP_TRACK_ROUTE_UNKNOWN;
@@ -216,17 +214,6 @@ static void forget_resendable(struct tap_track_conn *c, const struct trk_view *v
 
 /* ---- the rules ---- */
 
-void trk_warn_done(struct tap_track_conn *c, struct trk_chan *ch, const struct trk_view *v,
-                   const struct trk_verdict *vd, int64_t now_us)
-{
-	forget_resendable(c, v, vd);
-	if (!ch)
-		return;
-	if (vd->confirm == TAP_TRACK_CONFIRM_ACK && !v->mandatory)
-		warn_once(c, ch, TAP_TRACK_RULE_CONFIRM_WITHOUT_MANDATORY, v->seq, now_us);
-	if (vd->order == TAP_TRACK_ORDER_ACK_BEFORE_RETURN)
-		warn_once(c, ch, TAP_TRACK_RULE_ACK_BEFORE_RETURN, v->seq, now_us);
-}
 
 void trk_warn_unmatched_return(struct tap_track_conn *c, uint16_t id, const struct tap_return *r, int64_t now_us)
 {
@@ -259,12 +246,12 @@ void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struc
 
 	if (!p->header_lost) { /* its properties never came: absent is not known to be missing */
 		if (confirm_mode && !(p->has_delivery_mode && p->delivery_mode == 2))
-			warn_once(c, ch, TAP_TRACK_RULE_TRANSIENT_IN_CONFIRM_MODE, seq, now_us);
+			trk_warn_once(c, ch, TAP_TRACK_RULE_TRANSIENT_IN_CONFIRM_MODE, seq, now_us);
 		bool has_id = p->has_message_id && p->message_id.len;
 		if (!has_id)
-			warn_once(c, ch, TAP_TRACK_RULE_MISSING_MESSAGE_ID, seq, now_us);
+			trk_warn_once(c, ch, TAP_TRACK_RULE_MISSING_MESSAGE_ID, seq, now_us);
 		else if (seen_recently(c, p->message_id))
-			warn_once(c, ch, TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID, seq, now_us);
+			trk_warn_once(c, ch, TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID, seq, now_us);
 	}
 
 	if (confirm_mode) {
@@ -277,7 +264,7 @@ void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struc
 		              now_us - w->t_answer <= TAP_TRACK_WAIT_GAP_US;
 		w->waited_run = waited ? w->waited_run + 1 : 0;
 		if (w->waited_run >= TAP_TRACK_WAIT_RUN)
-			warn_once(c, ch, TAP_TRACK_RULE_PUBLISH_AND_WAIT, seq, now_us);
+			trk_warn_once(c, ch, TAP_TRACK_RULE_PUBLISH_AND_WAIT, seq, now_us);
 		w->confirm_publishes++;
 		w->unanswered++;
 	}
