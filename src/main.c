@@ -7,6 +7,7 @@
 #include "amqptap/log.h"
 #include "amqptap/out.h"
 #include "amqptap/pcapng.h"
+#include "amqptap/record.h"
 #include "amqptap/proxy.h"
 #include "amqptap/replay.h"
 #include "amqptap/sniff.h"
@@ -863,12 +864,7 @@ static void report_drops(struct app *app, int64_t now_us, bool final)
 	struct tap_buf b;
 	tap_buf_init(&b);
 	struct tap_json j;
-	tap_json_init(&j, &b);
-	tap_json_obj_begin(&j);
-	tap_json_kv_str(&j, "type", "capture_drops");
-	tap_json_kv_ts(&j, "ts", now_us);
-	if (app->run[0])
-		tap_json_kv_str(&j, "run", app->run);
+	tap_record_begin_once(&j, &b, "capture_drops", now_us, app->run);
 	tap_json_kv_uint(&j, "dropped", fresh);
 	tap_json_kv_uint(&j, "total", st.dropped);
 	tap_json_obj_end(&j);

@@ -5,11 +5,11 @@
 #ifndef AMQPTAP_TRACK_H
 #define AMQPTAP_TRACK_H
 
-
 #include "amqptap/dir.h"
 #include "amqptap/hist.h"
 #include "amqptap/jsonl.h"
 #include "amqptap/props.h" /* struct tap_slice */
+#include "amqptap/record.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,7 +23,7 @@
 
 /* The version of the record layout, in each connection open record; raised when a member changes meaning. */
 #define TAP_TRACK_SCHEMA 2 /* 2: body_size may be null (a publish cut before its content header) */
-#define TAP_TRACK_RUN_MAX 16u
+#define TAP_TRACK_RUN_MAX TAP_RECORD_RUN_MAX
 #define TAP_TRACK_TAP_ID_MAX 256u
 
 /* What a publish record keeps of the keys of its headers table: at most this many keys and this many bytes of
@@ -46,7 +46,7 @@ struct tap_track_conf {
 	/* Bytes of tracking state (outstanding publishes, their strings, channels, connections) for the whole
 	 * process; past it the oldest outstanding publishes of any connection are written as evicted. */
 	uint64_t max_memory;
-	/* Identity (issue 17), copied; run NULL: left out of every record (replay, so its records stay
+	/* Identity, copied; run NULL: left out of every record (replay, so its records stay
 	 * deterministic). Every record then carries "run", and the connection open record also "tap", "started" and
 	 * "schema"; (run, conn) names one connection across taps and restarts. */
 	const char *tap_id;  /* --tap-id */
@@ -313,7 +313,7 @@ uint64_t tap_track_confirm_quantile(const struct tap_track *t, double q);
 /* The confirm latency histogram of the process (µs), e.g. for cumulative metrics buckets; valid while t is. */
 const struct tap_hist *tap_track_confirm_hist(const struct tap_track *t);
 
-/* ---- read access for the metrics endpoint (issue 16): what a scrape or the status page shows ---- */
+/* ---- read access for the metrics endpoint: what a scrape or the status page shows ---- */
 
 /* One live connection; the strings are NULL until seen and valid only during the callback. */
 struct tap_track_conn_info {

@@ -7,6 +7,7 @@
 #include "amqptap/frame.h"
 #include "amqptap/frames.h"
 #include "amqptap/props.h"
+#include "amqptap/record.h"
 #include "amqptap/redact.h"
 #include "amqptap/sasl.h"
 #include "amqptap/spec.h"
@@ -740,13 +741,7 @@ static void stream_record_begin(struct tap_conn *c, struct tap_json *j, const ch
 {
 	struct tap_observer *o = c->o;
 	tap_buf_reset(&o->scratch);
-	tap_json_init(j, &o->scratch);
-	tap_json_obj_begin(j);
-	tap_json_kv_str(j, "type", type);
-	tap_json_kv_ts(j, "ts", now_us);
-	const char *run = tap_track_run(o->track);
-	if (run[0])
-		tap_json_kv_str(j, "run", run);
+	tap_record_begin_once(j, &o->scratch, type, now_us, tap_track_run(o->track));
 	tap_json_kv_uint(j, "conn", c->id);
 	tap_json_kv_str(j, "dir", tap_dir_name(dir));
 	tap_json_kv_uint(j, "offset", offset);

@@ -1,7 +1,13 @@
-/* Connections and channels as the tracker sees them: what the client and broker said at open and close, the
- * records of those events, and the end of a channel or connection, which ends every publish it left
- * outstanding (through the lifecycle of track.c). */
-#include "track_int.h"
+/* The tracker and its connections and channels as the wire shows them: what the client and broker said at open
+ * and close, the records of those events, the end of a channel or connection, which ends every publish it left
+ * outstanding (through the lifecycle of track_verdict.c), capture gaps, and the stats read back. */
+#include "track_event.h"
+
+#include "track_budget.h"
+#include "track_record.h"
+#include "track_store.h"
+#include "track_verdict.h"
+#include "track_warn.h"
 
 #include "mem.h"
 
@@ -198,7 +204,7 @@ void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64
 
 void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_slice reason, int64_t now_us)
 {
-	trk_record_blocked(&c->t->render, c, blocked, reason, now_us);
+	trk_record_blocked(&c->t->render, c, blocked ? TRK_RECORD_BLOCKED : TRK_RECORD_UNBLOCKED, reason, now_us);
 	trk_emit(c->t);
 	if (blocked && !c->blocked) {
 		c->blocked_since = now_us;
@@ -340,20 +346,6 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 
 /* ---- channel events ---- */
 
-bool trk_chan_beyond_max(const struct tap_track_conn *c)
-{
-	return c->tuned && c->channel_max && c->n_chans >= c->channel_max;
-}
-
-struct trk_chan *trk_chan_in_budget(struct tap_track_conn *c, uint16_t id, int64_t now_us)
-{
-	struct trk_chan *ch = trk_chan_find(c, id);
-	if (ch || trk_chan_beyond_max(c))
-		return ch;
-	trk_make_room(c->t, tap_mem_cost(sizeof *ch) + tap_mem_cost(c->cap_chans * 2 * sizeof *c->chans), now_us);
-	return trk_chan_get(c, id);
-}
-
 static void chan_event(struct tap_track_conn *c, uint16_t ch, const char *event, int64_t now_us)
 {
 	trk_record_channel(&c->t->render, c, ch, event, now_us);
@@ -409,6 +401,20 @@ void tap_track_conn_unseen(struct tap_track_conn *c, const char *by, int64_t now
 		c->chans[i]->mode = TRK_MODE_UNKNOWN;
 		chan_event(c, c->chans[i]->id, "mode_unknown", now_us);
 	}
+}
+
+
+/* A capture lost bytes of this connection (DESIGN §6b): whatever was lost may have been the Return, Ack, Nack or
+ * close that decides an outstanding publish, or (client side) publishes that shift every later confirm sequence
+ * number. Every outstanding publish ends now with {"by":"capture_gap"} (verdict_of, TRK_EVENT_GAP). */
+void tap_track_conn_gap(struct tap_track_conn *c, enum tap_track_gap_seq seq, int64_t now_us)
+{
+	static const struct trk_reason gap = {.by = "capture_gap"};
+	uint32_t flags = seq == TAP_TRACK_GAP_SEQ_LOST ? TRK_FLAG_SEQ_LOST : 0; /* counted across lost publishes */
+	if (c->retired)
+		trk_chan_end_all_waiting(c, c->retired, flags, &gap, now_us);
+	for (uint32_t i = 0; i < c->n_chans; i++)
+		trk_chan_end_all_waiting(c, c->chans[i], flags, &gap, now_us);
 }
 
 /* A publish on a channel not seen before, after tap_track_conn_unseen: it may have selected a mode unseen. */
@@ -522,3 +528,65 @@ void tap_track_shutdown(struct tap_track *t, int64_t now_us)
 		tap_track_conn_end(t->conns, "shutdown", now_us);
 }
 
+/* ---- summary and stats ---- */
+
+void tap_track_summary(struct tap_track *t, struct tap_buf *out)
+{
+	trk_summary(t, out);
+}
+
+void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s)
+{
+	*s = t->st;
+	s->memory = t->mem;
+	s->memory_peak = trk_memory_peak(t);
+}
+
+uint64_t tap_track_confirm_quantile(const struct tap_track *t, double q)
+{
+	return tap_hist_quantile(&t->hist, q);
+}
+
+const struct tap_hist *tap_track_confirm_hist(const struct tap_track *t)
+{
+	return &t->hist;
+}
+
+/* ---- read access for the metrics endpoint ---- */
+
+void tap_track_each_conn(const struct tap_track *t, tap_track_conn_fn fn, void *ctx)
+{
+	for (const struct tap_track_conn *c = t->conns; c; c = c->next) {
+		struct tap_track_conn_info info = {
+			.id = c->id,
+			.client = c->client,
+			.product = c->product,
+			.user = c->user,
+			.vhost = c->vhost,
+			.publishes = c->counts.publishes,
+			.routed = c->counts.routed,
+			.returned = c->counts.returned,
+			.unproven = c->counts.unproven,
+			.unknown = c->counts.unknown,
+			.acked = c->counts.acked,
+			.nacked = c->counts.nacked,
+			.outstanding = c->outstanding,
+			.channels = c->n_chans,
+			.blocked = c->blocked,
+			.since_us = c->t_new,
+		};
+		fn(ctx, &info);
+	}
+}
+
+void tap_track_each_confirm_bucket(const struct tap_track *t, tap_track_bucket_fn fn, void *ctx)
+{
+	uint64_t lo = 0;
+	for (unsigned i = 0; i < TAP_HIST_BUCKETS; i++) {
+		uint64_t top = tap_hist_bucket_max(i);
+		uint64_t hi = i == TAP_HIST_BUCKETS - 1 ? t->hist.max + 1 : top + 1; /* the last takes every larger value */
+		if (t->hist.bucket[i])
+			fn(ctx, lo, hi, t->hist.bucket[i]);
+		lo = top + 1;
+	}
+}

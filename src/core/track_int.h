@@ -1,11 +1,28 @@
-/* The tracker's own types, shared by its parts: track.c (the publish lifecycle: events in, one verdict per publish
- * out, and the memory budget), track_conn.c (connections and channels open and close), track_store.c (where
- * outstanding publishes live: channels, slot rings, arenas, queues, and the bytes they cost) and track_record.c
- * (the records of DESIGN §4 as JSON: reads state, changes none). */
+/* The bottom of the tracker: the types every layer shares. The tracker is built in layers that call one way,
+ * each file calling only the ones below it (its header says what it offers):
+ *
+ *   wire events  track.c         publishes, their confirms, time passing (return windows and holds run out)
+ *                track_return.c  Returns and publish-caused closes
+ *                track_conn.c    the tracker, connections and channels open and close, capture gaps
+ *                                (track_event.h: the one thing track.c borrows from track_conn.c)
+ *   budget       track_budget.c  the memory budget and the outstanding bound: evictions, and channels and
+ *                                strings made room for  (track_budget.h)
+ *   lifecycle    track_verdict.c verdict_of decides each publish's verdict, trk_slot_step moves a slot through
+ *                                the states drawn below and ends it in its one `publish` record
+ *                                (track_verdict.h)
+ *   consumers    track_warn.c    the warning rules: every rule decided and counted there  (track_warn.h)
+ *                track_record.c  the records as JSON, and trk_emit, the hook that hands them out
+ *                                (track_record.h)
+ *   store        track_store.c   allocation counted in the budget, channels, slot rings, queues, the deadline
+ *                                heap of the timers  (track_store.h)
+ *   types        this file
+ *
+ * Warnings and records read the store and write through the emit hook: they never call the layers above. */
 #ifndef AMQPTAP_TRACK_INT_H
 #define AMQPTAP_TRACK_INT_H
 
 #include "amqptap/json.h"
+#include "amqptap/record.h"
 #include "amqptap/track.h"
 
 #include "arena.h"
@@ -21,7 +38,7 @@ enum trk_tag {
 };
 
 /* The life of an outstanding publish (a slot). Every arrow that ends in DONE is decided by verdict_of() in
- * track.c and writes the one `publish` record (route/confirm, order when both a Return and a confirm exist):
+ * track_verdict.c and writes the one `publish` record (route/confirm, order when both a Return and a confirm exist):
  *
  *   publish, nothing to wait for (late-return hold 0) ------------------------> DONE unproven/none
  *   publish, plain (no confirm, not mandatory) --> WAIT (PLAIN: held for a publish-caused close)
@@ -150,7 +167,7 @@ struct trk_warn_chan {
 struct trk_chan {
 	uint16_t id;
 	uint8_t mode; /* enum trk_mode */
-	bool closing, close_by_broker, warned_confirm_without_mandatory, warned_ack_before_return;
+	bool closing, close_by_broker;
 	bool pinned;         /* slots are being stored or released in a loop: the ring and arena keep their place */
 	bool shrink_pending; /* slots were released while pinned */
 	uint16_t close_code;
@@ -228,15 +245,12 @@ struct tap_track_conn {
 	uint32_t due_idx;      /* place in t->due + 1, 0: not in it (next_due is INT64_MAX) */
 };
 
-/* The record being written and the second whose date part is formatted (records are written in time order,
- * a few per second share it). Only track_record.c writes these. */
+/* The record being written, and what every record shares (the run id, the date part of the second being
+ * written). Only track_record.c writes these. */
 struct trk_render {
 	struct tap_buf rec;
-	int64_t ts_sec; /* second of ts_str, INT64_MIN: none */
-	char ts_str[32];
-	char run[TAP_TRACK_RUN_MAX + 1];       /* "": no identity members */
-	char run_json[TAP_JSON_ESCAPED_MAX(TAP_TRACK_RUN_MAX)]; /* run, quoted */
-	size_t run_json_len;
+	struct tap_record_head head;
+	char run[TAP_TRACK_RUN_MAX + 1]; /* "": no identity members */
 	char tap_id[TAP_TRACK_TAP_ID_MAX + 1];
 	int64_t started_us;
 };
@@ -319,151 +333,5 @@ static inline void trk_counts_add(struct trk_counts *sum, const struct trk_count
 	sum->acked += k->acked;
 	sum->nacked += k->nacked;
 }
-
-/* ---- track.c: the lifecycle ---- */
-
-/* Counts the record in t->render and hands it to the emit callback. */
-void trk_emit(struct tap_track *t);
-/* Applies ev to outstanding slot n: it waits on, is held, or its record is written (stamped stamp_us) and it is
- * released. */
-void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, enum trk_event ev,
-                   const struct trk_reason *why, int64_t stamp_us);
-/* Evicts the oldest outstanding publishes of the process until need more bytes fit in conf.max_memory, or
- * nothing is left to evict. */
-void trk_make_room(struct tap_track *t, uint64_t need, int64_t now_us);
-/* Zeroed and counted, room made first; NULL when out of memory. */
-void *trk_alloc_in_budget(struct tap_track *t, size_t n, int64_t now_us);
-
-/* ---- track_conn.c ---- */
-
-/* The channel, created (room made first) when new; NULL when out of memory. */
-struct trk_chan *trk_chan_in_budget(struct tap_track_conn *c, uint16_t id, int64_t now_us);
-/* ch was just created by a publish: after tap_track_conn_unseen its mode is unknown. */
-void trk_chan_first_publish(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us);
-
-/* ---- track_store.c ---- */
-
-struct trk_chan *trk_chan_find(const struct tap_track_conn *c, uint16_t id);
-/* The channel the broker's answers on `id` are for: a retired one first (its answers come before the broker
- * takes the new open), else trk_chan_find's. */
-struct trk_chan *trk_chan_answering(const struct tap_track_conn *c, uint16_t id);
-/* Takes ch out of chans and keeps it as c->retired (the one before must be gone). */
-void trk_chan_retire(struct tap_track_conn *c, struct trk_chan *ch);
-/* The channel, created when new (NULL when out of memory). */
-struct trk_chan *trk_chan_get(struct tap_track_conn *c, uint16_t id);
-void trk_chan_free(struct tap_track_conn *c, struct trk_chan *ch);
-/* Rings this small (and arenas of TAP_ARENA_MIN_CAP) stay when their channel empties: a publish-and-wait client
- * allocates nothing. */
-#define TRK_RING_MIN_CAP 16u
-
-/* Bytes growing the ring by one slot would allocate: 0 when a slot is free. */
-static inline uint64_t trk_ring_growth(const struct trk_chan *ch)
-{
-	if (ch->next - ch->base < ch->cap)
-		return 0;
-	return tap_mem_cost((ch->cap ? ch->cap * 2 : TRK_RING_MIN_CAP) * sizeof *ch->ring);
-}
-bool trk_ring_reserve(struct tap_track_conn *c, struct trk_chan *ch);
-bool trk_fifo_push(struct tap_track *t, struct trk_fifo *f, uint64_t v);
-uint64_t trk_fifo_front(const struct trk_fifo *f);
-void trk_fifo_pop(struct trk_fifo *f);
-/* A slot was stored at n (the ring's new tail): count it, put its channel on the active list. */
-void trk_slot_stored(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n);
-/* The slot's record has been written (or is being dropped): release what it holds, move the head, give memory
- * back (unless pinned) when the channel empties or its ring and arena are mostly unused. */
-void trk_slot_release(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n);
-/* Gives memory back when the channel is empty or its ring or arena is a quarter used. */
-void trk_chan_shrink(struct tap_track *t, struct trk_chan *ch);
-
-/* Ends a pinned stretch: gives back what the releases in it would have. */
-static inline void trk_chan_unpin(struct tap_track *t, struct trk_chan *ch)
-{
-	ch->pinned = false;
-	if (ch->shrink_pending) {
-		ch->shrink_pending = false;
-		trk_chan_shrink(t, ch);
-	}
-}
-/* The channel whose base slot is the oldest outstanding publish of the process, or NULL. */
-struct trk_chan *trk_oldest_chan(const struct tap_track *t);
-void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const struct trk_chan *ch, uint64_t n);
-/* Allocations counted in t->mem. */
-void *trk_alloc(struct tap_track *t, size_t n);
-void trk_free(struct tap_track *t, void *p, size_t n);
-/* len bytes and a NUL (free with trk_free(t, p, len + 1)); NULL when out of memory. */
-char *trk_dup(struct tap_track *t, const uint8_t *s, size_t len);
-/* C strings (printed up to their first NUL: they are kept up to it). */
-/* Copies s into *dst (the old value freed); false, *dst NULL and a shortage counted when there was no memory. */
-bool trk_set_str(struct tap_track *t, char **dst, struct tap_slice s);
-bool trk_set_cstr(struct tap_track *t, char **dst, const char *s); /* s NULL: *dst NULL, true */
-void trk_free_str(struct tap_track *t, char **s);
-
-/* ---- track_warn.c: the publisher anti-patterns (DESIGN §4) ---- */
-
-/* Writes the `warning` record of rule (seq 0: none) and counts it. */
-void trk_warn(struct tap_track_conn *c, uint16_t ch, enum tap_track_rule rule, uint64_t seq, int64_t now_us);
-/* A publish on ch (NULL: no memory for the channel) is about to be stored: the rules that look at publishes. */
-void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struct tap_publish *p, int64_t now_us);
-/* Slot e of ch leaves state WAIT (answered by ev, or ended) or HELD; call before its state changes. */
-void trk_warn_settled(struct trk_chan *ch, const struct trk_slot *e, enum trk_event ev, int64_t now_us);
-/* A publish record was written: an id whose publish the client may retransmit (nacked, returned, unknown) leaves
- * the window of recent ids, so the retransmission is no duplicate. */
-void trk_warn_done(struct tap_track_conn *c, const struct trk_view *v, const struct trk_verdict *vd);
-/* ch ends (its close record is written; it is freed next). */
-void trk_warn_chan_end(struct tap_track_conn *c, struct trk_chan *ch, int64_t now_us);
-/* Frees what c keeps for the rules. */
-void trk_warn_conn_free(struct tap_track_conn *c);
-
-/* Whether a channel not known yet would go past the channel_max the client's tune-ok set: as many channels are open
- * already (RabbitMQ counts open channels, whatever their numbers, and refuses one more with a connection error), so
- * no state is kept for it. */
-bool trk_chan_beyond_max(const struct tap_track_conn *c);
-
-/* track.c: every publish of c still waiting is flagged BLOCKED; the tick is to look at c at now_us. */
-void trk_mark_blocked(struct tap_track_conn *c);
-void trk_due_now(struct tap_track_conn *c, int64_t now_us);
-
-/* ---- track_record.c: each builds one record in t->render.rec (the caller emits it) ---- */
-
-/* Takes the identity members (tap_id, run, started_us) of conf. */
-void trk_render_init(struct trk_render *r, const struct tap_track_conf *conf);
-void trk_render_deinit(struct trk_render *r);
-/* The `publish` record. */
-void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
-                        const struct trk_verdict *vd, int64_t now_us);
-/* A publisher anti-pattern seen on publish seq of channel ch. */
-void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
-                        uint64_t seq, int64_t now_us);
-/* A Return as a warning: rule unmatched_return (seq_first 0), or ambiguous_return with the confirm sequence
- * numbers of the first and last of the n publishes it may belong to (0: not in confirm mode). */
-void trk_record_return_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
-                               const struct tap_return *ret, const char *rule, uint64_t n, uint64_t seq_first,
-                               uint64_t seq_last, int64_t now_us);
-void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *event,
-                        int64_t now_us);
-/* culprit (NULL: none) is the JSON object of trk_render_culprit. */
-void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
-                              const struct trk_reason *why, uint64_t unconfirmed, const char *culprit,
-                              size_t culprit_len, int64_t now_us);
-/* {"conn":..,"channel":..,"seq":..,"message_id":..,"exchange":..,"routing_key":..} of a refused publish. */
-void trk_render_culprit(struct tap_buf *out, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v);
-void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, int64_t now_us);
-void trk_record_conn_close(struct trk_render *r, const struct tap_track_conn *c, const struct trk_reason *why,
-                           int64_t now_us);
-void trk_record_blocked(struct trk_render *r, const struct tap_track_conn *c, bool blocked, struct tap_slice reason,
-                        int64_t now_us);
-/* The "conn", "client", "vhost", "user" members every publish record of c starts with, into c->prefix. */
-void trk_render_prefix(struct tap_buf *prefix, const struct tap_track_conn *c);
-/* What trk_render_extra found worth counting. */
-enum trk_extra_note {
-	TRK_EXTRA_KEYS_CUT = 1 << 0,     /* header keys cut to TAP_TRACK_HEADER_*_MAX */
-	TRK_EXTRA_VALUES_CUT = 1 << 1,   /* header values cut to TAP_TRACK_HEADER_VALUE*_MAX */
-	TRK_EXTRA_TRACE_BAD = 1 << 2,    /* a traceparent header that is no W3C traceparent: left out */
-};
-/* The optional members of a publish record (content_type, message_type, app_id, headers, header_values of the
- * comma-separated keys in header_values (NULL: none), trace_id and span_id), rendered once when it is published,
- * into out; returns enum trk_extra_note bits. */
-unsigned trk_render_extra(struct tap_buf *out, const struct tap_publish *p, const char *header_values);
-void trk_summary(const struct tap_track *t, struct tap_buf *out);
 
 #endif

@@ -1,6 +1,7 @@
 /* The tracker's records (DESIGN §4) as JSON: each function builds one record from the tracker's state into the
- * render buffer and changes no tracker state; track.c decides, counts and emits. */
-#include "track_int.h"
+ * render buffer and changes no tracker state; the layers above decide, count and emit. Every record begins with
+ * the header of amqptap/record.h. */
+#include "track_record.h"
 
 #include "amqptap/table.h"
 
@@ -44,10 +45,10 @@ static inline void kv_lit(struct tap_json *j, const char *key, struct json_lit v
 void trk_render_init(struct trk_render *r, const struct tap_track_conf *conf)
 {
 	tap_buf_init(&r->rec);
-	r->ts_sec = INT64_MIN;
+	tap_record_head_init(&r->head, NULL);
 	if (conf->run) {
 		(void)snprintf(r->run, sizeof r->run, "%s", conf->run); /* longer ones are cut to TAP_TRACK_RUN_MAX */
-		r->run_json_len = (size_t)(tap_json_escape_at(r->run_json, r->run, strlen(r->run)) - r->run_json);
+		tap_record_head_init(&r->head, r->run);
 		(void)snprintf(r->tap_id, sizeof r->tap_id, "%s", conf->tap_id ? conf->tap_id : "");
 		r->started_us = conf->started_us;
 	}
@@ -66,64 +67,10 @@ static void str_or_null(struct tap_json *j, const char *key, const char *s)
 		tap_json_kv_null(j, key);
 }
 
-/* "ts" is formatted here rather than through printf: the date part once per second. Writes the quoted value at
- * p, which has room for TS_JSON_MAX bytes; returns its end. */
-#define TS_JSON_MAX 34
-
-static char *put_ts(struct trk_render *r, char *p, int64_t now_us)
-{
-	int64_t sec = now_us / 1000000, us = now_us % 1000000;
-	if (us < 0) {
-		us += 1000000;
-		sec--;
-	}
-	if (sec != r->ts_sec) {
-		tap_format_ts(r->ts_str, sec * 1000000);
-		r->ts_sec = sec;
-	}
-	size_t len = strlen(r->ts_str);
-	*p++ = '"';
-	if (len != 27 || r->ts_str[19] != '.') {
-		char ts[32];
-		tap_format_ts(ts, now_us);
-		len = strlen(ts);
-		memcpy(p, ts, len);
-	} else {
-		memcpy(p, r->ts_str, len);
-		for (int i = 6; i > 0; i--) {
-			p[19 + i] = (char)('0' + us % 10);
-			us /= 10;
-		}
-	}
-	p[len] = '"';
-	return p + len + 1;
-}
-
-static void kv_ts(struct trk_render *r, struct tap_json *j, int64_t now_us)
-{
-	tap_json_key(j, "ts");
-	tap_json_sep(j);
-	if (tap_buf_reserve(j->b, TS_JSON_MAX))
-		j->b->len = (size_t)(put_ts(r, j->b->data + j->b->len, now_us) - j->b->data);
-}
-
-/* The member every record carries (with conn, the join key of merged records), when there is an identity. */
-static void kv_run(const struct trk_render *r, struct tap_json *j)
-{
-	if (r->run[0]) {
-		tap_json_key(j, "run");
-		tap_json_raw(j, r->run_json, r->run_json_len);
-	}
-}
-
 static void rec_begin(struct trk_render *r, struct tap_json *j, const char *type, int64_t now_us)
 {
 	tap_buf_reset(&r->rec);
-	tap_json_init(j, &r->rec);
-	tap_json_obj_begin(j);
-	tap_json_kv_str(j, "type", type);
-	kv_ts(r, j, now_us);
-	kv_run(r, j);
+	tap_record_begin(j, &r->rec, &r->head, type, now_us);
 }
 
 static void write_reason(struct tap_json *j, const struct trk_reason *why)
@@ -211,17 +158,14 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 {
 	struct tap_buf *b = &r->rec;
 	bool prefix = c->prefix.len > 1 && !c->prefix.oom;
-	size_t most = PUBLISH_FIXED_MAX + r->run_json_len + (prefix ? c->prefix.len : conn_members_max(c)) +
+	size_t most = PUBLISH_FIXED_MAX + r->head.run_json_len + (prefix ? c->prefix.len : conn_members_max(c)) +
 	              v->extra_len + TAP_JSON_ESCAPED_MAX(v->exchange_len) + TAP_JSON_ESCAPED_MAX(v->routing_key_len) +
 	              TAP_JSON_ESCAPED_MAX(v->message_id_len) + TAP_JSON_ESCAPED_MAX(v->correlation_id_len) +
 	              TAP_JSON_ESCAPED_MAX(vd->reply_text_len);
 	tap_buf_reset(b);
 	if (!tap_buf_reserve(b, most))
 		return; /* b->oom: counted as a record that could not be written */
-	char *p = PUT(b->data, "{\"type\":\"publish\",\"ts\":");
-	p = put_ts(r, p, now_us);
-	if (r->run[0])
-		p = put(PUT(p, ",\"run\":"), r->run_json, r->run_json_len);
+	char *p = TAP_RECORD_HEAD_AT(&r->head, b->data, "publish", now_us);
 	if (prefix) /* "conn", "client", "vhost", "user" without the brace */
 		p = put(PUT(p, ","), c->prefix.data + 1, c->prefix.len - 1);
 	else /* no memory kept the rendered prefix: the same members, written here */
@@ -674,9 +618,10 @@ void trk_record_conn_close(struct trk_render *r, const struct tap_track_conn *c,
 	tap_json_obj_end(&j);
 }
 
-void trk_record_blocked(struct trk_render *r, const struct tap_track_conn *c, bool blocked, struct tap_slice reason,
-                        int64_t now_us)
+void trk_record_blocked(struct trk_render *r, const struct tap_track_conn *c, enum trk_blocked_record which,
+                        struct tap_slice reason, int64_t now_us)
 {
+	bool blocked = which == TRK_RECORD_BLOCKED;
 	struct tap_json j;
 	rec_begin(r, &j, blocked ? "blocked" : "unblocked", now_us);
 	tap_json_kv_uint(&j, "conn", c->id);

@@ -1,8 +1,9 @@
-/* Where the tracker keeps outstanding publishes: per connection a sorted array of channels created on first use,
- * per channel a ring of 64-byte slots, a FIFO arena for their strings and two queues of slot numbers for the
- * timers. Every byte allocated here is counted in t->mem (the budget of tap_track_conf.max_memory), and given
- * back when a channel empties or its ring and arena fall to a quarter of their size. */
-#include "track_int.h"
+/* Where the tracker keeps outstanding publishes (the bottom layer): per connection a sorted array of channels
+ * created on first use, per channel a ring of 64-byte slots, a FIFO arena for their strings and queues of slot
+ * numbers for the timers. Every byte allocated here is counted in t->mem (the budget of
+ * tap_track_conf.max_memory), and given back when a channel empties or its ring and arena fall to a quarter of
+ * their size. */
+#include "track_store.h"
 
 #include "mem.h"
 
@@ -384,6 +385,18 @@ void trk_chan_shrink(struct tap_track *t, struct trk_chan *ch)
 		chan_shrink_empty(t, ch);
 	else
 		chan_shrink(t, ch);
+}
+
+void trk_mark_blocked(struct tap_track_conn *c)
+{
+	for (uint32_t i = 0; i < c->n_active; i++) {
+		struct trk_chan *ch = c->active[i];
+		for (uint64_t n = ch->base; n < ch->next; n++) {
+			struct trk_slot *e = trk_slot(ch, n);
+			if (e->state == TRK_STATE_WAIT)
+				e->flags |= TRK_FLAG_BLOCKED;
+		}
+	}
 }
 
 void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const struct trk_chan *ch, uint64_t n)

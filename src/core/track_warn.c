@@ -1,7 +1,11 @@
 /* The publisher anti-patterns of DESIGN §4 seen on the wire: each rule writes one `warning` record per channel
- * (channel_churn: per connection) the first time it matches, and every warning is counted by rule in the
- * tracker's stats. The rules read the events track.c and track_conn.c hand them and change no verdict. */
-#include "track_int.h"
+ * (channel_churn: per connection; a Return that matches no publish, or several, every time) the first time it
+ * matches, and every warning is counted by rule in the tracker's stats. The rules read the events the wire-event
+ * and lifecycle layers hand them and change no verdict. */
+#include "track_warn.h"
+
+#include "track_record.h"
+#include "track_store.h"
 
 #include <string.h>
 
@@ -22,24 +26,29 @@ const char *tap_track_rule_name(enum tap_track_rule rule)
 	return rule < TAP_TRACK_N_RULES ? rule_names[rule] : "unknown";
 }
 
-void trk_warn(struct tap_track_conn *c, uint16_t ch, enum tap_track_rule rule, uint64_t seq, int64_t now_us)
+/* The warning record of rule is in t->render: it is emitted and counted (the one place warnings are counted). */
+static void warning_written(struct tap_track *t, enum tap_track_rule rule)
 {
-	struct tap_track *t = c->t;
-	trk_record_warning(&t->render, c, ch, rule_names[rule], seq, now_us);
 	trk_emit(t);
 	t->st.warnings++;
 	t->st.warnings_by_rule[rule]++;
 }
 
-/* Writes rule for ch unless it was written for ch before. */
-static void warn_once(struct tap_track_conn *c, struct trk_chan *ch, enum tap_track_rule rule, uint64_t seq,
-                      int64_t now_us)
+/* Writes the `warning` record of rule (seq 0: none). */
+static void warn(struct tap_track_conn *c, uint16_t ch, enum tap_track_rule rule, uint64_t seq, int64_t now_us)
 {
-	uint16_t bit = (uint16_t)(1u << rule);
+	trk_record_warning(&c->t->render, c, ch, rule_names[rule], seq, now_us);
+	warning_written(c->t, rule);
+}
+
+void trk_warn_once(struct tap_track_conn *c, struct trk_chan *ch, enum tap_track_rule rule, uint64_t seq,
+                   int64_t now_us)
+{
+	uint16_t bit = trk_warn_bit(rule);
 	if (ch->warn.warned & bit)
 		return;
 	ch->warn.warned |= bit;
-	trk_warn(c, ch->id, rule, seq, now_us);
+	warn(c, ch->id, rule, seq, now_us);
 }
 
 /* ---- the recent message ids of a connection ----
@@ -205,6 +214,27 @@ void trk_warn_done(struct tap_track_conn *c, const struct trk_view *v, const str
 
 /* ---- the rules ---- */
 
+
+void trk_warn_unmatched_return(struct tap_track_conn *c, uint16_t id, const struct tap_return *r, int64_t now_us)
+{
+	struct tap_track *t = c->t;
+	enum tap_track_rule rule = TAP_TRACK_RULE_UNMATCHED_RETURN;
+	trk_record_return_warning(&t->render, c, id, r, rule_names[rule], 0, 0, 0, now_us);
+	warning_written(t, rule);
+	t->st.unmatched_returns++;
+}
+
+void trk_warn_ambiguous_return(struct tap_track_conn *c, const struct trk_chan *ch, const struct tap_return *r,
+                               uint64_t n, uint64_t first, uint64_t last, int64_t now_us)
+{
+	struct tap_track *t = c->t;
+	enum tap_track_rule rule = TAP_TRACK_RULE_AMBIGUOUS_RETURN;
+	bool confirm_mode = trk_slot(ch, first)->flags & TRK_FLAG_CONFIRM;
+	trk_record_return_warning(&t->render, c, ch->id, r, rule_names[rule], n, confirm_mode ? first - ch->sel_off : 0,
+	                          confirm_mode ? last - ch->sel_off : 0, now_us);
+	warning_written(t, rule);
+}
+
 void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struct tap_publish *p, int64_t now_us)
 {
 	if (!ch)
@@ -216,12 +246,12 @@ void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struc
 
 	if (!p->header_lost) { /* its properties never came: absent is not known to be missing */
 		if (confirm_mode && !(p->has_delivery_mode && p->delivery_mode == 2))
-			warn_once(c, ch, TAP_TRACK_RULE_TRANSIENT_IN_CONFIRM_MODE, seq, now_us);
+			trk_warn_once(c, ch, TAP_TRACK_RULE_TRANSIENT_IN_CONFIRM_MODE, seq, now_us);
 		bool has_id = p->has_message_id && p->message_id.len;
 		if (!has_id)
-			warn_once(c, ch, TAP_TRACK_RULE_MISSING_MESSAGE_ID, seq, now_us);
+			trk_warn_once(c, ch, TAP_TRACK_RULE_MISSING_MESSAGE_ID, seq, now_us);
 		else if (seen_recently(c, p->message_id))
-			warn_once(c, ch, TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID, seq, now_us);
+			trk_warn_once(c, ch, TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID, seq, now_us);
 	}
 
 	if (confirm_mode) {
@@ -234,7 +264,7 @@ void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struc
 		              now_us - w->t_answer <= TAP_TRACK_WAIT_GAP_US;
 		w->waited_run = waited ? w->waited_run + 1 : 0;
 		if (w->waited_run >= TAP_TRACK_WAIT_RUN)
-			warn_once(c, ch, TAP_TRACK_RULE_PUBLISH_AND_WAIT, seq, now_us);
+			trk_warn_once(c, ch, TAP_TRACK_RULE_PUBLISH_AND_WAIT, seq, now_us);
 		w->confirm_publishes++;
 		w->unanswered++;
 	}
@@ -258,5 +288,5 @@ void trk_warn_chan_end(struct tap_track_conn *c, struct trk_chan *ch, int64_t no
 		return;
 	c->warned_churn = true;
 	uint64_t seq = ch->mode == TRK_MODE_CONFIRM && ch->next > ch->sel_off ? ch->next - 1 - ch->sel_off : 0;
-	trk_warn(c, ch->id, TAP_TRACK_RULE_CHANNEL_CHURN, seq, now_us);
+	warn(c, ch->id, TAP_TRACK_RULE_CHANNEL_CHURN, seq, now_us);
 }

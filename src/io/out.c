@@ -5,6 +5,7 @@
 #include "amqptap/buf.h"
 #include "amqptap/json.h"
 #include "amqptap/log.h"
+#include "amqptap/record.h"
 #include "amqptap/thread.h"
 
 #include <errno.h>
@@ -239,12 +240,7 @@ static void loss_note(struct tap_buf *b, const struct tap_out *o, uint64_t lost,
 		return;
 	}
 	struct tap_json j;
-	tap_json_init(&j, b);
-	tap_json_obj_begin(&j);
-	tap_json_kv_str(&j, "type", "records_lost");
-	tap_json_kv_ts(&j, "ts", wall_us());
-	if (o->run) /* merged records of many taps: whose loss this is */
-		tap_json_kv_str(&j, "run", o->run);
+	tap_record_begin_once(&j, b, "records_lost", wall_us(), o->run); /* run: whose loss, in merged records */
 	if (o->tap_id)
 		tap_json_kv_str(&j, "tap", o->tap_id);
 	tap_json_kv_str(&j, "output", o->name);

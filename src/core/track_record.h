@@ -1,0 +1,67 @@
+/* The tracker's records (track_record.c, a consumer of the store): each function builds one record of DESIGN §4
+ * in t->render.rec from the tracker's state and changes none of it; trk_emit hands the record to the emit hook. */
+#ifndef AMQPTAP_TRACK_RECORD_H
+#define AMQPTAP_TRACK_RECORD_H
+
+#include "track_int.h"
+
+/* Counts the record in t->render and hands it to the emit callback (a record that had no memory is counted lost). */
+static inline void trk_emit(struct tap_track *t)
+{
+	t->st.records++;
+	if (t->render.rec.oom) {
+		t->st.oom++;
+		t->st.records_oom++;
+		return;
+	}
+	t->emit(t->ctx, t->render.rec.data, t->render.rec.len);
+}
+
+/* Takes the identity members (tap_id, run, started_us) of conf. */
+void trk_render_init(struct trk_render *r, const struct tap_track_conf *conf);
+void trk_render_deinit(struct trk_render *r);
+/* The `publish` record. */
+void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
+                        const struct trk_verdict *vd, int64_t now_us);
+/* A publisher anti-pattern seen on publish seq of channel ch. */
+void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
+                        uint64_t seq, int64_t now_us);
+/* A Return as a warning: rule unmatched_return (seq_first 0), or ambiguous_return with the confirm sequence
+ * numbers of the first and last of the n publishes it may belong to (0: not in confirm mode). */
+void trk_record_return_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
+                               const struct tap_return *ret, const char *rule, uint64_t n, uint64_t seq_first,
+                               uint64_t seq_last, int64_t now_us);
+void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *event,
+                        int64_t now_us);
+/* culprit (NULL: none) is the JSON object of trk_render_culprit. */
+void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
+                              const struct trk_reason *why, uint64_t unconfirmed, const char *culprit,
+                              size_t culprit_len, int64_t now_us);
+/* {"conn":..,"channel":..,"seq":..,"message_id":..,"exchange":..,"routing_key":..} of a refused publish. */
+void trk_render_culprit(struct tap_buf *out, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v);
+void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, int64_t now_us);
+void trk_record_conn_close(struct trk_render *r, const struct tap_track_conn *c, const struct trk_reason *why,
+                           int64_t now_us);
+/* A `blocked` record (the broker's connection.blocked with its reason) or an `unblocked` one. */
+enum trk_blocked_record {
+	TRK_RECORD_UNBLOCKED,
+	TRK_RECORD_BLOCKED,
+};
+void trk_record_blocked(struct trk_render *r, const struct tap_track_conn *c, enum trk_blocked_record which,
+                        struct tap_slice reason, int64_t now_us);
+/* The "conn", "client", "vhost", "user" members every publish record of c starts with, into c->prefix. */
+void trk_render_prefix(struct tap_buf *prefix, const struct tap_track_conn *c);
+/* What trk_render_extra found worth counting. */
+enum trk_extra_note {
+	TRK_EXTRA_KEYS_CUT = 1 << 0,     /* header keys cut to TAP_TRACK_HEADER_*_MAX */
+	TRK_EXTRA_VALUES_CUT = 1 << 1,   /* header values cut to TAP_TRACK_HEADER_VALUE*_MAX */
+	TRK_EXTRA_TRACE_BAD = 1 << 2,    /* a traceparent header that is no W3C traceparent: left out */
+};
+/* The optional members of a publish record (content_type, message_type, app_id, headers, header_values of the
+ * comma-separated keys in header_values (NULL: none), trace_id and span_id), rendered once when it is published,
+ * into out; returns enum trk_extra_note bits. */
+unsigned trk_render_extra(struct tap_buf *out, const struct tap_publish *p, const char *header_values);
+/* The human summary of tap_track_summary. */
+void trk_summary(const struct tap_track *t, struct tap_buf *out);
+
+#endif
