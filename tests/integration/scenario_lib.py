@@ -24,9 +24,16 @@ def broker_sh(*args, timeout=180):
 
 
 def params(port, host="127.0.0.1", **kw):
+    """pika connection parameters for the scenarios: no heartbeats (they would add frames the records do not
+    expect), no blocked-connection timeout; kw adds or overrides."""
     kw.setdefault("heartbeat", 0)
     kw.setdefault("blocked_connection_timeout", None)
     return pika.ConnectionParameters(host, port, **kw)
+
+
+def props(mid, **kw):
+    """pika message properties with message_id mid (how a test finds its publish's record) and kw."""
+    return pika.BasicProperties(message_id=mid, **kw)
 
 
 def direct_connection():

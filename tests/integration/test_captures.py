@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 
-from capture_scenarios import Admin, params, props, replay  # noqa: E402
+from capture_scenarios import Admin, params, props  # noqa: E402
 from scenario_lib import RawClient  # noqa: E402
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, TapTestCase, main, read_records,  # noqa: E402
+from tapharness import (BROKER_PORT, SOURCE_DIR, TapTestCase, main, read_records, replay,  # noqa: E402
                         require_broker, wait_for, without_identity)
 
 CAPTURES = os.path.join(SOURCE_DIR, "captures")
@@ -125,8 +125,8 @@ class GoldenCaptures(unittest.TestCase):
             with self.subTest(capture=name):
                 out = os.path.join(self.dir, name + ".jsonl")
                 frames = os.path.join(self.dir, name + ".frames.jsonl")
-                r = replay(cap, capture_port(cap), out, frames)
-                self.assertEqual(r.returncode, 0, r.stderr.decode())
+                r = replay(cap, capture_port(cap), verdicts=out, frames=frames)
+                self.assertEqual(r.returncode, 0, r.stderr())
                 with open(out, "rb") as a, open(cap[:-7] + ".verdicts.jsonl", "rb") as b:
                     got, want = a.read(), b.read()
                 if got != want:
@@ -236,8 +236,8 @@ class LiveEqualsReplay(TapTestCase):
         d, cap, live, live_frames = self.run_live(timers)
         out = os.path.join(d, "replay.jsonl")
         frames = os.path.join(d, "replay.frames.jsonl")
-        r = replay(cap, BROKER_PORT, out, frames)
-        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        r = replay(cap, BROKER_PORT, verdicts=out, frames=frames)
+        self.assertEqual(r.returncode, 0, r.stderr())
         rep = read_records(out)
         live = without_identity(self, live)  # replay leaves it out to stay deterministic (README)
         key = lambda x: (x["type"], x.get("conn"), x.get("channel"), x.get("message_id"), x.get("event"),  # noqa
@@ -285,8 +285,8 @@ class LiveEqualsReplay(TapTestCase):
         live = sorted(r["by"] for r in tap.records("connection") if r["event"] == "close")
         self.assertEqual(live, ["client_eof", "client_reset"])
         out = os.path.join(d, "replay.jsonl")
-        r = replay(cap, BROKER_PORT, out)
-        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        r = replay(cap, BROKER_PORT, verdicts=out)
+        self.assertEqual(r.returncode, 0, r.stderr())
         self.assertEqual(sorted(x["by"] for x in read_records(out) if x["type"] == "connection" and
                                 x["event"] == "close"), live)
         resets = subprocess.run(["tshark", "-r", cap, "-Y", "tcp.flags.reset == 1"],
@@ -313,8 +313,8 @@ class TsharkCommitted(unittest.TestCase):
             with self.subTest(capture=name):
                 port = capture_port(cap)
                 out, frames = os.path.join(d, name + ".jsonl"), os.path.join(d, name + ".frames.jsonl")
-                r = replay(cap, port, out, frames)
-                self.assertEqual(r.returncode, 0, r.stderr.decode())
+                r = replay(cap, port, verdicts=out, frames=frames)
+                self.assertEqual(r.returncode, 0, r.stderr())
                 want = tap_frames_by_stream(read_records(frames), read_records(out))
                 got = tshark_frames_by_stream(cap, port)
                 self.assertEqual(sorted(got), sorted(want))
@@ -370,8 +370,8 @@ class ForeignCapture(unittest.TestCase):
             dc.send_signal(signal.SIGINT)
             dc.wait(15)
         out = os.path.join(d, "v.jsonl")
-        r = replay(cap, BROKER_PORT, out)
-        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        r = replay(cap, BROKER_PORT, verdicts=out)
+        self.assertEqual(r.returncode, 0, r.stderr())
         got = {x["message_id"]: (x["route"], x["confirm"]) for x in read_records(out)
                if x["type"] == "publish" and (x.get("message_id") or "").startswith("dc-")}
         self.assertEqual(got, {"dc-routed": ("routed", "ack"), "dc-returned": ("returned", "ack"),
@@ -394,11 +394,8 @@ class CorruptCaptures(unittest.TestCase):
         with open(path, "wb") as f:
             f.write(data)
         out = os.path.join(self.dir, f"c{self.n}.jsonl")
-        env = dict(os.environ, ASAN_OPTIONS="abort_on_error=0:detect_leaks=1")
-        r = subprocess.run([AMQPTAP_BIN, "replay", path, "--port", str(port), "--verdicts", out],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60,
-                           env=env)
-        return r.returncode, r.stderr.decode(), read_records(out)
+        r = replay(path, port, verdicts=out, env={"ASAN_OPTIONS": "abort_on_error=0:detect_leaks=1"}, timeout=60)
+        return r.returncode, r.stderr(), read_records(out)
 
     def check_fault(self, data, port, bad_block_off, label):
         rc, err, recs = self.run_replay(data, port)

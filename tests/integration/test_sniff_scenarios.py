@@ -17,14 +17,12 @@
 import collections
 import json
 import os
-import signal
 import subprocess
-import tempfile
 
 import pika
 import pika.exceptions
 
-from tapharness import AMQPTAP_BIN, BROKER_PORT, CLIENTS_DIR, main, read_records, wait_for, without_identity
+from tapharness import BROKER_PORT, CLIENTS_DIR, main, read_records, wait_for, without_identity
 from scenario_lib import ScenarioCase, params
 
 MIB = 1024 * 1024
@@ -68,24 +66,15 @@ class SniffScenarios(ScenarioCase):
         return read_records(tap.verdicts)
 
     def sniffed(self, drive, *extra):
-        with tempfile.TemporaryDirectory() as d:
-            verdicts = os.path.join(d, "sniff.jsonl")
-            errpath = os.path.join(d, "sniff.err")
-            with open(errpath, "w") as err:
-                p = subprocess.Popen([AMQPTAP_BIN, "sniff", "-i", "lo", "--port", str(BROKER_PORT), "--verdicts",
-                                      verdicts, "--return-window", "300", *extra], stdout=subprocess.DEVNULL,
-                                     stderr=err)
-            try:
-                self.assertTrue(wait_for(lambda: "sniffing on" in open(errpath).read() or p.poll() is not None, 10))
-                self.assertIsNone(p.poll(), open(errpath).read())
-                drive(BROKER_PORT)
-                # the last packets are on lo already; the sniffer reads them within its 10 ms tick
-                wait_for(lambda: False, 0.3)
-            finally:
-                p.send_signal(signal.SIGINT)
-                rc = p.wait(timeout=30)
-            self.assertEqual(rc, 0, open(errpath).read())
-            return read_records(verdicts)
+        s = self.start_sniff(["--return-window", "300", *extra])
+        try:
+            drive(BROKER_PORT)
+            # the last packets are on lo already; the sniffer reads them within its 10 ms tick
+            wait_for(lambda: False, 0.3)
+        finally:
+            rc = s.stop(timeout=30)
+        self.assertEqual(rc, 0, s.stderr())
+        return s.records()
 
     def assertSame(self, drive, between=None):
         """Runs drive(port) through the proxy, then (after between()) directly under the sniffer; compares."""
