@@ -83,6 +83,7 @@ class ScenarioCase(TapTestCase):
         require_broker(self)
         self.prefix = f"scn.{self._testMethodName}.{uuid.uuid4().hex[:8]}"
         self._admin = None
+        self._queues = []
 
     def name(self, suffix):
         return f"{self.prefix}.{suffix}"
@@ -101,8 +102,22 @@ class ScenarioCase(TapTestCase):
     def declare_queue(self, suffix, **kw):
         q = self.name(suffix)
         self.admin().queue_declare(q, auto_delete=False, **kw)
-        self.addCleanup(self._delete, "queue", q)
+        self.own_queue(q)
         return q
+
+    def own_queue(self, q):
+        """q is the test's: deleted after it, and one of the queues purge_queues() empties."""
+        if q not in self._queues:
+            self._queues.append(q)
+            self.addCleanup(self._delete, "queue", q)
+
+    def purge_queues(self):
+        """Empties every queue the test owns that exists (so that a drive run again starts as the first did)."""
+        for q in self._queues:
+            try:
+                self.admin().queue_purge(q)
+            except pika.exceptions.ChannelClosedByBroker:  # not declared (yet): nothing in it
+                pass
 
     def declare_exchange(self, suffix, kind, **kw):
         x = self.name(suffix)
