@@ -36,6 +36,12 @@ def props(mid, **kw):
     return pika.BasicProperties(message_id=mid, **kw)
 
 
+def text_props(mid, **kw):
+    """props() of a persistent text/plain message unless kw says otherwise (a well-behaved publisher's; the
+    captures' messages)."""
+    return props(mid, **{"delivery_mode": 2, "content_type": "text/plain", **kw})
+
+
 def direct_connection():
     """A pika connection straight to the broker (not through the tap) for declaring and inspecting objects."""
     return pika.BlockingConnection(params(BROKER_PORT, BROKER_HOST))

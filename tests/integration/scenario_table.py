@@ -17,7 +17,7 @@ import pika
 import pika.exceptions
 
 from tapharness import CLIENTS_DIR, MIB, read_records, wait_for
-from scenario_lib import RawClient, broker_sh, params, props, traced_publishes
+from scenario_lib import RawClient, broker_sh, params, props, text_props, traced_publishes
 
 DRIVERS = ("proxy", "sniff", "capture")
 
@@ -517,18 +517,13 @@ def expect_rabbitmqc_stream_publisher_returns(case, out, _facts):
 
 # ---- the golden captures: fixed names (cap.<scenario>.*, so that a re-recording has the same shape) ----
 
-def cap_props(mid, **kw):
-    """The captures' message properties: persistent text/plain unless kw says otherwise."""
-    return props(mid, **{"delivery_mode": 2, "content_type": "text/plain", **kw})
-
-
 def publish_all(ch, exchange, items, mandatory=True):
     """items: (routing_key, message_id[, properties kw]); pika's blocking publish raises on return/nack."""
     for item in items:
         key, mid = item[0], item[1]
         kw = item[2] if len(item) > 2 else {}
         try:
-            ch.basic_publish(exchange, key, f"body of {mid}".encode(), cap_props(mid, **kw), mandatory=mandatory)
+            ch.basic_publish(exchange, key, f"body of {mid}".encode(), text_props(mid, **kw), mandatory=mandatory)
         except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
             pass
 
@@ -539,7 +534,7 @@ def drive_returned_noconfirm(run):
     with run.connect() as c:
         ch = c.channel()
         for i in range(1, 21):
-            ch.basic_publish(x, "nomatch", f"unroutable {i}".encode(), cap_props(f"nc-{i}"), mandatory=True)
+            ch.basic_publish(x, "nomatch", f"unroutable {i}".encode(), text_props(f"nc-{i}"), mandatory=True)
         c.process_data_events(0.3)  # the returns arrive before the close
 
 
@@ -597,12 +592,12 @@ def drive_missing_exchange(run):
         ch = c.channel()
         ch.confirm_delivery()
         try:
-            ch.basic_publish(run.name("nope"), "k", b"to nowhere", cap_props("missing-1"), mandatory=True)
+            ch.basic_publish(run.name("nope"), "k", b"to nowhere", text_props("missing-1"), mandatory=True)
         except pika.exceptions.ChannelClosedByBroker:
             pass
         ch2 = c.channel()
         ch2.confirm_delivery()
-        ch2.basic_publish("", "amq.nothing", b"after", cap_props("after-404"), mandatory=False)
+        ch2.basic_publish("", "amq.nothing", b"after", text_props("after-404"), mandatory=False)
 
 
 def expect_missing_exchange(case, out, _facts):
@@ -676,7 +671,7 @@ def async_session(port, count, routing_key="", persistent=False):
     def publish(ch):
         for i in range(1, count + 1):
             ch.basic_publish("", routing_key, f"stream message {i:04d}".encode(),
-                             cap_props(f"s-{i}", delivery_mode=2 if persistent else 1))
+                             text_props(f"s-{i}", delivery_mode=2 if persistent else 1))
 
     def on_confirm(frame):
         m = frame.method
@@ -710,9 +705,9 @@ def drive_cap_large_message(run):
     with run.connect(frame_max=4096) as c:
         ch = c.channel()
         ch.confirm_delivery()
-        ch.basic_publish("", q, bytes(range(256)) * 80, cap_props("large-20k"), mandatory=True)
+        ch.basic_publish("", q, bytes(range(256)) * 80, text_props("large-20k"), mandatory=True)
         try:
-            ch.basic_publish("", run.name("none"), b"x" * 9000, cap_props("large-9k-returned"), mandatory=True)
+            ch.basic_publish("", run.name("none"), b"x" * 9000, text_props("large-9k-returned"), mandatory=True)
         except pika.exceptions.UnroutableError:
             pass
 
@@ -728,10 +723,10 @@ def drive_tx_channel(run):
     with run.connect() as c:
         ch = c.channel()
         ch.tx_select()
-        ch.basic_publish("", q, b"tx 1", cap_props("tx-1"))
-        ch.basic_publish("", q, b"tx 2", cap_props("tx-2"))
+        ch.basic_publish("", q, b"tx 1", text_props("tx-1"))
+        ch.basic_publish("", q, b"tx 2", text_props("tx-2"))
         ch.tx_commit()
-        ch.basic_publish("", q, b"tx 3", cap_props("tx-3"))
+        ch.basic_publish("", q, b"tx 3", text_props("tx-3"))
         ch.tx_rollback()
 
 
@@ -751,12 +746,12 @@ def drive_client_killed(run):
             c = pika.BlockingConnection(params(run.port))
             ch = c.channel()
             ch.confirm_delivery()
-            ch.basic_publish("", q, b"killed 001", cap_props("k-1"))
+            ch.basic_publish("", q, b"killed 001", text_props("k-1"))
             broker_sh("ctl", "set_vm_memory_high_watermark", "0")
-            ch._impl.basic_publish("", q, b"killed 002", cap_props("k-2"))
+            ch._impl.basic_publish("", q, b"killed 002", text_props("k-2"))
             c.process_data_events(0.5)  # the broker blocks the connection and stops reading it
             for i in range(3, 51):  # the channel's own publish, which does not wait for the confirm
-                ch._impl.basic_publish("", q, f"killed {i:03d}".encode(), cap_props(f"k-{i}"))
+                ch._impl.basic_publish("", q, f"killed {i:03d}".encode(), text_props(f"k-{i}"))
             c.process_data_events(0.2)  # writes them out
             os.kill(os.getpid(), signal.SIGKILL)
         finally:

@@ -24,8 +24,8 @@ import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 
 from capture_scenarios import Admin  # noqa: E402
-from scenario_lib import RawClient, params  # noqa: E402
-from scenario_table import RecordFile, cap_props, scenarios  # noqa: E402
+from scenario_lib import RawClient, params, text_props  # noqa: E402
+from scenario_table import RecordFile, scenarios  # noqa: E402
 from tapharness import (BROKER_PORT, SOURCE_DIR, TapTestCase, main, read_records, replay,  # noqa: E402
                         require_broker, wait_for, without_identity)
 
@@ -166,29 +166,29 @@ class LiveEqualsReplay(TapTestCase):
             ch = c.channel()
             ch.confirm_delivery()
             if timers:
-                ch.basic_publish("", q, b"one", cap_props("live-routed"), mandatory=True)
+                ch.basic_publish("", q, b"one", text_props("live-routed"), mandatory=True)
             try:
-                ch.basic_publish("", "cap.live.none", b"two", cap_props("live-returned"), mandatory=True)
+                ch.basic_publish("", "cap.live.none", b"two", text_props("live-returned"), mandatory=True)
             except pika.exceptions.UnroutableError:
                 pass
-            ch.basic_publish("", qn, b"fits", cap_props("live-fits"))
+            ch.basic_publish("", qn, b"fits", text_props("live-fits"))
             try:
-                ch.basic_publish("", qn, b"full", cap_props("live-nack"))
+                ch.basic_publish("", qn, b"full", text_props("live-nack"))
             except pika.exceptions.NackError:
                 pass
             nc = c.channel()
-            nc.basic_publish("", "cap.live.none", b"three", cap_props("live-nc-returned"), mandatory=True)
+            nc.basic_publish("", "cap.live.none", b"three", text_props("live-nc-returned"), mandatory=True)
             c.process_data_events(0.2)
             tx = c.channel()
             tx.tx_select()
-            tx.basic_publish("", q, b"tx", cap_props("live-tx"))
+            tx.basic_publish("", q, b"tx", text_props("live-tx"))
             tx.tx_commit()
         with pika.BlockingConnection(params(port, frame_max=4096)) as c:
             ch = c.channel()
             ch.confirm_delivery()
-            ch.basic_publish("", q, b"L" * 10000, cap_props("live-large"), mandatory=timers)
+            ch.basic_publish("", q, b"L" * 10000, text_props("live-large"), mandatory=timers)
             try:
-                ch.basic_publish("cap.live.nope", "k", b"x", cap_props("live-404"))
+                ch.basic_publish("cap.live.nope", "k", b"x", text_props("live-404"))
             except pika.exceptions.ChannelClosedByBroker:
                 pass
         return 8 if timers else 7
@@ -328,18 +328,18 @@ class ForeignCapture(unittest.TestCase):
             with pika.BlockingConnection(params(BROKER_PORT)) as c:
                 ch = c.channel()
                 ch.confirm_delivery()
-                ch.basic_publish("", q, b"a", cap_props("dc-routed"), mandatory=True)
+                ch.basic_publish("", q, b"a", text_props("dc-routed"), mandatory=True)
                 try:
-                    ch.basic_publish("", "cap.dumpcap.none", b"b", cap_props("dc-returned"), mandatory=True)
+                    ch.basic_publish("", "cap.dumpcap.none", b"b", text_props("dc-returned"), mandatory=True)
                 except pika.exceptions.UnroutableError:
                     pass
-                ch.basic_publish("", full, b"c", cap_props("dc-fits"))
+                ch.basic_publish("", full, b"c", text_props("dc-fits"))
                 try:
-                    ch.basic_publish("", full, b"d", cap_props("dc-nack"))
+                    ch.basic_publish("", full, b"d", text_props("dc-nack"))
                 except pika.exceptions.NackError:
                     pass
                 nc = c.channel()
-                nc.basic_publish("", "cap.dumpcap.none", b"e", cap_props("dc-nc-returned"), mandatory=True)
+                nc.basic_publish("", "cap.dumpcap.none", b"e", text_props("dc-nc-returned"), mandatory=True)
                 c.process_data_events(0.2)
             time.sleep(0.5)
         finally:

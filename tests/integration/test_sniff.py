@@ -41,19 +41,19 @@ def scenario(port, tag):
     x = f"sniff.{tag}.x"
     ch.exchange_declare(x, "direct", auto_delete=True)
     ch.queue_bind(q, x, routing_key="k")
-    props = lambda mid: pika.BasicProperties(message_id=mid, delivery_mode=2)  # noqa: E731
-    ch.basic_publish(x, "k", b"routed", props("routed"), mandatory=True)
+    ch.basic_publish(x, "k", b"routed", props("routed", delivery_mode=2), mandatory=True)
     try:
-        ch.basic_publish(x, "nomatch", b"returned", props("returned"), mandatory=True)
+        ch.basic_publish(x, "nomatch", b"returned", props("returned", delivery_mode=2), mandatory=True)
     except pika.exceptions.UnroutableError:
         pass
-    ch.basic_publish(x, "nomatch", b"unproven", props("no-mandatory"))
+    ch.basic_publish(x, "nomatch", b"unproven", props("no-mandatory", delivery_mode=2))
     try:
-        ch.basic_publish(f"sniff.{tag}.nope", "k", b"lost", props("missing-exchange"), mandatory=True)
+        ch.basic_publish(f"sniff.{tag}.nope", "k", b"lost", props("missing-exchange", delivery_mode=2),
+                         mandatory=True)
     except pika.exceptions.ChannelClosedByBroker:
         pass
     ch2 = conn.channel()
-    ch2.basic_publish("", f"sniff.{tag}.none", b"nc", props("no-confirm"), mandatory=True)
+    ch2.basic_publish("", f"sniff.{tag}.none", b"nc", props("no-confirm", delivery_mode=2), mandatory=True)
     ch2.queue_delete(q)
     conn.close()
 
@@ -235,7 +235,6 @@ class Sniff(TapTestCase):
         ch1 = conn.channel()
         ch1.confirm_delivery()
         ch1.queue_declare(q, auto_delete=True)
-        props = lambda mid: pika.BasicProperties(message_id=mid)  # noqa: E731
         ch1.basic_publish("", q, b"before", props("before"), mandatory=True)
         s = self.sniff()
         try:
@@ -320,9 +319,9 @@ def publish_some(host, port, tag):
     q = f"sniff.{tag}.{os.getpid()}"
     ch.queue_declare(q, auto_delete=True)
     for i in range(5):
-        ch.basic_publish("", q, b"x" * i, pika.BasicProperties(message_id=f"{tag}-{i}"), mandatory=True)
+        ch.basic_publish("", q, b"x" * i, props(f"{tag}-{i}"), mandatory=True)
     try:
-        ch.basic_publish("", q + ".absent", b"r", pika.BasicProperties(message_id=f"{tag}-ret"), mandatory=True)
+        ch.basic_publish("", q + ".absent", b"r", props(f"{tag}-ret"), mandatory=True)
     except pika.exceptions.UnroutableError:
         pass
     conn.close()
