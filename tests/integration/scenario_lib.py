@@ -42,6 +42,34 @@ def text_props(mid, **kw):
     return props(mid, **{"delivery_mode": 2, "content_type": "text/plain", **kw})
 
 
+def pipelined(conn_params, routing_key, messages, mandatory):
+    """One pika SelectConnection, one confirm channel: every (properties, body) of messages written at once to the
+    default exchange (so many are in flight and the broker answers with multiple=true acks), then a clean close
+    once the broker confirmed them all (or after 30 s). Returns the highest delivery tag confirmed."""
+    state = {"confirmed": 0}
+
+    def on_open(conn):
+        conn.channel(on_open_callback=on_channel)
+
+    def on_channel(ch):
+        ch.confirm_delivery(on_confirm, callback=lambda _f: publish(ch))
+
+    def publish(ch):
+        for p, body in messages:
+            ch.basic_publish("", routing_key, body, p, mandatory=mandatory)
+
+    def on_confirm(frame):
+        state["confirmed"] = frame.method.delivery_tag
+        if frame.method.delivery_tag >= len(messages):
+            conn.close()
+
+    conn = pika.SelectConnection(conn_params, on_open_callback=on_open,
+                                 on_close_callback=lambda *_a: conn.ioloop.stop())
+    conn.ioloop.call_later(30, conn.ioloop.stop)
+    conn.ioloop.start()
+    return state["confirmed"]
+
+
 def direct_connection():
     """A pika connection straight to the broker (not through the tap) for declaring and inspecting objects."""
     return pika.BlockingConnection(params(BROKER_PORT, BROKER_HOST))

@@ -17,7 +17,7 @@ import pika
 import pika.exceptions
 
 from tapharness import CLIENTS_DIR, MIB, read_records, wait_for
-from scenario_lib import RawClient, broker_sh, params, props, text_props, traced_publishes
+from scenario_lib import RawClient, broker_sh, params, pipelined, props, text_props, traced_publishes
 
 DRIVERS = ("proxy", "sniff", "capture")
 
@@ -656,41 +656,11 @@ def expect_nack_max_length(case, out, _facts):
     case.assertEqual([p[f"len-{i}"]["confirm"] for i in range(1, 6)], ["ack", "ack", "nack", "nack", "nack"])
 
 
-def async_session(port, count, routing_key="", persistent=False):
-    """A pika SelectConnection: confirm mode, `count` publishes written at once (so many are in flight and the
-    broker answers with multiple=true acks), then a clean close once all are confirmed."""
-    state = {"confirmed": 0}
-
-    def on_open(conn):
-        conn.channel(on_open_callback=on_channel)
-
-    def on_channel(ch):
-        state["ch"] = ch
-        ch.confirm_delivery(on_confirm, callback=lambda _f: publish(ch))
-
-    def publish(ch):
-        for i in range(1, count + 1):
-            ch.basic_publish("", routing_key, f"stream message {i:04d}".encode(),
-                             text_props(f"s-{i}", delivery_mode=2 if persistent else 1))
-
-    def on_confirm(frame):
-        m = frame.method
-        if isinstance(m, pika.spec.Basic.Ack) or isinstance(m, pika.spec.Basic.Nack):
-            state["confirmed"] = m.delivery_tag
-            if m.delivery_tag >= count:
-                conn.close()
-
-    conn = pika.SelectConnection(params(port), on_open_callback=on_open,
-                                 on_close_callback=lambda *_a: conn.ioloop.stop())
-    conn.ioloop.call_later(30, conn.ioloop.stop)
-    conn.ioloop.start()
-    return state["confirmed"]
-
-
 def drive_streaming_confirms(run):
     """§7.8: 300 publishes in flight on one confirm channel; acks with multiple=true cover ranges."""
     q = run.queue("q")
-    async_session(run.port, 300, routing_key=q)
+    messages = [(text_props(f"s-{i}", delivery_mode=1), f"stream message {i:04d}".encode()) for i in range(1, 301)]
+    pipelined(params(run.port), q, messages, mandatory=False)
 
 
 def expect_streaming_confirms(case, out, _facts):
@@ -776,6 +746,9 @@ NO_CAPTURE = "no golden capture: captures/ holds one small recording of each §7
 TAP_ITSELF = "the event under test is the proxy's own stop (SIGTERM with verdicts pending), not traffic"
 BATCHING = ("which Returns are ambiguous depends on how the broker batches its acks in each run, so two runs need "
             "not give the same records")
+HELD_ORDER = ("28 confirm + mandatory publishes alternate routed ones, written when their hold for a late Return "
+              "ends (on the proxy's clock; under the sniffer on the capture's), and returned ones, written at their "
+              "ack: the order of the two on the channel, which the sniff driver compares, differs from run to run")
 GOLDEN_ONLY = "a golden capture: replayed against its committed records by test_captures"
 
 SCENARIOS = [
@@ -786,7 +759,8 @@ SCENARIOS = [
     Scenario("3_exchange_types", "§7.3", drive_exchange_types, expect_exchange_types, skip={"capture": NO_CAPTURE}),
     Scenario("4_alternate_exchange", "§7.4", drive_alternate_exchange, expect_alternate_exchange,
              skip={"capture": NO_CAPTURE}),
-    Scenario("5_topic_words", "§7.5", drive_topic_words, expect_topic_words, skip={"capture": NO_CAPTURE}),
+    Scenario("5_topic_words", "§7.5", drive_topic_words, expect_topic_words,
+             skip={"capture": NO_CAPTURE, "sniff": HELD_ORDER}),
     Scenario("6_confirm_without_mandatory", "§7.6", drive_confirm_without_mandatory, expect_confirm_without_mandatory,
              skip={"capture": NO_CAPTURE}),
     Scenario("7_nack_on_reject_publish", "§7.7", drive_nack_on_reject_publish, expect_nack_on_reject_publish,

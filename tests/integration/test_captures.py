@@ -101,6 +101,26 @@ def tshark_frames_by_stream(cap, port):
     return out
 
 
+def publish_mix(c, ch, tag, routed, full, unroutable, bodies):
+    """On ch (confirm mode) of connection c: a confirm + mandatory publish routed to queue `routed` (left out when
+    None) and one returned from `unroutable`, one that fits `full` (max length 1, reject-publish) and one nacked;
+    then on a new plain channel a mandatory publish returned. Message ids are TAG-routed etc; bodies, one each."""
+    if routed:
+        ch.basic_publish("", routed, bodies[0], text_props(f"{tag}-routed"), mandatory=True)
+    try:
+        ch.basic_publish("", unroutable, bodies[1], text_props(f"{tag}-returned"), mandatory=True)
+    except pika.exceptions.UnroutableError:
+        pass
+    ch.basic_publish("", full, bodies[2], text_props(f"{tag}-fits"))
+    try:
+        ch.basic_publish("", full, bodies[3], text_props(f"{tag}-nack"))
+    except pika.exceptions.NackError:
+        pass
+    nc = c.channel()
+    nc.basic_publish("", unroutable, bodies[4], text_props(f"{tag}-nc-returned"), mandatory=True)
+    c.process_data_events(0.2)
+
+
 class GoldenCaptures(unittest.TestCase):
     """Every committed capture replays to exactly its committed records."""
 
@@ -165,20 +185,8 @@ class LiveEqualsReplay(TapTestCase):
         with pika.BlockingConnection(params(port)) as c:
             ch = c.channel()
             ch.confirm_delivery()
-            if timers:
-                ch.basic_publish("", q, b"one", text_props("live-routed"), mandatory=True)
-            try:
-                ch.basic_publish("", "cap.live.none", b"two", text_props("live-returned"), mandatory=True)
-            except pika.exceptions.UnroutableError:
-                pass
-            ch.basic_publish("", qn, b"fits", text_props("live-fits"))
-            try:
-                ch.basic_publish("", qn, b"full", text_props("live-nack"))
-            except pika.exceptions.NackError:
-                pass
-            nc = c.channel()
-            nc.basic_publish("", "cap.live.none", b"three", text_props("live-nc-returned"), mandatory=True)
-            c.process_data_events(0.2)
+            bodies = (b"one", b"two", b"fits", b"full", b"three")
+            publish_mix(c, ch, "live", q if timers else None, qn, "cap.live.none", bodies)
             tx = c.channel()
             tx.tx_select()
             tx.basic_publish("", q, b"tx", text_props("live-tx"))
@@ -328,19 +336,7 @@ class ForeignCapture(unittest.TestCase):
             with pika.BlockingConnection(params(BROKER_PORT)) as c:
                 ch = c.channel()
                 ch.confirm_delivery()
-                ch.basic_publish("", q, b"a", text_props("dc-routed"), mandatory=True)
-                try:
-                    ch.basic_publish("", "cap.dumpcap.none", b"b", text_props("dc-returned"), mandatory=True)
-                except pika.exceptions.UnroutableError:
-                    pass
-                ch.basic_publish("", full, b"c", text_props("dc-fits"))
-                try:
-                    ch.basic_publish("", full, b"d", text_props("dc-nack"))
-                except pika.exceptions.NackError:
-                    pass
-                nc = c.channel()
-                nc.basic_publish("", "cap.dumpcap.none", b"e", text_props("dc-nc-returned"), mandatory=True)
-                c.process_data_events(0.2)
+                publish_mix(c, ch, "dc", q, full, "cap.dumpcap.none", (b"a", b"b", b"c", b"d", b"e"))
             time.sleep(0.5)
         finally:
             dc.send_signal(signal.SIGINT)

@@ -11,7 +11,7 @@
 #     like it waited for its first few confirms on one path and not on the other).
 # Records are compared as multisets (the sniffer sees the wire a few microseconds after the proxy would have, so
 # records of different connections may interleave differently), and each channel's publish records additionally
-# in order. The scenarios are the entries of scenario_table that the sniff driver runs (pika: 1-7, 10a-10d;
+# in order. The scenarios are the entries of scenario_table that the sniff driver runs (pika: 1-4, 6, 7, 10a-10d;
 # rabbitmq-c: confirm_roundtrip, 2,000 confirmed publishes with a window of 100, and stream_publisher, 500 mandatory
 # unroutable, confirmed), each with the expectations the proxy driver checks, on the proxy's run.
 

@@ -8,7 +8,7 @@ import uuid
 
 import pika
 
-from scenario_lib import broker_sh, params, text_props
+from scenario_lib import broker_sh, params, pipelined, text_props
 from tapharness import BROKER_PORT, TapTestCase, main, require_broker
 
 NEW_RULES = ("transient_in_confirm_mode", "missing_message_id", "publish_and_wait", "channel_churn",
@@ -17,33 +17,6 @@ NEW_RULES = ("transient_in_confirm_mode", "missing_message_id", "publish_and_wai
 
 def client_params(port):
     return params(port, connection_attempts=1, socket_timeout=10)
-
-
-def pipelined(port, queue, messages):
-    """One SelectConnection, one confirm channel: every (props, body) written at once, mandatory, then a clean
-    close once the broker confirmed them all."""
-    state = {"confirmed": 0}
-
-    def on_open(conn):
-        conn.channel(on_open_callback=on_channel)
-
-    def on_channel(ch):
-        ch.confirm_delivery(on_confirm, callback=lambda _f: publish(ch))
-
-    def publish(ch):
-        for p, body in messages:
-            ch.basic_publish("", queue, body, p, mandatory=True)
-
-    def on_confirm(frame):
-        state["confirmed"] = frame.method.delivery_tag
-        if frame.method.delivery_tag >= len(messages):
-            conn.close()
-
-    conn = pika.SelectConnection(client_params(port), on_open_callback=on_open,
-                                 on_close_callback=lambda *_a: conn.ioloop.stop())
-    conn.ioloop.call_later(30, conn.ioloop.stop)
-    conn.ioloop.start()
-    return state["confirmed"]
 
 
 class WarningsTest(TapTestCase):
@@ -76,7 +49,7 @@ class WarningsTest(TapTestCase):
     def test_well_behaved_publisher_gets_no_warning(self):
         n = 500
         msgs = [(text_props(self.uid(i)), b"x" * 32) for i in range(n)]
-        self.assertEqual(pipelined(self.tap.port, self.queue, msgs), n)
+        self.assertEqual(pipelined(client_params(self.tap.port), self.queue, msgs, mandatory=True), n)
         recs = self.finish()
         self.assertEqual(len([r for r in recs if r["type"] == "publish" and r["confirm"] == "ack"]), n)
         self.assertEqual([r for r in recs if r["type"] == "warning"], [])
@@ -86,7 +59,7 @@ class WarningsTest(TapTestCase):
         msgs += [(text_props(self.uid(100 + i), delivery_mode=1), b"transient") for i in range(5)]
         msgs += [(text_props(None), b"no id") for _ in range(5)]
         msgs += [(text_props(self.uid(3)), b"again"), (text_props(self.uid(4)), b"again")]
-        self.assertEqual(pipelined(self.tap.port, self.queue, msgs), len(msgs))
+        self.assertEqual(pipelined(client_params(self.tap.port), self.queue, msgs, mandatory=True), len(msgs))
         recs = self.finish()
         for rule, seq in (("transient_in_confirm_mode", 21), ("missing_message_id", 26),
                           ("duplicate_message_id", 31)):
