@@ -37,6 +37,12 @@ def free_port():
         return s.getsockname()[1]
 
 
+def capture_port(cap):
+    """The broker port of a committed capture (captures/NAME.pcapng: its NAME.port file)."""
+    with open(cap[:-len(".pcapng")] + ".port") as f:
+        return int(f.read().strip())
+
+
 def is_asan_build(path=AMQPTAP_BIN):
     """True when the binary was built with AddressSanitizer (memory figures are inflated there)."""
     try:
@@ -567,11 +573,13 @@ def page_findings(case, port):
     dom = run.stdout.decode("utf-8", "replace")
     found = re.search(r'<ul id="findings">(.*?)</ul>', dom, re.S)
     case.assertIsNotNone(found, f"no findings in the rendered page: {dom[:3000]}")
-    return [html.unescape(re.sub(r"<[^>]+>", "", li)) for li in re.findall(r"<li[^>]*>(.*?)</li>", found.group(1), re.S)]
+    items = re.findall(r"<li[^>]*>(.*?)</li>", found.group(1), re.S)
+    return [html.unescape(re.sub(r"<[^>]+>", "", li)) for li in items]
 
 
-__all__ = ["AMQPTAP_BIN", "AMQP_091_HEADER", "BROKER_HOST", "BROKER_PORT", "CHROMIUM", "CLIENTS_DIR", "FAILALLOC", "MIB",
-           "Peer", "ProxyTap", "ReplayTap", "SOURCE_DIR", "SniffTap", "Tap", "TapTestCase", "broker_reachable", "check_confirmed_publishes", "chromium",
-           "echo_handler", "fd_count", "free_port", "http_get", "is_asan_build", "main", "page_findings", "proc_stat",
-           "random_chunks", "read_records", "recv_bytes", "recv_chunks", "recv_exact_hash", "require_broker", "rss_kb",
-           "replay", "send_chunks", "start_tap", "wait_for"]
+__all__ = ["AMQPTAP_BIN", "AMQP_091_HEADER", "BROKER_HOST", "BROKER_PORT", "CHROMIUM", "CLIENTS_DIR", "FAILALLOC",
+           "MIB", "Peer", "ProxyTap", "ReplayTap", "SOURCE_DIR", "SniffTap", "Tap", "TapTestCase", "broker_reachable",
+           "capture_port", "check_confirmed_publishes", "chromium", "echo_handler", "fd_count", "free_port",
+           "http_get", "is_asan_build", "main", "page_findings", "proc_stat", "random_chunks", "read_records",
+           "recv_bytes", "recv_chunks", "recv_exact_hash", "replay", "require_broker", "rss_kb", "send_chunks",
+           "start_tap", "wait_for"]

@@ -20,15 +20,10 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tapharness import SOURCE_DIR, Tap, main, read_records, replay, wait_for  # noqa: E402
+from tapharness import SOURCE_DIR, Tap, capture_port, main, read_records, replay, wait_for  # noqa: E402
 
 CAPTURES = os.path.join(SOURCE_DIR, "captures")
 IDENTITY = ("channel", "exchange", "routing_key", "message_id", "body_size")
-
-
-def capture_port(cap):
-    with open(cap[:-len(".pcapng")] + ".port") as f:
-        return int(f.read().strip())
 
 
 def blocks(data):

@@ -26,7 +26,7 @@ import pika.exceptions  # noqa: E402
 from capture_scenarios import Admin  # noqa: E402
 from scenario_lib import RawClient, params, text_props  # noqa: E402
 from scenario_table import RecordFile, scenarios  # noqa: E402
-from tapharness import (BROKER_PORT, SOURCE_DIR, TapTestCase, main, read_records, replay,  # noqa: E402
+from tapharness import (BROKER_PORT, SOURCE_DIR, TapTestCase, capture_port, main, read_records, replay,  # noqa: E402
                         require_broker, wait_for, without_identity)
 
 CAPTURES = os.path.join(SOURCE_DIR, "captures")
@@ -35,11 +35,6 @@ FRAME_TYPES = {"method": 1, "header": 2, "body": 3, "heartbeat": 8}
 
 def capture_files():
     return sorted(glob.glob(os.path.join(CAPTURES, "*.pcapng")))
-
-
-def capture_port(cap):
-    with open(cap[:-len(".pcapng")] + ".port") as f:
-        return int(f.read().strip())
 
 
 def pcapng_blocks(data):

@@ -13,8 +13,8 @@ import uuid
 
 import pika
 
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, Tap, TapTestCase, free_port, main, read_records,
-                        replay, require_broker, wait_for)
+from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, Tap, TapTestCase, capture_port, free_port, main,
+                        read_records, replay, require_broker, wait_for)
 
 
 def run(*args, timeout=10):
@@ -318,8 +318,7 @@ class ReplayDoubleDashTest(TapTestCase):
 
     def test_capture_named_like_an_option(self):
         src = os.path.join(SOURCE_DIR, "captures", "confirm_mandatory.pcapng")
-        with open(os.path.join(SOURCE_DIR, "captures", "confirm_mandatory.port")) as f:
-            port = f.read().strip()
+        port = capture_port(src)
         d = tempfile.mkdtemp(prefix="amqptap-cli-")
         try:
             shutil.copy(src, os.path.join(d, "-v.pcapng"))

@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, Tap, TapTestCase, is_asan_build, main,  # noqa: E402
-                        read_records, replay, require_broker, wait_for)
+from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, Tap, TapTestCase, capture_port,  # noqa: E402
+                        is_asan_build, main, read_records, replay, require_broker, wait_for)
 from scenario_lib import params, props, read_until_progress, stream_publisher  # noqa: E402
 
 PROXY_ONLY = ("upstream_local",)  # the proxy's own end towards the broker: a sniffer has no such leg
@@ -410,7 +410,7 @@ class SniffLinks(TapTestCase):
         cannot be made (no CAP_NET_ADMIN)."""
         name = self.veth_pair("snv", "mtu", "9000")
         cap = os.path.join(SOURCE_DIR, "captures", "confirm_mandatory.pcapng")
-        port = int(open(cap[:-len(".pcapng")] + ".port").read().strip())
+        port = capture_port(cap)
         frames = [vlan_tag(f, 7) for f in ethernet_frames(cap)]
         sniffer = self.start_sniff(["--return-window", "300"], ports=[port], iface=f"{name}b")
         with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
