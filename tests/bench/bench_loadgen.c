@@ -63,10 +63,10 @@ struct lg_result {
 };
 
 struct lg_conn {
-	uint64_t sent, confirmed, lowest;
-	uint64_t *sent_at; /* [1..count] */
-	uint8_t *done;     /* [1..count] */
-	uint32_t *lat;     /* this connection's slice of the shared latency array */
+	struct rmq_confirms c;
+	uint64_t *sent_at;   /* [1..count] */
+	uint32_t *lat;       /* this connection's slice of the shared latency array */
+	uint64_t confirm_at; /* when the confirm being applied arrived */
 	struct lg_result *r;
 };
 
@@ -172,49 +172,29 @@ static void delete_queue(const struct lg_conf *c)
 		amqp_destroy_connection(conn);
 }
 
-static void confirm_one(struct lg_conn *s, uint64_t seq, bool nack, uint64_t t)
+/* Counted into the shared result as each seq is confirmed, with its latency. */
+static void on_confirmed(void *arg, uint64_t seq, bool nack)
 {
-	if (seq < 1 || seq > s->sent || s->done[seq])
-		return;
-	s->done[seq] = 1;
-	s->confirmed++;
+	struct lg_conn *s = arg;
 	if (nack)
 		s->r->nacked++;
 	else
 		s->r->acked++;
-	uint64_t d = t - s->sent_at[seq];
+	uint64_t d = s->confirm_at - s->sent_at[seq];
 	s->lat[s->r->n_lat++] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
-	while (s->lowest <= s->sent && s->done[s->lowest])
-		s->lowest++;
-}
-
-/* PROTOCOL §8: multiple=1 covers every outstanding seq <= tag. */
-static void on_confirm(struct lg_conn *s, uint64_t tag, bool multiple, bool nack)
-{
-	uint64_t t = now_us();
-	if (!multiple) {
-		confirm_one(s, tag, nack, t);
-		return;
-	}
-	for (uint64_t q = s->lowest; q <= tag && q <= s->sent; q++)
-		confirm_one(s, q, nack, t);
 }
 
 static const char *on_frame(amqp_connection_state_t conn, struct lg_conn *s, const amqp_frame_t *f)
 {
+	struct rmq_confirm k = rmq_confirm_of(f);
+	if (k.kind != RMQ_NOT_A_CONFIRM) {
+		s->confirm_at = now_us();
+		rmq_confirm_apply(&s->c, k, on_confirmed, s);
+		return NULL;
+	}
 	if (f->frame_type != AMQP_FRAME_METHOD)
 		return NULL;
 	switch (f->payload.method.id) {
-	case AMQP_BASIC_ACK_METHOD: {
-		const amqp_basic_ack_t *a = f->payload.method.decoded;
-		on_confirm(s, a->delivery_tag, a->multiple, false);
-		return NULL;
-	}
-	case AMQP_BASIC_NACK_METHOD: {
-		const amqp_basic_nack_t *n = f->payload.method.decoded;
-		on_confirm(s, n->delivery_tag, n->multiple, true);
-		return NULL;
-	}
 	case AMQP_BASIC_RETURN_METHOD: {
 		amqp_message_t msg;
 		if (amqp_read_message(conn, f->channel, &msg, 0).reply_type != AMQP_RESPONSE_NORMAL)
@@ -247,11 +227,11 @@ static const char *publish_loop(const struct lg_conf *c, amqp_connection_state_t
 	amqp_bytes_t exchange = amqp_cstring_bytes(""), rk = amqp_cstring_bytes(c->queue);
 	const char *err = NULL;
 	uint64_t count = c->count;
-	while (!err && s->confirmed < count) {
-		if (c->stopfile && count > s->sent && access(c->stopfile, F_OK) == 0)
-			count = s->sent; /* told to stop: only the confirms outstanding are waited for */
-		while (s->sent < count && s->sent - s->confirmed < c->window) {
-			uint64_t seq = s->sent + 1;
+	while (!err && s->c.confirmed < count) {
+		if (c->stopfile && count > s->c.sent && access(c->stopfile, F_OK) == 0)
+			count = s->c.sent; /* told to stop: only the confirms outstanding are waited for */
+		while (s->c.sent < count && s->c.sent - s->c.confirmed < c->window) {
+			uint64_t seq = s->c.sent + 1;
 			s->sent_at[seq] = now_us();
 			int rc =
 			    amqp_basic_publish(conn, LG_CHANNEL, exchange, rk, c->mandatory, 0, &props, body_bytes);
@@ -259,9 +239,9 @@ static const char *publish_loop(const struct lg_conf *c, amqp_connection_state_t
 				err = amqp_error_string2(rc);
 				break;
 			}
-			s->sent = seq;
+			s->c.sent = seq;
 		}
-		if (err || s->confirmed >= count)
+		if (err || s->c.confirmed >= count)
 			break;
 		amqp_frame_t f;
 		int rc = amqp_simple_wait_frame(conn, &f);
@@ -290,12 +270,12 @@ static const char *publish_loop(const struct lg_conf *c, amqp_connection_state_t
 /* The child for one connection: set up, report ready on `ready`, wait for the parent to close `go`, publish. */
 static int run_conn(const struct lg_conf *c, struct lg_result *r, uint32_t *lat, int ready, int go)
 {
-	struct lg_conn s = {.lowest = 1, .lat = lat, .r = r};
+	struct lg_conn s = {.lat = lat, .r = r};
+	bool seqs = rmq_confirms_init(&s.c, c->count);
 	s.sent_at = calloc(c->count + 1, sizeof *s.sent_at);
-	s.done = calloc(c->count + 1, 1);
 	const char *err = NULL;
 	amqp_connection_state_t conn = NULL;
-	if (!s.sent_at || !s.done)
+	if (!seqs || !s.sent_at)
 		err = "out of memory";
 	if (!err)
 		conn = lg_connect(c, &err);
@@ -313,13 +293,13 @@ static int run_conn(const struct lg_conf *c, struct lg_result *r, uint32_t *lat,
 	if (!err)
 		err = publish_loop(c, conn, &s);
 	r->end_us = now_us();
-	r->sent = s.sent;
+	r->sent = s.c.sent;
 	if (err)
 		snprintf(r->error, sizeof r->error, "%s", err);
 	else
 		lg_close(conn);
 	free(s.sent_at);
-	free(s.done);
+	rmq_confirms_deinit(&s.c);
 	return err ? 1 : 0;
 }
 

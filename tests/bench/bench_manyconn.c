@@ -45,8 +45,8 @@ struct mc_conf {
 
 struct mc_conn {
 	amqp_connection_state_t conn;
-	uint64_t sent, confirmed, lowest, acked, nacked, returned;
-	uint8_t *done; /* [1..count] */
+	struct rmq_confirms c;
+	uint64_t returned;
 	const char *error;
 };
 
@@ -68,9 +68,7 @@ static const char *declare_queue(const struct mc_conf *c, amqp_connection_state_
 
 static const char *mc_open(const struct mc_conf *c, struct mc_conn *s, bool declare)
 {
-	s->lowest = 1;
-	s->done = calloc(c->count + 1, 1);
-	if (!s->done)
+	if (!rmq_confirms_init(&s->c, c->count))
 		return "out of memory";
 	s->conn = amqp_new_connection();
 	amqp_socket_t *sock = amqp_tcp_socket_new(s->conn);
@@ -93,46 +91,16 @@ static const char *mc_open(const struct mc_conf *c, struct mc_conn *s, bool decl
 	return err;
 }
 
-static void confirm_one(struct mc_conn *s, uint64_t seq, bool nack)
-{
-	if (seq < 1 || seq > s->sent || s->done[seq])
-		return;
-	s->done[seq] = 1;
-	s->confirmed++;
-	if (nack)
-		s->nacked++;
-	else
-		s->acked++;
-	while (s->lowest <= s->sent && s->done[s->lowest])
-		s->lowest++;
-}
-
-/* PROTOCOL §8: multiple=1 covers every outstanding seq <= tag. */
-static void on_confirm(struct mc_conn *s, uint64_t tag, bool multiple, bool nack)
-{
-	if (!multiple) {
-		confirm_one(s, tag, nack);
-		return;
-	}
-	for (uint64_t q = s->lowest; q <= tag && q <= s->sent; q++)
-		confirm_one(s, q, nack);
-}
-
 static const char *on_frame(struct mc_conn *s, const amqp_frame_t *f)
 {
+	struct rmq_confirm k = rmq_confirm_of(f);
+	if (k.kind != RMQ_NOT_A_CONFIRM) {
+		rmq_confirm_apply(&s->c, k, NULL, NULL);
+		return NULL;
+	}
 	if (f->frame_type != AMQP_FRAME_METHOD)
 		return NULL;
 	switch (f->payload.method.id) {
-	case AMQP_BASIC_ACK_METHOD: {
-		const amqp_basic_ack_t *a = f->payload.method.decoded;
-		on_confirm(s, a->delivery_tag, a->multiple, false);
-		return NULL;
-	}
-	case AMQP_BASIC_NACK_METHOD: {
-		const amqp_basic_nack_t *n = f->payload.method.decoded;
-		on_confirm(s, n->delivery_tag, n->multiple, true);
-		return NULL;
-	}
 	case AMQP_BASIC_RETURN_METHOD: {
 		amqp_message_t msg;
 		if (amqp_read_message(s->conn, f->channel, &msg, 0).reply_type != AMQP_RESPONSE_NORMAL)
@@ -157,12 +125,12 @@ static const char *fill_window(const struct mc_conf *c, struct mc_conn *s, amqp_
 	    .content_type = amqp_cstring_bytes("application/octet-stream"),
 	    .delivery_mode = 1,
 	};
-	while (s->sent < c->count && s->sent - s->confirmed < c->window) {
+	while (s->c.sent < c->count && s->c.sent - s->c.confirmed < c->window) {
 		int rc = amqp_basic_publish(s->conn, MC_CHANNEL, amqp_cstring_bytes(""), amqp_cstring_bytes(c->queue),
 		                            1, 0, &props, body);
 		if (rc != AMQP_STATUS_OK)
 			return amqp_error_string2(rc);
-		s->sent++;
+		s->c.sent++;
 	}
 	return NULL;
 }
@@ -188,7 +156,7 @@ static const char *drain(struct mc_conn *s)
 
 static bool active(const struct mc_conf *c, const struct mc_conn *s)
 {
-	return s->conn && !s->error && s->confirmed < c->count;
+	return s->conn && !s->error && s->c.confirmed < c->count;
 }
 
 static void publish_all(const struct mc_conf *c, struct mc_conn *cs, size_t n)
@@ -319,9 +287,9 @@ int main(int argc, char **argv)
 	const char *first_error = NULL;
 	for (size_t i = 0; i < n; i++) {
 		struct mc_conn *s = &cs[i];
-		sent += s->sent;
-		acked += s->acked;
-		nacked += s->nacked;
+		sent += s->c.sent;
+		acked += s->c.acked;
+		nacked += s->c.nacked;
 		returned += s->returned;
 		if (s->error) {
 			failed++;
@@ -342,7 +310,7 @@ int main(int argc, char **argv)
 		}
 		if (s->conn)
 			amqp_destroy_connection(s->conn);
-		free(s->done);
+		rmq_confirms_deinit(&s->c);
 	}
 	free(cs);
 

@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rmq_util.h"
+
 static bool rpc_ok(amqp_connection_state_t conn, const char *what)
 {
 	amqp_rpc_reply_t r = amqp_get_rpc_reply(conn);
@@ -29,34 +31,21 @@ static bool rpc_ok(amqp_connection_state_t conn, const char *what)
 }
 
 struct confirms {
-	uint8_t *done; /* done[tag] != 0 once tag is confirmed; tags are 1..n */
-	uint64_t n, low; /* low: every tag below it is confirmed */
-	uint64_t acked, nacked, multiple, duplicate;
+	struct rmq_confirms seqs; /* tags are 1..n */
+	uint64_t n, multiple, duplicate;
 };
 
-static void confirm_tag(struct confirms *c, uint64_t tag, bool multiple, bool ack)
+/* A tag outside 1..n, or a single confirm of a tag already confirmed, counts as a duplicate. */
+static void confirm_tag(struct confirms *c, struct rmq_confirm k)
 {
-	uint64_t from = multiple ? c->low : tag;
-	if (tag == 0 || tag > c->n) {
+	if (k.tag == 0 || k.tag > c->n) {
 		c->duplicate++;
 		return;
 	}
-	if (multiple)
+	if (k.multiple)
 		c->multiple++;
-	for (uint64_t t = from; t <= tag; t++) {
-		if (c->done[t]) {
-			if (!multiple)
-				c->duplicate++;
-			continue;
-		}
-		c->done[t] = 1;
-		if (ack)
-			c->acked++;
-		else
-			c->nacked++;
-	}
-	while (c->low <= c->n && c->done[c->low])
-		c->low++;
+	if (rmq_confirm_apply(&c->seqs, k, NULL, NULL) == 0 && !k.multiple)
+		c->duplicate++;
 }
 
 /* Blocks for the next frame on channel 1 and applies it if it is an ack or nack. */
@@ -70,21 +59,13 @@ static bool wait_confirm(amqp_connection_state_t conn, struct confirms *c)
 	}
 	if (f.frame_type != AMQP_FRAME_METHOD)
 		return true;
-	switch (f.payload.method.id) {
-	case AMQP_BASIC_ACK_METHOD: {
-		amqp_basic_ack_t *a = f.payload.method.decoded;
-		confirm_tag(c, a->delivery_tag, a->multiple, true);
-		return true;
-	}
-	case AMQP_BASIC_NACK_METHOD: {
-		amqp_basic_nack_t *a = f.payload.method.decoded;
-		confirm_tag(c, a->delivery_tag, a->multiple, false);
-		return true;
-	}
-	default:
+	struct rmq_confirm k = rmq_confirm_of(&f);
+	if (k.kind == RMQ_NOT_A_CONFIRM) {
 		fprintf(stderr, "confirm_roundtrip: unexpected method 0x%08x while publishing\n", f.payload.method.id);
 		return false;
 	}
+	confirm_tag(c, k);
+	return true;
 }
 
 static bool publish_all(amqp_connection_state_t conn, amqp_bytes_t queue, uint64_t n, uint64_t window,
@@ -100,7 +81,7 @@ static bool publish_all(amqp_connection_state_t conn, amqp_bytes_t queue, uint64
 	};
 	char body[64], id[32];
 	for (uint64_t i = 1; i <= n; i++) {
-		while (i - c->low >= window || (i > 1 && amqp_data_in_buffer(conn)))
+		while (i - c->seqs.lowest >= window || (i > 1 && amqp_data_in_buffer(conn)))
 			if (!wait_confirm(conn, c))
 				return false;
 		int len = snprintf(body, sizeof(body), "msg %" PRIu64, i);
@@ -112,8 +93,9 @@ static bool publish_all(amqp_connection_state_t conn, amqp_bytes_t queue, uint64
 			fprintf(stderr, "confirm_roundtrip: publish %" PRIu64 ": %s\n", i, amqp_error_string2(rc));
 			return false;
 		}
+		c->seqs.sent = i;
 	}
-	while (c->low <= n)
+	while (c->seqs.lowest <= n)
 		if (!wait_confirm(conn, c))
 			return false;
 	return true;
@@ -182,9 +164,9 @@ int main(int argc, char **argv)
 	if (!rpc_ok(conn, "queue.declare"))
 		return 1;
 
-	struct confirms c = {.done = calloc(n + 1, 1), .n = n, .low = 1};
+	struct confirms c = {.n = n};
 	uint64_t consumed = 0, out_of_order = 0;
-	bool ok = c.done && publish_all(conn, queue, n, window, &c);
+	bool ok = rmq_confirms_init(&c.seqs, n) && publish_all(conn, queue, n, window, &c);
 	ok = ok && consume_all(conn, queue, n, &consumed, &out_of_order);
 	if (ok) {
 		amqp_queue_delete(conn, 1, queue, 0, 0);
@@ -192,11 +174,11 @@ int main(int argc, char **argv)
 	}
 	printf("confirm_roundtrip: published=%" PRIu64 " acked=%" PRIu64 " nacked=%" PRIu64 " multiple=%" PRIu64
 	       " duplicate=%" PRIu64 " consumed=%" PRIu64 " out_of_order=%" PRIu64 "\n",
-	       n, c.acked, c.nacked, c.multiple, c.duplicate, consumed, out_of_order);
-	free(c.done);
+	       n, c.seqs.acked, c.seqs.nacked, c.multiple, c.duplicate, consumed, out_of_order);
+	rmq_confirms_deinit(&c.seqs);
 	amqp_channel_close(conn, 1, AMQP_REPLY_SUCCESS);
 	amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
 	amqp_destroy_connection(conn);
-	ok = ok && c.acked == n && c.nacked == 0 && c.duplicate == 0 && consumed == n && out_of_order == 0;
+	ok = ok && c.seqs.acked == n && c.seqs.nacked == 0 && c.duplicate == 0 && consumed == n && out_of_order == 0;
 	return ok ? 0 : 1;
 }

@@ -26,12 +26,12 @@
 #define SP_CHANNEL 1
 
 struct sp_state {
-	uint64_t count, sent, acked, nacked, returned, multiple_acks;
-	uint64_t lowest;     /* lowest seq not yet confirmed */
+	struct rmq_confirms c;
+	uint64_t count, returned, multiple_acks;
 	uint64_t *sent_at;   /* [1..count] monotonic µs when the publish was handed to the socket */
-	uint8_t *done;       /* [1..count] confirmed */
 	uint64_t *lat;       /* confirm latencies, n_lat of them */
 	uint64_t n_lat;
+	uint64_t confirm_at; /* when the confirm being applied arrived */
 	uint64_t next_progress;
 	const char *error;
 };
@@ -50,33 +50,20 @@ static uint64_t quantile(const uint64_t *v, uint64_t n, double q)
 	return v[i < n ? i : n - 1];
 }
 
-static void confirm_one(struct sp_state *s, uint64_t seq, bool nack, uint64_t t)
+static void on_confirmed(void *arg, uint64_t seq, bool nack)
 {
-	if (seq < 1 || seq > s->sent || s->done[seq])
-		return;
-	s->done[seq] = 1;
-	if (nack)
-		s->nacked++;
-	else
-		s->acked++;
-	s->lat[s->n_lat++] = t - s->sent_at[seq];
-	while (s->lowest <= s->sent && s->done[s->lowest])
-		s->lowest++;
+	(void)nack;
+	struct sp_state *s = arg;
+	s->lat[s->n_lat++] = s->confirm_at - s->sent_at[seq];
 }
 
-/* PROTOCOL §8: multiple=1 covers every outstanding seq <= tag. */
-static void on_confirm(struct sp_state *s, uint64_t tag, bool multiple, bool nack)
+static void on_confirm(struct sp_state *s, struct rmq_confirm k)
 {
-	uint64_t t = now_us();
-	if (multiple) {
-		if (!nack)
-			s->multiple_acks++;
-		for (uint64_t q = s->lowest; q <= tag && q <= s->sent; q++)
-			confirm_one(s, q, nack, t);
-	} else {
-		confirm_one(s, tag, nack, t);
-	}
-	uint64_t confirmed = s->acked + s->nacked;
+	s->confirm_at = now_us();
+	if (k.multiple && k.kind == RMQ_ACK)
+		s->multiple_acks++;
+	rmq_confirm_apply(&s->c, k, on_confirmed, s);
+	uint64_t confirmed = s->c.confirmed;
 	if (confirmed >= s->next_progress) {
 		printf("{\"progress\":%" PRIu64 "}\n", confirmed);
 		fflush(stdout);
@@ -87,19 +74,14 @@ static void on_confirm(struct sp_state *s, uint64_t tag, bool multiple, bool nac
 /* Handles one frame; returns false when the stream is over (an error was recorded). */
 static bool on_frame(amqp_connection_state_t conn, struct sp_state *s, const amqp_frame_t *f)
 {
+	struct rmq_confirm k = rmq_confirm_of(f);
+	if (k.kind != RMQ_NOT_A_CONFIRM) {
+		on_confirm(s, k);
+		return true;
+	}
 	if (f->frame_type != AMQP_FRAME_METHOD)
 		return true;
 	switch (f->payload.method.id) {
-	case AMQP_BASIC_ACK_METHOD: {
-		const amqp_basic_ack_t *a = f->payload.method.decoded;
-		on_confirm(s, a->delivery_tag, a->multiple, false);
-		return true;
-	}
-	case AMQP_BASIC_NACK_METHOD: {
-		const amqp_basic_nack_t *n = f->payload.method.decoded;
-		on_confirm(s, n->delivery_tag, n->multiple, true);
-		return true;
-	}
 	case AMQP_BASIC_RETURN_METHOD: {
 		amqp_message_t msg;
 		amqp_rpc_reply_t r = amqp_read_message(conn, f->channel, &msg, 0);
@@ -146,12 +128,12 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
-	struct sp_state s = {.count = count, .lowest = 1, .next_progress = 1000};
+	struct sp_state s = {.count = count, .next_progress = 1000};
+	bool seqs = rmq_confirms_init(&s.c, count);
 	s.sent_at = calloc(count + 1, sizeof *s.sent_at);
-	s.done = calloc(count + 1, 1);
 	s.lat = calloc(count, sizeof *s.lat);
 	char *body = malloc(size ? size : 1);
-	if (!s.sent_at || !s.done || !s.lat || !body) {
+	if (!seqs || !s.sent_at || !s.lat || !body) {
 		fprintf(stderr, "out of memory\n");
 		return 1;
 	}
@@ -184,9 +166,9 @@ int main(int argc, char **argv)
 		.delivery_mode = 2,
 	};
 	amqp_bytes_t body_bytes = {.len = size, .bytes = body};
-	while (!s.error && s.acked + s.nacked < count) {
-		while (s.sent < count && s.sent - (s.acked + s.nacked) < window) {
-			uint64_t seq = s.sent + 1;
+	while (!s.error && s.c.confirmed < count) {
+		while (s.c.sent < count && s.c.sent - s.c.confirmed < window) {
+			uint64_t seq = s.c.sent + 1;
 			snprintf(mid, sizeof mid, "s-%" PRIu64, seq);
 			props.message_id = amqp_cstring_bytes(mid);
 			s.sent_at[seq] = now_us();
@@ -196,7 +178,7 @@ int main(int argc, char **argv)
 				s.error = amqp_error_string2(rc);
 				break;
 			}
-			s.sent = seq;
+			s.c.sent = seq;
 		}
 		if (s.error)
 			break;
@@ -226,7 +208,7 @@ int main(int argc, char **argv)
 	qsort(s.lat, s.n_lat, sizeof *s.lat, cmp_u64);
 	printf("{\"sent\":%" PRIu64 ",\"acked\":%" PRIu64 ",\"nacked\":%" PRIu64 ",\"returned\":%" PRIu64
 	       ",\"multiple_acks\":%" PRIu64 ",\"p50_us\":%" PRIu64 ",\"p99_us\":%" PRIu64 ",\"max_us\":%" PRIu64,
-	       s.sent, s.acked, s.nacked, s.returned, s.multiple_acks, quantile(s.lat, s.n_lat, 0.5),
+	       s.c.sent, s.c.acked, s.c.nacked, s.returned, s.multiple_acks, quantile(s.lat, s.n_lat, 0.5),
 	       quantile(s.lat, s.n_lat, 0.99), s.n_lat ? s.lat[s.n_lat - 1] : 0);
 	if (s.error)
 		printf(",\"error\":\"%s\"", s.error);
@@ -239,7 +221,7 @@ int main(int argc, char **argv)
 	}
 	amqp_destroy_connection(conn);
 	free(s.sent_at);
-	free(s.done);
+	rmq_confirms_deinit(&s.c);
 	free(s.lat);
 	free(body);
 	return s.error ? 1 : 0;

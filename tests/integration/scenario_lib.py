@@ -24,9 +24,50 @@ def broker_sh(*args, timeout=180):
 
 
 def params(port, host="127.0.0.1", **kw):
+    """pika connection parameters for the scenarios: no heartbeats (they would add frames the records do not
+    expect), no blocked-connection timeout; kw adds or overrides."""
     kw.setdefault("heartbeat", 0)
     kw.setdefault("blocked_connection_timeout", None)
     return pika.ConnectionParameters(host, port, **kw)
+
+
+def props(mid, **kw):
+    """pika message properties with message_id mid (how a test finds its publish's record) and kw."""
+    return pika.BasicProperties(message_id=mid, **kw)
+
+
+def text_props(mid, **kw):
+    """props() of a persistent text/plain message unless kw says otherwise (a well-behaved publisher's; the
+    captures' messages)."""
+    return props(mid, **{"delivery_mode": 2, "content_type": "text/plain", **kw})
+
+
+def pipelined(conn_params, routing_key, messages, mandatory):
+    """One pika SelectConnection, one confirm channel: every (properties, body) of messages written at once to the
+    default exchange (so many are in flight and the broker answers with multiple=true acks), then a clean close
+    once the broker confirmed them all (or after 30 s). Returns the highest delivery tag confirmed."""
+    state = {"confirmed": 0}
+
+    def on_open(conn):
+        conn.channel(on_open_callback=on_channel)
+
+    def on_channel(ch):
+        ch.confirm_delivery(on_confirm, callback=lambda _f: publish(ch))
+
+    def publish(ch):
+        for p, body in messages:
+            ch.basic_publish("", routing_key, body, p, mandatory=mandatory)
+
+    def on_confirm(frame):
+        state["confirmed"] = frame.method.delivery_tag
+        if frame.method.delivery_tag >= len(messages):
+            conn.close()
+
+    conn = pika.SelectConnection(conn_params, on_open_callback=on_open,
+                                 on_close_callback=lambda *_a: conn.ioloop.stop())
+    conn.ioloop.call_later(30, conn.ioloop.stop)
+    conn.ioloop.start()
+    return state["confirmed"]
 
 
 def direct_connection():
@@ -76,6 +117,7 @@ class ScenarioCase(TapTestCase):
         require_broker(self)
         self.prefix = f"scn.{self._testMethodName}.{uuid.uuid4().hex[:8]}"
         self._admin = None
+        self._queues = []
 
     def name(self, suffix):
         return f"{self.prefix}.{suffix}"
@@ -94,8 +136,22 @@ class ScenarioCase(TapTestCase):
     def declare_queue(self, suffix, **kw):
         q = self.name(suffix)
         self.admin().queue_declare(q, auto_delete=False, **kw)
-        self.addCleanup(self._delete, "queue", q)
+        self.own_queue(q)
         return q
+
+    def own_queue(self, q):
+        """q is the test's: deleted after it, and one of the queues purge_queues() empties."""
+        if q not in self._queues:
+            self._queues.append(q)
+            self.addCleanup(self._delete, "queue", q)
+
+    def purge_queues(self):
+        """Empties every queue the test owns that exists (so that a drive run again starts as the first did)."""
+        for q in self._queues:
+            try:
+                self.admin().queue_purge(q)
+            except pika.exceptions.ChannelClosedByBroker:  # not declared (yet): nothing in it
+                pass
 
     def declare_exchange(self, suffix, kind, **kw):
         x = self.name(suffix)

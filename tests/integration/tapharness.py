@@ -37,6 +37,12 @@ def free_port():
         return s.getsockname()[1]
 
 
+def capture_port(cap):
+    """The broker port of a committed capture (captures/NAME.pcapng: its NAME.port file)."""
+    with open(cap[:-len(".pcapng")] + ".port") as f:
+        return int(f.read().strip())
+
+
 def is_asan_build(path=AMQPTAP_BIN):
     """True when the binary was built with AddressSanitizer (memory figures are inflated there)."""
     try:
@@ -131,42 +137,49 @@ def proc_stat(path):
 
 
 class Tap:
-    """A running amqptap process. Output files live in a private temp dir removed by stop()."""
+    """A running amqptap in one of its modes: Tap.proxy(...) in front of a broker, Tap.sniff(...) on an interface,
+    Tap.replay(...) of a capture. Its stderr, and the record files it was not told to put elsewhere, live in a
+    private temp dir that cleanup() removes. stdin/stdout are the process's pipes when asked for (subprocess.PIPE),
+    .output what finish() read from a piped stdout."""
 
-    def __init__(self, upstream_port, extra_args=(), upstream_host="127.0.0.1", frames=True, env=None,
-                 ready_timeout=10.0, prefix=()):
-        """prefix: a command that execs the tap (its arguments follow), so that the process is still the tap's."""
-        self.dir = tempfile.mkdtemp(prefix="amqptap-it-")
-        self.port = free_port()
-        self.upstream = (upstream_host, upstream_port)
-        self.verdicts = os.path.join(self.dir, "verdicts.jsonl")
-        self.frames = os.path.join(self.dir, "frames.jsonl") if frames else None
+    STOP_SIGNAL = signal.SIGTERM
+
+    def _spawn(self, mode_args, ready=None, ready_timeout=10.0, env=None, prefix=(), stdin=subprocess.DEVNULL,
+               stdout=subprocess.DEVNULL, cwd=None):
+        """Starts AMQPTAP_BIN with mode_args in self.dir; waits until stderr shows ready (when given).
+        prefix: a command that execs the tap (its arguments follow), so that the process is still the tap's."""
         self.stderr_path = os.path.join(self.dir, "stderr.txt")
-        args = [AMQPTAP_BIN, "--listen", f"127.0.0.1:{self.port}", "--upstream", f"{upstream_host}:{upstream_port}",
-                "--verdicts", self.verdicts]
-        if self.frames:
-            args += ["--frames", self.frames]
-        args += list(extra_args)
-        self.args = args
+        self.args = [AMQPTAP_BIN, *mode_args]
+        self.output = None
+        self.returncode = None
+        self._stderr_text = None
         full_env = dict(os.environ)
         full_env.setdefault("ASAN_OPTIONS", "abort_on_error=0:detect_leaks=1")
         if env:
             full_env.update(env)
         self._err = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen([*prefix, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=self._err, env=full_env)
-        self.returncode = None
-        if not wait_for(lambda: self.proc.poll() is not None or "listening on" in self.stderr(), ready_timeout):
+        self.proc = subprocess.Popen([*prefix, *self.args], stdin=stdin, stdout=stdout, stderr=self._err,
+                                     env=full_env, cwd=cwd)
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        if ready is None:
+            return
+        if not wait_for(lambda: self.proc.poll() is not None or ready in self.stderr(), ready_timeout):
             self.kill()
-            raise RuntimeError(f"amqptap did not report listening within {ready_timeout}s: {self.stderr()!r}")
+            raise RuntimeError(f"amqptap did not report {ready!r} within {ready_timeout}s: {self.stderr()!r}")
         if self.proc.poll() is not None:
             raise RuntimeError(f"amqptap exited {self.proc.returncode} at startup: {self.stderr()!r}")
+
+    def _file(self, path, name):
+        """An output path: a path given, or (True) one named name in the temp dir, or None (no such output)."""
+        return os.path.join(self.dir, name) if path is True else path or None
 
     @property
     def pid(self):
         return self.proc.pid
 
     def stderr(self):
+        if self._stderr_text is not None:
+            return self._stderr_text
         try:
             with open(self.stderr_path, "rb") as f:
                 return f.read().decode("utf-8", "replace")
@@ -176,35 +189,54 @@ class Tap:
     def alive(self):
         return self.proc.poll() is None
 
-    def connect(self, timeout=10.0):
-        s = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return s
-
     def records(self, kind=None):
-        recs = read_records(self.verdicts, live=self.alive())
+        """The verdict records so far (a line still being written is left out while the tap runs): its --verdicts
+        file, or what finish() read from its stdout when the records went there."""
+        if self.verdicts in (None, "-"):
+            recs = [json.loads(line) for line in (self.output or b"").splitlines() if line.strip()]
+        else:
+            recs = read_records(self.verdicts, live=self.alive())
         return [r for r in recs if kind is None or r.get("type") == kind]
 
     def frame_records(self):
         """The --frames trace so far (a line still being written is left out while the tap runs)."""
         return read_records(self.frames, live=self.alive())
 
-    def stop(self, sig=signal.SIGTERM, timeout=15.0):
-        """Signals the tap, waits, and returns its exit code (killed after timeout: returns -9)."""
+    def wait(self, timeout=15.0, input=None):
+        """Waits for the exit (feeding input to a piped stdin, reading a piped stdout into .output); killed after
+        timeout, when it returns -9. Returns the exit code."""
         if self.returncode is not None:
             return self.returncode
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
+        if self.stdin is not None and self.stdin.closed:  # the caller ended the input: nothing left to feed
+            self.proc.stdin = None
+        try:
+            if self.proc.stdin is not None or self.stdout is not None:
+                out, _ = self.proc.communicate(input, timeout)
+                self.output = out
+            else:
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                self.returncode = -9
-        if self.returncode is None:
             self.returncode = self.proc.returncode
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.returncode = -9
         self._err.close()
         return self.returncode
+
+    def stop(self, sig=None, timeout=15.0):
+        """Signals the tap (default: its mode's stop signal), waits, and returns its exit code (killed after
+        timeout: returns -9)."""
+        if self.returncode is None and self.proc.poll() is None:
+            self.proc.send_signal(self.STOP_SIGNAL if sig is None else sig)
+        return self.wait(timeout)
+
+    def finish(self, input=None, timeout=120.0):
+        """For a run to its end (a replay): waits for the exit as wait() does, keeps the stderr and removes the
+        temp dir. Returns self (returncode, stderr(), records(), output)."""
+        self.wait(timeout, input)
+        self._stderr_text = self.stderr()
+        self.cleanup()
+        return self
 
     def kill(self):
         if self.proc.poll() is None:
@@ -216,27 +248,116 @@ class Tap:
         """Removes the temp dir (after stop); kept when TAP_KEEP_OUTPUT=1 for debugging."""
         if self.proc.poll() is None:
             self.kill()
+        for pipe in (self.stdin, self.stdout):
+            if pipe is not None:
+                pipe.close()
+        if not os.path.isdir(self.dir):
+            return
         if os.environ.get("TAP_KEEP_OUTPUT") == "1":
             print(f"kept tap output in {self.dir}", file=sys.stderr)
             return
-        for name in os.listdir(self.dir):
-            os.unlink(os.path.join(self.dir, name))
-        os.rmdir(self.dir)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ProxyTap(Tap):
+    """amqptap in front of upstream_port (default: the throwaway broker) on a free loopback port; ready once it
+    says it listens. Records in the temp dir: verdicts.jsonl, and frames.jsonl unless frames=False."""
+
+    def __init__(self, upstream_port=None, extra_args=(), upstream_host="127.0.0.1", frames=True, **kw):
+        upstream_port = BROKER_PORT if upstream_port is None else upstream_port
+        self.dir = tempfile.mkdtemp(prefix="amqptap-it-")
+        self.port = free_port()
+        self.upstream = (upstream_host, upstream_port)
+        self.verdicts = os.path.join(self.dir, "verdicts.jsonl")
+        self.frames = os.path.join(self.dir, "frames.jsonl") if frames else None
+        args = ["--listen", f"127.0.0.1:{self.port}", "--upstream", f"{upstream_host}:{upstream_port}",
+                "--verdicts", self.verdicts]
+        if self.frames:
+            args += ["--frames", self.frames]
+        kw.setdefault("ready", "listening on")
+        self._spawn([*args, *extra_args], **kw)
+
+    def connect(self, timeout=10.0):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return s
+
+
+class SniffTap(Tap):
+    """`amqptap sniff -i IFACE --port P...` (default: lo and the throwaway broker's port); ready once it says it
+    sniffs (ready=None: not waited for, for a sniffer that is to fail at its start); stopped with SIGINT.
+    verdicts/frames: a path, True (a file in the temp dir) or None."""
+
+    STOP_SIGNAL = signal.SIGINT
+
+    def __init__(self, extra_args=(), ports=None, iface="lo", verdicts=True, frames=None, **kw):
+        self.dir = tempfile.mkdtemp(prefix="amqptap-sniff-")
+        self.verdicts = self._file(verdicts, "verdicts.jsonl")
+        self.frames = self._file(frames, "frames.jsonl")
+        args = ["sniff", "-i", iface]
+        for port in (BROKER_PORT,) if ports is None else ports:
+            args += ["--port", str(port)]
+        if self.verdicts:
+            args += ["--verdicts", self.verdicts]
+        if self.frames:
+            args += ["--frames", self.frames]
+        kw.setdefault("ready", "sniffing on")
+        self._spawn([*args, *extra_args], **kw)
+
+
+class ReplayTap(Tap):
+    """`amqptap replay CAPTURE [--port P]`: CAPTURE a file, a FIFO, "-" (its stdin: stdin=subprocess.PIPE to write
+    it, whole with finish(input=...) or in parts through .stdin). verdicts: a path, "-" or None (the records go to
+    its stdout, piped by default); frames: a path or None. capture None: extra_args are the whole command line after
+    `replay` (for the tests of its grammar). Run to its end with finish(); a live view is stopped with SIGINT."""
+
+    STOP_SIGNAL = signal.SIGINT
+
+    def __init__(self, capture, port=None, extra_args=(), verdicts=None, frames=None, stdout=subprocess.PIPE, **kw):
+        self.dir = tempfile.mkdtemp(prefix="amqptap-replay-")
+        self.verdicts = verdicts
+        self.frames = frames
+        args = ["replay"]
+        if capture is not None:
+            args.append(capture)
+            if port is not None:
+                args += ["--port", str(port)]
+            if verdicts is not None:
+                args += ["--verdicts", verdicts]
+            if frames is not None:
+                args += ["--frames", frames]
+        self._spawn([*args, *extra_args], stdout=stdout, **kw)
+
+
+Tap.proxy, Tap.sniff, Tap.replay = ProxyTap, SniffTap, ReplayTap
 
 
 def start_tap(extra_args=(), upstream_port=None, **kw):
-    """Starts amqptap in front of upstream_port (default: the throwaway broker); returns a Tap."""
-    return Tap(BROKER_PORT if upstream_port is None else upstream_port, extra_args, **kw)
+    """Starts amqptap in front of upstream_port (default: the throwaway broker); returns a ProxyTap."""
+    return ProxyTap(upstream_port, extra_args, **kw)
+
+
+def replay(capture, port=None, extra_args=(), input=None, timeout=120.0, **kw):
+    """`amqptap replay` run to its end (input: bytes for its stdin); returns the finished ReplayTap."""
+    stdin = subprocess.PIPE if input is not None else subprocess.DEVNULL
+    return ReplayTap(capture, port, extra_args, stdin=stdin, **kw).finish(input, timeout)
 
 
 class TapTestCase(unittest.TestCase):
-    """Stops the taps a test started and checks that each exited 0; prints their stderr on failure."""
+    """Stops the taps a test started (proxies and sniffers) and checks that each exited 0; prints their stderr on
+    failure."""
 
     def setUp(self):
         self._taps = []
 
     def start_tap(self, extra_args=(), upstream_port=None, **kw):
         tap = start_tap(extra_args, upstream_port, **kw)
+        self._taps.append(tap)
+        return tap
+
+    def start_sniff(self, extra_args=(), **kw):
+        """A SniffTap (see there for the arguments) that must exit 0 when stopped (SIGINT)."""
+        tap = SniffTap(extra_args, **kw)
         self._taps.append(tap)
         return tap
 
@@ -247,7 +368,7 @@ class TapTestCase(unittest.TestCase):
             tap.cleanup()
             if rc != 0 or "Sanitizer" in err or "runtime error:" in err:
                 sys.stderr.write(f"--- amqptap stderr (exit {rc}) ---\n{err[-4000:]}\n")
-            self.assertEqual(rc, 0, f"amqptap exited {rc} on SIGTERM")
+            self.assertEqual(rc, 0, f"amqptap exited {rc} on {tap.STOP_SIGNAL.name}")
             self.assertNotIn("Sanitizer", err)
             self.assertNotIn("runtime error:", err)
 
@@ -452,11 +573,13 @@ def page_findings(case, port):
     dom = run.stdout.decode("utf-8", "replace")
     found = re.search(r'<ul id="findings">(.*?)</ul>', dom, re.S)
     case.assertIsNotNone(found, f"no findings in the rendered page: {dom[:3000]}")
-    return [html.unescape(re.sub(r"<[^>]+>", "", li)) for li in re.findall(r"<li[^>]*>(.*?)</li>", found.group(1), re.S)]
+    items = re.findall(r"<li[^>]*>(.*?)</li>", found.group(1), re.S)
+    return [html.unescape(re.sub(r"<[^>]+>", "", li)) for li in items]
 
 
-__all__ = ["AMQPTAP_BIN", "AMQP_091_HEADER", "BROKER_HOST", "BROKER_PORT", "CHROMIUM", "CLIENTS_DIR", "FAILALLOC", "MIB",
-           "Peer", "SOURCE_DIR", "Tap", "TapTestCase", "broker_reachable", "check_confirmed_publishes", "chromium",
-           "echo_handler", "fd_count", "free_port", "http_get", "is_asan_build", "main", "page_findings", "proc_stat",
-           "random_chunks", "read_records", "recv_bytes", "recv_chunks", "recv_exact_hash", "require_broker", "rss_kb",
-           "send_chunks", "start_tap", "wait_for"]
+__all__ = ["AMQPTAP_BIN", "AMQP_091_HEADER", "BROKER_HOST", "BROKER_PORT", "CHROMIUM", "CLIENTS_DIR", "FAILALLOC",
+           "MIB", "Peer", "ProxyTap", "ReplayTap", "SOURCE_DIR", "SniffTap", "Tap", "TapTestCase", "broker_reachable",
+           "capture_port", "check_confirmed_publishes", "chromium", "echo_handler", "fd_count", "free_port",
+           "http_get", "is_asan_build", "main", "page_findings", "proc_stat", "random_chunks", "read_records",
+           "recv_bytes", "recv_chunks", "recv_exact_hash", "replay", "require_broker", "rss_kb", "send_chunks",
+           "start_tap", "wait_for"]

@@ -23,8 +23,8 @@ import unittest
 import pika
 
 from scenario_lib import stream_publisher
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, CLIENTS_DIR, FAILALLOC, free_port, is_asan_build, main, read_records,
-                        require_broker)
+from tapharness import (AMQPTAP_BIN, BROKER_PORT, CLIENTS_DIR, FAILALLOC, Tap, free_port, is_asan_build, main,
+                        read_records, replay, require_broker)
 from tlslib import PLAIN_PORT, STORM, TlsCase, shared_pki
 
 LOADGEN = os.path.join(os.path.dirname(CLIENTS_DIR), "bench", "bench_loadgen")
@@ -344,13 +344,11 @@ class AllocFailuresCase(TlsCase):
             self.assertEqual(p.returncode, 0)
         self.assertEqual(tap.stop(), 0)
 
-        def replay(out, env=None):
-            r = subprocess.run([AMQPTAP_BIN, "replay", cap, "--port", str(BROKER_PORT), "--verdicts", out],
-                               env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, capture_output=True,
-                               timeout=120)
-            return r.returncode, r.stderr.decode(errors="replace"), read_records(out)
+        def replay_into(out, env=None):
+            r = replay(cap, BROKER_PORT, verdicts=out, env=env)
+            return r.returncode, r.stderr(), read_records(out)
 
-        rc, err, ref = replay(os.path.join(work, "reference.jsonl"))
+        rc, err, ref = replay_into(os.path.join(work, "reference.jsonl"))
         self.assertEqual(rc, 0, err)
         ref_pubs = [r for r in ref if r["type"] == "publish"]
         self.assertEqual(len(ref_pubs), 20 * 300)
@@ -365,7 +363,7 @@ class AllocFailuresCase(TlsCase):
             out = os.path.join(work, f"run{seed}.jsonl")
             env = {"LD_PRELOAD": FAILALLOC, "FAILALLOC_ONE_IN": "20" if seed % 2 else "100", "FAILALLOC_AFTER_MS": "0",
                    "FAILALLOC_SEED": str(seed)}
-            rc, err, recs = replay(out, env)
+            rc, err, recs = replay_into(out, env)
             run = f"run {seed} (FAILALLOC_SEED={seed}) exited {rc}: {err[-1500:]}"
             self.assertIn(rc, (0, 1), run)
             started = re.search(r"^amqptap:? summary", err, re.M) is not None  # in full, or what matters most
@@ -419,19 +417,10 @@ class AllocFailuresCase(TlsCase):
         work = tempfile.mkdtemp(prefix="alloc-sniff-")
         self.addCleanup(shutil.rmtree, work, True)
         for seed in range(1, 5):
-            verdicts, err_path = os.path.join(work, f"sniff{seed}.jsonl"), os.path.join(work, f"sniff{seed}.err")
             stop_file = os.path.join(work, f"stop{seed}")
-            env = {**os.environ, **failing_env(20, stop_file), "FAILALLOC_AFTER_MS": "700",
-                   "FAILALLOC_SEED": str(seed)}
-            with open(err_path, "w") as err_f:
-                p = subprocess.Popen([AMQPTAP_BIN, "sniff", "-i", "lo", "--port", str(BROKER_PORT), "--verdicts",
-                                      verdicts], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=err_f)
-            self.addCleanup(lambda p=p: p.poll() is None and p.kill())
-            end = time.monotonic() + 10
-            while "sniffing on" not in open(err_path).read() and p.poll() is None and time.monotonic() < end:
-                time.sleep(0.05)
-            self.assertIn("sniffing on", open(err_path).read())
+            env = {**failing_env(20, stop_file), "FAILALLOC_AFTER_MS": "700", "FAILALLOC_SEED": str(seed)}
+            p = Tap.sniff(env=env)  # its exit code is 1 when it lost something: checked below
+            self.addCleanup(p.cleanup)
             time.sleep(0.8)  # armed
             pubs = [stream_publisher(BROKER_PORT, 300, 64, 50, True, q) for _ in range(10)]
             for pub in pubs:
@@ -440,14 +429,13 @@ class AllocFailuresCase(TlsCase):
             time.sleep(0.3)
             open(stop_file, "w").close()
             time.sleep(0.05)
-            p.send_signal(signal.SIGTERM)
-            rc = p.wait(timeout=20)
-            err = open(err_path).read()
+            rc = p.stop(signal.SIGTERM, timeout=20)
+            err = p.stderr()
             run = f"sniff run {seed} (FAILALLOC_SEED={seed}) exited {rc}: {err[-1500:]}"
             self.assertGreater(failed_allocations(err), 0, run)
             n_pubs, lost, lost_anywhere, not_followed = summary(err)
             self.assertEqual(rc, 1 if lost_anywhere else 0, run)
-            recs = read_records(verdicts)
+            recs = p.records()
             got = [r for r in recs if r["type"] == "publish"]
             if not [r for r in recs if r["type"] == "capture_gap"]:  # the kernel dropped nothing: all were seen
                 self.assertEqual(n_pubs + 300 * not_followed, 3000, run)

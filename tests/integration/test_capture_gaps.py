@@ -20,15 +20,10 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tapharness import AMQPTAP_BIN, SOURCE_DIR, main, read_records, wait_for  # noqa: E402
+from tapharness import SOURCE_DIR, Tap, capture_port, main, read_records, replay, wait_for  # noqa: E402
 
 CAPTURES = os.path.join(SOURCE_DIR, "captures")
 IDENTITY = ("channel", "exchange", "routing_key", "message_id", "body_size")
-
-
-def capture_port(cap):
-    with open(cap[:-len(".pcapng")] + ".port") as f:
-        return int(f.read().strip())
 
 
 def blocks(data):
@@ -118,9 +113,8 @@ def golden_publishes(cap):
 
 
 def replay_bytes(data, port, path="-"):
-    r = subprocess.run([AMQPTAP_BIN, "replay", path, "--port", str(port)], input=data, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, timeout=120)
-    return r.returncode, [json.loads(line) for line in r.stdout.splitlines()], r.stderr.decode()
+    r = replay(path, port, input=data)
+    return r.returncode, r.records(), r.stderr()
 
 
 def identity(rec):
@@ -386,8 +380,7 @@ class Pipes(unittest.TestCase):
             data = f.read()
         raw = [raw for _, raw in blocks(data)]
         head = b"".join(raw[:len(raw) // 2])
-        p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(port)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        p = Tap.replay("-", port, stdin=subprocess.PIPE)
         try:
             p.stdin.write(head)
             p.stdin.flush()
@@ -395,15 +388,13 @@ class Pipes(unittest.TestCase):
             self.assertTrue(ready, "no record within 10 s of the first packets")
             first = json.loads(p.stdout.readline())
             self.assertEqual(first["type"], "connection")
-            self.assertIsNone(p.poll(), "replay ended before its input did")
+            self.assertIsNone(p.proc.poll(), "replay ended before its input did")
             p.stdin.write(b"".join(raw[len(raw) // 2:]))
             p.stdin.close()
             rest = p.stdout.read()
             self.assertEqual(p.wait(timeout=30), 0)
         finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            p.cleanup()
         self.assertTrue(any(json.loads(line)["type"] == "publish" for line in rest.splitlines()))
 
 
@@ -421,8 +412,7 @@ class Pipes(unittest.TestCase):
         out = [restamped(raw, stamp(raw) + shift) if packet else raw
                for n, packet, raw in numbered_blocks(data) if n < quiet_from]
         golden = golden_publishes(cap)
-        p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(port)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        p = Tap.replay("-", port, stdin=subprocess.PIPE)
         try:
             p.stdin.write(b"".join(out))
             p.stdin.flush()
@@ -433,14 +423,12 @@ class Pipes(unittest.TestCase):
                     buf += os.read(p.stdout.fileno(), 65536)
                     *lines, buf = buf.split(b"\n")
                     got += [r for r in map(json.loads, lines) if r["type"] == "publish"]
-            self.assertIsNone(p.poll(), "replay ended before its input did")
+            self.assertIsNone(p.proc.poll(), "replay ended before its input did")
             print(f"{len(got)} of {len(golden)} publish records written while the pipe was quiet")
             self.assertEqual(sorted((r["route"], r["confirm"]) for r in got),
                              sorted((r["route"], r["confirm"]) for r in golden))
         finally:
-            p.stdin.close()
-            p.kill()
-            p.wait()
+            p.cleanup()
 
     def test_a_live_pipe_that_hands_packets_over_late_keeps_their_times(self):
         """tcpdump -U without --immediate-mode hands packets over up to a second after it captured them: here every
@@ -459,8 +447,7 @@ class Pipes(unittest.TestCase):
         for n, packet, raw in numbered_blocks(data):
             (head if n < first_ack else tail).append(restamped(raw, stamp(raw) + shift) if packet else raw)
         golden = golden_publishes(cap)
-        p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(port)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        p = Tap.replay("-", port, stdin=subprocess.PIPE)
         try:
             p.stdin.write(b"".join(head))
             p.stdin.flush()
@@ -470,9 +457,7 @@ class Pipes(unittest.TestCase):
             out = p.stdout.read()
             p.wait(60)
         finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            p.cleanup()
         got = [r for r in map(json.loads, out.splitlines()) if r["type"] == "publish"]
         self.assertEqual([(r["seq"], r["route"], r["confirm"], r.get("confirm_us")) for r in got],
                          [(r["seq"], r["route"], r["confirm"], r.get("confirm_us")) for r in golden])
@@ -483,9 +468,8 @@ class Pipes(unittest.TestCase):
         cap = os.path.join(CAPTURES, f"{name}.pcapng")
         golden = [{k: v for k, v in r.items() if k not in ("ts", "run")}
                   for r in read_records(os.path.join(CAPTURES, f"{name}.verdicts.jsonl"))]
-        p = subprocess.Popen([AMQPTAP_BIN, "replay", "-", "--port", str(capture_port(cap)), *extra],
-                             stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.PIPE)
-        self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
+        p = Tap.replay("-", capture_port(cap), extra, stdin=subprocess.PIPE, stdout=stdout)
+        self.addCleanup(p.cleanup)
         with open(cap, "rb") as f:
             p.stdin.write(f.read())
         p.stdin.flush()  # and the pipe stays open: replay waits for more
@@ -493,13 +477,12 @@ class Pipes(unittest.TestCase):
 
     def end_by_sigint(self, p):
         """SIGINT, then (stdout, stderr) once it exited 0 and said so."""
-        self.assertIsNone(p.poll(), "replay ended before its input did")
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=30)
-        err = err.decode()
-        self.assertEqual(p.returncode, 0, err)
+        self.assertIsNone(p.proc.poll(), "replay ended before its input did")
+        rc = p.stop(signal.SIGINT, timeout=30)
+        err = p.stderr()
+        self.assertEqual(rc, 0, err)
         self.assertIn("replay stopped by SIGINT", err)
-        return out, err
+        return p.output, err
 
     def test_sigint_ends_a_live_view_as_its_end_would(self):
         """Ctrl-C on `tcpdump -U -w - | amqptap replay -` signals both while the pipe is open: replay ends the
@@ -526,8 +509,8 @@ class Pipes(unittest.TestCase):
         self.assertTrue(wait_for(lambda: os.path.exists(out) and os.path.getsize(out) > 0, 10, 0.1))
         time.sleep(0.3)
         os.rename(out, out + ".1")
-        p.send_signal(signal.SIGHUP)
-        p.send_signal(signal.SIGUSR1)
+        p.proc.send_signal(signal.SIGHUP)
+        p.proc.send_signal(signal.SIGUSR1)
         self.assertTrue(wait_for(lambda: os.path.exists(out), 10, 0.1), "SIGHUP made no new verdict file")
         time.sleep(0.3)
         _, err = self.end_by_sigint(p)
@@ -545,12 +528,10 @@ class Pipes(unittest.TestCase):
         self.addCleanup(shutil.rmtree, d)
         fifo = os.path.join(d, "cap")
         os.mkfifo(fifo, 0o600)
-        waiting_for_a_writer = subprocess.Popen([AMQPTAP_BIN, "replay", fifo], stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE)
-        silent_writer = subprocess.Popen([AMQPTAP_BIN, "replay", "-"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        waiting_for_a_writer = Tap.replay(fifo)
+        silent_writer = Tap.replay("-", stdin=subprocess.PIPE)
         for p in (waiting_for_a_writer, silent_writer):
-            self.addCleanup(lambda p=p: p.poll() is None and (p.kill(), p.wait()))
+            self.addCleanup(p.cleanup)
             self.assertTrue(wait_for(lambda p=p: waits_with_handlers(p.pid), 10, 0.05), "never waited for input")
         for p in (waiting_for_a_writer, silent_writer):
             out, err = self.end_by_sigint(p)
@@ -566,20 +547,19 @@ class Pipes(unittest.TestCase):
         fifo = os.path.join(d, "cap")
         os.mkfifo(fifo, 0o600)
         cap = os.path.join(CAPTURES, "alternate_exchange.pcapng")
-        p = subprocess.Popen([AMQPTAP_BIN, "replay", fifo, "--port", str(capture_port(cap))], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
-        self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
+        p = Tap.replay(fifo, capture_port(cap))
+        self.addCleanup(p.cleanup)
         self.assertTrue(wait_for(lambda: waits_with_handlers(p.pid), 10, 0.05), "never waited for a writer")
-        p.send_signal(signal.SIGUSR1)
+        p.proc.send_signal(signal.SIGUSR1)
         time.sleep(0.3)
-        p.send_signal(signal.SIGHUP)
+        p.proc.send_signal(signal.SIGHUP)
         time.sleep(0.3)
-        self.assertIsNone(p.poll(), "a signal ended the wait for the writer")
+        self.assertIsNone(p.proc.poll(), "a signal ended the wait for the writer")
         with open(fifo, "wb") as w, open(cap, "rb") as f:
             w.write(f.read())
-        out, err = p.communicate(timeout=30)
-        err = err.decode()
-        self.assertEqual(p.returncode, 0, err)
+        rc = p.wait(timeout=30)
+        out, err = p.output, p.stderr()
+        self.assertEqual(rc, 0, err)
         self.assertGreaterEqual(err.count("output verdicts records="), 2, "SIGUSR1's summary and the last one")
         golden = [{k: v for k, v in r.items() if k not in ("ts", "run")}
                   for r in read_records(os.path.join(CAPTURES, "alternate_exchange.verdicts.jsonl"))]

@@ -23,9 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 
-from capture_scenarios import Admin, params, props, replay  # noqa: E402
-from scenario_lib import RawClient  # noqa: E402
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, TapTestCase, main, read_records,  # noqa: E402
+from capture_scenarios import Admin  # noqa: E402
+from scenario_lib import RawClient, params, text_props  # noqa: E402
+from scenario_table import RecordFile, scenarios  # noqa: E402
+from tapharness import (BROKER_PORT, SOURCE_DIR, TapTestCase, capture_port, main, read_records, replay,  # noqa: E402
                         require_broker, wait_for, without_identity)
 
 CAPTURES = os.path.join(SOURCE_DIR, "captures")
@@ -34,11 +35,6 @@ FRAME_TYPES = {"method": 1, "header": 2, "body": 3, "heartbeat": 8}
 
 def capture_files():
     return sorted(glob.glob(os.path.join(CAPTURES, "*.pcapng")))
-
-
-def capture_port(cap):
-    with open(cap[:-len(".pcapng")] + ".port") as f:
-        return int(f.read().strip())
 
 
 def pcapng_blocks(data):
@@ -100,6 +96,26 @@ def tshark_frames_by_stream(cap, port):
     return out
 
 
+def publish_mix(c, ch, tag, routed, full, unroutable, bodies):
+    """On ch (confirm mode) of connection c: a confirm + mandatory publish routed to queue `routed` (left out when
+    None) and one returned from `unroutable`, one that fits `full` (max length 1, reject-publish) and one nacked;
+    then on a new plain channel a mandatory publish returned. Message ids are TAG-routed etc; bodies, one each."""
+    if routed:
+        ch.basic_publish("", routed, bodies[0], text_props(f"{tag}-routed"), mandatory=True)
+    try:
+        ch.basic_publish("", unroutable, bodies[1], text_props(f"{tag}-returned"), mandatory=True)
+    except pika.exceptions.UnroutableError:
+        pass
+    ch.basic_publish("", full, bodies[2], text_props(f"{tag}-fits"))
+    try:
+        ch.basic_publish("", full, bodies[3], text_props(f"{tag}-nack"))
+    except pika.exceptions.NackError:
+        pass
+    nc = c.channel()
+    nc.basic_publish("", unroutable, bodies[4], text_props(f"{tag}-nc-returned"), mandatory=True)
+    c.process_data_events(0.2)
+
+
 class GoldenCaptures(unittest.TestCase):
     """Every committed capture replays to exactly its committed records."""
 
@@ -125,8 +141,8 @@ class GoldenCaptures(unittest.TestCase):
             with self.subTest(capture=name):
                 out = os.path.join(self.dir, name + ".jsonl")
                 frames = os.path.join(self.dir, name + ".frames.jsonl")
-                r = replay(cap, capture_port(cap), out, frames)
-                self.assertEqual(r.returncode, 0, r.stderr.decode())
+                r = replay(cap, capture_port(cap), verdicts=out, frames=frames)
+                self.assertEqual(r.returncode, 0, r.stderr())
                 with open(out, "rb") as a, open(cap[:-7] + ".verdicts.jsonl", "rb") as b:
                     got, want = a.read(), b.read()
                 if got != want:
@@ -141,36 +157,11 @@ class GoldenCaptures(unittest.TestCase):
                 self.assertGreater(recs, 0)
 
     def test_scenario_shapes(self):
-        """The recorded verdicts show what each capture is for (a re-recording must keep them)."""
-        def pubs(name):
-            return {r["message_id"]: r for r in read_records(os.path.join(CAPTURES, name + ".verdicts.jsonl"))
-                    if r["type"] == "publish"}
-        p = pubs("returned_noconfirm")
-        self.assertEqual([r["route"] for r in p.values()], ["returned"] * 20)
-        self.assertEqual(list(p), [f"nc-{i}" for i in range(1, 21)])
-        p = pubs("confirm_mandatory")
-        for mid in ("direct-match", "topic-match", "headers-match", "sensor-deep", "sensor-temp"):
-            self.assertEqual((p[mid]["route"], p[mid]["confirm"]), ("routed", "ack"), mid)
-        for mid in ("direct-nomatch", "fanout-unbound", "topic-nomatch", "headers-nomatch", "sensor-nomatch"):
-            self.assertEqual((p[mid]["route"], p[mid]["reply_code"], p[mid]["order"]),
-                             ("returned", 312, "return_before_ack"), mid)
-        p = pubs("missing_exchange")
-        self.assertEqual((p["missing-1"]["route"], p["missing-1"]["reason"]["code"]), ("unknown", 404))
-        p = pubs("alternate_exchange")
-        self.assertEqual([p[f"ae-{i}"]["route"] for i in range(1, 6)], ["routed"] * 5)
-        self.assertEqual(p["ae-unbound-1"]["route"], "returned")
-        p = pubs("nack_max_length")
-        self.assertEqual([p[f"len-{i}"]["confirm"] for i in range(1, 6)], ["ack", "ack", "nack", "nack", "nack"])
-        p = pubs("streaming_confirms")
-        self.assertEqual(sorted(r["seq"] for r in p.values()), list(range(1, 301)))
-        self.assertTrue(any(r["multiple"] for r in p.values()))
-        p = pubs("large_message")
-        self.assertEqual((p["large-20k"]["body_size"], p["large-20k"]["route"]), (20480, "routed"))
-        p = pubs("tx_channel")
-        self.assertTrue(all(r.get("tx") and r["confirm"] == "none" for r in p.values()))
-        p = pubs("client_killed")
-        self.assertEqual(p["k-1"]["confirm"], "ack")
-        self.assertEqual({p[f"k-{i}"]["confirm"] for i in range(2, 51)}, {"unknown"})
+        """The recorded verdicts show what each capture is for (a re-recording must keep them): the expectations
+        of its entry in scenario_table."""
+        for s in scenarios("capture"):
+            with self.subTest(capture=s.name):
+                s.expect(self, RecordFile(os.path.join(CAPTURES, s.name + ".verdicts.jsonl")), None)
 
 
 class LiveEqualsReplay(TapTestCase):
@@ -189,30 +180,18 @@ class LiveEqualsReplay(TapTestCase):
         with pika.BlockingConnection(params(port)) as c:
             ch = c.channel()
             ch.confirm_delivery()
-            if timers:
-                ch.basic_publish("", q, b"one", props("live-routed"), mandatory=True)
-            try:
-                ch.basic_publish("", "cap.live.none", b"two", props("live-returned"), mandatory=True)
-            except pika.exceptions.UnroutableError:
-                pass
-            ch.basic_publish("", qn, b"fits", props("live-fits"))
-            try:
-                ch.basic_publish("", qn, b"full", props("live-nack"))
-            except pika.exceptions.NackError:
-                pass
-            nc = c.channel()
-            nc.basic_publish("", "cap.live.none", b"three", props("live-nc-returned"), mandatory=True)
-            c.process_data_events(0.2)
+            bodies = (b"one", b"two", b"fits", b"full", b"three")
+            publish_mix(c, ch, "live", q if timers else None, qn, "cap.live.none", bodies)
             tx = c.channel()
             tx.tx_select()
-            tx.basic_publish("", q, b"tx", props("live-tx"))
+            tx.basic_publish("", q, b"tx", text_props("live-tx"))
             tx.tx_commit()
         with pika.BlockingConnection(params(port, frame_max=4096)) as c:
             ch = c.channel()
             ch.confirm_delivery()
-            ch.basic_publish("", q, b"L" * 10000, props("live-large"), mandatory=timers)
+            ch.basic_publish("", q, b"L" * 10000, text_props("live-large"), mandatory=timers)
             try:
-                ch.basic_publish("cap.live.nope", "k", b"x", props("live-404"))
+                ch.basic_publish("cap.live.nope", "k", b"x", text_props("live-404"))
             except pika.exceptions.ChannelClosedByBroker:
                 pass
         return 8 if timers else 7
@@ -236,8 +215,8 @@ class LiveEqualsReplay(TapTestCase):
         d, cap, live, live_frames = self.run_live(timers)
         out = os.path.join(d, "replay.jsonl")
         frames = os.path.join(d, "replay.frames.jsonl")
-        r = replay(cap, BROKER_PORT, out, frames)
-        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        r = replay(cap, BROKER_PORT, verdicts=out, frames=frames)
+        self.assertEqual(r.returncode, 0, r.stderr())
         rep = read_records(out)
         live = without_identity(self, live)  # replay leaves it out to stay deterministic (README)
         key = lambda x: (x["type"], x.get("conn"), x.get("channel"), x.get("message_id"), x.get("event"),  # noqa
@@ -285,8 +264,8 @@ class LiveEqualsReplay(TapTestCase):
         live = sorted(r["by"] for r in tap.records("connection") if r["event"] == "close")
         self.assertEqual(live, ["client_eof", "client_reset"])
         out = os.path.join(d, "replay.jsonl")
-        r = replay(cap, BROKER_PORT, out)
-        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        r = replay(cap, BROKER_PORT, verdicts=out)
+        self.assertEqual(r.returncode, 0, r.stderr())
         self.assertEqual(sorted(x["by"] for x in read_records(out) if x["type"] == "connection" and
                                 x["event"] == "close"), live)
         resets = subprocess.run(["tshark", "-r", cap, "-Y", "tcp.flags.reset == 1"],
@@ -313,8 +292,8 @@ class TsharkCommitted(unittest.TestCase):
             with self.subTest(capture=name):
                 port = capture_port(cap)
                 out, frames = os.path.join(d, name + ".jsonl"), os.path.join(d, name + ".frames.jsonl")
-                r = replay(cap, port, out, frames)
-                self.assertEqual(r.returncode, 0, r.stderr.decode())
+                r = replay(cap, port, verdicts=out, frames=frames)
+                self.assertEqual(r.returncode, 0, r.stderr())
                 want = tap_frames_by_stream(read_records(frames), read_records(out))
                 got = tshark_frames_by_stream(cap, port)
                 self.assertEqual(sorted(got), sorted(want))
@@ -352,26 +331,14 @@ class ForeignCapture(unittest.TestCase):
             with pika.BlockingConnection(params(BROKER_PORT)) as c:
                 ch = c.channel()
                 ch.confirm_delivery()
-                ch.basic_publish("", q, b"a", props("dc-routed"), mandatory=True)
-                try:
-                    ch.basic_publish("", "cap.dumpcap.none", b"b", props("dc-returned"), mandatory=True)
-                except pika.exceptions.UnroutableError:
-                    pass
-                ch.basic_publish("", full, b"c", props("dc-fits"))
-                try:
-                    ch.basic_publish("", full, b"d", props("dc-nack"))
-                except pika.exceptions.NackError:
-                    pass
-                nc = c.channel()
-                nc.basic_publish("", "cap.dumpcap.none", b"e", props("dc-nc-returned"), mandatory=True)
-                c.process_data_events(0.2)
+                publish_mix(c, ch, "dc", q, full, "cap.dumpcap.none", (b"a", b"b", b"c", b"d", b"e"))
             time.sleep(0.5)
         finally:
             dc.send_signal(signal.SIGINT)
             dc.wait(15)
         out = os.path.join(d, "v.jsonl")
-        r = replay(cap, BROKER_PORT, out)
-        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        r = replay(cap, BROKER_PORT, verdicts=out)
+        self.assertEqual(r.returncode, 0, r.stderr())
         got = {x["message_id"]: (x["route"], x["confirm"]) for x in read_records(out)
                if x["type"] == "publish" and (x.get("message_id") or "").startswith("dc-")}
         self.assertEqual(got, {"dc-routed": ("routed", "ack"), "dc-returned": ("returned", "ack"),
@@ -394,11 +361,8 @@ class CorruptCaptures(unittest.TestCase):
         with open(path, "wb") as f:
             f.write(data)
         out = os.path.join(self.dir, f"c{self.n}.jsonl")
-        env = dict(os.environ, ASAN_OPTIONS="abort_on_error=0:detect_leaks=1")
-        r = subprocess.run([AMQPTAP_BIN, "replay", path, "--port", str(port), "--verdicts", out],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60,
-                           env=env)
-        return r.returncode, r.stderr.decode(), read_records(out)
+        r = replay(path, port, verdicts=out, env={"ASAN_OPTIONS": "abort_on_error=0:detect_leaks=1"}, timeout=60)
+        return r.returncode, r.stderr(), read_records(out)
 
     def check_fault(self, data, port, bad_block_off, label):
         rc, err, recs = self.run_replay(data, port)

@@ -13,8 +13,8 @@ import uuid
 
 import pika
 
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, Tap, TapTestCase, free_port, main, read_records,
-                        require_broker, wait_for)
+from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, Tap, TapTestCase, capture_port, free_port, main,
+                        read_records, replay, require_broker, wait_for)
 
 
 def run(*args, timeout=10):
@@ -121,7 +121,7 @@ class CliTest(TapTestCase):
 
     def test_signals_exit_zero(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
-            tap = Tap(free_port())
+            tap = Tap.proxy(free_port())
             try:
                 self.assertTrue(tap.alive())
                 rc = tap.stop(sig)
@@ -318,35 +318,31 @@ class ReplayDoubleDashTest(TapTestCase):
 
     def test_capture_named_like_an_option(self):
         src = os.path.join(SOURCE_DIR, "captures", "confirm_mandatory.pcapng")
-        with open(os.path.join(SOURCE_DIR, "captures", "confirm_mandatory.port")) as f:
-            port = f.read().strip()
+        port = capture_port(src)
         d = tempfile.mkdtemp(prefix="amqptap-cli-")
         try:
             shutil.copy(src, os.path.join(d, "-v.pcapng"))
-            plain = subprocess.run([AMQPTAP_BIN, "replay", src, "--port", port, "-q"], capture_output=True,
-                                   timeout=30)
-            dashed = subprocess.run([AMQPTAP_BIN, "replay", f"--port={port}", "-q", "--", "-v.pcapng"], cwd=d,
-                                    capture_output=True, timeout=30)
+            plain = replay(src, port, ["-q"], timeout=30)
+            dashed = replay(None, extra_args=[f"--port={port}", "-q", "--", "-v.pcapng"], cwd=d, timeout=30)
         finally:
             shutil.rmtree(d, ignore_errors=True)
-        self.assertEqual(plain.returncode, 0, plain.stderr)
-        self.assertEqual(dashed.returncode, 0, dashed.stderr)
-        self.assertIn(b'"type":"publish"', plain.stdout)
-        self.assertEqual(dashed.stdout, plain.stdout)
-        self.assertEqual(dashed.stderr, b"", "-q: no summary")
+        self.assertEqual(plain.returncode, 0, plain.stderr())
+        self.assertEqual(dashed.returncode, 0, dashed.stderr())
+        self.assertIn(b'"type":"publish"', plain.output)
+        self.assertEqual(dashed.output, plain.output)
+        self.assertEqual(dashed.stderr(), "", "-q: no summary")
 
     def test_missing_capture(self):
         """A capture that cannot be opened: exit 1, one line naming it, and no other claim about it (the gap count
         was once read from memory the failed open never wrote)."""
-        r = subprocess.run([AMQPTAP_BIN, "replay", "/nonexistent/x.pcapng", "--port", "5672", "-q"],
-                           capture_output=True, timeout=30)
-        self.assertEqual(r.returncode, 1, r.stderr)
-        self.assertEqual(r.stderr.decode(), "amqptap: replay /nonexistent/x.pcapng: No such file or directory\n")
-        self.assertEqual(r.stdout, b"")
+        r = replay("/nonexistent/x.pcapng", 5672, ["-q"], timeout=30)
+        self.assertEqual(r.returncode, 1, r.stderr())
+        self.assertEqual(r.stderr(), "amqptap: replay /nonexistent/x.pcapng: No such file or directory\n")
+        self.assertEqual(r.output, b"")
         d = tempfile.mkdtemp(prefix="amqptap-dir-")
         self.addCleanup(shutil.rmtree, d, True)
-        r = subprocess.run([AMQPTAP_BIN, "replay", d, "-q"], capture_output=True, timeout=30)
-        self.assertEqual((r.returncode, r.stderr.decode()), (1, f"amqptap: replay {d}: Is a directory\n"))
+        r = replay(d, extra_args=["-q"], timeout=30)
+        self.assertEqual((r.returncode, r.stderr()), (1, f"amqptap: replay {d}: Is a directory\n"))
 
 
 if __name__ == "__main__":

@@ -280,13 +280,18 @@ class FramesTest(ScenarioCase):
         return conns, notes
 
     # 1. the trace equals tshark's decoding of the same traffic
-    def test_trace_matches_tshark(self):
+    def start_traced_tap(self):
+        """A tap, and tshark capturing its port into lo.pcapng in the tap's dir: (tap, the Sniffer, the capture)."""
         if not os.access(TSHARK, os.X_OK):
             self.fail("tshark is not installed")
         tap = self.start_tap()
         cap = os.path.join(tap.dir, "lo.pcapng")
         sniff = Sniffer(tap.port, cap)
         self.addCleanup(sniff.stop)
+        return tap, sniff, cap
+
+    def test_trace_matches_tshark(self):
+        tap, sniff, cap = self.start_traced_tap()
         x, q = self.name("x"), self.name("q")
         big = bytes(range(256)) * 1200  # 307,200 bytes: three body frames at frame_max 131072
         conn = self.connect(tap)
@@ -341,12 +346,7 @@ class FramesTest(ScenarioCase):
 
     # 1b. the same comparison when the first frame after the protocol header comes in two TCP segments
     def test_trace_matches_tshark_split_first_frame(self):
-        if not os.access(TSHARK, os.X_OK):
-            self.fail("tshark is not installed")
-        tap = self.start_tap()
-        cap = os.path.join(tap.dir, "lo.pcapng")
-        sniff = Sniffer(tap.port, cap)
-        self.addCleanup(sniff.stop)
+        tap, sniff, cap = self.start_traced_tap()
         rc = SplitFirstFrameClient(tap.port)
         rc.method(1, 20, 10, rc.short(""))
         rc.expect(1, 20, 11)

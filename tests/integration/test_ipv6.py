@@ -6,13 +6,12 @@ import hashlib
 import os
 import shutil
 import socket
-import subprocess
 import tempfile
 import threading
 
 import pika
 
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, TapTestCase, free_port, main, read_records, require_broker,
+from tapharness import (BROKER_PORT, TapTestCase, free_port, main, read_records, replay, require_broker,
                         without_identity)
 
 
@@ -79,9 +78,8 @@ class Ipv6(TapTestCase):
                          [(f"v6-{i}", "routed", "ack") for i in range(3)])
         self.assertTrue(recs[0]["client"].startswith("[::1]:"), recs[0])
         out = os.path.join(d, "replay.jsonl")
-        r = subprocess.run([AMQPTAP_BIN, "replay", pcap, "--port", str(BROKER_PORT), "--verdicts", out],
-                           stderr=subprocess.PIPE, timeout=60)
-        self.assertEqual(r.returncode, 0, r.stderr)
+        r = replay(pcap, BROKER_PORT, verdicts=out, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr())
         # replay writes no process identity: its records are the same on every run
         self.assertEqual([x for x in read_records(out) if x["type"] == "publish"], without_identity(self, recs))
 

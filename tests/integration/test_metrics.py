@@ -283,22 +283,8 @@ class PrometheusScrape(ScenarioCase):
         /metrics (linted by promtool) counts the capture (packets, kernel drops, gaps) and the publishes, and a real
         Prometheus reads them."""
         mport = free_port()
-        d = tempfile.mkdtemp(prefix="amqptap-sniff-metrics-")
-        self.addCleanup(shutil.rmtree, d, True)
-        err = open(os.path.join(d, "sniff.err"), "w+")
-        self.addCleanup(err.close)
-        p = subprocess.Popen([AMQPTAP_BIN, "sniff", "-i", "lo", "--port", str(BROKER_PORT), "--verdicts",
-                              os.path.join(d, "sniff.jsonl"), "--return-window", "300", "--metrics",
-                              f"127.0.0.1:{mport}"], stdout=subprocess.DEVNULL, stderr=err)
-
-        def stop():
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-                p.wait(timeout=20)
-        self.addCleanup(stop)
-        self.assertTrue(wait_for(lambda: "sniffing on lo" in open(err.name).read() or p.poll() is not None, 10))
-        self.assertIsNone(p.poll(), open(err.name).read())
-        self.assertIn(f"metrics on http://127.0.0.1:{mport}/", open(err.name).read())
+        sniffer = self.start_sniff(["--return-window", "300", "--metrics", f"127.0.0.1:{mport}"])
+        self.assertIn(f"metrics on http://127.0.0.1:{mport}/", sniffer.stderr())
         prom = start_prometheus(self, mport)
         self.assertTrue(wait_for(lambda: self.query(prom, 'up{job="amqptap"}') == 1, 20, 0.3),
                         "prometheus never scraped the sniffer")
@@ -337,8 +323,7 @@ class PrometheusScrape(ScenarioCase):
         self.assertEqual(status()["connections_total"], total + 1)
         held.close()
         self.assertTrue(wait_for(lambda: status()["connections_open"] == base, 10), status())
-        p.send_signal(signal.SIGINT)
-        self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
+        self.assertEqual(sniffer.stop(timeout=20), 0, sniffer.stderr())
 
 
 def readme_alerts():

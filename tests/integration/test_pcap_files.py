@@ -4,7 +4,6 @@
 # again once there is room). pika publishers go through the tap to the throwaway broker; each file must pass
 # `tshark -r` and `amqptap replay`, and what the summary counts lost must be what the file lacks.
 
-import json
 import os
 import re
 import shutil
@@ -16,7 +15,7 @@ import uuid
 
 import pika
 
-from tapharness import AMQPTAP_BIN, BROKER_PORT, TapTestCase, main, read_records, require_broker, start_tap, wait_for
+from tapharness import BROKER_PORT, TapTestCase, main, read_records, replay, require_broker, start_tap, wait_for
 
 TSHARK = "/usr/bin/tshark"
 
@@ -60,9 +59,8 @@ class PcapFiles(TapTestCase):
     def replayed_ids(self, cap):
         """The message ids of the publish records `amqptap replay` makes of cap (which it must read cleanly)."""
         out = os.path.join(self.dir, f"replay-{uuid.uuid4().hex[:6]}.jsonl")
-        r = subprocess.run([AMQPTAP_BIN, "replay", cap, "--port", str(BROKER_PORT), "--verdicts", out],
-                           capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
-        self.assertEqual(r.returncode, 0, r.stderr.decode()[-2000:])
+        r = replay(cap, BROKER_PORT, verdicts=out)
+        self.assertEqual(r.returncode, 0, r.stderr()[-2000:])
         return {p["message_id"] for p in read_records(out) if p["type"] == "publish"}
 
     def assert_readable(self, cap, ids):

@@ -15,7 +15,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -23,9 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 
-from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, TapTestCase, is_asan_build, main, read_records,  # noqa: E402
-                        require_broker, wait_for)
-from scenario_lib import read_until_progress, stream_publisher  # noqa: E402
+from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, Tap, TapTestCase, capture_port,  # noqa: E402
+                        is_asan_build, main, read_records, replay, require_broker, wait_for)
+from scenario_lib import params, props, read_until_progress, stream_publisher  # noqa: E402
 
 PROXY_ONLY = ("upstream_local",)  # the proxy's own end towards the broker: a sniffer has no such leg
 VOLATILE = {"ts", "conn", "client", "return_us", "confirm_us", "duration_us", "multiple", "run", "started",
@@ -42,19 +41,19 @@ def scenario(port, tag):
     x = f"sniff.{tag}.x"
     ch.exchange_declare(x, "direct", auto_delete=True)
     ch.queue_bind(q, x, routing_key="k")
-    props = lambda mid: pika.BasicProperties(message_id=mid, delivery_mode=2)  # noqa: E731
-    ch.basic_publish(x, "k", b"routed", props("routed"), mandatory=True)
+    ch.basic_publish(x, "k", b"routed", props("routed", delivery_mode=2), mandatory=True)
     try:
-        ch.basic_publish(x, "nomatch", b"returned", props("returned"), mandatory=True)
+        ch.basic_publish(x, "nomatch", b"returned", props("returned", delivery_mode=2), mandatory=True)
     except pika.exceptions.UnroutableError:
         pass
-    ch.basic_publish(x, "nomatch", b"unproven", props("no-mandatory"))
+    ch.basic_publish(x, "nomatch", b"unproven", props("no-mandatory", delivery_mode=2))
     try:
-        ch.basic_publish(f"sniff.{tag}.nope", "k", b"lost", props("missing-exchange"), mandatory=True)
+        ch.basic_publish(f"sniff.{tag}.nope", "k", b"lost", props("missing-exchange", delivery_mode=2),
+                         mandatory=True)
     except pika.exceptions.ChannelClosedByBroker:
         pass
     ch2 = conn.channel()
-    ch2.basic_publish("", f"sniff.{tag}.none", b"nc", props("no-confirm"), mandatory=True)
+    ch2.basic_publish("", f"sniff.{tag}.none", b"nc", props("no-confirm", delivery_mode=2), mandatory=True)
     ch2.queue_delete(q)
     conn.close()
 
@@ -74,28 +73,21 @@ class Sniff(TapTestCase):
         super().setUp()
         require_broker(self)
 
-    def sniff(self, d, *extra):
-        verdicts = os.path.join(d, "sniff.jsonl")
-        err = open(os.path.join(d, "sniff.err"), "w+")
-        p = subprocess.Popen([AMQPTAP_BIN, "sniff", "-i", "lo", "--port", str(BROKER_PORT), "--verdicts", verdicts,
-                              "--return-window", "300", *extra], stdout=subprocess.DEVNULL, stderr=err)
-        self.assertTrue(wait_for(lambda: "sniffing on lo" in open(err.name).read() or p.poll() is not None, 10))
-        self.assertIsNone(p.poll(), open(err.name).read())
-        return p, verdicts, err
+    def sniff(self, *extra, **kw):
+        """`amqptap sniff -i lo --port BROKER --return-window 300`, stopped by the test (SIGINT, exit 0)."""
+        return self.start_sniff(["--return-window", "300", *extra], **kw)
 
     def test_same_records_as_the_proxy(self):
         tap = self.start_tap(["--return-window", "300"])
         scenario(tap.port, "p")
         time.sleep(0.5)
-        with tempfile.TemporaryDirectory() as d:
-            p, verdicts, err = self.sniff(d)
-            try:
-                scenario(BROKER_PORT, "s")
-                time.sleep(0.5)
-            finally:
-                p.send_signal(signal.SIGINT)
-                self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
-            sniffed = read_records(verdicts)
+        s = self.sniff()
+        try:
+            scenario(BROKER_PORT, "s")
+            time.sleep(0.5)
+        finally:
+            self.assertEqual(s.stop(timeout=20), 0, s.stderr())
+        sniffed = s.records()
         tap_recs = read_records(tap.verdicts)
         want = normalise(tap_recs, "sniff.p.")
         got = normalise(sniffed, "sniff.s.")
@@ -111,34 +103,29 @@ class Sniff(TapTestCase):
         --return-window without confirms, an acked mandatory publish's hold for a late Return) are written once the
         window is over while the connection stays open and silent, as the proxy writes them: the capture's clock
         moves on without packets. Heartbeats are off, so nothing else would come."""
-        with tempfile.TemporaryDirectory() as d:
-            p, verdicts, err = self.sniff(d)
-            try:
-                conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT, heartbeat=0))
-                plain = conn.channel()
-                q = plain.queue_declare("", exclusive=True).method.queue
-                plain.basic_publish("", q, b"p", pika.BasicProperties(message_id="plain"))
-                plain.basic_publish("", q, b"m", pika.BasicProperties(message_id="mandatory-no-confirm"),
-                                    mandatory=True)
-                confirmed = conn.channel()
-                confirmed.confirm_delivery()
-                confirmed.basic_publish("", q, b"c", pika.BasicProperties(message_id="acked"), mandatory=True)
-                t0 = time.monotonic()
+        s = self.sniff()
+        try:
+            conn = pika.BlockingConnection(params(BROKER_PORT))
+            plain = conn.channel()
+            q = plain.queue_declare("", exclusive=True).method.queue
+            plain.basic_publish("", q, b"p", props("plain"))
+            plain.basic_publish("", q, b"m", props("mandatory-no-confirm"), mandatory=True)
+            confirmed = conn.channel()
+            confirmed.confirm_delivery()
+            confirmed.basic_publish("", q, b"c", props("acked"), mandatory=True)
+            t0 = time.monotonic()
 
-                def routes():
-                    return {r["message_id"]: (r["route"], r["confirm"]) for r in read_records(verdicts, live=True)
-                            if r["type"] == "publish"}
-                self.assertTrue(wait_for(lambda: len(routes()) == 3, 5), routes())
-                took = time.monotonic() - t0
-                self.assertEqual(routes(), {"plain": ("unproven", "none"), "mandatory-no-confirm": ("unproven", "none"),
-                                            "acked": ("routed", "ack")})
-                self.assertLess(took, 2.0)  # --return-window 300 ms, plus the capture's lag
-                self.assertFalse([r for r in read_records(verdicts, live=True)
-                                  if r["type"] == "connection" and r["event"] == "close"])  # still open
-                conn.close()
-            finally:
-                p.send_signal(signal.SIGINT)
-                self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
+            def routes():
+                return {r["message_id"]: (r["route"], r["confirm"]) for r in s.records("publish")}
+            self.assertTrue(wait_for(lambda: len(routes()) == 3, 5), routes())
+            took = time.monotonic() - t0
+            self.assertEqual(routes(), {"plain": ("unproven", "none"), "mandatory-no-confirm": ("unproven", "none"),
+                                        "acked": ("routed", "ack")})
+            self.assertLess(took, 2.0)  # --return-window 300 ms, plus the capture's lag
+            self.assertFalse([r for r in s.records("connection") if r["event"] == "close"])  # still open
+            conn.close()
+        finally:
+            self.assertEqual(s.stop(timeout=20), 0, s.stderr())
 
     def test_loopback_capture_takes_each_packet_once(self):
         """On lo the kernel hands a packet socket every packet twice, as sent and as received; the sniffer asks it
@@ -146,17 +133,15 @@ class Sniff(TapTestCase):
         cloned, filtered and copied it in the broker's and the publisher's time. SIGUSR1's line says how many
         packets the kernel queued and how many were captured: without the option the first is about twice the
         second."""
-        with tempfile.TemporaryDirectory() as d:
-            p, verdicts, err = self.sniff(d)
-            try:
-                scenario(BROKER_PORT, "once")
-                time.sleep(0.3)
-                p.send_signal(signal.SIGUSR1)
-                self.assertTrue(wait_for(lambda: "packets captured" in open(err.name).read(), 10))
-            finally:
-                p.send_signal(signal.SIGINT)
-                self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
-            line = [ln for ln in open(err.name).read().splitlines() if "packets captured" in ln][0]
+        s = self.sniff()
+        try:
+            scenario(BROKER_PORT, "once")
+            time.sleep(0.3)
+            s.proc.send_signal(signal.SIGUSR1)
+            self.assertTrue(wait_for(lambda: "packets captured" in s.stderr(), 10))
+        finally:
+            self.assertEqual(s.stop(timeout=20), 0, s.stderr())
+        line = [ln for ln in s.stderr().splitlines() if "packets captured" in ln][0]
         words = line.replace("(", " ").split()
         captured, queued = int(words[words.index("packets") - 1]), int(words[words.index("queued") - 1])
         self.assertGreater(captured, 20, line)
@@ -177,29 +162,26 @@ class Sniff(TapTestCase):
         conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", BROKER_PORT))
         conn.channel().queue_declare(q, auto_delete=False, arguments={"x-max-length": 1000})
         self.addCleanup(lambda: conn.channel().queue_delete(q) and conn.close())
-        with tempfile.TemporaryDirectory() as d1, tempfile.TemporaryDirectory() as d2:
-            # the reference's ring holds the whole run (about 30 MB) even if it is slow to read: it must not drop
-            ref, ref_out, ref_err = self.sniff(d1, "--buffer-size", "131072")
-            lossy, lossy_out, lossy_err = self.sniff(d2, "--buffer-size", "2048", "--frames",
-                                                     os.path.join(d2, "frames.jsonl"))
-            pubs = [stream_publisher(BROKER_PORT, 60000, 64, 1000, True, rk) for rk in (q, f"{q}.absent")]
-            try:
-                self.assertGreaterEqual(read_until_progress(pubs[0], 5000), 5000)
-                lossy.send_signal(signal.SIGSTOP)
-                self.assertGreaterEqual(read_until_progress(pubs[0], 25000), 25000)
-                lossy.send_signal(signal.SIGCONT)
-                for p in pubs:
-                    out, err = p.communicate(timeout=120)
-                    self.assertEqual(p.returncode, 0, err)
-            finally:
-                lossy.send_signal(signal.SIGCONT)
-            time.sleep(0.5)
-            for p, e in ((ref, ref_err), (lossy, lossy_err)):
-                p.send_signal(signal.SIGINT)
-                self.assertEqual(p.wait(timeout=60), 0, open(e.name).read())
-            want = read_records(ref_out)
-            got = read_records(lossy_out)
-            frames = read_records(os.path.join(d2, "frames.jsonl"))
+        # the reference's ring holds the whole run (about 30 MB) even if it is slow to read: it must not drop
+        ref = self.sniff("--buffer-size", "131072")
+        lossy = self.sniff("--buffer-size", "2048", frames=True)
+        pubs = [stream_publisher(BROKER_PORT, 60000, 64, 1000, True, rk) for rk in (q, f"{q}.absent")]
+        try:
+            self.assertGreaterEqual(read_until_progress(pubs[0], 5000), 5000)
+            lossy.proc.send_signal(signal.SIGSTOP)
+            self.assertGreaterEqual(read_until_progress(pubs[0], 25000), 25000)
+            lossy.proc.send_signal(signal.SIGCONT)
+            for p in pubs:
+                out, err = p.communicate(timeout=120)
+                self.assertEqual(p.returncode, 0, err)
+        finally:
+            lossy.proc.send_signal(signal.SIGCONT)
+        time.sleep(0.5)
+        for s in (ref, lossy):
+            self.assertEqual(s.stop(timeout=60), 0, s.stderr())
+        want = ref.records()
+        got = lossy.records()
+        frames = lossy.frame_records()
         self.assertEqual([r for r in want if r["type"] in ("capture_gap", "capture_drops")], [],
                          "the reference sniffer lost packets too: the machine is too busy for this test")
         ref_pubs = {(r["routing_key"], r["message_id"]): r for r in want if r["type"] == "publish"}
@@ -253,29 +235,26 @@ class Sniff(TapTestCase):
         ch1 = conn.channel()
         ch1.confirm_delivery()
         ch1.queue_declare(q, auto_delete=True)
-        props = lambda mid: pika.BasicProperties(message_id=mid)  # noqa: E731
         ch1.basic_publish("", q, b"before", props("before"), mandatory=True)
-        with tempfile.TemporaryDirectory() as d:
-            p, verdicts, err = self.sniff(d)
+        s = self.sniff()
+        try:
+            ch1.basic_publish("", q, b"a", props("ch1-routed"), mandatory=True)
             try:
-                ch1.basic_publish("", q, b"a", props("ch1-routed"), mandatory=True)
-                try:
-                    ch1.basic_publish("", q + ".absent", b"b", props("ch1-returned"), mandatory=True)
-                except pika.exceptions.UnroutableError:
-                    pass
-                ch2 = conn.channel()
-                ch2.confirm_delivery()
-                ch2.basic_publish("", q, b"c", props("ch2-routed"), mandatory=True)
-                try:
-                    ch2.basic_publish("", q + ".absent", b"d", props("ch2-returned"), mandatory=True)
-                except pika.exceptions.UnroutableError:
-                    pass
-                conn.close()
-                time.sleep(0.5)
-            finally:
-                p.send_signal(signal.SIGINT)
-                self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
-            recs = read_records(verdicts)
+                ch1.basic_publish("", q + ".absent", b"b", props("ch1-returned"), mandatory=True)
+            except pika.exceptions.UnroutableError:
+                pass
+            ch2 = conn.channel()
+            ch2.confirm_delivery()
+            ch2.basic_publish("", q, b"c", props("ch2-routed"), mandatory=True)
+            try:
+                ch2.basic_publish("", q + ".absent", b"d", props("ch2-returned"), mandatory=True)
+            except pika.exceptions.UnroutableError:
+                pass
+            conn.close()
+            time.sleep(0.5)
+        finally:
+            self.assertEqual(s.stop(timeout=20), 0, s.stderr())
+        recs = s.records()
         pubs = {r["message_id"]: r for r in recs if r["type"] == "publish"}
         self.assertEqual(sorted(pubs), ["ch1-returned", "ch1-routed", "ch2-returned", "ch2-routed"])
         for mid in ("ch1-routed", "ch1-returned"):
@@ -302,15 +281,15 @@ class Sniff(TapTestCase):
         for prefix in ([], unprivileged):
             if prefix and probe.returncode != 0:
                 self.skipTest(f"the build cannot be run as nobody here: {probe.stderr.decode().strip()}")
-            r = subprocess.run(prefix + [AMQPTAP_BIN, "sniff", "-i", "nosuch0"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, timeout=20)
-            self.assertEqual(r.returncode, 2, (prefix, r.stderr))
-            self.assertEqual(r.stderr.strip().splitlines(), ["amqptap: --interface nosuch0: no such interface"])
-            self.assertEqual(r.stdout, "")
-        r = subprocess.run(unprivileged + [AMQPTAP_BIN, "sniff", "-i", "lo"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, timeout=20)
-        self.assertEqual(r.returncode, 1, r.stderr)
-        self.assertIn("CAP_NET_RAW", r.stderr)
+            r = Tap.sniff(iface="nosuch0", ports=(), verdicts=None, prefix=prefix, ready=None,
+                          stdout=subprocess.PIPE).finish(timeout=20)
+            self.assertEqual(r.returncode, 2, (prefix, r.stderr()))
+            self.assertEqual(r.stderr().strip().splitlines(), ["amqptap: --interface nosuch0: no such interface"])
+            self.assertEqual(r.output, b"")
+        r = Tap.sniff(iface="lo", ports=(), verdicts=None, prefix=unprivileged, ready=None,
+                      stdout=subprocess.PIPE).finish(timeout=20)
+        self.assertEqual(r.returncode, 1, r.stderr())
+        self.assertIn("CAP_NET_RAW", r.stderr())
 
 
 def v6_free_port():
@@ -340,9 +319,9 @@ def publish_some(host, port, tag):
     q = f"sniff.{tag}.{os.getpid()}"
     ch.queue_declare(q, auto_delete=True)
     for i in range(5):
-        ch.basic_publish("", q, b"x" * i, pika.BasicProperties(message_id=f"{tag}-{i}"), mandatory=True)
+        ch.basic_publish("", q, b"x" * i, props(f"{tag}-{i}"), mandatory=True)
     try:
-        ch.basic_publish("", q + ".absent", b"r", pika.BasicProperties(message_id=f"{tag}-ret"), mandatory=True)
+        ch.basic_publish("", q + ".absent", b"r", props(f"{tag}-ret"), mandatory=True)
     except pika.exceptions.UnroutableError:
         pass
     conn.close()
@@ -354,17 +333,6 @@ class SniffLinks(TapTestCase):
     def setUp(self):
         super().setUp()
         require_broker(self)
-
-    def start_sniff(self, d, name, iface, ports, *extra):
-        verdicts = os.path.join(d, f"{name}.jsonl")
-        err = open(os.path.join(d, f"{name}.err"), "w+")
-        args = [AMQPTAP_BIN, "sniff", "-i", iface, "--verdicts", verdicts, *extra]
-        for port in ports:
-            args += ["--port", str(port)]
-        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
-        self.assertTrue(wait_for(lambda: "sniffing on" in open(err.name).read() or p.poll() is not None, 10))
-        self.assertIsNone(p.poll(), open(err.name).read())
-        return p, verdicts, err
 
     def veth_pair(self, prefix, *link_args):
         """A veth pair NAMEa/NAMEb, up (with link_args), removed after the test; returns NAME. Skips the test
@@ -379,10 +347,9 @@ class SniffLinks(TapTestCase):
             subprocess.run(["ip", "link", "set", f"{name}{end}", *link_args, "up"], check=True)
         return name
 
-    def stop_sniff(self, p, err):
-        p.send_signal(signal.SIGINT)
-        self.assertEqual(p.wait(timeout=20), 0, open(err.name).read())
-        return open(err.name).read()
+    def stop_sniff(self, s):
+        self.assertEqual(s.stop(timeout=20), 0, s.stderr())
+        return s.stderr()
 
     def test_two_ports_one_of_them_ipv6(self):
         """A tap on [::1]:P in front of the broker; pika connects to it over IPv6. `sniff -i lo --port P --port
@@ -390,14 +357,13 @@ class SniffLinks(TapTestCase):
         address too), the IPv4 one (tap to broker) the same verdicts. With only --port P, only the IPv6 leg."""
         p6 = v6_free_port()
         tap = self.start_tap(["--listen", f"[::1]:{p6}", "--return-window", "300"])
-        with tempfile.TemporaryDirectory() as d:
-            both, both_out, both_err = self.start_sniff(d, "both", "lo", [p6, BROKER_PORT], "--return-window", "300")
-            one, one_out, one_err = self.start_sniff(d, "one", "lo", [p6], "--return-window", "300")
-            publish_some("::1", p6, "v6")
-            time.sleep(0.5)
-            log = self.stop_sniff(both, both_err)
-            self.stop_sniff(one, one_err)
-            both_recs, one_recs = read_records(both_out), read_records(one_out)
+        both = self.start_sniff(["--return-window", "300"], ports=[p6, BROKER_PORT])
+        one = self.start_sniff(["--return-window", "300"], ports=[p6])
+        publish_some("::1", p6, "v6")
+        time.sleep(0.5)
+        log = self.stop_sniff(both)
+        self.stop_sniff(one)
+        both_recs, one_recs = both.records(), one.records()
         self.assertIn(f"tcp port {p6} or tcp port {BROKER_PORT}", log)
         self.assertEqual(tap.stop(), 0)
         tap_recs = read_records(tap.verdicts)
@@ -426,14 +392,13 @@ class SniffLinks(TapTestCase):
     def test_any_interface_gives_what_lo_gives(self):
         """`-i any` (Linux cooked link type) and `-i lo` (Ethernet) capture the same session at once: the same
         records."""
-        with tempfile.TemporaryDirectory() as d:
-            anyp, any_out, any_err = self.start_sniff(d, "any", "any", [BROKER_PORT])
-            lo, lo_out, lo_err = self.start_sniff(d, "lo", "lo", [BROKER_PORT])
-            publish_some("127.0.0.1", BROKER_PORT, "any")
-            time.sleep(0.5)
-            log = self.stop_sniff(anyp, any_err)
-            self.stop_sniff(lo, lo_err)
-            any_recs, lo_recs = read_records(any_out), read_records(lo_out)
+        anyp = self.start_sniff(iface="any")
+        lo = self.start_sniff(iface="lo")
+        publish_some("127.0.0.1", BROKER_PORT, "any")
+        time.sleep(0.5)
+        log = self.stop_sniff(anyp)
+        self.stop_sniff(lo)
+        any_recs, lo_recs = anyp.records(), lo.records()
         self.assertRegex(log, r"link type LINUX_SLL2?\b")
         self.assertEqual(len([r for r in lo_recs if r["type"] == "publish"]), 6)
         self.assertEqual(comparable(any_recs, drop=()), comparable(lo_recs, drop=()))
@@ -445,20 +410,19 @@ class SniffLinks(TapTestCase):
         cannot be made (no CAP_NET_ADMIN)."""
         name = self.veth_pair("snv", "mtu", "9000")
         cap = os.path.join(SOURCE_DIR, "captures", "confirm_mandatory.pcapng")
-        port = int(open(cap[:-len(".pcapng")] + ".port").read().strip())
+        port = capture_port(cap)
         frames = [vlan_tag(f, 7) for f in ethernet_frames(cap)]
-        with tempfile.TemporaryDirectory() as d:
-            p, out, err = self.start_sniff(d, "vlan", f"{name}b", [port], "--return-window", "300")
-            with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
-                s.bind((f"{name}a", 0))
-                for f in frames:
-                    s.send(f)
-            time.sleep(0.5)
-            self.stop_sniff(p, err)
-            live = read_records(out)
-            rep = subprocess.run([AMQPTAP_BIN, "replay", cap, "--port", str(port), "--return-window", "300"],
-                                 capture_output=True, text=True, check=True)
-        want = [json.loads(line) for line in rep.stdout.splitlines()]
+        sniffer = self.start_sniff(["--return-window", "300"], ports=[port], iface=f"{name}b")
+        with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
+            s.bind((f"{name}a", 0))
+            for f in frames:
+                s.send(f)
+        time.sleep(0.5)
+        self.stop_sniff(sniffer)
+        live = sniffer.records()
+        rep = replay(cap, port, ["--return-window", "300"])
+        self.assertEqual(rep.returncode, 0, rep.stderr())
+        want = rep.records()
         self.assertTrue([r for r in want if r["type"] == "publish"])
         self.assertEqual(comparable(live), comparable(want))
 
@@ -467,15 +431,11 @@ class SniffLinks(TapTestCase):
         sniffer ends with exit 1 rather than capture nothing without a word. Skipped where veth pairs cannot be
         made (no CAP_NET_ADMIN)."""
         name = self.veth_pair("sng")
-        with tempfile.TemporaryDirectory() as d:
-            p, out, err = self.start_sniff(d, "gone", f"{name}b", [BROKER_PORT])
-            subprocess.run(["ip", "link", "del", f"{name}a"], check=True)  # takes its peer with it
-            try:
-                self.assertEqual(p.wait(timeout=10), 1, open(err.name).read())
-            finally:
-                if p.poll() is None:
-                    p.kill()
-            log = open(err.name).read()
+        s = Tap.sniff(iface=f"{name}b")  # it exits 1: not one of the case's sniffers, which must exit 0
+        self.addCleanup(s.cleanup)
+        subprocess.run(["ip", "link", "del", f"{name}a"], check=True)  # takes its peer with it
+        self.assertEqual(s.wait(timeout=10), 1, s.stderr())
+        log = s.stderr()
         self.assertRegex(log, rf"amqptap: --interface {name}b: the capture failed: .+")
 
 

@@ -21,7 +21,7 @@ import time
 import pika
 
 from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, Peer, free_port, http_get, main, page_findings, proc_stat,
-                        read_records, require_broker, wait_for, without_identity)
+                        read_records, replay, require_broker, wait_for, without_identity)
 from tlslib import PLAIN_PORT, STORM, TLS_PORT, PkiCase, TlsCase
 
 
@@ -115,9 +115,8 @@ class BothLegs(TlsCase):
             self.assertIn("basic.publish", methods)
             self.assertIn("basic.return", methods)
             replayed = os.path.join(d, "replay.jsonl")
-            r = subprocess.run([AMQPTAP_BIN, "replay", pcap, "--port", str(TLS_PORT), "--verdicts", replayed],
-                               stderr=subprocess.PIPE, timeout=60)
-            self.assertEqual(r.returncode, 0, r.stderr)
+            r = replay(pcap, TLS_PORT, verdicts=replayed, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr())
             # replay writes no process identity: its records are the same on every run
             self.assertEqual([x for x in read_records(replayed) if x["type"] == "publish"],
                              without_identity(self, tap.records("publish")))

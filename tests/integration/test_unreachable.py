@@ -10,7 +10,6 @@
 # through once a connection ends.
 
 import errno
-import json
 import os
 import re
 import resource
@@ -18,7 +17,6 @@ import shutil
 import socket
 import ssl
 import struct
-import subprocess
 import tempfile
 import threading
 import time
@@ -27,8 +25,8 @@ import amqp
 import pika
 import pika.exceptions
 
-from tapharness import (AMQP_091_HEADER, AMQPTAP_BIN, BROKER_PORT, Peer, TapTestCase, echo_handler, fd_count,
-                        free_port, http_get, main, proc_stat, recv_bytes, require_broker, wait_for)
+from tapharness import (AMQP_091_HEADER, BROKER_PORT, Peer, TapTestCase, echo_handler, fd_count, free_port, http_get,
+                        main, proc_stat, recv_bytes, replay, require_broker, wait_for)
 from tlslib import shared_pki
 
 
@@ -113,10 +111,9 @@ class UnreachableTest(TapTestCase):
         self.assertEqual(upstream_counters(mport), (1, 0))
         self.assertEqual(tap.stop(), 0)
         # the capture names the address each session went to: a replay of it gives the same connections
-        out = subprocess.run([AMQPTAP_BIN, "replay", pcap, "--port", str(BROKER_PORT), "--verdicts", "-"],
-                             capture_output=True, text=True, timeout=30)
-        self.assertEqual(out.returncode, 0, out.stderr)
-        replayed = [json.loads(line) for line in out.stdout.splitlines()]
+        out = replay(pcap, BROKER_PORT, verdicts="-", timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr())
+        replayed = out.records()
         self.assertEqual([r["upstream"] for r in replayed if r["type"] == "connection" and r["event"] == "open"],
                          [f"127.0.0.1:{BROKER_PORT}"] * 2)
         self.assertEqual(sorted(r["message_id"] for r in replayed if r["type"] == "publish"), ["m1", "m2"])

@@ -8,47 +8,15 @@ import uuid
 
 import pika
 
-from scenario_lib import broker_sh
+from scenario_lib import broker_sh, params, pipelined, text_props
 from tapharness import BROKER_PORT, TapTestCase, main, require_broker
 
 NEW_RULES = ("transient_in_confirm_mode", "missing_message_id", "publish_and_wait", "channel_churn",
              "duplicate_message_id")
 
 
-def params(port):
-    return pika.ConnectionParameters("127.0.0.1", port, heartbeat=0, blocked_connection_timeout=None,
-                                     connection_attempts=1, socket_timeout=10)
-
-
-def props(mid=None, delivery_mode=2):
-    return pika.BasicProperties(message_id=mid, delivery_mode=delivery_mode, content_type="text/plain")
-
-
-def pipelined(port, queue, messages):
-    """One SelectConnection, one confirm channel: every (props, body) written at once, mandatory, then a clean
-    close once the broker confirmed them all."""
-    state = {"confirmed": 0}
-
-    def on_open(conn):
-        conn.channel(on_open_callback=on_channel)
-
-    def on_channel(ch):
-        ch.confirm_delivery(on_confirm, callback=lambda _f: publish(ch))
-
-    def publish(ch):
-        for p, body in messages:
-            ch.basic_publish("", queue, body, p, mandatory=True)
-
-    def on_confirm(frame):
-        state["confirmed"] = frame.method.delivery_tag
-        if frame.method.delivery_tag >= len(messages):
-            conn.close()
-
-    conn = pika.SelectConnection(params(port), on_open_callback=on_open,
-                                 on_close_callback=lambda *_a: conn.ioloop.stop())
-    conn.ioloop.call_later(30, conn.ioloop.stop)
-    conn.ioloop.start()
-    return state["confirmed"]
+def client_params(port):
+    return params(port, connection_attempts=1, socket_timeout=10)
 
 
 class WarningsTest(TapTestCase):
@@ -56,13 +24,13 @@ class WarningsTest(TapTestCase):
         super().setUp()
         require_broker(self)
         self.queue = f"amqptap-it-warn-{uuid.uuid4().hex[:8]}"
-        with pika.BlockingConnection(params(BROKER_PORT)) as c:
+        with pika.BlockingConnection(client_params(BROKER_PORT)) as c:
             c.channel().queue_declare(self.queue, durable=True)
         self.tap = self.start_tap(upstream_port=BROKER_PORT)
 
     def tearDown(self):
         try:
-            with pika.BlockingConnection(params(BROKER_PORT)) as c:
+            with pika.BlockingConnection(client_params(BROKER_PORT)) as c:
                 c.channel().queue_delete(self.queue)
         finally:
             super().tearDown()
@@ -80,18 +48,18 @@ class WarningsTest(TapTestCase):
 
     def test_well_behaved_publisher_gets_no_warning(self):
         n = 500
-        msgs = [(props(self.uid(i)), b"x" * 32) for i in range(n)]
-        self.assertEqual(pipelined(self.tap.port, self.queue, msgs), n)
+        msgs = [(text_props(self.uid(i)), b"x" * 32) for i in range(n)]
+        self.assertEqual(pipelined(client_params(self.tap.port), self.queue, msgs, mandatory=True), n)
         recs = self.finish()
         self.assertEqual(len([r for r in recs if r["type"] == "publish" and r["confirm"] == "ack"]), n)
         self.assertEqual([r for r in recs if r["type"] == "warning"], [])
 
     def test_transient_missing_id_and_duplicate_fire_once_per_channel(self):
-        msgs = [(props(self.uid(i)), b"ok") for i in range(20)]
-        msgs += [(props(self.uid(100 + i), delivery_mode=1), b"transient") for i in range(5)]
-        msgs += [(props(None), b"no id") for _ in range(5)]
-        msgs += [(props(self.uid(3)), b"again"), (props(self.uid(4)), b"again")]
-        self.assertEqual(pipelined(self.tap.port, self.queue, msgs), len(msgs))
+        msgs = [(text_props(self.uid(i)), b"ok") for i in range(20)]
+        msgs += [(text_props(self.uid(100 + i), delivery_mode=1), b"transient") for i in range(5)]
+        msgs += [(text_props(None), b"no id") for _ in range(5)]
+        msgs += [(text_props(self.uid(3)), b"again"), (text_props(self.uid(4)), b"again")]
+        self.assertEqual(pipelined(client_params(self.tap.port), self.queue, msgs, mandatory=True), len(msgs))
         recs = self.finish()
         for rule, seq in (("transient_in_confirm_mode", 21), ("missing_message_id", 26),
                           ("duplicate_message_id", 31)):
@@ -102,11 +70,11 @@ class WarningsTest(TapTestCase):
         self.assertEqual(self.warnings(recs, "channel_churn"), [])
 
     def test_publish_and_wait(self):
-        with pika.BlockingConnection(params(self.tap.port)) as c:
+        with pika.BlockingConnection(client_params(self.tap.port)) as c:
             ch = c.channel()
             ch.confirm_delivery()
             for i in range(40):  # each basic_publish returns once the broker acked it
-                ch.basic_publish("", self.queue, b"one at a time", props(self.uid(i)), mandatory=True)
+                ch.basic_publish("", self.queue, b"one at a time", text_props(self.uid(i)), mandatory=True)
         recs = self.finish()
         w = self.warnings(recs, "publish_and_wait")
         self.assertEqual(len(w), 1)
@@ -117,10 +85,10 @@ class WarningsTest(TapTestCase):
                 self.assertEqual(self.warnings(recs, rule), [], rule)
 
     def test_channel_churn(self):
-        with pika.BlockingConnection(params(self.tap.port)) as c:
+        with pika.BlockingConnection(client_params(self.tap.port)) as c:
             for i in range(15):
                 ch = c.channel()
-                ch.basic_publish("", self.queue, b"a channel each", props(self.uid(i)))
+                ch.basic_publish("", self.queue, b"a channel each", text_props(self.uid(i)))
                 ch.close()
         recs = self.finish()
         w = self.warnings(recs, "channel_churn")
@@ -141,20 +109,20 @@ class WarningsTest(TapTestCase):
             return what in seen
 
         try:
-            with pika.BlockingConnection(params(self.tap.port)) as c:
+            with pika.BlockingConnection(client_params(self.tap.port)) as c:
                 c.add_on_connection_blocked_callback(lambda *_a: seen.setdefault("blocked", True))
                 c.add_on_connection_unblocked_callback(lambda *_a: seen.setdefault("unblocked", True))
                 ch = c.channel()
-                ch.basic_publish("", self.queue, b"before", props("b-1"))
+                ch.basic_publish("", self.queue, b"before", text_props("b-1"))
                 broker_sh("ctl", "set_vm_memory_high_watermark", "0")
-                ch.basic_publish("", self.queue, b"trigger", props("b-2"))
+                ch.basic_publish("", self.queue, b"trigger", text_props("b-2"))
                 self.assertTrue(until(c, "blocked", 20), "the broker never blocked the connection")
                 for i in range(3, 7):
-                    ch.basic_publish("", self.queue, b"while blocked", props(f"b-{i}"))
+                    ch.basic_publish("", self.queue, b"while blocked", text_props(f"b-{i}"))
                 c.process_data_events(0.2)
                 broker_sh("ctl", "set_vm_memory_high_watermark", "0.4")
                 self.assertTrue(until(c, "unblocked", 30), "the broker never unblocked the connection")
-                ch.basic_publish("", self.queue, b"after", props("b-7"))
+                ch.basic_publish("", self.queue, b"after", text_props("b-7"))
         finally:
             broker_sh("ctl", "set_vm_memory_high_watermark", "0.4")
         recs = self.finish()
