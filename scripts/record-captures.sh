@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Re-records captures/: every DESIGN §7 scenario of tests/integration/capture_scenarios.py run by pika through
+# Re-records captures/: every src/DESIGN.md §7 scenario of tests/integration/capture_scenarios.py run by pika through
 # an amqptap with --pcap in front of the throwaway broker, and its expected records made by replaying it.
 # Usage: record-captures.sh [SCENARIO...]   (env: AMQPTAP_BIN, TAP_BROKER_* as for broker.sh; KEEP_BROKER=1)
 set -euo pipefail

@@ -112,7 +112,7 @@ struct tap_conf_option {
 /* The table, in --help order. */
 const struct tap_conf_option *tap_conf_options(size_t *count);
 
-/* Fills c with the defaults of the table (DESIGN §1); tap_id is the host name. */
+/* Fills c with the defaults of the table (src/DESIGN.md §1); tap_id is the host name. */
 void tap_conf_defaults(struct tap_conf *c);
 
 /* Parses argv (argv[0] is the program) with getopt_long: --opt VALUE, --opt=VALUE, -o VALUE, -oVALUE, bundled

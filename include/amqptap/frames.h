@@ -1,4 +1,4 @@
-/* The --frames sink (DESIGN §5): one JSON line per decoded frame with every method argument and content
+/* The --frames sink (src/DESIGN.md §5): one JSON line per decoded frame with every method argument and content
  * property, credentials always redacted. */
 #ifndef AMQPTAP_FRAMES_H
 #define AMQPTAP_FRAMES_H

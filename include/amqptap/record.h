@@ -1,4 +1,4 @@
-/* The header every JSONL record opens with (DESIGN §4): {"type":..,"ts":..[,"run":..], the members that order
+/* The header every JSONL record opens with (src/DESIGN.md §4): {"type":..,"ts":..[,"run":..], the members that order
  * merged records and name the run that wrote them. The tracker's records, the observer's stream records, the
  * outputs' loss notes and the capture drop reports are all begun here. */
 #ifndef AMQPTAP_RECORD_H

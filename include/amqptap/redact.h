@@ -1,4 +1,4 @@
-/* Which method arguments carry secrets (DESIGN §5): connection.start-ok and
+/* Which method arguments carry secrets (src/DESIGN.md §5): connection.start-ok and
  * secure-ok `response`, connection.update-secret `new-secret`, and a start-ok
  * `mechanism` that is no known mechanism's name; and where their bytes lie, so
  * a copy of the stream (the pcapng capture) can overwrite them without changing

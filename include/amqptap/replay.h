@@ -1,4 +1,4 @@
-/* Offline replay (DESIGN §6): a recorded capture is reassembled into TCP streams and run through the same
+/* Offline replay (src/DESIGN.md §6): a recorded capture is reassembled into TCP streams and run through the same
  * per-connection observers and verdict tracker as live traffic, with the capture's timestamps as the clock, so
  * the records (and their latencies) are deterministic. */
 #ifndef AMQPTAP_REPLAY_H

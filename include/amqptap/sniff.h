@@ -1,4 +1,4 @@
-/* Live passive capture for `amqptap sniff` (DESIGN §6b): libpcap on one interface, a BPF filter for the broker
+/* Live passive capture for `amqptap sniff` (src/DESIGN.md §6b): libpcap on one interface, a BPF filter for the broker
  * port, packets read from the libevent loop and pushed into a tap_replay_live. Only the io side links libpcap. */
 #ifndef AMQPTAP_SNIFF_H
 #define AMQPTAP_SNIFF_H

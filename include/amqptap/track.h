@@ -1,6 +1,6 @@
 /* The per-publish verdict tracker: fed with decoded AMQP events of both directions of every connection, it pairs
  * each basic.publish with the broker's Basic.Ack/Nack/Return (or the end of its channel) and writes exactly one
- * `publish` record per publish, plus connection/channel/blocked/warning records (DESIGN §3-§4, PROTOCOL §7-§11).
+ * `publish` record per publish, plus connection/channel/blocked/warning records (src/DESIGN.md §3-§4, src/PROTOCOL.md §7-§11).
  * Pure core: no I/O, never reads the clock; every call takes now_us (Unix time in microseconds). */
 #ifndef AMQPTAP_TRACK_H
 #define AMQPTAP_TRACK_H
@@ -63,7 +63,7 @@ typedef void (*tap_track_emit_fn)(void *ctx, const char *json, size_t len);
 struct tap_track;
 struct tap_track_conn;
 
-/* The decided verdict of one publish, handed to the verdict hook once per `publish` record (DESIGN §4 names the
+/* The decided verdict of one publish, handed to the verdict hook once per `publish` record (src/DESIGN.md §4 names the
  * values). Slices are valid only during the call. */
 enum tap_track_route {
 	TAP_TRACK_ROUTE_ROUTED,
@@ -253,7 +253,7 @@ void tap_track_shutdown(struct tap_track *t, int64_t now_us);
 #define TAP_TRACK_SUMMARY_CONNS 20
 void tap_track_summary(struct tap_track *t, struct tap_buf *out);
 
-/* The publisher anti-patterns a `warning` record names (DESIGN §4; README "Warnings" says why each matters). */
+/* The publisher anti-patterns a `warning` record names (src/DESIGN.md §4; README "Warnings" says why each matters). */
 enum tap_track_rule {
 	TAP_TRACK_RULE_CONFIRM_WITHOUT_MANDATORY,
 	TAP_TRACK_RULE_ACK_BEFORE_RETURN,

@@ -1,4 +1,4 @@
-/* The option table of DESIGN §1 and the getopt_long parser that applies it to a struct tap_conf. Each option
+/* The option table of src/DESIGN.md §1 and the getopt_long parser that applies it to a struct tap_conf. Each option
  * is one row: name, short name, argument kind, field, bounds, default, help. The renderings of the same table
  * (--help, man page, bash completion) are in conf_doc.c. */
 #include "amqptap/conf.h"

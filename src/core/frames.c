@@ -1,4 +1,4 @@
-/* Frame-trace JSON lines (DESIGN §5). Redaction happens here, on the way out: the secret bytes are never copied
+/* Frame-trace JSON lines (src/DESIGN.md §5). Redaction happens here, on the way out: the secret bytes are never copied
  * into the output buffer. */
 #include "amqptap/frames.h"
 

@@ -1,7 +1,7 @@
-/* Offline replay (DESIGN §6): TCP streams from a capture drive one tap_conn each, with capture time as the clock.
+/* Offline replay (src/DESIGN.md §6): TCP streams from a capture drive one tap_conn each, with capture time as the clock.
  * Streams seen without their SYN are resynchronised on the first plausible AMQP frame (0-9-1 §4.2.3) of each
  * direction; the client side then gets a synthetic protocol header so its decoder starts in frame state. After a
- * capture gap (DESIGN §6b) the client side is resynchronised the same way, the broker side is given up. */
+ * capture gap (src/DESIGN.md §6b) the client side is resynchronised the same way, the broker side is given up. */
 #include "amqptap/replay.h"
 
 #include "amqptap/capture.h"

@@ -1,4 +1,4 @@
-/* The publishes as the wire shows them (DESIGN §3-§4, PROTOCOL §7-§8): each basic.publish is stored in a slot of
+/* The publishes as the wire shows them (src/DESIGN.md §3-§4, src/PROTOCOL.md §7-§8): each basic.publish is stored in a slot of
  * its channel (or written at once when there is nothing to wait for), the broker's basic.ack and basic.nack
  * answer them, and the tick runs out their return windows and late-return holds. The lifecycle below
  * (track_verdict.c) decides and writes each one's record. */
@@ -40,7 +40,7 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	struct trk_reason unseen = {.by = c->unseen_by ? c->unseen_by : no_memory.by};
 	bool beyond = !ch && trk_chan_beyond_max(c);
 	if (!ch || ch->mode == TRK_MODE_UNKNOWN) {
-		/* nothing it is answered with can be placed (DESIGN §6b), no memory to know its channel's mode, or a
+		/* nothing it is answered with can be placed (src/DESIGN.md §6b), no memory to know its channel's mode, or a
 		 * channel the broker refuses (no state is kept for it) */
 		vd = (struct trk_verdict){.route = TAP_TRACK_ROUTE_UNKNOWN,
 		                          .confirm = TAP_TRACK_CONFIRM_UNKNOWN,

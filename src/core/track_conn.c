@@ -404,7 +404,7 @@ void tap_track_conn_unseen(struct tap_track_conn *c, const char *by, int64_t now
 }
 
 
-/* A capture lost bytes of this connection (DESIGN §6b): whatever was lost may have been the Return, Ack, Nack or
+/* A capture lost bytes of this connection (src/DESIGN.md §6b): whatever was lost may have been the Return, Ack, Nack or
  * close that decides an outstanding publish, or (client side) publishes that shift every later confirm sequence
  * number. Every outstanding publish ends now with {"by":"capture_gap"} (verdict_of, TRK_EVENT_GAP). */
 void tap_track_conn_gap(struct tap_track_conn *c, enum tap_track_gap_seq seq, int64_t now_us)

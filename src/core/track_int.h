@@ -45,7 +45,7 @@ enum trk_tag {
  *   WAIT, PLAIN --hold over, settled, or end----------------> DONE unproven/none
  *   WAIT, PLAIN --the broker's publish-caused close names it or an earlier one--> WAIT (REFUSED)
  *   publish, confirm mode or mandatory or channel closing --> WAIT
- *   WAIT --ack, mandatory, no Return yet---------------------> HELD (a late Return may still come, PROTOCOL §9)
+ *   WAIT --ack, mandatory, no Return yet---------------------> HELD (a late Return may still come, src/PROTOCOL.md §9)
  *   WAIT --ack/nack, not mandatory---------------------------> DONE unproven/ack|nack
  *   WAIT --ack/nack, Return seen-----------------------------> DONE returned/ack|nack, return_before_ack
  *   WAIT --Return, confirm mode------------------------------> WAIT (+ RETURNED; the ack follows)

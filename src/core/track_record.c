@@ -1,4 +1,4 @@
-/* The tracker's records (DESIGN §4) as JSON: each function builds one record from the tracker's state into the
+/* The tracker's records (src/DESIGN.md §4) as JSON: each function builds one record from the tracker's state into the
  * render buffer and changes no tracker state; the layers above decide, count and emit. Every record begins with
  * the header of amqptap/record.h. */
 #include "track_record.h"

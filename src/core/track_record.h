@@ -1,4 +1,4 @@
-/* The tracker's records (track_record.c, a consumer of the store): each function builds one record of DESIGN §4
+/* The tracker's records (track_record.c, a consumer of the store): each function builds one record of src/DESIGN.md §4
  * in t->render.rec from the tracker's state and changes none of it; trk_emit hands the record to the emit hook. */
 #ifndef AMQPTAP_TRACK_RECORD_H
 #define AMQPTAP_TRACK_RECORD_H

@@ -1,4 +1,4 @@
-/* What the broker sends back about publishes besides their confirms (PROTOCOL §9-§11): a basic.return is paired
+/* What the broker sends back about publishes besides their confirms (src/PROTOCOL.md §9-§11): a basic.return is paired
  * with the outstanding mandatory publish it is for (or written as a warning when none or several may be), and a
  * publish-caused channel or connection close names the publish it refused. */
 #include "track_event.h"
@@ -16,7 +16,7 @@ static const struct trk_reason no_memory = {.by = "no_memory"};
 
 /* Which outstanding mandatory publishes of ch the Return may be for: those not returned yet with its exchange,
  * routing key and body size, and its message_id when it has one. RabbitMQ sends a publish's Return before its
- * Ack (PROTOCOL §9), so those not yet acked (WAIT) come first; only when none is left do the acked ones held
+ * Ack (src/PROTOCOL.md §9), so those not yet acked (WAIT) come first; only when none is left do the acked ones held
  * for a late Return (HELD: the broker would have broken that order) count. Of the first kind found, n and the
  * first and last slot. */
 struct return_match {

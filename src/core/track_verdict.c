@@ -1,4 +1,4 @@
-/* The lifecycle of an outstanding publish (DESIGN §3-§4, PROTOCOL §7-§11): the wire events and the budget hand
+/* The lifecycle of an outstanding publish (src/DESIGN.md §3-§4, src/PROTOCOL.md §7-§11): the wire events and the budget hand
  * each slot the events that move it through the states drawn in track_int.h; verdict_of() alone decides its
  * route, confirm and order, and every publish ends in exactly one `publish` record, counted here and rendered by
  * track_record.c. */

@@ -1,4 +1,4 @@
-/* The publisher anti-patterns of DESIGN §4 seen on the wire: each rule writes one `warning` record per channel
+/* The publisher anti-patterns of src/DESIGN.md §4 seen on the wire: each rule writes one `warning` record per channel
  * (channel_churn: per connection; a Return that matches no publish, or several, every time) the first time it
  * matches, and every warning is counted by rule in the tracker's stats. The rules read the events the wire-event
  * and lifecycle layers hand them and change no verdict. */

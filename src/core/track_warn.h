@@ -1,5 +1,5 @@
 /* The warning rules (track_warn.c, a consumer of the store and the records): every publisher anti-pattern of
- * DESIGN §4 is decided there, from the events the layers above hand in, and each `warning` record is written and
+ * src/DESIGN.md §4 is decided there, from the events the layers above hand in, and each `warning` record is written and
  * counted there. The rules change no verdict and call nothing above them. */
 #ifndef AMQPTAP_TRACK_WARN_H
 #define AMQPTAP_TRACK_WARN_H

@@ -1,4 +1,4 @@
-/* The --metrics endpoint on libevent's evhttp (DESIGN §6c): routes, the snapshot a page renders from, and the
+/* The --metrics endpoint on libevent's evhttp (src/DESIGN.md §6c): routes, the snapshot a page renders from, and the
  * bounds. evhttp bounds request sizes and idle time itself; the connection cap (with eviction), the per-request
  * deadline and the rendered pages kept for TAP_ADMIN_CACHE_MS are ours, the first two kept on evhttp 2.1's
  * connection close callback (see adopt_new).

@@ -26,7 +26,7 @@ static inline const char *rpc_error(amqp_rpc_reply_t r)
 	return "broker closed the channel or connection";
 }
 
-/* Publisher-confirm bookkeeping on one confirm channel (PROTOCOL §8): which of the publish sequence numbers
+/* Publisher-confirm bookkeeping on one confirm channel (src/PROTOCOL.md §8): which of the publish sequence numbers
  * 1..sent the broker has confirmed, and how one basic.ack or basic.nack settles them (multiple=1: every outstanding
  * seq up to its delivery tag). The caller counts its publishes in sent. */
 struct rmq_confirms {

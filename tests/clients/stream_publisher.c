@@ -1,4 +1,4 @@
-/* A rabbitmq-c publisher for the streaming-confirm scenarios (DESIGN §7 items 8-9): keeps `window` publishes in
+/* A rabbitmq-c publisher for the streaming-confirm scenarios (src/DESIGN.md §7 items 8-9): keeps `window` publishes in
  * flight on one confirm channel, counts acks (including multiple=true ones), nacks and returns, and prints one JSON
  * line with the totals and its own confirm latency; a progress line is flushed every 1000 confirms.
  * Usage: stream_publisher host port count size window mandatory(0/1) routing_key exchange */

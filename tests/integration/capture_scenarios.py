@@ -1,4 +1,4 @@
-# Records the DESIGN §7 scenarios as small real captures: each entry of scenario_table that the capture driver runs
+# Records the src/DESIGN.md §7 scenarios as small real captures: each entry of scenario_table that the capture driver runs
 # is driven (pika) through an amqptap started with --pcap in front of the throwaway broker; the pcapng is then
 # replayed (`amqptap replay`) to write the expected records beside it. Broker objects have fixed names
 # ("cap.<scenario>.*") so a re-recording has the same shape.

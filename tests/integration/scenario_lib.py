@@ -1,4 +1,4 @@
-# Helpers for the real-broker scenario tests (DESIGN §7): pika connections through the tap, unique broker object
+# Helpers for the real-broker scenario tests (src/DESIGN.md §7): pika connections through the tap, unique broker object
 # names, the broker control script, readers for `publish` records and the --frames trace, and the invariant check
 # "every basic.publish the client sent produces exactly one publish record". Builds on tapharness.
 
@@ -252,7 +252,7 @@ def final_line(out):
 
 class RawClient:
     """A minimal AMQP 0-9-1 client on a plain socket (PLAIN guest/guest, no heartbeats) for what real clients never
-    do on purpose, such as ending a connection in the middle of a message. Frames: PROTOCOL §2; content: §4."""
+    do on purpose, such as ending a connection in the middle of a message. Frames: src/PROTOCOL.md §2; content: §4."""
 
     def __init__(self, port, host="127.0.0.1", timeout=10):
         import socket

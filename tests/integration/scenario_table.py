@@ -1,4 +1,4 @@
-# The scenarios of DESIGN §7 against the real broker, one entry each: how it is driven, what records it must give,
+# The scenarios of src/DESIGN.md §7 against the real broker, one entry each: how it is driven, what records it must give,
 # and which drivers run it. Every driver reads this table: test_scenarios (through the proxy), test_sniff_scenarios
 # (through the proxy, then straight to the broker under `amqptap sniff`: the two record sets equal) and
 # capture_scenarios (recorded through the proxy into captures/, replayed by test_captures). A new entry is run by
@@ -435,7 +435,7 @@ def expect_transactional_channel(case, out, _facts):
 def drive_clean_close_inside_return_window(run):
     """A channel closed normally (close / close-ok) inside the return window: the broker handles a channel's
     methods in order, so a Return would have come before the close-ok; none came, so the mandatory publish was
-    not returned. Without confirms that is `unproven` (DESIGN §4), not `unknown` with a close reason."""
+    not returned. Without confirms that is `unproven` (src/DESIGN.md §4), not `unknown` with a close reason."""
     q = run.queue("q")
     conn = run.connect()
     ch = conn.channel()

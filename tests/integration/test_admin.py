@@ -1,4 +1,4 @@
-# The --metrics endpoint against what could take it down or make it say too much (DESIGN §6c): exchanges whose
+# The --metrics endpoint against what could take it down or make it say too much (src/DESIGN.md §6c): exchanges whose
 # names look like the tap's pseudo labels or differ only in bytes that are not UTF-8 (of a series that comes twice
 # in a scrape Prometheus keeps one sample and drops the other: a real Prometheus must show each exchange's own
 # count); idle and slow connections past the cap

@@ -1,4 +1,4 @@
-# Captures with holes and captures from a pipe (issue 15, DESIGN §6b): every committed capture with data-bearing
+# Captures with holes and captures from a pipe (issue 15, src/DESIGN.md §6b): every committed capture with data-bearing
 # segments cut out (one at a time, and two in a row as in the tshark capture of the issue) replays to
 # capture_gap records and `unknown` verdicts, never a routed/returned/ack/nack the full capture does not give,
 # never a reset that did not happen, and without losing the record of a publish whose method frame was captured;

@@ -1,4 +1,4 @@
-# Captures and replay (DESIGN §6): the committed captures/ replay to their expected records byte for byte; a live
+# Captures and replay (src/DESIGN.md §6): the committed captures/ replay to their expected records byte for byte; a live
 # pika session's --pcap replays to the live records, timestamps and latencies included; tshark decodes every AMQP
 # frame of a --pcap file exactly as the tap's --frames saw it; a dumpcap recording of pika talking straight to the
 # broker replays with the right verdicts; corrupt and truncated captures fail cleanly with the records before the

@@ -1,7 +1,7 @@
 # The --frames trace against real clients and a real RabbitMQ: the frame sequence equals what tshark decodes from
 # a loopback capture of the same client<->tap traffic, decoded arguments equal what the client sent, a real
 # password (PLAIN and AMQPLAIN) leaves no trace in any output, decode errors on the live tap stay transparent, and
-# body bytes appear only with --body-bytes (DESIGN §2, §5).
+# body bytes appear only with --body-bytes (src/DESIGN.md §2, §5).
 
 import json
 import shutil

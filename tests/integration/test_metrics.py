@@ -1,4 +1,4 @@
-# --metrics (DESIGN §6c, issue 16) against real parts: a real Prometheus (Debian `prometheus`) scrapes the tap every
+# --metrics (src/DESIGN.md §6c, issue 16) against real parts: a real Prometheus (Debian `prometheus`) scrapes the tap every
 # second while pika publishes a scenario with known outcomes through it, and its query API must return exactly the
 # counts the records show; `promtool check metrics` passes on /metrics; the status page is rendered by a real headless
 # Chromium and must show the counts and the problem publishes (a screenshot is left in the test's working directory);

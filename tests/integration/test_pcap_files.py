@@ -1,4 +1,4 @@
-# Every --pcap file the tap writes can be read (DESIGN §6): whatever file it opens begins with the pcapng Section
+# Every --pcap file the tap writes can be read (src/DESIGN.md §6): whatever file it opens begins with the pcapng Section
 # Header and Interface Description Blocks: a file deleted under the tap and made again, one SIGHUP reopens after a
 # rename, one that already existed (a second section), and one whose head a full disk lost at the start (written
 # again once there is room). pika publishers go through the tap to the throwaway broker; each file must pass

@@ -1,4 +1,4 @@
-# Per-publish verdicts against the real broker (DESIGN §7 scenarios 1-10 and the proxy's own shutdown), through the
+# Per-publish verdicts against the real broker (src/DESIGN.md §7 scenarios 1-10 and the proxy's own shutdown), through the
 # proxy: every entry of scenario_table that the proxy driver runs, pika and rabbitmq-c publishing through the tap.
 # Every entry checks the invariant — one `publish` record per basic.publish, matched by the message_id each publish
 # carries (or its seq) — and the route / confirm / reply_code / order the broker's answer implies.

@@ -1,4 +1,4 @@
-# Passwords never reach a file (issue 12 §5, DESIGN §2 and §5), against the real broker through the tap: the AMQP
+# Passwords never reach a file (issue 12 §5, src/DESIGN.md §2 and §5), against the real broker through the tap: the AMQP
 # 0-8 and 0-9 protocol headers RabbitMQ accepts (decoded, so the session's publishes get their records), a start-ok
 # cut before its end octet, AMQPLAIN with two PASSWORD keys, PLAIN from pika, and AMQP 1.0 with a SASL PLAIN
 # frame. Each uses its own distinctive password, which must appear in no output: --verdicts, --frames, --pcap (which

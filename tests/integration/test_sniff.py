@@ -1,5 +1,5 @@
-# amqptap sniff (issue 15, DESIGN §6b): pika publishing straight to the broker while `amqptap sniff -i lo --port
-# <broker>` captures gives the records the proxy gives for the same scenarios (DESIGN §7 3, 6, 1: confirm +
+# amqptap sniff (issue 15, src/DESIGN.md §6b): pika publishing straight to the broker while `amqptap sniff -i lo --port
+# <broker>` captures gives the records the proxy gives for the same scenarios (src/DESIGN.md §7 3, 6, 1: confirm +
 # mandatory routed/returned, missing exchange 404, confirm without mandatory, mandatory without confirm), every
 # field but timings, connection ids and client ports (the full §7 set with rabbitmq-c too: test_sniff_scenarios);
 # forced kernel drops give capture_drops/capture_gap records and `unknown`, never a wrong verdict; a capture that

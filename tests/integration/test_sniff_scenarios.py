@@ -1,4 +1,4 @@
-# amqptap sniff against the proxy on the DESIGN §7 scenarios: each scenario is driven twice with the
+# amqptap sniff against the proxy on the src/DESIGN.md §7 scenarios: each scenario is driven twice with the
 # same broker objects, once by clients connected to the proxy and once by the same clients connected DIRECTLY to
 # the broker while `amqptap sniff -i lo --port BROKER` captures. The two record sets must be equal in every field
 # but timings and process identity. What must differ between two runs is normalised, and only that:

@@ -1,4 +1,4 @@
-# Streaming confirms and connections that die with publishes in flight (DESIGN §7 scenarios 8 and 9), driven by the
+# Streaming confirms and connections that die with publishes in flight (src/DESIGN.md §7 scenarios 8 and 9), driven by the
 # rabbitmq-c client tests/clients/stream_publisher: every seq gets exactly one `publish` record, multiple=true acks
 # cover ranges, and when the client, the broker process or the broker application goes away, every publish the tap
 # saw on the wire (counted from the --frames trace) is written once, the unanswered ones as `unknown`.

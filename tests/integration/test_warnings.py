@@ -1,4 +1,4 @@
-# The publisher warnings of DESIGN §4 against the real broker: pika clients do each anti-pattern through the tap
+# The publisher warnings of src/DESIGN.md §4 against the real broker: pika clients do each anti-pattern through the tap
 # and its rule fires (once per channel, channel_churn once per connection); a well-behaved confirm publisher
 # (persistent, message ids, pipelined, mandatory, one channel) gets none. And a publish made while the broker has
 # the connection blocked (memory alarm) says "blocked":true in its record; the others say nothing.

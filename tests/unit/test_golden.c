@@ -1,4 +1,4 @@
-/* Golden captures (every captures/NAME.pcapng, DESIGN §6): the TCP streams extracted with the capture API and fed to tap_conn
+/* Golden captures (every captures/NAME.pcapng, src/DESIGN.md §6): the TCP streams extracted with the capture API and fed to tap_conn
  * observers the way replay does give exactly the committed records, and the same records however the stream bytes
  * are cut into feed calls: split in two at every byte offset (beyond 64 KiB every 97th) and one byte at a time. */
 #include "amqptap/capture.h"

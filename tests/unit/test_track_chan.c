@@ -365,7 +365,7 @@ START_TEST(channels_beyond_channel_max_keep_no_state)
 }
 END_TEST
 
-/* RabbitMQ reads nothing of a blocked connection (PROTOCOL §6): a non-confirm mandatory publish's return window
+/* RabbitMQ reads nothing of a blocked connection (src/PROTOCOL.md §6): a non-confirm mandatory publish's return window
  * and a plain publish's hold do not run out while it is blocked, however long the alarm; they run again from
  * connection.unblocked, so a Return or a refusing close that follows the alarm still finds its publish. The
  * publish that made the broker block the connection (it came before connection.blocked) is flagged too. */

@@ -341,7 +341,7 @@ START_TEST(return_pairs_earliest_match_with_message_id)
 }
 END_TEST
 
-/* RabbitMQ sends a publish's Return before its Ack (PROTOCOL §9): a Return without a message_id goes to the one
+/* RabbitMQ sends a publish's Return before its Ack (src/PROTOCOL.md §9): a Return without a message_id goes to the one
  * publish alike still unacked, not to an older one already acked (which would read as ack_before_return). With
  * two alike unacked, it could be either: both end unknown (ambiguous_return), while the acked one stays routed. */
 START_TEST(return_prefers_the_unacked_and_never_guesses)

@@ -1,4 +1,4 @@
-/* The publisher warnings of DESIGN §4 (src/core/track_warn.c) and the blocked annotation, through the tracker's
+/* The publisher warnings of src/DESIGN.md §4 (src/core/track_warn.c) and the blocked annotation, through the tracker's
  * API: each rule fires on its anti-pattern, once per channel (channel_churn: per connection), is counted by rule,
  * and stays quiet on a well-behaved publisher (persistent, unique message ids, pipelined confirms, one channel). */
 #include "amqptap/track.h"
