@@ -146,7 +146,7 @@ fdmon_pid=$!
 mc_rc=0
 run_client "$out/manyconn.json" "$manyconn" -p "$tap_port" -c "$mc_conns" -w "$mc_window" -n "$mc_msgs" -s 64 \
 	-P 2000 || mc_rc=$?
-sleep 0.5 # the tap flushes every 10 ms and holds acked mandatory publishes 50 ms for a late Return
+sleep 0.5 # records are written within ~60 ms; an acked mandatory publish waits 50 ms for a late Return
 stop_bg "$fdmon_pid"
 fdmon_pid=
 fact mc_rc "$mc_rc"

@@ -135,7 +135,7 @@ run_one() {
 	read -r busy1 total1 < <(tap_machine_ticks)
 	[ -n "$pid" ] && after=$(tap_cpu_ticks "$pid")
 	if [ "$target" = tap ]; then
-		sleep 0.3 # the tap flushes every 10 ms and holds acked mandatory publishes 50 ms for a late Return
+		sleep 0.3 # records are written within ~60 ms; an acked mandatory publish waits 50 ms for a late Return
 		verdict_count=$(grep -c '"type":"publish"' "$verdicts" || true)
 		: >"$verdicts"
 	fi

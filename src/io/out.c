@@ -30,6 +30,16 @@
 #define READER_RETRY_MS 200 /* how often a FIFO nobody reads is tried again */
 #define TEXT_RESERVE_BYTES (8 * 1024) /* TEXT: room kept for lines that find no memory (the summary at exit) */
 #define LOSS_NOTE_BYTES 512           /* room for a loss note (it may still grow the batch) */
+#define WRITER_DOZE_US (50 * 1000)    /* how long the writer waits for more before it sleeps (see enqueue) */
+
+/* Where the writer is, for enqueue: waking it costs the loop thread a futex call and, on a busy machine, a context
+ * switch that makes the loop forward fewer messages per read; a writer that has just written is dozing and comes back
+ * by itself, so only a sleeping one is woken (or a dozing one whose backlog has grown past a quarter). */
+enum writer_state {
+	WRITER_BUSY,   /* writing, or about to look at the queue */
+	WRITER_DOZING, /* waiting WRITER_DOZE_US for the next batch, woken only when the backlog grows */
+	WRITER_ASLEEP, /* the queue stayed empty through a doze: waiting until something comes */
+};
 
 /* Whether the output closes its descriptor: stdout and stderr stay open. */
 enum fd_owner {
@@ -87,6 +97,7 @@ struct tap_out {
 	struct chunk *reserve; /* TEXT: a batch allocated at open for when memory runs out; NULL while in use */
 	bool closing;
 	bool writer_done;
+	enum writer_state writer_state;
 	uint64_t write_errors;
 	pthread_t thread;
 
@@ -203,6 +214,13 @@ static struct chunk *fill_take(struct tap_out *o)
 	return c;
 }
 
+/* Under mu: the writer looks at the queue now, whatever it was doing. For whoever waits on it (room, close). */
+static void writer_hurry(struct tap_out *o)
+{
+	o->writer_state = WRITER_BUSY;
+	pthread_cond_signal(&o->wake);
+}
+
 /* Under mu. */
 static void enqueue(struct tap_out *o, struct chunk *c)
 {
@@ -213,7 +231,9 @@ static void enqueue(struct tap_out *o, struct chunk *c)
 		o->head = c;
 	o->tail = c;
 	o->queued_bytes += c->data.len;
-	pthread_cond_signal(&o->wake);
+	if (o->writer_state == WRITER_ASLEEP ||
+	    (o->writer_state == WRITER_DOZING && o->queued_bytes >= o->backlog_bytes / 4))
+		writer_hurry(o);
 }
 
 static uint64_t count_newlines(const char *p, size_t len)
@@ -647,6 +667,22 @@ static void writer_chunk(struct tap_out *o, struct chunk *c)
 		chunk_failed(o, c, o->current_off, err);
 }
 
+/* Under mu: until there is something to write or the output closes; a doze first, then sleep (enum writer_state). */
+static void writer_wait(struct tap_out *o)
+{
+	if (o->head || o->closing)
+		return;
+	o->writer_state = WRITER_DOZING;
+	struct timespec until = tap_mono_abs(tap_out_clock_us() + WRITER_DOZE_US);
+	while (!o->head && !o->closing && o->writer_state == WRITER_DOZING)
+		if (pthread_cond_timedwait(&o->wake, &o->mu, &until) == ETIMEDOUT)
+			break;
+	o->writer_state = WRITER_ASLEEP;
+	while (!o->head && !o->closing)
+		pthread_cond_wait(&o->wake, &o->mu);
+	o->writer_state = WRITER_BUSY;
+}
+
 static void *writer_main(void *arg)
 {
 	struct tap_out *o = arg;
@@ -657,8 +693,7 @@ static void *writer_main(void *arg)
 		(void)writer_head(o);
 	pthread_mutex_lock(&o->mu);
 	for (;;) {
-		while (!o->head && !o->closing)
-			pthread_cond_wait(&o->wake, &o->mu);
+		writer_wait(o);
 		struct chunk *c = o->head;
 		if (!c)
 			break;
@@ -839,6 +874,7 @@ static bool room_for(struct tap_out *o, size_t len)
 			return true;
 		if (o->writer_done || o->wait_until_us <= 0)
 			return false;
+		writer_hurry(o);
 		if (o->wait_until_us == INT64_MAX) {
 			pthread_cond_wait(&o->room, &o->mu);
 			continue;
@@ -856,6 +892,7 @@ static bool written_until(struct tap_out *o, int64_t deadline_us)
 {
 	if (o->writer_done || tap_out_clock_us() >= deadline_us)
 		return false;
+	writer_hurry(o);
 	struct timespec until = tap_mono_abs(deadline_us);
 	pthread_cond_timedwait(&o->room, &o->mu, &until);
 	return true;
@@ -1077,7 +1114,7 @@ void tap_out_close(struct tap_out *o, int64_t deadline_us, struct tap_out_stats 
 	else
 		last_text_note(o, deadline_us);
 	o->closing = true;
-	pthread_cond_signal(&o->wake);
+	writer_hurry(o);
 	struct timespec until = tap_mono_abs(deadline_us);
 	while (!o->writer_done && tap_out_clock_us() < deadline_us)
 		pthread_cond_timedwait(&o->room, &o->mu, &until);
