@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole amqptap check, as CI runs it (.ci/run): install missing Debian packages, build a normal and a
-# sanitizer (ASan+UBSan) tree, start the throwaway broker, run ctest (unit + integration) in both, run the
-# benchmark script and the fuzzers briefly, stop the broker. Exits non-zero if anything failed.
+# sanitizer (ASan+UBSan) tree, check the core path's instructions per publish against their budget, start the
+# throwaway broker, run ctest (unit + integration) in both, run the benchmark script and the fuzzers briefly, stop
+# the broker. Exits non-zero if anything failed.
 # Env: TAP_BUILD_DIR (build), TAP_ASAN_BUILD_DIR (build-asan), TAP_BROKER_PORT (5690), TAP_FUZZ_SECONDS (10).
 set -uo pipefail
 # shellcheck source=scripts/lib.sh
@@ -44,6 +45,9 @@ step packages tap_need_pkgs "${TAP_BUILD_PKGS[@]}" check librabbitmq-dev \
 
 step build tap_build "$build" || exit 1
 step build-asan tap_build "$asan" -DTAP_SANITIZE=ON || exit 1
+
+# The core path's instructions per publish (callgrind, the normal build) against tests/bench/instructions.budget.
+step instructions env TAP_BUILD_DIR="$build" "$TAP_REPO/scripts/bench-instructions.sh"
 
 if step broker "$TAP_REPO/scripts/broker.sh" start; then
 	broker_started=1
