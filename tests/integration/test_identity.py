@@ -2,7 +2,7 @@
 # told apart and joined. Every record carries "run" (one per process); the connection open record also carries
 # "tap" (--tap-id), "started" and "schema". (run, conn) is the join key: every publish record of the merged files
 # joins exactly one connection open record. Real pika publishers go through the taps to the throwaway broker;
-# the join is checked in Python and with the README's jq example.
+# the join is checked in Python and with the shipped jq example (scripts/dist/examples/join-open.jq).
 
 import json
 import os
@@ -43,7 +43,7 @@ def join_counts(records):
 
 
 def readme_jq_join():
-    """The jq program the README's "Shipping records to a log pipeline" section shows and ships:
+    """The jq program the README's "Shipping records to a log pipeline" section shows, shipped as an example:
     scripts/dist/examples/join-open.jq (its comment lines left out)."""
     with open(JOIN_JQ, encoding="utf-8") as f:
         return "".join(line for line in f if not line.startswith("#"))
@@ -77,7 +77,7 @@ class IdentityTest(TapTestCase):
         for r in records:
             self.assertIn("run", r, r)
         self.assertEqual(join_counts(records), [1] * len(publishes))
-        # the README's jq join over the merged file: every publish gets exactly one tap
+        # the shipped jq join over the merged file: every publish gets exactly one tap
         merged = os.path.join(self.dir, "merged.jsonl")
         with open(merged, "w") as f:
             for r in records:

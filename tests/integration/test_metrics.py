@@ -254,8 +254,9 @@ class PrometheusScrape(ScenarioCase):
                      "amqptap_connections_unfollowed_total": False, "amqptap_connections_closed_total": False}
 
     def check_readme_alerts(self, prom):
-        """The README's example alerts are expressions this Prometheus evaluates, and they fire on the scenario
-        where they should (returns, publishes left unknown) and nowhere else."""
+        """The shipped example alerts (scripts/dist/examples/amqptap.rules.yml) are expressions this Prometheus
+        evaluates, and they fire on the scenario where they should (returns, publishes left unknown) and nowhere
+        else."""
         exprs = readme_alerts()
         self.assertEqual(len(exprs), len(self.README_ALERTS), exprs)
         for expr in exprs:
@@ -336,14 +337,14 @@ def readme_alerts():
 
 
 def readme_alert(piece):
-    """The README's example alert expression holding piece."""
+    """The shipped example alert expression holding piece."""
     found = [ln for ln in readme_alerts() if piece in ln]
     assert len(found) == 1, (piece, found)
     return found[0]
 
 
 class ReadmeAlertsOverTime(unittest.TestCase):
-    """The README's alerts over made-up series (promtool test rules), for what one scrape of the scenario cannot
+    """The shipped example alerts over made-up series (promtool test rules), for what one scrape of the scenario cannot
     show."""
 
     def promtool_test(self, series, expr, want):
