@@ -470,16 +470,43 @@ static void headers(struct evhttp_request *req, const char *type)
 	evhttp_add_header(h, "X-Content-Type-Options", "nosniff");
 }
 
+/* Sends the reply whose body is in req's output buffer. libevent sends a HEAD reply's body too, and no
+ * Content-Length: the length GET would have is given and the body dropped, or a keep-alive client would read the
+ * body as the start of the next response. */
+static void send_page(struct evhttp_request *req, int code, const char *reason)
+{
+	if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+		struct evbuffer *out = evhttp_request_get_output_buffer(req);
+		char len[24];
+		snprintf(len, sizeof len, "%zu", evbuffer_get_length(out));
+		evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Length", len);
+		evbuffer_drain(out, evbuffer_get_length(out));
+	}
+	evhttp_send_reply(req, code, reason, NULL);
+}
+
+/* An error reply: libevent's own page for GET, a bodiless one for HEAD (see send_page). */
+static void send_error(struct evhttp_request *req, int code, const char *reason)
+{
+	if (evhttp_request_get_command(req) != EVHTTP_REQ_HEAD) {
+		evhttp_send_error(req, code, reason);
+		return;
+	}
+	struct evbuffer *out = evhttp_request_get_output_buffer(req);
+	evbuffer_drain(out, evbuffer_get_length(out));
+	send_page(req, code, reason);
+}
+
 static void reply(struct evhttp_request *req, int code, const char *reason, const char *type, const void *body,
                   size_t len)
 {
 	headers(req, type);
 	struct evbuffer *out = evhttp_request_get_output_buffer(req);
 	if (evbuffer_add(out, body, len) != 0) {
-		evhttp_send_error(req, HTTP_INTERNAL, "out of memory");
+		send_error(req, HTTP_INTERNAL, "out of memory");
 		return;
 	}
-	evhttp_send_reply(req, code, reason, NULL);
+	send_page(req, code, reason);
 }
 
 /* ---- rendering, on the loop ---- */
@@ -597,7 +624,7 @@ static void on_request(struct evhttp_request *req, void *arg)
 	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
 	enum adm_page page = page_of(uri ? evhttp_uri_get_path(uri) : NULL);
 	if (page == PAGE_NONE) {
-		evhttp_send_error(req, HTTP_NOTFOUND, NULL);
+		send_error(req, HTTP_NOTFOUND, NULL);
 		return;
 	}
 	enum evhttp_cmd_type m = evhttp_request_get_command(req);
@@ -616,17 +643,13 @@ static void on_request(struct evhttp_request *req, void *arg)
 	}
 	int code;
 	int err = take_page(a, page, req, &code);
-	if (err == HTTP_INTERNAL) {
-		evhttp_send_error(req, err, "out of memory");
-		return;
-	}
 	if (err) {
-		evhttp_send_error(req, err, "the tap did not render the page in time");
+		send_error(req, err, err == HTTP_INTERNAL ? "out of memory" : "the tap did not render the page in time");
 		return;
 	}
 	const char *type = page == PAGE_METRICS ? "text/plain; version=0.0.4; charset=utf-8" : "application/json";
 	headers(req, type);
-	evhttp_send_reply(req, code, code == HTTP_OK ? "OK" : "Service Unavailable", NULL);
+	send_page(req, code, code == HTTP_OK ? "OK" : "Service Unavailable");
 }
 
 /* The http thread's loop, until tap_admin_free. */

@@ -3,9 +3,11 @@
 # in a scrape Prometheus keeps one sample and drops the other: a real Prometheus must show each exchange's own
 # count); idle and slow connections past the cap
 # (a scrape still gets in at once); a scrape storm (each page is rendered at most once a second, the rest get that
-# copy); the warning when the endpoint is not on loopback; /api/status leaving --header-values out.
+# copy); the warning when the endpoint is not on loopback; /api/status leaving --header-values out; HEAD answered
+# without a body on a keep-alive connection.
 
 import collections
+import http.client
 import json
 import os
 import socket
@@ -285,6 +287,32 @@ class Exposure(ScenarioCase):
             quiet = self.start_tap(["--metrics", f"[::1]:{free_port()}"], frames=False)
             self.assertIn("metrics on http://[::1]:", quiet.stderr())
             self.assertNotIn("WARNING", quiet.stderr())
+
+    def test_head_has_no_body_and_keeps_the_connection_in_step(self):
+        """HEAD gets GET's headers and Content-Length and no body, on every page and on a 404, so the next response
+        on the same keep-alive connection is read as itself (libevent alone sends a HEAD reply's body)."""
+        tap, mport = start_metrics_tap(self)
+        conn = http.client.HTTPConnection("127.0.0.1", mport, timeout=5)
+        self.addCleanup(conn.close)
+        conn.request("GET", "/")
+        page = conn.getresponse().read()
+        self.assertIn(b"<html", page.lower())
+        for path, status, length in (("/", 200, len(page)), ("/metrics", 200, None), ("/api/status", 200, None),
+                                     ("/healthz", 200, None), ("/nothing", 404, 0)):
+            conn.request("HEAD", path)
+            r = conn.getresponse()
+            self.assertEqual(r.status, status, path)
+            self.assertEqual(r.read(), b"", path)
+            n = int(r.getheader("Content-Length"))
+            if length is not None:
+                self.assertEqual(n, length, path)
+            else:
+                self.assertGreater(n, 10, path)
+            conn.request("GET", "/healthz")  # the same connection: it must still be in step
+            r = conn.getresponse()
+            self.assertEqual(r.status, 200, path)
+            self.assertEqual(json.loads(r.read())["status"], "ok", path)
+        self.assertEqual(conn.sock is not None, True)  # one connection throughout
 
     def test_status_leaves_header_values_out(self):
         """--header-values writes the values to the verdict file the operator chose; /api/status, which asks for no
