@@ -261,7 +261,9 @@ static void pace(struct tap_admin *a)
 	int64_t now = tap_out_clock_us();
 	if (a->paid_until_us < now)
 		a->paid_until_us = now;
-	int64_t wake = a->paid_until_us - (int64_t)TAP_ADMIN_BURST * cost_us;
+	/* the request paid up to paid_until_us is the first of a burst when paid_until_us is now: so the clock may be
+	 * at most BURST - 1 costs behind, or a quiet spell would let BURST + 1 through at once */
+	int64_t wake = a->paid_until_us - (int64_t)(TAP_ADMIN_BURST - 1) * cost_us;
 	if (wake > now) {
 		a->paced++;
 		struct timespec until = tap_mono_abs(wake);
