@@ -834,6 +834,7 @@ static int start_metrics(struct app *app, const struct tap_admin_sources *source
 	struct tap_admin_sources src = *sources;
 	src.tap_id = app->conf->tap_id;
 	src.run = app->run;
+	src.hosts = app->conf->metrics_hosts;
 	app->admin = tap_admin_new(app->base, &app->conf->metrics, &src, metrics_at, sizeof metrics_at, err, sizeof err);
 	if (!app->admin) {
 		tap_log_error("%s", err);

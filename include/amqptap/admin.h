@@ -43,6 +43,7 @@ struct tap_admin_sources {
 	const struct tap_observer *observer;         /* decode errors and capture gaps */
 	struct tap_sniff *sniff;                     /* `amqptap sniff`: packets and kernel drops */
 	const char *tap_id, *run;                    /* as in the records (start_metrics sets them) */
+	const char *hosts;                           /* --metrics-host: further names of the Host header */
 };
 
 /* Listens on addr (on the http thread it starts); the pages are rendered on base's loop. Returns NULL with a one-line reason in err. Writes the bound address

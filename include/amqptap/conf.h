@@ -64,6 +64,7 @@ struct tap_conf {
 	const char *header_values; /* --header-values KEY[,KEY...]; NULL: off */
 	const char *keylog; /* NULL: $SSLKEYLOGFILE if set (main decides) */
 	struct tap_conf_addr metrics; /* --metrics: host "" = off */
+	const char *metrics_hosts; /* --metrics-host NAME[,NAME...]; NULL: none beyond the defaults (httphost.h) */
 };
 
 enum tap_conf_opt_kind {

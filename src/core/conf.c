@@ -89,6 +89,11 @@ static const struct tap_conf_option options[] = {
 	{.name = "metrics", .kind = TAP_OPT_ADDR_LOCAL, .offset = FIELD(metrics), .arg = "ADDR:PORT", .def_shown = "off",
 	 .help = "serve /metrics (Prometheus), /healthz, /api/status and a live status page at / (PORT alone: loopback)",
 	 .modes = TAP_FOR_PROXY | TAP_FOR_SNIFF},
+	{.name = "metrics-host", .kind = TAP_OPT_TEXT, .offset = FIELD(metrics_hosts), .arg = "NAME[,...]",
+	 .def_shown = "addresses, localhost and this host's name",
+	 .help = "further names --metrics answers to in the Host header (others get 403: a web page cannot read it "
+	         "through a DNS name of its own)",
+	 .modes = TAP_FOR_PROXY | TAP_FOR_SNIFF},
 	{.name = "keylog", .kind = TAP_OPT_PATH, .offset = FIELD(keylog), .arg = "FILE", .def_shown = "$SSLKEYLOGFILE",
 	 .help = "NSS key log of both TLS legs, mode 0600", .modes = TAP_FOR_PROXY},
 	{.name = "quiet", .short_name = 'q', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),

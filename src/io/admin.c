@@ -14,6 +14,7 @@
  * within TAP_ADMIN_RENDER_WAIT_MS gets its client a 503. The http thread answers at most TAP_ADMIN_RATE requests a
  * second (pace). */
 #include "amqptap/admin.h"
+#include "amqptap/httphost.h"
 #include "amqptap/out.h"
 
 #include "amqptap/conn.h"
@@ -105,6 +106,7 @@ struct tap_admin {
 	struct evhttp_bound_socket *sock;
 	pthread_t thread;
 	bool started, paused;
+	char hostname[256]; /* this machine's name, a Host the endpoint answers to ("": unknown) */
 	_Atomic uint64_t open, total, timeouts, pauses, evictions, paced;
 	int64_t paid_until_us; /* pace: when the requests taken so far are paid for at TAP_ADMIN_RATE */
 	uint64_t closing; /* connections freed in this turn: libevent closes their sockets later in the turn */
@@ -625,6 +627,12 @@ static void on_request(struct evhttp_request *req, void *arg)
 	request_arrived(a, req);
 	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
 	enum adm_page page = page_of(uri ? evhttp_uri_get_path(uri) : NULL);
+	const char *host = evhttp_find_header(evhttp_request_get_input_headers(req), "Host");
+	if (!tap_http_host_allowed(host, a->hostname[0] ? a->hostname : NULL, a->src.hosts)) {
+		static const char why[] = "amqptap: this Host is not a name of the endpoint; add it with --metrics-host\n";
+		reply(req, 403, "Forbidden", "text/plain; charset=utf-8", why, sizeof why - 1);
+		return;
+	}
 	if (page == PAGE_NONE) {
 		send_error(req, HTTP_NOTFOUND, NULL);
 		return;
@@ -722,6 +730,8 @@ struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_a
 	a->src = *src;
 	a->start_us = tap_now_us();
 	a->start_time_seconds = process_start_time();
+	if (gethostname(a->hostname, sizeof a->hostname - 1) != 0)
+		a->hostname[0] = '\0';
 	tap_buf_init(&a->scratch);
 	for (size_t i = 0; i < N_RENDERED; i++)
 		tap_buf_init(&a->pages[i].body);

@@ -4,7 +4,7 @@
 # count); idle and slow connections past the cap
 # (a scrape still gets in at once); a scrape storm (each page is rendered at most once a second, the rest get that
 # copy); the warning when the endpoint is not on loopback; /api/status leaving --header-values out; HEAD answered
-# without a body on a keep-alive connection.
+# without a body on a keep-alive connection; a foreign Host refused.
 
 import collections
 import http.client
@@ -195,7 +195,7 @@ def thread_cpu_ticks(pid):
 FLOOD = r"""
 import json, socket, sys, time
 port, path, secs = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-batch = f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode() * 20
+batch = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode() * 20
 n, end, tail = 0, time.monotonic() + secs, b""
 with socket.create_connection(("127.0.0.1", port)) as s:
     s.settimeout(5)
@@ -313,6 +313,33 @@ class Exposure(ScenarioCase):
             self.assertEqual(r.status, 200, path)
             self.assertEqual(json.loads(r.read())["status"], "ok", path)
         self.assertEqual(conn.sock is not None, True)  # one connection throughout
+
+    def test_a_foreign_host_is_refused(self):
+        """A request whose Host is a name the endpoint does not go by gets 403 on every page (a page from another
+        site that points a DNS name of its own at the tap cannot read it: DNS rebinding); its addresses, localhost,
+        the machine's name and the --metrics-host names are answered."""
+        tap, mport = start_metrics_tap(self, extra=["--metrics-host", "metrics.example.com,amqptap.ns.svc"])
+
+        def status(path, host):
+            conn = http.client.HTTPConnection("127.0.0.1", mport, timeout=5)
+            try:
+                conn.request("GET", path, headers={"Host": host})
+                r = conn.getresponse()
+                return r.status, r.read()
+            finally:
+                conn.close()
+
+        for path in ("/", "/metrics", "/api/status", "/healthz", "/nothing"):
+            code, body = status(path, f"rebind.attacker.example:{mport}")
+            self.assertEqual(code, 403, path)
+            self.assertIn(b"--metrics-host", body)
+            self.assertNotIn(b"amqptap_", body)
+        for host in (f"127.0.0.1:{mport}", f"localhost:{mport}", socket.gethostname(), "metrics.example.com",
+                     f"AMQPTAP.ns.svc:{mport}"):
+            self.assertEqual(status("/api/status", host)[0], 200, host)
+        code, body = status("/metrics", "metrics.example.com")
+        self.assertEqual(code, 200)
+        self.assertIn(b"amqptap_", body)
 
     def test_status_leaves_header_values_out(self):
         """--header-values writes the values to the verdict file the operator chose; /api/status, which asks for no

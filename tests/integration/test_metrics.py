@@ -795,7 +795,7 @@ class Attack:
 
     def huge_body(self):
         def attempt(s):
-            s.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n")
+            s.sendall(b"POST /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 104857600\r\n\r\n")
             chunk = b"b" * (1 << 20)
             sent = 0
             try:
@@ -823,7 +823,7 @@ class Attack:
     def pipeliner(self):
         def attempt(s):
             s.settimeout(0.5)
-            req = b"GET /api/status HTTP/1.1\r\nHost: x\r\n\r\n" * 100
+            req = b"GET /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 100
             while not self.done.is_set():
                 s.sendall(req)
                 self.add("pipelined_sent", 100)
