@@ -379,7 +379,8 @@ static int64_t chan_tick(struct tap_track_conn *c, struct trk_chan *ch, int64_t 
 	const struct tap_track_conf *conf = &c->t->conf;
 	const struct timer_queue queues[] = {
 	    {&ch->held_q, TRK_STATE_HELD, 0, true, conf->late_return_us},                   /* acked, awaiting a late Return */
-	    {&ch->win_q, TRK_STATE_WAIT, TRK_FLAG_CONFIRM, false, conf->return_window_us},  /* mandatory, no confirms */
+	    /* mandatory, no confirms; one a broker's close refused ends with its channel, however late the close-ok */
+	    {&ch->win_q, TRK_STATE_WAIT, TRK_FLAG_CONFIRM | TRK_FLAG_REFUSED, false, conf->return_window_us},
 	    {&ch->plain_q, TRK_STATE_WAIT, TRK_FLAG_REFUSED, false, conf->late_return_us}, /* plain: a refusing close */
 	};
 	int64_t next = INT64_MAX;

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -126,6 +127,29 @@ class RefusedPublishCase(TapTestCase):
         self.assertEqual(reported.get("method"), [60, 40], reported)  # py-amqp names basic.publish as the cause
         self.assertIn(reported.get("raised_at"), (None, "after"), reported)
         return tap, reported
+
+    def test_pika_close_ok_after_the_return_window(self):
+        """A mandatory publish to a missing exchange on a plain channel, and pika's BlockingConnection idle past
+        --return-window before it reads the broker's close and answers close-ok: the broker's close decides the
+        verdict whenever the client answers it (unknown, the broker's reason), not the window running out."""
+        tap = self.start_tap(["--return-window", "300"])
+        conn = pika.BlockingConnection(params(tap.port))
+        ch = conn.channel()
+        ch.basic_publish(self.missing, "k", b"bad", pika.BasicProperties(message_id="bad"), mandatory=True)
+        time.sleep(1.0)  # idle: the broker's channel.close waits unread; the window (300 ms) runs out meanwhile
+        self.assertEqual(tap.records("publish"), [], "written before the client answered the close")
+        for _ in range(50):
+            if ch.is_closed:
+                break
+            conn.process_data_events(time_limit=0.1)
+        self.assertIsInstance(ch._closing_reason, pika.exceptions.ChannelClosedByBroker)
+        conn.close()
+        self.assertTrue(wait_for(lambda: tap.records("publish"), 10))
+        (rec,) = tap.records("publish")
+        self.assertEqual((rec["route"], rec["confirm"], rec["refused"]), ("unknown", "none", "culprit"),
+                         json.dumps(rec))
+        self.assertEqual(rec["reason"]["by"], "broker", json.dumps(rec))
+        self.assertEqual(rec["reason"]["code"], 404, json.dumps(rec))
 
     def test_pika_burst(self):
         self.pika_burst("exchange")

@@ -113,6 +113,38 @@ START_TEST(publish_caused_close_names_the_culprit)
 }
 END_TEST
 
+/* The client answers the broker's refusing close long after --return-window (pika's BlockingConnection idle after
+ * publishing): the close decided the refused mandatory publishes, so their window running out does not make them
+ * unproven; they end with the channel, unknown with the broker's reason. A mandatory publish before them that the
+ * close did not refuse ends with its window, unproven, as it would without the close. */
+START_TEST(refused_mandatory_waits_past_the_return_window)
+{
+	tap_track_channel_open(c, 1, T0);
+	struct tap_publish ok = pub_id("x", "a", true, "m1");
+	struct tap_publish bad = pub_id("gone", "b", true, "m2");
+	struct tap_publish after = pub_id("x", "c", true, "m3");
+	tap_track_publish(c, 1, &ok, T0 + 1);
+	tap_track_publish(c, 1, &bad, T0 + 2);
+	tap_track_publish(c, 1, &after, T0 + 3);
+	tap_track_channel_close(c, 1, TAP_BY_BROKER, 404, S(nf_text), T0 + 300);
+	tap_track_publish_refused(c, 1, T0 + 300);
+	ck_assert_uint_eq(n_seen, 1); /* m1: the close came before its window ended, and refused it not */
+	tap_track_tick(t, T0 + 3 * TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
+	ck_assert_uint_eq(n_seen, 1);
+	tap_track_channel_close_ok(c, 1, T0 + 3 * TAP_TRACK_RETURN_WINDOW_US_DEFAULT + 1);
+	ck_assert_uint_eq(n_seen, 3);
+	assert_verdict(verdict(0), UNPROVEN, NONE, NO_ORDER);
+	for (size_t i = 1; i < 3; i++) {
+		assert_verdict(verdict(i), UNKNOWN, NONE, NO_ORDER);
+		ck_assert_str_eq(verdict(i)->reason_by, "broker");
+		ck_assert_uint_eq(verdict(i)->v.reason_code, 404);
+		ck_assert_str_eq(verdict(i)->reason_text, nf_text);
+	}
+	assert_field(nth("publish", 1), "refused", "\"culprit\"");
+	assert_field(nth("publish", 2), "refused", "\"after_culprit\"");
+}
+END_TEST
+
 /* In confirm mode the culprit carries its seq; publishes acked before the close keep their verdict. */
 START_TEST(publish_caused_close_in_confirm_mode)
 {
@@ -258,6 +290,7 @@ int main(void)
 	tcase_add_loop_test(tc, publish_caused_close_names_the_culprit, 0, 2);
 	tcase_add_loop_test(tc, refused_channel_ended_by_the_clients_connection_close, 0, 2);
 	tcase_add_loop_test(tc, close_naming_two_waiting_publishes_names_neither, 0, 2);
+	tcase_add_test(tc, refused_mandatory_waits_past_the_return_window);
 	tcase_add_test(tc, publish_caused_close_in_confirm_mode);
 	tcase_add_test(tc, publish_caused_close_by_user_id);
 	tcase_add_test(tc, publish_caused_close_by_message_size);
