@@ -41,6 +41,10 @@
  * while bytes are awaited (tap_capture_known_until), so the wait delays records by at most this much. */
 #define TAP_CAPTURE_REORDER_US (10 * 1000LL)
 #define TAP_CAPTURE_MAX_STREAMS_DEFAULT 65536u
+/* A stream that has carried no byte yet (a SYN, a handshake with nothing after it) is dropped after this long
+ * without a packet: a client sends the AMQP protocol header at once, and RabbitMQ closes a connection that has not
+ * finished its AMQP handshake within 10 s (handshake_timeout). If bytes come later, they start a mid-stream stream. */
+#define TAP_CAPTURE_QUIET_IDLE_US (10 * 1000000LL)
 
 /* How a stream ended. */
 enum tap_capture_end {
@@ -96,6 +100,7 @@ struct tap_capture_stats {
 	uint64_t file_bytes;    /* bytes of the file consumed */
 	uint64_t idle_closed;   /* streams ended with TAP_CAPTURE_END_IDLE */
 	uint64_t evicted;       /* streams ended with TAP_CAPTURE_END_LIMIT */
+	uint64_t quiet_dropped; /* streams dropped before their first byte (idle, or room needed): not in the above */
 	uint64_t clock_steps;   /* packets whose time was ahead of every earlier one by the idle time or more */
 	uint64_t clock_back;    /* packets whose time was behind an earlier one's by a second or more */
 	uint64_t one_way;       /* streams that ended with client bytes and not one byte from the broker */

@@ -60,20 +60,29 @@ struct half {
 /* A stream stays in the table after it closed (so late packets of it are recognised and dropped) until it has
  * been closed for the idle time or the closed ones exceed max_streams; an open stream that carried nothing for
  * the idle time, or the least recently active one when a new stream would exceed max_streams, is closed
- * (TAP_CAPTURE_END_IDLE, _LIMIT) and dropped at once, so a later packet of it starts a mid-stream stream. */
+ * (TAP_CAPTURE_END_IDLE, _LIMIT) and dropped at once, so a later packet of it starts a mid-stream stream.
+ *
+ * A stream is opened for the caller (tap_capture_cb.open) only at its first byte, or first gap, or when a stream
+ * whose handshake was seen both ways ends: until then it is quiet, costs its struct and nothing of the decoder or
+ * the tracker, goes first when room is needed, and is dropped after TAP_CAPTURE_QUIET_IDLE_US without a packet. So a flood of SYNs (or of handshakes that never carry AMQP)
+ * neither evicts a live connection, however idle, nor costs the decoder's state per flow. */
 struct stream {
 	struct stream_key key;
 	uint64_t id;
 	void *user;
+	bool opened;    /* the caller's open was called (user is its); else the stream is quiet */
+	bool midstream; /* its first packet was no handshake (for the caller's open) */
 	bool closed;
 	bool fin_seen;
 	enum tap_dir first_fin; /* the direction of the first FIN, once fin_seen */
 	struct half h[TAP_DIR_COUNT];
 	int64_t last_ts; /* capture time of its last packet, or of its close once closed */
+	int64_t open_ts; /* capture time of its first packet (for the caller's open) */
 	struct stream *hnext; /* hash chain */
 	struct stream_link {
 		struct stream *prev, *next;
 	} by_start, by_age; /* open streams in creation order; open streams by last packet, or closed ones by close */
+	struct stream_link by_quiet; /* quiet streams, in creation order */
 };
 
 /* Eight bytes of the key at a time (looked up once or twice per packet: a byte at a time was 4 % of a replay). */
@@ -234,17 +243,23 @@ static void clock_to(struct tap_reasm *r, int64_t ts)
 	}
 }
 
+static void *stream_user(struct tap_reasm *r, struct stream *s);
+
 static void stream_close(struct tap_reasm *r, struct stream *s, enum tap_capture_end how, int64_t ts)
 {
 	if (s->closed)
 		return;
+	if (!s->opened && s->h[TAP_C2S].syn && s->h[TAP_S2C].syn)
+		(void)stream_user(r, s); /* a connection that ended before its first byte: one, as the proxy saw it */
 	s->closed = true;
 	r->st->one_way += s->h[TAP_C2S].spoke && !s->h[TAP_S2C].spoke;
 	clock_to(r, ts);
 	s->last_ts = r->now;
 	list_unlink(&r->live, s);
 	list_append(&r->dead, s);
-	if (r->cb->close)
+	if (!s->opened)
+		list_unlink(&r->quiet, s);
+	else if (r->cb->close)
 		r->cb->close(r->cb->ctx, s->user, how, ts);
 	s->user = NULL;
 	half_clear(r, &s->h[TAP_S2C]);
@@ -262,6 +277,20 @@ static void stream_free(struct tap_reasm *r, struct stream *s)
 	list_unlink(&r->dead, s);
 	r->n_streams--;
 	free(s);
+}
+
+/* A quiet stream dropped for room or for its quiet time: never a connection for the caller (see struct stream). */
+static void quiet_drop(struct tap_reasm *r, struct stream *s)
+{
+	r->st->quiet_dropped++;
+	s->closed = true;
+	list_unlink(&r->quiet, s);
+	list_unlink(&r->open, s);
+	list_unlink(&r->live, s);
+	list_append(&r->dead, s);
+	half_clear(r, &s->h[TAP_S2C]);
+	half_clear(r, &s->h[TAP_C2S]);
+	stream_free(r, s);
 }
 
 static void flush_holes(struct tap_reasm *r, struct stream *s, int64_t ts);
@@ -327,6 +356,9 @@ void tap_reasm_expire(struct tap_reasm *r, int64_t ts)
 	clock_to(r, ts);
 	ts = r->now;
 	tap_reasm_expire_acks(r, ts);
+	int64_t quiet_us = r->idle_us < TAP_CAPTURE_QUIET_IDLE_US ? r->idle_us : TAP_CAPTURE_QUIET_IDLE_US;
+	while ((s = r->quiet.head) && idle_for(ts, s->last_ts, quiet_us))
+		quiet_drop(r, s);
 	while ((s = r->live.head) && idle_for(ts, s->last_ts, r->idle_us)) {
 		r->st->idle_closed++;
 		flush_holes(r, s, ts);
@@ -346,6 +378,8 @@ static void make_room(struct tap_reasm *r, int64_t ts)
 	}
 	while (r->dead.n > 0 && r->dead.n + r->live.n >= r->max_streams)
 		stream_free(r, r->dead.head);
+	while (r->quiet.n > 0 && r->live.n >= r->max_streams) /* quiet ones first: they cost nobody a record */
+		quiet_drop(r, r->quiet.head);
 	while (r->live.n > 0 && r->live.n >= r->max_streams) {
 		struct stream *s = r->live.head;
 		r->st->evicted++;
@@ -381,16 +415,29 @@ static struct stream *stream_open(struct tap_reasm *r, struct stream *old, const
 	}
 	clock_to(r, ts);
 	s->last_ts = r->now;
+	s->open_ts = ts;
+	s->midstream = midstream;
 	list_append(&r->live, s);
 	list_append(&r->open, s);
+	list_append(&r->quiet, s);
 	s->id = ++r->st->streams;
+	return s;
+}
+
+/* The caller's handle of s, opening it for the caller at its first byte or gap (see struct stream). */
+static void *stream_user(struct tap_reasm *r, struct stream *s)
+{
+	if (s->opened)
+		return s->user;
+	s->opened = true;
+	list_unlink(&r->quiet, s);
 	if (r->cb->open) {
 		char client[64], server[64];
-		addr_text(client, k->v6, k->client, k->cport);
-		addr_text(server, k->v6, k->server, k->sport);
-		s->user = r->cb->open(r->cb->ctx, s->id, client, server, midstream, ts);
+		addr_text(client, s->key.v6, s->key.client, s->key.cport);
+		addr_text(server, s->key.v6, s->key.server, s->key.sport);
+		s->user = r->cb->open(r->cb->ctx, s->id, client, server, s->midstream, s->open_ts);
 	}
-	return s;
+	return s->user;
 }
 
 static void emit(struct tap_reasm *r, struct stream *s, enum tap_dir dir, const uint8_t *data, size_t len,
@@ -403,7 +450,7 @@ static void emit(struct tap_reasm *r, struct stream *s, enum tap_dir dir, const 
 	if (h->waiting)
 		wait_review(r, s, dir);
 	if (len && r->cb->data)
-		r->cb->data(r->cb->ctx, s->user, dir, data, len, ts);
+		r->cb->data(r->cb->ctx, stream_user(r, s), dir, data, len, ts);
 }
 
 static void reach_fin(struct tap_reasm *r, struct stream *s, enum tap_dir dir)
@@ -479,7 +526,7 @@ static void give_up_to(struct tap_reasm *r, struct stream *s, enum tap_dir dir, 
 	h->next = upto;
 	wait_review(r, s, dir); /* before the callback: the caller may ask tap_reasm_known_until */
 	if (r->cb->gap)
-		r->cb->gap(r->cb->ctx, s->user, dir, missing, ts);
+		r->cb->gap(r->cb->ctx, stream_user(r, s), dir, missing, ts);
 }
 
 /* Gives up on the hole before the first buffered segment. */
@@ -601,7 +648,7 @@ static int buffer_ahead(struct tap_reasm *r, struct stream *s, enum tap_dir dir,
 		uint32_t missing = seq - h->next;
 		h->next = seq;
 		if (r->cb->gap)
-			r->cb->gap(r->cb->ctx, s->user, dir, missing, ts);
+			r->cb->gap(r->cb->ctx, stream_user(r, s), dir, missing, ts);
 		deliver_inorder(r, s, dir, seq, data, len, lost, fin, ts);
 		return TAP_OK;
 	}
@@ -779,6 +826,7 @@ void tap_reasm_init(struct tap_reasm *r, struct tap_capture_stats *st)
 	r->open.link = offsetof(struct stream, by_start);
 	r->live.link = offsetof(struct stream, by_age);
 	r->dead.link = offsetof(struct stream, by_age);
+	r->quiet.link = offsetof(struct stream, by_quiet);
 }
 
 void tap_reasm_close_all(struct tap_reasm *r, int64_t ts)

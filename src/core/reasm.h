@@ -42,6 +42,7 @@ struct tap_reasm {
 	size_t tab_size, n_streams;
 	struct stream_list open;       /* creation order */
 	struct stream_list live, dead; /* open streams by activity; closed ones kept for their late packets */
+	struct stream_list quiet;      /* open streams not opened for the caller yet: no byte or gap so far */
 	int64_t idle_us;
 	size_t max_streams;
 	size_t ooo_held; /* out-of-order segments buffered in every stream: bytes and bookkeeping (ooo_cost) */

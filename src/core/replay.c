@@ -90,14 +90,14 @@ static void fed(struct replay *r)
 static void *on_open(void *ctx, uint64_t id, const char *client, const char *server, bool midstream, int64_t ts)
 {
 	struct replay *r = ctx;
-	(void)ts;
 	settle_due(r);
 	struct rp_stream *s = calloc(1, sizeof *s);
 	if (!s) {
 		tap_track_conn_unfollowed(r->track);
 		return NULL;
 	}
-	s->conn = tap_conn_new(r->obs, id, client, server, r->now);
+	/* at its first packet's time: the capture opens a stream for us at its first byte (the SYN came earlier) */
+	s->conn = tap_conn_new(r->obs, id, client, server, ts < r->now ? ts : r->now);
 	if (!s->conn) { /* counted unfollowed; its packets are read and left */
 		free(s);
 		return NULL;

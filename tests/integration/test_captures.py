@@ -7,6 +7,7 @@
 import collections
 import glob
 import os
+import re
 import shutil
 import signal
 import socket
@@ -344,6 +345,46 @@ class ForeignCapture(unittest.TestCase):
         self.assertEqual(got, {"dc-routed": ("routed", "ack"), "dc-returned": ("returned", "ack"),
                                "dc-fits": ("unproven", "ack"), "dc-nack": ("unproven", "nack"),
                                "dc-nc-returned": ("returned", "none")})
+
+
+def syn_epb(i, port, ts_hi, ts_lo):
+    """An Enhanced Packet Block holding one Ethernet/IPv4 TCP SYN from 10.x.y.z (an address no host here owns) to
+    port, as a flood sends it: no answer ever comes."""
+    ip_src = bytes([10, (i >> 16) & 255, (i >> 8) & 255, i & 255])
+    tcp = struct.pack("!HHIIBBHHH", 1024 + i % 60000, port, i, 0, 5 << 4, 0x02, 65535, 0, 0)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), i & 0xFFFF, 0, 64, 6, 0, ip_src,
+                     bytes([127, 0, 0, 1]))
+    frame = b"\x02\0\0\0\0\x01\x02\0\0\0\0\x02\x08\x00" + ip + tcp
+    pad = (-len(frame)) % 4
+    body = struct.pack("<IIIII", 0, ts_hi, ts_lo, len(frame), len(frame)) + frame + b"\0" * pad
+    return struct.pack("<II", 6, 12 + len(body)) + body + struct.pack("<I", 12 + len(body))
+
+
+class SynFlood(unittest.TestCase):
+    def test_a_syn_flood_beside_a_live_connection_keeps_its_verdicts(self):
+        """70,000 SYNs that are never answered, more than the 65,536 streams the capture follows, arrive in the
+        middle of a recorded session: the session's stream goes on as if they had not come (its records are the
+        committed ones, byte for byte), none of them is a connection, and they cost the replay little memory."""
+        cap = os.path.join(CAPTURES, "returned_noconfirm.pcapng")
+        port = capture_port(cap)
+        data = open(cap, "rb").read()
+        epbs = [(off, n) for off, n in pcapng_blocks(data) if struct.unpack_from("<I", data, off)[0] == 6]
+        at_off, at_len = epbs[len(epbs) // 2]  # the flood right after this packet, at its time
+        ts_hi, ts_lo = struct.unpack_from("<II", data, at_off + 12)
+        flood = b"".join(syn_epb(i, port, ts_hi, ts_lo) for i in range(70000))
+        d = tempfile.mkdtemp(prefix="amqptap-synflood-")
+        self.addCleanup(shutil.rmtree, d)
+        flooded = os.path.join(d, "flooded.pcapng")
+        with open(flooded, "wb") as f:
+            f.write(data[:at_off + at_len] + flood + data[at_off + at_len:])
+        out = os.path.join(d, "v.jsonl")
+        r = replay(flooded, port, verdicts=out, extra_args=["-v"])
+        self.assertEqual(r.returncode, 0, r.stderr())
+        with open(out, "rb") as a, open(cap[:-7] + ".verdicts.jsonl", "rb") as b:
+            self.assertEqual(a.read().decode().splitlines(), b.read().decode().splitlines())
+        self.assertIn("1 in total", r.stderr())
+        rss = int(re.search(r"peak_rss_kib=(\d+)", r.stderr()).group(1))
+        self.assertLess(rss, 48 * 1024, "65,536 quiet streams cost more than ~600 B each")
 
 
 class CorruptCaptures(unittest.TestCase):

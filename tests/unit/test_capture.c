@@ -1326,6 +1326,62 @@ START_TEST(real_loopback_capture)
 }
 END_TEST
 
+/* A SYN flood beside an idle live connection (room for two streams): every SYN-only stream goes before the
+ * connection that spoke, however long ago it spoke, and none is reported; a handshake that carries nothing is
+ * dropped TAP_CAPTURE_QUIET_IDLE_US after its last packet, while the live one, silent as long, stays. */
+START_TEST(quiet_streams_go_first)
+{
+	static struct pkt all[64];
+	struct pkt tmp[8];
+	size_t n = 0;
+	const int64_t t0 = 1700000000000000, ms = 1000;
+	struct conv live, syn[6];
+	conv_init(&live, false, 40001, 5672, tmp);
+	live.ts = t0;
+	conv_open(&live);
+	conv_send(&live, true, F_PSH | F_ACK, "AMQP\0\0\x09\x01", 8);
+	for (size_t k = 0; k < live.n; k++)
+		all[n++] = tmp[k];
+	for (int i = 0; i < 6; i++) { /* SYNs only, 1 ms apart, the last a full handshake */
+		conv_init(&syn[i], false, (uint16_t)(50001 + i), 5672, tmp);
+		syn[i].ts = t0 + (10 + i) * ms;
+		if (i < 5)
+			conv_send(&syn[i], true, F_SYN, NULL, 0);
+		else
+			conv_open(&syn[i]);
+		for (size_t k = 0; k < syn[i].n; k++)
+			all[n++] = tmp[k];
+	}
+	live.pkts = tmp;
+	live.n = 0;
+	live.ts = t0 + 20 * ms; /* the live one speaks on, in the same stream */
+	conv_send(&live, true, F_PSH | F_ACK, "more", 4);
+	live.ts = t0 + 20 * ms + TAP_CAPTURE_QUIET_IDLE_US; /* and again once the handshake has been quiet too long */
+	conv_send(&live, true, F_PSH | F_ACK, "late", 4);
+	for (size_t k = 0; k < live.n; k++)
+		all[n++] = tmp[k];
+	struct tap_buf buf;
+	tap_buf_init(&buf);
+	write_pcap(&buf, all, n, 101, false, false, false);
+	struct got g;
+	struct tap_capture_stats st;
+	char err[256] = "";
+	ck_assert_msg(run_mem_limits(buf.data, buf.len, 5672, &g, 3600 * 1000 * ms, 2, &st, err, sizeof err) == 0,
+		      "%s", err);
+	ck_assert_uint_eq(g.n, 1);
+	ck_assert(!g.s[0].midstream);
+	ck_assert_int_eq(g.s[0].how, TAP_CAPTURE_END_CAPTURE);
+	ck_assert_uint_eq(g.s[0].bytes[TAP_C2S].len, 16);
+	ck_assert(memcmp(g.s[0].bytes[TAP_C2S].data + 8, "morelate", 8) == 0);
+	ck_assert_uint_eq(st.evicted, 0);
+	ck_assert_uint_eq(st.idle_closed, 0);
+	ck_assert_uint_eq(st.quiet_dropped, 6); /* five for room, the handshake for quiet time */
+	ck_assert_uint_eq(st.streams, 7);
+	got_free(&g);
+	tap_buf_deinit(&buf);
+}
+END_TEST
+
 /* Streams are bounded: with room for two open, a third one closes the least recently active (_END_LIMIT);
  * streams silent for the idle time are closed (TAP_CAPTURE_END_IDLE), never reported as a reset or FIN, and a
  * later packet of one starts a new mid-stream stream. Closed streams are forgotten as well. */
@@ -1437,6 +1493,7 @@ int main(void)
 	tcase_add_test(tc, corrupt_pcapng_block_length);
 	tcase_add_test(tc, real_loopback_capture);
 	tcase_add_test(tc, stream_limit_and_idle_time);
+	tcase_add_test(tc, quiet_streams_go_first);
 	tcase_add_test(tc, several_ports);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);

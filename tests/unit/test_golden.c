@@ -157,8 +157,8 @@ static void run(const struct golden *g, enum split how, size_t at, struct tap_bu
 			started = true;
 			tap_track_tick(t, now);
 			break;
-		case EV_OPEN:
-			conn[e->stream] = tap_conn_new(&o, e->stream, e->client, e->server, now);
+		case EV_OPEN: /* at its first byte, stamped with its first packet's time (as replay opens it) */
+			conn[e->stream] = tap_conn_new(&o, e->stream, e->client, e->server, e->ts < now ? e->ts : now);
 			ck_assert_ptr_nonnull(conn[e->stream]);
 			break;
 		case EV_DATA: {
