@@ -441,7 +441,7 @@ static struct tap_track *scenario(struct tap_metrics_tally *t, struct sink *k)
 	                       .body_size = 3};
 	tap_track_return(c, 1, &r, T0 + 3100);
 	tap_track_ack(c, 1, 2, false, T0 + 3200);
-	tap_track_conn_blocked(c, true, sl("low on memory"), T0 + 3300);
+	tap_track_conn_blocked(c, sl("low on memory"), T0 + 3300);
 	tap_track_tick(tr, T0 + 1000000); /* the held ack of publish 1 is written */
 	return tr;
 }

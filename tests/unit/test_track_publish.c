@@ -317,7 +317,7 @@ START_TEST(every_record_has_type_and_ts)
 	tap_track_publish(c, 1, &p, T0);
 	struct tap_return r = ret("y", "k");
 	tap_track_return(c, 1, &r, T0);
-	tap_track_conn_blocked(c, true, S("disk"), T0);
+	tap_track_conn_blocked(c, S("disk"), T0);
 	tap_track_shutdown(t, T0 + 1);
 	c = NULL;
 	ck_assert_uint_eq(stats().records, n_recs);
