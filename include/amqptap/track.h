@@ -106,6 +106,10 @@ struct tap_track_verdict {
 	int64_t return_us;      /* -1: no Return */
 	int64_t confirm_us;     /* -1: no ack/nack */
 	struct tap_slice record; /* the publish record as emitted, without its newline; ptr NULL: lost (no memory) */
+	/* the bytes [values_at, values_at + values_len) of record hold its "header_values" and
+	 * "header_values_truncated" (--header-values) with the comma before them: the record without them is valid
+	 * JSON. values_len 0: it has none. */
+	size_t values_at, values_len;
 };
 typedef void (*tap_track_verdict_fn)(void *ctx, const struct tap_track_verdict *v);
 

@@ -29,69 +29,19 @@ static void count_return(struct tap_metrics_tally *t, uint16_t code)
 }
 
 
-/* The end of the JSON value at json[i] (written by the tap: no white space), or len if it runs off. */
-static size_t json_skip(const char *json, size_t len, size_t i)
-{
-	size_t depth = 0;
-	bool in_string = false;
-	for (; i < len; i++) {
-		char c = json[i];
-		if (in_string) {
-			if (c == '\\') {
-				i++;
-			} else if (c == '"') {
-				in_string = false;
-				if (depth == 0)
-					return i + 1;
-			}
-		} else if (c == '"') {
-			in_string = true;
-		} else if (c == '{' || c == '[') {
-			depth++;
-		} else if (c == '}' || c == ']') {
-			if (depth <= 1)
-				return depth ? i + 1 : i;
-			depth--;
-		} else if (c == ',' && depth == 0) {
-			return i;
-		}
-	}
-	return len;
-}
-
-/* Takes the member key (with its comma) out of the JSON object in json; *len shrinks. */
-static void drop_member(char *json, size_t *len, const char *key)
-{
-	size_t klen = strlen(key);
-	size_t i = 1; /* past the '{' */
-	while (i < *len && json[i] == '"') {
-		size_t key_end = json_skip(json, *len, i);
-		size_t end = key_end < *len ? json_skip(json, *len, key_end + 1) : *len; /* past the ':' */
-		if (key_end - i == klen + 2 && memcmp(json + i + 1, key, klen) == 0) {
-			size_t from = json[i - 1] == ',' ? i - 1 : i;
-			if (from == i && end < *len && json[end] == ',')
-				end++; /* the first member: its comma goes with it */
-			memmove(json + from, json + end, *len - end);
-			*len -= end - from;
-			return;
-		}
-		i = end < *len && json[end] == ',' ? end + 1 : *len;
-	}
-}
-
 static void keep_problem(struct tap_metrics_tally *t, const struct tap_track_verdict *v)
 {
 	struct tap_metrics_problem *p = &t->problems[t->problem_next];
 	t->problem_next = (t->problem_next + 1) % TAP_METRICS_PROBLEMS;
 	t->problems_seen++;
 	if (v->record.ptr && v->record.len <= sizeof p->json) {
-		size_t len = v->record.len;
-		memcpy(p->json, v->record.ptr, len);
-		if (memmem(p->json, len, "\"header_values", 14)) { /* what --header-values asked for, for the files only */
-			drop_member(p->json, &len, "header_values");
-			drop_member(p->json, &len, "header_values_truncated");
-		}
-		p->len = (uint16_t)len;
+		/* without what --header-values asked for, which is for the files only: the tracker says where it is */
+		bool cut = v->values_len && v->values_at + v->values_len <= v->record.len;
+		size_t cut_at = cut ? v->values_at : v->record.len;
+		size_t cut_end = cut ? cut_at + v->values_len : cut_at;
+		memcpy(p->json, v->record.ptr, cut_at);
+		memcpy(p->json + cut_at, v->record.ptr + cut_end, v->record.len - cut_end);
+		p->len = (uint16_t)(v->record.len - (cut_end - cut_at));
 		return;
 	}
 	int n = snprintf(p->json, sizeof p->json,

@@ -187,6 +187,8 @@ static void call_verdict_hook(struct tap_track_conn *c, uint16_t ch, const struc
 	    .confirm_us = answered ? vd->t_ack - v->t_pub : -1,
 	    .record = {t->render.rec.oom ? NULL : (const uint8_t *)t->render.rec.data,
 	               t->render.rec.oom ? 0 : t->render.rec.len},
+	    .values_at = t->render.rec.oom ? 0 : t->render.values_at,
+	    .values_len = t->render.rec.oom ? 0 : t->render.values_len,
 	};
 	t->verdict_hook(t->verdict_ctx, &h);
 }
