@@ -57,7 +57,7 @@ struct tap_observer {
 	uint64_t pending_over;
 };
 
-/* Bounds what the decoder keeps of contents in progress across all connections (see store_put in conn.c). */
+/* Bounds what the decoder keeps of contents in progress across all connections (see conn_store_put in conn_chan.c). */
 #define TAP_OBSERVER_PENDING_MAX (64u << 20)
 
 void tap_observer_init(struct tap_observer *o, struct tap_track *track, tap_track_emit_fn emit, void *emit_ctx,

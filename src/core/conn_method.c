@@ -172,10 +172,12 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		tap_track_tx_end_ok(tc, channel, TAP_TRACK_TX_ROLLBACK, now_us);
 		break;
 	case TAP_BASIC_ACK:
-		tap_track_ack(tc, channel, m->args[TAP_ARG_BASIC_ACK_DELIVERY_TAG].u, m->args[TAP_ARG_BASIC_ACK_MULTIPLE].u != 0, now_us);
+		tap_track_ack(tc, channel, m->args[TAP_ARG_BASIC_ACK_DELIVERY_TAG].u,
+			      m->args[TAP_ARG_BASIC_ACK_MULTIPLE].u != 0, now_us);
 		break;
 	case TAP_BASIC_NACK:
-		tap_track_nack(tc, channel, m->args[TAP_ARG_BASIC_NACK_DELIVERY_TAG].u, m->args[TAP_ARG_BASIC_NACK_MULTIPLE].u != 0, now_us);
+		tap_track_nack(tc, channel, m->args[TAP_ARG_BASIC_NACK_DELIVERY_TAG].u,
+			       m->args[TAP_ARG_BASIC_NACK_MULTIPLE].u != 0, now_us);
 		break;
 	case TAP_BASIC_RETURN: {
 		struct channel *ch = conn_channel_get(c, channel);

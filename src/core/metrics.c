@@ -1,7 +1,7 @@
 /* The parts of metrics every page shares: the confirm latency histogram in fixed Prometheus buckets, the tracker's
- * part of a snapshot, and the names of routes, confirms and outputs. The pages are rendered in metrics_prom.c and
- * metrics_status.c from what metrics_tally.c counts; every one-number metric is defined once, in METRICS_SCALARS
- * (metrics_int.h), which feeds both /metrics and the "counters" object of /api/status. */
+ * part of a snapshot, and the names of routes, confirms, outputs and close reasons. The pages are rendered in
+ * metrics_prom.c and metrics_status.c from what metrics_tally.c counts; every one-number metric is defined once, in
+ * METRICS_SCALARS (metrics_int.h), which feeds both /metrics and the "counters" object of /api/status. */
 #include "metrics_int.h"
 
 #include <string.h>
@@ -9,6 +9,11 @@
 const char *const metrics_route_names[TAP_METRICS_N_ROUTES] = {"routed", "returned", "unproven", "unknown"};
 const char *const metrics_confirm_names[4] = {"ack", "nack", "none", "unknown"};
 const char *const metrics_out_names[TAP_METRICS_N_OUT] = {"verdicts", "frames", "pcap"};
+const char *const tap_metrics_close_by_names[TAP_METRICS_N_CLOSE_BY] = {
+#define TAP_METRICS_CLOSE_BY_NAME(name) #name,
+	TAP_METRICS_CLOSE_BY(TAP_METRICS_CLOSE_BY_NAME)
+#undef TAP_METRICS_CLOSE_BY_NAME
+};
 
 const uint64_t tap_metrics_le_us[TAP_METRICS_N_LE] = {
 	100,     150,     200,     300,     500,     700,                                          /* 100 µs */

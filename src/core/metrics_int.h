@@ -1,12 +1,13 @@
 /* What the parts of metrics (metrics*.c) share, private to the core:
  *
- *   metrics.c         the fixed histogram buckets, collecting the tracker's part of a snapshot, the shared names
+ *   metrics.c         the fixed histogram buckets, collecting the tracker's part of a snapshot, the names of
+ *                     routes, confirms, outputs and close reasons
  *   metrics_tally.c   the tally the tracker's verdict and connection hooks feed
  *   metrics_prom.c    the Prometheus text of /metrics
  *   metrics_status.c  the JSON of /api/status and /healthz
  *
- * metrics_prom.c and metrics_status.c read METRICS_SCALARS and the names of metrics.c; metrics_tally.c the names;
- * metrics.c calls none of them. */
+ * metrics_prom.c and metrics_status.c read METRICS_SCALARS below and call metrics.c; so does metrics_tally.c;
+ * metrics.c calls none of them, and none calls another. */
 #ifndef AMQPTAP_METRICS_INT_H
 #define AMQPTAP_METRICS_INT_H
 

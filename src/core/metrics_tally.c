@@ -123,12 +123,6 @@ void tap_metrics_tally_verdict(void *tally, const struct tap_track_verdict *v)
 	keep_problem(t, v);
 }
 
-const char *const tap_metrics_close_by_names[TAP_METRICS_N_CLOSE_BY] = {
-#define TAP_METRICS_CLOSE_BY_NAME(name) #name,
-	TAP_METRICS_CLOSE_BY(TAP_METRICS_CLOSE_BY_NAME)
-#undef TAP_METRICS_CLOSE_BY_NAME
-};
-
 static enum tap_metrics_close_by close_by(const char *by)
 {
 	for (int i = 0; by && i < TAP_CLOSE_BY_other; i++)
