@@ -123,12 +123,11 @@ static enum room room_for(const struct tap_track_conn *c, const struct trk_chan 
                           uint64_t blob_len)
 {
 	const struct tap_track *t = c->t;
-	size_t extra_len = t->extra.len + extra_values_len(t);
-	uint64_t strings = extra_len + p->exchange.len + p->routing_key.len;
+	uint64_t strings = t->extra.len + p->exchange.len + p->routing_key.len; /* the slack covers the values' place */
 	if (trk_fits(t, 2 * t->mem + 4096 + 4 * blob_len + strings))
 		return ROOM_AMPLE;
 	uint64_t worst = trk_ring_growth(ch) + tap_arena_growth(&ch->arena, blob_len) +
-	                 tap_intern_cost_bound(&c->keys, extra_len) +
+	                 tap_intern_cost_bound(&c->keys, t->extra.len + extra_values_len(t)) +
 	                 tap_intern_cost_bound(&c->keys, p->exchange.len + p->routing_key.len);
 	return trk_fits(t, worst) ? ROOM_AMPLE : ROOM_TIGHT;
 }
@@ -194,10 +193,10 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	const uint8_t *extra = (const uint8_t *)t->extra.data;
 	const uint8_t *values = (const uint8_t *)&t->extra_values; /* interned with the properties, after them */
 	size_t values_len = extra_values_len(t);
-	if (t->extra.len && room == ROOM_TIGHT)
-		e->extra = trk_intern_in_budget(c, TRK_TAG_EXTRA, extra, t->extra.len, values, values_len, now_us);
-	else if (t->extra.len)
-		e->extra = tap_intern_get(&c->keys, TRK_TAG_EXTRA, extra, t->extra.len, values, values_len);
+	if (t->extra.len)
+		e->extra = room == ROOM_TIGHT
+		               ? trk_intern_in_budget(c, TRK_TAG_EXTRA, extra, t->extra.len, values, values_len, now_us)
+		               : tap_intern_get(&c->keys, TRK_TAG_EXTRA, extra, t->extra.len, values, values_len);
 	const struct tap_slice *x = &p->exchange, *rk = &p->routing_key;
 	if (p->details_lost)
 		e->route_key = TAP_INTERN_NONE; /* written null, never "" (the default exchange) */

@@ -256,7 +256,7 @@ struct trk_values {
 
 struct trk_render {
 	struct tap_buf rec;
-	size_t values_at, values_len; /* of the last publish record: its header values with the comma before them */
+	size_t extra_at; /* where the last publish record's rendered properties begin, when it has any */
 	struct tap_record_head head;
 	char run[TAP_TRACK_RUN_MAX + 1]; /* "": no identity members */
 	char tap_id[TAP_TRACK_TAP_ID_MAX + 1];

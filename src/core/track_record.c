@@ -158,7 +158,6 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 {
 	struct tap_buf *b = &r->rec;
 	bool prefix = c->prefix.len > 1 && !c->prefix.oom;
-	r->values_at = r->values_len = 0;
 	size_t most = PUBLISH_FIXED_MAX + r->head.run_json_len + (prefix ? c->prefix.len : conn_members_max(c)) +
 	              v->extra_len + TAP_JSON_ESCAPED_MAX(v->exchange_len) + TAP_JSON_ESCAPED_MAX(v->routing_key_len) +
 	              TAP_JSON_ESCAPED_MAX(v->message_id_len) + TAP_JSON_ESCAPED_MAX(v->correlation_id_len) +
@@ -191,11 +190,7 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 	p = v->has_delivery_mode ? tap_json_uint_at(p, v->delivery_mode) : put_lit(p, json_null);
 	if (v->extra_len) { /* the rendered properties, members without braces */
 		p = PUT(p, ",");
-		if (v->values.len) { /* values that come first take the comma written here */
-			bool first = v->values.at == 0;
-			r->values_at = (size_t)(p - b->data) + v->values.at - first;
-			r->values_len = v->values.len + first;
-		}
+		r->extra_at = (size_t)(p - b->data);
 		p = put(p, v->extra, v->extra_len);
 	}
 	if (v->has_timestamp)
@@ -437,15 +432,18 @@ unsigned trk_render_extra(struct tap_buf *out, struct trk_values *values, const 
 			kv_lit(&j, "headers_truncated", json_true);
 		}
 	}
-	bool values_cut = p->headers_cut;
-	size_t values_from = out->len; /* 1 past the brace: the values come first, without a comma */
-	if (header_values && p->headers.len && write_header_values(&j, p->headers, header_values))
-		values_cut = true;
-	if (header_values && values_cut) {
-		notes |= TRK_EXTRA_VALUES_CUT;
-		kv_lit(&j, "header_values_truncated", json_true);
+	*values = (struct trk_values){0, 0};
+	if (header_values) {
+		size_t from = out->len; /* 1 past the brace: values that come first have no comma */
+		bool values_cut = p->headers_cut;
+		if (p->headers.len && write_header_values(&j, p->headers, header_values))
+			values_cut = true;
+		if (values_cut) {
+			notes |= TRK_EXTRA_VALUES_CUT;
+			kv_lit(&j, "header_values_truncated", json_true);
+		}
+		*values = (struct trk_values){(uint16_t)(from - 1), (uint16_t)(out->len - from)};
 	}
-	*values = (struct trk_values){(uint16_t)(values_from - 1), (uint16_t)(out->len - values_from)};
 	if (write_trace(&j, p->headers))
 		notes |= TRK_EXTRA_TRACE_BAD;
 	if (out->len > 1)
