@@ -245,8 +245,6 @@ struct tap_track_conn {
 	uint32_t due_idx;      /* place in t->due + 1, 0: not in it (next_due is INT64_MAX) */
 };
 
-/* The record being written, and what every record shares (the run id, the date part of the second being
- * written). Only track_record.c writes these. */
 /* Where a publish's rendered properties hold "header_values" and "header_values_truncated" (--header-values): the
  * bytes [at, at + len) of the members without braces, with the comma before them unless they come first; len 0:
  * none. Kept with the properties, so that the verdict hook can say where they are in the record. */
@@ -254,6 +252,8 @@ struct trk_values {
 	uint16_t at, len;
 };
 
+/* The record being written, and what every record shares (the run id, the date part of the second being
+ * written). Only track_record.c writes these. */
 struct trk_render {
 	struct tap_buf rec;
 	size_t extra_at; /* where the last publish record's rendered properties begin, when it has any */

@@ -154,21 +154,20 @@ static void count_verdict(struct tap_track_conn *c, const struct trk_view *v, co
 }
 
 /* Where the record just rendered from v holds its header values, with the comma before them (values that come first
- * among the properties take the comma written before those). */
-static struct tap_slice values_in_record(const struct tap_track *t, const struct trk_view *v)
+ * among the properties take the comma written before those): h's values_at and values_len. */
+static void values_in_record(const struct tap_track *t, const struct trk_view *v, struct tap_track_verdict *h)
 {
 	if (t->render.rec.oom || !v->extra_len || !v->values.len)
-		return (struct tap_slice){NULL, 0};
+		return;
 	bool first = v->values.at == 0;
-	size_t at = t->render.extra_at + v->values.at - first;
-	return (struct tap_slice){(const uint8_t *)t->render.rec.data + at, v->values.len + first};
+	h->values_at = t->render.extra_at + v->values.at - first;
+	h->values_len = v->values.len + first;
 }
 
 static void call_verdict_hook(struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
                               const struct trk_verdict *vd, int64_t now_us)
 {
 	struct tap_track *t = c->t;
-	struct tap_slice values = values_in_record(t, v);
 	bool answered = vd->confirm == TAP_TRACK_CONFIRM_ACK || vd->confirm == TAP_TRACK_CONFIRM_NACK;
 	bool returned = vd->route == TAP_TRACK_ROUTE_RETURNED;
 	const struct trk_reason *why = vd->reason;
@@ -199,9 +198,8 @@ static void call_verdict_hook(struct tap_track_conn *c, uint16_t ch, const struc
 	    .confirm_us = answered ? vd->t_ack - v->t_pub : -1,
 	    .record = {t->render.rec.oom ? NULL : (const uint8_t *)t->render.rec.data,
 	               t->render.rec.oom ? 0 : t->render.rec.len},
-	    .values_at = values.ptr ? (size_t)(values.ptr - (const uint8_t *)t->render.rec.data) : 0,
-	    .values_len = values.len,
 	};
+	values_in_record(t, v, &h);
 	t->verdict_hook(t->verdict_ctx, &h);
 }
 
