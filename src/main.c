@@ -249,7 +249,7 @@ static void hook_upstream_local(void *ctx, void *sess, uint64_t conn_id, const c
 static void hook_held(void *ctx, void *sess, bool held, int64_t now_us)
 {
 	struct app *app = ctx;
-	tap_conn_held(sess, held, now_us);
+	tap_conn_held(sess, held ? TAP_TRACK_HELD : TAP_TRACK_UNHELD, now_us);
 	if (!held)
 		deadline_from(app, now_us); /* the windows run again in full */
 }

@@ -57,7 +57,7 @@ struct tap_observer {
 	uint64_t pending_over;
 };
 
-/* Bounds what the decoder keeps of contents in progress across all connections (see store_put in conn.c). */
+/* Bounds what the decoder keeps of contents in progress across all connections (see conn_store_put in conn_chan.c). */
 #define TAP_OBSERVER_PENDING_MAX (64u << 20)
 
 void tap_observer_init(struct tap_observer *o, struct tap_track *track, tap_track_emit_fn emit, void *emit_ctx,
@@ -82,7 +82,7 @@ void tap_conn_upstream(struct tap_conn *c, const char *addr);
 /* The proxy's own address towards the broker (tap_track_conn_upstream_local). */
 void tap_conn_upstream_local(struct tap_conn *c, const char *addr);
 /* The proxy stopped (held) or went on reading the broker's side (tap_track_conn_held). */
-void tap_conn_held(struct tap_conn *c, bool held, int64_t now_us);
+void tap_conn_held(struct tap_conn *c, enum tap_track_hold hold, int64_t now_us);
 /* The capture lost `missing` bytes of one direction (replay, sniff) from stream `offset` on (the bytes of the
  * direction seen before the hole, delivered or lost): writes a capture_gap record and ends every outstanding publish {"by":"capture_gap"} (a publish whose content the
  * gap cut still gets its record). The broker side stops decoding: an answer after the hole could belong to a

@@ -106,7 +106,8 @@ struct tap_metrics_tally {
 void tap_metrics_tally_init(struct tap_metrics_tally *t);
 /* A tap_track_verdict_fn (ctx: the tally): one settled publish. A few compares and the exchange lookup for a routed
  * one; a problem publish's record is copied (a stub if it is longer than TAP_METRICS_PROBLEM_BYTES or was lost)
- * without its "header_values" (--header-values): /api/status, which shows it, asks for no password. */
+ * without its "header_values" (--header-values; the verdict's values_at and values_len say where they are):
+ * /api/status, which shows it, asks for no password. */
 void tap_metrics_tally_verdict(void *tally, const struct tap_track_verdict *v);
 /* A tap_track_conn_event_fn (ctx: the tally): the upstream's state, and how connections ended. */
 void tap_metrics_tally_conn(void *tally, const struct tap_track_conn_event *e);

@@ -106,6 +106,10 @@ struct tap_track_verdict {
 	int64_t return_us;      /* -1: no Return */
 	int64_t confirm_us;     /* -1: no ack/nack */
 	struct tap_slice record; /* the publish record as emitted, without its newline; ptr NULL: lost (no memory) */
+	/* the bytes [values_at, values_at + values_len) of record hold its "header_values" and
+	 * "header_values_truncated" (--header-values) with the comma before them: the record without them is valid
+	 * JSON. values_len 0: it has none. */
+	size_t values_at, values_len;
 };
 typedef void (*tap_track_verdict_fn)(void *ctx, const struct tap_track_verdict *v);
 
@@ -147,11 +151,17 @@ void tap_track_conn_user(struct tap_track_conn *c, struct tap_slice user); /* ne
 void tap_track_conn_tune(struct tap_track_conn *c, uint16_t channel_max, uint32_t frame_max, uint16_t heartbeat);
 /* connection.open (or open-ok): writes the `connection` open record, once. */
 void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64_t now_us);
-void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_slice reason, int64_t now_us);
+/* connection.blocked with its reason, and connection.unblocked: a `blocked` or `unblocked` record each. */
+void tap_track_conn_blocked(struct tap_track_conn *c, struct tap_slice reason, int64_t now_us);
+void tap_track_conn_unblocked(struct tap_track_conn *c, int64_t now_us);
 /* The tap stopped (held) or went on reading what the broker sends on this connection: backpressure from a client
  * that reads slowly. While held, a Return or a refusing close may wait unread in the tap's socket, so no window
  * runs out; each runs again in full once reading goes on. */
-void tap_track_conn_held(struct tap_track_conn *c, bool held, int64_t now_us);
+enum tap_track_hold {
+	TAP_TRACK_UNHELD, /* reading the broker again */
+	TAP_TRACK_HELD,   /* not reading the broker */
+};
+void tap_track_conn_held(struct tap_track_conn *c, enum tap_track_hold hold, int64_t now_us);
 /* connection.close from either side: remembered (the first one wins) as the reason given to every publish still
  * outstanding when the connection ends. */
 void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t code, struct tap_slice text,
@@ -192,14 +202,19 @@ void tap_track_channel_close(struct tap_track_conn *c, uint16_t ch, enum tap_pee
  * channel (on every channel, for a connection.close) may be it: each ends unknown with the reason and
  * "refused":"candidate", never with a guessed verdict. */
 void tap_track_publish_refused(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
-/* tx.commit (rollback false) or tx.rollback from the client: the publishes made before it on the channel are the
- * transaction its answer ends. */
-void tap_track_tx_end(struct tap_track_conn *c, uint16_t ch, bool rollback, int64_t now_us);
+/* How a transaction ends: tx.commit or tx.rollback (and their -ok). */
+enum tap_track_tx_end {
+	TAP_TRACK_TX_COMMIT,
+	TAP_TRACK_TX_ROLLBACK,
+};
+/* tx.commit or tx.rollback from the client: the publishes made before it on the channel are the transaction its
+ * answer ends. */
+void tap_track_tx_end(struct tap_track_conn *c, uint16_t ch, enum tap_track_tx_end how, int64_t now_us);
 /* tx.commit-ok or tx.rollback-ok from the broker, for the oldest tx.commit / tx.rollback unanswered (without one,
  * every publish of the channel still waiting). Committed: the broker sent every Return of them before, so a
  * mandatory one still waiting was routed, another unproven. Rolled back: discarded (unknown, tx_rollback). A
  * transaction that ends any other way (the channel or connection closes) ends unknown with the close's reason. */
-void tap_track_tx_end_ok(struct tap_track_conn *c, uint16_t ch, bool rollback, int64_t now_us);
+void tap_track_tx_end_ok(struct tap_track_conn *c, uint16_t ch, enum tap_track_tx_end how, int64_t now_us);
 /* channel.close-ok from either side: the channel is gone; its outstanding publishes end with the close's reason. */
 void tap_track_channel_close_ok(struct tap_track_conn *c, uint16_t ch, int64_t now_us);
 

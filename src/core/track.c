@@ -61,6 +61,7 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	    .correlation_id_len = p->correlation_id.len,
 	    .extra = (const uint8_t *)t->extra.data,
 	    .extra_len = t->extra.len,
+	    .values = t->extra_values,
 	    .mandatory = p->mandatory,
 	    .has_message_id = p->has_message_id && !p->details_lost,
 	    .has_correlation_id = p->has_correlation_id && !p->details_lost,
@@ -104,6 +105,12 @@ static struct blob_lens blob_lens_of(const struct tap_publish *p)
 	return l;
 }
 
+/* The bytes the header values' place adds to the interned properties: none without header values. */
+static size_t extra_values_len(const struct tap_track *t)
+{
+	return t->extra_values.len ? sizeof t->extra_values : 0;
+}
+
 /* Whether storing a publish can go past the budget. Growth at most doubles a ring, an arena or an intern array
  * (plus their minimum sizes and a blob of up to 518 bytes that may need 4x room), so while three times the
  * tracker's memory fits, nothing needs looking at: the common case costs one comparison. */
@@ -116,11 +123,11 @@ static enum room room_for(const struct tap_track_conn *c, const struct trk_chan 
                           uint64_t blob_len)
 {
 	const struct tap_track *t = c->t;
-	uint64_t strings = t->extra.len + p->exchange.len + p->routing_key.len;
+	uint64_t strings = t->extra.len + p->exchange.len + p->routing_key.len; /* the slack covers the values' place */
 	if (trk_fits(t, 2 * t->mem + 4096 + 4 * blob_len + strings))
 		return ROOM_AMPLE;
 	uint64_t worst = trk_ring_growth(ch) + tap_arena_growth(&ch->arena, blob_len) +
-	                 tap_intern_cost_bound(&c->keys, t->extra.len) +
+	                 tap_intern_cost_bound(&c->keys, t->extra.len + extra_values_len(t)) +
 	                 tap_intern_cost_bound(&c->keys, p->exchange.len + p->routing_key.len);
 	return trk_fits(t, worst) ? ROOM_AMPLE : ROOM_TIGHT;
 }
@@ -184,9 +191,12 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 			memcpy(b + len->timestamp + len->message_id, p->correlation_id.ptr, len->correlation_id);
 	}
 	const uint8_t *extra = (const uint8_t *)t->extra.data;
+	const uint8_t *values = (const uint8_t *)&t->extra_values; /* interned with the properties, after them */
+	size_t values_len = extra_values_len(t);
 	if (t->extra.len)
-		e->extra = room == ROOM_TIGHT ? trk_intern_in_budget(c, TRK_TAG_EXTRA, extra, t->extra.len, NULL, 0, now_us)
-		                              : tap_intern_get(&c->keys, TRK_TAG_EXTRA, extra, t->extra.len, NULL, 0);
+		e->extra = room == ROOM_TIGHT
+		               ? trk_intern_in_budget(c, TRK_TAG_EXTRA, extra, t->extra.len, values, values_len, now_us)
+		               : tap_intern_get(&c->keys, TRK_TAG_EXTRA, extra, t->extra.len, values, values_len);
 	const struct tap_slice *x = &p->exchange, *rk = &p->routing_key;
 	if (p->details_lost)
 		e->route_key = TAP_INTERN_NONE; /* written null, never "" (the default exchange) */
@@ -238,7 +248,7 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 	if (p->details_lost)
 		t->st.oom++;
 	trk_warn_publish(c, ch, p, now_us);
-	unsigned notes = trk_render_extra(&t->extra, p, t->conf.header_values);
+	unsigned notes = trk_render_extra(&t->extra, &t->extra_values, p, t->conf.header_values);
 	if (notes & TRK_EXTRA_KEYS_CUT)
 		t->st.headers_truncated++;
 	if (notes & TRK_EXTRA_VALUES_CUT)
@@ -247,6 +257,7 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 		t->st.traceparent_malformed++;
 	if (t->extra.oom) {
 		t->extra.len = 0; /* a cut rendering is no JSON: the optional members are left out */
+		t->extra_values = (struct trk_values){0, 0};
 		t->st.oom++;
 	}
 	/* a publish after a channel.close is dropped by the broker: it waits for close-ok like the others; one in a

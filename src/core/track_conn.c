@@ -202,21 +202,29 @@ void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64
 	conn_event(c->t, &e);
 }
 
-void tap_track_conn_blocked(struct tap_track_conn *c, bool blocked, struct tap_slice reason, int64_t now_us)
+void tap_track_conn_blocked(struct tap_track_conn *c, struct tap_slice reason, int64_t now_us)
 {
-	trk_record_blocked(&c->t->render, c, blocked ? TRK_RECORD_BLOCKED : TRK_RECORD_UNBLOCKED, reason, now_us);
+	trk_record_blocked(&c->t->render, c, TRK_RECORD_BLOCKED, reason, now_us);
 	trk_emit(c->t);
-	if (blocked && !c->blocked) {
+	if (!c->blocked) {
 		c->blocked_since = now_us;
 		trk_mark_blocked(c); /* the publish that made the broker block it came before this, and waits as long */
 	}
-	if (!blocked && c->blocked) {
+	c->blocked = true;
+	struct tap_track_conn_event e = {.conn = c->id, .change = TAP_TRACK_CONN_BLOCKED, .now_us = now_us};
+	conn_event(c->t, &e);
+}
+
+void tap_track_conn_unblocked(struct tap_track_conn *c, int64_t now_us)
+{
+	trk_record_blocked(&c->t->render, c, TRK_RECORD_UNBLOCKED, (struct tap_slice){NULL, 0}, now_us);
+	trk_emit(c->t);
+	if (c->blocked) {
 		c->unblocked_at = now_us;
 		trk_due_now(c, now_us); /* the paused windows run again */
 	}
-	c->blocked = blocked;
-	struct tap_track_conn_event e = {
-		.conn = c->id, .change = blocked ? TAP_TRACK_CONN_BLOCKED : TAP_TRACK_CONN_UNBLOCKED, .now_us = now_us};
+	c->blocked = false;
+	struct tap_track_conn_event e = {.conn = c->id, .change = TAP_TRACK_CONN_UNBLOCKED, .now_us = now_us};
 	conn_event(c->t, &e);
 }
 
@@ -237,8 +245,9 @@ void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t c
 	}
 }
 
-void tap_track_conn_held(struct tap_track_conn *c, bool held, int64_t now_us)
+void tap_track_conn_held(struct tap_track_conn *c, enum tap_track_hold hold, int64_t now_us)
 {
+	bool held = hold == TAP_TRACK_HELD;
 	if (held == c->held)
 		return;
 	c->held = held;
@@ -485,15 +494,16 @@ void tap_track_channel_close_ok(struct tap_track_conn *c, uint16_t id, int64_t n
 	chan_end(c, ch, &r, now_us);
 }
 
-void tap_track_tx_end(struct tap_track_conn *c, uint16_t id, bool rollback, int64_t now_us)
+void tap_track_tx_end(struct tap_track_conn *c, uint16_t id, enum tap_track_tx_end how, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_find(c, id);
-	if (ch && ch->mode == TRK_MODE_TX && !trk_fifo_push(c->t, &ch->tx_q, ch->next | (rollback ? TRK_TX_ROLLBACK : 0)))
+	uint64_t mark = how == TAP_TRACK_TX_ROLLBACK ? TRK_TX_ROLLBACK : 0;
+	if (ch && ch->mode == TRK_MODE_TX && !trk_fifo_push(c->t, &ch->tx_q, ch->next | mark))
 		c->t->st.oom++; /* its answer then ends every publish still waiting */
 	(void)now_us;
 }
 
-void tap_track_tx_end_ok(struct tap_track_conn *c, uint16_t id, bool rollback, int64_t now_us)
+void tap_track_tx_end_ok(struct tap_track_conn *c, uint16_t id, enum tap_track_tx_end how, int64_t now_us)
 {
 	static const struct trk_reason rolled_back = {.by = "tx_rollback"};
 	struct trk_chan *ch = trk_chan_answering(c, id);
@@ -514,7 +524,7 @@ void tap_track_tx_end_ok(struct tap_track_conn *c, uint16_t id, bool rollback, i
 		struct trk_slot *e = trk_slot(ch, n);
 		if (e->state != TRK_STATE_WAIT || !(e->flags & TRK_FLAG_TX))
 			continue;
-		if (rollback)
+		if (how == TAP_TRACK_TX_ROLLBACK)
 			trk_slot_step(c, ch, n, TRK_EVENT_END, &rolled_back, now_us);
 		else
 			trk_slot_step(c, ch, n, TRK_EVENT_COMMIT, NULL, now_us);

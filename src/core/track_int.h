@@ -245,10 +245,18 @@ struct tap_track_conn {
 	uint32_t due_idx;      /* place in t->due + 1, 0: not in it (next_due is INT64_MAX) */
 };
 
+/* Where a publish's rendered properties hold "header_values" and "header_values_truncated" (--header-values): the
+ * bytes [at, at + len) of the members without braces, with the comma before them unless they come first; len 0:
+ * none. Kept with the properties, so that the verdict hook can say where they are in the record. */
+struct trk_values {
+	uint16_t at, len;
+};
+
 /* The record being written, and what every record shares (the run id, the date part of the second being
  * written). Only track_record.c writes these. */
 struct trk_render {
 	struct tap_buf rec;
+	size_t extra_at; /* where the last publish record's rendered properties begin, when it has any */
 	struct tap_record_head head;
 	char run[TAP_TRACK_RUN_MAX + 1]; /* "": no identity members */
 	char tap_id[TAP_TRACK_TAP_ID_MAX + 1];
@@ -266,6 +274,7 @@ struct tap_track {
 	struct tap_track_conn *conns;
 	struct trk_render render;
 	struct tap_buf extra; /* the optional members of the publish being stored */
+	struct trk_values extra_values; /* where extra holds the header values */
 	struct tap_track_stats st;
 	struct trk_counts closed_counts; /* of connections already ended */
 	struct tap_hist hist;
@@ -282,6 +291,7 @@ struct tap_track {
 struct trk_view {
 	const uint8_t *exchange, *routing_key, *message_id, *correlation_id, *extra;
 	size_t exchange_len, routing_key_len, message_id_len, correlation_id_len, extra_len;
+	struct trk_values values; /* in extra */
 	bool mandatory, has_message_id, has_correlation_id, has_delivery_mode, has_timestamp, confirm_mode, tx, blocked;
 	bool refused, culprit; /* REFUSED, CULPRIT */
 	bool route_lost;       /* no memory kept its exchange and routing key: written null */

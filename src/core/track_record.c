@@ -188,8 +188,11 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 	                          : put_lit(p, json_null);
 	p = PUT(p, ",\"delivery_mode\":");
 	p = v->has_delivery_mode ? tap_json_uint_at(p, v->delivery_mode) : put_lit(p, json_null);
-	if (v->extra_len) /* the rendered properties, members without braces */
-		p = put(PUT(p, ","), v->extra, v->extra_len);
+	if (v->extra_len) { /* the rendered properties, members without braces */
+		p = PUT(p, ",");
+		r->extra_at = (size_t)(p - b->data);
+		p = put(p, v->extra, v->extra_len);
+	}
 	if (v->has_timestamp)
 		p = tap_json_uint_at(PUT(p, ",\"timestamp\":"), v->timestamp);
 	p = PUT(p, ",\"body_size\":");
@@ -409,7 +412,8 @@ static bool write_header_values(struct tap_json *j, struct tap_slice headers, co
 	return cut;
 }
 
-unsigned trk_render_extra(struct tap_buf *out, const struct tap_publish *p, const char *header_values)
+unsigned trk_render_extra(struct tap_buf *out, struct trk_values *values, const struct tap_publish *p,
+                          const char *header_values)
 {
 	struct tap_json j;
 	unsigned notes = 0;
@@ -428,12 +432,17 @@ unsigned trk_render_extra(struct tap_buf *out, const struct tap_publish *p, cons
 			kv_lit(&j, "headers_truncated", json_true);
 		}
 	}
-	bool values_cut = p->headers_cut;
-	if (header_values && p->headers.len && write_header_values(&j, p->headers, header_values))
-		values_cut = true;
-	if (header_values && values_cut) {
-		notes |= TRK_EXTRA_VALUES_CUT;
-		kv_lit(&j, "header_values_truncated", json_true);
+	*values = (struct trk_values){0, 0};
+	if (header_values) {
+		size_t from = out->len; /* 1 past the brace: values that come first have no comma */
+		bool values_cut = p->headers_cut;
+		if (p->headers.len && write_header_values(&j, p->headers, header_values))
+			values_cut = true;
+		if (values_cut) {
+			notes |= TRK_EXTRA_VALUES_CUT;
+			kv_lit(&j, "header_values_truncated", json_true);
+		}
+		*values = (struct trk_values){(uint16_t)(from - 1), (uint16_t)(out->len - from)};
 	}
 	if (write_trace(&j, p->headers))
 		notes |= TRK_EXTRA_TRACE_BAD;

@@ -59,8 +59,9 @@ enum trk_extra_note {
 };
 /* The optional members of a publish record (content_type, message_type, app_id, headers, header_values of the
  * comma-separated keys in header_values (NULL: none), trace_id and span_id), rendered once when it is published,
- * into out; returns enum trk_extra_note bits. */
-unsigned trk_render_extra(struct tap_buf *out, const struct tap_publish *p, const char *header_values);
+ * into out, and where out holds the header values; returns enum trk_extra_note bits. */
+unsigned trk_render_extra(struct tap_buf *out, struct trk_values *values, const struct tap_publish *p,
+                          const char *header_values);
 /* The human summary of tap_track_summary. */
 void trk_summary(const struct tap_track *t, struct tap_buf *out);
 

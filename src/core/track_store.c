@@ -399,6 +399,14 @@ void trk_mark_blocked(struct tap_track_conn *c)
 	}
 }
 
+/* Where the interned properties x hold the header values (track.c interns them after the properties). */
+static struct trk_values values_of(const struct tap_intern_key *x)
+{
+	struct trk_values values;
+	memcpy(&values, x->data + x->alen, sizeof values);
+	return values;
+}
+
 void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const struct trk_chan *ch, uint64_t n)
 {
 	const struct trk_slot *e = trk_slot(ch, n);
@@ -422,6 +430,7 @@ void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const 
 	    .correlation_id_len = blob ? e->correlation_id_len : 0,
 	    .extra = x ? x->data : NULL,
 	    .extra_len = x ? x->alen : 0,
+	    .values = x && x->blen == sizeof v->values ? values_of(x) : (struct trk_values){0, 0},
 	    .mandatory = e->flags & TRK_FLAG_MANDATORY,
 	    .has_message_id = (e->flags & TRK_FLAG_HAS_MESSAGE_ID) && !no_blob,
 	    .has_correlation_id = (e->flags & TRK_FLAG_HAS_CORRELATION_ID) && !no_blob,

@@ -153,6 +153,17 @@ static void count_verdict(struct tap_track_conn *c, const struct trk_view *v, co
 	}
 }
 
+/* Where the record just rendered from v holds its header values, with the comma before them (values that come first
+ * among the properties take the comma written before those): h's values_at and values_len. */
+static void values_in_record(const struct tap_track *t, const struct trk_view *v, struct tap_track_verdict *h)
+{
+	if (t->render.rec.oom || !v->extra_len || !v->values.len)
+		return;
+	bool first = v->values.at == 0;
+	h->values_at = t->render.extra_at + v->values.at - first;
+	h->values_len = v->values.len + first;
+}
+
 static void call_verdict_hook(struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
                               const struct trk_verdict *vd, int64_t now_us)
 {
@@ -188,6 +199,7 @@ static void call_verdict_hook(struct tap_track_conn *c, uint16_t ch, const struc
 	    .record = {t->render.rec.oom ? NULL : (const uint8_t *)t->render.rec.data,
 	               t->render.rec.oom ? 0 : t->render.rec.len},
 	};
+	values_in_record(t, v, &h);
 	t->verdict_hook(t->verdict_ctx, &h);
 }
 

@@ -441,7 +441,7 @@ static struct tap_track *scenario(struct tap_metrics_tally *t, struct sink *k)
 	                       .body_size = 3};
 	tap_track_return(c, 1, &r, T0 + 3100);
 	tap_track_ack(c, 1, 2, false, T0 + 3200);
-	tap_track_conn_blocked(c, true, sl("low on memory"), T0 + 3300);
+	tap_track_conn_blocked(c, sl("low on memory"), T0 + 3300);
 	tap_track_tick(tr, T0 + 1000000); /* the held ack of publish 1 is written */
 	return tr;
 }
@@ -824,21 +824,26 @@ START_TEST(problem_publishes_keep_no_header_values)
 	ck_assert_msg(strstr(json, "\"confirm\":\"nack\""), "kept: %s", json);
 	tap_track_free(tr);
 
-	/* whatever member it is, and with its truncation flag */
+	/* exactly the span the verdict names is left out, whatever it holds; none named, nothing */
 	static const struct {
-		const char *record, *kept;
+		const char *record, *span, *kept;
 	} cases[] = {
-		{"{\"header_values\":{\"a\":[1,{\"b\":\"}\"}]},\"route\":\"unknown\"}", "{\"route\":\"unknown\"}"},
+		{"{\"header_values\":{\"a\":[1,{\"b\":\"}\"}]},\"route\":\"unknown\"}",
+		 "\"header_values\":{\"a\":[1,{\"b\":\"}\"}]},", "{\"route\":\"unknown\"}"},
 		{"{\"route\":\"unknown\",\"header_values\":{\"a\":\"\\\\\"},\"header_values_truncated\":true}",
-		 "{\"route\":\"unknown\"}"},
-		{"{\"route\":\"unknown\",\"header_values_truncated\":true,\"header_values\":{},\"x\":1}",
+		 ",\"header_values\":{\"a\":\"\\\\\"},\"header_values_truncated\":true", "{\"route\":\"unknown\"}"},
+		{"{\"route\":\"unknown\",\"header_values_truncated\":true,\"x\":1}", ",\"header_values_truncated\":true",
 		 "{\"route\":\"unknown\",\"x\":1}"},
-		{"{\"route\":\"unknown\",\"headers\":[\"header_values\"]}", "{\"route\":\"unknown\",\"headers\":[\"header_values\"]}"},
+		{"{\"route\":\"unknown\",\"headers\":[\"header_values\"]}", NULL,
+		 "{\"route\":\"unknown\",\"headers\":[\"header_values\"]}"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		const char *span = cases[i].span ? strstr(cases[i].record, cases[i].span) : NULL;
 		struct tap_track_verdict v = {.route = TAP_TRACK_ROUTE_UNKNOWN, .confirm = TAP_TRACK_CONFIRM_UNKNOWN,
 		                              .return_us = -1, .confirm_us = -1,
-		                              .record = {(const uint8_t *)cases[i].record, strlen(cases[i].record)}};
+		                              .record = {(const uint8_t *)cases[i].record, strlen(cases[i].record)},
+		                              .values_at = span ? (size_t)(span - cases[i].record) : 0,
+		                              .values_len = span ? strlen(cases[i].span) : 0};
 		tap_metrics_tally_verdict(t, &v);
 		kept = &t->problems[(t->problem_next + TAP_METRICS_PROBLEMS - 1) % TAP_METRICS_PROBLEMS];
 		ck_assert_msg(kept->len == strlen(cases[i].kept) && memcmp(kept->json, cases[i].kept, kept->len) == 0,

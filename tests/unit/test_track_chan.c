@@ -375,12 +375,12 @@ START_TEST(blocked_connection_pauses_the_windows)
 	struct tap_publish m = pub("x", "gone", true);
 	struct tap_publish p = pub("x", "k", false);
 	tap_track_publish(c, 1, &m, T0 + 1); /* the trigger */
-	tap_track_conn_blocked(c, true, S("low on memory"), T0 + 10);
+	tap_track_conn_blocked(c, S("low on memory"), T0 + 10);
 	tap_track_publish(c, 1, &p, T0 + 20);
 	tap_track_tick(t, T0 + 20 * TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
 	ck_assert_uint_eq(n_seen, 0);
 	int64_t unblocked = T0 + 30 * TAP_TRACK_RETURN_WINDOW_US_DEFAULT;
-	tap_track_conn_blocked(c, false, S(""), unblocked);
+	tap_track_conn_unblocked(c, unblocked);
 	struct tap_return r = ret("x", "gone");
 	tap_track_return(c, 1, &r, unblocked + 100);
 	ck_assert_uint_eq(n_seen, 1);
@@ -405,11 +405,11 @@ START_TEST(held_broker_side_pauses_every_window)
 	tap_track_publish(c, 1, &m, T0 + 1);
 	tap_track_publish(c, 2, &m, T0 + 2);
 	tap_track_ack(c, 2, 1, false, T0 + 3);
-	tap_track_conn_held(c, true, T0 + 10);
+	tap_track_conn_held(c, TAP_TRACK_HELD, T0 + 10);
 	tap_track_tick(t, T0 + 20 * TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
 	ck_assert_uint_eq(n_seen, 0);
 	int64_t unheld = T0 + 30 * TAP_TRACK_RETURN_WINDOW_US_DEFAULT;
-	tap_track_conn_held(c, false, unheld);
+	tap_track_conn_held(c, TAP_TRACK_UNHELD, unheld);
 	tap_track_tick(t, unheld + TAP_TRACK_LATE_RETURN_US_DEFAULT - 1);
 	ck_assert_uint_eq(n_seen, 0);
 	tap_track_tick(t, unheld + TAP_TRACK_LATE_RETURN_US_DEFAULT);
@@ -476,8 +476,8 @@ END_TEST
 
 START_TEST(blocked_and_unblocked)
 {
-	tap_track_conn_blocked(c, true, S("low on memory"), T0 + 10);
-	tap_track_conn_blocked(c, false, S(""), T0 + 510);
+	tap_track_conn_blocked(c, S("low on memory"), T0 + 10);
+	tap_track_conn_unblocked(c, T0 + 510);
 	assert_field(nth("blocked", 0), "reason", "\"low on memory\"");
 	assert_field(nth("unblocked", 0), "blocked_us", "500");
 	assert_field(nth("unblocked", 0), "conn", "3");

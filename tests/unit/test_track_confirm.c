@@ -391,15 +391,15 @@ START_TEST(tx_channel)
 	tap_track_publish(c, 2, &m, T0 + 1);
 	tap_track_tick(t, T0 + 10 * TAP_TRACK_RETURN_WINDOW_US_DEFAULT);
 	ck_assert_uint_eq(n_seen, 0);
-	tap_track_tx_end(c, 2, false, T0 + 5);
+	tap_track_tx_end(c, 2, TAP_TRACK_TX_COMMIT, T0 + 5);
 	tap_track_publish(c, 2, &m, T0 + 6); /* the next transaction */
-	tap_track_tx_end_ok(c, 2, false, T0 + 7);
+	tap_track_tx_end_ok(c, 2, TAP_TRACK_TX_COMMIT, T0 + 7);
 	ck_assert_uint_eq(n_seen, 2);
 	assert_verdict(verdict(0), UNPROVEN, NONE, NO_ORDER);
 	assert_verdict(verdict(1), ROUTED, NONE, NO_ORDER);
 	ck_assert(verdict(0)->v.tx);
-	tap_track_tx_end(c, 2, true, T0 + 8);
-	tap_track_tx_end_ok(c, 2, true, T0 + 9);
+	tap_track_tx_end(c, 2, TAP_TRACK_TX_ROLLBACK, T0 + 8);
+	tap_track_tx_end_ok(c, 2, TAP_TRACK_TX_ROLLBACK, T0 + 9);
 	ck_assert_uint_eq(n_seen, 3);
 	assert_verdict(verdict(2), UNKNOWN, NONE, NO_ORDER);
 	ck_assert_str_eq(verdict(2)->reason_by, "tx_rollback");
@@ -413,8 +413,8 @@ START_TEST(tx_channel)
 	tap_track_channel_open(c, 2, T0 + 13);
 	tap_track_tx_select(c, 2, T0 + 13);
 	tap_track_publish(c, 2, &p, T0 + 14);
-	tap_track_tx_end(c, 2, false, T0 + 15);
-	tap_track_tx_end_ok(c, 2, false, T0 + 16);
+	tap_track_tx_end(c, 2, TAP_TRACK_TX_COMMIT, T0 + 15);
+	tap_track_tx_end_ok(c, 2, TAP_TRACK_TX_COMMIT, T0 + 16);
 	ck_assert_uint_eq(n_seen, 5);
 	assert_verdict(verdict(4), UNPROVEN, NONE, NO_ORDER);
 	ck_assert(verdict(4)->v.tx);
@@ -424,8 +424,8 @@ START_TEST(tx_channel)
 	assert_field(r, "tx", "true");
 	tap_track_confirm_select(c, 2, T0 + 17); /* the broker refuses (406); tracking stays tx */
 	tap_track_publish(c, 2, &p, T0 + 18);
-	tap_track_tx_end(c, 2, false, T0 + 19);
-	tap_track_tx_end_ok(c, 2, false, T0 + 19);
+	tap_track_tx_end(c, 2, TAP_TRACK_TX_COMMIT, T0 + 19);
+	tap_track_tx_end_ok(c, 2, TAP_TRACK_TX_COMMIT, T0 + 19);
 	ck_assert(verdict(5)->v.tx);
 	assert_field(nth("channel", 1), "event", "\"tx_select\"");
 }
@@ -502,8 +502,8 @@ START_TEST(clean_close_and_commit_settle_the_return_window)
 	tap_track_tx_select(c, 2, T0);
 	tap_track_publish(c, 2, &p, T0 + 3);
 	ck_assert_uint_eq(count_type("publish"), 1);
-	tap_track_tx_end(c, 2, false, T0 + 4);
-	tap_track_tx_end_ok(c, 2, false, T0 + 4);
+	tap_track_tx_end(c, 2, TAP_TRACK_TX_COMMIT, T0 + 4);
+	tap_track_tx_end_ok(c, 2, TAP_TRACK_TX_COMMIT, T0 + 4);
 	ck_assert_uint_eq(n_seen, 2);
 	assert_verdict(verdict(1), ROUTED, NONE, NO_ORDER);
 	ck_assert(verdict(1)->v.tx);

@@ -157,6 +157,91 @@ START_TEST(header_values_never_by_default)
 }
 END_TEST
 
+/* The verdict hook's values_at and values_len: the record without those bytes is the record a tap without
+ * --header-values writes, wherever the values fall among the properties and however the publish is kept. */
+struct cut_sink {
+	char rec[4096];
+	size_t len, values_len;
+	size_t n;
+};
+
+static void keep_cut(void *ctx, const struct tap_track_verdict *v)
+{
+	struct cut_sink *k = ctx;
+	ck_assert_uint_le(v->values_at + v->values_len, v->record.len);
+	ck_assert_uint_le(v->record.len - v->values_len, sizeof k->rec);
+	memcpy(k->rec, v->record.ptr, v->values_at);
+	memcpy(k->rec + v->values_at, v->record.ptr + v->values_at + v->values_len,
+	       v->record.len - v->values_at - v->values_len);
+	k->len = v->record.len - v->values_len;
+	k->values_len = v->values_len;
+	k->n++;
+}
+
+static void ignore_record(void *ctx, const char *json, size_t len)
+{
+	(void)ctx;
+	(void)json;
+	(void)len;
+}
+
+enum cut_kept { CUT_PLAIN, CUT_CONFIRM, CUT_UNTRACKED };
+
+static void publish_both(const struct tap_publish *p, enum cut_kept how, bool want_values)
+{
+	struct tap_track_conf with = {.header_values = "task,id"}, without = {0};
+	struct cut_sink sink[2] = {0};
+	for (int i = 0; i < 2; i++) {
+		struct tap_track *tr = tap_track_new(i ? &without : &with, ignore_record, NULL);
+		tap_track_set_verdict_hook(tr, keep_cut, &sink[i]);
+		struct tap_track_conn *cn = tap_track_conn_new(tr, 3, "127.0.0.1:51234", "127.0.0.1:5672", T0);
+		tap_track_conn_open(cn, S("/"), T0);
+		if (how == CUT_UNTRACKED)
+			tap_track_conn_unseen(cn, "capture_start", T0);
+		else
+			tap_track_channel_open(cn, 1, T0);
+		if (how == CUT_CONFIRM)
+			tap_track_confirm_select(cn, 1, T0);
+		tap_track_publish(cn, 1, p, T0 + 1);
+		if (how == CUT_CONFIRM)
+			tap_track_ack(cn, 1, 1, false, T0 + 2);
+		tap_track_tick(tr, T0 + 1 + TAP_TRACK_LATE_RETURN_US_DEFAULT);
+		ck_assert_uint_eq(sink[i].n, 1);
+		tap_track_free(tr);
+	}
+	ck_assert_msg(sink[0].len == sink[1].len && memcmp(sink[0].rec, sink[1].rec, sink[0].len) == 0,
+	              "with the values cut: %.*s\nwithout --header-values: %.*s", (int)sink[0].len, sink[0].rec,
+	              (int)sink[1].len, sink[1].rec);
+	ck_assert_msg((sink[0].values_len > 0) == want_values, "values_len %zu", sink[0].values_len);
+	ck_assert_uint_eq(sink[1].values_len, 0);
+}
+
+START_TEST(header_values_span_in_verdict)
+{
+	struct tap_bytes h = {0};
+	hdr_str(&h, "task", "proj.add");
+	hdr_str(&h, "id", "6f1c");
+	hdr_str(&h, "traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+	struct tap_slice keys[] = {S("task"), S("id"), S("traceparent")};
+	for (int how = CUT_PLAIN; how <= CUT_UNTRACKED; how++) {
+		struct tap_publish p = pub("x", "k", false);
+		p.headers = (struct tap_slice){h.d, h.n};
+		publish_both(&p, (enum cut_kept)how, true); /* the values first, a trace after them */
+		p.content_type = S("text/plain");
+		p.header_keys = keys;
+		p.n_header_keys = 3;
+		publish_both(&p, (enum cut_kept)how, true); /* members before them */
+		p.headers_cut = true;
+		publish_both(&p, (enum cut_kept)how, true); /* with their truncation flag */
+		p.headers = (struct tap_slice){NULL, 0};
+		publish_both(&p, (enum cut_kept)how, true); /* the flag alone */
+		p.headers_cut = false;
+		publish_both(&p, (enum cut_kept)how, false); /* none */
+	}
+	tap_build_free(&h);
+}
+END_TEST
+
 START_TEST(header_values_bounded)
 {
 	struct tap_track_conf conf = {.header_values = "big,k0,k1,k2,k3,k4,k5,k6,k7,k8,tbl"};
@@ -317,7 +402,7 @@ START_TEST(every_record_has_type_and_ts)
 	tap_track_publish(c, 1, &p, T0);
 	struct tap_return r = ret("y", "k");
 	tap_track_return(c, 1, &r, T0);
-	tap_track_conn_blocked(c, true, S("disk"), T0);
+	tap_track_conn_blocked(c, S("disk"), T0);
 	tap_track_shutdown(t, T0 + 1);
 	c = NULL;
 	ck_assert_uint_eq(stats().records, n_recs);
@@ -468,6 +553,7 @@ int main(void)
 	tcase_add_test(tc, header_values_written_when_asked);
 	tcase_add_test(tc, header_values_never_by_default);
 	tcase_add_test(tc, header_values_bounded);
+	tcase_add_test(tc, header_values_span_in_verdict);
 	tcase_add_test(tc, traceparent_written);
 	tcase_add_test(tc, traceparent_malformed_ignored_and_counted);
 	tcase_add_test(tc, publish_details_lost_are_null);

@@ -428,12 +428,12 @@ START_TEST(blocked_annotation)
 	tap_track_channel_open(c, 2, T0);
 	struct tap_publish p = good();
 	tap_track_publish(c, 1, &p, T0 + 1); /* seq 1 before the block, unanswered when it comes: it waits too */
-	tap_track_conn_blocked(c, true, S("low on memory"), T0 + 2);
+	tap_track_conn_blocked(c, S("low on memory"), T0 + 2);
 	p = good();
 	tap_track_publish(c, 1, &p, T0 + 3); /* seq 2, stored until its ack */
 	p = good();
 	tap_track_publish(c, 2, &p, T0 + 3); /* no confirm: held only for a publish-caused close */
-	tap_track_conn_blocked(c, false, S(""), T0 + 4);
+	tap_track_conn_unblocked(c, T0 + 4);
 	p = good();
 	tap_track_publish(c, 1, &p, T0 + 5); /* seq 3 after */
 	tap_track_ack(c, 1, 3, true, T0 + 6);

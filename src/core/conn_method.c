@@ -1,0 +1,223 @@
+/* Decoded methods of both directions onto the tracker's events (0-9-1 §4.2.4 and the class sections), and what the
+ * connection's own state takes from them: login, vhost, frame_max. */
+#include "conn_int.h"
+
+#include "amqptap/dialect.h"
+#include "amqptap/sasl.h"
+#include "amqptap/status.h"
+#include "amqptap/table.h"
+
+#include <string.h>
+
+static struct tap_slice arg_slice(const struct tap_method *m, int idx)
+{
+	return (struct tap_slice){m->args[idx].ptr, m->args[idx].len};
+}
+
+/* The frame_max both decoders apply once the client's tune-ok came: its value, never above the broker's tune, nor
+ * above TAP_FRAME_MAX_DEFAULT while that tune was not seen (a client that sends its tune-ok before the broker asked
+ * is not to size the tap's buffers: it is applied again when the tune comes). */
+static void set_frame_max(struct tap_conn *c)
+{
+	uint32_t frame_max = c->client_frame_max;
+	uint32_t ceiling = c->broker_tuned ? c->broker_frame_max : TAP_FRAME_MAX_DEFAULT;
+	if (ceiling && (frame_max == 0 || frame_max > ceiling))
+		frame_max = ceiling;
+	c->frame_max = frame_max;
+	c->tuned = true;
+	tap_frame_dec_set_frame_max(&c->dir[TAP_S2C].dec, frame_max);
+	tap_frame_dec_set_frame_max(&c->dir[TAP_C2S].dec, frame_max);
+}
+
+/* A client property that is a string (S, or x as RabbitMQ's clients never send it); empty otherwise. */
+static struct tap_slice client_prop(struct tap_slice props, const char *key)
+{
+	struct tap_field f;
+	if (!tap_table_find(props.ptr, props.len, key, &f) || (f.type != 'S' && f.type != 'x'))
+		return (struct tap_slice){NULL, 0};
+	return (struct tap_slice){f.ptr, f.len};
+}
+
+static void on_start_ok(struct tap_conn *c, const struct tap_method *m)
+{
+	struct tap_slice props = arg_slice(m, TAP_ARG_CONNECTION_START_OK_CLIENT_PROPERTIES);
+	struct tap_slice version = client_prop(props, "version");
+	if (!version.ptr) /* py-amqp (Celery, kombu) names it product_version */
+		version = client_prop(props, "product_version");
+	tap_track_conn_client_props(c->tc, client_prop(props, "product"), version, client_prop(props, "platform"));
+	struct tap_sasl sasl;
+	tap_sasl_parse(arg_slice(m, TAP_ARG_CONNECTION_START_OK_MECHANISM),
+		       arg_slice(m, TAP_ARG_CONNECTION_START_OK_RESPONSE), &sasl);
+	if (sasl.user.len)
+		tap_track_conn_user(c->tc, sasl.user);
+}
+
+/* Client -> broker methods (0-9-1 §4.2.4 and the class sections). */
+static void on_client_method(struct tap_conn *c, uint16_t channel, const struct tap_method *m, int64_t now_us)
+{
+	struct tap_track_conn *tc = c->tc;
+	switch (m->def->id) {
+	case TAP_CONNECTION_START_OK:
+		on_start_ok(c, m);
+		break;
+	case TAP_CONNECTION_TUNE_OK:
+		c->login_done = true;
+		tap_track_conn_tune(tc, (uint16_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_CHANNEL_MAX].u,
+				    (uint32_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_FRAME_MAX].u,
+				    (uint16_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_HEARTBEAT].u);
+		c->client_frame_max = (uint32_t)m->args[TAP_ARG_CONNECTION_TUNE_OK_FRAME_MAX].u;
+		set_frame_max(c);
+		break;
+	case TAP_CONNECTION_OPEN: {
+		c->login_done = true;
+		struct tap_slice v = arg_slice(m, TAP_ARG_CONNECTION_OPEN_VIRTUAL_HOST);
+		c->vhost_len = v.len < sizeof c->vhost ? v.len : sizeof c->vhost;
+		memcpy(c->vhost, v.ptr, c->vhost_len);
+		break;
+	}
+	case TAP_CONNECTION_CLOSE:
+		tap_track_conn_close(tc, TAP_BY_CLIENT, (uint16_t)m->args[TAP_ARG_CONNECTION_CLOSE_REPLY_CODE].u,
+				     arg_slice(m, TAP_ARG_CONNECTION_CLOSE_REPLY_TEXT), now_us);
+		break;
+	case TAP_CHANNEL_OPEN:
+		tap_track_channel_open(tc, channel, now_us);
+		break;
+	case TAP_CHANNEL_CLOSE:
+		tap_track_channel_close(tc, channel, TAP_BY_CLIENT, (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
+					arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
+		break;
+	case TAP_CHANNEL_CLOSE_OK:
+		tap_track_channel_close_ok(tc, channel, now_us);
+		conn_channel_drop(c, channel);
+		break;
+	case TAP_CONFIRM_SELECT:
+		tap_track_confirm_select(tc, channel, now_us);
+		break;
+	case TAP_TX_SELECT:
+		tap_track_tx_select(tc, channel, now_us);
+		break;
+	case TAP_TX_COMMIT:
+		tap_track_tx_end(tc, channel, TAP_TRACK_TX_COMMIT, now_us);
+		break;
+	case TAP_TX_ROLLBACK:
+		tap_track_tx_end(tc, channel, TAP_TRACK_TX_ROLLBACK, now_us);
+		break;
+	case TAP_BASIC_PUBLISH: {
+		struct channel *ch = conn_channel_get(c, channel);
+		if (!ch)
+			break;
+		struct pending *p = &ch->dir[TAP_C2S];
+		conn_pending_reset(c, p, PENDING_PUBLISH);
+		struct tap_slice x = arg_slice(m, TAP_ARG_BASIC_PUBLISH_EXCHANGE);
+		struct tap_slice rk = arg_slice(m, TAP_ARG_BASIC_PUBLISH_ROUTING_KEY);
+		p->exchange = conn_keep(c, p, x.ptr, x.len);
+		p->routing_key = conn_keep(c, p, rk.ptr, rk.len);
+		p->mandatory = m->args[TAP_ARG_BASIC_PUBLISH_MANDATORY].u != 0;
+		p->immediate = m->args[TAP_ARG_BASIC_PUBLISH_IMMEDIATE].u != 0;
+		break;
+	}
+	default:
+		break;
+	}
+}
+
+/* Broker -> client methods. */
+static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct tap_method *m, int64_t now_us)
+{
+	struct tap_track_conn *tc = c->tc;
+	switch (m->def->id) {
+	case TAP_CONNECTION_TUNE:
+		c->broker_frame_max = (uint32_t)m->args[TAP_ARG_CONNECTION_TUNE_FRAME_MAX].u;
+		c->broker_tuned = true;
+		if (c->tuned) /* the client answered first */
+			set_frame_max(c);
+		break;
+	case TAP_CONNECTION_OPEN_OK:
+		tap_track_conn_open(tc, (struct tap_slice){(const uint8_t *)c->vhost, c->vhost_len}, now_us);
+		break;
+	case TAP_CONNECTION_CLOSE_OK:
+		tap_track_conn_close_ok(tc, now_us);
+		break;
+	case TAP_CONNECTION_CLOSE:
+		tap_track_conn_close(tc, TAP_BY_BROKER, (uint16_t)m->args[TAP_ARG_CONNECTION_CLOSE_REPLY_CODE].u,
+				     arg_slice(m, TAP_ARG_CONNECTION_CLOSE_REPLY_TEXT), now_us);
+		if (m->args[TAP_ARG_CONNECTION_CLOSE_CLASS_ID].u == TAP_CLASS_BASIC &&
+		    m->args[TAP_ARG_CONNECTION_CLOSE_METHOD_ID].u == (TAP_BASIC_PUBLISH & 0xFFFF))
+			tap_track_publish_refused(tc, 0, now_us);
+		break;
+	case TAP_CONNECTION_BLOCKED:
+		tap_track_conn_blocked(tc, arg_slice(m, TAP_ARG_CONNECTION_BLOCKED_REASON), now_us);
+		break;
+	case TAP_CONNECTION_UNBLOCKED:
+		tap_track_conn_unblocked(tc, now_us);
+		break;
+	case TAP_CHANNEL_CLOSE:
+		tap_track_channel_close(tc, channel, TAP_BY_BROKER, (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
+					arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
+		if (m->args[TAP_ARG_CHANNEL_CLOSE_CLASS_ID].u == TAP_CLASS_BASIC &&
+		    m->args[TAP_ARG_CHANNEL_CLOSE_METHOD_ID].u == (TAP_BASIC_PUBLISH & 0xFFFF))
+			tap_track_publish_refused(tc, channel, now_us);
+		break;
+	case TAP_CHANNEL_OPEN_OK:
+		tap_track_channel_open_ok(tc, channel, now_us);
+		break;
+	case TAP_CHANNEL_CLOSE_OK:
+		tap_track_channel_close_ok(tc, channel, now_us);
+		conn_channel_drop(c, channel);
+		break;
+	case TAP_TX_COMMIT_OK:
+		tap_track_tx_end_ok(tc, channel, TAP_TRACK_TX_COMMIT, now_us);
+		break;
+	case TAP_TX_ROLLBACK_OK:
+		tap_track_tx_end_ok(tc, channel, TAP_TRACK_TX_ROLLBACK, now_us);
+		break;
+	case TAP_BASIC_ACK:
+		tap_track_ack(tc, channel, m->args[TAP_ARG_BASIC_ACK_DELIVERY_TAG].u,
+			      m->args[TAP_ARG_BASIC_ACK_MULTIPLE].u != 0, now_us);
+		break;
+	case TAP_BASIC_NACK:
+		tap_track_nack(tc, channel, m->args[TAP_ARG_BASIC_NACK_DELIVERY_TAG].u,
+			       m->args[TAP_ARG_BASIC_NACK_MULTIPLE].u != 0, now_us);
+		break;
+	case TAP_BASIC_RETURN: {
+		struct channel *ch = conn_channel_get(c, channel);
+		if (!ch)
+			break;
+		struct pending *p = &ch->dir[TAP_S2C];
+		conn_pending_reset(c, p, PENDING_RETURN);
+		struct tap_slice text = arg_slice(m, TAP_ARG_BASIC_RETURN_REPLY_TEXT);
+		struct tap_slice x = arg_slice(m, TAP_ARG_BASIC_RETURN_EXCHANGE);
+		struct tap_slice rk = arg_slice(m, TAP_ARG_BASIC_RETURN_ROUTING_KEY);
+		p->reply_code = (uint16_t)m->args[TAP_ARG_BASIC_RETURN_REPLY_CODE].u;
+		p->reply_text = conn_keep(c, p, text.ptr, text.len);
+		p->exchange = conn_keep(c, p, x.ptr, x.len);
+		p->routing_key = conn_keep(c, p, rk.ptr, rk.len);
+		break;
+	}
+	default:
+		break;
+	}
+}
+
+void conn_on_method(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int64_t now_us)
+{
+	struct tap_method m;
+	int rc = tap_dialect_method_decode(ev->version, ev->data, ev->len, &m);
+	if (dir == TAP_C2S && c->capture)
+		conn_redact_method(c, ev, &m, rc);
+	if (rc != TAP_OK || !m.def) {
+		conn_bad_method(c, dir, ev, rc != TAP_OK ? rc : TAP_E_UNKNOWN_METHOD, now_us);
+		return; /* tracking has nothing to act on */
+	}
+	if (ev->channel != 0) {
+		struct channel *ch = conn_channel_get(c, ev->channel);
+		if (ch && ch->dir[dir].kind != PENDING_NONE)
+			conn_pending_cut(c, ev->channel, &ch->dir[dir], now_us); /* a method ends any unfinished content */
+		if (ch)
+			ch->dir[dir].ended = false;
+	}
+	if (dir == TAP_C2S)
+		on_client_method(c, ev->channel, &m, now_us);
+	else
+		on_broker_method(c, ev->channel, &m, now_us);
+}

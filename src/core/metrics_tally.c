@@ -1,0 +1,183 @@
+/* The tally the tracker's verdict and connection hooks feed (tap_metrics_tally_*): returns by reply code, return
+ * latency, publishes by exchange (Space-Saving), the last problem publishes, the upstream's state. */
+#include "metrics_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+void tap_metrics_tally_init(struct tap_metrics_tally *t)
+{
+	memset(t, 0, sizeof *t);
+	t->codes[t->n_codes++] = 312; /* NO_ROUTE: the return every alert is about */
+}
+
+static void count_return(struct tap_metrics_tally *t, uint16_t code)
+{
+	for (size_t i = 0; i < t->n_codes; i++) {
+		if (t->codes[i] == code) {
+			t->returns_by_code[i]++;
+			return;
+		}
+	}
+	if (t->n_codes == TAP_METRICS_MAX_CODES) {
+		t->returns_other_code++;
+		return;
+	}
+	t->codes[t->n_codes] = code;
+	t->returns_by_code[t->n_codes++] = 1;
+}
+
+
+static void keep_problem(struct tap_metrics_tally *t, const struct tap_track_verdict *v)
+{
+	struct tap_metrics_problem *p = &t->problems[t->problem_next];
+	t->problem_next = (t->problem_next + 1) % TAP_METRICS_PROBLEMS;
+	t->problems_seen++;
+	if (v->record.ptr && v->record.len <= sizeof p->json) {
+		/* without what --header-values asked for, which is for the files only: the tracker says where it is */
+		bool cut = v->values_len && v->values_at + v->values_len <= v->record.len;
+		size_t cut_at = cut ? v->values_at : v->record.len;
+		size_t cut_end = cut ? cut_at + v->values_len : cut_at;
+		memcpy(p->json, v->record.ptr, cut_at);
+		memcpy(p->json + cut_at, v->record.ptr + cut_end, v->record.len - cut_end);
+		p->len = (uint16_t)(v->record.len - (cut_end - cut_at));
+		return;
+	}
+	int n = snprintf(p->json, sizeof p->json,
+	                 "{\"type\":\"publish\",\"conn\":%" PRIu64 ",\"channel\":%u,\"route\":\"%s\",\"confirm\":\"%s\","
+	                 "\"truncated\":true,\"bytes\":%zu}",
+	                 v->conn, v->channel, metrics_route_names[v->route], metrics_confirm_names[v->confirm], v->record.len);
+	p->len = n > 0 && (size_t)n < sizeof p->json ? (uint16_t)n : 0;
+}
+
+static bool same_exchange(const struct tap_metrics_exchange *e, struct tap_slice x)
+{
+	return e->len == x.len && memcmp(e->name, x.ptr, x.len) == 0;
+}
+
+/* The candidate slot of exchange x: found, new, or (Space-Saving) the least counted one without a series, which
+ * x inherits with its count. */
+static struct tap_metrics_exchange *exchange_slot(struct tap_metrics_tally *t, struct tap_slice x)
+{
+	if (t->n_exchanges && same_exchange(&t->exchanges[t->last_exchange], x))
+		return &t->exchanges[t->last_exchange];
+	size_t at = t->n_exchanges;
+	for (size_t i = 0; i < t->n_exchanges; i++) {
+		if (same_exchange(&t->exchanges[i], x)) {
+			t->last_exchange = i;
+			return &t->exchanges[i];
+		}
+	}
+	uint64_t inherited = 0;
+	if (at == TAP_METRICS_EXCHANGE_CANDIDATES) {
+		for (size_t i = 0; i < TAP_METRICS_EXCHANGE_CANDIDATES; i++)
+			if (!t->exchanges[i].labelled && (at == TAP_METRICS_EXCHANGE_CANDIDATES ||
+			                                  t->exchanges[i].seen < t->exchanges[at].seen))
+				at = i;
+		inherited = t->exchanges[at].seen;
+	} else {
+		t->n_exchanges++;
+	}
+	struct tap_metrics_exchange *e = &t->exchanges[at];
+	memset(e, 0, sizeof *e);
+	e->len = (uint8_t)(x.len < sizeof e->name ? x.len : sizeof e->name);
+	memcpy(e->name, x.ptr, e->len);
+	e->seen = inherited;
+	e->inherited = inherited;
+	if (t->n_labelled < TAP_METRICS_EXCHANGES) { /* a free series: counted exactly from its first publish */
+		e->labelled = true;
+		t->n_labelled++;
+	}
+	t->last_exchange = at;
+	return e;
+}
+
+static void count_exchange(struct tap_metrics_tally *t, const struct tap_track_verdict *v)
+{
+	struct tap_slice x = v->exchange;
+	if (!x.ptr)
+		x = (struct tap_slice){(const uint8_t *)"", 0};
+	struct tap_metrics_exchange *e = exchange_slot(t, x);
+	e->seen++;
+	if (e->labelled)
+		e->by_route[v->route]++;
+	else
+		t->other_by_route[v->route]++;
+}
+
+void tap_metrics_tally_verdict(void *tally, const struct tap_track_verdict *v)
+{
+	struct tap_metrics_tally *t = tally;
+	count_exchange(t, v);
+	if (v->route == TAP_TRACK_ROUTE_ROUTED || v->route == TAP_TRACK_ROUTE_UNPROVEN) {
+		if (v->confirm == TAP_TRACK_CONFIRM_ACK || v->confirm == TAP_TRACK_CONFIRM_NONE)
+			return; /* nearly every publish */
+	}
+	if (v->route == TAP_TRACK_ROUTE_RETURNED) {
+		if (v->reply_code)
+			count_return(t, v->reply_code);
+		if (v->return_us >= 0)
+			tap_hist_add(&t->return_us, v->return_us);
+	}
+	keep_problem(t, v);
+}
+
+static enum tap_metrics_close_by close_by(const char *by)
+{
+	for (int i = 0; by && i < TAP_CLOSE_BY_other; i++)
+		if (strcmp(by, tap_metrics_close_by_names[i]) == 0)
+			return (enum tap_metrics_close_by)i;
+	return TAP_CLOSE_BY_other;
+}
+
+void tap_metrics_tally_conn(void *tally, const struct tap_track_conn_event *e)
+{
+	struct tap_metrics_tally *t = tally;
+	if (e->change == TAP_TRACK_CONN_OPENED) {
+		t->upstream = TAP_UPSTREAM_REACHABLE;
+	} else if (e->change == TAP_TRACK_CONN_ENDED) {
+		enum tap_metrics_close_by by = close_by(e->reason_by);
+		t->closed_by[by]++;
+		if (by == TAP_CLOSE_BY_unreachable || (by == TAP_CLOSE_BY_broker_tls_error && !e->opened)) {
+			t->upstream = TAP_UPSTREAM_UNREACHABLE;
+			t->upstream_failure = by;
+		}
+	}
+}
+
+static uint64_t certain(const struct tap_metrics_exchange *e)
+{
+	return e->seen - e->inherited;
+}
+
+/* The candidate without a series that has the highest certain count, or the one with a series with the lowest. */
+static struct tap_metrics_exchange *extreme(struct tap_metrics_tally *t, bool labelled)
+{
+	struct tap_metrics_exchange *best = NULL;
+	for (size_t i = 0; i < t->n_exchanges; i++) {
+		struct tap_metrics_exchange *e = &t->exchanges[i];
+		if (e->labelled != labelled)
+			continue;
+		if (!best || (labelled ? certain(e) < certain(best) : certain(e) > certain(best)))
+			best = e;
+	}
+	return best;
+}
+
+void tap_metrics_tally_rank(struct tap_metrics_tally *t)
+{
+	for (size_t swaps = 0; swaps < TAP_METRICS_EXCHANGES; swaps++) {
+		struct tap_metrics_exchange *in = extreme(t, false);
+		struct tap_metrics_exchange *out = extreme(t, true);
+		if (!in || (out && certain(in) <= certain(out) + certain(out) / 8))
+			return;
+		if (out) { /* its series ends; its publishes count in "(other)" from now on */
+			out->labelled = false;
+			memset(out->by_route, 0, sizeof out->by_route);
+		} else {
+			t->n_labelled++;
+		}
+		in->labelled = true;
+	}
+}
