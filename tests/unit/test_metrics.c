@@ -880,7 +880,7 @@ static int parse(struct tap_conf *c, const char *value, char *err, size_t cap)
 {
 	char *argv[] = {"amqptap", "--metrics", (char *)value};
 	tap_conf_defaults(c);
-	return tap_conf_parse(c, 3, argv, err, cap);
+	return tap_conf_parse(c, 3, argv, NULL, err, cap); /* no output paths: no file system look */
 }
 
 START_TEST(metrics_option_forms)
