@@ -288,7 +288,8 @@ bool app_outputs_close(struct app *app, int64_t deadline_us, enum app_end end)
 	app->outputs_closed = true;
 	bool whole = true;
 	if (app->outputs_ready) {
-		if (end == APP_END_RAN && app->conf->verbosity >= TAP_VERBOSITY_NORMAL) /* SIGUSR1 asks for it even with -q */
+		/* SIGUSR1 asks for it even with -q */
+		if (end == APP_END_RAN && app->conf->verbosity >= TAP_VERBOSITY_NORMAL)
 			app_print_summary(app, tap_out_clock_us() + LOG_FLUSH_MS * 1000);
 		tap_observer_deinit(&app->observer);
 	}

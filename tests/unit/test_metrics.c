@@ -151,7 +151,7 @@ static void to_sink(void *ctx, const char *json, size_t len)
 	memcpy(k->last, json, k->last_len);
 }
 
-/* A tracker whose hooks feed t, as main.c wires them for --metrics. */
+/* A tracker whose hooks feed t, as src/app_loop.c wires them for --metrics. */
 static struct tap_track *hooked_tracker(struct tap_metrics_tally *t, struct sink *k)
 {
 	struct tap_track *tr = tap_track_new(NULL, to_sink, k);
