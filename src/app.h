@@ -75,6 +75,9 @@ bool app_outputs_close(struct app *app, int64_t deadline_us, enum app_end end);
 /* From now until deadline_us the outputs wait for room instead of dropping: nothing is forwarded any more (or
  * ever, in replay), and the records still to come are the last. */
 void app_outputs_drain_until(struct app *app, int64_t deadline_us);
+/* When what the outputs still hold must be written by once a live mode stops (tap_out_clock_us): TAP_OUT_FLUSH_MS
+ * from now. */
+int64_t app_outputs_stop_deadline(void);
 /* Hands each output's batch to its writer (the 10 ms tick; a replay pipe that waits). */
 void app_outputs_flush(struct app *app);
 /* SIGHUP: every output opens its path again. */

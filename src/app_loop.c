@@ -118,7 +118,7 @@ void app_loop_add_signals(struct app *app, event_callback_fn on_signal, void *ar
 int64_t app_loop_dispatch(struct app *app)
 {
 	event_base_dispatch(app->base);
-	int64_t deadline = tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000;
+	int64_t deadline = app_outputs_stop_deadline();
 	app_outputs_drain_until(app, deadline);
 	return deadline;
 }

@@ -270,6 +270,11 @@ int app_outputs_open(struct app *app)
 	return 0;
 }
 
+int64_t app_outputs_stop_deadline(void)
+{
+	return tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000;
+}
+
 void app_outputs_drain_until(struct app *app, int64_t deadline_us)
 {
 	for (size_t i = 0; i < OUT_COUNT; i++)

@@ -305,8 +305,7 @@ int app_run_proxy(const struct tap_conf *conf)
 	if (code) {
 		tap_proxy_free(pa.proxy);
 		/* nothing was forwarded; the exit code says why */
-		int64_t deadline = tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000;
-		(void)app_outputs_close(app, deadline, APP_END_START_FAILED);
+		(void)app_outputs_close(app, app_outputs_stop_deadline(), APP_END_START_FAILED);
 		app_loop_free(app);
 		tap_tls_free(pa.tls);
 		return code;

@@ -127,8 +127,7 @@ int app_run_sniff(const struct tap_conf *conf)
 		tap_admin_free(app->admin);
 		tap_sniff_free(sa.sniff);
 		tap_replay_live_end(sa.live, tap_now_us(), NULL);
-		int64_t deadline = tap_out_clock_us() + (int64_t)TAP_OUT_FLUSH_MS * 1000;
-		(void)app_outputs_close(app, deadline, APP_END_START_FAILED);
+		(void)app_outputs_close(app, app_outputs_stop_deadline(), APP_END_START_FAILED);
 		app_loop_free(app);
 		return code;
 	}
