@@ -397,9 +397,11 @@ static int getopt_error(int ch, char **argv, char *err, size_t cap)
 	return unknown_long(argv[optind - 1], err, cap);
 }
 
-/* The first argument that is not an option may name a subcommand; replay then takes the capture. */
-static int positional(struct tap_conf *c, const char *a, bool first, char *err, size_t cap)
+/* The arguments that are not options, at their place among them: the first (0) may name a subcommand; replay then
+ * takes the capture. */
+static int positional(struct tap_conf *c, const char *a, int place, char *err, size_t cap)
 {
+	bool first = place == 0;
 	if (first && strcmp(a, "replay") == 0) {
 		c->mode = TAP_MODE_REPLAY;
 		return TAP_OK;
@@ -564,7 +566,7 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, tap_conf_same_inod
 		if (ch == -1)
 			break;
 		if (ch == 1) {
-			rc = positional(c, optarg, positionals++ == 0, err, cap);
+			rc = positional(c, optarg, positionals++, err, cap);
 			if (rc)
 				return rc;
 			continue;
@@ -582,7 +584,7 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, tap_conf_same_inod
 			return TAP_OK;
 	}
 	for (int i = optind; i < argc; i++) { /* after "--" */
-		rc = positional(c, argv[i], positionals++ == 0, err, cap);
+		rc = positional(c, argv[i], positionals++, err, cap);
 		if (rc)
 			return rc;
 	}
