@@ -1,6 +1,6 @@
 /* The executable's modes (proxy, sniff, replay; src/main.c picks one) and what they share: the outputs, the tracker
  * and observer that write into them (app_outputs.c), the event loop with its signals and the --metrics endpoint
- * (app_loop.c). Calls go one way: main.c -> app_<mode>.c -> app_loop.c, app_outputs.c. */
+ * (app_loop.c). Calls go one way: main.c -> app_<mode>.c -> app_loop.c -> app_outputs.c (a mode calls both). */
 #ifndef AMQPTAP_APP_H
 #define AMQPTAP_APP_H
 
