@@ -30,7 +30,7 @@ zcat "$capture" >"$work/capture.pcapng"
 
 # Instructions per publish of one replay with the outputs given ($@), e.g. --frames FILE.
 per_publish() {
-	valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" --toggle-collect='tap_replay_run*' \
+	valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" --toggle-collect='tap_replay_capture' \
 		"$build/amqptap" replay "$work/capture.pcapng" --port "$port" --verdicts "$work/verdicts.jsonl" "$@" \
 		2>"$work/stderr" || tap_die "replay failed: $(grep -v '^==' "$work/stderr" | head -3)"
 	local ir publishes

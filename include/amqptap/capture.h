@@ -1,6 +1,7 @@
 /* Capture reader: classic pcap (both byte orders, µs and ns) and pcapng files, Ethernet/raw IP/Linux cooked/BSD
  * loopback link layers, IPv4 and IPv6, and TCP reassembly into ordered byte streams per direction for the
- * connections of one server port. Pure core: reads a file or a memory buffer, never a socket or the clock. */
+ * connections of one server port. Pure core: parses a memory buffer or the bytes a source hands it (a file, a pipe:
+ * src/io/capfile.c), never reads a file, a socket or the clock itself. */
 #ifndef AMQPTAP_CAPTURE_H
 #define AMQPTAP_CAPTURE_H
 
@@ -116,16 +117,41 @@ struct tap_capture_stats {
 
 struct tap_capture;
 
-/* Opens a capture file and reads its header; path "-" is standard input. A pipe or device is read as its bytes
- * arrive (tcpdump -U -w -), the idle callback telling when the next read may wait. Returns 0 or a negative status (TAP_E_IO, TAP_E_BAD_CAPTURE,
- * TAP_E_NOMEM) with a message in err. */
-int tap_capture_open(struct tap_capture **c, const char *path, char *err, size_t cap);
-/* The same for a reader a signal may stop while the file is opened (a FIFO waits for its writer) or its header is
- * awaited (a writer that has not written yet): a signal's interruption asks stop(ctx) (it may also do what the
- * signal asked), and once that says to stop, the capture is one without packets, and no error. */
-int tap_capture_open_until(struct tap_capture **c, const char *path, bool (*stop)(void *ctx), void *ctx, char *err,
-			   size_t cap);
-/* The same over a memory buffer, borrowed until tap_capture_free; name is used in messages. */
+/* What the reader tells a source that may wait for its bytes, and asks it (the stop and idle of tap_capture_cb once
+ * tap_capture_run runs; before, while the header is read, the opener's stop and no idle). */
+struct tap_capture_waiter {
+	void *ctx;
+	bool (*stop)(void *ctx); /* a signal interrupted a read or a wait: true ends the input there */
+	void (*idle)(void *ctx); /* NULL: no one to tell */
+};
+
+/* Where the bytes of a capture come from when they are not in memory (src/io/capfile.c: a file, a FIFO, a pipe). */
+enum tap_capture_src_state {
+	TAP_CAPTURE_SRC_OK,    /* every read so far was whole */
+	TAP_CAPTURE_SRC_END,   /* a read came up short at the end of the input */
+	TAP_CAPTURE_SRC_ERROR, /* a read failed (or a signal that said stop interrupted it) */
+};
+struct tap_capture_src_ops {
+	/* Up to n bytes into buf (NULL when n is 0); fewer only at the end of the input, at a read error, or when a
+	 * signal interrupted the read and w->stop said to stop. */
+	size_t (*read)(void *src, void *buf, size_t n, const struct tap_capture_waiter *w);
+	/* Before a record is read, when w->idle is set: returns once a byte is waiting, the next read would say what
+	 * is wrong, or w->stop says to stop, calling w->idle at once and again while nothing comes. NULL: reads never
+	 * wait. */
+	void (*wait)(void *src, const struct tap_capture_waiter *w);
+	enum tap_capture_src_state (*state)(void *src);
+	void (*close)(void *src); /* at tap_capture_free */
+};
+
+/* Reads the header of a capture whose bytes src hands over (ops are borrowed, src is the capture's from now on,
+ * closed by tap_capture_free or here on failure); name is used in messages. A signal that interrupts the header's
+ * read asks stop(ctx) (it may also do what the signal asked), and once that says to stop, the capture is one without
+ * packets, and no error. Returns 0 or a negative status (TAP_E_BAD_CAPTURE, TAP_E_NOMEM) with a message in err. */
+int tap_capture_open_src(struct tap_capture **c, const struct tap_capture_src_ops *ops, void *src, const char *name,
+			 bool (*stop)(void *ctx), void *ctx, char *err, size_t cap);
+/* A capture without packets, for one whose input a stop came before (a FIFO that had no writer yet). */
+int tap_capture_new_stopped(struct tap_capture **c, const char *name);
+/* The same over a memory buffer, borrowed until tap_capture_free. */
 int tap_capture_open_mem(struct tap_capture **c, const void *data, size_t len, const char *name, char *err,
 			 size_t cap);
 void tap_capture_free(struct tap_capture *c);

@@ -116,11 +116,17 @@ const struct tap_conf_option *tap_conf_options(size_t *count);
 /* Fills c with the defaults of the table (src/DESIGN.md §1); tap_id is the host name. */
 void tap_conf_defaults(struct tap_conf *c);
 
+/* Whether two paths name one existing file (the same device and inode): tap_files_same_inode (files.h), for the
+ * core looks at no file system. */
+typedef bool (*tap_conf_same_inode_fn)(const char *a, const char *b);
+
 /* Parses argv (argv[0] is the program) with getopt_long: --opt VALUE, --opt=VALUE, -o VALUE, -oVALUE, bundled
  * flags (-vq), "--" ends the options. Long names must be spelled out (no abbreviations). Later options
- * override earlier ones. Strings in c point into argv. Returns 0, or TAP_E_USAGE with a one-line message (no
- * newline) in err that names the option. Not reentrant (getopt's state is global). */
-int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t err_cap);
+ * override earlier ones. Strings in c point into argv. No two outputs may be one file, nor one the capture being
+ * replayed: same_inode tells which paths are (NULL: only paths spelt alike are). Returns 0, or TAP_E_USAGE with a
+ * one-line message (no newline) in err that names the option. Not reentrant (getopt's state is global). */
+int tap_conf_parse(struct tap_conf *c, int argc, char **argv, tap_conf_same_inode_fn same_inode, char *err,
+		   size_t err_cap);
 
 /* Parses "HOST:PORT" or "[V6]:PORT"; allow_port0 for listeners. */
 int tap_conf_parse_addr(const char *s, bool allow_port0, struct tap_conf_addr *out);

@@ -9,7 +9,7 @@
 
 #include "amqptap/dir.h"
 #include "amqptap/jsonl.h"
-#include "amqptap/out.h"
+#include "amqptap/out_loss.h"
 #include "amqptap/track.h"
 
 #include <stdbool.h>

@@ -23,7 +23,7 @@
 struct tap_replay_stats {
 	uint64_t gaps;      /* holes in a stream direction: one capture_gap record each */
 	uint64_t gap_bytes; /* the bytes they lost */
-	struct tap_capture_stats capture; /* what the capture held (tap_replay_run only) */
+	struct tap_capture_stats capture; /* what the capture held (not for tap_replay_live_end) */
 };
 /* Reading a pipe, idle is called when the next read may wait: records batched by the caller should go out.
  * ports: more broker ports besides `port`. min_window_us: the shorter of the tracker's return window and
@@ -48,11 +48,12 @@ struct tap_replay_hooks {
 #define TAP_REPLAY_LIVE_LAG_US (1200 * 1000LL)
 #define TAP_REPLAY_LIVE_SLACK_US (200 * 1000LL)
 
-/* path "-" reads standard input as it arrives (pcap or pcapng), so records follow a live `tcpdump -U -w -`.
- * hooks and stats may be NULL; stats is written whatever the outcome (zero when the capture could not be opened). */
-int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track,
-		   const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap);
-/* The same over a capture in memory; name is used in messages. */
+/* Replays c, a capture opened and not yet run (tap_capture_open_mem, or from a file or a pipe as it arrives:
+ * tap_capfile_open_until, so that records follow a live `tcpdump -U -w -`); c stays the caller's. hooks and stats
+ * may be NULL; stats is written whatever the outcome. */
+int tap_replay_capture(struct tap_capture *c, uint16_t port, struct tap_observer *obs, struct tap_track *track,
+		       const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap);
+/* The same over a capture in memory, opened here (stats zero when it could not be); name is used in messages. */
 int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t port, struct tap_observer *obs,
 		       struct tap_track *track, struct tap_replay_stats *stats, char *err, size_t cap);
 

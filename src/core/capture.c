@@ -7,15 +7,11 @@
 #include "rd.h"
 #include "reasm.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <poll.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define PCAP_MAGIC_US 0xA1B2C3D4u
 #define PCAP_MAGIC_NS 0xA1B23C4Du
@@ -38,8 +34,9 @@ struct iface {
 
 struct tap_capture {
 	char *name;
-	FILE *f;
-	bool stream; /* a pipe or device: unbuffered, idle callback before a read that may wait */
+	const struct tap_capture_src_ops *ops; /* NULL: the bytes are mem's */
+	void *src;
+	struct tap_capture_waiter waiter; /* what the source asks while it waits */
 	uint8_t back[4]; /* bytes read to tell the format, read again first (a pipe cannot seek back) */
 	size_t back_len, back_off;
 	const uint8_t *mem;
@@ -49,7 +46,7 @@ struct tap_capture {
 	bool swap;
 	bool ran;
 	bool stopped_early; /* a stop came before the header was read: a capture without packets */
-	bool (*open_stop)(void *ctx); /* the stop asked while opening, before cb (tap_capture_open_until) */
+	bool (*open_stop)(void *ctx); /* the stop asked while opening, before cb (tap_capture_open_src) */
 	void *open_ctx;
 	/* pcap */
 	uint32_t linktype;
@@ -96,13 +93,8 @@ static size_t src_read(struct tap_capture *c, void *buf, size_t n)
 			return got;
 		return got + src_read(c, (uint8_t *)buf + got, n - got);
 	}
-	if (c->f) {
-		got = fread(buf, 1, n, c->f);
-		/* a signal interrupted a read that waited: go on unless it asked to stop */
-		while (got < n && ferror(c->f) && errno == EINTR && !stopping(c)) {
-			clearerr(c->f);
-			got += fread((uint8_t *)buf + got, 1, n - got, c->f);
-		}
+	if (c->ops) {
+		got = c->ops->read(c->src, buf, n, &c->waiter);
 	} else {
 		size_t left = c->mem_len - (size_t)c->off;
 		got = n < left ? n : left;
@@ -113,23 +105,28 @@ static size_t src_read(struct tap_capture *c, void *buf, size_t n)
 	return got;
 }
 
-/* How often the caller of a pipe that waits for its next record hears so. */
-#define IDLE_EVERY_MS 100
+static bool waiter_stop(void *ctx)
+{
+	return stopping(ctx);
+}
 
-/* Before the next record of a pipe: while no byte is waiting, the caller hears so at once and every
- * IDLE_EVERY_MS (it writes what it batched; a live capture's clock goes on), until one is or it says to stop. */
+static void waiter_idle(void *ctx)
+{
+	const struct tap_capture *c = ctx;
+	c->cb->idle(c->cb->ctx);
+}
+
+/* Before the next record of a source that may wait (a pipe): the caller hears so while no byte is waiting (it
+ * writes what it batched; a live capture's clock goes on), until one is or it says to stop. */
 static void idle_hint(struct tap_capture *c)
 {
-	if (!c->stream || !c->cb || !c->cb->idle)
-		return;
-	struct pollfd p = {.fd = fileno(c->f), .events = POLLIN};
-	for (int wait_ms = 0;; wait_ms = IDLE_EVERY_MS) {
-		int n = poll(&p, 1, wait_ms);
-		if (n > 0 || (n < 0 && errno != EINTR) || stopping(c))
-			return; /* readable, or the read says what is wrong, or no read at all */
-		if (n == 0)
-			c->cb->idle(c->cb->ctx);
-	}
+	if (c->ops && c->ops->wait && c->waiter.idle)
+		c->ops->wait(c->src, &c->waiter);
+}
+
+static enum tap_capture_src_state src_state(const struct tap_capture *c)
+{
+	return c->ops ? c->ops->state(c->src) : TAP_CAPTURE_SRC_OK;
 }
 
 static uint32_t rd32(const struct tap_capture *c, const uint8_t *p)
@@ -615,7 +612,7 @@ static int open_common(struct tap_capture *c, char *err, size_t cap)
 {
 	int rc = read_header(c, err, cap);
 	/* an interrupted read or one cut short by the end of the input, not a bad header */
-	if (rc < 0 && c->f && (ferror(c->f) || feof(c->f)) && stopping(c)) {
+	if (rc < 0 && src_state(c) != TAP_CAPTURE_SRC_OK && stopping(c)) {
 		c->stopped_early = true;
 		return TAP_OK;
 	}
@@ -632,59 +629,26 @@ static int capture_new(struct tap_capture **out, const char *name)
 		free(c);
 		return TAP_E_NOMEM;
 	}
+	c->waiter = (struct tap_capture_waiter){.ctx = c, .stop = waiter_stop};
 	tap_reasm_init(&c->reasm, &c->st);
 	tap_capture_set_limits(c, 0, 0);
 	*out = c;
 	return TAP_OK;
 }
 
-int tap_capture_open(struct tap_capture **out, const char *path, char *err, size_t cap)
-{
-	return tap_capture_open_until(out, path, NULL, NULL, err, cap);
-}
-
-int tap_capture_open_until(struct tap_capture **out, const char *path, bool (*stop)(void *ctx), void *ctx, char *err,
-			   size_t cap)
+int tap_capture_open_src(struct tap_capture **out, const struct tap_capture_src_ops *ops, void *src, const char *name,
+			 bool (*stop)(void *ctx), void *ctx, char *err, size_t cap)
 {
 	*out = NULL;
 	struct tap_capture *c;
-	if (capture_new(&c, path) < 0)
+	if (capture_new(&c, name) < 0) {
+		ops->close(src);
 		return fail(err, cap, TAP_E_NOMEM, "out of memory");
+	}
+	c->ops = ops;
+	c->src = src;
 	c->open_stop = stop;
 	c->open_ctx = ctx;
-	if (strcmp(path, "-") == 0) {
-		int fd = dup(STDIN_FILENO);
-		c->f = fd >= 0 ? fdopen(fd, "rb") : NULL;
-		if (!c->f && fd >= 0)
-			(void)close(fd); /* fdopen failed: the descriptor is ours to close */
-	} else {
-		/* a FIFO's open waits for a writer; a signal interrupts it (one just before the open is seen here too,
-		 * one in between waits for the writer or the next signal) */
-		while (!stopping(c) && !(c->f = fopen(path, "rb")) && errno == EINTR)
-			;
-		if (!c->f && stopping(c)) {
-			c->stopped_early = true;
-			*out = c;
-			return TAP_OK;
-		}
-	}
-	if (!c->f) {
-		int rc = fail(err, cap, TAP_E_IO, "%s: %s", path, strerror(errno));
-		tap_capture_free(c);
-		return rc;
-	}
-	struct stat st;
-	bool known = fstat(fileno(c->f), &st) == 0;
-	if (known && S_ISDIR(st.st_mode)) { /* fopen opens a directory for reading */
-		int rc = fail(err, cap, TAP_E_IO, "%s: %s", path, strerror(EISDIR));
-		tap_capture_free(c);
-		return rc;
-	}
-	c->stream = known && !S_ISREG(st.st_mode);
-	if (c->stream) /* stdio would wait to fill its buffer before handing over a packet */
-		setvbuf(c->f, NULL, _IONBF, 0);
-	else
-		setvbuf(c->f, NULL, _IOFBF, 1 << 20);
 	int rc = open_common(c, err, cap);
 	if (rc < 0) {
 		tap_capture_free(c);
@@ -692,6 +656,14 @@ int tap_capture_open_until(struct tap_capture **out, const char *path, bool (*st
 	}
 	*out = c;
 	return TAP_OK;
+}
+
+int tap_capture_new_stopped(struct tap_capture **out, const char *name)
+{
+	int rc = capture_new(out, name);
+	if (rc == TAP_OK)
+		(*out)->stopped_early = true;
+	return rc;
 }
 
 int tap_capture_open_mem(struct tap_capture **out, const void *data, size_t len, const char *name, char *err,
@@ -717,8 +689,8 @@ void tap_capture_free(struct tap_capture *c)
 	if (!c)
 		return;
 	tap_reasm_deinit(&c->reasm);
-	if (c->f)
-		fclose(c->f);
+	if (c->ops)
+		c->ops->close(c->src);
 	free(c->ifs);
 	free(c->blk);
 	free(c->name);
@@ -732,12 +704,14 @@ int tap_capture_run(struct tap_capture *c, uint16_t port, const struct tap_captu
 		return fail(err, cap, TAP_E_USAGE, "%s: capture already read", c->name);
 	c->ran = true;
 	c->cb = cb ? cb : &none;
+	if (c->cb->idle)
+		c->waiter.idle = waiter_idle;
 	c->reasm.ports[0] = port;
 	c->reasm.cb = c->cb;
 	if (c->stopped_early)
 		return TAP_OK;
 	int rc = c->fmt == FMT_PCAP ? pcap_run(c, err, cap) : pcapng_run(c, err, cap);
-	if (rc == TAP_OK && c->f && ferror(c->f) && !stopping(c)) /* a stop's interrupted read is no error */
+	if (rc == TAP_OK && src_state(c) == TAP_CAPTURE_SRC_ERROR && !stopping(c)) /* a stop's interrupted read: none */
 		rc = fail(err, cap, TAP_E_IO, "%s: read error at offset %" PRIu64, c->name, c->off);
 	tap_capture_end_all(c);
 	return rc;

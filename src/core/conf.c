@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define FIELD(f) offsetof(struct tap_conf, f)
@@ -403,9 +402,11 @@ static int getopt_error(int ch, char **argv, char *err, size_t cap)
 	return unknown_long(argv[optind - 1], err, cap);
 }
 
-/* The first argument that is not an option may name a subcommand; replay then takes the capture. */
-static int positional(struct tap_conf *c, const char *a, bool first, char *err, size_t cap)
+/* The arguments that are not options, at their place among them: the first (0) may name a subcommand; replay then
+ * takes the capture. */
+static int positional(struct tap_conf *c, const char *a, int place, char *err, size_t cap)
 {
+	bool first = place == 0;
 	if (first && strcmp(a, "replay") == 0) {
 		c->mode = TAP_MODE_REPLAY;
 		return TAP_OK;
@@ -474,19 +475,14 @@ static void dir_part(const char *path, const char *base, char out[PATH_MAX])
 		snprintf(out, PATH_MAX, "%.*s", (int)(base - path), path);
 }
 
-static bool same_inode(const char *a, const char *b)
-{
-	struct stat sa, sb;
-	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
 /* Whether a and b name one file: the same text ("-" is standard output), the same existing file (links, ./x and
- * x), or a file not made yet under one name in one directory (the outputs are created only after this check). */
-static bool same_file(const char *a, const char *b)
+ * x), or a file not made yet under one name in one directory (the outputs are created only after this check). The
+ * file system is the caller's to look at (same_inode; NULL: the names alone decide). */
+static bool same_file(const char *a, const char *b, tap_conf_same_inode_fn same_inode)
 {
 	if (strcmp(a, b) == 0)
 		return true;
-	if (strcmp(a, "-") == 0 || strcmp(b, "-") == 0)
+	if (strcmp(a, "-") == 0 || strcmp(b, "-") == 0 || !same_inode)
 		return false;
 	if (same_inode(a, b))
 		return true;
@@ -503,7 +499,7 @@ static bool same_file(const char *a, const char *b)
 
 /* No two outputs in one file (JSON Lines and pcapng mixed on standard output, two writers appending to one file)
  * and none into the capture being replayed. */
-static int check_outputs(const struct tap_conf *c, char *err, size_t cap)
+static int check_outputs(const struct tap_conf *c, tap_conf_same_inode_fn same_inode, char *err, size_t cap)
 {
 	const struct {
 		const char *name, *path;
@@ -513,10 +509,10 @@ static int check_outputs(const struct tap_conf *c, char *err, size_t cap)
 		if (!out[i].path)
 			continue;
 		if (c->mode == TAP_MODE_REPLAY && c->replay_file && strcmp(c->replay_file, "-") != 0 &&
-		    same_file(out[i].path, c->replay_file))
+		    same_file(out[i].path, c->replay_file, same_inode))
 			return usage_error(err, cap, "--%s: %s is the capture being replayed", out[i].name, out[i].path);
 		for (size_t k = 0; k < i; k++) {
-			if (!out[k].path || !same_file(out[k].path, out[i].path))
+			if (!out[k].path || !same_file(out[k].path, out[i].path, same_inode))
 				continue;
 			if (strcmp(out[i].path, "-") == 0)
 				return usage_error(err, cap, "--%s: standard output is --%s's already%s", out[i].name,
@@ -529,9 +525,9 @@ static int check_outputs(const struct tap_conf *c, char *err, size_t cap)
 }
 
 /* Options that only make sense together. */
-static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
+static int check_combinations(const struct tap_conf *c, tap_conf_same_inode_fn same_inode, char *err, size_t cap)
 {
-	int rc = check_outputs(c, err, cap);
+	int rc = check_outputs(c, same_inode, err, cap);
 	if (rc)
 		return rc;
 	if (!c->tls_cert != !c->tls_key)
@@ -559,7 +555,8 @@ static int check_combinations(const struct tap_conf *c, char *err, size_t cap)
 	return TAP_OK;
 }
 
-int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t cap)
+int tap_conf_parse(struct tap_conf *c, int argc, char **argv, tap_conf_same_inode_fn same_inode, char *err,
+		   size_t cap)
 {
 	struct option longopts[N_OPTIONS + 1];
 	char shortopts[2 + 2 * N_OPTIONS + 1];
@@ -574,7 +571,7 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 		if (ch == -1)
 			break;
 		if (ch == 1) {
-			rc = positional(c, optarg, positionals++ == 0, err, cap);
+			rc = positional(c, optarg, positionals++, err, cap);
 			if (rc)
 				return rc;
 			continue;
@@ -592,7 +589,7 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 			return TAP_OK;
 	}
 	for (int i = optind; i < argc; i++) { /* after "--" */
-		rc = positional(c, argv[i], positionals++ == 0, err, cap);
+		rc = positional(c, argv[i], positionals++, err, cap);
 		if (rc)
 			return rc;
 	}
@@ -605,5 +602,5 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, char *err, size_t 
 		return usage_error(err, cap, "sniff: missing --interface (amqptap sniff --interface IF [--port N])");
 	if (c->mode == TAP_MODE_REPLAY && !c->replay_file)
 		return usage_error(err, cap, "replay: missing the CAPTURE file (amqptap replay CAPTURE [--port N])");
-	return check_combinations(c, err, cap);
+	return check_combinations(c, same_inode, err, cap);
 }

@@ -128,32 +128,3 @@ void conn_store_free(const struct tap_conn *c, struct tap_buf *store)
 	tap_buf_deinit(store);
 }
 
-struct span conn_keep(const struct tap_conn *c, struct pending *p, const uint8_t *s, size_t len)
-{
-	struct span sp = {(uint32_t)p->store.len, (uint32_t)len};
-	conn_store_put(c, p, s, len);
-	return sp;
-}
-
-struct tap_slice conn_span_slice(const struct pending *p, struct span sp)
-{
-	if (p->store.oom || !p->store.data)
-		return (struct tap_slice){(const uint8_t *)"", 0};
-	return (struct tap_slice){(const uint8_t *)p->store.data + sp.off, sp.len};
-}
-
-/* A channel's store keeps its room for the next content, up to this (a typical publish's strings fit): one content
- * with long strings must not hold memory on every channel it was sent on, nor fill the observer's pending_max with
- * room kept on thousands of idle channels. */
-#define PENDING_STORE_KEEP 512
-
-void conn_pending_reset(const struct tap_conn *c, struct pending *p, enum pending_kind kind)
-{
-	struct tap_buf store = p->store;
-	if (store.cap > PENDING_STORE_KEEP)
-		conn_store_free(c, &store);
-	tap_buf_reset(&store);
-	memset(p, 0, sizeof *p);
-	p->store = store;
-	p->kind = kind;
-}

@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Content being assembled on one channel in one direction. */
 enum pending_kind { PENDING_NONE, PENDING_PUBLISH, PENDING_RETURN };
@@ -108,12 +109,38 @@ void conn_channel_drop(struct tap_conn *c, uint16_t number);
 /* Appends to p's store, counted in the observer's pending_mem (nothing past its pending_max: the store is oom). */
 void conn_store_put(const struct tap_conn *c, struct pending *p, const void *data, size_t len);
 void conn_store_free(const struct tap_conn *c, struct tap_buf *store);
-/* Copies s into p's store: where it is kept. */
-struct span conn_keep(const struct tap_conn *c, struct pending *p, const uint8_t *s, size_t len);
+/* Copies s into p's store: where it is kept. (Inline, as the next: several times per publish.) */
+static inline struct span conn_keep(const struct tap_conn *c, struct pending *p, const uint8_t *s, size_t len)
+{
+	struct span sp = {(uint32_t)p->store.len, (uint32_t)len};
+	conn_store_put(c, p, s, len);
+	return sp;
+}
+
 /* What sp names in p's store (empty when the store lost it). */
-struct tap_slice conn_span_slice(const struct pending *p, struct span sp);
-/* p starts over as kind, keeping some of its store's room. */
-void conn_pending_reset(const struct tap_conn *c, struct pending *p, enum pending_kind kind);
+static inline struct tap_slice conn_span_slice(const struct pending *p, struct span sp)
+{
+	if (p->store.oom || !p->store.data)
+		return (struct tap_slice){(const uint8_t *)"", 0};
+	return (struct tap_slice){(const uint8_t *)p->store.data + sp.off, sp.len};
+}
+/* A channel's store keeps its room for the next content, up to this (a typical publish's strings fit): one content
+ * with long strings must not hold memory on every channel it was sent on, nor fill the observer's pending_max with
+ * room kept on thousands of idle channels. */
+#define PENDING_STORE_KEEP 512
+
+/* p starts over as kind, keeping some of its store's room. (Inline: twice per publish, and the compiler clears
+ * only what it must of p where it sees the call.) */
+static inline void conn_pending_reset(const struct tap_conn *c, struct pending *p, enum pending_kind kind)
+{
+	struct tap_buf store = p->store;
+	if (store.cap > PENDING_STORE_KEEP)
+		conn_store_free(c, &store);
+	tap_buf_reset(&store);
+	memset(p, 0, sizeof *p);
+	p->store = store;
+	p->kind = kind;
+}
 
 /* ---- conn_content.c ---- */
 

@@ -279,9 +279,11 @@ static bool on_stop(void *ctx)
 	return r->hooks && r->hooks->stop && r->hooks->stop(r->hooks->ctx);
 }
 
-static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs, struct tap_track *track,
-		  const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap)
+int tap_replay_capture(struct tap_capture *c, uint16_t port, struct tap_observer *obs, struct tap_track *track,
+		       const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap)
 {
+	if (stats)
+		*stats = (struct tap_replay_stats){0};
 	struct replay r = {.obs = obs, .track = track, .hooks = hooks, .min_window_us = hooks ? hooks->min_window_us : 0,
 	                   .lag_us = TAP_REPLAY_LIVE_LAG_US, .cap = c};
 	struct tap_capture_cb cb = {
@@ -290,7 +292,6 @@ static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs
 	};
 	for (size_t i = 0; hooks && i < hooks->n_ports; i++) {
 		if (tap_capture_add_port(c, hooks->ports[i]) < 0) {
-			tap_capture_free(c);
 			snprintf(err, cap, "more than %u --port", TAP_CAPTURE_MAX_PORTS);
 			return TAP_E_USAGE;
 		}
@@ -302,20 +303,7 @@ static int replay(struct tap_capture *c, uint16_t port, struct tap_observer *obs
 		*stats = (struct tap_replay_stats){.gaps = r.gaps, .gap_bytes = r.gap_bytes};
 		tap_capture_get_stats(c, &stats->capture);
 	}
-	tap_capture_free(c);
 	return rc;
-}
-
-int tap_replay_run(const char *path, uint16_t port, struct tap_observer *obs, struct tap_track *track,
-		   const struct tap_replay_hooks *hooks, struct tap_replay_stats *stats, char *err, size_t cap)
-{
-	struct tap_capture *c;
-	if (stats)
-		*stats = (struct tap_replay_stats){0};
-	int rc = tap_capture_open_until(&c, path, hooks ? hooks->stop : NULL, hooks ? hooks->ctx : NULL, err, cap);
-	if (rc < 0)
-		return rc;
-	return replay(c, port, obs, track, hooks, stats, err, cap);
 }
 
 int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t port, struct tap_observer *obs,
@@ -327,7 +315,9 @@ int tap_replay_run_mem(const void *data, size_t len, const char *name, uint16_t 
 	int rc = tap_capture_open_mem(&c, data, len, name, err, cap);
 	if (rc < 0)
 		return rc;
-	return replay(c, port, obs, track, NULL, stats, err, cap);
+	rc = tap_replay_capture(c, port, obs, track, NULL, stats, err, cap);
+	tap_capture_free(c);
+	return rc;
 }
 
 struct tap_replay_live {

@@ -9,6 +9,7 @@
 #include <check.h>
 
 #include "tap_check.h"
+#include "tap_file.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1275,7 +1276,6 @@ START_TEST(corrupt_pcapng_block_length)
 	ck_assert_int_eq(tap_capture_open_mem(&c, "hello world, not pcap", 21, "x", err, sizeof err),
 			 TAP_E_BAD_CAPTURE);
 	ck_assert_ptr_null(c);
-	ck_assert_int_eq(tap_capture_open(&c, "/nonexistent/file.pcap", err, sizeof err), TAP_E_IO);
 	tap_buf_deinit(&b);
 }
 END_TEST
@@ -1292,11 +1292,14 @@ START_TEST(real_loopback_capture)
 				    .close = g_close};
 	struct tap_capture *c;
 	char err[256] = "";
-	ck_assert_msg(tap_capture_open(&c, path, err, sizeof err) == 0, "%s", err);
+	struct tap_buf file;
+	tap_file_slurp(path, &file);
+	ck_assert_msg(tap_capture_open_mem(&c, file.data, file.len, path, err, sizeof err) == 0, "%s", err);
 	ck_assert_msg(tap_capture_run(c, 5699, &cb, err, sizeof err) == 0, "%s", err);
 	struct tap_capture_stats st;
 	tap_capture_get_stats(c, &st);
 	tap_capture_free(c);
+	tap_buf_deinit(&file);
 	/* expected: one line per stream: "<c2s bytes> <s2c bytes> <fnv1a64 c2s> <fnv1a64 s2c> <how>" */
 	FILE *f = fopen(exp, "r");
 	ck_assert_ptr_nonnull(f);

@@ -2,6 +2,7 @@
  * of getopt_long, one clear message naming the option for every bad one, and --help, the man page and the
  * bash completion listing exactly the options of the table. */
 #include "amqptap/conf.h"
+#include "amqptap/files.h"
 #include "amqptap/status.h"
 #include "amqptap/track.h"
 
@@ -16,7 +17,7 @@
 static int parse(struct tap_conf *c, char *err, size_t cap, int argc, char **argv)
 {
 	tap_conf_defaults(c);
-	return tap_conf_parse(c, argc, argv, err, cap);
+	return tap_conf_parse(c, argc, argv, tap_files_same_inode, err, cap);
 }
 
 #define PARSE(c, err, ...)                                                                                      \

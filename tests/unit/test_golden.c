@@ -9,6 +9,7 @@
 #include <check.h>
 
 #include "tap_check.h"
+#include "tap_file.h"
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,14 +106,17 @@ static void golden_load(struct golden *g, const char *path)
 	unsigned port = 0;
 	ck_assert_int_eq(fscanf(f, "%u", &port), 1);
 	fclose(f);
+	struct tap_buf file;
+	tap_file_slurp(path, &file);
 	struct tap_capture *c;
-	ck_assert_int_eq(tap_capture_open(&c, path, err, sizeof err), 0);
+	ck_assert_int_eq(tap_capture_open_mem(&c, file.data, file.len, path, err, sizeof err), 0);
 	struct tap_capture_cb cb = {
 		.ctx = g, .packet = cb_packet, .open = cb_open, .data = cb_data, .gap = cb_gap, .close = cb_close,
 	};
 	int rc = tap_capture_run(c, (uint16_t)port, &cb, err, sizeof err);
 	ck_assert_msg(rc == 0, "%s: %s", path, err);
 	tap_capture_free(c);
+	tap_buf_deinit(&file);
 }
 
 static void golden_free(struct golden *g)

@@ -151,7 +151,7 @@ static void to_sink(void *ctx, const char *json, size_t len)
 	memcpy(k->last, json, k->last_len);
 }
 
-/* A tracker whose hooks feed t, as main.c wires them for --metrics. */
+/* A tracker whose hooks feed t, as src/app_loop.c wires them for --metrics. */
 static struct tap_track *hooked_tracker(struct tap_metrics_tally *t, struct sink *k)
 {
 	struct tap_track *tr = tap_track_new(NULL, to_sink, k);
@@ -885,7 +885,7 @@ static int parse(struct tap_conf *c, const char *value, char *err, size_t cap)
 {
 	char *argv[] = {"amqptap", "--metrics", (char *)value};
 	tap_conf_defaults(c);
-	return tap_conf_parse(c, 3, argv, err, cap);
+	return tap_conf_parse(c, 3, argv, NULL, err, cap); /* no output paths: no file system look */
 }
 
 START_TEST(metrics_option_forms)

@@ -11,6 +11,7 @@
 
 #include "tap_build.h"
 #include "tap_check.h"
+#include "tap_file.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,12 +94,15 @@ static int read_back(const char *path, struct rb *r, char *err, size_t cap)
 {
 	memset(r, 0, sizeof *r);
 	struct tap_capture_cb cb = {.ctx = r, .open = r_open, .data = r_data, .close = r_close};
+	struct tap_buf file;
+	tap_file_slurp(path, &file);
 	struct tap_capture *c;
-	int rc = tap_capture_open(&c, path, err, cap);
-	if (rc < 0)
-		return rc;
-	rc = tap_capture_run(c, 5672, &cb, err, cap);
-	tap_capture_free(c);
+	int rc = tap_capture_open_mem(&c, file.data, file.len, path, err, cap);
+	if (rc == 0) {
+		rc = tap_capture_run(c, 5672, &cb, err, cap);
+		tap_capture_free(c);
+	}
+	tap_buf_deinit(&file);
 	return rc;
 }
 

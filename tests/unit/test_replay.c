@@ -15,6 +15,7 @@
 
 #include "tap_build.h"
 #include "tap_check.h"
+#include "tap_file.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,7 +174,10 @@ static int replay(const char *path, struct lines *l, char *err, size_t cap)
 	ck_assert_ptr_nonnull(t);
 	struct tap_observer o;
 	tap_observer_init(&o, t, collect, l, NULL, 0);
-	int rc = tap_replay_run(path, 5672, &o, t, NULL, NULL, err, cap);
+	struct tap_buf file;
+	tap_file_slurp(path, &file);
+	int rc = tap_replay_run_mem(file.data, file.len, path, 5672, &o, t, NULL, err, cap);
+	tap_buf_deinit(&file);
 	tap_observer_deinit(&o);
 	tap_track_free(t);
 	return rc;
@@ -314,8 +318,7 @@ START_TEST(corrupt_capture_is_reported)
 {
 	char err[256] = "";
 	struct lines l = {0};
-	ck_assert_int_eq(replay("/nonexistent.pcap", &l, err, sizeof err), TAP_E_IO);
-	ck_assert_ptr_nonnull(strstr(err, "/nonexistent.pcap"));
+	/* (a capture that cannot be opened at all is the file source's: test_capfile) */
 	char path[128];
 	snprintf(path, sizeof path, "%s/cut.pcapng", tmpdir);
 	write_capture(path, 0, 0);
