@@ -56,6 +56,20 @@ static void log_v(enum tap_log_level level, const char *fmt, va_list ap)
 	tap_log_text(line, n);
 }
 
+/* The outputs' reports of themselves (tap_out_set_report), at the level they give. */
+__attribute__((format(printf, 2, 0))) static void log_report(enum tap_out_report_level level, const char *fmt,
+							     va_list ap)
+{
+	log_v(level == TAP_OUT_REPORT_ERROR ? TAP_LOG_ERROR : TAP_LOG_INFO, fmt, ap);
+}
+
+/* Installed before main runs, so that what an output reports reaches stderr from the first output opened, before
+ * tap_log_start as after it: whatever links the log hears its outputs. */
+__attribute__((constructor)) static void log_hear_outputs(void)
+{
+	tap_out_set_report(log_report);
+}
+
 void tap_log_error(const char *fmt, ...)
 {
 	va_list ap;
