@@ -142,8 +142,9 @@ struct tap_out *tap_out_open(const struct tap_out_conf *conf)
 	/* never waiting here: a FIFO without a reader refuses a non-blocking open (ENXIO), and the writer waits */
 	int fd = open(conf->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
 	if (fd < 0 && errno == ENXIO) {
-		out_report(TAP_OUT_REPORT_INFO, "--%s %s: a FIFO nobody reads yet: records wait for a reader in the backlog",
-			   conf->name, conf->path);
+		out_report(TAP_OUT_REPORT_INFO,
+			   "--%s %s: a FIFO nobody reads yet: records wait for a reader in the backlog", conf->name,
+			   conf->path);
 		return out_new(conf, -1, FD_OWNED);
 	}
 	if (fd < 0)

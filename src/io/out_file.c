@@ -110,8 +110,8 @@ int out_reader_wait(struct tap_out *o, const char *data, size_t *off)
 		size_t unread = pipe_unread(o->fd);
 		if (unread)
 			out_report(TAP_OUT_REPORT_ERROR,
-				   "--%s %s: made anew while unread: the %zu bytes of records the last reader left in the "
-				   "old FIFO are lost",
+				   "--%s %s: made anew while unread: the %zu bytes of records the last reader left "
+				   "in the old FIFO are lost",
 				   o->name, o->path, unread);
 	}
 	close(o->fd);

@@ -49,8 +49,8 @@ void out_note_drop(struct tap_out *o, uint64_t records, enum tap_out_loss cause)
 		return;
 	o->drop_reported[cause] = true;
 	if (cause == TAP_OUT_LOST_NO_MEMORY)
-		out_report(TAP_OUT_REPORT_ERROR, "--%s %s: no memory for records; they are dropped and counted", o->name,
-			   o->path ? o->path : "-");
+		out_report(TAP_OUT_REPORT_ERROR, "--%s %s: no memory for records; they are dropped and counted",
+			   o->name, o->path ? o->path : "-");
 	else
 		out_report(TAP_OUT_REPORT_ERROR,
 			   "--%s %s: written slower than records come (%zu KiB backlog full); records are dropped "

@@ -70,8 +70,9 @@ static void chunk_failed(struct tap_out *o, const struct chunk *c, size_t off, i
 		return;
 	}
 	o->broken = true;
-	out_report(TAP_OUT_REPORT_ERROR, "--%s %s: a block was cut and cannot be removed; nothing more is written to it",
-		   o->name, o->path ? o->path : "-");
+	out_report(TAP_OUT_REPORT_ERROR,
+		   "--%s %s: a block was cut and cannot be removed; nothing more is written to it", o->name,
+		   o->path ? o->path : "-");
 }
 
 /* What must precede new records after a failure: the end of a cut line, then the loss note. False when that
