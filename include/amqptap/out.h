@@ -139,9 +139,9 @@ enum tap_out_report_level {
  * without "\n". Called on the loop thread and on writer threads; the writer of a TEXT output on a descriptor (the
  * log's) never reports, so the log can write reports through its own output. */
 typedef void (*tap_out_report_fn)(enum tap_out_report_level level, const char *fmt, va_list ap);
-/* Installs fn (NULL: reports are dropped, the default). The log (log.h) installs its own before main runs, so
- * reports reach stderr through it; the output layer itself knows nothing of the log. */
-void tap_out_set_report(tap_out_report_fn fn);
+/* Installs fn (NULL: reports are dropped, the default) and returns the one it replaces. The log (log.h) installs its
+ * own before main runs, so reports reach stderr through it; the output layer itself knows nothing of the log. */
+tap_out_report_fn tap_out_set_report(tap_out_report_fn fn);
 
 /* CLOCK_MONOTONIC in microseconds, for the deadlines above. */
 int64_t tap_out_clock_us(void);

@@ -67,7 +67,7 @@ __attribute__((format(printf, 2, 0))) static void log_report(enum tap_out_report
  * tap_log_start as after it: whatever links the log hears its outputs. */
 __attribute__((constructor)) static void log_hear_outputs(void)
 {
-	tap_out_set_report(log_report);
+	(void)tap_out_set_report(log_report);
 }
 
 void tap_log_error(const char *fmt, ...)

@@ -9,9 +9,9 @@
 
 static tap_out_report_fn report_fn; /* set by tap_out_set_report, read by any thread (atomic) */
 
-void tap_out_set_report(tap_out_report_fn fn)
+tap_out_report_fn tap_out_set_report(tap_out_report_fn fn)
 {
-	__atomic_store_n(&report_fn, fn, __ATOMIC_RELEASE);
+	return __atomic_exchange_n(&report_fn, fn, __ATOMIC_ACQ_REL);
 }
 
 void out_report(enum tap_out_report_level level, const char *fmt, ...)
