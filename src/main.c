@@ -55,6 +55,7 @@ static void keep_std_fds(void)
 int main(int argc, char **argv)
 {
 	keep_std_fds();
+	tap_log_hear_outputs();
 	struct tap_conf conf;
 	char err[400];
 	tap_conf_defaults(&conf);

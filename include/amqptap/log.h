@@ -18,6 +18,9 @@ enum tap_log_level {
 #define TAP_LOG_BACKLOG_BYTES (256 * 1024)
 
 void tap_log_set_level(enum tap_log_level level);
+/* Outputs (out.h) report their own failures through the log from now on (tap_out_set_report): call it before the
+ * first output opens, so a report reaches stderr before tap_log_start as after it. */
+void tap_log_hear_outputs(void);
 
 void tap_log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void tap_log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

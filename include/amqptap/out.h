@@ -16,6 +16,7 @@
 
 #include "amqptap/out_loss.h" /* enum tap_out_loss, tap_out_loss_name */
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -99,6 +100,20 @@ void tap_out_get_stats(struct tap_out *o, struct tap_out_stats *st);
  * it had not written counts as lost. Frees o (a writer that cannot even be cancelled is left
  * behind with its memory) and fills *st (may be NULL) with the final counts. */
 void tap_out_close(struct tap_out *o, int64_t deadline_us, struct tap_out_stats *st);
+
+/* How grave an output's report of itself is (a write failed, records are dropped; a FIFO's reader came back). */
+enum tap_out_report_level {
+	TAP_OUT_REPORT_ERROR,
+	TAP_OUT_REPORT_INFO,
+};
+
+/* Where outputs report their own failures: one line, as vprintf(fmt, ap) would write it, without "amqptap: " and
+ * without "\n". Called on the loop thread and on writer threads; the writer of a TEXT output on a descriptor (the
+ * log's) never reports, so the log can write reports through its own output. */
+typedef void (*tap_out_report_fn)(enum tap_out_report_level level, const char *fmt, va_list ap);
+/* Installs fn (NULL: reports are dropped, the default) and returns the one it replaces. main installs the log's
+ * (tap_log_hear_outputs in log.h), so reports reach stderr through it; the output layer knows nothing of the log. */
+tap_out_report_fn tap_out_set_report(tap_out_report_fn fn);
 
 /* CLOCK_MONOTONIC in microseconds, for the deadlines above. */
 int64_t tap_out_clock_us(void);

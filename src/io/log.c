@@ -56,6 +56,18 @@ static void log_v(enum tap_log_level level, const char *fmt, va_list ap)
 	tap_log_text(line, n);
 }
 
+/* The outputs' reports of themselves (tap_out_set_report), at the level they give. */
+__attribute__((format(printf, 2, 0))) static void log_report(enum tap_out_report_level level, const char *fmt,
+							     va_list ap)
+{
+	log_v(level == TAP_OUT_REPORT_ERROR ? TAP_LOG_ERROR : TAP_LOG_INFO, fmt, ap);
+}
+
+void tap_log_hear_outputs(void)
+{
+	(void)tap_out_set_report(log_report);
+}
+
 void tap_log_error(const char *fmt, ...)
 {
 	va_list ap;

@@ -1,7 +1,8 @@
-/* The output files of src/io/out.c (linked with the io library): order across a reopen, mode 0600, losses on
+/* The output files of src/io/out*.c (linked with the io library): order across a reopen, mode 0600, losses on
  * /dev/full counted, a pipe nobody reads never blocks the caller and loses whole records only, a loss is marked
  * by a records_lost record (with the run and tap), close gives up on a stuck writer at its deadline, every file of
- * a block output begins with its head (again after a failed write lost it), and the log never waits on stderr. */
+ * a block output begins with its head (again after a failed write lost it), reports reach the callback installed
+ * for them, and the log never waits on stderr. */
 #include "amqptap/buf.h"
 #include "amqptap/log.h"
 #include "amqptap/out.h"
@@ -16,6 +17,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,6 +281,53 @@ START_TEST(stalled_pipe_never_blocks_and_drops_whole_records)
 	check_lines(buf, len, n, s.lost, true);
 	ck_assert_ptr_nonnull(strstr(buf, "\"reason\":\"backlog_full\""));
 	free(buf);
+	close(fds[0]);
+	close(fds[1]);
+}
+END_TEST
+
+static struct {
+	int calls;
+	enum tap_out_report_level level;
+	char line[512];
+} heard;
+
+static void hear(enum tap_out_report_level level, const char *fmt, va_list ap)
+{
+	heard.calls++;
+	heard.level = level;
+	vsnprintf(heard.line, sizeof heard.line, fmt, ap);
+}
+
+/* What an output reports of itself goes to the callback installed with tap_out_set_report (the log's once main
+ * has called tap_log_hear_outputs), once per cause of loss, at its level. */
+START_TEST(reports_go_to_the_installed_callback)
+{
+	tap_out_report_fn none = tap_out_set_report(NULL);
+	ck_assert_ptr_null(none); /* nobody installed one: reports are dropped */
+	tap_log_hear_outputs();
+	tap_out_report_fn was = tap_out_set_report(hear);
+	ck_assert_ptr_nonnull(was); /* the log's */
+	int fds[2];
+	ck_assert_int_eq(pipe2(fds, O_CLOEXEC), 0);
+	struct tap_out_conf oc = {.name = "verdicts", .path = "pipe", .kind = TAP_OUT_LINES,
+				  .backlog_bytes = 64 * 1024};
+	struct tap_out *o = tap_out_open_fd(&oc, fds[1]);
+	ck_assert_ptr_nonnull(o);
+	char line[128];
+	for (int i = 0; i < 100000; i++) { /* far past the pipe and the backlog: the pipe is never read */
+		int k = snprintf(line, sizeof line, "{\"n\":%d}", i);
+		tap_out_line(o, line, (size_t)k);
+	}
+	tap_out_flush(o);
+	struct tap_out_stats s;
+	tap_out_close(o, tap_out_clock_us() + 200000, &s);
+	ck_assert_uint_gt(s.lost_by[TAP_OUT_LOST_BACKLOG_FULL], 0);
+	ck_assert_int_eq(heard.calls, 1);
+	ck_assert_int_eq(heard.level, TAP_OUT_REPORT_ERROR);
+	ck_assert_str_eq(heard.line, "--verdicts pipe: written slower than records come (64 KiB backlog full); records "
+				     "are dropped and counted");
+	ck_assert_ptr_eq(tap_out_set_report(was), hear);
 	close(fds[0]);
 	close(fds[1]);
 }
@@ -998,6 +1047,7 @@ int main(void)
 	tcase_add_test(tc, dev_full_counts_every_record);
 	tcase_add_test(tc, stalled_pipe_never_blocks_and_drops_whole_records);
 	tcase_add_test(tc, close_gives_up_on_a_stuck_writer);
+	tcase_add_test(tc, reports_go_to_the_installed_callback);
 	tcase_add_test(tc, blocks_whole_and_counted);
 	tcase_add_test(tc, wait_until_loses_nothing);
 	tcase_add_test(tc, fifo_without_reader_delays_nothing);
