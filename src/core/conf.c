@@ -94,7 +94,7 @@ static const struct tap_conf_option options[] = {
 	         "through a DNS name of its own)",
 	 .modes = TAP_FOR_PROXY | TAP_FOR_SNIFF},
 	{.name = "keylog", .kind = TAP_OPT_PATH, .offset = FIELD(keylog), .arg = "FILE", .def_shown = "$SSLKEYLOGFILE",
-	 .help = "NSS key log of both TLS legs, mode 0600", .modes = TAP_FOR_PROXY},
+	 .help = "NSS key log of both TLS legs, mode 0600 (a symbolic link is refused)", .modes = TAP_FOR_PROXY},
 	{.name = "quiet", .short_name = 'q', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
 	 .level = TAP_VERBOSITY_QUIET,
 	 .help = "only errors and warnings on stderr (no summary at exit; SIGUSR1 still prints it)"},

@@ -140,7 +140,7 @@ struct tap_out *tap_out_open(const struct tap_out_conf *conf)
 	if (!conf->path || strcmp(conf->path, "-") == 0)
 		return out_new(conf, STDOUT_FILENO, FD_BORROWED);
 	/* never waiting here: a FIFO without a reader refuses a non-blocking open (ENXIO), and the writer waits */
-	int fd = open(conf->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
+	int fd = open(conf->path, out_open_flags(conf->private_mode) | O_CREAT, 0600);
 	if (fd < 0 && errno == ENXIO) {
 		out_report(TAP_OUT_REPORT_INFO,
 			   "--%s %s: a FIFO nobody reads yet: records wait for a reader in the backlog", conf->name,

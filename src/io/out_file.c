@@ -9,11 +9,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Opens path for writing without waiting (a FIFO nobody reads refuses: ENXIO); the descriptor writes blocking. */
-static int open_path(const char *path, enum open_how how)
+/* Opens o's path for writing without waiting (a FIFO nobody reads refuses: ENXIO); the descriptor writes
+ * blocking. */
+static int open_path(const struct tap_out *o, enum open_how how)
 {
 	static const int create[] = {[OPEN_EXISTING] = 0, [OPEN_NEW] = O_CREAT | O_EXCL, [OPEN_ANY] = O_CREAT};
-	int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | create[how], 0600);
+	int fd = open(o->path, out_open_flags(o->private_mode) | create[how], 0600);
 	if (fd < 0)
 		return -1;
 	int flags = fcntl(fd, F_GETFL);
@@ -53,21 +54,20 @@ static OUT_OF_LINE size_t pipe_unread(int fd)
  * writer. */
 static int open_waiting(struct tap_out *o, enum open_how how)
 {
-	const char *path = o->path;
 	bool create = how != OPEN_EXISTING;
 	o->made = false;
 	for (;;) {
-		int fd = create ? open_path(path, OPEN_NEW) : -1;
+		int fd = create ? open_path(o, OPEN_NEW) : -1;
 		if (fd >= 0) {
 			o->made = true;
 			return fd;
 		}
 		if (create && errno != EEXIST && errno != EINTR)
 			return -1;
-		fd = open_path(path, OPEN_EXISTING);
+		fd = open_path(o, OPEN_EXISTING);
 		int err = errno;
 		if (fd < 0 && create && err == ENOENT) { /* a link to nothing (or gone since): made as open(2) makes it */
-			fd = open_path(path, OPEN_ANY);
+			fd = open_path(o, OPEN_ANY);
 			err = errno;
 			o->made = fd >= 0;
 		}

@@ -16,6 +16,7 @@
 #include "amqptap/buf.h"
 #include "amqptap/out.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -159,6 +160,14 @@ void out_stats_locked(const struct tap_out *o, struct tap_out_stats *st);
 uint64_t out_unwritten_records(const struct tap_out *o, size_t current_off);
 
 /* ---- out_file.c ---- */
+
+/* open(2) flags of an output's file (and O_CREAT or not). One that holds secrets (private_mode: the TLS key log) is
+ * never reached through a symbolic link, which could point it at a file of someone else's choosing: made 0600 and
+ * fed keys (O_NOFOLLOW: ELOOP). Other outputs follow links, as log files commonly do. */
+static inline int out_open_flags(bool private_mode)
+{
+	return O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (private_mode ? O_NOFOLLOW : 0);
+}
 
 /* How open_path treats a missing file. */
 enum open_how {

@@ -377,7 +377,9 @@ struct tap_tls *tap_tls_new(const struct tap_conf *conf, char *err, size_t cap, 
 		const struct tap_out_conf oc = {.name = "keylog", .path = keylog, .kind = TAP_OUT_TEXT,
 						.private_mode = true};
 		if (!(t->keylog = tap_out_open(&oc))) {
-			snprintf(err, cap, "%s %s: %s", keylog_from, keylog, strerror(errno));
+			snprintf(err, cap, "%s %s: %s", keylog_from, keylog,
+				 errno == ELOOP ? "a symbolic link: refused (the key log holds secrets; give the file itself)"
+						: strerror(errno));
 			*exit_code = 2;
 			tap_tls_free(t);
 			return NULL;

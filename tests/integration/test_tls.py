@@ -560,6 +560,28 @@ class Resumption(TlsCase):
 
 
 class KeyLog(TlsCase):
+    def test_a_key_log_through_a_symbolic_link_is_refused(self):
+        """--keylog names a symbolic link (to a file of someone else's choosing): the tap refuses to start (exit 2, one
+        line naming --keylog) rather than make that file 0600 and append TLS secrets to it; the file is unchanged."""
+        d = tempfile.mkdtemp(prefix="amqptap-keylog-link-")
+        self.addCleanup(shutil.rmtree, d, True)
+        target = os.path.join(d, "someone-elses.txt")
+        with open(target, "w") as f:
+            f.write("theirs\n")
+        os.chmod(target, 0o644)
+        link = os.path.join(d, "keys.log")
+        os.symlink(target, link)
+        r = subprocess.run([AMQPTAP_BIN, "--listen", f"127.0.0.1:{free_port()}", "--upstream", f"localhost:{TLS_PORT}",
+                            "--tls-cert", self.p("server.pem"), "--tls-key", self.p("server.key"), "--keylog", link],
+                           capture_output=True, text=True, timeout=20)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        lines = r.stderr.splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertIn(f"--keylog {link}: a symbolic link: refused", lines[0])
+        self.assertEqual(stat.S_IMODE(os.stat(target).st_mode), 0o644)
+        with open(target) as f:
+            self.assertEqual(f.read(), "theirs\n")
+
     def test_tshark_decrypts_the_client_leg_with_the_key_log(self):
         if not shutil.which("tshark"):
             self.fail("tshark is missing (scripts/test.sh installs it)")
