@@ -45,7 +45,8 @@ struct tap_conn *tap_conn_new(struct tap_observer *o, uint64_t id, const char *c
 	tap_frame_dec_init_client(&c->dir[TAP_C2S].dec);
 	for (int d = 0; d < TAP_DIR_COUNT; d++)
 		tap_buf_init(&c->dir[d].body_prefix);
-	tap_buf_init(&c->held);
+	for (int d = 0; d < TAP_DIR_COUNT; d++)
+		tap_buf_init(&c->copy[d].held);
 	if (o->capture && o->capture->open)
 		c->capture = o->capture->open(o->capture->ctx, id, client, upstream, now_us);
 	return c;
@@ -88,7 +89,8 @@ void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 	tap_track_conn_end(c->tc, reason_by, now_us);
 	if (c->capture)
 		conn_capture_close(c, reason_by, now_us);
-	tap_buf_deinit(&c->held);
+	for (int d = 0; d < TAP_DIR_COUNT; d++)
+		tap_buf_deinit(&c->copy[d].held);
 	for (int d = 0; d < TAP_DIR_COUNT; d++) {
 		tap_frame_dec_deinit(&c->dir[d].dec);
 		tap_buf_deinit(&c->dir[d].body_prefix);

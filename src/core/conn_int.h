@@ -84,12 +84,15 @@ struct tap_conn {
 	uint32_t client_frame_max;     /* the client's tune-ok: 0, no limit */
 	bool broker_tuned;             /* the broker's connection.tune was seen */
 	bool tuned;
-	/* capture copy of the client stream: held bytes start at held_offset */
 	void *capture;
-	struct tap_buf held;
-	uint64_t held_offset;
-	struct tap_range redact[8]; /* stream offsets found while decoding the current chunk */
-	size_t n_redact;
+	/* the capture copy of each stream, by enum tap_dir: the broker's is held only while the client logs in (a peer
+	 * that echoes the client's bytes would otherwise put its password in the capture) */
+	struct capture_copy {
+		struct tap_buf held; /* bytes held back, from held_offset on */
+		uint64_t held_offset;
+		struct tap_range redact[8]; /* stream offsets found while decoding the current chunk */
+		size_t n_redact;
+	} copy[TAP_DIR_COUNT];
 };
 
 /* Whether the client may still be logging in: its tune-ok or connection.open not decoded, in a stream followed from
@@ -168,8 +171,9 @@ void conn_trace_frame(struct tap_conn *c, enum tap_dir dir, const struct tap_fra
 
 /* ---- conn_capture.c ---- */
 
-/* Notes the secrets of client method m (decoded with status rc) for the capture copy of this chunk. */
-void conn_redact_method(struct tap_conn *c, const struct tap_frame_ev *ev, const struct tap_method *m, int rc);
+/* Notes the secrets of method m of dir (decoded with status rc) for the capture copy of this chunk. */
+void conn_redact_method(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev,
+			const struct tap_method *m, int rc);
 /* Hands the capture sink its copy of one chunk of dir at stream chunk_offset. */
 void conn_capture_chunk(struct tap_conn *c, enum tap_dir dir, const uint8_t *data, size_t len, uint64_t chunk_offset,
 			int64_t now_us);

@@ -203,8 +203,8 @@ void conn_on_method(struct tap_conn *c, enum tap_dir dir, const struct tap_frame
 {
 	struct tap_method m;
 	int rc = tap_dialect_method_decode(ev->version, ev->data, ev->len, &m);
-	if (dir == TAP_C2S && c->capture)
-		conn_redact_method(c, ev, &m, rc);
+	if (c->capture && (dir == TAP_C2S || conn_logging_in(c)))
+		conn_redact_method(c, dir, ev, &m, rc);
 	if (rc != TAP_OK || !m.def) {
 		conn_bad_method(c, dir, ev, rc != TAP_OK ? rc : TAP_E_UNKNOWN_METHOD, now_us);
 		return; /* tracking has nothing to act on */

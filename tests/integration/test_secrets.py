@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pika  # noqa: E402
 
 from scenario_lib import RawClient, broker_sh, direct_connection, params  # noqa: E402
-from tapharness import BROKER_PORT, TapTestCase, main, require_broker, wait_for  # noqa: E402
+from tapharness import BROKER_PORT, Peer, TapTestCase, main, require_broker, wait_for  # noqa: E402
 
 USER = f"sec-{uuid.uuid4().hex[:6]}"
 PASSWORD = f"Sq{uuid.uuid4().hex[:12]}Zx"  # the broker's password for USER
@@ -120,6 +120,48 @@ class SecretsCase(TapTestCase):
         rc.expect(1, 60, 80)
         rc.close()
         return resp
+
+    def test_a_peer_that_echoes_puts_no_password_in_the_pcap(self):
+        """The tap in front of something that is no broker and sends back what it is sent: the client's start-ok
+        comes back on the broker-to-client side, whole or cut across segments, and the pcap shows its password on
+        neither side (the broker's stream is redacted as the client's until the client has logged in)."""
+        def echo(sock, _index):
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                sock.sendall(data)
+
+        peer = Peer(echo)
+        self.addCleanup(peer.close)
+        secret = distinctive("echoed")
+        for split in (None, 40):
+            with self.subTest(split=split):
+                d = tempfile.mkdtemp(prefix="amqptap-echo-")
+                self.addCleanup(shutil.rmtree, d, True)
+                pcap = os.path.join(d, "tap.pcapng")
+                tap = self.start_tap(["--pcap", pcap], upstream_port=peer.port)
+                rc = RawClient.__new__(RawClient)
+                rc.buf = b""
+                rc.sock = socket.create_connection(("127.0.0.1", tap.port), timeout=10)
+                args = struct.pack(">HH", 10, 11) + rc.table() + rc.short("PLAIN") + rc.long(plain(USER, secret)) + \
+                    rc.short("en_US")
+                start_ok = struct.pack(">BHI", 1, 0, len(args)) + args + b"\xce"
+                wire = b"AMQP\x00\x00\x09\x01" + start_ok
+                echoed = b""
+                for part in ((wire,) if split is None else (wire[:split], wire[split:])):
+                    rc.sock.sendall(part)
+                    while len(echoed) < wire.index(part) + len(part):
+                        echoed += rc.sock.recv(65536)
+                self.assertEqual(echoed, wire)  # it did come back whole
+                rc.sock.close()
+                self.assertTrue(wait_for(lambda: any(r["event"] == "close" for r in tap.records("connection")),
+                                         10), tap.records())
+                self.assertEqual(tap.stop(), 0, tap.stderr())
+                with open(pcap, "rb") as f:
+                    data = f.read()
+                for form in (secret.encode(), secret.encode()[3:-3]):
+                    self.assertNotIn(form, data)
 
     def test_pcap_hides_all_of_the_response_but_the_user(self):
         """--pcap hides every byte of a start-ok response but the user name (and what finds it), as --frames
