@@ -4,8 +4,10 @@
  * request is accepted, parsed and answered on the http thread, at a lower CPU priority than the loop, so forwarding
  * never waits for a client of the endpoint. The HTTP side is bounded: request headers and body size, live
  * connections (at the cap a new one takes the place of the one longest without a request), an idle timeout, a
- * deadline for each request, and a rate of requests (all clients together): past it the http
- * thread sleeps, reading nothing, so a client that asks as fast as it can costs the machine that rate's CPU. No password: anyone who reaches the port reads it all, which tap_admin_new says on
+ * deadline for each request, and a rate of requests (all clients together): past it requests wait their turn in
+ * the order they came, one per connection (evhttp reads a connection's next request once its last is answered), so
+ * a client that asks as fast as it can costs the machine that rate's CPU and a scrape waits behind one request of
+ * each other client at most. No password: anyone who reaches the port reads it all, which tap_admin_new says on
  * stderr when it is not on loopback. */
 #ifndef AMQPTAP_ADMIN_H
 #define AMQPTAP_ADMIN_H

@@ -15,6 +15,7 @@
  * second (pace). */
 #include "amqptap/admin.h"
 #include "amqptap/httphost.h"
+#include "procself.h"
 #include "amqptap/out.h"
 
 #include "amqptap/conn.h"
@@ -23,7 +24,6 @@
 #include "amqptap/sniff.h"
 #include "amqptap/thread.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -62,6 +62,10 @@ struct adm_conn {
 	                 * first at the cap */
 	struct adm_conn *prev, *next;
 };
+
+/* Requests waiting for their turn: one per connection at a time (evhttp reads the next once one is answered), with
+ * room for the connections freed in a turn beside the live ones. */
+#define ADM_WAITING_MAX (2 * TAP_ADMIN_MAX_CONNS)
 
 /* The pages rendered from the counters, each kept and served again for TAP_ADMIN_CACHE_MS. */
 enum adm_page { PAGE_METRICS, PAGE_HEALTH, PAGE_STATUS, N_RENDERED, PAGE_INDEX = N_RENDERED, PAGE_NONE };
@@ -108,7 +112,10 @@ struct tap_admin {
 	bool started, paused;
 	char hostname[256]; /* this machine's name, a Host the endpoint answers to ("": unknown) */
 	_Atomic uint64_t open, total, timeouts, pauses, evictions, paced;
-	int64_t paid_until_us; /* pace: when the requests taken so far are paid for at TAP_ADMIN_RATE */
+	int64_t paid_until_us; /* pay: when the requests taken so far are paid for at TAP_ADMIN_RATE */
+	struct evhttp_request *waiting[ADM_WAITING_MAX]; /* requests past the rate, a ring from wait_head */
+	size_t wait_head, wait_n;
+	struct event *pace_ev; /* the first waiting request is paid for */
 	uint64_t closing; /* connections freed in this turn: libevent closes their sockets later in the turn */
 	uint64_t stamps;  /* the last adm_conn stamp given */
 	struct adm_conn *conns;
@@ -116,78 +123,6 @@ struct tap_admin {
 	struct event *settle; /* a zero timeout added by conn_release: the next turn, with closing's sockets shut */
 	struct event *quit_ev;
 };
-
-/* ---- the process, from /proc/self ---- */
-
-/* Fields 14 (utime), 15 (stime), 22 (starttime), 23 (vsize), 24 (rss) of /proc/self/stat; false if unreadable. */
-static bool read_self_stat(unsigned long long *ticks, unsigned long long *start, unsigned long long *vsize,
-                           long long *rss_pages)
-{
-	char buf[1024];
-	FILE *f = fopen("/proc/self/stat", "r");
-	if (!f)
-		return false;
-	size_t n = fread(buf, 1, sizeof buf - 1, f);
-	(void)fclose(f); /* read-only */
-	buf[n] = '\0';
-	const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-	if (!p)
-		return false;
-	unsigned long long utime, stime;
-	int got = sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d %llu %llu %lld",
-	                 &utime, &stime, start, vsize, rss_pages);
-	if (got != 5)
-		return false;
-	*ticks = utime + stime;
-	return true;
-}
-
-/* When the process started, in Unix seconds: now, less its age (the clock since boot, less its start tick). Not
- * /proc/stat's boot time: the service's ProcSubset=pid hides that file. */
-static double process_start_time(void)
-{
-	unsigned long long ticks, start, vsize;
-	long long rss;
-	struct timespec now, since_boot;
-	long hz = sysconf(_SC_CLK_TCK);
-	if (!read_self_stat(&ticks, &start, &vsize, &rss) || hz <= 0 || clock_gettime(CLOCK_REALTIME, &now) != 0 ||
-	    clock_gettime(CLOCK_BOOTTIME, &since_boot) != 0)
-		return 0;
-	double age = (double)since_boot.tv_sec + (double)since_boot.tv_nsec / 1e9 - (double)start / (double)hz;
-	return (double)now.tv_sec + (double)now.tv_nsec / 1e9 - age;
-}
-
-static uint64_t count_open_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	if (!d)
-		return 0;
-	uint64_t n = 0;
-	for (struct dirent *e = readdir(d); e; e = readdir(d))
-		if (e->d_name[0] != '.')
-			n++;
-	(void)closedir(d); /* read-only */
-	return n > 0 ? n - 1 : 0; /* not the descriptor of the listing itself */
-}
-
-static void snapshot_process(const struct tap_admin *a, struct tap_metrics_snapshot *s)
-{
-	unsigned long long ticks, start, vsize;
-	long long rss;
-	long hz = sysconf(_SC_CLK_TCK);
-	long page = sysconf(_SC_PAGESIZE);
-	if (!read_self_stat(&ticks, &start, &vsize, &rss) || hz <= 0 || page <= 0)
-		return;
-	s->have_process = true;
-	s->cpu_seconds = (double)ticks / (double)hz;
-	s->vsize_bytes = vsize;
-	s->rss_bytes = rss > 0 ? (uint64_t)rss * (uint64_t)page : 0;
-	s->start_time_seconds = a->start_time_seconds;
-	s->open_fds = count_open_fds();
-	struct rlimit rl;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
-		s->max_fds = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
-}
 
 static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 {
@@ -239,7 +174,7 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 	}
 	if (a->src.observer)
 		s->decode_errors = a->src.observer->decode_errors;
-	snapshot_process(a, s);
+	tap_procself_snapshot(s, a->start_time_seconds);
 	s->http_open = a->open;
 	s->http_total = a->total;
 	s->http_timeouts = a->timeouts;
@@ -253,28 +188,100 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 /* ---- the rate, on the http thread ----
  *
  * Each request costs 1/TAP_ADMIN_RATE s; up to TAP_ADMIN_BURST can be taken at once after a quiet spell (a generic
- * cell rate: paid_until_us runs ahead of the clock by at most the burst). Past that the thread sleeps until the next
- * is paid for, reading and accepting nothing meanwhile: a flood of requests waits in its clients' sockets, where it
- * costs nobody CPU. Connections are not paced: they are bounded by the cap, and a client that connects and sends
+ * cell rate: paid_until_us runs ahead of the clock by at most the burst). A request past that waits, unanswered, in
+ * a queue of arrival order, and is answered when its turn is paid for (pace_ev). evhttp reads a connection's next
+ * request only once its last is answered, so a client that pipelines requests as fast as it can has one in the
+ * queue at a time and waits behind every other client's: a scrape gets its turn within one request of each other
+ * connection (at most TAP_ADMIN_MAX_CONNS / TAP_ADMIN_RATE s), and the rest of a flood waits in its sockets, where
+ * it costs nobody CPU. Connections are not paced: they are bounded by the cap, and a client that connects and sends
  * nothing (or closes) costs an accept and a close. */
-static void pace(struct tap_admin *a)
+
+#define PACE_COST_US (1000000 / TAP_ADMIN_RATE)
+
+/* When the next request is paid for (the clock may be at most BURST - 1 costs behind paid_until_us, or a quiet
+ * spell would let BURST + 1 through at once). */
+static int64_t paid_at(const struct tap_admin *a)
 {
-	const int64_t cost_us = 1000000 / TAP_ADMIN_RATE;
-	int64_t now = tap_out_clock_us();
+	return a->paid_until_us - (int64_t)(TAP_ADMIN_BURST - 1) * PACE_COST_US;
+}
+
+/* Whether a request may be answered at now; its cost is taken when it may. */
+static bool pay(struct tap_admin *a, int64_t now)
+{
 	if (a->paid_until_us < now)
 		a->paid_until_us = now;
-	/* the request paid up to paid_until_us is the first of a burst when paid_until_us is now: so the clock may be
-	 * at most BURST - 1 costs behind, or a quiet spell would let BURST + 1 through at once */
-	int64_t wake = a->paid_until_us - (int64_t)(TAP_ADMIN_BURST - 1) * cost_us;
-	if (wake > now) {
-		a->paced++;
-		struct timespec until = tap_mono_abs(wake);
-		pthread_mutex_lock(&a->mu);
-		while (!a->quit && pthread_cond_timedwait(&a->rendered, &a->mu, &until) != ETIMEDOUT)
-			;
-		pthread_mutex_unlock(&a->mu);
+	if (paid_at(a) > now)
+		return false;
+	a->paid_until_us += PACE_COST_US;
+	return true;
+}
+
+static void answer(struct tap_admin *a, struct evhttp_request *req);
+static void send_error(struct evhttp_request *req, int code, const char *reason);
+
+/* Answers the waiting requests that are paid for, in the order they came, and sets pace_ev for the next. */
+static void serve_waiting(struct tap_admin *a)
+{
+	while (a->wait_n > 0 && pay(a, tap_out_clock_us())) {
+		struct evhttp_request *req = a->waiting[a->wait_head];
+		a->wait_head = (a->wait_head + 1) % ADM_WAITING_MAX;
+		a->wait_n--;
+		answer(a, req);
 	}
-	a->paid_until_us += cost_us;
+	if (a->wait_n == 0)
+		return;
+	int64_t in_us = paid_at(a) - tap_out_clock_us();
+	struct timeval tv = {.tv_sec = 0, .tv_usec = in_us > 0 ? (suseconds_t)in_us : 0};
+	(void)evtimer_add(a->pace_ev, &tv); /* fails only on a bad timeval */
+}
+
+static void on_paid(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	serve_waiting(arg);
+}
+
+/* A request that came: answered now if it is paid for and nobody waits before it, else queued (503 when the queue
+ * is full, which one request per connection cannot make it). */
+static void take_turn(struct tap_admin *a, struct evhttp_request *req)
+{
+	if (a->wait_n == 0 && pay(a, tap_out_clock_us())) {
+		answer(a, req);
+		return;
+	}
+	if (a->wait_n == ADM_WAITING_MAX) {
+		send_error(req, HTTP_SERVUNAVAIL, "too many requests waiting");
+		return;
+	}
+	a->paced++;
+	a->waiting[(a->wait_head + a->wait_n) % ADM_WAITING_MAX] = req;
+	if (a->wait_n++ == 0)
+		serve_waiting(a);
+}
+
+/* evcon goes: evhttp frees its request (one still attached to it), which must leave the queue first. A request
+ * whose client went away while it waited (EOF) stays: evhttp detached it and frees it when it is answered. */
+static void drop_waiting(struct tap_admin *a, const struct evhttp_connection *evcon)
+{
+	size_t kept = 0;
+	for (size_t i = 0; i < a->wait_n; i++) {
+		struct evhttp_request *req = a->waiting[(a->wait_head + i) % ADM_WAITING_MAX];
+		if (evhttp_request_get_connection(req) != evcon)
+			a->waiting[(a->wait_head + kept++) % ADM_WAITING_MAX] = req;
+	}
+	a->wait_n = kept;
+}
+
+/* The endpoint stops: every waiting request is answered 503 (which frees a detached one). */
+static void refuse_waiting(struct tap_admin *a)
+{
+	while (a->wait_n > 0) {
+		struct evhttp_request *req = a->waiting[a->wait_head];
+		a->wait_head = (a->wait_head + 1) % ADM_WAITING_MAX;
+		a->wait_n--;
+		send_error(req, HTTP_SERVUNAVAIL, "the tap is stopping");
+	}
 }
 
 /* ---- connections: cap, eviction and deadline ----
@@ -359,8 +366,9 @@ static void settle(evutil_socket_t fd, short what, void *arg)
  * deadline or evhttp_free). */
 static void conn_closed(struct evhttp_connection *evcon, void *arg)
 {
-	(void)evcon;
-	conn_release(arg);
+	struct adm_conn *c = arg;
+	drop_waiting(c->adm, evcon);
+	conn_release(c);
 }
 
 /* No complete request arrived in time, or the reply was not read. */
@@ -623,8 +631,12 @@ static int take_page(struct tap_admin *a, enum adm_page page, struct evhttp_requ
 static void on_request(struct evhttp_request *req, void *arg)
 {
 	struct tap_admin *a = arg;
-	pace(a);
 	request_arrived(a, req);
+	take_turn(a, req);
+}
+
+static void answer(struct tap_admin *a, struct evhttp_request *req)
+{
 	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
 	enum adm_page page = page_of(uri ? evhttp_uri_get_path(uri) : NULL);
 	const char *host = evhttp_find_header(evhttp_request_get_input_headers(req), "Host");
@@ -668,6 +680,7 @@ static void on_quit(evutil_socket_t fd, short what, void *arg)
 	struct tap_admin *a = arg;
 	(void)fd;
 	(void)what;
+	refuse_waiting(a);
 	event_base_loopbreak(a->hbase);
 }
 
@@ -729,7 +742,7 @@ struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_a
 	a->base = base;
 	a->src = *src;
 	a->start_us = tap_now_us();
-	a->start_time_seconds = process_start_time();
+	a->start_time_seconds = tap_procself_start_time();
 	if (gethostname(a->hostname, sizeof a->hostname - 1) != 0)
 		a->hostname[0] = '\0';
 	tap_buf_init(&a->scratch);
@@ -744,9 +757,10 @@ struct tap_admin *tap_admin_new(struct event_base *base, const struct tap_conf_a
 	a->http = a->hbase ? evhttp_new(a->hbase) : NULL;
 	a->adopt = a->hbase ? event_new(a->hbase, -1, 0, adopt_new, a) : NULL;
 	a->settle = a->hbase ? evtimer_new(a->hbase, settle, a) : NULL;
+	a->pace_ev = a->hbase ? evtimer_new(a->hbase, on_paid, a) : NULL;
 	a->quit_ev = a->hbase && a->quit_fd >= 0 ? event_new(a->hbase, a->quit_fd, EV_READ, on_quit, a) : NULL;
 	a->want_ev = a->want_fd >= 0 ? event_new(base, a->want_fd, EV_READ | EV_PERSIST, on_want, a) : NULL;
-	if (!a->tally || !a->http || !a->adopt || !a->settle || !a->quit_ev || !a->want_ev ||
+	if (!a->tally || !a->http || !a->adopt || !a->settle || !a->pace_ev || !a->quit_ev || !a->want_ev ||
 	    event_add(a->quit_ev, NULL) < 0 || event_add(a->want_ev, NULL) < 0) {
 		snprintf(err, err_cap, "%s", a->want_fd < 0 || a->quit_fd < 0 ? strerror(errno) : "out of memory");
 		tap_admin_free(a);
@@ -829,6 +843,8 @@ void tap_admin_free(struct tap_admin *a)
 		event_free(a->adopt);
 	if (a->settle)
 		event_free(a->settle);
+	if (a->pace_ev)
+		event_free(a->pace_ev);
 	if (a->quit_ev)
 		event_free(a->quit_ev);
 	if (a->hbase)

@@ -263,6 +263,31 @@ class RequestFlood(ScenarioCase):
         self.assertEqual({(r["route"], r["confirm"]) for r in recs}, {("routed", "ack")})
 
 
+    def test_a_scrape_gets_its_turn_beside_31_flooding_connections(self):
+        """31 keep-alive connections pipelining requests as fast as they can, the connection cap (32) all but full:
+        a scrape on a connection of its own waits behind one request of each of them at most, not behind their
+        pipelines: 31 turns at TAP_ADMIN_RATE a second are 0.31 s (served in arrival order; when the http thread
+        slept per request and served a connection's pipeline on, the scrape took three times that and more)."""
+        tap, mport = start_metrics_tap(self, frames=False)
+        floods = [subprocess.Popen([sys.executable, "-c", FLOOD, str(mport), "/api/status", "6"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(31)]
+        try:
+            self.assertTrue(wait_for(lambda: metric_samples(http_get(mport, "/metrics")[2].decode())
+                                     ["amqptap_http_paced_total"] > 200, 10), "the floods did not start")
+            took = []
+            for _ in range(3):
+                t = time.monotonic()
+                code = http_get(mport, "/metrics", timeout=10)[0]
+                took.append(time.monotonic() - t)
+                self.assertEqual(code, 200)
+            note(f"scrapes beside 31 floods took {', '.join(f'{x:.2f}' for x in took)} s")
+            self.assertLess(max(took), 0.6, took)
+        finally:
+            for f in floods:
+                f.kill()
+                f.communicate()
+
+
 TAP_ADMIN_RATE, TAP_ADMIN_BURST = 100, 50
 
 
