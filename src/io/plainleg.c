@@ -53,8 +53,10 @@ static int plain_connect(struct leg *l)
 {
 	struct tap_proxy *px = l->s->px;
 	size_t at = l->s->upstream_at;
-	if (bufferevent_socket_connect(l->bev, (struct sockaddr *)&px->upstreams[at], px->upstream_lens[at]) < 0)
-		return EVUTIL_SOCKET_ERROR();
+	int err;
+	if (bufferevent_socket_connect(l->bev, (struct sockaddr *)&px->upstreams[at], px->upstream_lens[at]) < 0 &&
+	    (err = EVUTIL_SOCKET_ERROR()) != 0)
+		return err;
 	l->fd = bufferevent_getfd(l->bev);
 	l->rd = event_new(px->base, l->fd, EV_READ | EV_PERSIST, px->readable, l);
 	return l->rd ? 0 : LEG_NO_MEMORY;

@@ -56,6 +56,7 @@ struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *
 	px->scratch = malloc(TAP_PROXY_MAX_IO);
 	px->up = &tap_session_up;
 	px->readable = tap_relay_readable;
+	px->read = tap_relay_read;
 	px->resume_accept = evtimer_new(base, tap_session_on_resume_accept, px);
 	px->shortage_over = evtimer_new(base, tap_session_on_shortage_over, px);
 	if (!px->scratch || !px->resume_accept || !px->shortage_over || tap_tls_proxy_init(px) < 0) {

@@ -162,7 +162,7 @@ static size_t read_queued(struct leg *from, struct evbuffer *q, struct leg_read 
  * as have arrived into the space, so no read() is spent on EAGAIN), on while
  * reads come back full, up to TAP_PROXY_HIGH_WATER per wakeup so that one
  * busy session cannot starve the others. */
-static void read_leg(struct leg *from)
+void tap_relay_read(struct leg *from)
 {
 	struct iovec scratch = {from->s->px->scratch, TAP_PROXY_MAX_IO};
 	struct leg_read rd = {.end = LEG_READ_EMPTY};
@@ -213,7 +213,7 @@ void tap_relay_readable(evutil_socket_t fd, short what, void *arg)
 		from->ops->readable(from);
 		return; /* the session may be gone; a readable socket wakes us again */
 	}
-	read_leg(from);
+	tap_relay_read(from);
 }
 
 /* What a session that is ending read from `from` (read_rest): passed on when it can go straight into the

@@ -14,7 +14,8 @@
  *
  * What goes back up (a leg ended, drained, a client waits for its broker)
  * goes through px->up, the session's struct leg_up; a leg's read event runs
- * px->readable, the relay's read callback. */
+ * px->readable, the relay's read callback (and a TLS read that waited for
+ * the socket to be writable px->read, its loop). */
 #ifndef AMQPTAP_IO_SESSION_H
 #define AMQPTAP_IO_SESSION_H
 
@@ -200,6 +201,7 @@ struct tap_proxy {
 	void *idle_arg;
 	const struct leg_up *up; /* the session's (session.c) */
 	void (*readable)(evutil_socket_t fd, short what, void *leg); /* every leg's read event: the relay's */
+	void (*read)(struct leg *l); /* the relay's read loop, for a TLS read that waited for the socket writable */
 };
 
 /* leg.c: what every layer above a leg uses. */
@@ -230,6 +232,8 @@ bool tap_leg_awaits_broker(const struct leg *l);
 /* px->readable: reads a leg (and shows the bytes to the observer) until it is empty, up to
  * TAP_PROXY_HIGH_WATER per wakeup. */
 void tap_relay_readable(evutil_socket_t fd, short what, void *leg);
+/* px->read: the loop of tap_relay_readable, for a leg that is handshaken (TLS) and is to be read now. */
+void tap_relay_read(struct leg *from);
 /* Reading from a leg: wanted from now on (backpressure lifted, the leg can be read), not wanted (backpressure,
  * EOF), or the wish kept applied again now that the leg can be read (connected). A client waiting for its
  * broker is not read whatever the wish. */

@@ -259,7 +259,7 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 	if (l->read_wants_write) {
 		l->read_wants_write = false;
 		event_del(l->wr);
-		event_active(l->rd, EV_READ, 1); /* the relay's read, later in this loop turn */
+		l->s->px->read(l); /* the relay's read loop */
 		return;
 	}
 	flush(l);
