@@ -210,7 +210,7 @@ static void next_upstream(struct tap_proxy *px, size_t failed)
 }
 
 static bool connect_upstream(struct tap_session *s);
-static void leg_init(struct tap_session *s, enum side side, bool tls);
+static void leg_init(struct tap_session *s, enum side side);
 static void read_rest_if_open(struct leg *l);
 
 
@@ -226,7 +226,7 @@ static bool retry_upstream(struct tap_session *s)
 	struct leg *up = &s->leg[SIDE_UPSTREAM];
 	leg_free(up);
 	memset(up, 0, sizeof *up);
-	leg_init(s, SIDE_UPSTREAM, tap_tls_upstream(px->tls));
+	leg_init(s, SIDE_UPSTREAM);
 	s->upstream_at = (s->upstream_at + 1) % px->n_upstreams;
 	s->detail[0] = '\0';
 	const char *to = upstream_text(px, s->upstream_at);
@@ -546,9 +546,11 @@ const struct leg_up tap_session_up = {
 	.end = end_now,
 };
 
-static void leg_init(struct tap_session *s, enum side side, bool tls)
+/* A leg is TLS where the proxy's listener (the client leg) or its upstream is. */
+static void leg_init(struct tap_session *s, enum side side)
 {
 	struct leg *l = &s->leg[side];
+	bool tls = side == SIDE_CLIENT ? tap_tls_listener(s->px->tls) : tap_tls_upstream(s->px->tls);
 	l->s = s;
 	l->peer = &s->leg[side == SIDE_CLIENT ? SIDE_UPSTREAM : SIDE_CLIENT];
 	l->side = side;
@@ -604,8 +606,8 @@ void tap_session_accept(struct tap_proxy *px, evutil_socket_t fd, const struct s
 	s->id = ++px->next_id;
 	s->upstream_at = px->upstream_at; /* the address its record names, also for a later TLS connect */
 	tap_set_nodelay(fd);
-	leg_init(s, SIDE_CLIENT, tap_tls_listener(px->tls));
-	leg_init(s, SIDE_UPSTREAM, tap_tls_upstream(px->tls));
+	leg_init(s, SIDE_CLIENT);
+	leg_init(s, SIDE_UPSTREAM);
 	struct leg *client = &s->leg[SIDE_CLIENT];
 	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
 	TAILQ_INSERT_TAIL(&px->sessions, s, link);
