@@ -165,7 +165,10 @@ static size_t read_queued(struct leg *from, struct evbuffer *q, struct leg_read 
 void tap_relay_read(struct leg *from)
 {
 	struct iovec scratch = {from->s->px->scratch, TAP_PROXY_MAX_IO};
-	struct leg_read rd = {.end = LEG_READ_EMPTY};
+	const struct leg_up *up = from->s->px->up;
+	struct leg_read rd; /* not zeroed as a whole: this runs on every wakeup */
+	rd.end = LEG_READ_EMPTY;
+	rd.err = 0;
 	rd.why[0] = '\0';
 	from->ios++;
 	for (size_t budget = TAP_PROXY_HIGH_WATER; budget > 0 && from->reading;) {
@@ -186,10 +189,10 @@ void tap_relay_read(struct leg *from)
 		case LEG_READ_WAIT:
 			return;
 		case LEG_READ_EOF:
-			from->s->px->up->event(from, BEV_EVENT_READING | BEV_EVENT_EOF, rd.err, NULL);
+			up->event(from, BEV_EVENT_READING | BEV_EVENT_EOF, rd.err, NULL);
 			return; /* the session may be gone */
 		case LEG_READ_ERROR:
-			from->s->px->up->event(from, BEV_EVENT_READING | BEV_EVENT_ERROR, rd.err, rd.why[0] ? rd.why : NULL);
+			up->event(from, BEV_EVENT_READING | BEV_EVENT_ERROR, rd.err, rd.why[0] ? rd.why : NULL);
 			return;
 		}
 	}
