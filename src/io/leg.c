@@ -106,6 +106,13 @@ void tap_leg_tcp_up(struct leg *l)
 	px->hooks.upstream_local(px->hooks.ctx, l->s->obs, l->s->id, name);
 }
 
+bool tap_leg_new_read_event(struct leg *l)
+{
+	struct tap_proxy *px = l->s->px;
+	l->rd = event_new(px->base, l->fd, EV_READ | EV_PERSIST, px->readable, l);
+	return l->rd != NULL;
+}
+
 bool tap_leg_awaits_broker(const struct leg *l)
 {
 	return l->side == SIDE_CLIENT && !l->peer->connected && !l->s->client_left;

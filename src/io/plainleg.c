@@ -45,8 +45,7 @@ static int plain_open(struct leg *l, evutil_socket_t fd)
 	l->fd = fd;
 	if (fd < 0)
 		return 0;
-	l->rd = event_new(px->base, fd, EV_READ | EV_PERSIST, px->readable, l);
-	return l->rd ? 0 : ENOMEM;
+	return tap_leg_new_read_event(l) ? 0 : ENOMEM;
 }
 
 static int plain_connect(struct leg *l)
@@ -58,8 +57,7 @@ static int plain_connect(struct leg *l)
 	    (err = EVUTIL_SOCKET_ERROR()) != 0)
 		return err;
 	l->fd = bufferevent_getfd(l->bev);
-	l->rd = event_new(px->base, l->fd, EV_READ | EV_PERSIST, px->readable, l);
-	return l->rd ? 0 : LEG_NO_MEMORY;
+	return tap_leg_new_read_event(l) ? 0 : LEG_NO_MEMORY;
 }
 
 static size_t plain_recv(struct leg *l, const struct iovec *iov, int n, struct leg_read *rd)

@@ -223,6 +223,8 @@ void tap_leg_arm_setup(struct leg *l);
 /* The upstream leg's TCP connect completed (a TLS leg's handshake is still to
  * come): its own address is the client the broker sees, told to the observer. */
 void tap_leg_tcp_up(struct leg *l);
+/* Makes l->rd, the read event of l's socket l->fd (running px->readable, the relay's); false without memory. */
+bool tap_leg_new_read_event(struct leg *l);
 /* Whether l is a client leg not to be read yet: its broker is not connected (see connect_upstream in
  * session.c). */
 bool tap_leg_awaits_broker(const struct leg *l);
@@ -260,7 +262,9 @@ void tap_session_accept(struct tap_proxy *px, evutil_socket_t fd, const struct s
 void tap_session_accept_failed(struct tap_proxy *px, int err);
 /* Ends a session, reading what either side had sent first (shutdown). */
 void tap_session_close(struct tap_session *s);
+/* New sessions go to upstream address number `at`. */
 void tap_session_use_upstream(struct tap_proxy *px, size_t at);
+/* The timers of a descriptor shortage (px->shortage_over, px->resume_accept). */
 void tap_session_on_shortage_over(evutil_socket_t fd, short what, void *px);
 void tap_session_on_resume_accept(evutil_socket_t fd, short what, void *px);
 

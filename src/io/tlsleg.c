@@ -358,7 +358,7 @@ static int leg_setup(struct leg *l, evutil_socket_t fd)
 {
 	struct tap_proxy *px = l->s->px;
 	l->fd = fd;
-	l->rd = event_new(px->base, fd, EV_READ | EV_PERSIST, px->readable, l);
+	(void)tap_leg_new_read_event(l); /* checked below */
 	l->wr = event_new(px->base, fd, EV_WRITE | EV_PERSIST, on_writable, l);
 	if (!l->rd || !l->wr || !l->ssl)
 		return ENOMEM;
