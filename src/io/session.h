@@ -127,7 +127,7 @@ struct leg {
 	struct evbuffer *out;      /* bytes waiting for this leg's socket (plaintext); NULL once the leg is gone */
 	struct bufferevent *bev;   /* plain legs: writes `out`, its output */
 	struct ssl_st *ssl;        /* TLS legs */
-	struct event *rd;          /* the session's own read event */
+	struct event *rd;          /* its socket is readable: runs px->readable (relay.c) */
 	struct event *wr;          /* TLS legs: the socket is writable (or the upstream connect is done) */
 	struct event *setup_timer; /* until set up (TLS handshake, upstream connect): --handshake-timeout */
 	int64_t setup_due_us;      /* ... when it runs out */
