@@ -11,13 +11,10 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
-#include <time.h>
 
 int64_t tap_now_us(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+	return tap_leg_now_us();
 }
 
 /* An IPv4-mapped IPv6 address (a dual-stack socket speaking IPv4) is written as the IPv4 one, as the peer, the
@@ -61,10 +58,8 @@ void tap_leg_watch(struct leg *l, struct event *ev, const struct timeval *tv)
 		event_active(l->rd, EV_READ, 1);
 }
 
-bool tap_leg_end_if_unwatched(struct leg *l)
+bool tap_leg_end_unwatched(struct leg *l)
 {
-	if (!l->unwatched)
-		return false;
 	l->s->px->up->event(l, BEV_EVENT_READING | BEV_EVENT_ERROR, ENOMEM, "no memory to watch the connection");
 	return true;
 }

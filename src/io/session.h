@@ -29,6 +29,7 @@
 #include <sys/queue.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 
 struct bufferevent;
 struct event;
@@ -206,6 +207,14 @@ struct tap_proxy {
 
 /* leg.c: what every layer above a leg uses. */
 
+/* tap_now_us (leg.c), inline where it runs for every read. */
+static inline int64_t tap_leg_now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 /* "ip:port" or "[ip6]:port" (an IPv4-mapped address as the IPv4 one). */
 void tap_format_sockaddr(const struct sockaddr *sa, char *out, size_t cap);
 void tap_set_nodelay(evutil_socket_t fd);
@@ -215,8 +224,12 @@ void tap_set_nodelay(evutil_socket_t fd);
  * memory) and its read callback ends the session (tap_leg_end_if_unwatched). */
 void tap_leg_watch(struct leg *l, struct event *ev, const struct timeval *tv);
 /* In a leg's read callback, first: true when tap_leg_watch failed for it and
- * the session was ended (it may be gone). */
-bool tap_leg_end_if_unwatched(struct leg *l);
+ * the session was ended (it may be gone). The test inline, as it runs on every read. */
+bool tap_leg_end_unwatched(struct leg *l);
+static inline bool tap_leg_end_if_unwatched(struct leg *l)
+{
+	return l->unwatched && tap_leg_end_unwatched(l);
+}
 /* Starts the --handshake-timeout clock of a leg not yet set up (a TLS handshake, an upstream connect); running
  * out is a BEV_EVENT_TIMEOUT event. */
 void tap_leg_arm_setup(struct leg *l);
