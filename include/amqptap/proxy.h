@@ -69,7 +69,7 @@ struct tap_proxy_stats {
 /* Largest single read or write on a plain TCP leg. */
 #define TAP_PROXY_MAX_IO (256 * 1024)
 /* Most read from one leg, unread behind backpressure, when its session ends, unless its socket's receive buffer
- * holds more (read_rest in src/io/proxy.c). */
+ * holds more (tap_relay_read_rest in src/io/relay.c). */
 #define TAP_PROXY_REST_MAX (16 * 1024 * 1024)
 /* After one side is gone, how long the other may take to read what is left. */
 #define TAP_PROXY_DRAIN_SECONDS 10

@@ -51,15 +51,19 @@ enum tap_tls_step tap_tls_write(struct ssl_st *ssl, const void *buf, size_t len,
 bool tap_tls_pending(const struct ssl_st *ssl);
 /* Whether a byte has come from the peer on this SSL's socket. */
 bool tap_tls_heard(const struct ssl_st *ssl);
-/* Whether an SSL keeps its record buffers between records (a busy leg:
+/* An SSL keeps its record buffers between records (a busy leg:
  * SSL_MODE_RELEASE_BUFFERS would free and allocate them around every
- * record) or gives them back (a quiet one: they are freed now unless they
+ * record), or gives them back (a quiet one: they are freed now unless they
  * hold part of a record, and after each record from then on). */
-void tap_tls_keep_buffers(struct ssl_st *ssl, bool keep);
-/* Whether an SSL's reads go to a buffer of its own rather than the one
- * all legs share: set while a step runs on another thread than the loop. */
-void tap_tls_apart(struct ssl_st *ssl, bool apart);
-/* Frees an SSL, first trying once to send close_notify when notify. */
-void tap_tls_free_ssl(struct ssl_st *ssl, bool notify);
+void tap_tls_keep_buffers(struct ssl_st *ssl);
+void tap_tls_release_buffers(struct ssl_st *ssl);
+/* An SSL's reads go to a buffer of its own rather than the one all legs
+ * share while a step runs on another thread than the loop (apart), and to
+ * the shared one again once it is back (rejoin). */
+void tap_tls_apart(struct ssl_st *ssl);
+void tap_tls_rejoin(struct ssl_st *ssl);
+/* Frees an SSL (NULL: nothing), at once or first trying once to send close_notify. */
+void tap_tls_free_ssl(struct ssl_st *ssl);
+void tap_tls_close_ssl(struct ssl_st *ssl);
 
 #endif

@@ -191,16 +191,24 @@ static void writer_chunk(struct tap_out *o, struct chunk *c)
 		chunk_failed(o, c, o->current_off, err);
 }
 
-/* Under mu: until there is something to write or the output closes; a doze first, then sleep (enum writer_state). */
-static void writer_wait(struct tap_out *o)
+/* Under mu: a while for the next batch, coming back by itself (enqueue wakes it only when the backlog grows). */
+static void writer_doze(struct tap_out *o)
 {
-	if (o->head || o->closing)
-		return;
 	o->writer_state = WRITER_DOZING;
 	struct timespec until = tap_mono_abs(tap_out_clock_us() + WRITER_DOZE_US);
 	while (!o->head && !o->closing && o->writer_state == WRITER_DOZING)
 		if (pthread_cond_timedwait(&o->wake, &o->mu, &until) == ETIMEDOUT)
 			break;
+}
+
+/* Under mu: until there is something to write or the output closes; a doze first, then sleep (enum writer_state).
+ * The log never dozes: its few lines are each wanted on the terminal at once. */
+static void writer_wait(struct tap_out *o)
+{
+	if (o->head || o->closing)
+		return;
+	if (o->kind != TAP_OUT_TEXT)
+		writer_doze(o);
 	o->writer_state = WRITER_ASLEEP;
 	while (!o->head && !o->closing)
 		pthread_cond_wait(&o->wake, &o->mu);

@@ -592,32 +592,46 @@ bool tap_tls_heard(const SSL *ssl)
 	return BIO_number_read(SSL_get_rbio(ssl)) > 0; /* the BIO layer counts what each read returned */
 }
 
-void tap_tls_apart(SSL *ssl, bool apart)
+static void set_apart(SSL *ssl, bool apart)
 {
 	struct reader *r = BIO_get_data(SSL_get_rbio(ssl));
 	if (r)
 		r->apart = apart;
 }
 
-void tap_tls_keep_buffers(SSL *ssl, bool keep)
+void tap_tls_apart(SSL *ssl)
 {
-	if (keep) {
-		SSL_clear_mode(ssl, SSL_MODE_RELEASE_BUFFERS);
-		return;
-	}
+	set_apart(ssl, true);
+}
+
+void tap_tls_rejoin(SSL *ssl)
+{
+	set_apart(ssl, false);
+}
+
+void tap_tls_keep_buffers(SSL *ssl)
+{
+	SSL_clear_mode(ssl, SSL_MODE_RELEASE_BUFFERS);
+}
+
+void tap_tls_release_buffers(SSL *ssl)
+{
 	SSL_set_mode(ssl, SSL_MODE_RELEASE_BUFFERS);
 	if (!tap_tls_pending(ssl))
 		(void)SSL_free_buffers(ssl); /* 0 when a record is only partly read or written: kept */
 }
 
-void tap_tls_free_ssl(SSL *ssl, bool notify)
+void tap_tls_free_ssl(SSL *ssl)
+{
+	SSL_free(ssl); /* NULL: nothing */
+}
+
+void tap_tls_close_ssl(SSL *ssl)
 {
 	if (!ssl)
 		return;
-	if (notify) {
-		/* one try at a close_notify: a socket that cannot take it now is closed without */
-		(void)SSL_shutdown(ssl);
-		ERR_clear_error();
-	}
+	/* one try at a close_notify: a socket that cannot take it now is closed without */
+	(void)SSL_shutdown(ssl);
+	ERR_clear_error();
 	SSL_free(ssl);
 }

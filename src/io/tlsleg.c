@@ -1,4 +1,4 @@
-/* A TLS leg of a session: OpenSSL reads the leg's socket through tls.c's
+/* A TLS leg of a session (struct leg_ops): OpenSSL reads the leg's socket through tls.c's
  * reading BIO (one read() per burst of records, handed over a record at a
  * time) and writes it itself, SSL_read decrypts straight into the peer's
  * queue (or into the scratch buffer when the bytes can be sent on at once),
@@ -28,10 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 static void step_handshake(struct leg *l);
 static void flush(struct leg *l);
+static void tls_apply_reading(struct leg *l);
 
 static void arm_write(struct leg *l)
 {
@@ -85,9 +87,12 @@ static void on_buffer_sweep(evutil_socket_t fd, short what, void *arg)
 		for (size_t i = 0; i < 2; i++) {
 			struct leg *l = &s->leg[i];
 			if (l->ssl && l->handshaken) {
-				bool keep = l->ios >= BUSY_IOS;
-				tap_tls_keep_buffers(l->ssl, keep);
-				busy += keep;
+				if (l->ios >= BUSY_IOS) {
+					tap_tls_keep_buffers(l->ssl);
+					busy++;
+				} else {
+					tap_tls_release_buffers(l->ssl);
+				}
 			}
 			l->ios = 0;
 		}
@@ -115,96 +120,61 @@ void tap_tls_proxy_free(struct tap_proxy *px)
 	px->buffer_sweep = NULL;
 }
 
-/* The peer's output when the decrypted bytes must be queued there, else
- * NULL (they go to px->scratch and straight on). */
-static struct evbuffer *target(const struct leg *from)
+/* How a read stopped short (st is not TAP_TLS_OK): what it asks for. */
+static void read_stopped(struct leg *from, enum tap_tls_step st, struct leg_read *rd)
 {
-	return from->peer->out ? tap_leg_queue_for(from->peer) : NULL;
-}
-
-/* Decrypts what the leg has, up to TAP_PROXY_HIGH_WATER per wakeup. */
-static void read_some(struct leg *from)
-{
-	struct tap_proxy *px = from->s->px;
-	char why[160] = "";
-	size_t budget = TAP_PROXY_HIGH_WATER;
-	enum tap_tls_step st = TAP_TLS_OK;
-	int err = 0; /* the failed read's errno: passing on what came before it may set errno again */
-	from->ios++;
-	while (budget > 0 && from->reading && st == TAP_TLS_OK) {
-		struct evbuffer *q = target(from);
-		size_t got = 0, cap = TAP_PROXY_MAX_IO;
-		struct evbuffer_iovec v;
-		uint8_t *dst = px->scratch;
-		if (q) {
-			if (evbuffer_reserve_space(q, TAP_TLS_READ_SPACE, &v, 1) != 1) {
-				q = NULL; /* no memory for the queue: the copying path says what happens */
-			} else {
-				dst = v.iov_base;
-				cap = v.iov_len;
-			}
-		}
-		/* one record per SSL_read: fill the space with as many as have
-		 * arrived; once OpenSSL holds nothing more, the socket is empty
-		 * (or, if the read() filled the BIO, readable again: epoll says so),
-		 * so no read() is spent on EAGAIN */
-		bool emptied = false;
-		while (got < cap) {
-			size_t n = 0;
-			st = tap_tls_read(from->ssl, dst + got, cap - got, &n, why, sizeof why);
-			if (st != TAP_TLS_OK) {
-				err = errno;
-				break;
-			}
-			got += n;
-			if (!tap_tls_pending(from->ssl)) {
-				emptied = true;
-				break;
-			}
-		}
-		int64_t now = tap_now_us();
-		if (q) {
-			v.iov_len = got;
-			if (got)
-				tap_leg_observe(from, dst, got, now);
-			evbuffer_commit_space(q, &v, got ? 1 : 0);
-			if (got)
-				tap_leg_account(from, got);
-		} else if (got) {
-			tap_leg_pass_on(from, dst, got, now);
-		}
-		budget = got < budget ? budget - got : 0;
-		if (emptied)
-			return;
-	}
 	switch (st) {
-	case TAP_TLS_OK: /* out of budget, or reading was turned off */
-		if (from->reading && tap_tls_pending(from->ssl))
-			event_active(from->rd, EV_READ, 1); /* no readiness event will say so */
-		return;
+	case TAP_TLS_OK:
 	case TAP_TLS_WANT_READ:
+		rd->end = LEG_READ_WAIT;
 		return;
 	case TAP_TLS_WANT_WRITE:
+		rd->end = LEG_READ_WAIT;
 		from->read_wants_write = true;
 		arm_write(from);
 		return;
 	case TAP_TLS_CLOSED:
-		tap_leg_event(from, BEV_EVENT_READING | BEV_EVENT_EOF, 0, NULL);
+		rd->end = LEG_READ_EOF;
+		rd->err = 0;
 		return;
 	case TAP_TLS_FAILED:
+		rd->end = LEG_READ_ERROR;
 		from->failed = true;
-		tap_leg_event(from, BEV_EVENT_READING | BEV_EVENT_ERROR, err, why[0] ? why : NULL);
 		return;
 	}
 }
 
-static void on_readable(evutil_socket_t fd, short what, void *arg)
+/* One record per SSL_read: fills the space with as many as have arrived;
+ * once OpenSSL holds nothing more, the socket is empty (or, if the read()
+ * filled the BIO, readable again: epoll says so), so no read() is spent on
+ * EAGAIN. */
+static size_t tls_recv(struct leg *from, const struct iovec *iov, int n, struct leg_read *rd)
 {
-	struct leg *l = arg;
-	(void)fd;
-	(void)what;
-	if (tap_leg_end_if_unwatched(l))
-		return;
+	uint8_t *dst = iov[0].iov_base;
+	size_t cap = iov[0].iov_len, got = 0;
+	(void)n; /* read_vecs is 1 */
+	while (got < cap) {
+		size_t k = 0;
+		enum tap_tls_step st = tap_tls_read(from->ssl, dst + got, cap - got, &k, rd->why, sizeof rd->why);
+		if (st != TAP_TLS_OK) {
+			rd->err = errno; /* the failed read's: passing on what came before it may set errno again */
+			read_stopped(from, st, rd);
+			return got;
+		}
+		got += k;
+		if (!tap_tls_pending(from->ssl)) {
+			rd->end = LEG_READ_EMPTY;
+			return got;
+		}
+	}
+	rd->end = LEG_READ_FULL;
+	return got;
+}
+
+/* A read wakeup before the handshake is done, or for a write that needs the
+ * socket readable. */
+static void tls_readable(struct leg *l)
+{
 	if (!l->handshaken) {
 		if (l->side == SIDE_CLIENT && !l->first_step_done)
 			hand_over(l);
@@ -212,12 +182,8 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 			step_handshake(l);
 		return;
 	}
-	if (l->write_wants_read) {
-		l->write_wants_read = false;
-		flush(l);
-		return; /* the session may be gone; a readable socket wakes us again */
-	}
-	read_some(l);
+	l->write_wants_read = false;
+	flush(l); /* the session may be gone */
 }
 
 /* Writes the queue, one record per SSL_write; arms the write event when the
@@ -252,20 +218,20 @@ static void flush(struct leg *l)
 		if (!err && !why[0]) /* OpenSSL's "EOF", which a write cannot meet: a BIO failed and did not say why */
 			snprintf(why, sizeof why, "TLS write failed without an error code");
 		l->failed = true;
-		tap_leg_event(l, BEV_EVENT_WRITING | BEV_EVENT_ERROR, err, why[0] ? why : NULL);
+		l->s->px->up->event(l, BEV_EVENT_WRITING | BEV_EVENT_ERROR, err, why[0] ? why : NULL);
 		return;
 	}
 	if (len == 0 && !l->read_wants_write)
 		event_del(l->wr);
 	if (progress && evbuffer_get_length(l->out) <= l->low_water)
-		tap_leg_written(l); /* last: the session may be gone */
+		l->s->px->up->written(l); /* last: the session may be gone */
 }
 
 static void on_writable(evutil_socket_t fd, short what, void *arg)
 {
 	struct leg *l = arg;
 	if (what & EV_TIMEOUT) {
-		tap_leg_event(l, BEV_EVENT_WRITING | BEV_EVENT_TIMEOUT, 0, NULL);
+		l->s->px->up->event(l, BEV_EVENT_WRITING | BEV_EVENT_TIMEOUT, 0, NULL);
 		return;
 	}
 	if (l->side == SIDE_UPSTREAM && !l->tcp_up) {
@@ -274,13 +240,12 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 		if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
 			err = errno;
 		if (err) {
-			tap_leg_event(l, BEV_EVENT_ERROR, err, NULL);
+			l->s->px->up->event(l, BEV_EVENT_ERROR, err, NULL);
 			return;
 		}
 		l->tcp_up = true;
 		tap_leg_tcp_up(l);
-		int one = 1;
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+		tap_set_nodelay(fd);
 		step_handshake(l);
 		return;
 	}
@@ -294,13 +259,13 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 	if (l->read_wants_write) {
 		l->read_wants_write = false;
 		event_del(l->wr);
-		read_some(l);
+		l->s->px->read(l); /* the relay's read loop */
 		return;
 	}
 	flush(l);
 }
 
-size_t tap_tls_leg_send(struct leg *to, const void *data, size_t len)
+static size_t tls_send(struct leg *to, const void *data, size_t len)
 {
 	char why[160];
 	size_t done = 0;
@@ -348,8 +313,8 @@ static void after_step(struct leg *l, enum tap_tls_step st, int err, const char 
 		event_del(l->wr);
 		if (evbuffer_get_length(l->out) > 0)
 			event_active(l->wr, EV_WRITE, 1); /* what was queued during the handshake */
-		tap_tls_leg_reading(l);
-		tap_leg_event(l, BEV_EVENT_CONNECTED, 0, NULL);
+		tls_apply_reading(l);
+		l->s->px->up->event(l, BEV_EVENT_CONNECTED, 0, NULL);
 		/* the session may be gone (its upstream could not be opened) */
 		return;
 	case TAP_TLS_WANT_READ:
@@ -360,11 +325,11 @@ static void after_step(struct leg *l, enum tap_tls_step st, int err, const char 
 		tap_leg_watch(l, l->wr, NULL);
 		return;
 	case TAP_TLS_CLOSED:
-		tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_EOF, 0, NULL);
+		l->s->px->up->event(l, BEV_EVENT_READING | BEV_EVENT_EOF, 0, NULL);
 		return;
 	case TAP_TLS_FAILED:
 		l->failed = true;
-		tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_ERROR, err, why[0] ? why : NULL);
+		l->s->px->up->event(l, BEV_EVENT_READING | BEV_EVENT_ERROR, err, why[0] ? why : NULL);
 		return;
 	}
 }
@@ -381,7 +346,7 @@ static void on_first_step(struct leg *l, bool gone, enum tap_tls_step st, int er
 {
 	l->first_step_done = true;
 	if (gone) {
-		tap_leg_event(l, BEV_EVENT_READING | BEV_EVENT_EOF, 0, NULL);
+		l->s->px->up->event(l, BEV_EVENT_READING | BEV_EVENT_EOF, 0, NULL);
 		return;
 	}
 	tap_leg_arm_setup(l);
@@ -393,7 +358,7 @@ static int leg_setup(struct leg *l, evutil_socket_t fd)
 {
 	struct tap_proxy *px = l->s->px;
 	l->fd = fd;
-	l->rd = event_new(px->base, fd, EV_READ | EV_PERSIST, on_readable, l);
+	(void)tap_leg_new_read_event(l); /* checked below */
 	l->wr = event_new(px->base, fd, EV_WRITE | EV_PERSIST, on_writable, l);
 	if (!l->rd || !l->wr || !l->ssl)
 		return ENOMEM;
@@ -402,8 +367,17 @@ static int leg_setup(struct leg *l, evutil_socket_t fd)
 	return 0;
 }
 
-int tap_tls_leg_accept(struct leg *l, evutil_socket_t fd)
+/* An accepted client waits for its handshake; an upstream (fd -1) gets its
+ * queue now and its socket when it connects. */
+static int tls_open(struct leg *l, evutil_socket_t fd)
 {
+	l->out = evbuffer_new();
+	if (fd < 0)
+		return l->out ? 0 : ENOMEM;
+	if (!l->out) {
+		evutil_closesocket(fd);
+		return ENOMEM;
+	}
 	l->ssl = tap_tls_accept_ssl(l->s->px->tls, fd);
 	int err = leg_setup(l, fd);
 	if (err)
@@ -411,7 +385,7 @@ int tap_tls_leg_accept(struct leg *l, evutil_socket_t fd)
 	return event_add(l->rd, NULL) == 0 ? 0 : ENOMEM; /* the ClientHello */
 }
 
-int tap_tls_leg_connect(struct leg *l)
+static int tls_connect(struct leg *l)
 {
 	struct tap_proxy *px = l->s->px;
 	const struct sockaddr_storage *to = &px->upstreams[l->s->upstream_at];
@@ -431,15 +405,13 @@ int tap_tls_leg_connect(struct leg *l)
 	return event_add(l->wr, NULL) == 0 ? 0 : ENOMEM; /* the connect */
 }
 
-void tap_tls_leg_reading(struct leg *l)
+/* A client waiting for its broker is not read (tap_leg_awaits_broker). */
+static void tls_apply_reading(struct leg *l)
 {
 	if (!l->handshaken || !l->rd)
 		return;
-	bool awaits_broker = tap_leg_awaits_broker(l);
-	if (!l->reading || awaits_broker) {
+	if (!l->reading || tap_leg_awaits_broker(l)) {
 		event_del(l->rd);
-		if (awaits_broker)
-			tap_leg_await_broker(l); /* a client is read once its broker is connected */
 		return;
 	}
 	tap_leg_watch(l, l->rd, NULL);
@@ -447,37 +419,43 @@ void tap_tls_leg_reading(struct leg *l)
 		event_active(l->rd, EV_READ, 1); /* what OpenSSL already holds wakes nobody */
 }
 
-void tap_tls_leg_read_rest(struct leg *l, size_t cap)
+/* Decrypts one record of what a handshaken leg still holds, unread. */
+static size_t tls_recv_rest(struct leg *l, void *buf, size_t cap)
 {
-	uint8_t *buf = l->s->px->scratch;
 	char why[160];
 	size_t got;
 	if (!l->ssl || !l->handshaken || l->failed)
-		return;
-	while (cap > 0 && tap_tls_read(l->ssl, buf, cap < TAP_PROXY_MAX_IO ? cap : TAP_PROXY_MAX_IO, &got, why,
-				       sizeof why) == TAP_TLS_OK) {
-		tap_leg_pass_on_rest(l, buf, got);
-		cap -= got < cap ? got : cap;
-	}
+		return 0;
+	return tap_tls_read(l->ssl, buf, cap, &got, why, sizeof why) == TAP_TLS_OK ? got : 0;
 }
 
-void tap_tls_leg_drain(struct leg *l)
+static void tls_set_low_water(struct leg *l, size_t low)
+{
+	l->low_water = low;
+}
+
+static void tls_drain(struct leg *l)
 {
 	l->draining = true;
 	if (l->wr && event_pending(l->wr, EV_WRITE, NULL))
 		arm_write(l);
 }
 
-void tap_tls_leg_free(struct leg *l, bool reset)
+/* A client to be reset gets no close_notify either. */
+static void tls_free(struct leg *l)
 {
 	struct tap_proxy *px = l->s->px;
+	bool reset = l->side == SIDE_CLIENT && l->s->reset_client;
 	tap_tls_work_cancel(px->handshaker, l);
 	if (l->wr)
 		event_free(l->wr);
 	if (l->setup_timer)
 		event_free(l->setup_timer);
 	l->wr = l->setup_timer = NULL;
-	tap_tls_free_ssl(l->ssl, l->handshaken && !l->failed && !reset);
+	if (l->handshaken && !l->failed && !reset)
+		tap_tls_close_ssl(l->ssl);
+	else
+		tap_tls_free_ssl(l->ssl);
 	l->ssl = NULL;
 	if (l->out) {
 		/* a deferred callback may be pending: it holds the buffer, not the leg */
@@ -488,3 +466,19 @@ void tap_tls_leg_free(struct leg *l, bool reset)
 		close(l->fd);
 	l->fd = -1;
 }
+
+const struct leg_ops tap_tls_leg_ops = {
+	.open = tls_open,
+	.connect = tls_connect,
+	.recv = tls_recv,
+	.send = tls_send,
+	.recv_rest = tls_recv_rest,
+	.readable = tls_readable,
+	.apply_reading = tls_apply_reading,
+	.set_low_water = tls_set_low_water,
+	.drain = tls_drain,
+	.free = tls_free,
+	.read_space = TAP_TLS_READ_SPACE,
+	.read_vecs = 1,
+	.holds_input = true,
+};

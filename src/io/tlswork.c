@@ -80,10 +80,10 @@ static void run(struct tls_job *j)
 	j->gone = gone(j->fd);
 	if (j->gone)
 		return;
-	tap_tls_apart(j->ssl, true);
+	tap_tls_apart(j->ssl);
 	j->step = tap_tls_handshake(j->ssl, j->why, sizeof j->why);
 	j->err = errno;
-	tap_tls_apart(j->ssl, false);
+	tap_tls_rejoin(j->ssl);
 }
 
 /* The handshaker's nice value (the loop's is the process's, 0 unless set):
