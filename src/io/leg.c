@@ -2,7 +2,7 @@
  * tlsleg.c): watching a leg's events when libevent may have no memory, the
  * setup timer, addresses, the clock. It calls nothing above it: what it has
  * to tell goes up through px->up. */
-#include "session.h"
+#include "proxy_int.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

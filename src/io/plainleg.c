@@ -3,7 +3,7 @@
  * socket when nothing is queued, and otherwise through a socket bufferevent
  * whose output is the leg's queue. The bufferevent never reads: libevent
  * 2.1 caps its reads at 4 KiB and probes FIONREAD first. */
-#include "session.h"
+#include "proxy_int.h"
 
 #include <errno.h>
 #include <event2/buffer.h>

@@ -1,7 +1,7 @@
 /* The proxy: its listener, its upstream addresses, setting it up and
  * freeing it. What happens to each accepted client is session.c's; see
- * session.h for how the engine's files call one another. */
-#include "session.h"
+ * proxy_int.h for how the engine's files call one another. */
+#include "proxy_int.h"
 
 #include "amqptap/log.h"
 #include "amqptap/tls.h"

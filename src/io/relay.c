@@ -19,13 +19,19 @@
  * SSL_write. Invariant: no input is kept after a read callback; all queued
  * bytes live in the peer's `out`. When that passes TAP_PROXY_HIGH_WATER,
  * reading from the leg that fills it stops until it drains to half. */
-#include "session.h"
+#include "proxy_int.h"
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+
+/* First in a leg's read callback: true when tap_leg_watch failed for it and its session was ended (it may be gone). */
+static inline bool end_if_unwatched(struct leg *l)
+{
+	return l->unwatched && tap_leg_end_unwatched(l);
+}
 
 /* The leg's output, when bytes for it have to be queued anyway: some
  * already wait there, it is still connecting (or in its TLS handshake), it
@@ -211,7 +217,7 @@ void tap_relay_readable(evutil_socket_t fd, short what, void *arg)
 	struct leg *from = arg;
 	(void)fd;
 	(void)what;
-	if (tap_leg_end_if_unwatched(from))
+	if (end_if_unwatched(from))
 		return;
 	if (from->s->reset_later) { /* the client spoke (or left): reset it now (end_with_reset in session.c) */
 		from->s->px->up->end(from->s);

@@ -10,7 +10,7 @@
  * for the other side, then closes it. TLS has no half-close: a FIN on
  * either side of a session with a TLS leg drains, then closes both.
  * Drain-then-close follows libevent's sample/le-proxy.c. */
-#include "session.h"
+#include "proxy_int.h"
 
 #include "amqptap/log.h"
 #include "amqptap/tls.h"

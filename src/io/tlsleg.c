@@ -14,7 +14,7 @@
  * other step (the client's Finished, every upstream step), so a handshake
  * once started finishes without waiting behind the ones not started yet
  * (the broker gives up on a TLS handshake after 5 s). */
-#include "session.h"
+#include "proxy_int.h"
 
 #include "amqptap/tls.h"
 

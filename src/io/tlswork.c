@@ -15,7 +15,7 @@
  *
  * A leg freed while its job is out cancels it: a job still to do or done is
  * dropped, a running one is waited for (one signature at most). */
-#include "session.h"
+#include "proxy_int.h"
 
 #include "amqptap/thread.h"
 #include "amqptap/tls.h"

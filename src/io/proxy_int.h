@@ -16,8 +16,8 @@
  * goes through px->up, the session's struct leg_up; a leg's read event runs
  * px->readable, the relay's read callback (and a TLS read that waited for
  * the socket to be writable px->read, its loop). */
-#ifndef AMQPTAP_IO_SESSION_H
-#define AMQPTAP_IO_SESSION_H
+#ifndef AMQPTAP_IO_PROXY_INT_H
+#define AMQPTAP_IO_PROXY_INT_H
 
 #include "amqptap/proxy.h"
 #include "amqptap/tls.h"
@@ -221,15 +221,11 @@ void tap_set_nodelay(evutil_socket_t fd);
 /* Adds ev, one of l's events or timers (NULL: one that could not be made),
  * with timeout tv. Where libevent has no memory for it, nothing might ever
  * wake the leg again: its read event is made active instead (that needs no
- * memory) and its read callback ends the session (tap_leg_end_if_unwatched). */
+ * memory) and its read callback ends the session (tap_leg_end_unwatched). */
 void tap_leg_watch(struct leg *l, struct event *ev, const struct timeval *tv);
-/* In a leg's read callback, first: true when tap_leg_watch failed for it and
- * the session was ended (it may be gone). The test inline, as it runs on every read. */
+/* A leg tap_leg_watch failed for: ends its session; true (it may be gone). Its read callback asks first (the
+ * relay's end_if_unwatched, testing l->unwatched inline on every read). */
 bool tap_leg_end_unwatched(struct leg *l);
-static inline bool tap_leg_end_if_unwatched(struct leg *l)
-{
-	return l->unwatched && tap_leg_end_unwatched(l);
-}
 /* Starts the --handshake-timeout clock of a leg not yet set up (a TLS handshake, an upstream connect); running
  * out is a BEV_EVENT_TIMEOUT event. */
 void tap_leg_arm_setup(struct leg *l);
