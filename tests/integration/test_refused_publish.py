@@ -90,6 +90,16 @@ class RefusedPublishCase(TapTestCase):
         self.assertEqual(culprit, {"conn": bad["conn"], "channel": bad["channel"], "seq": None, "message_id": "bad",
                                    "exchange": x, "routing_key": rk})
 
+    def closed_by_broker(self, conn, ch):
+        """Lets pika read the broker's channel close (and answer close-ok), checks that is what closed ch, and
+        closes conn."""
+        for _ in range(50):
+            if ch.is_closed:
+                break
+            conn.process_data_events(time_limit=0.1)
+        self.assertIsInstance(ch._closing_reason, pika.exceptions.ChannelClosedByBroker)
+        conn.close()
+
     def pika_burst(self, kind):
         tap = self.start_tap()
         conn = pika.BlockingConnection(params(tap.port))
@@ -110,12 +120,7 @@ class RefusedPublishCase(TapTestCase):
             ch.basic_publish("", self.queue, b"after", pika.BasicProperties(message_id="after"))
         except pika.exceptions.ChannelClosedByBroker:
             pass
-        for _ in range(50):
-            if ch.is_closed:
-                break
-            conn.process_data_events(time_limit=0.1)
-        self.assertIsInstance(ch._closing_reason, pika.exceptions.ChannelClosedByBroker)
-        conn.close()
+        self.closed_by_broker(conn, ch)
         self.check(tap, reported, code=404 if kind == "exchange" else 406)
 
     def py_amqp_burst(self, kind):
@@ -138,12 +143,7 @@ class RefusedPublishCase(TapTestCase):
         ch.basic_publish(self.missing, "k", b"bad", pika.BasicProperties(message_id="bad"), mandatory=True)
         time.sleep(1.0)  # idle: the broker's channel.close waits unread; the window (300 ms) runs out meanwhile
         self.assertEqual(tap.records("publish"), [], "written before the client answered the close")
-        for _ in range(50):
-            if ch.is_closed:
-                break
-            conn.process_data_events(time_limit=0.1)
-        self.assertIsInstance(ch._closing_reason, pika.exceptions.ChannelClosedByBroker)
-        conn.close()
+        self.closed_by_broker(conn, ch)
         self.assertTrue(wait_for(lambda: tap.records("publish"), 10))
         (rec,) = tap.records("publish")
         self.assertEqual((rec["route"], rec["confirm"], rec["refused"]), ("unknown", "none", "culprit"),

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pika  # noqa: E402
 
 from scenario_lib import RawClient, broker_sh, direct_connection, params  # noqa: E402
-from tapharness import BROKER_PORT, Peer, TapTestCase, main, require_broker, wait_for  # noqa: E402
+from tapharness import BROKER_PORT, Peer, TapTestCase, echo_handler, main, require_broker, wait_for  # noqa: E402
 
 USER = f"sec-{uuid.uuid4().hex[:6]}"
 PASSWORD = f"Sq{uuid.uuid4().hex[:12]}Zx"  # the broker's password for USER
@@ -125,14 +125,7 @@ class SecretsCase(TapTestCase):
         """The tap in front of something that is no broker and sends back what it is sent: the client's start-ok
         comes back on the broker-to-client side, whole or cut across segments, and the pcap shows its password on
         neither side (the broker's stream is redacted as the client's until the client has logged in)."""
-        def echo(sock, _index):
-            while True:
-                data = sock.recv(65536)
-                if not data:
-                    return
-                sock.sendall(data)
-
-        peer = Peer(echo)
+        peer = Peer(echo_handler)
         self.addCleanup(peer.close)
         secret = distinctive("echoed")
         for split in (None, 40):
