@@ -128,8 +128,14 @@ typedef bool (*tap_conf_same_inode_fn)(const char *a, const char *b);
 int tap_conf_parse(struct tap_conf *c, int argc, char **argv, tap_conf_same_inode_fn same_inode, char *err,
 		   size_t err_cap);
 
-/* Parses "HOST:PORT" or "[V6]:PORT"; allow_port0 for listeners. */
-int tap_conf_parse_addr(const char *s, bool allow_port0, struct tap_conf_addr *out);
+/* Which ports an address may have: a listener may take port 0 (the kernel picks one), a peer may not. */
+enum tap_conf_port {
+	TAP_CONF_PORT_NONZERO,
+	TAP_CONF_PORT_ANY,
+};
+
+/* Parses "HOST:PORT" or "[V6]:PORT" with a port that ports allows. */
+int tap_conf_parse_addr(const char *s, enum tap_conf_port ports, struct tap_conf_addr *out);
 
 /* "host:port" or "[v6]:port" */
 void tap_conf_addr_format(const struct tap_conf_addr *a, char *out, size_t cap);

@@ -115,7 +115,7 @@ const struct tap_conf_option *tap_conf_options(size_t *count)
 	return options;
 }
 
-int tap_conf_parse_addr(const char *s, bool allow_port0, struct tap_conf_addr *out)
+int tap_conf_parse_addr(const char *s, enum tap_conf_port ports, struct tap_conf_addr *out)
 {
 	const char *host = s, *host_end, *colon;
 	if (*s == '[') {
@@ -141,7 +141,7 @@ int tap_conf_parse_addr(const char *s, bool allow_port0, struct tap_conf_addr *o
 	char *end;
 	errno = 0;
 	unsigned long p = strtoul(port, &end, 10);
-	if (errno || *end || p > 65535 || (p == 0 && !allow_port0))
+	if (errno || *end || p > 65535 || (p == 0 && ports != TAP_CONF_PORT_ANY))
 		return TAP_E_BAD_ADDRESS;
 	for (size_t i = 0; i < hlen; i++)
 		if (host[i] == ' ' || host[i] == '/' || host[i] == '[' || host[i] == ']')
@@ -237,7 +237,8 @@ static int apply(struct tap_conf *c, const struct tap_conf_option *o, const char
 			snprintf(local, sizeof local, "127.0.0.1:%s", value[0] == ':' ? value + 1 : value);
 			value = local;
 		}
-		if (tap_conf_parse_addr(value, o->kind != TAP_OPT_ADDR, (struct tap_conf_addr *)(void *)field))
+		enum tap_conf_port ports = o->kind != TAP_OPT_ADDR ? TAP_CONF_PORT_ANY : TAP_CONF_PORT_NONZERO;
+		if (tap_conf_parse_addr(value, ports, (struct tap_conf_addr *)(void *)field))
 			return usage_error(err, cap, "--%s: expected HOST:PORT with a port %s-65535 (IPv6 as [ADDR]:PORT), got '%s'",
 					   o->name, o->kind != TAP_OPT_ADDR ? "0" : "1", given);
 		return TAP_OK;

@@ -507,10 +507,10 @@ START_TEST(addr_format_round_trip)
 {
 	struct tap_conf_addr a;
 	char out[300];
-	ck_assert_int_eq(tap_conf_parse_addr("[fe80::1]:5672", false, &a), TAP_OK);
+	ck_assert_int_eq(tap_conf_parse_addr("[fe80::1]:5672", TAP_CONF_PORT_NONZERO, &a), TAP_OK);
 	tap_conf_addr_format(&a, out, sizeof out);
 	ck_assert_str_eq(out, "[fe80::1]:5672");
-	ck_assert_int_eq(tap_conf_parse_addr("broker.example:5671", false, &a), TAP_OK);
+	ck_assert_int_eq(tap_conf_parse_addr("broker.example:5671", TAP_CONF_PORT_NONZERO, &a), TAP_OK);
 	tap_conf_addr_format(&a, out, sizeof out);
 	ck_assert_str_eq(out, "broker.example:5671");
 }
