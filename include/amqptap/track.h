@@ -142,6 +142,10 @@ void tap_track_free(struct tap_track *t);
 /* Addresses are copied. Returns NULL when out of memory, the connection counted in conns_unfollowed. */
 struct tap_track_conn *tap_track_conn_new(struct tap_track *t, uint64_t conn_id, const char *client_addr,
                                           const char *upstream_addr, int64_t now_us);
+/* Memory its observer keeps for the connection (the decoder's channel table), counted in max_memory: room is made
+ * first; false, and nothing counted, when n more bytes do not fit. uncharge gives back what charge counted. */
+bool tap_track_conn_charge(struct tap_track_conn *c, uint64_t n, int64_t now_us);
+void tap_track_conn_uncharge(struct tap_track_conn *c, uint64_t n);
 /* A connection its observer had no memory to follow (it gets no records): counted in conns_unfollowed. */
 void tap_track_conn_unfollowed(struct tap_track *t);
 /* Connection facts as they are seen on the wire; each optional; slices are copied. */
@@ -317,6 +321,8 @@ struct tap_track_stats {
 	                       * window or hold ended, a publish's details or a record's optional members left out */
 	uint64_t records_oom; /* of which records lost: no memory to render them */
 	uint64_t conns_unfollowed; /* connections forwarded or read with no records at all: no memory to follow them */
+	uint64_t chans_unfollowed; /* channel opens not followed: the channel did not fit in max_memory (its
+	                            * publishes are written unknown at once, reason no_memory) */
 };
 void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s);
 /* The run id every record carries, "" when records carry none (replay). */

@@ -86,6 +86,7 @@ void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 	for (size_t i = 0; i < c->n_chans; i++)
 		if (c->chans[i].dir[TAP_C2S].kind == PENDING_PUBLISH)
 			conn_pending_cut(c, c->chans[i].number, &c->chans[i].dir[TAP_C2S], now_us);
+	tap_track_conn_uncharge(c->tc, c->chans_charged); /* the tracker's connection ends now */
 	tap_track_conn_end(c->tc, reason_by, now_us);
 	if (c->capture)
 		conn_capture_close(c, reason_by, now_us);

@@ -19,15 +19,34 @@ static size_t index_slot(const uint32_t *index, size_t cap, const struct channel
 	return i;
 }
 
-/* Makes room in the index for one more channel; false when out of memory. */
-static bool index_reserve(struct tap_conn *c)
+/* Counts n more bytes of the table in the tracker's budget (room made first); false when they do not fit. */
+static bool table_charge(struct tap_conn *c, uint64_t n, int64_t now_us)
+{
+	if (!tap_track_conn_charge(c->tc, n, now_us))
+		return false;
+	c->chans_charged += n;
+	return true;
+}
+
+static void table_uncharge(struct tap_conn *c, uint64_t n)
+{
+	tap_track_conn_uncharge(c->tc, n);
+	c->chans_charged -= n;
+}
+
+/* Makes room in the index for one more channel; false when out of memory or budget. */
+static bool index_reserve(struct tap_conn *c, int64_t now_us)
 {
 	if ((c->n_chans + 1) * 2 <= c->index_cap)
 		return true;
 	size_t cap = c->index_cap ? c->index_cap * 2 : 16;
-	uint32_t *index = calloc(cap, sizeof *index);
-	if (!index)
+	if (!table_charge(c, (cap - c->index_cap) * sizeof *c->chan_index, now_us))
 		return false;
+	uint32_t *index = calloc(cap, sizeof *index);
+	if (!index) {
+		table_uncharge(c, (cap - c->index_cap) * sizeof *index);
+		return false;
+	}
 	for (size_t k = 0; k < c->n_chans; k++)
 		index[index_slot(index, cap, c->chans, c->chans[k].number)] = (uint32_t)k + 1;
 	free(c->chan_index);
@@ -73,8 +92,7 @@ void conn_channel_drop(struct tap_conn *c, uint16_t number)
 	c->last_chan = SIZE_MAX;
 }
 
-/* Channel state, created on first use. NULL only when out of memory. */
-struct channel *conn_channel_get(struct tap_conn *c, uint16_t number)
+struct channel *conn_channel_find(struct tap_conn *c, uint16_t number)
 {
 	if (c->last_chan < c->n_chans && c->chans[c->last_chan].number == number)
 		return &c->chans[c->last_chan];
@@ -85,13 +103,25 @@ struct channel *conn_channel_get(struct tap_conn *c, uint16_t number)
 			return &c->chans[at - 1];
 		}
 	}
-	if (!index_reserve(c))
+	return NULL;
+}
+
+struct channel *conn_channel_get(struct tap_conn *c, uint16_t number, int64_t now_us)
+{
+	struct channel *found = conn_channel_find(c, number);
+	if (found)
+		return found;
+	if (!index_reserve(c, now_us))
 		return NULL;
 	if (c->n_chans == c->cap_chans) {
 		size_t cap = c->cap_chans ? c->cap_chans * 2 : 4;
-		struct channel *p = realloc(c->chans, cap * sizeof *p);
-		if (!p)
+		if (!table_charge(c, (cap - c->cap_chans) * sizeof *c->chans, now_us))
 			return NULL;
+		struct channel *p = realloc(c->chans, cap * sizeof *p);
+		if (!p) {
+			table_uncharge(c, (cap - c->cap_chans) * sizeof *p);
+			return NULL;
+		}
 		c->chans = p;
 		c->cap_chans = cap;
 	}

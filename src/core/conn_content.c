@@ -120,7 +120,7 @@ void conn_pending_cut(struct tap_conn *c, uint16_t channel, struct pending *p, i
 
 void conn_on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int64_t now_us)
 {
-	struct channel *ch = conn_channel_get(c, ev->channel);
+	struct channel *ch = conn_channel_find(c, ev->channel);
 	if (!ch)
 		return;
 	struct pending *p = &ch->dir[dir];
@@ -182,7 +182,7 @@ void conn_on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_frame
  * the content ended is itself that 505. */
 int conn_on_body(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int64_t now_us)
 {
-	struct channel *ch = conn_channel_get(c, ev->channel);
+	struct channel *ch = conn_channel_find(c, ev->channel);
 	if (!ch)
 		return TAP_OK;
 	struct pending *p = &ch->dir[dir];

@@ -74,6 +74,7 @@ struct tap_conn {
 	 * a client with thousands of channels costs a lookup per frame, not a scan */
 	uint32_t *chan_index;
 	size_t index_cap;
+	uint64_t chans_charged; /* bytes of chans and chan_index counted in the tracker's memory budget */
 	char vhost[256];
 	size_t vhost_len;
 	bool login_done; /* the client's tune-ok or connection.open was decoded: no SASL exchange can follow */
@@ -105,8 +106,12 @@ static inline bool conn_logging_in(const struct tap_conn *c)
 
 /* ---- conn_chan.c ---- */
 
-/* Channel state, created on first use. NULL only when out of memory. */
-struct channel *conn_channel_get(struct tap_conn *c, uint16_t number);
+/* Channel state, created on first use (a publish or a return: only content needs it). NULL when out of memory or
+ * when the table's growth does not fit in the tracker's memory budget: the channel's contents are then not
+ * assembled (a publish is handed over at its method). */
+struct channel *conn_channel_get(struct tap_conn *c, uint16_t number, int64_t now_us);
+/* The channel's state if it has any. */
+struct channel *conn_channel_find(struct tap_conn *c, uint16_t number);
 /* Forgets channel number at its close-ok unless a content is in progress on it. */
 void conn_channel_drop(struct tap_conn *c, uint16_t number);
 /* Appends to p's store, counted in the observer's pending_mem (nothing past its pending_max: the store is oom). */

@@ -103,13 +103,19 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 		tap_track_tx_end(tc, channel, TAP_TRACK_TX_ROLLBACK, now_us);
 		break;
 	case TAP_BASIC_PUBLISH: {
-		struct channel *ch = conn_channel_get(c, channel);
-		if (!ch)
-			break;
-		struct pending *p = &ch->dir[TAP_C2S];
-		conn_pending_reset(c, p, PENDING_PUBLISH);
 		struct tap_slice x = arg_slice(m, TAP_ARG_BASIC_PUBLISH_EXCHANGE);
 		struct tap_slice rk = arg_slice(m, TAP_ARG_BASIC_PUBLISH_ROUTING_KEY);
+		struct channel *ch = conn_channel_get(c, channel, now_us);
+		if (!ch) { /* no memory to assemble its content in: it still counts, its details lost */
+			struct tap_publish pub = {.mandatory = m->args[TAP_ARG_BASIC_PUBLISH_MANDATORY].u != 0,
+			                          .immediate = m->args[TAP_ARG_BASIC_PUBLISH_IMMEDIATE].u != 0,
+			                          .details_lost = true,
+			                          .header_lost = true};
+			tap_track_publish(tc, channel, &pub, now_us);
+			break;
+		}
+		struct pending *p = &ch->dir[TAP_C2S];
+		conn_pending_reset(c, p, PENDING_PUBLISH);
 		p->exchange = conn_keep(c, p, x.ptr, x.len);
 		p->routing_key = conn_keep(c, p, rk.ptr, rk.len);
 		p->mandatory = m->args[TAP_ARG_BASIC_PUBLISH_MANDATORY].u != 0;
@@ -180,14 +186,20 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 			       m->args[TAP_ARG_BASIC_NACK_MULTIPLE].u != 0, now_us);
 		break;
 	case TAP_BASIC_RETURN: {
-		struct channel *ch = conn_channel_get(c, channel);
-		if (!ch)
-			break;
-		struct pending *p = &ch->dir[TAP_S2C];
-		conn_pending_reset(c, p, PENDING_RETURN);
 		struct tap_slice text = arg_slice(m, TAP_ARG_BASIC_RETURN_REPLY_TEXT);
 		struct tap_slice x = arg_slice(m, TAP_ARG_BASIC_RETURN_EXCHANGE);
 		struct tap_slice rk = arg_slice(m, TAP_ARG_BASIC_RETURN_ROUTING_KEY);
+		struct channel *ch = conn_channel_get(c, channel, now_us);
+		if (!ch) { /* as for a publish: handed over at its method, matched without a message id */
+			struct tap_return r = {.reply_code = (uint16_t)m->args[TAP_ARG_BASIC_RETURN_REPLY_CODE].u,
+			                       .reply_text = text,
+			                       .exchange = x,
+			                       .routing_key = rk};
+			tap_track_return(tc, channel, &r, now_us);
+			break;
+		}
+		struct pending *p = &ch->dir[TAP_S2C];
+		conn_pending_reset(c, p, PENDING_RETURN);
 		p->reply_code = (uint16_t)m->args[TAP_ARG_BASIC_RETURN_REPLY_CODE].u;
 		p->reply_text = conn_keep(c, p, text.ptr, text.len);
 		p->exchange = conn_keep(c, p, x.ptr, x.len);
@@ -210,7 +222,7 @@ void conn_on_method(struct tap_conn *c, enum tap_dir dir, const struct tap_frame
 		return; /* tracking has nothing to act on */
 	}
 	if (ev->channel != 0) {
-		struct channel *ch = conn_channel_get(c, ev->channel);
+		struct channel *ch = conn_channel_find(c, ev->channel);
 		if (ch && ch->dir[dir].kind != PENDING_NONE)
 			conn_pending_cut(c, ev->channel, &ch->dir[dir], now_us); /* a method ends any unfinished content */
 		if (ch)

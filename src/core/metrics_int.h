@@ -46,6 +46,9 @@ enum metric_type { COUNTER, GAUGE, HISTOGRAM };
 	X("connections_unfollowed_total", COUNTER,                                                                \
 	  "Connections with no records: no memory to follow them, or to take them.", s->track.conns_unfollowed,   \
 	  "connections_unfollowed")                                                                                \
+	X("channels_unfollowed_total", COUNTER,                                                                   \
+	  "Channels not followed: past the memory budget (their publishes are written unknown).",                 \
+	  s->track.chans_unfollowed, "channels_unfollowed")                                                        \
 	X("decode_errors_total", COUNTER, "Streams whose decoding stopped (decode_error records).",              \
 	  s->decode_errors, "decode_errors")                                                                       \
 	X("records_written_total", COUNTER, "Records handed to --verdicts (every type).",                       \

@@ -52,6 +52,22 @@ void *trk_alloc_in_budget(struct tap_track *t, size_t n, int64_t now_us)
 	return tap_mem_calloc(&t->mem, n);
 }
 
+bool tap_track_conn_charge(struct tap_track_conn *c, uint64_t n, int64_t now_us)
+{
+	struct tap_track *t = c->t;
+	trk_make_room(t, n, now_us);
+	if (!trk_fits(t, n))
+		return false;
+	t->mem += n;
+	trk_note_peak(t);
+	return true;
+}
+
+void tap_track_conn_uncharge(struct tap_track_conn *c, uint64_t n)
+{
+	c->t->mem -= n;
+}
+
 bool trk_chan_beyond_max(const struct tap_track_conn *c)
 {
 	return c->tuned && c->channel_max && c->n_chans >= c->channel_max;
@@ -60,8 +76,13 @@ bool trk_chan_beyond_max(const struct tap_track_conn *c)
 /* Out of line: finding a known channel, as most publishes do, saves no registers for making room. */
 __attribute__((noinline)) static struct trk_chan *chan_create(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
-	trk_make_room(c->t, tap_mem_cost(sizeof(struct trk_chan)) + tap_mem_cost(c->cap_chans * 2 * sizeof *c->chans),
-	              now_us);
+	uint64_t need = tap_mem_cost(sizeof(struct trk_chan)) + tap_mem_cost(c->cap_chans * 2 * sizeof *c->chans);
+	trk_make_room(c->t, need, now_us);
+	if (!trk_fits(c->t, need)) {
+		/* nothing left to evict: the channels already followed hold the budget (a client with thousands of them
+		 * must not grow the tap past it), so this one is not followed */
+		return NULL;
+	}
 	return trk_chan_get(c, id);
 }
 

@@ -387,9 +387,13 @@ void tap_track_channel_open(struct tap_track_conn *c, uint16_t id, int64_t now_u
 	struct trk_chan *ch = trk_chan_find(c, id);
 	if (ch)
 		chan_retire(c, ch, now_us);
-	if (!trk_chan_in_budget(c, id, now_us) && !trk_chan_beyond_max(c))
+	bool followed = trk_chan_in_budget(c, id, now_us) || trk_chan_beyond_max(c);
+	if (!followed) {
 		chan_lost(c); /* it is created by its first publish, in an unknown mode, or never */
-	chan_event(c, id, "open", now_us);
+		c->t->st.chans_unfollowed++;
+	}
+	trk_record_channel_open(&c->t->render, c, id, followed, now_us);
+	trk_emit(c->t);
 }
 
 void tap_track_channel_open_ok(struct tap_track_conn *c, uint16_t id, int64_t now_us)

@@ -509,6 +509,19 @@ void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, ui
 	tap_json_obj_end(&j);
 }
 
+void trk_record_channel_open(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, bool followed,
+                             int64_t now_us)
+{
+	struct tap_json j;
+	rec_begin(r, &j, "channel", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_uint(&j, "channel", ch);
+	tap_json_kv_str(&j, "event", "open");
+	if (!followed)
+		kv_lit(&j, "followed", json_false);
+	tap_json_obj_end(&j);
+}
+
 void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
                               const struct trk_reason *why, uint64_t unconfirmed, const char *culprit,
                               size_t culprit_len, int64_t now_us)
@@ -694,8 +707,8 @@ void trk_summary(const struct tap_track *t, struct tap_buf *out)
 	               "tracking memory %" PRIu64 " bytes (peak %" PRIu64 ", budget %" PRIu64 "), evicted %" PRIu64
 	               " (%" PRIu64 " for memory), headers truncated %" PRIu64 ", header values truncated %" PRIu64
 	               ", malformed traceparent %" PRIu64 ", short of memory %" PRIu64 " times (records lost %" PRIu64
-	               ", connections not followed %" PRIu64 ")\n",
+	               ", connections not followed %" PRIu64 ", channels not followed %" PRIu64 ")\n",
 	               t->mem, trk_memory_peak(t), t->conf.max_memory, t->st.evicted, t->st.evicted_memory,
 	               t->st.headers_truncated, t->st.header_values_truncated, t->st.traceparent_malformed, t->st.oom,
-	               t->st.records_oom, t->st.conns_unfollowed);
+	               t->st.records_oom, t->st.conns_unfollowed, t->st.chans_unfollowed);
 }

@@ -33,6 +33,10 @@ void trk_record_return_warning(struct trk_render *r, const struct tap_track_conn
                                uint64_t seq_last, int64_t now_us);
 void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *event,
                         int64_t now_us);
+/* The channel's open; followed false: it did not fit in the memory budget, no state is kept for it (its
+ * publishes are written unknown at once). */
+void trk_record_channel_open(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, bool followed,
+                             int64_t now_us);
 /* culprit (NULL: none) is the JSON object of trk_render_culprit. */
 void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
                               const struct trk_reason *why, uint64_t unconfirmed, const char *culprit,

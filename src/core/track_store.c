@@ -303,18 +303,20 @@ static void arena_compact(struct tap_track *t, struct trk_chan *ch)
 	ch->arena = na;
 }
 
-/* The channel emptied: keep only small buffers. */
+/* The channel emptied: keep only small buffers, and none while room is being made or the budget is spent (idle
+ * channels by the thousand would otherwise hold 2 KB each that no eviction can take back). */
 static void chan_shrink_empty(struct tap_track *t, struct trk_chan *ch)
 {
+	bool keep_small = !t->squeeze && t->mem <= t->conf.max_memory;
 	fifo_clear(t, &ch->held_q);
 	fifo_clear(t, &ch->win_q);
 	fifo_clear(t, &ch->plain_q);
-	if (ch->cap > TRK_RING_MIN_CAP) {
+	if (ch->cap > (keep_small ? TRK_RING_MIN_CAP : 0)) {
 		trk_free(t, ch->ring, ch->cap * sizeof *ch->ring);
 		ch->ring = NULL;
 		ch->cap = 0;
 	}
-	if (ch->arena.cap > TAP_ARENA_MIN_CAP)
+	if (ch->arena.cap > (keep_small ? TAP_ARENA_MIN_CAP : 0))
 		tap_arena_release(&ch->arena);
 }
 

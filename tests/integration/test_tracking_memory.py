@@ -6,6 +6,11 @@
 # that json.loads reads, cut on a character boundary and marked headers_truncated.
 
 import json
+import os
+import re
+import shutil
+import tempfile
+import unittest
 import signal
 import socket
 import struct
@@ -13,7 +18,7 @@ import threading
 import time
 
 from scenario_lib import RawClient, ScenarioCase
-from tapharness import MIB, is_asan_build, main, rss_kb, wait_for
+from tapharness import MIB, Peer, is_asan_build, main, read_records, replay, rss_kb, start_tap, wait_for
 
 BUDGET = 4 * MIB
 # The tap's own memory besides tracking: the loop, the relay buffers (1 MiB watermark each way), the record
@@ -284,6 +289,95 @@ class TrackingMemoryTest(ScenarioCase):
         for cl in clients:
             cl.close_connection()
         self.assertEqual(tap.stop(), 0)
+
+
+def raw_frame(ftype, channel, payload):
+    return struct.pack(">BHI", ftype, channel, len(payload)) + payload + b"\xce"
+
+
+# A login sent at once (the broker here is a sink that answers nothing), then on each of 2,047 channels an open, a
+# confirm.select and one publish: channel state by the thousand on every connection (issue 37, item 1).
+LOGIN = (b"AMQP\x00\x00\x09\x01" +
+         raw_frame(1, 0, struct.pack(">HHI", 10, 11, 0) + b"\x05PLAIN" + struct.pack(">I", 12) +
+                   b"\x00guest\x00guest" + b"\x05en_US") +
+         raw_frame(1, 0, struct.pack(">HHHIH", 10, 31, 2047, 131072, 0)) +
+         raw_frame(1, 0, struct.pack(">HH", 10, 40) + b"\x01/\x00\x00"))
+N_CHANNELS = 2047
+
+
+def channel_flood():
+    out = [LOGIN]
+    for ch in range(1, N_CHANNELS + 1):
+        out += [raw_frame(1, ch, struct.pack(">HH", 20, 10) + b"\x00"),
+                raw_frame(1, ch, struct.pack(">HHB", 85, 10, 0)),
+                raw_frame(1, ch, struct.pack(">HHH", 60, 40, 0) + b"\x00\x01q\x01"),
+                raw_frame(2, ch, struct.pack(">HHQH", 60, 0, 10, 0)), raw_frame(3, ch, b"p" * 10)]
+    return b"".join(out)
+
+
+class ChannelFloodTest(unittest.TestCase):
+    """Connections with 2,047 channels each, every channel with a publish on it, in front of a broker that answers
+    nothing: the channels past --max-tracking-memory are not followed (their open records say "followed":false and
+    their publishes are written at once, unknown), so the tap's memory stays at the budget plus a fixed overhead —
+    in the proxy and replaying the proxy's own capture of it. Before, every channel stayed (about 2 KB each, the
+    budget not consulted): 60 such connections took the tap to ~230 MB whatever the budget."""
+
+    N_CONNS = 60
+    BUDGET = "8M"
+    PEAK_LIMIT_KB = (8 + 48) * 1024  # the budget, the 64 MiB-bounded contents (a few MB here), buffers, the binary
+
+    def check(self, tap, records):
+        pubs = [r for r in records if r.get("type") == "publish"]
+        self.assertEqual(len(pubs), self.N_CONNS * N_CHANNELS, "one record per publish")
+        unfollowed = [r for r in records if r.get("type") == "channel" and r.get("event") == "open"
+                      and r.get("followed") is False]
+        self.assertGreater(len(unfollowed), self.N_CONNS * N_CHANNELS // 2, "the budget did not bind")
+        m = re.search(r"channels not followed (\d+)", tap.stderr())
+        self.assertIsNotNone(m, tap.stderr())
+        self.assertEqual(int(m.group(1)), len(unfollowed))
+        peak = int(re.search(r"process peak_rss_kib=(\d+)", tap.stderr()).group(1))
+        tracking_peak = int(re.search(r"tracking memory \d+ bytes \(peak (\d+)", tap.stderr()).group(1))
+        print(f"{len(pubs)} publishes, {len(unfollowed)} channels not followed, peak RSS {peak} KiB, "
+              f"tracking peak {tracking_peak} B")
+        self.assertLess(tracking_peak, 9 * MIB, "tracking went past its budget")
+        if not is_asan_build():
+            self.assertLess(peak, self.PEAK_LIMIT_KB)
+
+    def test_proxy_then_replay(self):
+        data = channel_flood()
+
+        def sink(conn, _idx):
+            try:
+                while conn.recv(MIB):
+                    pass
+            except OSError:
+                pass
+
+        peer = Peer(sink)
+        self.addCleanup(peer.close)
+        work = tempfile.mkdtemp(prefix="amqptap-chanflood-")
+        self.addCleanup(shutil.rmtree, work, True)
+        capture = os.path.join(work, "cap.pcapng")
+        tap = start_tap(["--max-tracking-memory", self.BUDGET, "--pcap", capture], upstream_port=peer.port,
+                        frames=False)
+        self.addCleanup(tap.cleanup)
+        socks = []
+        for _ in range(self.N_CONNS):
+            s = tap.connect()
+            s.sendall(data)
+            socks.append(s)
+        self.assertTrue(wait_for(lambda: tap.records("publish") and
+                                 len(tap.records("publish")) == self.N_CONNS * N_CHANNELS, 60, interval=0.5),
+                        "not every publish was recorded")
+        for s in socks:
+            s.close()
+        self.assertEqual(tap.stop(), 0, tap.stderr())
+        self.check(tap, tap.records())
+
+        out = os.path.join(work, "replayed.jsonl")
+        rep = replay(capture, peer.port, ["--max-tracking-memory", self.BUDGET], verdicts=out)
+        self.assertEqual(rep.returncode, 0, rep.stderr())
+        self.check(rep, list(read_records(out)))
 
 
 if __name__ == "__main__":

@@ -283,6 +283,52 @@ START_TEST(memory_given_back_after_a_peak_of_connections)
 }
 END_TEST
 
+/* Channels by the thousand, each with one publish answered, hold no publish the budget could evict: past the budget
+ * a channel is not followed (its open record says so, its publishes are written at once, unknown, no_memory), the
+ * idle ones keep no buffers once the budget is spent, and what the observer charges for its own channel table
+ * counts in the same budget (refused when it does not fit). The tracker's memory never passes the budget. */
+START_TEST(channels_past_the_budget_are_not_followed)
+{
+	enum { BUDGET = 64 * 1024, N = 2000 };
+	struct tap_track_conf conf = {.max_memory = BUDGET};
+	teardown();
+	setup_conf(&conf);
+	struct tap_publish p = pub("x", "k", false);
+	for (uint16_t ch = 1; ch <= N; ch++) {
+		confirm_channel(ch);
+		tap_track_publish(c, ch, &p, T0 + ch);
+		tap_track_ack(c, ch, 1, false, T0 + ch);
+		ck_assert_uint_le(stats().memory, BUDGET);
+	}
+	ck_assert_uint_eq(count_type("publish"), N);
+	ck_assert_uint_le(stats().memory_peak, BUDGET);
+	size_t opens = 0, unfollowed = 0, unknown = 0;
+	for (size_t i = 0; i < n_recs; i++) {
+		if (!is_type(recs[i], "channel") || strcmp(get(recs[i], "event"), "\"open\""))
+			continue;
+		opens++;
+		if (get(recs[i], "followed")) {
+			assert_field(recs[i], "followed", "false");
+			unfollowed++;
+		}
+	}
+	for (size_t k = 0; k < N; k++)
+		unknown += verdict(k)->v.route == TAP_TRACK_ROUTE_UNKNOWN;
+	ck_assert_uint_eq(opens, N);
+	ck_assert_uint_gt(unfollowed, N / 2); /* most: 2 KB a channel kept buffers, 300 B without */
+	ck_assert_uint_eq(stats().chans_unfollowed, unfollowed);
+	ck_assert_uint_ge(unknown, unfollowed);
+	assert_reason(verdict(N - 1), "no_memory", -1, "");
+	ck_assert(!tap_track_conn_charge(c, BUDGET, T0 + N + 1));
+	ck_assert_uint_le(stats().memory, BUDGET);
+	uint64_t room = BUDGET - stats().memory;
+	ck_assert(tap_track_conn_charge(c, room, T0 + N + 2));
+	ck_assert_uint_eq(stats().memory, BUDGET);
+	tap_track_conn_uncharge(c, room);
+	ck_assert_uint_eq(stats().memory, BUDGET - room);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("track_budget");
@@ -294,6 +340,7 @@ int main(void)
 	tcase_add_test(tc, ticks_write_due_holds_in_deadline_order_across_connections);
 	tcase_add_test(tc, memory_given_back_after_a_burst);
 	tcase_add_test(tc, memory_given_back_after_a_peak_of_connections);
+	tcase_add_test(tc, channels_past_the_budget_are_not_followed);
 	suite_add_tcase(s, tc);
 	return track_suite_run(s);
 }
