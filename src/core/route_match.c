@@ -285,7 +285,7 @@ bool tap_route_topic_match(const char *bkey, size_t blen, const char *rkey, size
 	if (!reason || !reason_cap)
 		goto out;
 	if (ok) {
-		snprintf(reason, reason_cap, "matches");
+		snprintf(reason, reason_cap, "the words match");
 	} else if (!has_hash && bw.n != rw.n) {
 		snprintf(reason, reason_cap, "%u word%s against %u", bw.n, bw.n == 1 ? "" : "s", rw.n);
 	} else if (has_hash && fixed > rw.n) {
