@@ -57,6 +57,8 @@ struct app {
 int app_run_proxy(const struct tap_conf *conf);
 int app_run_sniff(const struct tap_conf *conf);
 int app_run_replay(const struct tap_conf *conf);
+/* `amqptap route`: argv[0] is "route"; its own options (app_route.c). Returns the exit code. */
+int app_run_route(int argc, char **argv);
 
 /* ---- app_outputs.c ---- */
 
