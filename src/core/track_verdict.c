@@ -6,6 +6,7 @@
 
 #include "track_record.h"
 #include "track_store.h"
+#include "track_topo.h"
 #include "track_warn.h"
 
 static const struct trk_reason ambiguous_return = {.by = "ambiguous_return"};
@@ -250,6 +251,8 @@ void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, en
 	struct trk_view v;
 	trk_view_of_slot(&v, c, ch, n);
 	trk_publish_done(c, ch->id, &v, &vd, stamp_us);
+	if (v.topo) /* --definitions; before the release: v's strings are the slot's */
+		trk_topo_verdict(c, ch->id, &v, &vd, stamp_us);
 	trk_slot_release(c, ch, n);
 	trk_warn_verdict(c, ch, &v, &vd, stamp_us);
 }
