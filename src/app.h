@@ -28,6 +28,8 @@ enum app_out {
 /* SIGINT, SIGTERM, SIGHUP, SIGUSR1: what a live mode's loop listens for. */
 #define APP_N_SIGNALS 4
 
+struct tap_route_model;
+
 /* What every mode has; a live mode's own state wraps it (struct proxy_app, struct sniff_app). */
 struct app {
 	const struct tap_conf *conf;
@@ -49,6 +51,7 @@ struct app {
 	int exit_code;
 	char run[TAP_TRACK_RUN_MAX + 1]; /* this process's run id; "" in replay */
 	int64_t started_us;
+	struct tap_route_model *topology; /* --definitions (app_outputs.c); NULL: off */
 };
 
 /* What stderr gets at exit on top of the outputs' flush time, for the summary. */
@@ -59,6 +62,11 @@ int app_run_sniff(const struct tap_conf *conf);
 int app_run_replay(const struct tap_conf *conf);
 /* `amqptap route`: argv[0] is "route"; its own options (app_route.c). Returns the exit code. */
 int app_run_route(int argc, char **argv);
+/* --definitions: loads the file into a model and hands it to the tracker (at start: 0, or 2 with a line naming the
+ * option); on SIGHUP the file is read again and replaces the model only when it loads whole (else the last good one
+ * stays, and the failure is logged). */
+int app_topology_load(struct app *app);
+void app_topology_reload(struct app *app);
 
 /* ---- app_outputs.c ---- */
 

@@ -2,6 +2,10 @@
  * what is said of them: the summary, the losses, the kernel's drops in sniff mode. */
 #include "app.h"
 
+#include "amqptap/files.h"
+#include "amqptap/route.h"
+#include "amqptap/route_defs.h"
+
 #include "amqptap/buf.h"
 #include "amqptap/json.h"
 #include "amqptap/log.h"
@@ -250,6 +254,7 @@ int app_outputs_open(struct app *app)
 		.max_outstanding = conf->max_outstanding,
 		.max_memory = conf->max_tracking_memory,
 		.header_values = conf->header_values,
+		.topology_interval_us = (int64_t)conf->topology_interval_s * 1000000,
 	};
 	if (app->run[0]) {
 		tconf.started_us = app->started_us;
@@ -262,6 +267,8 @@ int app_outputs_open(struct app *app)
 		fprintf(stderr, "amqptap: out of memory at start\n");
 		return 1;
 	}
+	if ((rc = app_topology_load(app)))
+		return rc;
 	tap_observer_init(&app->observer, app->track, emit_record, app, app->out[OUT_FRAMES] ? &app->frames_sink : NULL,
 			  conf->body_bytes);
 	if (app->pcap)
@@ -323,7 +330,76 @@ bool app_outputs_close(struct app *app, int64_t deadline_us, enum app_end end)
 	}
 	tap_track_free(app->track);
 	app->track = NULL;
+	tap_route_model_free(app->topology); /* after the tracker that judged by it */
+	app->topology = NULL;
 	return whole;
+}
+
+/* --- --definitions (issue 36) ----------------------------------------------------------------------------------- */
+
+static struct tap_route_model *topology_read(const char *path, char *err, size_t cap)
+{
+	struct tap_route_defs_limits lim;
+	tap_route_defs_limits_default(&lim);
+	char *data;
+	size_t len;
+	if (tap_files_read(path, lim.max_input, &data, &len, err, cap))
+		return NULL;
+	struct tap_route_model *m = NULL;
+	char why[300];
+	if (tap_route_defs_load(data, len, "/", &lim, &m, why, sizeof why))
+		snprintf(err, cap, "%s: %s", path, why);
+	free(data);
+	return m;
+}
+
+static void topology_log(const char *what, const struct tap_route_model *m)
+{
+	struct tap_route_counts n;
+	tap_route_counts(m, &n);
+	tap_log_info("definitions %s: %u vhosts, %u exchanges (%u of types not judged), %u queues, %u bindings, %u "
+		     "policies, %llu bytes", what, n.vhosts, n.exchanges, n.unknown_type, n.queues, n.bindings, n.policies,
+		     (unsigned long long)tap_route_model_bytes(m));
+}
+
+int app_topology_load(struct app *app)
+{
+	if (!app->conf->definitions)
+		return 0;
+	char err[400];
+	struct tap_route_model *m = topology_read(app->conf->definitions, err, sizeof err);
+	if (!m) {
+		fprintf(stderr, "amqptap: --definitions %s\n", err);
+		return 2;
+	}
+	if (tap_track_set_topology(app->track, m)) {
+		tap_route_model_free(m);
+		fprintf(stderr, "amqptap: out of memory at start\n");
+		return 1;
+	}
+	app->topology = m;
+	topology_log("loaded", m);
+	return 0;
+}
+
+void app_topology_reload(struct app *app)
+{
+	if (!app->conf->definitions || !app->track)
+		return;
+	char err[400];
+	struct tap_route_model *m = topology_read(app->conf->definitions, err, sizeof err);
+	if (!m) {
+		tap_log_error("--definitions %s; the last good definitions stay", err);
+		return;
+	}
+	if (tap_track_set_topology(app->track, m)) {
+		tap_route_model_free(m);
+		tap_log_error("--definitions: no memory for the new definitions; the last good ones stay");
+		return;
+	}
+	tap_route_model_free(app->topology);
+	app->topology = m;
+	topology_log("reloaded", m);
 }
 
 /* The streams the drops hit show their holes as capture_gap records. */

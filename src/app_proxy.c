@@ -209,6 +209,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 		break;
 	case SIGHUP:
 		app_outputs_reopen(&pa->app);
+		app_topology_reload(&pa->app);
 		break;
 	case SIGUSR1: {
 		struct tap_proxy_stats st;

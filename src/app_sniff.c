@@ -65,6 +65,7 @@ static void on_sniff_signal(evutil_socket_t sig, short what, void *arg)
 		app_loop_exit(&sa->app);
 	} else if (sig == SIGHUP) {
 		app_outputs_reopen(&sa->app);
+		app_topology_reload(&sa->app);
 	} else if (sig == SIGUSR1) {
 		struct tap_sniff_stats st;
 		tap_sniff_get_stats(sa->sniff, &st);

@@ -109,6 +109,7 @@ struct tap_track_verdict {
 	int64_t t_record;       /* the record's ts */
 	int64_t return_us;      /* -1: no Return */
 	int64_t confirm_us;     /* -1: no ack/nack */
+	bool dropped_by_topology; /* --definitions: not mandatory, and the model routes it to no queue */
 	struct tap_slice record; /* the publish record as emitted, without its newline; ptr NULL: lost (no memory) */
 	/* the bytes [values_at, values_at + values_len) of record hold its "header_values" and
 	 * "header_values_truncated" (--header-values) with the comma before them: the record without them is valid

@@ -95,6 +95,14 @@ static const struct tap_conf_option options[] = {
 	 .modes = TAP_FOR_PROXY | TAP_FOR_SNIFF},
 	{.name = "keylog", .kind = TAP_OPT_PATH, .offset = FIELD(keylog), .arg = "FILE", .def_shown = "$SSLKEYLOGFILE",
 	 .help = "NSS key log of both TLS legs, mode 0600 (a symbolic link is refused)", .modes = TAP_FOR_PROXY},
+	/* --- routing model (issue 36) --- */
+	{.name = "definitions", .kind = TAP_OPT_PATH, .offset = FIELD(definitions), .arg = "FILE", .def_shown = "off",
+	 .help = "judge every publish by the broker's definitions JSON (rabbitmqctl export_definitions): a topology "
+	         "member, dropped_by_topology and topology_mismatch warnings; reloaded on SIGHUP"},
+	{.name = "topology-interval", .kind = TAP_OPT_U32, .offset = FIELD(topology_interval_s), .min = 1, .max = 86400,
+	 .arg = "S", .def_u32 = TAP_TRACK_TOPOLOGY_INTERVAL_US_DEFAULT / 1000000,
+	 .help = "with --definitions: how often dropped_by_topology and topology_mismatch repeat for one exchange and "
+	         "routing key"},
 	{.name = "quiet", .short_name = 'q', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
 	 .level = TAP_VERBOSITY_QUIET,
 	 .help = "only errors and warnings on stderr (no summary at exit; SIGUSR1 still prints it)"},

@@ -76,6 +76,7 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	    .delivery_mode = p->delivery_mode,
 	    .body_size = p->body_size,
 	    .header_lost = p->header_lost,
+	    .topo = t->topo_on ? t->topo_flags : 0,
 	    .timestamp = p->timestamp,
 	    .t_pub = now_us,
 	};

@@ -197,6 +197,7 @@ static void call_verdict_hook(struct tap_track_conn *c, uint16_t ch, const struc
 	    .t_record = now_us,
 	    .return_us = returned ? vd->t_ret - v->t_pub : -1,
 	    .confirm_us = answered ? vd->t_ack - v->t_pub : -1,
+	    .dropped_by_topology = !v->mandatory && (v->topo & TRK_FLAG_TOPO_NONE),
 	    .record = {t->render.rec.oom ? NULL : (const uint8_t *)t->render.rec.data,
 	               t->render.rec.oom ? 0 : t->render.rec.len},
 	};
