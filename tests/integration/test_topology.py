@@ -8,6 +8,7 @@
 import json
 import os
 import signal
+import subprocess
 import time
 
 import pika
@@ -100,6 +101,8 @@ class TopologyTest(TapTestCase):
         self.assertIn('amqptap_warnings_total{rule="dropped_by_topology"} 2', text)
         self.assertIn('amqptap_exchange_dropped_by_topology_total{exchange="tt.orders"} 5', text)
         self.assertIn('amqptap_exchange_dropped_by_topology_total{exchange="tt.events"} 1', text)
+        lint = subprocess.run(["/usr/bin/promtool", "check", "metrics"], input=body, capture_output=True, timeout=30)
+        self.assertEqual((lint.returncode, lint.stdout + lint.stderr), (0, b""))
         # past the interval the same key warns again
         time.sleep(2.1)
         conn, ch = self.publisher(tap)
@@ -174,7 +177,6 @@ class TopologyTest(TapTestCase):
         with open(path, "w") as f:
             json.dump({"policies": [{"name": "p", "vhost": "/", "pattern": "a" * 5000, "definition": {}}]}, f)
         from tapharness import AMQPTAP_BIN
-        import subprocess
         r = subprocess.run([AMQPTAP_BIN, "--listen", f"127.0.0.1:{free_port()}", "--definitions", path],
                            capture_output=True, text=True, timeout=10)
         lines = [line for line in r.stderr.splitlines() if line.strip()]
