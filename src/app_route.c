@@ -37,7 +37,8 @@ static const char route_usage[] =
     "  --json              one JSON object: queues (sorted names), alternate, outcome\n"
     "  --explain           which binding matched, and why each other did not\n"
     "  --test CASES        JSON Lines of expected cases: {\"exchange\":X,\"key\":K,\"headers\":{..},\n"
-    "                      \"queues\":[..] or \"none\"[,\"alternate\":B][,\"outcome\":O][,\"vhost\":V]}; exit 1 on any\n"
+    "                      \"queues\":[..] or \"none\"[,\"alternate\":B][,\"outcome\":O][,\"vhost\":V]}; exit 1 on "
+    "any\n"
     "                      difference\n";
 
 static int usage_err(const char *fmt, const char *arg)
@@ -51,12 +52,16 @@ static int usage_err(const char *fmt, const char *arg)
 static int parse_opts(int argc, char **argv, struct route_opts *o)
 {
 	enum { O_DEFS = 1, O_VHOST, O_EXCHANGE, O_KEY, O_HEADER, O_JSON, O_EXPLAIN, O_TEST, O_HELP };
-	static const struct option longs[] = {
-	    {"definitions", required_argument, NULL, O_DEFS}, {"vhost", required_argument, NULL, O_VHOST},
-	    {"exchange", required_argument, NULL, O_EXCHANGE}, {"key", required_argument, NULL, O_KEY},
-	    {"header", required_argument, NULL, O_HEADER},    {"json", no_argument, NULL, O_JSON},
-	    {"explain", no_argument, NULL, O_EXPLAIN},       {"test", required_argument, NULL, O_TEST},
-	    {"help", no_argument, NULL, O_HELP},             {NULL, 0, NULL, 0}};
+	static const struct option longs[] = {{"definitions", required_argument, NULL, O_DEFS},
+	                                      {"vhost", required_argument, NULL, O_VHOST},
+	                                      {"exchange", required_argument, NULL, O_EXCHANGE},
+	                                      {"key", required_argument, NULL, O_KEY},
+	                                      {"header", required_argument, NULL, O_HEADER},
+	                                      {"json", no_argument, NULL, O_JSON},
+	                                      {"explain", no_argument, NULL, O_EXPLAIN},
+	                                      {"test", required_argument, NULL, O_TEST},
+	                                      {"help", no_argument, NULL, O_HELP},
+	                                      {NULL, 0, NULL, 0}};
 	*o = (struct route_opts){.vhost = "/"};
 	opterr = 0;
 	optind = 1;
@@ -107,7 +112,7 @@ static int parse_opts(int argc, char **argv, struct route_opts *o)
 		return usage_err("missing --definitions FILE%s", "");
 	if (o->test && (o->exchange || o->key || o->n_headers || o->explain))
 		return usage_err("--test: runs its cases; --exchange, --key, --header and --explain go without it%s",
-				 "");
+		                 "");
 	if (!o->test && !o->exchange)
 		return usage_err("missing --exchange X (or --test CASES)%s", "");
 	return -1;
@@ -245,9 +250,14 @@ static int run_query(struct tap_route_model *m, const struct route_opts *o)
 		return usage_err("--header: %s", err);
 	}
 	const char *key = o->key ? o->key : "";
-	struct tap_route_msg msg = {.vhost = o->vhost, .vhost_len = strlen(o->vhost), .exchange = o->exchange,
-				    .exchange_len = strlen(o->exchange), .key = key, .key_len = strlen(key),
-				    .headers = hf, .n_headers = nh};
+	struct tap_route_msg msg = {.vhost = o->vhost,
+	                            .vhost_len = strlen(o->vhost),
+	                            .exchange = o->exchange,
+	                            .exchange_len = strlen(o->exchange),
+	                            .key = key,
+	                            .key_len = strlen(key),
+	                            .headers = hf,
+	                            .n_headers = nh};
 	struct tap_route_result r;
 	struct tap_buf b;
 	struct tap_json j;
@@ -342,15 +352,16 @@ static void put_names(FILE *f, const struct name *n, size_t cnt)
 
 /* One case: 0 passed, 1 differs, 2 malformed (err says why). */
 static int run_case(struct tap_route_model *m, const struct route_opts *o, const json_t *c, const char *where,
-		    char *err, size_t err_cap)
+                    char *err, size_t err_cap)
 {
 	const json_t *xj = json_object_get(c, "exchange"), *kj = json_object_get(c, "key");
 	const json_t *vj = json_object_get(c, "vhost"), *qj = json_object_get(c, "queues");
 	const json_t *aj = json_object_get(c, "alternate"), *oj = json_object_get(c, "outcome");
 	if (!json_is_object(c) || !json_is_string(xj) || (kj && !json_is_string(kj)) || (vj && !json_is_string(vj)) ||
 	    (aj && !json_is_boolean(aj)) || (oj && !json_is_string(oj)) || (!qj && !oj)) {
-		snprintf(err, err_cap, "a case needs \"exchange\" and \"queues\" (or \"outcome\"); \"key\", \"vhost\" "
-				       "strings, \"headers\" an object, \"alternate\" a boolean");
+		snprintf(err, err_cap,
+		         "a case needs \"exchange\" and \"queues\" (or \"outcome\"); \"key\", \"vhost\" "
+		         "strings, \"headers\" an object, \"alternate\" a boolean");
 		return 2;
 	}
 	struct name *exp = NULL;
@@ -370,10 +381,14 @@ static int run_case(struct tap_route_model *m, const struct route_opts *o, const
 		return 2;
 	}
 	const char *vh = vj ? json_string_value(vj) : o->vhost;
-	struct tap_route_msg msg = {.vhost = vh, .vhost_len = vj ? json_string_length(vj) : strlen(vh),
-				    .exchange = json_string_value(xj), .exchange_len = json_string_length(xj),
-				    .key = kj ? json_string_value(kj) : "", .key_len = kj ? json_string_length(kj) : 0,
-				    .headers = hf, .n_headers = nh};
+	struct tap_route_msg msg = {.vhost = vh,
+	                            .vhost_len = vj ? json_string_length(vj) : strlen(vh),
+	                            .exchange = json_string_value(xj),
+	                            .exchange_len = json_string_length(xj),
+	                            .key = kj ? json_string_value(kj) : "",
+	                            .key_len = kj ? json_string_length(kj) : 0,
+	                            .headers = hf,
+	                            .n_headers = nh};
 	struct tap_route_result r;
 	int rc = tap_route(m, &msg, &r);
 	tap_route_json_free(hold);
@@ -384,7 +399,8 @@ static int run_case(struct tap_route_model *m, const struct route_opts *o, const
 	}
 	struct name *got = sorted_names(m, &r);
 	const char *want_outcome = oj ? json_string_value(oj) : "ok";
-	bool same = !strcmp(want_outcome, tap_route_outcome_name(r.outcome)) && (!aj || json_is_true(aj) == r.alternate);
+	bool same =
+	    !strcmp(want_outcome, tap_route_outcome_name(r.outcome)) && (!aj || json_is_true(aj) == r.alternate);
 	if (same && qj) {
 		same = n_exp == r.n_queues;
 		for (size_t i = 0; same && i < n_exp; i++)

@@ -60,7 +60,7 @@ struct tap_route_field {
 /* Bounds on what a model may hold; tap_route_limits_default() fills RabbitMQ-sized ones. Past any, the add fails with
  * TAP_E_FULL and the model is unusable (the caller drops it: a half model never judges). */
 struct tap_route_limits {
-	uint64_t max_bytes;   /* everything the model allocates */
+	uint64_t max_bytes; /* everything the model allocates */
 	uint32_t max_vhosts, max_exchanges, max_queues, max_bindings, max_policies;
 	uint32_t max_name;    /* vhost, exchange, queue names (AMQP short strings: 255) */
 	uint32_t max_key;     /* a binding key */
@@ -84,23 +84,21 @@ uint64_t tap_route_model_bytes(const struct tap_route_model *m);
  * amq.match, and amq.rabbitmq.trace: topic, internal). Adding an exchange or queue again replaces nothing and is not
  * an error. type is RabbitMQ's name ("direct", ...); ae, or NULL, the alternate-exchange argument. */
 int tap_route_add_vhost(struct tap_route_model *m, const char *vh, size_t vh_len);
-int tap_route_add_exchange(struct tap_route_model *m, const char *vh, size_t vh_len, const char *name,
-			   size_t name_len, const char *type, size_t type_len, bool internal, const char *ae,
-			   size_t ae_len);
-int tap_route_add_queue(struct tap_route_model *m, const char *vh, size_t vh_len, const char *name,
-			size_t name_len);
+int tap_route_add_exchange(struct tap_route_model *m, const char *vh, size_t vh_len, const char *name, size_t name_len,
+                           const char *type, size_t type_len, bool internal, const char *ae, size_t ae_len);
+int tap_route_add_queue(struct tap_route_model *m, const char *vh, size_t vh_len, const char *name, size_t name_len);
 /* A binding from exchange src to a queue or (to_exchange) an exchange. args are copied (a headers exchange's
  * match; x-match must be absent or all, any, all-with-x, any-with-x as RabbitMQ validates it, else
  * TAP_E_BAD_NUMBER... see the error text). The source and destination must have been added. */
-int tap_route_add_binding(struct tap_route_model *m, const char *vh, size_t vh_len, const char *src,
-			  size_t src_len, bool to_exchange, const char *dest, size_t dest_len, const char *key,
-			  size_t key_len, const struct tap_route_field *args, size_t n_args);
+int tap_route_add_binding(struct tap_route_model *m, const char *vh, size_t vh_len, const char *src, size_t src_len,
+                          bool to_exchange, const char *dest, size_t dest_len, const char *key, size_t key_len,
+                          const struct tap_route_field *args, size_t n_args);
 /* A policy: pattern is a POSIX extended regular expression searched in the name (RabbitMQ: re:run, PCRE; the
  * PCRE-only forms \d, (?..) and lazy quantifiers are refused), apply_to "exchanges", "queues" or "all"; ae, or
  * NULL, the definition's alternate-exchange. The one matching policy of highest priority applies. */
 int tap_route_add_policy(struct tap_route_model *m, const char *vh, size_t vh_len, const char *name, size_t name_len,
-			 const char *pattern, size_t pattern_len, const char *apply_to, int64_t priority,
-			 const char *ae, size_t ae_len);
+                         const char *pattern, size_t pattern_len, const char *apply_to, int64_t priority,
+                         const char *ae, size_t ae_len);
 /* Applies the policies and makes the model ready for lookups; no add after it. */
 int tap_route_finish(struct tap_route_model *m);
 /* The reason of the last failed add or finish ("" when none). */
@@ -124,7 +122,7 @@ struct tap_route_msg {
 
 struct tap_route_result {
 	enum tap_route_outcome outcome;
-	bool alternate;    /* an alternate exchange was followed */
+	bool alternate; /* an alternate exchange was followed */
 	uint32_t n_queues;
 	const uint32_t *queues; /* queue ids, in no order; valid until the next tap_route on the model */
 };
@@ -140,7 +138,7 @@ struct tap_route_why {
 	const char *dest;
 	size_t dest_len;
 	bool matched;
-	const char *reason; /* why it matched or not, one line */
+	const char *reason;    /* why it matched or not, one line */
 	const char *alternate; /* non-NULL (len in key_len is 0): this is the exchange's alternate, taken */
 	size_t alternate_len;
 };
@@ -153,7 +151,7 @@ typedef void (*tap_route_why_fn)(void *arg, const struct tap_route_why *w);
 int tap_route(struct tap_route_model *m, const struct tap_route_msg *msg, struct tap_route_result *r);
 /* The same, calling why for every binding of every exchange visited (and every alternate followed). */
 int tap_route_explain(struct tap_route_model *m, const struct tap_route_msg *msg, struct tap_route_result *r,
-		      tap_route_why_fn why, void *arg);
+                      tap_route_why_fn why, void *arg);
 
 const char *tap_route_queue_name(const struct tap_route_model *m, uint32_t q, size_t *len);
 const char *tap_route_outcome_name(enum tap_route_outcome o);
@@ -167,10 +165,10 @@ void tap_route_counts(const struct tap_route_model *m, struct tap_route_counts *
 /* Whether a topic binding key matches a routing key, the slow way (one word list against the other), and why not
  * in reason ("3 words against 4"). The trie of tap_route gives the same answer; tests hold one against the other. */
 bool tap_route_topic_match(const char *bkey, size_t blen, const char *rkey, size_t rlen, char *reason,
-			   size_t reason_cap);
+                           size_t reason_cap);
 
 /* Whether a headers binding's arguments (sorted or not) match a publish's headers, as RabbitMQ's headers_match/2. */
 bool tap_route_headers_match(const struct tap_route_field *args, size_t n_args, const struct tap_route_field *hdrs,
-			     size_t n_hdrs, char *reason, size_t reason_cap);
+                             size_t n_hdrs, char *reason, size_t reason_cap);
 
 #endif

@@ -24,14 +24,14 @@ void tap_route_defs_limits_default(struct tap_route_defs_limits *l);
  * export); NULL: "/". Returns 0 and *out, or a negative status with one line in err (what and where: "bindings[3]:
  * binding to queue 'q', which is not declared") and *out untouched. NULL limits: the defaults. */
 int tap_route_defs_load(const char *data, size_t len, const char *vhost, const struct tap_route_defs_limits *limits,
-			struct tap_route_model **out, char *err, size_t err_cap);
+                        struct tap_route_model **out, char *err, size_t err_cap);
 
 /* JSON values as header or argument values (integers 'l', other numbers 'd', strings 'S', true/false 't', arrays
  * 'A', objects 'F' with their keys sorted; null is void 'V' when allow_null, else an error). The fields and values
  * live in *hold, freed with tap_route_json_free. Returns 0 or a negative status with err. */
 struct tap_route_json_hold;
 int tap_route_json_fields(const json_t *obj, bool allow_null, uint32_t max_depth, struct tap_route_json_hold **hold,
-			  const struct tap_route_field **fields, size_t *n, char *err, size_t err_cap);
+                          const struct tap_route_field **fields, size_t *n, char *err, size_t err_cap);
 void tap_route_json_free(struct tap_route_json_hold *hold);
 
 #endif

@@ -74,7 +74,7 @@ int route_grow(struct tap_route_model *m, void **p, uint32_t *cap, size_t elem, 
 	uint64_t add = (ncap - *cap) * elem;
 	if (!charge(m, add))
 		return route_fail(m, TAP_E_FULL, "model larger than its limit of %llu bytes",
-				  (unsigned long long)m->lim.max_bytes);
+		                  (unsigned long long)m->lim.max_bytes);
 	void *np = realloc(*p, (size_t)ncap * elem);
 	if (!np) {
 		m->bytes -= add;
@@ -102,7 +102,7 @@ void *route_alloc(struct tap_route_model *m, size_t n)
 		size_t cap = n > ARENA_CHUNK / 4 ? n : ARENA_CHUNK;
 		if (!charge(m, sizeof *c + cap)) {
 			route_fail(m, TAP_E_FULL, "model larger than its limit of %llu bytes",
-				   (unsigned long long)m->lim.max_bytes);
+			           (unsigned long long)m->lim.max_bytes);
 			return NULL;
 		}
 		c = malloc(sizeof *c + cap);
@@ -186,7 +186,7 @@ int route_insert(struct tap_route_model *m, uint64_t owner, const char *s, size_
 		uint64_t add = (uint64_t)(ncap - m->ht_cap) * sizeof *m->ht;
 		if (!charge(m, add))
 			return route_fail(m, TAP_E_FULL, "model larger than its limit of %llu bytes",
-					  (unsigned long long)m->lim.max_bytes);
+			                  (unsigned long long)m->lim.max_bytes);
 		struct route_slot *nht = malloc((size_t)ncap * sizeof *nht);
 		if (!nht) {
 			m->bytes -= add;
@@ -201,8 +201,8 @@ int route_insert(struct tap_route_model *m, uint64_t owner, const char *s, size_
 		m->ht = nht;
 		m->ht_cap = ncap;
 	}
-	struct route_slot e = {.hash = hash_bytes(owner, s, len), .owner = owner, .s = s, .len = (uint32_t)len,
-			       .val = val};
+	struct route_slot e = {
+	    .hash = hash_bytes(owner, s, len), .owner = owner, .s = s, .len = (uint32_t)len, .val = val};
 	ht_put_slot(m->ht, m->ht_cap, &e);
 	m->ht_used++;
 	return 0;
@@ -278,8 +278,10 @@ static uint32_t new_node(struct tap_route_model *m, bool is_hash)
 	if (route_grow(m, (void **)&m->nodes, &m->cap_nodes, sizeof *m->nodes, m->n_nodes + 1))
 		return TAP_ROUTE_NONE;
 	uint32_t id = m->n_nodes++;
-	m->nodes[id] = (struct route_node){.hash_child = TAP_ROUTE_NONE, .star_child = TAP_ROUTE_NONE,
-					   .bind_head = TAP_ROUTE_NONE, .is_hash = is_hash};
+	m->nodes[id] = (struct route_node){.hash_child = TAP_ROUTE_NONE,
+	                                   .star_child = TAP_ROUTE_NONE,
+	                                   .bind_head = TAP_ROUTE_NONE,
+	                                   .is_hash = is_hash};
 	return id;
 }
 
@@ -288,8 +290,8 @@ static enum tap_route_xtype parse_type(const char *t, size_t len)
 	static const struct {
 		const char *name;
 		enum tap_route_xtype type;
-	} types[] = {{"direct", TAP_RX_DIRECT}, {"fanout", TAP_RX_FANOUT}, {"topic", TAP_RX_TOPIC},
-		     {"headers", TAP_RX_HEADERS}};
+	} types[] = {
+	    {"direct", TAP_RX_DIRECT}, {"fanout", TAP_RX_FANOUT}, {"topic", TAP_RX_TOPIC}, {"headers", TAP_RX_HEADERS}};
 	for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
 		if (strlen(types[i].name) == len && !memcmp(types[i].name, t, len))
 			return types[i].type;
@@ -299,7 +301,7 @@ static enum tap_route_xtype parse_type(const char *t, size_t len)
 static int ensure_vhost(struct tap_route_model *m, const char *vh, size_t vh_len, uint32_t *out);
 
 static int add_exchange(struct tap_route_model *m, uint32_t v, const char *name, size_t name_len, const char *type,
-			size_t type_len, bool internal, const char *ae, size_t ae_len)
+                        size_t type_len, bool internal, const char *ae, size_t ae_len)
 {
 	if (check_name(m, "exchange", name_len) || (ae && check_name(m, "alternate exchange", ae_len)))
 		return TAP_E_FULL;
@@ -311,9 +313,13 @@ static int add_exchange(struct tap_route_model *m, uint32_t v, const char *name,
 		return route_fail(m, TAP_E_FULL, "more than %u exchanges", m->lim.max_exchanges);
 	if (route_grow(m, (void **)&m->ex, &m->cap_ex, sizeof *m->ex, m->n_ex + 1))
 		return TAP_E_FULL;
-	struct route_ex x = {.vhost = v, .type = parse_type(type, type_len), .internal = internal,
-			     .root = TAP_ROUTE_NONE, .bind_head = TAP_ROUTE_NONE, .bind_tail = TAP_ROUTE_NONE,
-			     .ae = TAP_ROUTE_NONE};
+	struct route_ex x = {.vhost = v,
+	                     .type = parse_type(type, type_len),
+	                     .internal = internal,
+	                     .root = TAP_ROUTE_NONE,
+	                     .bind_head = TAP_ROUTE_NONE,
+	                     .bind_tail = TAP_ROUTE_NONE,
+	                     .ae = TAP_ROUTE_NONE};
 	x.name = route_strdup(m, name, name_len);
 	x.type_name = route_strdup(m, type, type_len);
 	if (!x.name || !x.type_name)
@@ -360,11 +366,12 @@ static int ensure_vhost(struct tap_route_model *m, const char *vh, size_t vh_len
 	static const struct {
 		const char *name, *type;
 		bool internal;
-	} amq[] = {{"amq.direct", "direct", false}, {"amq.fanout", "fanout", false}, {"amq.topic", "topic", false},
-		   {"amq.headers", "headers", false},  {"amq.match", "headers", false},  {"amq.rabbitmq.trace", "topic", true}};
+	} amq[] = {{"amq.direct", "direct", false}, {"amq.fanout", "fanout", false},
+	           {"amq.topic", "topic", false},   {"amq.headers", "headers", false},
+	           {"amq.match", "headers", false}, {"amq.rabbitmq.trace", "topic", true}};
 	for (size_t i = 0; i < sizeof amq / sizeof amq[0]; i++)
 		if (add_exchange(m, v, amq[i].name, strlen(amq[i].name), amq[i].type, strlen(amq[i].type),
-				 amq[i].internal, NULL, 0))
+		                 amq[i].internal, NULL, 0))
 			return TAP_E_FULL;
 	*out = v;
 	return 0;
@@ -377,9 +384,8 @@ int tap_route_add_vhost(struct tap_route_model *m, const char *vh, size_t vh_len
 	return rc ? rc : ensure_vhost(m, vh, vh_len, &v);
 }
 
-int tap_route_add_exchange(struct tap_route_model *m, const char *vh, size_t vh_len, const char *name,
-			   size_t name_len, const char *type, size_t type_len, bool internal, const char *ae,
-			   size_t ae_len)
+int tap_route_add_exchange(struct tap_route_model *m, const char *vh, size_t vh_len, const char *name, size_t name_len,
+                           const char *type, size_t type_len, bool internal, const char *ae, size_t ae_len)
 {
 	uint32_t v;
 	int rc = usable(m);
@@ -390,8 +396,7 @@ int tap_route_add_exchange(struct tap_route_model *m, const char *vh, size_t vh_
 	return add_exchange(m, v, name, name_len, type, type_len, internal, ae, ae_len);
 }
 
-int tap_route_add_queue(struct tap_route_model *m, const char *vh, size_t vh_len, const char *name,
-			size_t name_len)
+int tap_route_add_queue(struct tap_route_model *m, const char *vh, size_t vh_len, const char *name, size_t name_len)
 {
 	uint32_t v;
 	int rc = usable(m);
@@ -414,10 +419,10 @@ int tap_route_add_queue(struct tap_route_model *m, const char *vh, size_t vh_len
 
 /* Copies n values (recursively) into the arena, counting them against max_args and their depth. */
 static int copy_value(struct tap_route_model *m, struct tap_route_value *dst, const struct tap_route_value *src,
-		      uint32_t depth, uint32_t *count);
+                      uint32_t depth, uint32_t *count);
 
 static int copy_fields(struct tap_route_model *m, struct tap_route_field **dst, const struct tap_route_field *src,
-		       size_t n, uint32_t depth, uint32_t *count)
+                       size_t n, uint32_t depth, uint32_t *count)
 {
 	*dst = NULL;
 	if (!n)
@@ -440,7 +445,7 @@ static int copy_fields(struct tap_route_model *m, struct tap_route_field **dst, 
 }
 
 static int copy_value(struct tap_route_model *m, struct tap_route_value *dst, const struct tap_route_value *src,
-		      uint32_t depth, uint32_t *count)
+                      uint32_t depth, uint32_t *count)
 {
 	if (++*count > m->lim.max_args)
 		return route_fail(m, TAP_E_FULL, "more than %u values in a binding's arguments", m->lim.max_args);
@@ -451,7 +456,7 @@ static int copy_value(struct tap_route_model *m, struct tap_route_value *dst, co
 	case TAP_RV_STR:
 		if (src->len > m->lim.max_key)
 			return route_fail(m, TAP_E_FULL, "argument string of %u bytes (at most %u)", src->len,
-					  m->lim.max_key);
+			                  m->lim.max_key);
 		return (dst->s = route_strdup(m, src->s, src->len)) ? 0 : TAP_E_FULL;
 	case TAP_RV_ARRAY: {
 		if (depth + 1 > m->lim.max_depth)
@@ -497,7 +502,7 @@ static int parse_xmatch(struct tap_route_model *m, const struct tap_route_field 
 				return 0;
 			}
 		return route_fail(m, TAP_E_BAD_NUMBER, "x-match '%.*s' (expected all, any, all-with-x or any-with-x)",
-				  (int)(v->len > 40 ? 40 : v->len), v->s);
+		                  (int)(v->len > 40 ? 40 : v->len), v->s);
 	}
 	return 0;
 }
@@ -561,9 +566,9 @@ static void sort_fields(struct tap_route_field *f, size_t n)
 	}
 }
 
-int tap_route_add_binding(struct tap_route_model *m, const char *vh, size_t vh_len, const char *src,
-			  size_t src_len, bool to_exchange, const char *dest, size_t dest_len, const char *key,
-			  size_t key_len, const struct tap_route_field *args, size_t n_args)
+int tap_route_add_binding(struct tap_route_model *m, const char *vh, size_t vh_len, const char *src, size_t src_len,
+                          bool to_exchange, const char *dest, size_t dest_len, const char *key, size_t key_len,
+                          const struct tap_route_field *args, size_t n_args)
 {
 	uint32_t v;
 	int rc = usable(m);
@@ -574,17 +579,17 @@ int tap_route_add_binding(struct tap_route_model *m, const char *vh, size_t vh_l
 	uint32_t x = route_find(m, ROUTE_K(ROUTE_K_EX, v), src, src_len);
 	if (x == TAP_ROUTE_NONE)
 		return route_fail(m, TAP_E_USAGE, "binding from exchange '%.*s', which is not declared",
-				  (int)(src_len > 80 ? 80 : src_len), src);
+		                  (int)(src_len > 80 ? 80 : src_len), src);
 	uint32_t d = route_find(m, ROUTE_K(to_exchange ? ROUTE_K_EX : ROUTE_K_Q, v), dest, dest_len);
 	if (d == TAP_ROUTE_NONE)
 		return route_fail(m, TAP_E_USAGE, "binding to %s '%.*s', which is not declared",
-				  to_exchange ? "exchange" : "queue", (int)(dest_len > 80 ? 80 : dest_len), dest);
+		                  to_exchange ? "exchange" : "queue", (int)(dest_len > 80 ? 80 : dest_len), dest);
 	if (m->n_b >= m->lim.max_bindings)
 		return route_fail(m, TAP_E_FULL, "more than %u bindings", m->lim.max_bindings);
 	if (route_grow(m, (void **)&m->b, &m->cap_b, sizeof *m->b, m->n_b + 1))
 		return TAP_E_FULL;
-	struct route_binding b = {.ex = x, .dest = d, .to_ex = to_exchange, .next_ex = TAP_ROUTE_NONE,
-				  .next_node = TAP_ROUTE_NONE};
+	struct route_binding b = {
+	    .ex = x, .dest = d, .to_ex = to_exchange, .next_ex = TAP_ROUTE_NONE, .next_node = TAP_ROUTE_NONE};
 	if (!(b.key = route_strdup(m, key, key_len)))
 		return TAP_E_FULL;
 	b.key_len = (uint32_t)key_len;
@@ -632,8 +637,8 @@ int tap_route_add_binding(struct tap_route_model *m, const char *vh, size_t vh_l
 }
 
 int tap_route_add_policy(struct tap_route_model *m, const char *vh, size_t vh_len, const char *name, size_t name_len,
-			 const char *pattern, size_t pattern_len, const char *apply_to, int64_t priority,
-			 const char *ae, size_t ae_len)
+                         const char *pattern, size_t pattern_len, const char *apply_to, int64_t priority,
+                         const char *ae, size_t ae_len)
 {
 	uint32_t v;
 	int rc = usable(m);
@@ -642,17 +647,17 @@ int tap_route_add_policy(struct tap_route_model *m, const char *vh, size_t vh_le
 	if (check_name(m, "policy", name_len) || (ae && check_name(m, "alternate exchange", ae_len)))
 		return TAP_E_FULL;
 	if (pattern_len > m->lim.max_pattern)
-		return route_fail(m, TAP_E_FULL, "policy '%.*s': pattern of %zu bytes (at most %u)",
-				  (int)name_len, name, pattern_len, m->lim.max_pattern);
+		return route_fail(m, TAP_E_FULL, "policy '%.*s': pattern of %zu bytes (at most %u)", (int)name_len,
+		                  name, pattern_len, m->lim.max_pattern);
 	if (memchr(pattern, '\0', pattern_len))
 		return route_fail(m, TAP_E_USAGE, "policy '%.*s': pattern holds a NUL", (int)name_len, name);
 	static const char *pcre_only[] = {"\\d", "\\D", "(?", "*?", "+?", "??", "}?", "\\h", "\\R", "\\p"};
 	for (size_t i = 0; i < sizeof pcre_only / sizeof pcre_only[0]; i++)
 		if (memmem(pattern, pattern_len, pcre_only[i], strlen(pcre_only[i])))
 			return route_fail(m, TAP_E_USAGE,
-					  "policy '%.*s': pattern uses '%s', PCRE syntax the model does not take "
-					  "(POSIX extended regular expressions only)",
-					  (int)name_len, name, pcre_only[i]);
+			                  "policy '%.*s': pattern uses '%s', PCRE syntax the model does not take "
+			                  "(POSIX extended regular expressions only)",
+			                  (int)name_len, name, pcre_only[i]);
 	uint8_t apply;
 	if (!strcmp(apply_to, "exchanges"))
 		apply = ROUTE_APPLY_EXCHANGES;
@@ -667,7 +672,7 @@ int tap_route_add_policy(struct tap_route_model *m, const char *vh, size_t vh_le
 	/* regcomp's own memory is not counted: a pattern's length bounds it, and this charge stands for it */
 	if (!charge(m, 64 * (uint64_t)pattern_len + 1024))
 		return route_fail(m, TAP_E_FULL, "model larger than its limit of %llu bytes",
-				  (unsigned long long)m->lim.max_bytes);
+		                  (unsigned long long)m->lim.max_bytes);
 	struct route_policy *p = &m->pol[m->n_pol];
 	*p = (struct route_policy){.vhost = v, .apply = apply, .priority = priority};
 	char *pat = route_strdup(m, pattern, pattern_len);
@@ -685,7 +690,7 @@ int tap_route_add_policy(struct tap_route_model *m, const char *vh, size_t vh_le
 		char msg[128];
 		regerror(err, &p->re, msg, sizeof msg);
 		return route_fail(m, TAP_E_USAGE, "policy '%.*s': pattern '%.*s': %s", (int)name_len, name,
-				  (int)(pattern_len > 80 ? 80 : pattern_len), pattern, msg);
+		                  (int)(pattern_len > 80 ? 80 : pattern_len), pattern, msg);
 	}
 	p->re_ok = true;
 	m->n_pol++;
@@ -746,8 +751,12 @@ int tap_route_finish(struct tap_route_model *m)
 
 void tap_route_counts(const struct tap_route_model *m, struct tap_route_counts *c)
 {
-	*c = (struct tap_route_counts){.vhosts = m->n_vh, .exchanges = m->n_ex, .queues = m->n_q,
-				       .bindings = m->n_b, .policies = m->n_pol, .unknown_type = m->n_unknown};
+	*c = (struct tap_route_counts){.vhosts = m->n_vh,
+	                               .exchanges = m->n_ex,
+	                               .queues = m->n_q,
+	                               .bindings = m->n_b,
+	                               .policies = m->n_pol,
+	                               .unknown_type = m->n_unknown};
 }
 
 const char *tap_route_queue_name(const struct tap_route_model *m, uint32_t q, size_t *len)

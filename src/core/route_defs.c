@@ -150,8 +150,8 @@ static int conv_value(struct conv *c, const json_t *j, uint32_t depth, struct ta
 		*v = (struct tap_route_value){.kind = TAP_RV_BOOL, .type = 't', .b = json_is_true(j)};
 		return 0;
 	case JSON_STRING:
-		*v = (struct tap_route_value){.kind = TAP_RV_STR, .type = 'S', .s = json_string_value(j),
-					      .len = (uint32_t)json_string_length(j)};
+		*v = (struct tap_route_value){
+		    .kind = TAP_RV_STR, .type = 'S', .s = json_string_value(j), .len = (uint32_t)json_string_length(j)};
 		return 0;
 	case JSON_NULL:
 		if (!c->allow_null)
@@ -214,7 +214,7 @@ static int conv_fields(struct conv *c, const json_t *obj, uint32_t depth, struct
 }
 
 int tap_route_json_fields(const json_t *obj, bool allow_null, uint32_t max_depth, struct tap_route_json_hold **hold,
-			  const struct tap_route_field **fields, size_t *n, char *err, size_t err_cap)
+                          const struct tap_route_field **fields, size_t *n, char *err, size_t err_cap)
 {
 	struct conv c = {.allow_null = allow_null, .max_depth = max_depth, .err = err, .err_cap = err_cap};
 	*hold = NULL;
@@ -341,8 +341,8 @@ static int load_exchanges(struct load *l, const json_t *root)
 			al = json_string_length(aej);
 		}
 		if (model_rc(l, "exchanges", i,
-			     tap_route_add_exchange(l->m, vh, vl, n, nl, t, tl, json_is_true(json_object_get(o, "internal")),
-						    ae, al)))
+		             tap_route_add_exchange(l->m, vh, vl, n, nl, t, tl,
+		                                    json_is_true(json_object_get(o, "internal")), ae, al)))
 			return TAP_E_USAGE;
 	}
 	return 0;
@@ -367,8 +367,8 @@ static int load_bindings(struct load *l, const json_t *root)
 		const struct tap_route_field *f;
 		size_t nf;
 		char why[200];
-		int rc = tap_route_json_fields(json_object_get(o, "arguments"), false, l->max_depth, &hold, &f, &nf, why,
-					       sizeof why);
+		int rc = tap_route_json_fields(json_object_get(o, "arguments"), false, l->max_depth, &hold, &f, &nf,
+		                               why, sizeof why);
 		if (rc)
 			return fail(l, "bindings", i, "arguments: %s", why);
 		if (sl == 0) {
@@ -405,15 +405,15 @@ static int load_policies(struct load *l, const json_t *root)
 			ael = json_string_length(aej);
 		}
 		if (model_rc(l, "policies", i,
-			     tap_route_add_policy(l->m, vh, vl, n, nl, pat, pl, apply, pr ? json_integer_value(pr) : 0, ae,
-						  ael)))
+		             tap_route_add_policy(l->m, vh, vl, n, nl, pat, pl, apply, pr ? json_integer_value(pr) : 0,
+		                                  ae, ael)))
 			return TAP_E_USAGE;
 	}
 	return 0;
 }
 
 int tap_route_defs_load(const char *data, size_t len, const char *vhost, const struct tap_route_defs_limits *limits,
-			struct tap_route_model **out, char *err, size_t err_cap)
+                        struct tap_route_model **out, char *err, size_t err_cap)
 {
 	struct tap_route_defs_limits lim;
 	if (limits)
@@ -452,7 +452,8 @@ int tap_route_defs_load(const char *data, size_t len, const char *vhost, const s
 		rc = TAP_E_USAGE;
 		goto out;
 	}
-	struct load l = {.vhost = vhost ? vhost : "/", .err = err, .err_cap = err_cap, .max_depth = lim.model.max_depth};
+	struct load l = {
+	    .vhost = vhost ? vhost : "/", .err = err, .err_cap = err_cap, .max_depth = lim.model.max_depth};
 	if (!(l.m = tap_route_model_new(&lim.model))) {
 		snprintf(err, err_cap, "out of memory");
 		rc = TAP_E_NOMEM;

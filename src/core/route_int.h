@@ -10,11 +10,11 @@
 
 /* Hash table kinds: the owner of a key is (kind << 32 | id). */
 enum route_kind {
-	ROUTE_K_VH = 1,  /* vhost names (owner 0) */
-	ROUTE_K_EX,      /* exchange names in a vhost */
-	ROUTE_K_Q,       /* queue names in a vhost */
-	ROUTE_K_DIRECT,  /* a direct exchange's binding keys -> node */
-	ROUTE_K_EDGE,    /* a topic node's word -> child node */
+	ROUTE_K_VH = 1, /* vhost names (owner 0) */
+	ROUTE_K_EX,     /* exchange names in a vhost */
+	ROUTE_K_Q,      /* queue names in a vhost */
+	ROUTE_K_DIRECT, /* a direct exchange's binding keys -> node */
+	ROUTE_K_EDGE,   /* a topic node's word -> child node */
 };
 #define ROUTE_K(kind, id) (((uint64_t)(kind) << 32) | (uint32_t)(id))
 

@@ -102,8 +102,8 @@ static void why(char *reason, size_t cap, const char *fmt, const char *k, size_t
 }
 
 /* headers_match/5 of rabbit_exchange_type_headers.erl, clause for clause, on key-sorted lists. */
-static bool headers_match_sorted(const struct tap_route_field *p, size_t np, const struct tap_route_field *d,
-				 size_t nd, uint8_t kind, char *reason, size_t cap)
+static bool headers_match_sorted(const struct tap_route_field *p, size_t np, const struct tap_route_field *d, size_t nd,
+                                 uint8_t kind, char *reason, size_t cap)
 {
 	bool all = true, any = false, want_all = kind == ROUTE_XM_ALL || kind == ROUTE_XM_ALL_X;
 	bool with_x = kind == ROUTE_XM_ALL_X || kind == ROUTE_XM_ANY_X;
@@ -194,7 +194,7 @@ static struct tap_route_field *sorted_copy(const struct tap_route_field *f, size
 }
 
 bool tap_route_headers_match(const struct tap_route_field *args, size_t n_args, const struct tap_route_field *hdrs,
-			     size_t n_hdrs, char *reason, size_t reason_cap)
+                             size_t n_hdrs, char *reason, size_t reason_cap)
 {
 	struct tap_route_field *pa = malloc((2 * n_args + 1) * sizeof *pa);
 	struct tap_route_field *da = malloc((2 * n_hdrs + 1) * sizeof *da);
@@ -202,15 +202,17 @@ bool tap_route_headers_match(const struct tap_route_field *args, size_t n_args, 
 	if (pa && da) {
 		uint8_t kind = ROUTE_XM_ALL;
 		for (size_t i = 0; i < n_args; i++)
-			if (args[i].key_len == 7 && !memcmp(args[i].key, "x-match", 7) && args[i].v.kind == TAP_RV_STR) {
+			if (args[i].key_len == 7 && !memcmp(args[i].key, "x-match", 7) &&
+			    args[i].v.kind == TAP_RV_STR) {
 				static const char *names[] = {"all", "any", "all-with-x", "any-with-x"};
 				for (uint8_t k = 0; k < 4; k++)
-					if (strlen(names[k]) == args[i].v.len && !memcmp(names[k], args[i].v.s, args[i].v.len))
+					if (strlen(names[k]) == args[i].v.len &&
+					    !memcmp(names[k], args[i].v.s, args[i].v.len))
 						kind = k;
 				break;
 			}
 		r = headers_match_sorted(sorted_copy(args, n_args, pa), n_args, sorted_copy(hdrs, n_hdrs, da), n_hdrs,
-					 kind, reason, reason_cap);
+		                         kind, reason, reason_cap);
 	}
 	free(pa);
 	free(da);
@@ -250,7 +252,7 @@ static bool word_is(const char *k, const struct words *w, uint32_t i, char c)
 }
 
 bool tap_route_topic_match(const char *bkey, size_t blen, const char *rkey, size_t rlen, char *reason,
-			   size_t reason_cap)
+                           size_t reason_cap)
 {
 	struct words bw = {0}, rw = {0};
 	bool ok = false;
@@ -274,8 +276,8 @@ bool tap_route_topic_match(const char *bkey, size_t blen, const char *rkey, size
 				row[j] = prev[j] || (j > 0 && row[j - 1]);
 			else
 				row[j] = j > 0 && prev[j - 1] &&
-					 (star || (bw.len[i] == rw.len[j - 1] &&
-						   !memcmp(bkey + bw.off[i], rkey + rw.off[j - 1], bw.len[i])));
+				         (star || (bw.len[i] == rw.len[j - 1] &&
+				                   !memcmp(bkey + bw.off[i], rkey + rw.off[j - 1], bw.len[i])));
 		}
 		uint8_t *t = prev;
 		prev = row;
@@ -290,14 +292,14 @@ bool tap_route_topic_match(const char *bkey, size_t blen, const char *rkey, size
 		snprintf(reason, reason_cap, "%u word%s against %u", bw.n, bw.n == 1 ? "" : "s", rw.n);
 	} else if (has_hash && fixed > rw.n) {
 		snprintf(reason, reason_cap, "needs at least %u word%s, the key has %u", fixed, fixed == 1 ? "" : "s",
-			 rw.n);
+		         rw.n);
 	} else if (!has_hash) {
 		for (uint32_t i = 0; i < bw.n; i++)
 			if (!word_is(bkey, &bw, i, '*') &&
 			    (bw.len[i] != rw.len[i] || memcmp(bkey + bw.off[i], rkey + rw.off[i], bw.len[i]))) {
 				snprintf(reason, reason_cap, "word %u: '%.*s' against '%.*s'", i + 1,
-					 (int)(bw.len[i] > 40 ? 40 : bw.len[i]), bkey + bw.off[i],
-					 (int)(rw.len[i] > 40 ? 40 : rw.len[i]), rkey + rw.off[i]);
+				         (int)(bw.len[i] > 40 ? 40 : bw.len[i]), bkey + bw.off[i],
+				         (int)(rw.len[i] > 40 ? 40 : rw.len[i]), rkey + rw.off[i]);
 				break;
 			}
 	} else {
@@ -415,7 +417,7 @@ static uint32_t route_topic(struct walk *w, const struct route_ex *x, const char
 }
 
 static uint32_t route_exchange(struct walk *w, const struct route_ex *x, const struct tap_route_msg *msg,
-			       const struct tap_route_field *hdrs, size_t n_hdrs)
+                               const struct tap_route_field *hdrs, size_t n_hdrs)
 {
 	struct tap_route_model *m = w->m;
 	uint32_t taken = 0;
@@ -448,7 +450,7 @@ static uint32_t route_exchange(struct walk *w, const struct route_ex *x, const s
 }
 
 static void explain_exchange(struct tap_route_model *m, const struct route_ex *x, const struct tap_route_msg *msg,
-			     const struct tap_route_field *hdrs, size_t n_hdrs, tap_route_why_fn fn, void *arg)
+                             const struct tap_route_field *hdrs, size_t n_hdrs, tap_route_why_fn fn, void *arg)
 {
 	char reason[200];
 	for (uint32_t bi = x->bind_head; bi != TAP_ROUTE_NONE; bi = m->b[bi].next_ex) {
@@ -475,15 +477,22 @@ static void explain_exchange(struct tap_route_model *m, const struct route_ex *x
 		}
 		const char *dn = b->to_ex ? m->ex[b->dest].name : m->q[b->dest].name;
 		uint32_t dl = b->to_ex ? m->ex[b->dest].name_len : m->q[b->dest].name_len;
-		struct tap_route_why wy = {.exchange = x->name, .exchange_len = x->name_len, .type = x->type,
-					   .key = b->key, .key_len = b->key_len, .to_exchange = b->to_ex, .dest = dn,
-					   .dest_len = dl, .matched = ok, .reason = reason};
+		struct tap_route_why wy = {.exchange = x->name,
+		                           .exchange_len = x->name_len,
+		                           .type = x->type,
+		                           .key = b->key,
+		                           .key_len = b->key_len,
+		                           .to_exchange = b->to_ex,
+		                           .dest = dn,
+		                           .dest_len = dl,
+		                           .matched = ok,
+		                           .reason = reason};
 		fn(arg, &wy);
 	}
 }
 
 static int do_route(struct tap_route_model *m, const struct tap_route_msg *msg, struct tap_route_result *r,
-		    tap_route_why_fn fn, void *arg)
+                    tap_route_why_fn fn, void *arg)
 {
 	*r = (struct tap_route_result){.outcome = TAP_ROUTE_OK, .queues = m->out};
 	if (!m->finished)
@@ -503,13 +512,18 @@ static int do_route(struct tap_route_model *m, const struct tap_route_msg *msg, 
 		if (q != TAP_ROUTE_NONE)
 			m->out[r->n_queues++] = q;
 		if (fn) {
-			struct tap_route_why wy = {.exchange = "", .type = TAP_RX_DIRECT, .key = msg->key,
-						   .key_len = msg->key_len, .dest = msg->key, .dest_len = msg->key_len,
-						   .matched = q != TAP_ROUTE_NONE,
-						   .reason = q != TAP_ROUTE_NONE ? "the default exchange: the queue of "
-										   "that name"
-										 : "the default exchange: no queue of that "
-										   "name"};
+			struct tap_route_why wy = {.exchange = "",
+			                           .type = TAP_RX_DIRECT,
+			                           .key = msg->key,
+			                           .key_len = msg->key_len,
+			                           .dest = msg->key,
+			                           .dest_len = msg->key_len,
+			                           .matched = q != TAP_ROUTE_NONE,
+			                           .reason = q != TAP_ROUTE_NONE
+			                                         ? "the default exchange: the queue of "
+			                                           "that name"
+			                                         : "the default exchange: no queue of that "
+			                                           "name"};
 			fn(arg, &wy);
 		}
 		return 0;
@@ -549,14 +563,20 @@ static int do_route(struct tap_route_model *m, const struct tap_route_msg *msg, 
 		m->work[w.n_work++] = x->ae;
 		w.alternate = true;
 		if (fn) {
-			struct tap_route_why wy = {.exchange = x->name, .exchange_len = x->name_len, .type = x->type,
-						   .to_exchange = true, .dest = ae->name, .dest_len = ae->name_len,
-						   .matched = true,
-						   .reason = x->has_ae_arg ? "no binding matched: its alternate-exchange "
-									     "argument"
-									   : "no binding matched: the alternate-exchange "
-									     "of a policy",
-						   .alternate = ae->name, .alternate_len = ae->name_len};
+			struct tap_route_why wy = {.exchange = x->name,
+			                           .exchange_len = x->name_len,
+			                           .type = x->type,
+			                           .to_exchange = true,
+			                           .dest = ae->name,
+			                           .dest_len = ae->name_len,
+			                           .matched = true,
+			                           .reason = x->has_ae_arg
+			                                         ? "no binding matched: its alternate-exchange "
+			                                           "argument"
+			                                         : "no binding matched: the alternate-exchange "
+			                                           "of a policy",
+			                           .alternate = ae->name,
+			                           .alternate_len = ae->name_len};
 			fn(arg, &wy);
 		}
 	}
@@ -573,7 +593,7 @@ int tap_route(struct tap_route_model *m, const struct tap_route_msg *msg, struct
 }
 
 int tap_route_explain(struct tap_route_model *m, const struct tap_route_msg *msg, struct tap_route_result *r,
-		      tap_route_why_fn why, void *arg)
+                      tap_route_why_fn why, void *arg)
 {
 	return do_route(m, msg, r, why, arg);
 }

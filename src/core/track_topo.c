@@ -1,8 +1,9 @@
-/* The topology judge (track_topo.h): --definitions' model asked about every publish. Its tables are fixed at
- * tap_track_set_topology and counted in the tracker's memory: the publish's headers converted for the model (at
- * most TOPO_VALUES values: a longer table is not judged), the last warning time per rule, vhost, exchange and key
- * (TOPO_SEEN entries addressed by a 64-bit hash: a key pushed out by another may warn again early), and the count of
- * dropped publishes per exchange (TAP_TRACK_TOPOLOGY_EXCHANGES names, the rest together). */
+/* The topology judge (track_topo.h): --definitions' model asked about every publish. Its tables are made at
+ * tap_track_set_topology (about 260 KB, fixed, so not counted in the tracking budget; the exchange names are): the
+ * publish's headers converted for the model (at most TOPO_VALUES values: a longer table is not judged), the last
+ * warning time per rule, vhost, exchange and key (TOPO_SEEN entries addressed by a 64-bit hash: a key pushed out by
+ * another may warn again early), and the count of dropped publishes per exchange (TAP_TRACK_TOPOLOGY_EXCHANGES
+ * names, the rest together). */
 #include "track_topo.h"
 
 #include "amqptap/route.h"
@@ -12,6 +13,7 @@
 #include "track_record.h"
 #include "track_warn.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define TOPO_VALUES 1024u
@@ -55,7 +57,9 @@ int tap_track_set_topology(struct tap_track *t, struct tap_route_model *m)
 		t->topo_on = false;
 		return 0;
 	}
-	if (!t->topo && !(t->topo = tap_mem_calloc(&t->mem, sizeof *t->topo)))
+	/* the fixed tables are not counted in the budget (their size is the tap's, not the clients'); the exchange
+	 * names of the counts are */
+	if (!t->topo && !(t->topo = calloc(1, sizeof *t->topo)))
 		return TAP_E_NOMEM;
 	t->topo->m = m;
 	t->topo_on = true;
@@ -69,7 +73,7 @@ void trk_topo_free(struct tap_track *t)
 		return;
 	for (uint32_t i = 0; i < TOPO_DROP_SLOTS; i++)
 		tap_mem_free(&t->mem, s->drops[i].name, s->drops[i].len + 1);
-	tap_mem_free(&t->mem, s, sizeof *s);
+	free(s);
 	t->topo = NULL;
 }
 
@@ -112,7 +116,7 @@ static void count_drop(struct tap_track *t, const struct tap_slice *x)
 /* --- the publish's headers as the model's values -------------------------------------------------------------- */
 
 static bool conv_level(struct trk_topo *s, const uint8_t *p, size_t len, bool array, uint32_t *first, uint32_t *n,
-		       int depth);
+                       int depth);
 
 static bool conv_field(struct trk_topo *s, const struct tap_field *f, struct tap_route_value *v, int depth)
 {
@@ -122,7 +126,14 @@ static bool conv_field(struct trk_topo *s, const struct tap_field *f, struct tap
 		v->kind = TAP_RV_BOOL;
 		v->b = f->i != 0;
 		return true;
-	case 'b': case 'B': case 's': case 'u': case 'I': case 'i': case 'l': case 'L':
+	case 'b':
+	case 'B':
+	case 's':
+	case 'u':
+	case 'I':
+	case 'i':
+	case 'l':
+	case 'L':
 		v->kind = TAP_RV_INT;
 		v->i = f->i;
 		return true;
@@ -131,7 +142,8 @@ static bool conv_field(struct trk_topo *s, const struct tap_field *f, struct tap
 		v->i = (int64_t)f->u;
 		v->big = f->u > (uint64_t)INT64_MAX;
 		return true;
-	case 'f': case 'd':
+	case 'f':
+	case 'd':
 		v->kind = TAP_RV_FLOAT;
 		v->d = f->f;
 		return true;
@@ -140,7 +152,8 @@ static bool conv_field(struct trk_topo *s, const struct tap_field *f, struct tap
 		v->scale = f->scale;
 		v->i = f->i;
 		return true;
-	case 'S': case 'x':
+	case 'S':
+	case 'x':
 		v->kind = TAP_RV_STR;
 		v->s = (const char *)f->ptr;
 		v->len = f->len;
@@ -148,7 +161,8 @@ static bool conv_field(struct trk_topo *s, const struct tap_field *f, struct tap
 	case 'V':
 		v->kind = TAP_RV_VOID;
 		return true;
-	case 'A': case 'F': {
+	case 'A':
+	case 'F': {
 		uint32_t first, n;
 		if (!conv_level(s, f->ptr, f->len, f->type == 'A', &first, &n, depth + 1))
 			return false;
@@ -167,7 +181,7 @@ static bool conv_field(struct trk_topo *s, const struct tap_field *f, struct tap
 /* One table or array: its entries take n consecutive places (fields for a table, values for an array) from *first,
  * reserved before the nested ones are converted. */
 static bool conv_level(struct trk_topo *s, const uint8_t *p, size_t len, bool array, uint32_t *first, uint32_t *n,
-		       int depth)
+                       int depth)
 {
 	if (depth > TAP_TABLE_MAX_DEPTH)
 		return false;
@@ -212,7 +226,7 @@ static bool conv_level(struct trk_topo *s, const uint8_t *p, size_t len, bool ar
 
 /* Whether rule may be written for this vhost, exchange and key now (at most once per interval). */
 static bool due(struct tap_track *t, const struct tap_track_conn *c, enum tap_track_rule rule,
-		const struct tap_slice *x, const struct tap_slice *rk, int64_t now_us)
+                const struct tap_slice *x, const struct tap_slice *rk, int64_t now_us)
 {
 	struct trk_topo *s = t->topo;
 	uint64_t h = hash_mix(UINT64_C(0xcbf29ce484222325) + rule, c->vhost, strlen(c->vhost));
@@ -276,7 +290,7 @@ static void render(struct tap_buf *out, const struct tap_route_model *m, const s
 }
 
 void trk_topo_publish(struct tap_track_conn *c, uint16_t id, const struct trk_chan *ch, const struct tap_publish *p,
-		      int64_t now_us)
+                      int64_t now_us)
 {
 	struct tap_track *t = c->t;
 	struct trk_topo *s = t->topo;
@@ -288,10 +302,14 @@ void trk_topo_publish(struct tap_track_conn *c, uint16_t id, const struct trk_ch
 	uint32_t first = 0, n = 0;
 	if (p->headers.len && !conv_level(s, p->headers.ptr, p->headers.len, false, &first, &n, 1))
 		return;
-	struct tap_route_msg msg = {.vhost = c->vhost, .vhost_len = strlen(c->vhost),
-				    .exchange = (const char *)p->exchange.ptr, .exchange_len = p->exchange.len,
-				    .key = (const char *)p->routing_key.ptr, .key_len = p->routing_key.len,
-				    .headers = n ? &s->fields[first] : NULL, .n_headers = n};
+	struct tap_route_msg msg = {.vhost = c->vhost,
+	                            .vhost_len = strlen(c->vhost),
+	                            .exchange = (const char *)p->exchange.ptr,
+	                            .exchange_len = p->exchange.len,
+	                            .key = (const char *)p->routing_key.ptr,
+	                            .key_len = p->routing_key.len,
+	                            .headers = n ? &s->fields[first] : NULL,
+	                            .n_headers = n};
 	struct tap_route_result r;
 	if (tap_route(s->m, &msg, &r))
 		return;
@@ -314,12 +332,12 @@ void trk_topo_publish(struct tap_track_conn *c, uint16_t id, const struct trk_ch
 		return;
 	uint64_t seq = ch && ch->mode == TRK_MODE_CONFIRM ? ch->next - ch->sel_off : 0;
 	trk_record_topology_warning(&t->render, c, id, tap_track_rule_name(TAP_TRACK_RULE_DROPPED_BY_TOPOLOGY), seq,
-				    p->exchange, p->routing_key, NULL, now_us);
+	                            p->exchange, p->routing_key, NULL, now_us);
 	trk_warn_written(t, TAP_TRACK_RULE_DROPPED_BY_TOPOLOGY);
 }
 
 void trk_topo_verdict(struct tap_track_conn *c, uint16_t ch, const struct trk_view *v, const struct trk_verdict *vd,
-		      int64_t now_us)
+                      int64_t now_us)
 {
 	struct tap_track *t = c->t;
 	const char *broker;
@@ -335,6 +353,6 @@ void trk_topo_verdict(struct tap_track_conn *c, uint16_t ch, const struct trk_vi
 	if (!due(t, c, TAP_TRACK_RULE_TOPOLOGY_MISMATCH, &x, &rk, now_us))
 		return;
 	trk_record_topology_warning(&t->render, c, ch, tap_track_rule_name(TAP_TRACK_RULE_TOPOLOGY_MISMATCH),
-				    v->confirm_mode ? v->seq : 0, x, rk, broker, now_us);
+	                            v->confirm_mode ? v->seq : 0, x, rk, broker, now_us);
 	trk_warn_written(t, TAP_TRACK_RULE_TOPOLOGY_MISMATCH);
 }

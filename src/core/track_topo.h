@@ -10,10 +10,10 @@
 /* The publish p on channel id is about to be stored and t->extra holds its rendered members: appends "topology"
  * to them and sets t->topo_flags. */
 void trk_topo_publish(struct tap_track_conn *c, uint16_t id, const struct trk_chan *ch, const struct tap_publish *p,
-		      int64_t now_us);
+                      int64_t now_us);
 /* The record of v was written with verdict vd: topology_mismatch when the broker's evidence disagrees. */
 void trk_topo_verdict(struct tap_track_conn *c, uint16_t ch, const struct trk_view *v, const struct trk_verdict *vd,
-		      int64_t now_us);
+                      int64_t now_us);
 void trk_topo_free(struct tap_track *t);
 
 #endif

@@ -24,8 +24,7 @@ static size_t make_key(unsigned *seed, char *out, size_t cap, unsigned vocab, bo
 	for (int i = 0; i < n; i++) {
 		int w = (int)(rand_r(seed) % vocab);
 		int r = wild ? rand_r(seed) % 16 : 99;
-		len += (size_t)snprintf(out + len, cap - len, "%s%s", i ? "." : "",
-					r == 0 ? "#" : r == 1 ? "*" : "");
+		len += (size_t)snprintf(out + len, cap - len, "%s%s", i ? "." : "", r == 0 ? "#" : r == 1 ? "*" : "");
 		if (r > 1)
 			len += (size_t)snprintf(out + len, cap - len, "w%d_%d", i, w);
 	}
@@ -58,8 +57,8 @@ int main(int argc, char **argv)
 	unsigned long reached = 0, routed = 0;
 	for (unsigned i = 0; i < lookups; i++) {
 		size_t kl = make_key(&seed, key, sizeof key, vocab, false);
-		struct tap_route_msg msg = {.vhost = "/", .vhost_len = 1, .exchange = "t", .exchange_len = 1, .key = key,
-					    .key_len = kl};
+		struct tap_route_msg msg = {
+		    .vhost = "/", .vhost_len = 1, .exchange = "t", .exchange_len = 1, .key = key, .key_len = kl};
 		struct tap_route_result r;
 		if (tap_route(m, &msg, &r))
 			return 1;

@@ -74,8 +74,8 @@ static void topic_check(char keys[][64], int n, const char *rk, size_t rl)
 	}
 	if (tap_route_finish(t))
 		abort();
-	struct tap_route_msg msg = {.vhost = "/", .vhost_len = 1, .exchange = "t", .exchange_len = 1, .key = rk,
-				    .key_len = rl};
+	struct tap_route_msg msg = {
+	    .vhost = "/", .vhost_len = 1, .exchange = "t", .exchange_len = 1, .key = rk, .key_len = rl};
 	struct tap_route_result r;
 	if (tap_route(t, &msg, &r))
 		abort();
@@ -113,7 +113,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			snprintf(b, sizeof b, "e%d", byte(&in) % 8);
 			const char *t = types[byte(&in) % 5];
 			rc = tap_route_add_exchange(m, "/", 1, a, strlen(a), t, strlen(t), byte(&in) % 8 == 0,
-						    has_ae ? b : NULL, strlen(b));
+			                            has_ae ? b : NULL, strlen(b));
 		} else if (op == 1 || n_q == 0) {
 			snprintf(a, sizeof a, "q%d", n_q++);
 			rc = tap_route_add_queue(m, "/", 1, a, strlen(a));
@@ -131,10 +131,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			for (size_t i = 0; i < nf; i++) {
 				snprintf(names[i], sizeof names[i], "%c", (char)('a' + (int)(i % 3)));
 				if (i == 0)
-					f[i] = (struct tap_route_field){.key = "x-match", .key_len = 7,
-									.v = {.kind = TAP_RV_STR, .type = 'S', .s = xm[byte(&in) % 4]}};
+					f[i] = (struct tap_route_field){
+					    .key = "x-match",
+					    .key_len = 7,
+					    .v = {.kind = TAP_RV_STR, .type = 'S', .s = xm[byte(&in) % 4]}};
 				else
-					f[i] = (struct tap_route_field){.key = names[i], .key_len = 1, .v = value(&in, vb[i])};
+					f[i] = (struct tap_route_field){
+					    .key = names[i], .key_len = 1, .v = value(&in, vb[i])};
 				if (i == 0)
 					f[i].v.len = (uint32_t)strlen(f[i].v.s);
 			}
@@ -145,7 +148,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			size_t pl = str(&in, k, sizeof k);
 			snprintf(b, sizeof b, "e%d", byte(&in) % 8);
 			rc = tap_route_add_policy(m, "/", 1, "p", 1, k, pl, byte(&in) & 1 ? "exchanges" : "all",
-						  byte(&in) % 4, b, strlen(b));
+			                          byte(&in) % 4, b, strlen(b));
 		}
 		if (rc) {
 			tap_route_model_free(m);
@@ -169,8 +172,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			hn[i][1] = 0;
 			h[i] = (struct tap_route_field){.key = hn[i], .key_len = 1, .v = value(&in, vb[4 + i])};
 		}
-		struct tap_route_msg msg = {.vhost = "/", .vhost_len = 1, .exchange = a, .exchange_len = strlen(a),
-					    .key = k, .key_len = kl, .headers = h, .n_headers = nh};
+		struct tap_route_msg msg = {.vhost = "/",
+		                            .vhost_len = 1,
+		                            .exchange = a,
+		                            .exchange_len = strlen(a),
+		                            .key = k,
+		                            .key_len = kl,
+		                            .headers = h,
+		                            .n_headers = nh};
 		struct tap_route_result r;
 		if (tap_route(m, &msg, &r))
 			continue;

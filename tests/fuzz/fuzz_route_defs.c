@@ -25,8 +25,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	static const char *xs[] = {"", "x", "amq.topic", "t"};
 	for (size_t i = 0; i < 4; i++) {
-		struct tap_route_msg msg = {.vhost = "/", .vhost_len = 1, .exchange = xs[i], .exchange_len = strlen(xs[i]),
-					    .key = "a.b", .key_len = 3};
+		struct tap_route_msg msg = {.vhost = "/",
+		                            .vhost_len = 1,
+		                            .exchange = xs[i],
+		                            .exchange_len = strlen(xs[i]),
+		                            .key = "a.b",
+		                            .key_len = 3};
 		struct tap_route_result r;
 		if (tap_route(m, &msg, &r))
 			abort();

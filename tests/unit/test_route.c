@@ -35,7 +35,7 @@ static void q(struct tap_route_model *m, const char *name)
 static void bind(struct tap_route_model *m, const char *src, const char *dest, const char *key)
 {
 	ck_assert_msg(tap_route_add_binding(m, VH, S(src), false, S(dest), S(key), NULL, 0) == 0, "%s",
-		      tap_route_error(m));
+	              tap_route_error(m));
 }
 
 static void bind_x(struct tap_route_model *m, const char *src, const char *dest, const char *key)
@@ -49,12 +49,18 @@ static int cmp_str(const void *a, const void *b)
 }
 
 /* The queues reached, sorted and joined by commas ("" for none), in a static buffer; "!outcome" when not OK. */
-static const char *route_h(struct tap_route_model *m, const char *x, const char *key,
-			   const struct tap_route_field *h, size_t nh, bool *alternate)
+static const char *route_h(struct tap_route_model *m, const char *x, const char *key, const struct tap_route_field *h,
+                           size_t nh, bool *alternate)
 {
 	static char out[4096];
-	struct tap_route_msg msg = {.vhost = "/", .vhost_len = 1, .exchange = x, .exchange_len = strlen(x),
-				    .key = key, .key_len = strlen(key), .headers = h, .n_headers = nh};
+	struct tap_route_msg msg = {.vhost = "/",
+	                            .vhost_len = 1,
+	                            .exchange = x,
+	                            .exchange_len = strlen(x),
+	                            .key = key,
+	                            .key_len = strlen(key),
+	                            .headers = h,
+	                            .n_headers = nh};
 	struct tap_route_result r;
 	ck_assert_int_eq(tap_route(m, &msg, &r), 0);
 	if (alternate)
@@ -148,8 +154,23 @@ START_TEST(topic_exchange)
 {
 	struct tap_route_model *m = model();
 	ex(m, "t", "topic");
-	const char *keys[] = {"sensor.#", "sensor.*.temp", "sensor.floor1.#", "sensor.*", "#", "*", "#.#", "", "a..b",
-			      "a.*.b", ".a", "a.", "*.*", "a.#.b", "#.b", "датчик.*", "a#"};
+	const char *keys[] = {"sensor.#",
+	                      "sensor.*.temp",
+	                      "sensor.floor1.#",
+	                      "sensor.*",
+	                      "#",
+	                      "*",
+	                      "#.#",
+	                      "",
+	                      "a..b",
+	                      "a.*.b",
+	                      ".a",
+	                      "a.",
+	                      "*.*",
+	                      "a.#.b",
+	                      "#.b",
+	                      "датчик.*",
+	                      "a#"};
 	char name[32];
 	for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
 		snprintf(name, sizeof name, "q%02zu", i);
@@ -216,12 +237,12 @@ static struct tap_route_value vd(char type, double d)
 	return (struct tap_route_value){.kind = TAP_RV_FLOAT, .type = type, .d = d};
 }
 
-static struct tap_route_field F(const char *k, struct tap_route_value v)
-{
+static struct tap_route_field F(const char *k, struct tap_route_value v) {
 	return (struct tap_route_field){.key = k, .key_len = (uint32_t)strlen(k), .v = v};
 }
 
-static bool hm(const struct tap_route_field *a, size_t na, const struct tap_route_field *h, size_t nh)
+static bool
+hm(const struct tap_route_field *a, size_t na, const struct tap_route_field *h, size_t nh)
 {
 	char why[200];
 	return tap_route_headers_match(a, na, h, nh, why, sizeof why);
@@ -266,17 +287,20 @@ END_TEST
 START_TEST(headers_values)
 {
 	struct tap_route_field one[] = {F("n", vi('l', 1))};
-	struct tap_route_field h1[][1] = {{F("n", vi('b', 1))}, {F("n", vd('d', 1.0))}, {F("n", vi('T', 1))},
-					  {F("n", vd('f', 1.0))}};
+	struct tap_route_field h1[][1] = {
+	    {F("n", vi('b', 1))}, {F("n", vd('d', 1.0))}, {F("n", vi('T', 1))}, {F("n", vd('f', 1.0))}};
 	for (size_t i = 0; i < 4; i++)
 		ck_assert(hm(one, 1, h1[i], 1));
-	struct tap_route_field no[][1] = {{F("n", vs("1"))}, {F("n", vd('d', 1.5))},
-					  {F("n", (struct tap_route_value){.kind = TAP_RV_BOOL, .type = 't', .b = true})},
-					  {F("n", (struct tap_route_value){.kind = TAP_RV_DECIMAL, .type = 'D', .i = 1})}};
+	struct tap_route_field no[][1] = {
+	    {F("n", vs("1"))},
+	    {F("n", vd('d', 1.5))},
+	    {F("n", (struct tap_route_value){.kind = TAP_RV_BOOL, .type = 't', .b = true})},
+	    {F("n", (struct tap_route_value){.kind = TAP_RV_DECIMAL, .type = 'D', .i = 1})}};
 	for (size_t i = 0; i < 4; i++)
 		ck_assert(!hm(one, 1, no[i], 1));
 	struct tap_route_field s[] = {F("s", vs("ab"))};
-	struct tap_route_field hx[] = {F("s", (struct tap_route_value){.kind = TAP_RV_STR, .type = 'x', .s = "ab", .len = 2})};
+	struct tap_route_field hx[] = {
+	    F("s", (struct tap_route_value){.kind = TAP_RV_STR, .type = 'x', .s = "ab", .len = 2})};
 	ck_assert(hm(s, 1, hx, 1));
 	/* a void argument asks only that the header be there */
 	struct tap_route_field v[] = {F("p", (struct tap_route_value){.kind = TAP_RV_VOID, .type = 'V'})};
@@ -285,13 +309,17 @@ START_TEST(headers_values)
 	ck_assert(!hm(v, 1, s, 1));
 	/* arrays: item types matter */
 	struct tap_route_value a1[] = {vi('l', 1), vs("x")}, a2[] = {vi('l', 1), vs("x")}, a3[] = {vi('I', 1), vs("x")};
-	struct tap_route_field fa[] = {F("a", (struct tap_route_value){.kind = TAP_RV_ARRAY, .type = 'A', .items = a1, .len = 2})};
-	struct tap_route_field ha2[] = {F("a", (struct tap_route_value){.kind = TAP_RV_ARRAY, .type = 'A', .items = a2, .len = 2})};
-	struct tap_route_field ha3[] = {F("a", (struct tap_route_value){.kind = TAP_RV_ARRAY, .type = 'A', .items = a3, .len = 2})};
+	struct tap_route_field fa[] = {
+	    F("a", (struct tap_route_value){.kind = TAP_RV_ARRAY, .type = 'A', .items = a1, .len = 2})};
+	struct tap_route_field ha2[] = {
+	    F("a", (struct tap_route_value){.kind = TAP_RV_ARRAY, .type = 'A', .items = a2, .len = 2})};
+	struct tap_route_field ha3[] = {
+	    F("a", (struct tap_route_value){.kind = TAP_RV_ARRAY, .type = 'A', .items = a3, .len = 2})};
 	ck_assert(hm(fa, 1, ha2, 1));
 	ck_assert(!hm(fa, 1, ha3, 1));
 	/* a timestamp past 2^63 */
-	struct tap_route_field big[] = {F("t", (struct tap_route_value){.kind = TAP_RV_INT, .type = 'T', .big = true, .i = INT64_MIN})};
+	struct tap_route_field big[] = {
+	    F("t", (struct tap_route_value){.kind = TAP_RV_INT, .type = 'T', .big = true, .i = INT64_MIN})};
 	struct tap_route_field hbig[] = {F("t", vd('d', 9223372036854775808.0))};
 	struct tap_route_field hneg[] = {F("t", vi('l', INT64_MIN))};
 	ck_assert(hm(big, 1, hbig, 1));
@@ -494,7 +522,10 @@ START_TEST(limits_and_bad_input)
 	q(m, "q");
 	struct tap_route_value lv[20];
 	for (int d = 0; d < 20; d++)
-		lv[d] = d == 19 ? vs("x") : (struct tap_route_value){.kind = TAP_RV_ARRAY, .type = 'A', .items = &lv[d + 1], .len = 1};
+		lv[d] =
+		    d == 19
+		        ? vs("x")
+		        : (struct tap_route_value){.kind = TAP_RV_ARRAY, .type = 'A', .items = &lv[d + 1], .len = 1};
 	struct tap_route_field deep[] = {F("a", lv[0])};
 	ck_assert_int_eq(tap_route_add_binding(m, VH, S("h"), false, S("q"), S(""), deep, 1), TAP_E_FULL);
 	ck_assert_ptr_nonnull(strstr(tap_route_error(m), "nested"));
@@ -535,8 +566,12 @@ START_TEST(trie_equals_slow_matcher)
 		for (int k = 0; k < 200; k++) {
 			char rk[64];
 			random_key(&seed, rk, sizeof rk, false);
-			struct tap_route_msg msg = {.vhost = "/", .vhost_len = 1, .exchange = "t", .exchange_len = 1,
-						    .key = rk, .key_len = strlen(rk)};
+			struct tap_route_msg msg = {.vhost = "/",
+			                            .vhost_len = 1,
+			                            .exchange = "t",
+			                            .exchange_len = 1,
+			                            .key = rk,
+			                            .key_len = strlen(rk)};
 			struct tap_route_result r;
 			ck_assert_int_eq(tap_route(m, &msg, &r), 0);
 			bool want[40] = {0}, got[40] = {0};
@@ -548,7 +583,7 @@ START_TEST(trie_equals_slow_matcher)
 			}
 			for (int i = 0; i < 40; i++)
 				ck_assert_msg(want[i] == got[i], "binding '%s' key '%s': slow %d trie %d", keys[i], rk,
-					      want[i], got[i]);
+				              want[i], got[i]);
 		}
 		tap_route_model_free(m);
 	}
@@ -564,7 +599,7 @@ static void log_why(void *arg, const struct tap_route_why *w)
 	struct why_log *l = arg;
 	size_t n = strlen(l->text);
 	snprintf(l->text + n, sizeof l->text - n, "%.*s->%.*s %s: %s\n", (int)w->key_len, w->key ? w->key : "",
-		 (int)w->dest_len, w->dest, w->matched ? "yes" : "no", w->reason);
+	         (int)w->dest_len, w->dest, w->matched ? "yes" : "no", w->reason);
 }
 
 START_TEST(explain_says_why)
@@ -579,8 +614,12 @@ START_TEST(explain_says_why)
 	bind(m, "ae", "lost", "");
 	finish(m);
 	struct why_log l = {{0}};
-	struct tap_route_msg msg = {.vhost = "/", .vhost_len = 1, .exchange = "sensors", .exchange_len = 7,
-				    .key = "sensor.floor1.temp.critical", .key_len = 27};
+	struct tap_route_msg msg = {.vhost = "/",
+	                            .vhost_len = 1,
+	                            .exchange = "sensors",
+	                            .exchange_len = 7,
+	                            .key = "sensor.floor1.temp.critical",
+	                            .key_len = 27};
 	struct tap_route_result r;
 	ck_assert_int_eq(tap_route_explain(m, &msg, &r, log_why, &l), 0);
 	ck_assert_uint_eq(r.n_queues, 1);

@@ -23,11 +23,17 @@ static char *slurp(const char *rel, size_t *len)
 }
 
 static const char *route1(struct tap_route_model *m, const char *vh, const char *x, const char *key,
-			  const struct tap_route_field *h, size_t nh)
+                          const struct tap_route_field *h, size_t nh)
 {
 	static char out[512];
-	struct tap_route_msg msg = {.vhost = vh, .vhost_len = strlen(vh), .exchange = x, .exchange_len = strlen(x),
-				    .key = key, .key_len = strlen(key), .headers = h, .n_headers = nh};
+	struct tap_route_msg msg = {.vhost = vh,
+	                            .vhost_len = strlen(vh),
+	                            .exchange = x,
+	                            .exchange_len = strlen(x),
+	                            .key = key,
+	                            .key_len = strlen(key),
+	                            .headers = h,
+	                            .n_headers = nh};
 	struct tap_route_result r;
 	ck_assert_int_eq(tap_route(m, &msg, &r), 0);
 	if (r.outcome != TAP_ROUTE_OK) {
@@ -71,8 +77,9 @@ START_TEST(an_export_loads)
 	ck_assert_str_eq(route1(m, "/", "", "celery", NULL, 0), "celery");
 	ck_assert_str_eq(route1(m, "/", "", "elsewhere", NULL, 0), "");
 	ck_assert_str_eq(route1(m, "other", "", "elsewhere", NULL, 0), "elsewhere");
-	struct tap_route_field h[] = {{.key = "format", .key_len = 6, .v = {.kind = TAP_RV_STR, .type = 'S', .s = "pdf", .len = 3}},
-				      {.key = "pages", .key_len = 5, .v = {.kind = TAP_RV_INT, .type = 'I', .i = 2}}};
+	struct tap_route_field h[] = {
+	    {.key = "format", .key_len = 6, .v = {.kind = TAP_RV_STR, .type = 'S', .s = "pdf", .len = 3}},
+	    {.key = "pages", .key_len = 5, .v = {.kind = TAP_RV_INT, .type = 'I', .i = 2}}};
 	ck_assert_str_eq(route1(m, "/", "docs", "", h, 2), "pdf");
 	ck_assert_str_eq(route1(m, "/", "docs", "", h, 1), "");
 	tap_route_model_free(m);
@@ -94,8 +101,8 @@ static int load(const char *json, char *err, size_t cap, const struct tap_route_
 START_TEST(one_vhost_export)
 {
 	const char *j = "{\"queues\":[{\"name\":\"q\"}],\"exchanges\":[{\"name\":\"x\",\"type\":\"fanout\"}],"
-			"\"bindings\":[{\"source\":\"x\",\"destination\":\"q\",\"destination_type\":\"queue\","
-			"\"routing_key\":\"\",\"arguments\":{}}]}";
+	                "\"bindings\":[{\"source\":\"x\",\"destination\":\"q\",\"destination_type\":\"queue\","
+	                "\"routing_key\":\"\",\"arguments\":{}}]}";
 	struct tap_route_model *m;
 	char err[300];
 	ck_assert_msg(tap_route_defs_load(j, strlen(j), "v1", NULL, &m, err, sizeof err) == 0, "%s", err);
@@ -115,19 +122,20 @@ START_TEST(bad_files_say_why)
 	ck_assert_msg(strstr(err, "queues[0]"), "%s", err);
 	ck_assert_int_ne(load("{\"queues\":[],\"queues\":[]}", err, sizeof err, NULL), 0); /* duplicate keys */
 	ck_assert_int_ne(load("{\"bindings\":[{\"source\":\"amq.direct\",\"destination\":\"nope\","
-			      "\"destination_type\":\"queue\"}]}",
-			      err, sizeof err, NULL),
-			 0);
+	                      "\"destination_type\":\"queue\"}]}",
+	                      err, sizeof err, NULL),
+	                 0);
 	ck_assert_msg(strstr(err, "bindings[0]: binding to queue 'nope'"), "%s", err);
 	ck_assert_int_ne(load("{\"queues\":[{\"name\":\"q\"}],\"bindings\":[{\"source\":\"amq.headers\","
-			      "\"destination\":\"q\",\"destination_type\":\"queue\",\"arguments\":{\"a\":null}}]}",
-			      err, sizeof err, NULL),
-			 0);
+	                      "\"destination\":\"q\",\"destination_type\":\"queue\",\"arguments\":{\"a\":null}}]}",
+	                      err, sizeof err, NULL),
+	                 0);
 	ck_assert_msg(strstr(err, "null"), "%s", err);
-	ck_assert_int_ne(load("{\"queues\":[{\"name\":\"q\"}],\"bindings\":[{\"source\":\"amq.headers\","
-			      "\"destination\":\"q\",\"destination_type\":\"queue\",\"arguments\":{\"x-match\":\"most\"}}]}",
-			      err, sizeof err, NULL),
-			 0);
+	ck_assert_int_ne(
+	    load("{\"queues\":[{\"name\":\"q\"}],\"bindings\":[{\"source\":\"amq.headers\","
+	         "\"destination\":\"q\",\"destination_type\":\"queue\",\"arguments\":{\"x-match\":\"most\"}}]}",
+	         err, sizeof err, NULL),
+	    0);
 	ck_assert_msg(strstr(err, "x-match 'most'"), "%s", err);
 }
 END_TEST
@@ -145,9 +153,9 @@ START_TEST(hostile_files)
 	ck_assert_msg(strstr(err, "nested deeper than 32 levels"), "%s", err);
 	free(deep);
 	/* a bracket inside a string is not nesting */
-	ck_assert_int_eq(load("{\"vhosts\":[{\"name\":\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\\"[[[[\"}]}", err, sizeof err,
-			      NULL),
-			 0);
+	ck_assert_int_eq(
+	    load("{\"vhosts\":[{\"name\":\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\\"[[[[\"}]}", err, sizeof err, NULL),
+	    0);
 	size_t pl = 100000;
 	char *pol = malloc(pl + 200);
 	int o = sprintf(pol, "{\"policies\":[{\"name\":\"p\",\"vhost\":\"/\",\"pattern\":\"");
@@ -159,8 +167,8 @@ START_TEST(hostile_files)
 	struct tap_route_defs_limits lim;
 	tap_route_defs_limits_default(&lim);
 	lim.model.max_queues = 2;
-	ck_assert_int_ne(load("{\"queues\":[{\"name\":\"a\"},{\"name\":\"b\"},{\"name\":\"c\"}]}", err, sizeof err, &lim),
-			 0);
+	ck_assert_int_ne(
+	    load("{\"queues\":[{\"name\":\"a\"},{\"name\":\"b\"},{\"name\":\"c\"}]}", err, sizeof err, &lim), 0);
 	ck_assert_msg(strstr(err, "queues[2]: more than 2 queues"), "%s", err);
 	tap_route_defs_limits_default(&lim);
 	lim.max_input = 10;
@@ -183,8 +191,8 @@ END_TEST
 START_TEST(json_values)
 {
 	json_error_t je;
-	json_t *o = json_loads("{\"i\":1,\"d\":1.5,\"s\":\"x\",\"b\":true,\"n\":null,\"a\":[1,\"y\"],\"t\":{\"z\":1,\"a\":2}}",
-			       0, &je);
+	json_t *o = json_loads(
+	    "{\"i\":1,\"d\":1.5,\"s\":\"x\",\"b\":true,\"n\":null,\"a\":[1,\"y\"],\"t\":{\"z\":1,\"a\":2}}", 0, &je);
 	struct tap_route_json_hold *hold;
 	const struct tap_route_field *f;
 	size_t n;
@@ -194,14 +202,29 @@ START_TEST(json_values)
 	for (size_t i = 0; i < n; i++) {
 		const struct tap_route_value *v = &f[i].v;
 		switch (f[i].key[0]) {
-		case 'i': ck_assert(v->kind == TAP_RV_INT && v->type == 'l' && v->i == 1); break;
-		case 'd': ck_assert(v->kind == TAP_RV_FLOAT && v->d == 1.5); break;
-		case 's': ck_assert(v->kind == TAP_RV_STR && v->len == 1); break;
-		case 'b': ck_assert(v->kind == TAP_RV_BOOL && v->b); break;
-		case 'n': ck_assert(v->kind == TAP_RV_VOID); break;
-		case 'a': ck_assert(v->kind == TAP_RV_ARRAY && v->len == 2 && v->items[1].kind == TAP_RV_STR); break;
-		case 't': ck_assert(v->kind == TAP_RV_TABLE && v->len == 2 && v->fields[0].key[0] == 'a'); break;
-		default: ck_abort();
+		case 'i':
+			ck_assert(v->kind == TAP_RV_INT && v->type == 'l' && v->i == 1);
+			break;
+		case 'd':
+			ck_assert(v->kind == TAP_RV_FLOAT && v->d == 1.5);
+			break;
+		case 's':
+			ck_assert(v->kind == TAP_RV_STR && v->len == 1);
+			break;
+		case 'b':
+			ck_assert(v->kind == TAP_RV_BOOL && v->b);
+			break;
+		case 'n':
+			ck_assert(v->kind == TAP_RV_VOID);
+			break;
+		case 'a':
+			ck_assert(v->kind == TAP_RV_ARRAY && v->len == 2 && v->items[1].kind == TAP_RV_STR);
+			break;
+		case 't':
+			ck_assert(v->kind == TAP_RV_TABLE && v->len == 2 && v->fields[0].key[0] == 'a');
+			break;
+		default:
+			ck_abort();
 		}
 	}
 	tap_route_json_free(hold);

@@ -31,22 +31,23 @@ static void capture(void *ctx, const char *json, size_t len)
 	n_recs++;
 }
 
-static struct tap_slice S(const char *s)
-{
+static struct tap_slice S(const char *s) {
 	return (struct tap_slice){(const uint8_t *)s, strlen(s)};
 }
 
 #define L(s) (s), strlen(s)
 
-static void setup(void)
+static void
+setup(void)
 {
 	m = tap_route_model_new(NULL);
 	ck_assert_int_eq(tap_route_add_exchange(m, L("/"), L("orders"), L("direct"), false, NULL, 0), 0);
 	ck_assert_int_eq(tap_route_add_exchange(m, L("/"), L("docs"), L("headers"), false, NULL, 0), 0);
 	ck_assert_int_eq(tap_route_add_queue(m, L("/"), L("eu")), 0);
 	ck_assert_int_eq(tap_route_add_binding(m, L("/"), L("orders"), false, L("eu"), L("eu"), NULL, 0), 0);
-	struct tap_route_field args[] = {{.key = "format", .key_len = 6, .v = {.kind = TAP_RV_STR, .type = 'S', .s = "pdf", .len = 3}},
-					 {.key = "pages", .key_len = 5, .v = {.kind = TAP_RV_INT, .type = 'l', .i = 2}}};
+	struct tap_route_field args[] = {
+	    {.key = "format", .key_len = 6, .v = {.kind = TAP_RV_STR, .type = 'S', .s = "pdf", .len = 3}},
+	    {.key = "pages", .key_len = 5, .v = {.kind = TAP_RV_INT, .type = 'l', .i = 2}}};
 	ck_assert_int_eq(tap_route_add_binding(m, L("/"), L("docs"), false, L("eu"), L(""), args, 2), 0);
 	ck_assert_int_eq(tap_route_finish(m), 0);
 	struct tap_track_conf conf = {.topology_interval_us = 1000000};
@@ -85,9 +86,13 @@ static const char *last(const char *type)
 
 static struct tap_publish pub(const char *x, const char *rk, bool mandatory)
 {
-	return (struct tap_publish){.exchange = S(x), .routing_key = S(rk), .mandatory = mandatory,
-				    .has_message_id = true, .message_id = S("id"), .has_delivery_mode = true,
-				    .delivery_mode = 2};
+	return (struct tap_publish){.exchange = S(x),
+	                            .routing_key = S(rk),
+	                            .mandatory = mandatory,
+	                            .has_message_id = true,
+	                            .message_id = S("id"),
+	                            .has_delivery_mode = true,
+	                            .delivery_mode = 2};
 }
 
 START_TEST(no_model_no_topology)
@@ -141,7 +146,7 @@ static void sum_drops(void *ctx, const char *x, size_t len, uint64_t n)
 {
 	char *out = ctx;
 	snprintf(out + strlen(out), 200 - strlen(out), "%.*s=%llu;", (int)len, x ? x : "(other)",
-		 (unsigned long long)n);
+	         (unsigned long long)n);
 }
 
 START_TEST(drops_by_exchange)
@@ -167,8 +172,12 @@ START_TEST(mismatch_with_the_broker)
 	/* the model routes it, the broker returns it */
 	struct tap_publish p = pub("orders", "eu", true);
 	tap_track_publish(c, 1, &p, T0);
-	struct tap_return r = {.reply_code = 312, .reply_text = S("NO_ROUTE"), .exchange = S("orders"),
-			       .routing_key = S("eu"), .message_id = S("id"), .has_message_id = true};
+	struct tap_return r = {.reply_code = 312,
+	                       .reply_text = S("NO_ROUTE"),
+	                       .exchange = S("orders"),
+	                       .routing_key = S("eu"),
+	                       .message_id = S("id"),
+	                       .has_message_id = true};
 	tap_track_return(c, 1, &r, T0 + 100);
 	tap_track_ack(c, 1, 1, false, T0 + 200);
 	ck_assert_uint_eq(count("\"rule\":\"topology_mismatch\""), 1);
@@ -195,8 +204,8 @@ START_TEST(headers_from_the_table)
 	ck_assert(tap_track_header_wanted(t, (const uint8_t *)"format", 6)); /* every header kept for the model */
 	tap_track_channel_open(c, 1, T0);
 	/* {format: S "pdf", pages: I 2} as on the wire */
-	static const uint8_t table[] = {6, 'f', 'o', 'r', 'm', 'a', 't', 'S', 0, 0, 0, 3, 'p', 'd', 'f',
-					5, 'p', 'a', 'g', 'e', 's', 'I', 0, 0, 0, 2};
+	static const uint8_t table[] = {6,   'f', 'o', 'r', 'm', 'a', 't', 'S', 0,   0, 0, 3, 'p',
+	                                'd', 'f', 5,   'p', 'a', 'g', 'e', 's', 'I', 0, 0, 0, 2};
 	struct tap_publish p = pub("docs", "", false);
 	p.headers = (struct tap_slice){table, sizeof table};
 	tap_track_publish(c, 1, &p, T0);
