@@ -120,6 +120,7 @@ static int parse_opts(int argc, char **argv, struct route_opts *o)
 
 /* --- headers from the command line ------------------------------------------------------------------------- */
 
+/* The --header values as a JSON object (*obj, the caller's to free); on a bad one, 2 with its line written. */
 static int cli_headers(const struct route_opts *o, json_t **obj)
 {
 	*obj = json_object();
@@ -130,20 +131,23 @@ static int cli_headers(const struct route_opts *o, json_t **obj)
 		bool typed = eq > h && eq[-1] == ':';
 		size_t kl = (size_t)(eq - h) - typed;
 		char key[256];
-		if (kl == 0 || kl >= sizeof key)
-			return usage_err("--header '%s': the key must be 1 to 255 bytes", h);
-		memcpy(key, h, kl);
-		key[kl] = 0;
-		json_t *v;
-		if (typed) {
-			json_error_t je;
-			v = json_loads(eq + 1, JSON_DECODE_ANY, &je);
-			if (!v)
-				return usage_err("--header '%s': the value after := is not JSON", h);
+		const char *bad = NULL;
+		json_t *v = NULL;
+		if (kl == 0 || kl >= sizeof key) {
+			bad = "--header '%s': the key must be 1 to 255 bytes";
 		} else {
-			v = json_string(eq + 1);
+			memcpy(key, h, kl);
+			key[kl] = 0;
+			json_error_t je;
+			v = typed ? json_loads(eq + 1, JSON_DECODE_ANY, &je) : json_string(eq + 1);
 			if (!v)
-				return usage_err("--header '%s': the value is not UTF-8 (use KEY:=\"...\" escapes)", h);
+				bad = typed ? "--header '%s': the value after := is not JSON"
+					    : "--header '%s': the value is not UTF-8 (use KEY:=\"...\" escapes)";
+		}
+		if (bad) {
+			json_decref(*obj);
+			*obj = NULL;
+			return usage_err(bad, h);
 		}
 		json_object_set_new(*obj, key, v);
 	}

@@ -188,7 +188,8 @@ static void merge_sort(struct tap_route_field *a, struct tap_route_field *tmp, s
 
 static struct tap_route_field *sorted_copy(const struct tap_route_field *f, size_t n, struct tap_route_field *buf)
 {
-	memcpy(buf, f, n * sizeof *f);
+	if (n)
+		memcpy(buf, f, n * sizeof *f);
 	merge_sort(buf, buf + n, n);
 	return buf;
 }
