@@ -51,7 +51,11 @@ struct app {
 	int exit_code;
 	char run[TAP_TRACK_RUN_MAX + 1]; /* this process's run id; "" in replay */
 	int64_t started_us;
-	struct tap_route_model *topology; /* --definitions (app_outputs.c); NULL: off */
+	struct tap_route_model *topology; /* --definitions or --management (app_outputs.c); NULL: none yet */
+	struct tap_mgmt *mgmt;            /* --management's poller */
+	bool mgmt_failing;                /* the last poll failed (said once until one succeeds) */
+	bool topology_at_first;           /* a poll has succeeded (the first is said) */
+	int64_t topology_at;              /* when the model in use was read */
 };
 
 /* What stderr gets at exit on top of the outputs' flush time, for the summary. */
@@ -67,6 +71,8 @@ int app_run_route(int argc, char **argv);
  * stays, and the failure is logged). */
 int app_topology_load(struct app *app);
 void app_topology_reload(struct app *app);
+/* --management: starts polling on app->base (0, or 2 with a line naming the option). */
+int app_topology_poll(struct app *app);
 
 /* ---- app_outputs.c ---- */
 

@@ -98,6 +98,8 @@ static int start_sniff(struct sniff_app *sa)
 			.outputs = {sa->app.out[OUT_VERDICTS], sa->app.out[OUT_FRAMES], sa->app.out[OUT_PCAP]}};
 		code = app_start_metrics(&sa->app, &src);
 	}
+	if (!code)
+		code = app_topology_poll(&sa->app);
 	return code ? code : app_loop_start(&sa->app, on_sniff_tick, sa);
 }
 

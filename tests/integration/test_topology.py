@@ -172,6 +172,47 @@ class TopologyTest(TapTestCase):
         self.assertEqual({p["message_id"]: p for p in tap.records("publish")}["m3"]["topology"]["count"], 0)
         self.assertEqual(len(self.drops(recs, "eu")), 1)
 
+    def test_management_poll(self):
+        # --management: the definitions polled from the broker's management API; a binding deleted mid-stream is
+        # judged within one poll interval; a poll that fails is said (stderr, a topology record), the password never
+        mgmt = os.environ.get("TAP_BROKER_MGMT_PORT")
+        if not mgmt:
+            self.skipTest("TAP_BROKER_MGMT_PORT is not set: the broker has no management plugin")
+        cred = os.path.join(self.id_dir(), "cred")
+        with open(cred, "w") as f:
+            f.write("guest:guest\n")
+        os.chmod(cred, 0o600)
+        tap = self.start_tap(["--management", f"http://127.0.0.1:{mgmt}", "--management-credentials", cred,
+                              "--topology-interval", "1"])
+        self.assertTrue(wait_for(lambda: "definitions polled:" in tap.stderr(), 10), tap.stderr())
+        conn, ch = self.publisher(tap)
+        ch.basic_publish("tt.orders", "eu", b"x", pika.BasicProperties(message_id="before"))
+        self.wait_records(tap, 1)
+        self.assertEqual(tap.records("publish")[0]["topology"]["count"], 1)
+        self.admin.queue_unbind("tt.eu", "tt.orders", "eu")
+        t0 = time.monotonic()
+        n = 1
+        while not self.drops(tap.records(), "eu") and time.monotonic() - t0 < 5:
+            ch.basic_publish("tt.orders", "eu", b"x", pika.BasicProperties(message_id=f"after-{n}"))
+            n += 1
+            self.wait_records(tap, n)
+            time.sleep(0.1)
+        took = time.monotonic() - t0
+        conn.close()
+        self.assertTrue(self.drops(tap.records(), "eu"), "no dropped_by_topology after the binding went")
+        self.assertLess(took, 2.5, "within one poll interval (1 s) and the poll's own time")
+        # a wrong password: the poll fails, the tap goes on without a model, and says so
+        with open(cred, "w") as f:
+            f.write("guest:not-the-password\n")
+        bad = self.start_tap(["--management", f"http://127.0.0.1:{mgmt}", "--management-credentials", cred,
+                              "--topology-interval", "1"])
+        self.assertTrue(wait_for(lambda: "HTTP 401" in bad.stderr(), 10), bad.stderr())
+        self.assertTrue(wait_for(lambda: any(r.get("event") == "poll_failed" for r in bad.records("topology")), 5))
+        for t in (tap, bad):
+            self.assertNotIn("not-the-password", t.stderr())
+            with open(t.verdicts) as f:
+                self.assertNotIn("not-the-password", f.read())
+
     def test_bad_definitions_exit_2(self):
         path = os.path.join(self.id_dir(), "bad.json")
         with open(path, "w") as f:
