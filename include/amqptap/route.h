@@ -71,6 +71,10 @@ struct tap_route_limits {
 
 void tap_route_limits_default(struct tap_route_limits *l);
 
+/* The type of an exchange the definitions name but do not declare (route_defs.c: rabbitmqctl leaves internal
+ * exchanges out of its exports): never judged, like any other unknown type. */
+#define TAP_ROUTE_OMITTED "(left out of the definitions)"
+
 struct tap_route_model;
 
 /* NULL limits: the defaults. NULL when out of memory. */

@@ -348,6 +348,62 @@ static int load_exchanges(struct load *l, const json_t *root)
 	return 0;
 }
 
+/* rabbitmqctl export_definitions leaves internal exchanges out (and writes no "internal" member) but keeps their
+ * bindings: an exchange a binding names that is not declared is such a one. It is added as one the model does not
+ * know (TAP_ROUTE_OMITTED), internal, so that a publish whose route meets it is not judged rather than judged wrong.
+ * In such an export an undeclared alternate exchange may be one too, and is taken the same way; where every
+ * exchange has its "internal" member (the management API's export), an undeclared alternate is missing. */
+static int add_omitted_one(struct load *l, const char *sect, size_t i, const json_t *o, const char *k,
+			   const char *vh, size_t vl)
+{
+	const json_t *v = json_object_get(o, k);
+	if (!json_is_string(v) || !json_string_length(v))
+		return 0;
+	return model_rc(l, sect, i,
+			tap_route_add_exchange(l->m, vh, vl, json_string_value(v), json_string_length(v), TAP_ROUTE_OMITTED,
+					       strlen(TAP_ROUTE_OMITTED), true, NULL, 0));
+}
+
+static int add_omitted(struct load *l, const json_t *root)
+{
+	const json_t *a = section(root, "exchanges"), *o;
+	size_t i;
+	bool omits = false;
+	json_array_foreach(a, i, o) omits |= !json_object_get(o, "internal");
+	const char *vh;
+	size_t vl;
+	a = section(root, "bindings");
+	json_array_foreach(a, i, o)
+	{
+		const json_t *dt = json_object_get(o, "destination_type");
+		if (!get_str(o, "vhost", l->vhost, &vh, &vl))
+			continue;
+		if (add_omitted_one(l, "bindings", i, o, "source", vh, vl) ||
+		    (json_is_string(dt) && !strcmp(json_string_value(dt), "exchange") &&
+		     add_omitted_one(l, "bindings", i, o, "destination", vh, vl)))
+			return TAP_E_USAGE;
+	}
+	if (!omits)
+		return 0;
+	a = section(root, "exchanges");
+	json_array_foreach(a, i, o)
+	{
+		const json_t *args = json_object_get(o, "arguments");
+		if (get_str(o, "vhost", l->vhost, &vh, &vl) && json_is_object(args) &&
+		    add_omitted_one(l, "exchanges", i, args, "alternate-exchange", vh, vl))
+			return TAP_E_USAGE;
+	}
+	a = section(root, "policies");
+	json_array_foreach(a, i, o)
+	{
+		const json_t *def = json_object_get(o, "definition");
+		if (get_str(o, "vhost", l->vhost, &vh, &vl) && json_is_object(def) &&
+		    add_omitted_one(l, "policies", i, def, "alternate-exchange", vh, vl))
+			return TAP_E_USAGE;
+	}
+	return 0;
+}
+
 static int load_bindings(struct load *l, const json_t *root)
 {
 	const json_t *a = section(root, "bindings"), *o;
@@ -460,6 +516,7 @@ int tap_route_defs_load(const char *data, size_t len, const char *vhost, const s
 		goto out;
 	}
 	if ((rc = load_vhosts(&l, root)) || (rc = load_queues(&l, root)) || (rc = load_exchanges(&l, root)) ||
+	    (rc = add_omitted(&l, root)) ||
 	    (rc = load_bindings(&l, root)) || (rc = load_policies(&l, root))) {
 		tap_route_model_free(l.m);
 		goto out;

@@ -473,7 +473,11 @@ static void explain_exchange(struct tap_route_model *m, const struct route_ex *x
 			ok = headers_match_sorted(b->args, b->n_args, hdrs, n_hdrs, b->xmatch, reason, sizeof reason);
 			break;
 		case TAP_RX_UNKNOWN:
-			snprintf(reason, sizeof reason, "exchange type '%s' is not modelled", x->type_name);
+			snprintf(reason, sizeof reason,
+				 strcmp(x->type_name, TAP_ROUTE_OMITTED)
+				     ? "exchange type '%s' is not modelled"
+				     : "%s (rabbitmqctl export_definitions omits internal exchanges): not judged",
+				 x->type_name);
 			break;
 		}
 		const char *dn = b->to_ex ? m->ex[b->dest].name : m->q[b->dest].name;
