@@ -47,6 +47,17 @@ ssl_options.verify = verify_peer
 ssl_options.fail_if_no_peer_cert = true
 CONF
 	fi
+	# Optional management plugin (the routing tests read /api/definitions and set policies through it), listening on
+	# loopback only; off unless TAP_BROKER_MGMT_PORT is set.
+	if [ -n "${TAP_BROKER_MGMT_PORT:-}" ]; then
+		cat >>"$TAP_BROKER_DIR/rabbitmq.conf" <<CONF
+management.tcp.port = $TAP_BROKER_MGMT_PORT
+management.tcp.ip = 127.0.0.1
+CONF
+		echo '[rabbitmq_management].' >"$TAP_BROKER_DIR/enabled_plugins"
+	elif grep -q rabbitmq_management "$TAP_BROKER_DIR/enabled_plugins" 2>/dev/null; then
+		echo '[].' >"$TAP_BROKER_DIR/enabled_plugins"
+	fi
 	[ -e "$TAP_BROKER_DIR/enabled_plugins" ] || echo '[].' >"$TAP_BROKER_DIR/enabled_plugins"
 	[ -e "$TAP_BROKER_DIR/advanced.config" ] || echo '[].' >"$TAP_BROKER_DIR/advanced.config"
 	: >"$TAP_BROKER_DIR/rabbitmq-env.conf"

@@ -28,6 +28,8 @@ enum app_out {
 /* SIGINT, SIGTERM, SIGHUP, SIGUSR1: what a live mode's loop listens for. */
 #define APP_N_SIGNALS 4
 
+struct tap_route_model;
+
 /* What every mode has; a live mode's own state wraps it (struct proxy_app, struct sniff_app). */
 struct app {
 	const struct tap_conf *conf;
@@ -49,6 +51,11 @@ struct app {
 	int exit_code;
 	char run[TAP_TRACK_RUN_MAX + 1]; /* this process's run id; "" in replay */
 	int64_t started_us;
+	struct tap_route_model *topology; /* --definitions or --management (app_outputs.c); NULL: none yet */
+	struct tap_mgmt *mgmt;            /* --management's poller */
+	bool mgmt_failing;                /* the last poll failed (said once until one succeeds) */
+	bool topology_at_first;           /* a poll has succeeded (the first is said) */
+	int64_t topology_at;              /* when the model in use was read */
 };
 
 /* What stderr gets at exit on top of the outputs' flush time, for the summary. */
@@ -57,6 +64,15 @@ struct app {
 int app_run_proxy(const struct tap_conf *conf);
 int app_run_sniff(const struct tap_conf *conf);
 int app_run_replay(const struct tap_conf *conf);
+/* `amqptap route`: argv[0] is "route"; its own options (app_route.c). Returns the exit code. */
+int app_run_route(int argc, char **argv);
+/* --definitions: loads the file into a model and hands it to the tracker (at start: 0, or 2 with a line naming the
+ * option); on SIGHUP the file is read again and replaces the model only when it loads whole (else the last good one
+ * stays, and the failure is logged). */
+int app_topology_load(struct app *app);
+void app_topology_reload(struct app *app);
+/* --management: starts polling on app->base (0, or 2 with a line naming the option). */
+int app_topology_poll(struct app *app);
 
 /* ---- app_outputs.c ---- */
 

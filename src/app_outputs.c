@@ -2,6 +2,11 @@
  * what is said of them: the summary, the losses, the kernel's drops in sniff mode. */
 #include "app.h"
 
+#include "amqptap/files.h"
+#include "amqptap/mgmt.h"
+#include "amqptap/route.h"
+#include "amqptap/route_defs.h"
+
 #include "amqptap/buf.h"
 #include "amqptap/json.h"
 #include "amqptap/log.h"
@@ -250,6 +255,7 @@ int app_outputs_open(struct app *app)
 		.max_outstanding = conf->max_outstanding,
 		.max_memory = conf->max_tracking_memory,
 		.header_values = conf->header_values,
+		.topology_interval_us = (int64_t)conf->topology_interval_s * 1000000,
 	};
 	if (app->run[0]) {
 		tconf.started_us = app->started_us;
@@ -262,6 +268,8 @@ int app_outputs_open(struct app *app)
 		fprintf(stderr, "amqptap: out of memory at start\n");
 		return 1;
 	}
+	if ((rc = app_topology_load(app)))
+		return rc;
 	tap_observer_init(&app->observer, app->track, emit_record, app, app->out[OUT_FRAMES] ? &app->frames_sink : NULL,
 			  conf->body_bytes);
 	if (app->pcap)
@@ -323,7 +331,78 @@ bool app_outputs_close(struct app *app, int64_t deadline_us, enum app_end end)
 	}
 	tap_track_free(app->track);
 	app->track = NULL;
+	tap_mgmt_free(app->mgmt);
+	app->mgmt = NULL;
+	tap_route_model_free(app->topology); /* after the tracker that judged by it */
+	app->topology = NULL;
 	return whole;
+}
+
+/* --- --definitions (issue 36) ----------------------------------------------------------------------------------- */
+
+static struct tap_route_model *topology_read(const char *path, char *err, size_t cap)
+{
+	struct tap_route_defs_limits lim;
+	tap_route_defs_limits_default(&lim);
+	char *data;
+	size_t len;
+	if (tap_files_read(path, lim.max_input, &data, &len, err, cap))
+		return NULL;
+	struct tap_route_model *m = NULL;
+	char why[300];
+	if (tap_route_defs_load(data, len, "/", &lim, &m, why, sizeof why))
+		snprintf(err, cap, "%s: %s", path, why);
+	free(data);
+	return m;
+}
+
+static void topology_log(const char *what, const struct tap_route_model *m)
+{
+	struct tap_route_counts n;
+	tap_route_counts(m, &n);
+	tap_log_info("definitions %s: %u vhosts, %u exchanges (%u of types not judged), %u queues, %u bindings, %u "
+		     "policies, %llu bytes", what, n.vhosts, n.exchanges, n.unknown_type, n.queues, n.bindings, n.policies,
+		     (unsigned long long)tap_route_model_bytes(m));
+}
+
+int app_topology_load(struct app *app)
+{
+	if (!app->conf->definitions)
+		return 0;
+	char err[400];
+	struct tap_route_model *m = topology_read(app->conf->definitions, err, sizeof err);
+	if (!m) {
+		fprintf(stderr, "amqptap: --definitions %s\n", err);
+		return 2;
+	}
+	if (tap_track_set_topology(app->track, m)) {
+		tap_route_model_free(m);
+		fprintf(stderr, "amqptap: out of memory at start\n");
+		return 1;
+	}
+	app->topology = m;
+	topology_log("loaded", m);
+	return 0;
+}
+
+void app_topology_reload(struct app *app)
+{
+	if (!app->conf->definitions || !app->track)
+		return;
+	char err[400];
+	struct tap_route_model *m = topology_read(app->conf->definitions, err, sizeof err);
+	if (!m) {
+		tap_log_error("--definitions %s; the last good definitions stay", err);
+		return;
+	}
+	if (tap_track_set_topology(app->track, m)) {
+		tap_route_model_free(m);
+		tap_log_error("--definitions: no memory for the new definitions; the last good ones stay");
+		return;
+	}
+	tap_route_model_free(app->topology);
+	app->topology = m;
+	topology_log("reloaded", m);
 }
 
 /* The streams the drops hit show their holes as capture_gap records. */
@@ -341,4 +420,96 @@ void app_report_drops(struct app *app, uint64_t fresh, uint64_t total, int64_t n
 	tap_buf_deinit(&b);
 	tap_log_error("the kernel dropped %" PRIu64 " packets (%" PRIu64 " in total): the streams they belonged to "
 		      "have capture gaps; try a larger --buffer-size", fresh, total);
+}
+
+/* A `topology` record: where the model came from and what became of a poll (DESIGN §4). */
+static void topology_record(struct app *app, const char *event, const char *error, int64_t age_us)
+{
+	struct tap_buf b;
+	struct tap_json j;
+	tap_buf_init(&b);
+	tap_json_init(&j, &b);
+	tap_json_obj_begin(&j);
+	tap_json_kv_str(&j, "type", "topology");
+	tap_json_kv_ts(&j, "ts", tap_now_us());
+	if (app->run[0])
+		tap_json_kv_str(&j, "run", app->run);
+	tap_json_kv_str(&j, "event", event);
+	tap_json_kv_str(&j, "source", "management");
+	if (error)
+		tap_json_kv_str(&j, "error", error);
+	if (age_us >= 0)
+		tap_json_kv_int(&j, "age_s", age_us / 1000000);
+	tap_json_obj_end(&j);
+	if (!b.oom)
+		emit_record(app, b.data, b.len);
+	tap_buf_deinit(&b);
+}
+
+static void on_polled(void *arg, const char *body, size_t len, const char *err)
+{
+	struct app *app = arg;
+	char why[400];
+	struct tap_route_model *m = NULL;
+	if (!err) {
+		struct tap_route_defs_limits lim;
+		tap_route_defs_limits_default(&lim);
+		if (tap_route_defs_load(body, len, "/", &lim, &m, why, sizeof why) == 0 &&
+		    tap_track_set_topology(app->track, m) != 0) {
+			tap_route_model_free(m);
+			m = NULL;
+			snprintf(why, sizeof why, "no memory for the new definitions");
+		}
+		err = m ? NULL : why;
+	}
+	int64_t now = tap_now_us();
+	if (m) {
+		tap_route_model_free(app->topology);
+		app->topology = m;
+		app->topology_at = now;
+		if (app->mgmt_failing || !app->topology_at_first || app->conf->verbosity >= TAP_VERBOSITY_VERBOSE) {
+			topology_log("polled", m);
+			topology_record(app, "loaded", NULL, -1);
+		}
+		app->mgmt_failing = false;
+		app->topology_at_first = true;
+		return;
+	}
+	int64_t age = app->topology ? now - app->topology_at : -1;
+	if (!app->mgmt_failing) {
+		tap_log_error("--management: %s; %s", err,
+			      app->topology ? "the last good definitions stay" : "no definitions yet: nothing is judged");
+		topology_record(app, app->topology ? "stale" : "poll_failed", err, age);
+	}
+	app->mgmt_failing = true;
+}
+
+int app_topology_poll(struct app *app)
+{
+	const struct tap_conf *conf = app->conf;
+	if (!conf->management)
+		return 0;
+	char *cred = NULL, err[400];
+	size_t len = 0;
+	if (conf->management_credentials) {
+		if (tap_files_read(conf->management_credentials, 4096, &cred, &len, err, sizeof err)) {
+			fprintf(stderr, "amqptap: --management-credentials %s\n", err);
+			return 2;
+		}
+		while (len && (cred[len - 1] == '\n' || cred[len - 1] == '\r'))
+			cred[--len] = '\0';
+	}
+	struct tap_route_defs_limits lim;
+	tap_route_defs_limits_default(&lim);
+	app->mgmt = tap_mgmt_new(app->base, conf->management, cred, conf->management_ca,
+				 (int64_t)conf->topology_interval_s * 1000000, lim.max_input, on_polled, app, err, sizeof err);
+	if (cred) {
+		memset(cred, 0, len);
+		free(cred);
+	}
+	if (!app->mgmt) {
+		fprintf(stderr, "amqptap: --management %s\n", err);
+		return 2;
+	}
+	return 0;
 }

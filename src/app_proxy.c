@@ -209,6 +209,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 		break;
 	case SIGHUP:
 		app_outputs_reopen(&pa->app);
+		app_topology_reload(&pa->app);
 		break;
 	case SIGUSR1: {
 		struct tap_proxy_stats st;
@@ -302,6 +303,8 @@ int app_run_proxy(const struct tap_conf *conf)
 	tap_conf_addr_format(&conf->upstream, upstream_name, sizeof upstream_name);
 	if (!code)
 		code = start_proxy(&pa, up, up_len, n_up, &lis, lis_len, upstream_name, bound);
+	if (!code)
+		code = app_topology_poll(app);
 	if (code) {
 		tap_proxy_free(pa.proxy);
 		/* nothing was forwarded; the exit code says why */

@@ -44,6 +44,7 @@ static bool replay_stop(void *ctx)
 	if (replay_hup) {
 		replay_hup = 0;
 		app_outputs_reopen(app);
+		app_topology_reload(app);
 	}
 	if (replay_usr1) {
 		replay_usr1 = 0;

@@ -65,6 +65,7 @@ static void on_sniff_signal(evutil_socket_t sig, short what, void *arg)
 		app_loop_exit(&sa->app);
 	} else if (sig == SIGHUP) {
 		app_outputs_reopen(&sa->app);
+		app_topology_reload(&sa->app);
 	} else if (sig == SIGUSR1) {
 		struct tap_sniff_stats st;
 		tap_sniff_get_stats(sa->sniff, &st);
@@ -97,6 +98,8 @@ static int start_sniff(struct sniff_app *sa)
 			.outputs = {sa->app.out[OUT_VERDICTS], sa->app.out[OUT_FRAMES], sa->app.out[OUT_PCAP]}};
 		code = app_start_metrics(&sa->app, &src);
 	}
+	if (!code)
+		code = app_topology_poll(&sa->app);
 	return code ? code : app_loop_start(&sa->app, on_sniff_tick, sa);
 }
 

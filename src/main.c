@@ -1,5 +1,5 @@
 /* amqptap: the options parsed, then one of its modes run: the proxy (app_proxy.c), sniff (app_sniff.c) or replay
- * (app_replay.c); --help and --version here. */
+ * (app_replay.c), or the route subcommand (app_route.c); --help and --version here. */
 #include "app.h"
 
 #include "amqptap/files.h"
@@ -15,6 +15,7 @@
 #include <openssl/opensslv.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 static int print_help(void)
@@ -55,6 +56,9 @@ static void keep_std_fds(void)
 int main(int argc, char **argv)
 {
 	keep_std_fds();
+	/* route has options of its own (a key or header value is any text): src/app_route.c */
+	if (argc > 1 && strcmp(argv[1], "route") == 0)
+		return app_run_route(argc - 1, argv + 1);
 	tap_log_hear_outputs();
 	struct tap_conf conf;
 	char err[400];

@@ -65,6 +65,13 @@ struct tap_conf {
 	const char *keylog; /* NULL: $SSLKEYLOGFILE if set (main decides) */
 	struct tap_conf_addr metrics; /* --metrics: host "" = off */
 	const char *metrics_hosts; /* --metrics-host NAME[,NAME...]; NULL: none beyond the defaults (httphost.h) */
+	/* --definitions: the broker's definitions JSON every publish is judged by (README "Routing"); NULL: off */
+	const char *definitions;
+	uint32_t topology_interval_s; /* how often dropped_by_topology / topology_mismatch repeat per exchange+key, and
+	                               * --management is polled */
+	const char *management;             /* --management URL: the definitions polled from the management API */
+	const char *management_credentials; /* a file holding USER:PASSWORD */
+	const char *management_ca;          /* CA bundle for an https URL; NULL: the system store */
 };
 
 enum tap_conf_opt_kind {

@@ -82,6 +82,7 @@ struct tap_metrics_exchange {
 	uint64_t seen;      /* Space-Saving count: over-counts by at most inherited */
 	uint64_t inherited; /* the count of the candidate it replaced; seen - inherited is certain (the ranking's) */
 	uint64_t by_route[TAP_METRICS_N_ROUTES]; /* since it got its series; 0 while it has none */
+	uint64_t dropped;   /* --definitions: dropped_by_topology publishes, since it got its series */
 };
 
 struct tap_metrics_tally {
@@ -100,6 +101,8 @@ struct tap_metrics_tally {
 	size_t n_exchanges, n_labelled;
 	size_t last_exchange; /* where the last publish's exchange was found: most publishers use one */
 	uint64_t other_by_route[TAP_METRICS_N_ROUTES];
+	uint64_t other_dropped; /* --definitions: dropped_by_topology publishes of the other exchanges */
+	bool topology;          /* a verdict said dropped_by_topology: the family is rendered */
 };
 
 /* Reply code 312 (NO_ROUTE) has its series before the first return. */

@@ -20,6 +20,7 @@
 #define TAP_TRACK_LATE_RETURN_US_DEFAULT 50000
 #define TAP_TRACK_MAX_OUTSTANDING_DEFAULT 1000000u
 #define TAP_TRACK_MAX_MEMORY_DEFAULT (UINT64_C(256) << 20)
+#define TAP_TRACK_TOPOLOGY_INTERVAL_US_DEFAULT 60000000
 
 /* The version of the record layout, in each connection open record; raised when a member changes meaning. */
 #define TAP_TRACK_SCHEMA 2 /* 2: body_size may be null (a publish cut before its content header) */
@@ -55,6 +56,9 @@ struct tap_track_conf {
 	/* Comma-separated header keys whose values publish records carry (--header-values); NULL: none. Not copied:
 	 * it must outlive the tracker. */
 	const char *header_values;
+	/* --definitions (tap_track_set_topology): dropped_by_topology and topology_mismatch repeat for one exchange and
+	 * routing key at most this often; 0: TAP_TRACK_TOPOLOGY_INTERVAL_US_DEFAULT. */
+	int64_t topology_interval_us;
 };
 
 /* One record, without its newline; json is valid only during the call. */
@@ -105,6 +109,7 @@ struct tap_track_verdict {
 	int64_t t_record;       /* the record's ts */
 	int64_t return_us;      /* -1: no Return */
 	int64_t confirm_us;     /* -1: no ack/nack */
+	bool dropped_by_topology; /* --definitions: not mandatory, and the model routes it to no queue */
 	struct tap_slice record; /* the publish record as emitted, without its newline; ptr NULL: lost (no memory) */
 	/* the bytes [values_at, values_at + values_len) of record hold its "header_values" and
 	 * "header_values_truncated" (--header-values) with the comma before them: the record without them is valid
@@ -129,6 +134,17 @@ struct tap_track_conn_event {
 	int64_t now_us;
 };
 typedef void (*tap_track_conn_event_fn)(void *ctx, const struct tap_track_conn_event *e);
+
+/* --definitions: the routing model (route.h) every publish from now on is judged by, NULL: none. Not owned: the
+ * caller frees the model it replaces after this call (a reload swaps a whole model; a failed one never comes here).
+ * Returns 0, or TAP_E_NOMEM (no memory for the judge's tables: the model is not used). */
+struct tap_route_model;
+int tap_track_set_topology(struct tap_track *t, struct tap_route_model *m);
+/* Calls fn for each exchange the model routed publishes that were not mandatory nowhere from, with how many; ""
+ * stands for the default exchange, NULL for the exchanges past the first TAP_TRACK_TOPOLOGY_EXCHANGES. */
+#define TAP_TRACK_TOPOLOGY_EXCHANGES 1000u
+typedef void (*tap_track_drop_fn)(void *ctx, const char *exchange, size_t len, uint64_t count);
+void tap_track_each_topology_drop(const struct tap_track *t, tap_track_drop_fn fn, void *ctx);
 
 /* Returns NULL when out of memory. */
 struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emit_fn emit, void *ctx);
@@ -283,6 +299,8 @@ enum tap_track_rule {
 	TAP_TRACK_RULE_CHANNEL_CHURN,
 	TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID,
 	TAP_TRACK_RULE_AMBIGUOUS_RETURN,
+	TAP_TRACK_RULE_DROPPED_BY_TOPOLOGY, /* --definitions: a publish not mandatory that the model routes nowhere */
+	TAP_TRACK_RULE_TOPOLOGY_MISMATCH,   /* --definitions: a Return or a routed mandatory ack the model disagrees with */
 	TAP_TRACK_N_RULES,
 };
 /* The rule's name as records write it. */
@@ -323,6 +341,8 @@ struct tap_track_stats {
 	uint64_t conns_unfollowed; /* connections forwarded or read with no records at all: no memory to follow them */
 	uint64_t chans_unfollowed; /* channel opens not followed: the channel did not fit in max_memory (its
 	                            * publishes are written unknown at once, reason no_memory) */
+	uint64_t topology_judged;     /* --definitions: publishes the model was asked about */
+	uint64_t dropped_by_topology; /* of which not mandatory and routed nowhere by the model */
 };
 void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s);
 /* The run id every record carries, "" when records carry none (replay). */

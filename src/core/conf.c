@@ -95,6 +95,23 @@ static const struct tap_conf_option options[] = {
 	 .modes = TAP_FOR_PROXY | TAP_FOR_SNIFF},
 	{.name = "keylog", .kind = TAP_OPT_PATH, .offset = FIELD(keylog), .arg = "FILE", .def_shown = "$SSLKEYLOGFILE",
 	 .help = "NSS key log of both TLS legs, mode 0600 (a symbolic link is refused)", .modes = TAP_FOR_PROXY},
+	/* --- routing model (issue 36) --- */
+	{.name = "definitions", .kind = TAP_OPT_PATH, .offset = FIELD(definitions), .arg = "FILE", .def_shown = "off",
+	 .help = "judge every publish by the broker's definitions JSON (rabbitmqctl export_definitions): a topology "
+	         "member, dropped_by_topology and topology_mismatch warnings; reloaded on SIGHUP"},
+	{.name = "topology-interval", .kind = TAP_OPT_U32, .offset = FIELD(topology_interval_s), .min = 1, .max = 86400,
+	 .arg = "S", .def_u32 = TAP_TRACK_TOPOLOGY_INTERVAL_US_DEFAULT / 1000000,
+	 .help = "with --definitions or --management: how often dropped_by_topology and topology_mismatch repeat for "
+	         "one exchange and routing key, and how often --management is polled"},
+	{.name = "management", .kind = TAP_OPT_TEXT, .offset = FIELD(management), .arg = "URL", .def_shown = "off",
+	 .help = "poll the definitions from the RabbitMQ management API (http[s]://HOST:PORT), as --definitions judges "
+	         "by a file; a failed poll keeps the last good definitions",
+	 .modes = TAP_FOR_PROXY | TAP_FOR_SNIFF},
+	{.name = "management-credentials", .kind = TAP_OPT_PATH, .offset = FIELD(management_credentials), .arg = "FILE",
+	 .def_shown = "none", .help = "a file holding USER:PASSWORD for --management", .modes = TAP_FOR_PROXY | TAP_FOR_SNIFF},
+	{.name = "management-ca", .kind = TAP_OPT_PATH, .offset = FIELD(management_ca), .arg = "FILE",
+	 .def_shown = "the system store", .help = "CA bundle that verifies an https --management URL",
+	 .modes = TAP_FOR_PROXY | TAP_FOR_SNIFF},
 	{.name = "quiet", .short_name = 'q', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
 	 .level = TAP_VERBOSITY_QUIET,
 	 .help = "only errors and warnings on stderr (no summary at exit; SIGUSR1 still prints it)"},
@@ -603,5 +620,10 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, tap_conf_same_inod
 		return usage_error(err, cap, "sniff: missing --interface (amqptap sniff --interface IF [--port N])");
 	if (c->mode == TAP_MODE_REPLAY && !c->replay_file)
 		return usage_error(err, cap, "replay: missing the CAPTURE file (amqptap replay CAPTURE [--port N])");
+	if (c->management && c->definitions)
+		return usage_error(err, cap, "--management: the definitions come from --definitions or --management, not both");
+	if ((c->management_credentials || c->management_ca) && !c->management)
+		return usage_error(err, cap, "--%s: only with --management",
+				   c->management_credentials ? "management-credentials" : "management-ca");
 	return check_combinations(c, same_inode, err, cap);
 }

@@ -57,6 +57,7 @@ static const struct {
 	{NULL, NULL, "transparent AMQP 0-9-1 wire-tap proxy"},
 	{"replay", "CAPTURE", "the same records from a pcap/pcapng capture (- for standard input)"},
 	{"sniff", NULL, "the same records from packets captured live (libpcap, --interface)"},
+	{"route", NULL, "where a publish goes by the broker's definitions (amqptap route --help)"},
 };
 
 #define N_FORMS (sizeof forms / sizeof forms[0])

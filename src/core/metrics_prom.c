@@ -145,6 +145,23 @@ static void render_exchanges(struct tap_buf *b, const struct tap_metrics_tally *
 			exchange_routes(b, label, exchange_label(label, e->name, e->len), e->by_route);
 	}
 	exchange_routes(b, EXCHANGE_OTHER, strlen(EXCHANGE_OTHER), t->other_by_route);
+	if (!t->topology)
+		return;
+	/* --definitions: the alert on publishes the broker's topology drops, by the same exchanges' series */
+	family(b, "exchange_dropped_by_topology_total", COUNTER,
+	       "Publishes not mandatory that the --definitions model routes to no queue (dropped_by_topology), by "
+	       "exchange, for the exchanges of exchange_publishes_total.");
+	for (size_t i = 0; i < t->n_exchanges; i++) {
+		const struct tap_metrics_exchange *e = &t->exchanges[i];
+		if (!e->labelled)
+			continue;
+		size_t len = e->len ? exchange_label(label, e->name, e->len) : strlen(EXCHANGE_DEFAULT);
+		tap_buf_printf(b, "amqptap_exchange_dropped_by_topology_total{exchange=\"");
+		label_valuen(b, e->len ? label : EXCHANGE_DEFAULT, len);
+		tap_buf_printf(b, "\"} %" PRIu64 "\n", e->dropped);
+	}
+	tap_buf_printf(b, "amqptap_exchange_dropped_by_topology_total{exchange=\"" EXCHANGE_OTHER "\"} %" PRIu64 "\n",
+	               t->other_dropped);
 }
 
 static void render_capture(struct tap_buf *b, const struct tap_metrics_snapshot *s)

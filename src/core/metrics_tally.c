@@ -104,6 +104,13 @@ static void count_exchange(struct tap_metrics_tally *t, const struct tap_track_v
 		e->by_route[v->route]++;
 	else
 		t->other_by_route[v->route]++;
+	if (v->dropped_by_topology) { /* --definitions */
+		t->topology = true;
+		if (e->labelled)
+			e->dropped++;
+		else
+			t->other_dropped++;
+	}
 }
 
 void tap_metrics_tally_verdict(void *tally, const struct tap_track_verdict *v)

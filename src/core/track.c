@@ -7,6 +7,7 @@
 #include "track_budget.h"
 #include "track_record.h"
 #include "track_store.h"
+#include "track_topo.h"
 #include "track_verdict.h"
 #include "track_warn.h"
 
@@ -75,6 +76,7 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	    .delivery_mode = p->delivery_mode,
 	    .body_size = p->body_size,
 	    .header_lost = p->header_lost,
+	    .topo = t->topo_on ? t->topo_flags : 0,
 	    .timestamp = p->timestamp,
 	    .t_pub = now_us,
 	};
@@ -169,7 +171,7 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 	                      (p->has_delivery_mode ? TRK_FLAG_HAS_DELIVERY_MODE : 0) |
 	                      (p->has_timestamp ? TRK_FLAG_HAS_TIMESTAMP : 0) | (c->blocked ? TRK_FLAG_BLOCKED : 0) |
 	                      (plain ? TRK_FLAG_PLAIN : 0) | (ch->refusal ? TRK_FLAG_REFUSED : 0) |
-	                      (refusable(c, p) ? TRK_FLAG_REFUSABLE : 0));
+	                      (refusable(c, p) ? TRK_FLAG_REFUSABLE : 0) | (t->topo_on ? t->topo_flags : 0));
 	uint64_t need;
 	while (room == ROOM_TIGHT && (need = tap_arena_growth(&ch->arena, len->total)) && !trk_fits(t, need)) {
 		if (!trk_evict_for_memory(t, now_us)) /* the oldest go first: this channel's own free arena space */
@@ -224,6 +226,8 @@ bool tap_track_header_wanted(const struct tap_track *t, const uint8_t *name, siz
 {
 	if (len == sizeof "traceparent" - 1 && memcmp(name, "traceparent", len) == 0)
 		return true;
+	if (t->topo_on) /* --definitions: a headers exchange's bindings may look at any of them */
+		return true;
 	for (const char *k = t->conf.header_values; k && *k;) {
 		const char *end = strchr(k, ',');
 		size_t klen = end ? (size_t)(end - k) : strlen(k);
@@ -260,6 +264,8 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 		t->extra_values = (struct trk_values){0, 0};
 		t->st.oom++;
 	}
+	if (t->topo_on) /* --definitions */
+		trk_topo_publish(c, id, ch, p, now_us);
 	/* a publish after a channel.close is dropped by the broker: it waits for close-ok like the others; one in a
 	 * transaction waits for its commit or rollback */
 	bool want = p->mandatory || (ch && (ch->mode == TRK_MODE_CONFIRM || ch->mode == TRK_MODE_TX || ch->closing));

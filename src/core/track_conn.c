@@ -6,6 +6,7 @@
 #include "track_budget.h"
 #include "track_record.h"
 #include "track_store.h"
+#include "track_topo.h"
 #include "track_verdict.h"
 #include "track_warn.h"
 
@@ -26,6 +27,8 @@ struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emi
 		t->conf = *conf;
 	if (t->conf.return_window_us <= 0)
 		t->conf.return_window_us = TAP_TRACK_RETURN_WINDOW_US_DEFAULT;
+	if (t->conf.topology_interval_us <= 0)
+		t->conf.topology_interval_us = TAP_TRACK_TOPOLOGY_INTERVAL_US_DEFAULT;
 	if (t->conf.late_return_us <= 0)
 		t->conf.late_return_us = TAP_TRACK_LATE_RETURN_US_DEFAULT;
 	if (t->conf.max_outstanding == 0)
@@ -121,6 +124,7 @@ void tap_track_free(struct tap_track *t)
 		conn_free(t->conns);
 	tap_heap_deinit(&t->oldest);
 	tap_heap_deinit(&t->due);
+	trk_topo_free(t);
 	trk_render_deinit(&t->render);
 	tap_buf_deinit(&t->extra);
 	free(t);

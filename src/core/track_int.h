@@ -103,6 +103,8 @@ enum trk_flag {
 	TRK_FLAG_AMBIGUOUS = 1 << 17, /* a Return may have been its: it and others matched one that had no way to
 	                                 tell them apart (no or the same message_id) */
 	TRK_FLAG_NO_HEADER = 1 << 18, /* cut before its content header: its size and properties are not known */
+	TRK_FLAG_TOPO_NONE = 1 << 19, /* --definitions: the model routes it to no queue */
+	TRK_FLAG_TOPO_SOME = 1 << 20, /* --definitions: the model routes it to a queue */
 };
 
 /* How the broker's publish-caused close (if any) on a channel pointed at the publish it refused. */
@@ -285,6 +287,9 @@ struct tap_track {
 	struct tap_heap due;
 	uint64_t mem;  /* bytes counted against conf.max_memory */
 	bool squeeze;  /* making room: unreferenced strings are freed, not cached */
+	struct trk_topo *topo; /* --definitions (track_topo.c); NULL: none */
+	bool topo_on;          /* topo has a model */
+	uint32_t topo_flags;   /* TRK_FLAG_TOPO_* of the publish being stored */
 };
 
 /* What a publish record is written from: a stored slot or the caller's tap_publish. */
@@ -299,6 +304,7 @@ struct trk_view {
 	bool refused_unnamed;  /* REFUSED on a channel whose close named no culprit */
 	bool header_lost;      /* NO_HEADER: body_size written null */
 	uint8_t delivery_mode;
+	uint32_t topo; /* TRK_FLAG_TOPO_* */
 	uint64_t body_size, seq, timestamp;
 	int64_t t_pub;
 };

@@ -467,6 +467,29 @@ void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, ui
 	tap_json_obj_end(&j);
 }
 
+/* --definitions (track_topo.c): dropped_by_topology, and topology_mismatch with what the broker said (broker). */
+void trk_record_topology_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
+                                 uint64_t seq, struct tap_slice exchange, struct tap_slice routing_key,
+                                 const char *broker, int64_t now_us)
+{
+	struct tap_json j;
+	rec_begin(r, &j, "warning", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_uint(&j, "channel", ch);
+	tap_json_kv_str(&j, "rule", rule);
+	if (seq)
+		tap_json_kv_uint(&j, "seq", seq);
+	else
+		kv_lit(&j, "seq", json_null);
+	tap_json_kv_strn(&j, "exchange", exchange.ptr, exchange.len);
+	tap_json_kv_strn(&j, "routing_key", routing_key.ptr, routing_key.len);
+	if (broker) {
+		tap_json_kv_str(&j, "route", broker);
+		tap_json_kv_bool(&j, "model_routes", strcmp(broker, "returned") == 0);
+	}
+	tap_json_obj_end(&j);
+}
+
 void trk_record_return_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
                                const struct tap_return *ret, const char *rule, uint64_t n, uint64_t seq_first,
                                uint64_t seq_last, int64_t now_us)

@@ -31,6 +31,9 @@ void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, ui
 void trk_record_return_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
                                const struct tap_return *ret, const char *rule, uint64_t n, uint64_t seq_first,
                                uint64_t seq_last, int64_t now_us);
+void trk_record_topology_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
+                                 uint64_t seq, struct tap_slice exchange, struct tap_slice routing_key,
+                                 const char *broker, int64_t now_us);
 void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *event,
                         int64_t now_us);
 /* The channel's open; followed false: it did not fit in the memory budget, no state is kept for it (its

@@ -451,6 +451,7 @@ void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const 
 	    .delivery_mode = e->delivery_mode,
 	    .body_size = e->body_size,
 	    .header_lost = e->flags & TRK_FLAG_NO_HEADER,
+	    .topo = e->flags & (TRK_FLAG_TOPO_NONE | TRK_FLAG_TOPO_SOME),
 	    .seq = n - ch->sel_off,
 	    .t_pub = e->t_pub,
 	};

@@ -6,6 +6,7 @@
 
 #include "track_record.h"
 #include "track_store.h"
+#include "track_topo.h"
 #include "track_warn.h"
 
 static const struct trk_reason ambiguous_return = {.by = "ambiguous_return"};
@@ -196,6 +197,7 @@ static void call_verdict_hook(struct tap_track_conn *c, uint16_t ch, const struc
 	    .t_record = now_us,
 	    .return_us = returned ? vd->t_ret - v->t_pub : -1,
 	    .confirm_us = answered ? vd->t_ack - v->t_pub : -1,
+	    .dropped_by_topology = !v->mandatory && (v->topo & TRK_FLAG_TOPO_NONE),
 	    .record = {t->render.rec.oom ? NULL : (const uint8_t *)t->render.rec.data,
 	               t->render.rec.oom ? 0 : t->render.rec.len},
 	};
@@ -250,6 +252,8 @@ void trk_slot_step(struct tap_track_conn *c, struct trk_chan *ch, uint64_t n, en
 	struct trk_view v;
 	trk_view_of_slot(&v, c, ch, n);
 	trk_publish_done(c, ch->id, &v, &vd, stamp_us);
+	if (v.topo) /* --definitions; before the release: v's strings are the slot's */
+		trk_topo_verdict(c, ch->id, &v, &vd, stamp_us);
 	trk_slot_release(c, ch, n);
 	trk_warn_verdict(c, ch, &v, &vd, stamp_us);
 }

@@ -19,6 +19,8 @@ static const char *const rule_names[TAP_TRACK_N_RULES] = {
     [TAP_TRACK_RULE_CHANNEL_CHURN] = "channel_churn",
     [TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID] = "duplicate_message_id",
     [TAP_TRACK_RULE_AMBIGUOUS_RETURN] = "ambiguous_return",
+    [TAP_TRACK_RULE_DROPPED_BY_TOPOLOGY] = "dropped_by_topology",
+    [TAP_TRACK_RULE_TOPOLOGY_MISMATCH] = "topology_mismatch",
 };
 
 const char *tap_track_rule_name(enum tap_track_rule rule)
@@ -32,6 +34,11 @@ static void warning_written(struct tap_track *t, enum tap_track_rule rule)
 	trk_emit(t);
 	t->st.warnings++;
 	t->st.warnings_by_rule[rule]++;
+}
+
+void trk_warn_written(struct tap_track *t, enum tap_track_rule rule)
+{
+	warning_written(t, rule);
 }
 
 /* Writes the `warning` record of rule (seq 0: none). */

@@ -14,6 +14,9 @@ void trk_warn_settled(struct trk_chan *ch, const struct trk_slot *e, enum trk_ev
  * the window of recent ids, so the retransmission is no duplicate. */
 void trk_warn_done(struct tap_track_conn *c, const struct trk_view *v, const struct trk_verdict *vd);
 
+/* The warning record of rule is in t->render (written by a judge of its own, track_topo.c): emitted and counted. */
+void trk_warn_written(struct tap_track *t, enum tap_track_rule rule);
+
 /* Which bit of trk_warn_chan.warned says rule was written for the channel. */
 static inline uint16_t trk_warn_bit(enum tap_track_rule rule)
 {

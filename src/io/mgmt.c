@@ -1,0 +1,231 @@
+/* --management (mgmt.h): GET {URL}/api/definitions every interval with libevent's HTTP client; https verifies the
+ * broker's chain (--management-ca, else the system store) and host name, and sends SNI. One request at a time, a new
+ * connection each, bounded in time (10 s) and size (max_body). The body goes to the caller, which parses it. */
+#include "amqptap/mgmt.h"
+
+#include <event2/buffer.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct tap_mgmt {
+	struct event_base *base;
+	char host[256], path[1024], auth[700];
+	int port;
+	bool https;
+	SSL_CTX *ctx;
+	size_t max_body;
+	struct timeval every;
+	struct event *timer, *reap;
+	struct evhttp_connection *conn, *dead;
+	bool busy;
+	tap_mgmt_fn fn;
+	void *arg;
+};
+
+static void poll_now(evutil_socket_t fd, short what, void *arg);
+
+static void reap(evutil_socket_t fd, short what, void *arg)
+{
+	struct tap_mgmt *m = arg;
+	(void)fd;
+	(void)what;
+	if (m->dead)
+		evhttp_connection_free(m->dead);
+	m->dead = NULL;
+}
+
+/* The connection is freed outside its own callback, on the next turn of the loop. */
+static void done(struct tap_mgmt *m, const char *body, size_t len, const char *err)
+{
+	m->dead = m->conn;
+	m->conn = NULL;
+	m->busy = false;
+	event_active(m->reap, 0, 0);
+	m->fn(m->arg, body, len, err);
+}
+
+static void on_response(struct evhttp_request *req, void *arg)
+{
+	struct tap_mgmt *m = arg;
+	char err[400];
+	if (!req || evhttp_request_get_response_code(req) == 0) {
+		unsigned long e = ERR_get_error();
+		snprintf(err, sizeof err, "no answer from %s:%d%s%s", m->host, m->port, e ? ": " : "",
+			 e ? ERR_reason_error_string(e) : "");
+		ERR_clear_error();
+		done(m, NULL, 0, err);
+		return;
+	}
+	int code = evhttp_request_get_response_code(req);
+	if (code != 200) {
+		snprintf(err, sizeof err, "HTTP %d from %s:%d%s", code, m->host, m->port,
+			 code == 401 ? " (check --management-credentials)" : "");
+		done(m, NULL, 0, err);
+		return;
+	}
+	struct evbuffer *in = evhttp_request_get_input_buffer(req);
+	size_t len = evbuffer_get_length(in);
+	char *body = malloc(len + 1);
+	if (!body) {
+		done(m, NULL, 0, "out of memory for the definitions");
+		return;
+	}
+	evbuffer_copyout(in, body, len);
+	body[len] = '\0';
+	done(m, body, len, NULL);
+	free(body);
+}
+
+static void poll_now(evutil_socket_t fd, short what, void *arg)
+{
+	struct tap_mgmt *m = arg;
+	(void)fd;
+	(void)what;
+	if (m->busy)
+		return;
+	struct bufferevent *bev = NULL;
+	if (m->https) {
+		SSL *ssl = SSL_new(m->ctx);
+		if (!ssl) {
+			m->fn(m->arg, NULL, 0, "out of memory for TLS");
+			return;
+		}
+		SSL_set_tlsext_host_name(ssl, m->host);
+		X509_VERIFY_PARAM_set1_host(SSL_get0_param(ssl), m->host, 0);
+		bev = bufferevent_openssl_socket_new(m->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+						     BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+		if (!bev) {
+			SSL_free(ssl);
+			m->fn(m->arg, NULL, 0, "out of memory for TLS");
+			return;
+		}
+	}
+	m->conn = bev ? evhttp_connection_base_bufferevent_new(m->base, NULL, bev, m->host, (unsigned short)m->port)
+		      : evhttp_connection_base_new(m->base, NULL, m->host, (unsigned short)m->port);
+	if (!m->conn) {
+		if (bev)
+			bufferevent_free(bev);
+		m->fn(m->arg, NULL, 0, "out of memory for the request");
+		return;
+	}
+	evhttp_connection_set_timeout(m->conn, 10);
+	evhttp_connection_set_max_body_size(m->conn, (ev_ssize_t)m->max_body);
+	struct evhttp_request *req = evhttp_request_new(on_response, m);
+	if (!req) {
+		evhttp_connection_free(m->conn);
+		m->conn = NULL;
+		m->fn(m->arg, NULL, 0, "out of memory for the request");
+		return;
+	}
+	struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+	evhttp_add_header(h, "Host", m->host);
+	evhttp_add_header(h, "Accept", "application/json");
+	if (m->auth[0])
+		evhttp_add_header(h, "Authorization", m->auth);
+	m->busy = true;
+	if (evhttp_make_request(m->conn, req, EVHTTP_REQ_GET, m->path) != 0) {
+		/* the request is freed by libevent on failure */
+		m->busy = false;
+		evhttp_connection_free(m->conn);
+		m->conn = NULL;
+		m->fn(m->arg, NULL, 0, "the request could not be made");
+	}
+}
+
+struct tap_mgmt *tap_mgmt_new(struct event_base *base, const char *url, const char *credentials, const char *ca_file,
+			      int64_t interval_us, size_t max_body, tap_mgmt_fn fn, void *arg, char *err, size_t cap)
+{
+	struct tap_mgmt *m = calloc(1, sizeof *m);
+	struct evhttp_uri *u = evhttp_uri_parse(url);
+	if (!m || !u) {
+		snprintf(err, cap, m ? "not a URL: %s" : "out of memory", url);
+		goto fail;
+	}
+	const char *scheme = evhttp_uri_get_scheme(u), *host = evhttp_uri_get_host(u), *path = evhttp_uri_get_path(u);
+	if (!scheme || (strcmp(scheme, "http") && strcmp(scheme, "https")) || !host || !*host ||
+	    strlen(host) >= sizeof m->host || evhttp_uri_get_userinfo(u) || evhttp_uri_get_query(u)) {
+		snprintf(err, cap, "%s: expected http[s]://HOST[:PORT][/PATH] (credentials go in --management-credentials)",
+			 url);
+		goto fail;
+	}
+	m->https = !strcmp(scheme, "https");
+	snprintf(m->host, sizeof m->host, "%s", host);
+	m->port = evhttp_uri_get_port(u) > 0 ? evhttp_uri_get_port(u) : m->https ? 443 : 80;
+	size_t pl = path ? strlen(path) : 0;
+	while (pl && path[pl - 1] == '/')
+		pl--;
+	if (pl + sizeof "/api/definitions" > sizeof m->path) {
+		snprintf(err, cap, "%s: path too long", url);
+		goto fail;
+	}
+	snprintf(m->path, sizeof m->path, "%.*s/api/definitions", (int)pl, path ? path : "");
+	if (credentials) {
+		/* user:password, base64 for Basic; never logged */
+		size_t cl = strlen(credentials);
+		if (cl == 0 || !strchr(credentials, ':') || cl > 500) {
+			snprintf(err, cap, "--management-credentials: expected one line USER:PASSWORD");
+			goto fail;
+		}
+		memcpy(m->auth, "Basic ", 6);
+		EVP_EncodeBlock((unsigned char *)m->auth + 6, (const unsigned char *)credentials, (int)cl);
+	}
+	if (m->https) {
+		m->ctx = SSL_CTX_new(TLS_client_method());
+		if (!m->ctx || SSL_CTX_set_min_proto_version(m->ctx, TLS1_2_VERSION) != 1 ||
+		    (ca_file ? SSL_CTX_load_verify_locations(m->ctx, ca_file, NULL) != 1
+			     : SSL_CTX_set_default_verify_paths(m->ctx) != 1)) {
+			unsigned long e = ERR_get_error();
+			snprintf(err, cap, "--management-ca %s: %s", ca_file ? ca_file : "(system store)",
+				 e ? ERR_reason_error_string(e) : "cannot be used");
+			ERR_clear_error();
+			goto fail;
+		}
+		SSL_CTX_set_verify(m->ctx, SSL_VERIFY_PEER, NULL);
+	}
+	m->base = base;
+	m->max_body = max_body;
+	m->fn = fn;
+	m->arg = arg;
+	m->every = (struct timeval){(time_t)(interval_us / 1000000), (suseconds_t)(interval_us % 1000000)};
+	m->timer = event_new(base, -1, EV_PERSIST, poll_now, m);
+	m->reap = event_new(base, -1, 0, reap, m);
+	if (!m->timer || !m->reap || event_add(m->timer, &m->every) != 0) {
+		snprintf(err, cap, "out of memory");
+		goto fail;
+	}
+	evhttp_uri_free(u);
+	event_active(m->timer, 0, 0); /* the first poll at once */
+	return m;
+fail:
+	if (u)
+		evhttp_uri_free(u);
+	tap_mgmt_free(m);
+	return NULL;
+}
+
+void tap_mgmt_free(struct tap_mgmt *m)
+{
+	if (!m)
+		return;
+	if (m->timer)
+		event_free(m->timer);
+	if (m->reap)
+		event_free(m->reap);
+	if (m->conn)
+		evhttp_connection_free(m->conn);
+	if (m->dead)
+		evhttp_connection_free(m->dead);
+	if (m->ctx)
+		SSL_CTX_free(m->ctx);
+	OPENSSL_cleanse(m->auth, sizeof m->auth);
+	free(m);
+}
