@@ -148,6 +148,19 @@ void tap_track_conn_unfollowed(struct tap_track *t);
 void tap_track_conn_client_props(struct tap_track_conn *c, struct tap_slice product, struct tap_slice version,
                                  struct tap_slice platform);
 void tap_track_conn_user(struct tap_track_conn *c, struct tap_slice user); /* never a password */
+/* The capabilities a client advertises in its client properties (the "capabilities" table), as bits. */
+enum tap_track_cap {
+	TAP_TRACK_CAP_CONNECTION_BLOCKED = 1 << 0,
+	TAP_TRACK_CAP_PUBLISHER_CONFIRMS = 1 << 1,
+	TAP_TRACK_CAP_CONSUMER_CANCEL_NOTIFY = 1 << 2,
+	TAP_TRACK_CAP_BASIC_NACK = 1 << 3,
+};
+/* A connection_name longer than this is kept cut to it (bytes, then escaped). */
+#define TAP_TRACK_CONN_NAME_MAX 256u
+/* The client's connection_name property (ptr NULL: none) and its capabilities table: has_caps false when it sent
+ * none, else which of the four it said true (present: which it named at all). Copied; written on the open record. */
+void tap_track_conn_client_caps(struct tap_track_conn *c, struct tap_slice connection_name, bool has_caps,
+                                unsigned present, unsigned caps);
 void tap_track_conn_tune(struct tap_track_conn *c, uint16_t channel_max, uint32_t frame_max, uint16_t heartbeat);
 /* connection.open (or open-ok): writes the `connection` open record, once. */
 void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64_t now_us);

@@ -106,6 +106,7 @@ static void conn_free(struct tap_track_conn *c)
 	trk_free_str(t, &c->product);
 	trk_free_str(t, &c->version);
 	trk_free_str(t, &c->platform);
+	trk_free_str(t, &c->connection_name);
 	trk_free_str(t, &c->end_detail);
 	if (c->close_text)
 		trk_free(t, c->close_text, c->close_text_len + 1);
@@ -171,6 +172,20 @@ void tap_track_conn_client_props(struct tap_track_conn *c, struct tap_slice prod
 		c->details_lost = true;
 	if (platform.ptr && !trk_set_str(c->t, &c->platform, platform))
 		c->details_lost = true;
+}
+
+void tap_track_conn_client_caps(struct tap_track_conn *c, struct tap_slice connection_name, bool has_caps,
+                                unsigned present, unsigned caps)
+{
+	if (connection_name.ptr) {
+		if (connection_name.len > TAP_TRACK_CONN_NAME_MAX) /* what the client sends does not decide the size */
+			connection_name.len = TAP_TRACK_CONN_NAME_MAX;
+		if (!trk_set_str(c->t, &c->connection_name, connection_name))
+			c->details_lost = true;
+	}
+	c->has_caps = has_caps;
+	c->caps_present = (uint8_t)present;
+	c->caps = (uint8_t)(caps & present);
 }
 
 void tap_track_conn_user(struct tap_track_conn *c, struct tap_slice user)

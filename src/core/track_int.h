@@ -202,6 +202,9 @@ struct tap_track_conn {
 	struct tap_track_conn *prev, *next;
 	uint64_t id;
 	char *client, *upstream, *user, *vhost, *product, *version, *platform;
+	char *connection_name; /* the client's, cut to TAP_TRACK_CONN_NAME_MAX */
+	bool has_caps;         /* the client sent a capabilities table */
+	uint8_t caps_present, caps; /* enum tap_track_cap: named in it, and said true */
 	char *upstream_local; /* proxy: the tap's own end of its connection to the broker (the client the broker sees) */
 	bool proxied;         /* upstream_local was given (NULL then: no memory kept it) */
 	uint16_t channel_max, heartbeat;

@@ -173,6 +173,7 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 	p = tap_json_uint_at(PUT(p, ",\"channel\":"), ch);
 	p = PUT(p, ",\"seq\":");
 	p = v->confirm_mode ? tap_json_uint_at(p, v->seq) : put_lit(p, json_null);
+	p = tap_record_ts_at(&r->head, PUT(p, ",\"published\":"), v->t_pub); /* its last frame seen: ts is the verdict's */
 	if (v->route_lost) { /* never "": that names the default exchange */
 		p = put_lit(PUT(p, ",\"exchange\":"), json_null);
 		p = put_lit(PUT(p, ",\"routing_key\":"), json_null);
@@ -467,6 +468,33 @@ void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, ui
 	tap_json_obj_end(&j);
 }
 
+void trk_record_duplicate_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
+                                  uint64_t seq, struct tap_slice message_id, uint16_t first_channel,
+                                  uint64_t first_seq, int64_t now_us)
+{
+	struct tap_json j;
+	rec_begin(r, &j, "warning", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_uint(&j, "channel", ch);
+	tap_json_kv_str(&j, "rule", rule);
+	if (seq)
+		tap_json_kv_uint(&j, "seq", seq);
+	else
+		kv_lit(&j, "seq", json_null);
+	size_t id_len = message_id.len > TAP_TRACK_DUP_ID_MAX ? TAP_TRACK_DUP_ID_MAX : message_id.len;
+	tap_json_kv_strn(&j, "message_id", message_id.ptr, id_len);
+	tap_json_key(&j, "first");
+	tap_json_obj_begin(&j);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_uint(&j, "channel", first_channel);
+	if (first_seq)
+		tap_json_kv_uint(&j, "seq", first_seq);
+	else
+		kv_lit(&j, "seq", json_null);
+	tap_json_obj_end(&j);
+	tap_json_obj_end(&j);
+}
+
 void trk_record_return_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
                                const struct tap_return *ret, const char *rule, uint64_t n, uint64_t seq_first,
                                uint64_t seq_last, int64_t now_us)
@@ -558,6 +586,31 @@ static void write_tap(const struct trk_render *r, struct tap_json *j)
 	}
 }
 
+/* The client's capabilities as it named them ({"publisher_confirms":true,...}); null when it sent no table. */
+static void write_caps(struct tap_json *j, const struct tap_track_conn *c)
+{
+	static const struct {
+		const char *key;
+		unsigned bit;
+	} keys[] = {
+	    {"connection.blocked", TAP_TRACK_CAP_CONNECTION_BLOCKED},
+	    {"publisher_confirms", TAP_TRACK_CAP_PUBLISHER_CONFIRMS},
+	    {"consumer_cancel_notify", TAP_TRACK_CAP_CONSUMER_CANCEL_NOTIFY},
+	    {"basic.nack", TAP_TRACK_CAP_BASIC_NACK},
+	};
+	if (!c->has_caps) {
+		tap_json_kv_null(j, "capabilities");
+		return;
+	}
+	tap_json_key(j, "capabilities");
+	tap_json_obj_begin(j);
+	for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+		if (c->caps_present & keys[i].bit)
+			kv_lit(j, keys[i].key, c->caps & keys[i].bit ? json_true : json_false);
+	}
+	tap_json_obj_end(j);
+}
+
 void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, int64_t now_us)
 {
 	struct tap_json j;
@@ -574,6 +627,8 @@ void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, 
 	str_or_null(&j, "product", c->product);
 	str_or_null(&j, "version", c->version);
 	str_or_null(&j, "platform", c->platform);
+	str_or_null(&j, "connection_name", c->connection_name);
+	write_caps(&j, c);
 	if (c->tuned) {
 		tap_json_kv_uint(&j, "frame_max", c->frame_max);
 		tap_json_kv_uint(&j, "heartbeat", c->heartbeat);

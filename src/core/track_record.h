@@ -26,6 +26,12 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 /* A publisher anti-pattern seen on publish seq of channel ch. */
 void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
                         uint64_t seq, int64_t now_us);
+/* duplicate_message_id on publish seq of channel ch: its message_id (cut to TAP_TRACK_DUP_ID_MAX bytes) and the
+ * connection's first publish of it (first_seq 0: not in confirm mode). */
+#define TAP_TRACK_DUP_ID_MAX 255u
+void trk_record_duplicate_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
+                                  uint64_t seq, struct tap_slice message_id, uint16_t first_channel,
+                                  uint64_t first_seq, int64_t now_us);
 /* A Return as a warning: rule unmatched_return (seq_first 0), or ambiguous_return with the confirm sequence
  * numbers of the first and last of the n publishes it may belong to (0: not in confirm mode). */
 void trk_record_return_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
