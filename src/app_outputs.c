@@ -250,6 +250,8 @@ int app_outputs_open(struct app *app)
 		.max_outstanding = conf->max_outstanding,
 		.max_memory = conf->max_tracking_memory,
 		.header_values = conf->header_values,
+		.identity_mode = (unsigned)tap_conf_identity_mode(conf), /* checked by the parser */
+		.resend_window_us = (int64_t)conf->resend_window_ms * 1000,
 	};
 	if (app->run[0]) {
 		tconf.started_us = app->started_us;

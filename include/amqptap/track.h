@@ -55,7 +55,11 @@ struct tap_track_conf {
 	/* Comma-separated header keys whose values publish records carry (--header-values); NULL: none. Not copied:
 	 * it must outlive the tracker. */
 	const char *header_values;
+	/* --identity (enum tap_identity_mode of amqptap/identity.h; 0: auto) and --resend-window (0: the default). */
+	unsigned identity_mode;
+	int64_t resend_window_us;
 };
+#define TAP_TRACK_RESEND_WINDOW_US_DEFAULT 60000000
 
 /* One record, without its newline; json is valid only during the call. */
 typedef void (*tap_track_emit_fn)(void *ctx, const char *json, size_t len);
@@ -110,6 +114,8 @@ struct tap_track_verdict {
 	 * "header_values_truncated" (--header-values) with the comma before them: the record without them is valid
 	 * JSON. values_len 0: it has none. */
 	size_t values_at, values_len;
+	int repeat;            /* enum tap_identity_repeat when its identity was seen before, else -1 */
+	int64_t repeat_ago_us; /* from the previous attempt's publish */
 };
 typedef void (*tap_track_verdict_fn)(void *ctx, const struct tap_track_verdict *v);
 
@@ -247,7 +253,11 @@ struct tap_publish {
 	bool content_cut;  /* the connection ended before its content did: written unknown whatever its channel */
 	bool header_lost;  /* content_cut before the content header: no property is known (body_size is written null),
 	                    * so no rule judges them */
+	uint8_t identity_kind; /* enum tap_identity_kind: how identity was made; 0: it has none */
+	uint64_t identity;
 };
+/* The conf's identity mode (enum tap_identity_mode): what the decoder hashes. */
+unsigned tap_track_identity_mode(const struct tap_track *t);
 
 /* Whether a header field of this name may be shown in a record: traceparent, or one of the --header-values keys. */
 bool tap_track_header_wanted(const struct tap_track *t, const uint8_t *name, size_t len);
@@ -330,6 +340,13 @@ struct tap_track_stats {
 	                       * window or hold ended, a publish's details or a record's optional members left out */
 	uint64_t records_oom; /* of which records lost: no memory to render them */
 	uint64_t conns_unfollowed; /* connections forwarded or read with no records at all: no memory to follow them */
+	/* the identity table (--identity): repeats by kind, resend_missing records, and what its bound forgot */
+	uint64_t resends, duplicates, unverified, resend_missing;
+	uint64_t ident_evicted;            /* settled identities forgotten before their window was over */
+	uint64_t ident_evicted_unresolved; /* unknown ones forgotten before a resend or their resend_missing */
+	uint64_t ident_untracked;          /* identities no memory was left to keep at all */
+	uint64_t ident_memory;             /* bytes the table holds now (in memory as well) */
+	uint64_t resend_delay_count, resend_delay_sum_us; /* of the resends: from the previous attempt's publish */
 };
 void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s);
 /* The run id every record carries, "" when records carry none (replay). */

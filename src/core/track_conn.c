@@ -4,6 +4,7 @@
 #include "track_event.h"
 
 #include "track_budget.h"
+#include "track_ident.h"
 #include "track_record.h"
 #include "track_store.h"
 #include "track_verdict.h"
@@ -32,6 +33,8 @@ struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emi
 		t->conf.max_outstanding = TAP_TRACK_MAX_OUTSTANDING_DEFAULT;
 	if (t->conf.max_memory == 0)
 		t->conf.max_memory = TAP_TRACK_MAX_MEMORY_DEFAULT;
+	if (t->conf.resend_window_us <= 0)
+		t->conf.resend_window_us = TAP_TRACK_RESEND_WINDOW_US_DEFAULT;
 	t->emit = emit_fn;
 	t->ctx = ctx;
 	tap_heap_init(&t->oldest, offsetof(struct trk_chan, oldest_idx), &t->mem);
@@ -120,6 +123,7 @@ void tap_track_free(struct tap_track *t)
 		return;
 	while (t->conns)
 		conn_free(t->conns);
+	trk_ident_free(t);
 	tap_heap_deinit(&t->oldest);
 	tap_heap_deinit(&t->due);
 	trk_render_deinit(&t->render);
@@ -551,6 +555,12 @@ void tap_track_shutdown(struct tap_track *t, int64_t now_us)
 {
 	while (t->conns)
 		tap_track_conn_end(t->conns, "shutdown", now_us);
+	trk_ident_shutdown(t, now_us);
+}
+
+unsigned tap_track_identity_mode(const struct tap_track *t)
+{
+	return t->conf.identity_mode;
 }
 
 /* ---- summary and stats ---- */
@@ -563,6 +573,7 @@ void tap_track_summary(struct tap_track *t, struct tap_buf *out)
 void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s)
 {
 	*s = t->st;
+	s->ident_memory = t->ident.mem;
 	s->memory = t->mem;
 	s->memory_peak = trk_memory_peak(t);
 }

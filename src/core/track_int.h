@@ -11,6 +11,8 @@
  *                                the states drawn below and ends it in its one `publish` record
  *                                (track_verdict.h)
  *   consumers    track_warn.c    the warning rules: every rule decided and counted there  (track_warn.h)
+ *                track_ident.c   the identities written: repeats (attempt, previous) and resend_missing
+ *                                (track_ident.h)
  *                track_record.c  the records as JSON, and trk_emit, the hook that hands them out
  *                                (track_record.h)
  *   store        track_store.c   allocation counted in the budget, channels, slot rings, queues, the deadline
@@ -103,6 +105,8 @@ enum trk_flag {
 	TRK_FLAG_AMBIGUOUS = 1 << 17, /* a Return may have been its: it and others matched one that had no way to
 	                                 tell them apart (no or the same message_id) */
 	TRK_FLAG_NO_HEADER = 1 << 18, /* cut before its content header: its size and properties are not known */
+	TRK_FLAG_IDENT_ID = 1 << 19,  /* its blob ends with its identity, made of its message_id */
+	TRK_FLAG_IDENT_FP = 1 << 20,  /* ... made of its fingerprint */
 };
 
 /* How the broker's publish-caused close (if any) on a channel pointed at the publish it refused. */
@@ -113,7 +117,7 @@ enum trk_refusal {
 };
 
 /* One outstanding publish (64 bytes). Its blob in the channel arena: [timestamp, 8 bytes, when present] then
- * message_id then correlation_id. Repeating strings are interned per connection. */
+ * message_id then correlation_id then [identity, 8 bytes, when IDENT_ID or IDENT_FP]. Repeating strings are interned per connection. */
 struct trk_slot {
 	int64_t t_pub, t_ret, t_ack;
 	uint64_t body_size;
@@ -255,6 +259,54 @@ struct trk_values {
 	uint16_t at, len;
 };
 
+/* A publish whose identity this process wrote a record for before (track_ident.c): the attempt it is, and what
+ * that record said. */
+struct trk_repeat {
+	bool seen;
+	uint8_t repeat; /* enum tap_identity_repeat */
+	uint8_t route, confirm; /* the previous attempt's */
+	uint16_t channel;
+	bool has_seq;
+	uint32_t attempt; /* this one's: 2, 3, ... */
+	uint64_t conn, seq;
+	int64_t ago_us; /* from the previous attempt's publish to this one's */
+};
+
+/* One identity of the table (track_ident.c): the latest attempt written for it. */
+struct trk_ident_entry {
+	uint64_t key;
+	uint64_t conn, seq; /* seq 0: not in confirm mode */
+	int64_t t_pub;
+	int64_t due;        /* settled: forgotten then; unresolved: its resend_missing then */
+	char *message_id;   /* unresolved only (NULL: none or no memory), cut to TRK_IDENT_ID_MAX */
+	uint32_t prev, next; /* its list, as index + 1 (0: none); a free entry's next is the free list */
+	uint32_t attempt;
+	uint16_t channel;
+	uint8_t route, confirm;
+	uint8_t list;       /* enum trk_ident_list */
+	uint8_t kind;       /* enum tap_identity_kind */
+	uint8_t message_id_len;
+};
+
+enum trk_ident_list {
+	TRK_IDENT_FREE = 0,
+	TRK_IDENT_SETTLED = 1,    /* answered (or not wanting a resend): kept --resend-window to tell duplicates */
+	TRK_IDENT_UNRESOLVED = 2, /* ended unknown: a resend is due within --resend-window */
+};
+
+struct trk_ident_list_ends {
+	uint32_t head, tail; /* index + 1, oldest first */
+};
+
+struct trk_ident {
+	struct trk_ident_entry *pool;
+	uint32_t cap, n, free_head;
+	uint32_t *index; /* 2 * cap, linear probing: index + 1 of the entry with that key, 0 empty */
+	struct trk_ident_list_ends lists[3];
+	uint64_t mem;  /* its share of t->mem */
+	uint64_t share; /* the most it takes */
+};
+
 /* The record being written, and what every record shares (the run id, the date part of the second being
  * written). Only track_record.c writes these. */
 struct trk_render {
@@ -281,6 +333,7 @@ struct tap_track {
 	struct tap_track_stats st;
 	struct trk_counts closed_counts; /* of connections already ended */
 	struct tap_hist hist;
+	struct tap_hist resend_hist; /* from an attempt's publish to its resend's (µs) */
 	/* every channel with outstanding publishes, keyed by the t_pub of its base slot: the oldest outstanding publish
 	 * of the process is the base of the top one */
 	struct tap_heap oldest;
@@ -288,6 +341,7 @@ struct tap_track {
 	struct tap_heap due;
 	uint64_t mem;  /* bytes counted against conf.max_memory */
 	bool squeeze;  /* making room: unreferenced strings are freed, not cached */
+	struct trk_ident ident; /* the identities written (track_ident.c) */
 };
 
 /* What a publish record is written from: a stored slot or the caller's tap_publish. */
@@ -304,6 +358,8 @@ struct trk_view {
 	uint8_t delivery_mode;
 	uint64_t body_size, seq, timestamp;
 	int64_t t_pub;
+	uint8_t identity_kind; /* enum tap_identity_kind */
+	uint64_t identity;
 };
 
 /* What verdict_of() decided. */
