@@ -57,6 +57,8 @@ struct app {
 int app_run_proxy(const struct tap_conf *conf);
 int app_run_sniff(const struct tap_conf *conf);
 int app_run_replay(const struct tap_conf *conf);
+/* amqptap audit FILE... (its own options, argv[0] "audit"): the exit status. */
+int app_run_audit(int argc, char **argv);
 
 /* ---- app_outputs.c ---- */
 

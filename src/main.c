@@ -15,6 +15,7 @@
 #include <openssl/opensslv.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 static int print_help(void)
@@ -55,6 +56,8 @@ static void keep_std_fds(void)
 int main(int argc, char **argv)
 {
 	keep_std_fds();
+	if (argc > 1 && !strcmp(argv[1], "audit")) /* offline, over verdict files: options of its own */
+		return app_run_audit(argc - 1, argv + 1);
 	tap_log_hear_outputs();
 	struct tap_conf conf;
 	char err[400];
