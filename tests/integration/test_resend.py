@@ -17,7 +17,7 @@ import pika.exceptions
 import pika.spec
 
 from scenario_lib import ScenarioCase, broker_sh, params
-from tapharness import AMQPTAP_BIN, BROKER_PORT, main, read_records, wait_for
+from tapharness import AMQPTAP_BIN, CLIENTS_DIR, SOURCE_DIR, main, read_records, wait_for
 
 N = 20  # publishes left unconfirmed when the connection dies
 
@@ -101,7 +101,7 @@ class Publisher:
             pass
 
 
-class ResendTest(ScenarioCase):
+class ResendBase(ScenarioCase):
     def setUp(self):
         super().setUp()
         self.dir = tempfile.mkdtemp(prefix="amqptap-resend-")
@@ -115,8 +115,9 @@ class ResendTest(ScenarioCase):
 
     def broker_connection_of(self, tap):
         """The broker's pid of the tap's connection to it (its name: "the tap's local address -> broker")."""
-        opens = [r for r in tap.records("connection") if r.get("event") == "open"]
-        local = opens[-1]["upstream_local"] + " "
+        opens = lambda: [r for r in tap.records("connection") if r.get("event") == "open"]  # noqa: E731
+        wait_for(opens, 10)
+        local = opens()[-1]["upstream_local"] + " "
         wait_for(lambda: local in ctl("list_connections", "name", "pid"), 20)
         line = next(ln for ln in ctl("list_connections", "name", "pid").splitlines() if local in ln)
         return line.split("\t")[-1].strip()
@@ -124,7 +125,6 @@ class ResendTest(ScenarioCase):
     def strand(self, pub, tap, how="close"):
         """N publishes left unconfirmed, then the connection dies: by close_connection or a broker kill -9 and
         restart. Returns the unconfirmed set the publisher kept."""
-        wait_for(lambda: any(r.get("event") == "open" for r in tap.records("connection")), 10)
         name = self.broker_connection_of(tap)
         memory_alarm(True)
         pub.pump(0.5)
@@ -205,6 +205,9 @@ class ResendTest(ScenarioCase):
                 self.assertTrue(m["window_over"], m)
         return pubs
 
+
+
+class ResendTest(ResendBase):
     def test_close_connection_resent(self):
         """pika resends its unconfirmed set after rabbitmqctl close_connection: each unknown is followed by a
         resend on the new connection, and audit exits 0."""
@@ -280,6 +283,65 @@ class ResendTest(ScenarioCase):
         self.check_records(recs, lost, True)
         rc, s, _ = audit(tap.path)
         self.assertEqual((rc, s["resent"], s["missing"]), (0, N, 0), s)
+
+
+def build_go_publisher():
+    out = os.path.join(CLIENTS_DIR, "resend_go")
+    src = os.path.join(SOURCE_DIR, "tests", "clients", "resend", "resend.go")
+    if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(src):
+        return out
+    os.makedirs(CLIENTS_DIR, exist_ok=True)
+    env = dict(os.environ, GO111MODULE="off", GOPATH="/usr/share/gocode")
+    env.setdefault("GOCACHE", os.path.join(CLIENTS_DIR, ".gocache"))
+    subprocess.run(["go", "build", "-o", out, src], check=True, env=env, cwd=os.path.dirname(src))
+    return out
+
+
+class GoResendTest(ResendBase):
+    """The same with Go's amqp091-go (tests/clients/resend/resend.go), closed by rabbitmqctl close_connection."""
+
+    def go_case(self, resend):
+        binary = build_go_publisher()
+        q = self.declare_queue("q", durable=True)
+        name = f"go-{uuid.uuid4().hex[:6]}"
+        tap = self.tap("a", window_ms=60000 if resend else 3000)
+        url = f"amqp://guest:guest@127.0.0.1:{tap.port}/"
+        proc = subprocess.Popen([binary, url, url, q, name, str(N), "resend" if resend else "none"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(proc.kill)
+        self.assertEqual(proc.stdout.readline().strip(), "ready", proc.stderr.read() if proc.poll() else "")
+        conn = self.broker_connection_of(tap)
+        memory_alarm(True)
+        time.sleep(0.5)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        self.assertEqual(proc.stdout.readline().strip(), "published")
+        time.sleep(0.5)
+        ctl("close_connection", conn, "test: forced close")
+        self.assertEqual(proc.stdout.readline().strip(), f"closed {N}")
+        memory_alarm(False)
+        proc.stdin.write("reconnect\n")
+        proc.stdin.flush()
+        self.assertEqual(proc.stdout.readline().strip(), "done", proc.stderr.read())
+        self.assertEqual(proc.wait(30), 0)
+        if not resend:
+            time.sleep(3.5)
+        self.assertEqual(tap.stop(), 0, tap.stderr()[-2000:])
+        return tap
+
+    def test_go_resent(self):
+        tap = self.go_case(True)
+        recs = read_records(tap.path)
+        self.check_records(recs, None, True)
+        rc, s, _ = audit(tap.path)
+        self.assertEqual((rc, s["unknown"], s["resent"], s["missing"]), (0, N, N, 0), s)
+
+    def test_go_not_resent(self):
+        tap = self.go_case(False)
+        recs = read_records(tap.path)
+        self.check_records(recs, None, False)
+        rc, s, _ = audit(tap.path)
+        self.assertEqual((rc, s["missing"], len(s["missing_ids"])), (1, N, N), s)
 
 
 class AuditCliTest(ScenarioCase):
