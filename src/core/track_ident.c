@@ -8,7 +8,7 @@
  * Bounded whatever clients send: the table takes at most conf.max_memory / TRK_IDENT_SHARE_DIV of the tracker's
  * budget (pool, index and the unresolved ones' message ids, all counted in t->mem); past it the oldest settled
  * identity is forgotten first, then the oldest unresolved (counted: ident_evicted, ident_evicted_unresolved). It
- * never makes room by evicting an outstanding publish. Per identity about 88 bytes (72 of entry, 8 of index at half
+ * never makes room by evicting an outstanding publish. Per identity about 96 bytes (80 of entry, 8 of index at half
  * load, 8 of slack), 344 at most for an unresolved one with a long message_id: the default 32 MiB holds about
  * 380,000. */
 #include "track_ident.h"
@@ -267,6 +267,7 @@ void trk_ident_publish(struct tap_track *t, const struct tap_track_conn *c, uint
 	e->channel = ch;
 	e->seq = v->confirm_mode ? v->seq : 0;
 	e->t_pub = v->t_pub;
+	e->t_end = now_us;
 	e->route = (uint8_t)vd->route;
 	e->confirm = (uint8_t)vd->confirm;
 	e->attempt = r->seen ? r->attempt : 1;
@@ -293,7 +294,8 @@ void trk_ident_publish(struct tap_track *t, const struct tap_track_conn *c, uint
 static void missing(struct tap_track *t, uint32_t i1, bool window_over, int64_t now_us)
 {
 	struct trk_ident_entry *e = entry(&t->ident, i1);
-	trk_record_resend_missing(&t->render, e, t->conf.resend_window_us, window_over, now_us);
+	/* at shutdown it is stamped with when it ended unknown: the same live and in a replay of the capture */
+	trk_record_resend_missing(&t->render, e, t->conf.resend_window_us, window_over, window_over ? now_us : e->t_end);
 	trk_emit(t);
 	t->st.resend_missing++;
 	forget(t, i1);

@@ -278,6 +278,7 @@ struct trk_ident_entry {
 	uint64_t conn, seq; /* seq 0: not in confirm mode */
 	int64_t t_pub;
 	int64_t due;        /* settled: forgotten then; unresolved: its resend_missing then */
+	int64_t t_end;      /* its record's ts: a resend_missing written at shutdown is stamped with it */
 	char *message_id;   /* unresolved only (NULL: none or no memory), cut to TRK_IDENT_ID_MAX */
 	uint32_t prev, next; /* its list, as index + 1 (0: none); a free entry's next is the free list */
 	uint32_t attempt;
