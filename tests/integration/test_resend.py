@@ -17,7 +17,7 @@ import pika.exceptions
 import pika.spec
 
 from scenario_lib import ScenarioCase, broker_sh, params
-from tapharness import AMQPTAP_BIN, CLIENTS_DIR, SOURCE_DIR, main, read_records, wait_for
+from tapharness import AMQPTAP_BIN, CLIENTS_DIR, SOURCE_DIR, free_port, http_get, main, read_records, wait_for
 
 N = 20  # publishes left unconfirmed when the connection dies
 
@@ -109,9 +109,21 @@ class ResendBase(ScenarioCase):
         self.addCleanup(lambda: memory_alarm(False))
 
     def tap(self, name, window_ms=60000):
-        tap = self.start_tap(["--tap-id", name, "--resend-window", str(window_ms)], frames=False)
+        mport = free_port()
+        tap = self.start_tap(["--tap-id", name, "--resend-window", str(window_ms), "--metrics", f"127.0.0.1:{mport}"],
+                             frames=False)
         tap.path = tap.verdicts
+        tap.mport = mport
         return tap
+
+    @staticmethod
+    def metric(tap, name):
+        """The value of an unlabelled series on the tap's /metrics."""
+        status, _, body = http_get(tap.mport, "/metrics")
+        for line in body.decode().splitlines():
+            if line.startswith(f"amqptap_{name} "):
+                return float(line.split()[1])
+        raise AssertionError(f"no amqptap_{name} on /metrics")
 
     def broker_connection_of(self, tap):
         """The broker's pid of the tap's connection to it (its name: "the tap's local address -> broker")."""
@@ -173,6 +185,11 @@ class ResendBase(ScenarioCase):
         pub.close()
         if not resend:
             time.sleep(3.5)  # the tap's --resend-window
+        wait_for(lambda: self.metric(tap_b, "resends_total") >= (N if resend and not second_tap else 0), 5)
+        self.metrics = {k: self.metric(tap_b, k) for k in ("resends_total", "duplicates_total", "resend_missing_total",
+                                                          "resend_delay_seconds_count")}
+        if not resend:
+            self.metrics["resend_missing_total"] = self.metric(tap_a, "resend_missing_total")
         for t in {id(tap_a): tap_a, id(tap_b): tap_b}.values():
             self.assertEqual(t.stop(), 0, t.stderr()[-2000:])
         return q, name, lost, tap_a, tap_b
@@ -217,6 +234,8 @@ class ResendTest(ResendBase):
         opens = [r for r in recs if r["type"] == "connection" and r["event"] == "open"]
         self.assertTrue(all(o["connection_name"] == name for o in opens), opens)
         self.assertTrue(opens[0]["capabilities"]["publisher_confirms"], opens[0])
+        self.assertEqual(self.metrics, {"resends_total": N, "duplicates_total": 0, "resend_missing_total": 0,
+                                        "resend_delay_seconds_count": N})
         rc, s, err = audit(tap.path)
         self.assertEqual(rc, 0, (s, err))
         self.assertEqual((s["unknown"], s["resent"], s["missing"], s["duplicates"]), (N, N, 0, 0), s)
@@ -232,6 +251,7 @@ class ResendTest(ResendBase):
         q, name, lost, tap, _ = self.run_case(resend=False)
         recs = read_records(tap.path)
         self.check_records(recs, lost, False)
+        self.assertEqual(self.metrics["resend_missing_total"], N)
         rc, s, err = audit(tap.path)
         self.assertEqual(rc, 1, (s, err))
         self.assertEqual((s["unknown"], s["resent"], s["missing"]), (N, 0, N))
@@ -248,6 +268,7 @@ class ResendTest(ResendBase):
         pubs = [r for r in recs if r["type"] == "publish"]
         dups = [r for r in pubs if r.get("repeat") == "duplicate"]
         self.assertEqual(len(dups), 5)
+        self.assertEqual(self.metrics["duplicates_total"], 5)
         for r in dups:
             self.assertEqual(r["previous"]["confirm"], "ack", r)
         distinct = len({r["message_id"] for r in pubs})
