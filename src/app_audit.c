@@ -14,7 +14,8 @@
  * window, as the tap's --resend-window. 40 bytes an identity in a table at most 3/4 full (and the old table beside
  * the new one while it doubles), plus its message_id (at most 255 bytes) while unresolved: what the audit holds grows
  * with the publish rate times the window (50,000 publishes a second: about 3.5 million identities, 190-380 MB),
- * never with the length of the files; a shorter --window holds less. Per application and exchange a row of counts (at most AUDIT_GROUPS_MAX of each, the rest "(other)"). */
+ * never with the length of the files; a shorter --window holds less. Per application and exchange a row of counts
+ * (at most AUDIT_GROUPS_MAX of each, the rest "(other)"). */
 #include "app.h"
 
 #include "amqptap/hist.h"

@@ -117,7 +117,8 @@ enum trk_refusal {
 };
 
 /* One outstanding publish (64 bytes). Its blob in the channel arena: [timestamp, 8 bytes, when present] then
- * message_id then correlation_id then [identity, 8 bytes, when IDENT_ID or IDENT_FP]. Repeating strings are interned per connection. */
+ * message_id then correlation_id then [identity, 8 bytes, when IDENT_ID or IDENT_FP]. Repeating strings are
+ * interned per connection. */
 struct trk_slot {
 	int64_t t_pub, t_ret, t_ack;
 	uint64_t body_size;
