@@ -365,6 +365,41 @@ class GoResendTest(ResendBase):
         self.assertEqual((rc, s["missing"], len(s["missing_ids"])), (1, N, N), s)
 
 
+class KombuResendTest(ResendBase):
+    """kombu's publish(retry=True) with publisher confirms (py-amqp): the one publish waiting for its confirm when
+    the broker closes the connection is published again on the connection kombu makes anew."""
+
+    def test_kombu_retry(self):
+        import threading
+
+        import kombu
+        q = self.declare_queue("q", durable=True)
+        tap = self.tap("a")
+        conn = kombu.Connection(f"amqp://guest:guest@127.0.0.1:{tap.port}//",
+                                transport_options={"confirm_publish": True})
+        producer = kombu.Producer(conn)
+        producer.publish(b"first", routing_key=q, message_id="kombu-0", delivery_mode=2)
+        name = self.broker_connection_of(tap)
+        memory_alarm(True)
+        done = []
+        policy = {"max_retries": 30, "interval_start": 0.5, "interval_step": 0.5, "interval_max": 1}
+        th = threading.Thread(target=lambda: done.append(producer.publish(
+            b"second", routing_key=q, message_id="kombu-1", delivery_mode=2, retry=True, retry_policy=policy)))
+        th.start()
+        time.sleep(1.0)
+        ctl("close_connection", name, "test: forced close")
+        time.sleep(1.0)
+        memory_alarm(False)
+        th.join(60)
+        self.assertFalse(th.is_alive(), "kombu's publish never returned")
+        conn.release()
+        self.assertEqual(tap.stop(), 0, tap.stderr()[-2000:])
+        pubs = [r for r in read_records(tap.path) if r["type"] == "publish" and r["message_id"] == "kombu-1"]
+        self.assertEqual([(r["confirm"], r.get("repeat")) for r in pubs], [("unknown", None), ("ack", "resend")], pubs)
+        rc, s, _ = audit(tap.path)
+        self.assertEqual((rc, s["unknown"], s["resent"], s["missing"]), (0, 1, 1, 0), s)
+
+
 class AuditCliTest(ScenarioCase):
     def test_bad_input(self):
         rc, _, err = audit("--window", "x", "f")
