@@ -365,6 +365,54 @@ class GoResendTest(ResendBase):
         self.assertEqual((rc, s["missing"], len(s["missing_ids"])), (1, N, N), s)
 
 
+JAVA_CP = ["/usr/share/java/amqp-client.jar", "/usr/share/java/slf4j-api.jar"]
+
+
+def build_java_publisher():
+    src = os.path.join(SOURCE_DIR, "tests", "clients", "resend", "Resend.java")
+    out = os.path.join(CLIENTS_DIR, "java-resend")
+    cls = os.path.join(out, "Resend.class")
+    if not os.path.exists(cls) or os.path.getmtime(cls) < os.path.getmtime(src):
+        os.makedirs(out, exist_ok=True)
+        subprocess.run(["javac", "-cp", ":".join(JAVA_CP), "-d", out, src], check=True)
+    return ["java", "-cp", ":".join([*JAVA_CP, out]), "Resend"]
+
+
+class JavaResendTest(ResendBase):
+    """The Java client with automatic recovery: the library reconnects and recovers the channel after
+    close_connection, the application resends what was unconfirmed."""
+
+    def test_java_recovery_resent(self):
+        if not os.path.exists(JAVA_CP[0]):
+            self.skipTest("librabbitmq-client-java is not installed")
+        cmd = build_java_publisher()
+        q = self.declare_queue("q", durable=True)
+        name = f"java-{uuid.uuid4().hex[:6]}"
+        tap = self.tap("a")
+        proc = subprocess.Popen([*cmd, "127.0.0.1", str(tap.port), q, name, str(N)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(proc.kill)
+        self.assertEqual(proc.stdout.readline().strip(), "ready", proc.stderr.read() if proc.poll() else "")
+        conn = self.broker_connection_of(tap)
+        memory_alarm(True)
+        time.sleep(0.5)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        self.assertEqual(proc.stdout.readline().strip(), "published")
+        time.sleep(0.5)
+        ctl("close_connection", conn, "test: forced close")
+        self.assertEqual(proc.stdout.readline().strip(), f"closed {N}")
+        memory_alarm(False)
+        self.assertEqual(proc.stdout.readline().strip(), "done", proc.stderr.read() if proc.poll() else "")
+        self.assertEqual(proc.wait(30), 0)
+        self.assertEqual(tap.stop(), 0, tap.stderr()[-2000:])
+        recs = read_records(tap.path)
+        self.check_records(recs, None, True)
+        rc, s, _ = audit(tap.path)
+        self.assertEqual((rc, s["unknown"], s["resent"], s["missing"]), (0, N, N, 0), s)
+        self.assertEqual(s["by_application"][0]["name"], name)
+
+
 class KombuResendTest(ResendBase):
     """kombu's publish(retry=True) with publisher confirms (py-amqp): the one publish waiting for its confirm when
     the broker closes the connection is published again on the connection kombu makes anew."""
