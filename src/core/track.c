@@ -416,7 +416,7 @@ static int64_t chan_tick(struct tap_track_conn *c, struct trk_chan *ch, int64_t 
 
 int64_t tap_track_tick(struct tap_track *t, int64_t now_us)
 {
-	int64_t ident_next = t->ident.n ? trk_ident_tick(t, now_us) : INT64_MAX;
+	int64_t ident_next = t->ident.cap ? trk_ident_tick(t, now_us) : INT64_MAX;
 	while (tap_heap_top_key(&t->due) <= now_us) {
 		struct tap_track_conn *c = tap_heap_top(&t->due);
 		tap_heap_remove(&t->due, c);

@@ -309,6 +309,8 @@ int64_t trk_ident_tick(struct tap_track *t, int64_t now_us)
 		missing(t, i1, true, now_us);
 	while ((i1 = id->lists[TRK_IDENT_SETTLED].head) && entry(id, i1)->due <= now_us)
 		forget(t, i1);
+	if (!id->n && id->cap) /* the burst is over: its memory goes back (the share stays for the next) */
+		trk_ident_free(t);
 	int64_t next = INT64_MAX;
 	for (int l = TRK_IDENT_SETTLED; l <= TRK_IDENT_UNRESOLVED; l++)
 		if (id->lists[l].head && entry(id, id->lists[l].head)->due < next)
