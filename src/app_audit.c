@@ -160,23 +160,18 @@ static void list_unlink(struct audit *a, uint32_t i1)
 	e->prev = e->next = 0;
 }
 
-/* In deadline order: from the tail back to the first entry due no later (deadlines come nearly in order). */
+/* At the tail: the list is in the order identities were last seen, which is their deadlines' order as long as each
+ * file comes in time order (a file written backwards is held whole: nothing at the head is due before its end). */
 static void list_insert(struct audit *a, uint32_t i1)
 {
 	struct ident *e = at(a, i1);
-	uint32_t after = a->tail;
-	while (after && at(a, after)->published > e->published)
-		after = at(a, after)->prev;
-	e->prev = after;
-	e->next = after ? at(a, after)->next : a->head;
-	if (e->next)
-		at(a, e->next)->prev = i1;
-	else
-		a->tail = i1;
-	if (after)
-		at(a, after)->next = i1;
+	e->prev = a->tail;
+	e->next = 0;
+	if (a->tail)
+		at(a, a->tail)->next = i1;
 	else
 		a->head = i1;
+	a->tail = i1;
 }
 
 static void grow(struct audit *a);
