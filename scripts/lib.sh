@@ -20,7 +20,7 @@ tap_die() { tap_log "$*"; exit 1; }
 tap_need_results() { [ -f "$1" ] || tap_die "no results in ${1%/*}: run the benchmark first"; }
 
 # What building amqptap needs from Debian; TAP_BENCH_PKGS adds the load generators' client library and HAProxy.
-TAP_BUILD_PKGS=(build-essential cmake pkg-config libevent-dev libssl-dev libpcap-dev libjansson-dev)
+TAP_BUILD_PKGS=(build-essential cmake pkg-config libevent-dev libssl-dev libpcap-dev libxxhash-dev libjansson-dev)
 TAP_BENCH_PKGS=("${TAP_BUILD_PKGS[@]}" librabbitmq-dev haproxy)
 
 # Installs the Debian packages given that are not installed yet (apt-get update at most once).

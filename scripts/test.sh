@@ -41,7 +41,7 @@ step() {
 step packages tap_need_pkgs "${TAP_BUILD_PKGS[@]}" check librabbitmq-dev \
 	rabbitmq-server python3-pika python3-amqp jq golang-go golang-github-rabbitmq-amqp091-go-dev nodejs amqp-specs tshark clang \
 	valgrind haproxy tcpdump libclang-rt-14-dev dpkg-dev file man-db bash-completion systemd logrotate strace lintian \
-	prometheus chromium || exit 1
+	prometheus chromium python3-kombu librabbitmq-client-java default-jdk-headless || exit 1
 
 step build tap_build "$build" || exit 1
 step build-asan tap_build "$asan" -DTAP_SANITIZE=ON || exit 1

@@ -73,6 +73,8 @@ int app_topology_load(struct app *app);
 void app_topology_reload(struct app *app);
 /* --management: starts polling on app->base (0, or 2 with a line naming the option). */
 int app_topology_poll(struct app *app);
+/* amqptap audit FILE... (its own options, argv[0] "audit"): the exit status. */
+int app_run_audit(int argc, char **argv);
 
 /* ---- app_outputs.c ---- */
 

@@ -256,6 +256,8 @@ int app_outputs_open(struct app *app)
 		.max_memory = conf->max_tracking_memory,
 		.header_values = conf->header_values,
 		.topology_interval_us = (int64_t)conf->topology_interval_s * 1000000,
+		.identity_mode = (unsigned)tap_conf_identity_mode(conf), /* checked by the parser */
+		.resend_window_us = (int64_t)conf->resend_window_ms * 1000,
 	};
 	if (app->run[0]) {
 		tconf.started_us = app->started_us;

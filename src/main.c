@@ -59,6 +59,8 @@ int main(int argc, char **argv)
 	/* route has options of its own (a key or header value is any text): src/app_route.c */
 	if (argc > 1 && strcmp(argv[1], "route") == 0)
 		return app_run_route(argc - 1, argv + 1);
+	if (argc > 1 && !strcmp(argv[1], "audit")) /* offline, over verdict files: options of its own */
+		return app_run_audit(argc - 1, argv + 1);
 	tap_log_hear_outputs();
 	struct tap_conf conf;
 	char err[400];

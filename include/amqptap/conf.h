@@ -62,6 +62,9 @@ struct tap_conf {
 	bool upstream_no_reuse; /* no TLS session resumption towards the broker */
 	const char *upstream_ca, *upstream_sni, *upstream_cert, *upstream_key;
 	const char *header_values; /* --header-values KEY[,KEY...]; NULL: off */
+	/* --identity auto|message_id|body|off (NULL: auto) and --resend-window (src/DESIGN.md §4b) */
+	const char *identity;
+	uint32_t resend_window_ms;
 	const char *keylog; /* NULL: $SSLKEYLOGFILE if set (main decides) */
 	struct tap_conf_addr metrics; /* --metrics: host "" = off */
 	const char *metrics_hosts; /* --metrics-host NAME[,NAME...]; NULL: none beyond the defaults (httphost.h) */
@@ -132,6 +135,8 @@ typedef bool (*tap_conf_same_inode_fn)(const char *a, const char *b);
  * override earlier ones. Strings in c point into argv. No two outputs may be one file, nor one the capture being
  * replayed: same_inode tells which paths are (NULL: only paths spelt alike are). Returns 0, or TAP_E_USAGE with a
  * one-line message (no newline) in err that names the option. Not reentrant (getopt's state is global). */
+/* --identity as enum tap_identity_mode (amqptap/identity.h), -1 when it names none. */
+int tap_conf_identity_mode(const struct tap_conf *c);
 int tap_conf_parse(struct tap_conf *c, int argc, char **argv, tap_conf_same_inode_fn same_inode, char *err,
 		   size_t err_cap);
 

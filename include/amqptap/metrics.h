@@ -91,6 +91,7 @@ struct tap_metrics_tally {
 	size_t n_codes;
 	uint64_t returns_other_code;
 	struct tap_hist return_us; /* publish to its Basic.Return, returned publishes */
+	struct tap_hist resend_us; /* an unknown (or nacked, returned) publish's publish to its resend's (§4b) */
 	enum tap_metrics_upstream upstream;
 	enum tap_metrics_close_by upstream_failure; /* why UNREACHABLE: unreachable or broker_tls_error */
 	uint64_t closed_by[TAP_METRICS_N_CLOSE_BY];

@@ -59,7 +59,11 @@ struct tap_track_conf {
 	/* --definitions (tap_track_set_topology): dropped_by_topology and topology_mismatch repeat for one exchange and
 	 * routing key at most this often; 0: TAP_TRACK_TOPOLOGY_INTERVAL_US_DEFAULT. */
 	int64_t topology_interval_us;
+	/* --identity (enum tap_identity_mode of amqptap/identity.h; 0: auto) and --resend-window (0: the default). */
+	unsigned identity_mode;
+	int64_t resend_window_us;
 };
+#define TAP_TRACK_RESEND_WINDOW_US_DEFAULT 60000000
 
 /* One record, without its newline; json is valid only during the call. */
 typedef void (*tap_track_emit_fn)(void *ctx, const char *json, size_t len);
@@ -115,6 +119,8 @@ struct tap_track_verdict {
 	 * "header_values_truncated" (--header-values) with the comma before them: the record without them is valid
 	 * JSON. values_len 0: it has none. */
 	size_t values_at, values_len;
+	int repeat;            /* enum tap_identity_repeat when its identity was seen before, else -1 */
+	int64_t repeat_ago_us; /* from the previous attempt's publish */
 };
 typedef void (*tap_track_verdict_fn)(void *ctx, const struct tap_track_verdict *v);
 
@@ -168,6 +174,19 @@ void tap_track_conn_unfollowed(struct tap_track *t);
 void tap_track_conn_client_props(struct tap_track_conn *c, struct tap_slice product, struct tap_slice version,
                                  struct tap_slice platform);
 void tap_track_conn_user(struct tap_track_conn *c, struct tap_slice user); /* never a password */
+/* The capabilities a client advertises in its client properties (the "capabilities" table), as bits. */
+enum tap_track_cap {
+	TAP_TRACK_CAP_CONNECTION_BLOCKED = 1 << 0,
+	TAP_TRACK_CAP_PUBLISHER_CONFIRMS = 1 << 1,
+	TAP_TRACK_CAP_CONSUMER_CANCEL_NOTIFY = 1 << 2,
+	TAP_TRACK_CAP_BASIC_NACK = 1 << 3,
+};
+/* A connection_name longer than this is kept cut to it (bytes, then escaped). */
+#define TAP_TRACK_CONN_NAME_MAX 256u
+/* The client's connection_name property (ptr NULL: none) and its capabilities table: has_caps false when it sent
+ * none, else which of the four it said true (present: which it named at all). Copied; written on the open record. */
+void tap_track_conn_client_caps(struct tap_track_conn *c, struct tap_slice connection_name, bool has_caps,
+                                unsigned present, unsigned caps);
 void tap_track_conn_tune(struct tap_track_conn *c, uint16_t channel_max, uint32_t frame_max, uint16_t heartbeat);
 /* connection.open (or open-ok): writes the `connection` open record, once. */
 void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64_t now_us);
@@ -254,7 +273,11 @@ struct tap_publish {
 	bool content_cut;  /* the connection ended before its content did: written unknown whatever its channel */
 	bool header_lost;  /* content_cut before the content header: no property is known (body_size is written null),
 	                    * so no rule judges them */
+	uint8_t identity_kind; /* enum tap_identity_kind: how identity was made; 0: it has none */
+	uint64_t identity;
 };
+/* The conf's identity mode (enum tap_identity_mode): what the decoder hashes. */
+unsigned tap_track_identity_mode(const struct tap_track *t);
 
 /* Whether a header field of this name may be shown in a record: traceparent, or one of the --header-values keys. */
 bool tap_track_header_wanted(const struct tap_track *t, const uint8_t *name, size_t len);
@@ -343,6 +366,13 @@ struct tap_track_stats {
 	                            * publishes are written unknown at once, reason no_memory) */
 	uint64_t topology_judged;     /* --definitions: publishes the model was asked about */
 	uint64_t dropped_by_topology; /* of which not mandatory and routed nowhere by the model */
+	/* the identity table (--identity): repeats by kind, resend_missing records, and what its bound forgot */
+	uint64_t resends, duplicates, unverified, resend_missing;
+	uint64_t ident_evicted;            /* settled identities forgotten before their window was over */
+	uint64_t ident_evicted_unresolved; /* unknown ones forgotten before a resend or their resend_missing */
+	uint64_t ident_untracked;          /* identities no memory was left to keep at all */
+	uint64_t ident_memory;             /* bytes the table holds now (in memory as well) */
+	uint64_t resend_delay_count, resend_delay_sum_us; /* of the resends: from the previous attempt's publish */
 };
 void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s);
 /* The run id every record carries, "" when records carry none (replay). */

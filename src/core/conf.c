@@ -49,6 +49,13 @@ static const struct tap_conf_option options[] = {
 	{.name = "header-values", .kind = TAP_OPT_TEXT, .offset = FIELD(header_values), .arg = "KEY[,KEY...]",
 	 .def_shown = "off",
 	 .help = "write these headers' values in publish records (header_values; they may hold personal data)"},
+	{.name = "identity", .kind = TAP_OPT_TEXT, .offset = FIELD(identity), .arg = "MODE",
+	 .def = "auto",
+	 .help = "what names a message across reconnects: message_id, body (a fingerprint of exchange, routing key, "
+	         "properties and body), auto (the id when it has one, else the fingerprint) or off"},
+	{.name = "resend-window", .kind = TAP_OPT_U32, .offset = FIELD(resend_window_ms), .min = 1,
+	 .max = 24u * 3600u * 1000u, .arg = "MS", .def_u32 = TAP_TRACK_RESEND_WINDOW_US_DEFAULT / 1000,
+	 .help = "how long an unknown publish waits for its resend before a resend_missing record"},
 	{.name = "max-outstanding", .kind = TAP_OPT_U32, .offset = FIELD(max_outstanding), .min = 1, .max = UINT32_MAX,
 	 .arg = "N", .def_u32 = TAP_TRACK_MAX_OUTSTANDING_DEFAULT,
 	 .help = "tracked publishes per connection before the oldest is evicted"},
@@ -568,9 +575,22 @@ static int check_combinations(const struct tap_conf *c, tap_conf_same_inode_fn s
 		return usage_error(err, cap, "--upstream-insecure: verifies nothing, so --upstream-ca would not be used");
 	if (c->keylog && !c->tls_cert && !c->upstream_tls)
 		return usage_error(err, cap, "--keylog: needs TLS on a leg (--tls-cert or --upstream-tls)");
+	if (c->identity && tap_conf_identity_mode(c) < 0)
+		return usage_error(err, cap, "--identity: expected auto, message_id, body or off, got '%s'", c->identity);
 	if (c->header_values)
 		return check_header_values(c->header_values, err, cap);
 	return TAP_OK;
+}
+
+int tap_conf_identity_mode(const struct tap_conf *c)
+{
+	static const char *const names[] = {"auto", "message_id", "body", "off"}; /* enum tap_identity_mode */
+	if (!c->identity)
+		return 0;
+	for (int i = 0; i < 4; i++)
+		if (!strcmp(c->identity, names[i]))
+			return i;
+	return -1;
 }
 
 int tap_conf_parse(struct tap_conf *c, int argc, char **argv, tap_conf_same_inode_fn same_inode, char *err,

@@ -96,9 +96,11 @@ void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 		tap_frame_dec_deinit(&c->dir[d].dec);
 		tap_buf_deinit(&c->dir[d].body_prefix);
 	}
-	for (size_t i = 0; i < c->n_chans; i++)
+	for (size_t i = 0; i < c->n_chans; i++) {
 		for (int d = 0; d < TAP_DIR_COUNT; d++)
 			conn_store_free(c, &c->chans[i].dir[d].store);
+		conn_fp_free(c, &c->chans[i]);
+	}
 	free(c->chans);
 	free(c->chan_index);
 	free(c);

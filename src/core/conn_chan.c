@@ -73,6 +73,7 @@ void conn_channel_drop(struct tap_conn *c, uint16_t number)
 		return;
 	for (int d = 0; d < TAP_DIR_COUNT; d++)
 		conn_store_free(c, &ch->dir[d].store);
+	conn_fp_free(c, ch);
 	c->chan_index[i] = 0;
 	for (size_t j = (i + 1) & mask; c->chan_index[j]; j = (j + 1) & mask) {
 		size_t home = index_home(c->index_cap, c->chans[c->chan_index[j] - 1].number);
@@ -156,5 +157,14 @@ void conn_store_free(const struct tap_conn *c, struct tap_buf *store)
 {
 	c->o->pending_mem -= store->cap;
 	tap_buf_deinit(store);
+}
+
+void conn_fp_free(const struct tap_conn *c, struct channel *ch)
+{
+	if (!ch->fp)
+		return;
+	tap_identity_stream_free(ch->fp);
+	ch->fp = NULL;
+	c->o->pending_mem -= tap_identity_stream_size();
 }
 

@@ -44,6 +44,71 @@ static void keep_wanted_headers(const struct tap_conn *c, struct pending *p, str
 /* How a content ends: all of its body came, or it never will. */
 enum pending_end { PENDING_COMPLETE, PENDING_CUT };
 
+/* ---- identity (amqptap/identity.h): the message_id, else a fingerprint of what precedes the body and of the body,
+ * hashed as its frames pass (the body is never kept) ---- */
+
+static void ident_begin(const struct tap_conn *c, struct pending *p, const struct tap_frame_ev *ev,
+			const struct tap_props *props)
+{
+	enum tap_identity_mode mode = (enum tap_identity_mode)tap_track_identity_mode(c->o->track);
+	if (p->kind != PENDING_PUBLISH || mode == TAP_IDENTITY_OFF)
+		return;
+	if (mode != TAP_IDENTITY_BODY && (props->flags & TAP_PROP_MESSAGE_ID) && props->message_id.len) {
+		p->ident_kind = TAP_IDENTITY_ID;
+		p->ident = tap_identity_of_id(props->message_id.ptr, props->message_id.len);
+		return;
+	}
+	if (mode == TAP_IDENTITY_MESSAGE_ID || p->store.oom)
+		return; /* no exchange and routing key kept: no fingerprint */
+	p->ident = tap_identity_head(conn_span_slice(p, p->exchange), conn_span_slice(p, p->routing_key), ev->data,
+				     ev->len, props);
+	p->fp_on = true;
+}
+
+/* A slice of the body (already counted in body_got). */
+static void ident_body(struct tap_conn *c, struct channel *ch, struct pending *p, const struct tap_frame_ev *ev)
+{
+	if (!p->fp_stream) {
+		if (p->body_got == ev->len && ev->len == p->body_size) { /* the whole body at once: no stream */
+			p->ident = tap_identity_body(p->ident, ev->data, ev->len);
+			p->ident_kind = TAP_IDENTITY_FINGERPRINT;
+			p->fp_on = false;
+			return;
+		}
+		struct tap_observer *o = c->o;
+		if (!ch->fp) {
+			size_t size = tap_identity_stream_size();
+			if (o->pending_mem + size > o->pending_max || !(ch->fp = tap_identity_stream_new())) {
+				p->fp_on = false; /* no room: no identity */
+				return;
+			}
+			o->pending_mem += size;
+		}
+		tap_identity_stream_reset(ch->fp, p->ident);
+		p->fp_stream = true;
+	}
+	tap_identity_stream_update(ch->fp, ev->data, ev->len);
+}
+
+static void ident_finish(struct tap_conn *c, uint16_t channel, struct pending *p, bool complete,
+			 struct tap_publish *pub)
+{
+	if (p->fp_on && complete) {
+		if (p->fp_stream) {
+			struct channel *ch = conn_channel_get(c, channel);
+			if (ch && ch->fp) {
+				p->ident = tap_identity_stream_digest(ch->fp);
+				p->ident_kind = TAP_IDENTITY_FINGERPRINT;
+			}
+		} else if (p->body_size == 0) {
+			p->ident = tap_identity_body(p->ident, NULL, 0);
+			p->ident_kind = TAP_IDENTITY_FINGERPRINT;
+		}
+	}
+	pub->identity_kind = p->ident_kind; /* a cut content keeps only an identity made of its message_id */
+	pub->identity = p->ident_kind ? p->ident : 0;
+}
+
 static void pending_finish(struct tap_conn *c, uint16_t channel, struct pending *p, enum pending_end how,
 			   int64_t now_us)
 {
@@ -83,6 +148,7 @@ static void pending_finish(struct tap_conn *c, uint16_t channel, struct pending 
 			.content_cut = cut,
 			.header_lost = cut && !p->have_header,
 		};
+		ident_finish(c, channel, p, how == PENDING_COMPLETE, &pub);
 		tap_track_publish(c->tc, channel, &pub, now_us);
 	} else if (p->kind == PENDING_RETURN) {
 		struct tap_return r = {
@@ -153,6 +219,7 @@ void conn_on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_frame
 		p->delivery_mode = props.delivery_mode;
 		p->has_timestamp = (props.flags & TAP_PROP_TIMESTAMP) != 0;
 		p->timestamp = props.timestamp;
+		ident_begin(c, p, ev, &props);
 		if (props.flags & TAP_PROP_HEADERS) {
 			struct tap_table_it it;
 			struct tap_field f;
@@ -193,6 +260,8 @@ int conn_on_body(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev
 	p->body_got += ev->len;
 	if (p->body_got > p->body_size)
 		return TAP_E_BODY_TOO_LONG;
+	if (p->fp_on)
+		ident_body(c, ch, p, ev);
 	if (ev->frame_end && p->body_got == p->body_size)
 		pending_complete(c, ev->channel, p, now_us);
 	return TAP_OK;

@@ -14,6 +14,7 @@
 
 #include "amqptap/conn.h"
 #include "amqptap/frame.h"
+#include "amqptap/identity.h"
 #include "amqptap/redact.h"
 #include "amqptap/spec.h"
 
@@ -44,11 +45,19 @@ struct pending {
 	bool has_message_id, has_correlation_id, has_user_id, has_delivery_mode, has_timestamp;
 	uint8_t delivery_mode;
 	uint64_t timestamp;
+	/* its identity (amqptap/identity.h): ident_kind set once known; while fp_on the fingerprint is being made,
+	 * ident holding its seed, and fp_stream says the body is being fed to its channel's stream */
+	uint8_t ident_kind;
+	bool fp_on, fp_stream;
+	uint64_t ident;
 };
 
 struct channel {
 	uint16_t number;
 	struct pending dir[TAP_DIR_COUNT];
+	/* a fingerprint of a body that comes in more than one piece; made at the first such body and kept with the
+	 * channel, counted in the observer's pending_mem */
+	struct tap_identity_stream *fp;
 };
 
 struct direction {
@@ -117,6 +126,8 @@ void conn_channel_drop(struct tap_conn *c, uint16_t number);
 /* Appends to p's store, counted in the observer's pending_mem (nothing past its pending_max: the store is oom). */
 void conn_store_put(const struct tap_conn *c, struct pending *p, const void *data, size_t len);
 void conn_store_free(const struct tap_conn *c, struct tap_buf *store);
+/* Frees the channel's fingerprint stream. */
+void conn_fp_free(const struct tap_conn *c, struct channel *ch);
 /* Copies s into p's store: where it is kept. (Inline, as the next: several times per publish.) */
 static inline struct span conn_keep(const struct tap_conn *c, struct pending *p, const uint8_t *s, size_t len)
 {

@@ -38,6 +38,34 @@ static struct tap_slice client_prop(struct tap_slice props, const char *key)
 	return (struct tap_slice){f.ptr, f.len};
 }
 
+/* The capabilities a client advertises that say how it handles a publish's fate (0-9-1 has no such table: it is
+ * RabbitMQ's, PROTOCOL.md): each a boolean in the "capabilities" table of its client properties. */
+static const struct {
+	const char *key;
+	unsigned bit;
+} client_cap_keys[] = {
+	{"connection.blocked", TAP_TRACK_CAP_CONNECTION_BLOCKED},
+	{"publisher_confirms", TAP_TRACK_CAP_PUBLISHER_CONFIRMS},
+	{"consumer_cancel_notify", TAP_TRACK_CAP_CONSUMER_CANCEL_NOTIFY},
+	{"basic.nack", TAP_TRACK_CAP_BASIC_NACK},
+};
+
+static void client_caps(struct tap_conn *c, struct tap_slice props)
+{
+	struct tap_field f;
+	unsigned present = 0, caps = 0;
+	bool has = tap_table_find(props.ptr, props.len, "capabilities", &f) && f.type == 'F';
+	for (size_t i = 0; has && i < sizeof client_cap_keys / sizeof client_cap_keys[0]; i++) {
+		struct tap_field b;
+		if (!tap_table_find(f.ptr, f.len, client_cap_keys[i].key, &b) || b.type != 't')
+			continue;
+		present |= client_cap_keys[i].bit;
+		if (b.i)
+			caps |= client_cap_keys[i].bit;
+	}
+	tap_track_conn_client_caps(c->tc, client_prop(props, "connection_name"), has, present, caps);
+}
+
 static void on_start_ok(struct tap_conn *c, const struct tap_method *m)
 {
 	struct tap_slice props = arg_slice(m, TAP_ARG_CONNECTION_START_OK_CLIENT_PROPERTIES);
@@ -45,6 +73,7 @@ static void on_start_ok(struct tap_conn *c, const struct tap_method *m)
 	if (!version.ptr) /* py-amqp (Celery, kombu) names it product_version */
 		version = client_prop(props, "product_version");
 	tap_track_conn_client_props(c->tc, client_prop(props, "product"), version, client_prop(props, "platform"));
+	client_caps(c, props);
 	struct tap_sasl sasl;
 	tap_sasl_parse(arg_slice(m, TAP_ARG_CONNECTION_START_OK_MECHANISM),
 		       arg_slice(m, TAP_ARG_CONNECTION_START_OK_RESPONSE), &sasl);

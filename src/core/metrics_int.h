@@ -36,6 +36,14 @@ enum metric_type { COUNTER, GAUGE, HISTOGRAM };
 	X("publishes_evicted_total", COUNTER,                                                                     \
 	  "Publishes written as unknown (evicted) over --max-outstanding or --max-tracking-memory.",              \
 	  s->track.evicted, "evicted")                                                                             \
+	X("resends_total", COUNTER, "Publishes of an identity whose previous attempt ended unknown, nacked or returned.", \
+	  s->track.resends, "resends")                                                                             \
+	X("duplicates_total", COUNTER, "Publishes of an identity whose previous attempt was acked or routed.",     \
+	  s->track.duplicates, "duplicates")                                                                       \
+	X("resend_missing_total", COUNTER, "Unknown publishes not resent within --resend-window.",                \
+	  s->track.resend_missing, "resend_missing")                                                               \
+	X("identities_evicted_total", COUNTER, "Identities forgotten early for the identity table's bound.",      \
+	  s->track.ident_evicted + s->track.ident_evicted_unresolved, "identities_evicted")                        \
 	X("confirms_stray_total", COUNTER, "Acks and nacks for a tag never published or already answered.",      \
 	  s->track.stray_confirms, "stray_confirms")                                                               \
 	X("returns_unmatched_total", COUNTER, "Basic.Return frames that matched no outstanding publish.",        \

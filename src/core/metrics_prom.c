@@ -268,6 +268,10 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 	tap_metrics_hist_fold(&ret, &t->return_us);
 	render_hist(b, "return_latency_seconds",
 	            "Time from the publish's last frame forwarded to the broker to its Basic.Return.", &ret);
+	memset(&ret, 0, sizeof ret);
+	tap_metrics_hist_fold(&ret, &t->resend_us);
+	render_hist(b, "resend_delay_seconds",
+	            "Time from a publish that ended unknown, nacked or returned to its resend (the same identity).", &ret);
 	render_exchanges(b, t);
 	render_capture(b, s);
 

@@ -2,6 +2,8 @@
  * latency, publishes by exchange (Space-Saving), the last problem publishes, the upstream's state. */
 #include "metrics_int.h"
 
+#include "amqptap/identity.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -117,6 +119,8 @@ void tap_metrics_tally_verdict(void *tally, const struct tap_track_verdict *v)
 {
 	struct tap_metrics_tally *t = tally;
 	count_exchange(t, v);
+	if (v->repeat == (int)TAP_REPEAT_RESEND)
+		tap_hist_add(&t->resend_us, v->repeat_ago_us);
 	if (v->route == TAP_TRACK_ROUTE_ROUTED || v->route == TAP_TRACK_ROUTE_UNPROVEN) {
 		if (v->confirm == TAP_TRACK_CONFIRM_ACK || v->confirm == TAP_TRACK_CONFIRM_NONE)
 			return; /* nearly every publish */

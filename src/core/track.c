@@ -5,11 +5,14 @@
 #include "track_event.h"
 
 #include "track_budget.h"
+#include "track_ident.h"
 #include "track_record.h"
 #include "track_store.h"
 #include "track_topo.h"
 #include "track_verdict.h"
 #include "track_warn.h"
+
+#include "amqptap/identity.h"
 
 #include "mem.h"
 
@@ -79,6 +82,8 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	    .topo = t->topo_on ? t->topo_flags : 0,
 	    .timestamp = p->timestamp,
 	    .t_pub = now_us,
+	    .identity_kind = p->identity_kind,
+	    .identity = p->identity,
 	};
 	if (confirm_mode) {
 		/* the ring is empty here: the sequence number is used up with nothing stored */
@@ -89,10 +94,10 @@ static void publish_untracked(struct tap_track_conn *c, uint16_t id, struct trk_
 	trk_publish_done(c, id, &v, &vd, now_us);
 }
 
-/* What a stored publish keeps in its channel's arena: [timestamp] message_id correlation_id (each id cut to 255
- * bytes). */
+/* What a stored publish keeps in its channel's arena: [timestamp] message_id correlation_id [identity] (each id
+ * cut to 255 bytes). */
 struct blob_lens {
-	size_t timestamp, message_id, correlation_id;
+	size_t timestamp, message_id, correlation_id, identity;
 	uint64_t total;
 };
 
@@ -102,8 +107,9 @@ static struct blob_lens blob_lens_of(const struct tap_publish *p)
 	    .timestamp = p->has_timestamp ? sizeof p->timestamp : 0,
 	    .message_id = p->has_message_id ? (p->message_id.len > 255 ? 255 : p->message_id.len) : 0,
 	    .correlation_id = p->has_correlation_id ? (p->correlation_id.len > 255 ? 255 : p->correlation_id.len) : 0,
+	    .identity = p->identity_kind ? sizeof p->identity : 0,
 	};
-	l.total = l.timestamp + l.message_id + l.correlation_id;
+	l.total = l.timestamp + l.message_id + l.correlation_id + l.identity;
 	return l;
 }
 
@@ -191,6 +197,10 @@ static void publish_store(struct tap_track_conn *c, struct trk_chan *ch, const s
 			memcpy(b + len->timestamp, p->message_id.ptr, len->message_id);
 		if (len->correlation_id)
 			memcpy(b + len->timestamp + len->message_id, p->correlation_id.ptr, len->correlation_id);
+		if (len->identity) {
+			memcpy(b + len->timestamp + len->message_id + len->correlation_id, &p->identity, len->identity);
+			e->flags |= p->identity_kind == TAP_IDENTITY_ID ? TRK_FLAG_IDENT_ID : TRK_FLAG_IDENT_FP;
+		}
 	}
 	const uint8_t *extra = (const uint8_t *)t->extra.data;
 	const uint8_t *values = (const uint8_t *)&t->extra_values; /* interned with the properties, after them */
@@ -412,6 +422,7 @@ static int64_t chan_tick(struct tap_track_conn *c, struct trk_chan *ch, int64_t 
 
 int64_t tap_track_tick(struct tap_track *t, int64_t now_us)
 {
+	int64_t ident_next = t->ident.cap ? trk_ident_tick(t, now_us) : INT64_MAX;
 	while (tap_heap_top_key(&t->due) <= now_us) {
 		struct tap_track_conn *c = tap_heap_top(&t->due);
 		tap_heap_remove(&t->due, c);
@@ -433,6 +444,7 @@ int64_t tap_track_tick(struct tap_track *t, int64_t now_us)
 			c->next_due = now_us + 1; /* walked in this tick: the next one looks again */
 		(void)tap_heap_set(&t->due, c, c->next_due);
 	}
-	return tap_heap_top_key(&t->due);
+	int64_t next = tap_heap_top_key(&t->due);
+	return ident_next < next ? ident_next : next;
 }
 

@@ -4,6 +4,7 @@
 #include "track_event.h"
 
 #include "track_budget.h"
+#include "track_ident.h"
 #include "track_record.h"
 #include "track_store.h"
 #include "track_topo.h"
@@ -35,6 +36,8 @@ struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emi
 		t->conf.max_outstanding = TAP_TRACK_MAX_OUTSTANDING_DEFAULT;
 	if (t->conf.max_memory == 0)
 		t->conf.max_memory = TAP_TRACK_MAX_MEMORY_DEFAULT;
+	if (t->conf.resend_window_us <= 0)
+		t->conf.resend_window_us = TAP_TRACK_RESEND_WINDOW_US_DEFAULT;
 	t->emit = emit_fn;
 	t->ctx = ctx;
 	tap_heap_init(&t->oldest, offsetof(struct trk_chan, oldest_idx), &t->mem);
@@ -109,6 +112,7 @@ static void conn_free(struct tap_track_conn *c)
 	trk_free_str(t, &c->product);
 	trk_free_str(t, &c->version);
 	trk_free_str(t, &c->platform);
+	trk_free_str(t, &c->connection_name);
 	trk_free_str(t, &c->end_detail);
 	if (c->close_text)
 		trk_free(t, c->close_text, c->close_text_len + 1);
@@ -122,6 +126,7 @@ void tap_track_free(struct tap_track *t)
 		return;
 	while (t->conns)
 		conn_free(t->conns);
+	trk_ident_free(t);
 	tap_heap_deinit(&t->oldest);
 	tap_heap_deinit(&t->due);
 	trk_topo_free(t);
@@ -175,6 +180,20 @@ void tap_track_conn_client_props(struct tap_track_conn *c, struct tap_slice prod
 		c->details_lost = true;
 	if (platform.ptr && !trk_set_str(c->t, &c->platform, platform))
 		c->details_lost = true;
+}
+
+void tap_track_conn_client_caps(struct tap_track_conn *c, struct tap_slice connection_name, bool has_caps,
+                                unsigned present, unsigned caps)
+{
+	if (connection_name.ptr) {
+		if (connection_name.len > TAP_TRACK_CONN_NAME_MAX) /* what the client sends does not decide the size */
+			connection_name.len = TAP_TRACK_CONN_NAME_MAX;
+		if (!trk_set_str(c->t, &c->connection_name, connection_name))
+			c->details_lost = true;
+	}
+	c->has_caps = has_caps;
+	c->caps_present = (uint8_t)present;
+	c->caps = (uint8_t)(caps & present);
 }
 
 void tap_track_conn_user(struct tap_track_conn *c, struct tap_slice user)
@@ -544,6 +563,12 @@ void tap_track_shutdown(struct tap_track *t, int64_t now_us)
 {
 	while (t->conns)
 		tap_track_conn_end(t->conns, "shutdown", now_us);
+	trk_ident_shutdown(t, now_us);
+}
+
+unsigned tap_track_identity_mode(const struct tap_track *t)
+{
+	return t->conf.identity_mode;
 }
 
 /* ---- summary and stats ---- */
@@ -556,6 +581,7 @@ void tap_track_summary(struct tap_track *t, struct tap_buf *out)
 void tap_track_get_stats(const struct tap_track *t, struct tap_track_stats *s)
 {
 	*s = t->st;
+	s->ident_memory = t->ident.mem;
 	s->memory = t->mem;
 	s->memory_peak = trk_memory_peak(t);
 }

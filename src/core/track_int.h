@@ -11,6 +11,8 @@
  *                                the states drawn below and ends it in its one `publish` record
  *                                (track_verdict.h)
  *   consumers    track_warn.c    the warning rules: every rule decided and counted there  (track_warn.h)
+ *                track_ident.c   the identities written: repeats (attempt, previous) and resend_missing
+ *                                (track_ident.h)
  *                track_record.c  the records as JSON, and trk_emit, the hook that hands them out
  *                                (track_record.h)
  *   store        track_store.c   allocation counted in the budget, channels, slot rings, queues, the deadline
@@ -105,6 +107,8 @@ enum trk_flag {
 	TRK_FLAG_NO_HEADER = 1 << 18, /* cut before its content header: its size and properties are not known */
 	TRK_FLAG_TOPO_NONE = 1 << 19, /* --definitions: the model routes it to no queue */
 	TRK_FLAG_TOPO_SOME = 1 << 20, /* --definitions: the model routes it to a queue */
+	TRK_FLAG_IDENT_ID = 1 << 21,  /* its blob ends with its identity, made of its message_id */
+	TRK_FLAG_IDENT_FP = 1 << 22,  /* ... made of its fingerprint */
 };
 
 /* How the broker's publish-caused close (if any) on a channel pointed at the publish it refused. */
@@ -115,7 +119,8 @@ enum trk_refusal {
 };
 
 /* One outstanding publish (64 bytes). Its blob in the channel arena: [timestamp, 8 bytes, when present] then
- * message_id then correlation_id. Repeating strings are interned per connection. */
+ * message_id then correlation_id then [identity, 8 bytes, when IDENT_ID or IDENT_FP]. Repeating strings are
+ * interned per connection. */
 struct trk_slot {
 	int64_t t_pub, t_ret, t_ack;
 	uint64_t body_size;
@@ -204,6 +209,9 @@ struct tap_track_conn {
 	struct tap_track_conn *prev, *next;
 	uint64_t id;
 	char *client, *upstream, *user, *vhost, *product, *version, *platform;
+	char *connection_name; /* the client's, cut to TAP_TRACK_CONN_NAME_MAX */
+	bool has_caps;         /* the client sent a capabilities table */
+	uint8_t caps_present, caps; /* enum tap_track_cap: named in it, and said true */
 	char *upstream_local; /* proxy: the tap's own end of its connection to the broker (the client the broker sees) */
 	bool proxied;         /* upstream_local was given (NULL then: no memory kept it) */
 	uint16_t channel_max, heartbeat;
@@ -254,6 +262,55 @@ struct trk_values {
 	uint16_t at, len;
 };
 
+/* A publish whose identity this process wrote a record for before (track_ident.c): the attempt it is, and what
+ * that record said. */
+struct trk_repeat {
+	bool seen;
+	uint8_t repeat; /* enum tap_identity_repeat */
+	uint8_t route, confirm; /* the previous attempt's */
+	uint16_t channel;
+	bool has_seq;
+	uint32_t attempt; /* this one's: 2, 3, ... */
+	uint64_t conn, seq;
+	int64_t ago_us; /* from the previous attempt's publish to this one's */
+};
+
+/* One identity of the table (track_ident.c): the latest attempt written for it. */
+struct trk_ident_entry {
+	uint64_t key;
+	uint64_t conn, seq; /* seq 0: not in confirm mode */
+	int64_t t_pub;
+	int64_t due;        /* settled: forgotten then; unresolved: its resend_missing then */
+	int64_t t_end;      /* its record's ts: a resend_missing written at shutdown is stamped with it */
+	char *message_id;   /* unresolved only (NULL: none or no memory), cut to TRK_IDENT_ID_MAX */
+	uint32_t prev, next; /* its list, as index + 1 (0: none); a free entry's next is the free list */
+	uint32_t attempt;
+	uint16_t channel;
+	uint8_t route, confirm;
+	uint8_t list;       /* enum trk_ident_list */
+	uint8_t kind;       /* enum tap_identity_kind */
+	uint8_t message_id_len;
+};
+
+enum trk_ident_list {
+	TRK_IDENT_FREE = 0,
+	TRK_IDENT_SETTLED = 1,    /* answered (or not wanting a resend): kept --resend-window to tell duplicates */
+	TRK_IDENT_UNRESOLVED = 2, /* ended unknown: a resend is due within --resend-window */
+};
+
+struct trk_ident_list_ends {
+	uint32_t head, tail; /* index + 1, oldest first */
+};
+
+struct trk_ident {
+	struct trk_ident_entry *pool;
+	uint32_t cap, n, free_head;
+	uint32_t *index; /* 2 * cap, linear probing: index + 1 of the entry with that key, 0 empty */
+	struct trk_ident_list_ends lists[3];
+	uint64_t mem;  /* its share of t->mem */
+	uint64_t share; /* the most it takes */
+};
+
 /* The record being written, and what every record shares (the run id, the date part of the second being
  * written). Only track_record.c writes these. */
 struct trk_render {
@@ -280,6 +337,7 @@ struct tap_track {
 	struct tap_track_stats st;
 	struct trk_counts closed_counts; /* of connections already ended */
 	struct tap_hist hist;
+	struct tap_hist resend_hist; /* from an attempt's publish to its resend's (µs) */
 	/* every channel with outstanding publishes, keyed by the t_pub of its base slot: the oldest outstanding publish
 	 * of the process is the base of the top one */
 	struct tap_heap oldest;
@@ -290,6 +348,7 @@ struct tap_track {
 	struct trk_topo *topo; /* --definitions (track_topo.c); NULL: none */
 	bool topo_on;          /* topo has a model */
 	uint32_t topo_flags;   /* TRK_FLAG_TOPO_* of the publish being stored */
+	struct trk_ident ident; /* the identities written (track_ident.c) */
 };
 
 /* What a publish record is written from: a stored slot or the caller's tap_publish. */
@@ -307,6 +366,8 @@ struct trk_view {
 	uint32_t topo; /* TRK_FLAG_TOPO_* */
 	uint64_t body_size, seq, timestamp;
 	int64_t t_pub;
+	uint8_t identity_kind; /* enum tap_identity_kind */
+	uint64_t identity;
 };
 
 /* What verdict_of() decided. */

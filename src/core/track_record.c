@@ -3,6 +3,7 @@
  * the header of amqptap/record.h. */
 #include "track_record.h"
 
+#include "amqptap/identity.h"
 #include "amqptap/table.h"
 
 #include <inttypes.h>
@@ -114,7 +115,7 @@ void trk_render_prefix(struct tap_buf *prefix, const struct tap_track_conn *c)
 /* The publish record is most of what the tap writes, so it is written straight into space reserved for its
  * longest form, without the general writer's comma tracking and bounds checks per member (half its instructions
  * when it went through them). Its keys, literals and numbers take under 600 bytes: */
-#define PUBLISH_FIXED_MAX 1024
+#define PUBLISH_FIXED_MAX 1280
 
 static inline char *put(char *p, const void *s, size_t n)
 {
@@ -153,8 +154,33 @@ static inline char *put_lit(char *p, struct json_lit v)
 	return put(p, v.json, v.len);
 }
 
+static const struct json_lit repeat_json[] = {
+    [TAP_REPEAT_RESEND] = QUOTED("resend"),
+    [TAP_REPEAT_DUPLICATE] = QUOTED("duplicate"),
+    [TAP_REPEAT_UNVERIFIED] = QUOTED("unverified"),
+};
+
+/* The members of a publish whose identity was seen before, "attempt", "repeat" and "previous" (at most about 200
+ * bytes and the run: in PUBLISH_FIXED_MAX). Written the fast way too: a publisher that sends one message over
+ * and over has them on every record. */
+static char *put_repeat(const struct trk_render *r, char *p, const struct trk_repeat *rep)
+{
+	p = tap_json_uint_at(PUT(p, ",\"attempt\":"), rep->attempt);
+	p = put_lit(PUT(p, ",\"repeat\":"), repeat_json[rep->repeat]);
+	p = PUT(p, ",\"previous\":{\"run\":");
+	p = r->head.run_json_len ? put(p, r->head.run_json, r->head.run_json_len) : put_lit(p, json_null);
+	p = tap_json_uint_at(PUT(p, ",\"conn\":"), rep->conn);
+	p = tap_json_uint_at(PUT(p, ",\"channel\":"), rep->channel);
+	p = PUT(p, ",\"seq\":");
+	p = rep->has_seq ? tap_json_uint_at(p, rep->seq) : put_lit(p, json_null);
+	p = put_lit(PUT(p, ",\"confirm\":"), confirm_json[rep->confirm]);
+	p = put_lit(PUT(p, ",\"route\":"), route_json[rep->route]);
+	p = tap_json_int_at(PUT(p, ",\"ago_us\":"), rep->ago_us);
+	return PUT(p, "}");
+}
+
 void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
-                        const struct trk_verdict *vd, int64_t now_us)
+                        const struct trk_verdict *vd, const struct trk_repeat *rep, int64_t now_us)
 {
 	struct tap_buf *b = &r->rec;
 	bool prefix = c->prefix.len > 1 && !c->prefix.oom;
@@ -173,6 +199,7 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 	p = tap_json_uint_at(PUT(p, ",\"channel\":"), ch);
 	p = PUT(p, ",\"seq\":");
 	p = v->confirm_mode ? tap_json_uint_at(p, v->seq) : put_lit(p, json_null);
+	p = tap_record_ts_at(&r->head, PUT(p, ",\"published\":"), v->t_pub); /* its last frame seen: ts is the verdict's */
 	if (v->route_lost) { /* never "": that names the default exchange */
 		p = put_lit(PUT(p, ",\"exchange\":"), json_null);
 		p = put_lit(PUT(p, ",\"routing_key\":"), json_null);
@@ -197,6 +224,13 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 		p = tap_json_uint_at(PUT(p, ",\"timestamp\":"), v->timestamp);
 	p = PUT(p, ",\"body_size\":");
 	p = v->header_lost ? put_lit(p, json_null) : tap_json_uint_at(p, v->body_size);
+	if (v->identity_kind) {
+		char text[TAP_IDENTITY_TEXT_LEN + 1];
+		tap_identity_format(text, (enum tap_identity_kind)v->identity_kind, v->identity);
+		p = PUT(p, ",\"identity\":\"");
+		p = put(p, text, TAP_IDENTITY_TEXT_LEN);
+		p = PUT(p, "\"");
+	}
 	p = put_lit(PUT(p, ",\"route\":"), route_json[vd->route]);
 	if (vd->route == TAP_TRACK_ROUTE_RETURNED) {
 		p = tap_json_uint_at(PUT(p, ",\"reply_code\":"), vd->reply_code);
@@ -209,6 +243,8 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 		p = put_lit(PUT(p, ",\"multiple\":"), vd->multiple ? json_true : json_false);
 	}
 	p = put_lit(PUT(p, ",\"order\":"), order_json[vd->order]);
+	if (rep && rep->seen)
+		p = put_repeat(r, p, rep);
 	b->len = (size_t)(p - b->data);
 	struct tap_json j; /* the members a few records have, and the brace */
 	tap_json_init_in_object(&j, b);
@@ -222,6 +258,31 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 		kv_lit(&j, "blocked", json_true);
 	if (v->details_lost || c->prefix_lost) /* a null above may stand for a value the tap had no memory to keep */
 		kv_lit(&j, "details_lost", json_true);
+	tap_json_obj_end(&j);
+}
+
+void trk_record_resend_missing(struct trk_render *r, const struct trk_ident_entry *e, int64_t window_us,
+                               bool window_over, int64_t now_us)
+{
+	struct tap_json j;
+	char text[TAP_IDENTITY_TEXT_LEN + 1];
+	rec_begin(r, &j, "resend_missing", now_us);
+	tap_json_kv_uint(&j, "conn", e->conn);
+	tap_json_kv_uint(&j, "channel", e->channel);
+	if (e->seq)
+		tap_json_kv_uint(&j, "seq", e->seq);
+	else
+		kv_lit(&j, "seq", json_null);
+	tap_identity_format(text, (enum tap_identity_kind)e->kind, e->key);
+	tap_json_kv_str(&j, "identity", text);
+	if (e->message_id)
+		tap_json_kv_strn(&j, "message_id", (const uint8_t *)e->message_id, e->message_id_len);
+	else
+		kv_lit(&j, "message_id", json_null);
+	tap_json_kv_ts(&j, "published", e->t_pub);
+	tap_json_kv_uint(&j, "attempt", e->attempt);
+	tap_json_kv_int(&j, "window_us", window_us);
+	kv_lit(&j, "window_over", window_over ? json_true : json_false);
 	tap_json_obj_end(&j);
 }
 
@@ -452,18 +513,25 @@ unsigned trk_render_extra(struct tap_buf *out, struct trk_values *values, const 
 	return notes;
 }
 
+/* What the warnings with a publish's seq begin with: conn, channel, rule and seq (null off confirm mode). */
+static void warning_head(struct trk_render *r, struct tap_json *j, const struct tap_track_conn *c, uint16_t ch,
+                         const char *rule, uint64_t seq, int64_t now_us)
+{
+	rec_begin(r, j, "warning", now_us);
+	tap_json_kv_uint(j, "conn", c->id);
+	tap_json_kv_uint(j, "channel", ch);
+	tap_json_kv_str(j, "rule", rule);
+	if (seq) /* confirm sequence numbers start at 1 */
+		tap_json_kv_uint(j, "seq", seq);
+	else
+		kv_lit(j, "seq", json_null);
+}
+
 void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
                         uint64_t seq, int64_t now_us)
 {
 	struct tap_json j;
-	rec_begin(r, &j, "warning", now_us);
-	tap_json_kv_uint(&j, "conn", c->id);
-	tap_json_kv_uint(&j, "channel", ch);
-	tap_json_kv_str(&j, "rule", rule);
-	if (seq) /* confirm sequence numbers start at 1 */
-		tap_json_kv_uint(&j, "seq", seq);
-	else
-		kv_lit(&j, "seq", json_null);
+	warning_head(r, &j, c, ch, rule, seq, now_us);
 	tap_json_obj_end(&j);
 }
 
@@ -473,20 +541,33 @@ void trk_record_topology_warning(struct trk_render *r, const struct tap_track_co
                                  const char *broker, int64_t now_us)
 {
 	struct tap_json j;
-	rec_begin(r, &j, "warning", now_us);
-	tap_json_kv_uint(&j, "conn", c->id);
-	tap_json_kv_uint(&j, "channel", ch);
-	tap_json_kv_str(&j, "rule", rule);
-	if (seq)
-		tap_json_kv_uint(&j, "seq", seq);
-	else
-		kv_lit(&j, "seq", json_null);
+	warning_head(r, &j, c, ch, rule, seq, now_us);
 	tap_json_kv_strn(&j, "exchange", exchange.ptr, exchange.len);
 	tap_json_kv_strn(&j, "routing_key", routing_key.ptr, routing_key.len);
 	if (broker) {
 		tap_json_kv_str(&j, "route", broker);
 		tap_json_kv_bool(&j, "model_routes", strcmp(broker, "returned") == 0);
 	}
+	tap_json_obj_end(&j);
+}
+
+void trk_record_duplicate_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
+                                  uint64_t seq, struct tap_slice message_id, uint16_t first_channel,
+                                  uint64_t first_seq, int64_t now_us)
+{
+	struct tap_json j;
+	warning_head(r, &j, c, ch, rule, seq, now_us);
+	size_t id_len = message_id.len > TAP_TRACK_DUP_ID_MAX ? TAP_TRACK_DUP_ID_MAX : message_id.len;
+	tap_json_kv_strn(&j, "message_id", message_id.ptr, id_len);
+	tap_json_key(&j, "first");
+	tap_json_obj_begin(&j);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_uint(&j, "channel", first_channel);
+	if (first_seq)
+		tap_json_kv_uint(&j, "seq", first_seq);
+	else
+		kv_lit(&j, "seq", json_null);
+	tap_json_obj_end(&j);
 	tap_json_obj_end(&j);
 }
 
@@ -594,6 +675,31 @@ static void write_tap(const struct trk_render *r, struct tap_json *j)
 	}
 }
 
+/* The client's capabilities as it named them ({"publisher_confirms":true,...}); null when it sent no table. */
+static void write_caps(struct tap_json *j, const struct tap_track_conn *c)
+{
+	static const struct {
+		const char *key;
+		unsigned bit;
+	} keys[] = {
+	    {"connection.blocked", TAP_TRACK_CAP_CONNECTION_BLOCKED},
+	    {"publisher_confirms", TAP_TRACK_CAP_PUBLISHER_CONFIRMS},
+	    {"consumer_cancel_notify", TAP_TRACK_CAP_CONSUMER_CANCEL_NOTIFY},
+	    {"basic.nack", TAP_TRACK_CAP_BASIC_NACK},
+	};
+	if (!c->has_caps) {
+		tap_json_kv_null(j, "capabilities");
+		return;
+	}
+	tap_json_key(j, "capabilities");
+	tap_json_obj_begin(j);
+	for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+		if (c->caps_present & keys[i].bit)
+			kv_lit(j, keys[i].key, c->caps & keys[i].bit ? json_true : json_false);
+	}
+	tap_json_obj_end(j);
+}
+
 void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, int64_t now_us)
 {
 	struct tap_json j;
@@ -610,6 +716,8 @@ void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, 
 	str_or_null(&j, "product", c->product);
 	str_or_null(&j, "version", c->version);
 	str_or_null(&j, "platform", c->platform);
+	str_or_null(&j, "connection_name", c->connection_name);
+	write_caps(&j, c);
 	if (c->tuned) {
 		tap_json_kv_uint(&j, "frame_max", c->frame_max);
 		tap_json_kv_uint(&j, "heartbeat", c->heartbeat);

@@ -20,12 +20,21 @@ static inline void trk_emit(struct tap_track *t)
 /* Takes the identity members (tap_id, run, started_us) of conf. */
 void trk_render_init(struct trk_render *r, const struct tap_track_conf *conf);
 void trk_render_deinit(struct trk_render *r);
-/* The `publish` record. */
+/* The `publish` record; rep (its identity seen before: attempt, repeat, previous) may be NULL. */
 void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
-                        const struct trk_verdict *vd, int64_t now_us);
+                        const struct trk_verdict *vd, const struct trk_repeat *rep, int64_t now_us);
+/* The `resend_missing` record of an unresolved identity: its window (µs) is over, or the process ends first. */
+void trk_record_resend_missing(struct trk_render *r, const struct trk_ident_entry *e, int64_t window_us,
+                               bool window_over, int64_t now_us);
 /* A publisher anti-pattern seen on publish seq of channel ch. */
 void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
                         uint64_t seq, int64_t now_us);
+/* duplicate_message_id on publish seq of channel ch: its message_id (cut to TAP_TRACK_DUP_ID_MAX bytes) and the
+ * connection's first publish of it (first_seq 0: not in confirm mode). */
+#define TAP_TRACK_DUP_ID_MAX 255u
+void trk_record_duplicate_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
+                                  uint64_t seq, struct tap_slice message_id, uint16_t first_channel,
+                                  uint64_t first_seq, int64_t now_us);
 /* A Return as a warning: rule unmatched_return (seq_first 0), or ambiguous_return with the confirm sequence
  * numbers of the first and last of the n publishes it may belong to (0: not in confirm mode). */
 void trk_record_return_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,

@@ -5,6 +5,8 @@
  * their size. */
 #include "track_store.h"
 
+#include "amqptap/identity.h"
+
 #include "mem.h"
 
 #include <stdlib.h>
@@ -274,7 +276,8 @@ bool trk_ring_reserve(struct tap_track_conn *c, struct trk_chan *ch)
 
 static uint64_t blob_len(const struct trk_slot *e)
 {
-	return ((e->flags & TRK_FLAG_HAS_TIMESTAMP) ? sizeof(uint64_t) : 0) + e->message_id_len + e->correlation_id_len;
+	return ((e->flags & TRK_FLAG_HAS_TIMESTAMP) ? sizeof(uint64_t) : 0) + e->message_id_len + e->correlation_id_len +
+	       ((e->flags & (TRK_FLAG_IDENT_ID | TRK_FLAG_IDENT_FP)) ? sizeof(uint64_t) : 0);
 }
 
 /* Copies the blobs of the live slots, in order, into an arena of half the size (holes of finished slots
@@ -455,4 +458,8 @@ void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const 
 	    .seq = n - ch->sel_off,
 	    .t_pub = e->t_pub,
 	};
+	if (blob && (e->flags & (TRK_FLAG_IDENT_ID | TRK_FLAG_IDENT_FP))) {
+		memcpy(&v->identity, blob + e->message_id_len + e->correlation_id_len, sizeof v->identity);
+		v->identity_kind = (e->flags & TRK_FLAG_IDENT_ID) ? TAP_IDENTITY_ID : TAP_IDENTITY_FINGERPRINT;
+	}
 }

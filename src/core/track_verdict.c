@@ -4,6 +4,7 @@
  * track_record.c. */
 #include "track_verdict.h"
 
+#include "track_ident.h"
 #include "track_record.h"
 #include "track_store.h"
 #include "track_topo.h"
@@ -166,7 +167,7 @@ static void values_in_record(const struct tap_track *t, const struct trk_view *v
 }
 
 static void call_verdict_hook(struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
-                              const struct trk_verdict *vd, int64_t now_us)
+                              const struct trk_verdict *vd, const struct trk_repeat *rep, int64_t now_us)
 {
 	struct tap_track *t = c->t;
 	bool answered = vd->confirm == TAP_TRACK_CONFIRM_ACK || vd->confirm == TAP_TRACK_CONFIRM_NACK;
@@ -200,6 +201,8 @@ static void call_verdict_hook(struct tap_track_conn *c, uint16_t ch, const struc
 	    .dropped_by_topology = !v->mandatory && (v->topo & TRK_FLAG_TOPO_NONE),
 	    .record = {t->render.rec.oom ? NULL : (const uint8_t *)t->render.rec.data,
 	               t->render.rec.oom ? 0 : t->render.rec.len},
+	    .repeat = rep->seen ? (int)rep->repeat : -1,
+	    .repeat_ago_us = rep->seen ? rep->ago_us : 0,
 	};
 	values_in_record(t, v, &h);
 	t->verdict_hook(t->verdict_ctx, &h);
@@ -210,11 +213,13 @@ void trk_publish_done(struct tap_track_conn *c, uint16_t id, const struct trk_vi
                       int64_t now_us)
 {
 	struct tap_track *t = c->t;
-	trk_record_publish(&t->render, c, id, v, vd, now_us);
+	struct trk_repeat rep;
+	trk_ident_publish(t, c, id, v, vd, now_us, &rep);
+	trk_record_publish(&t->render, c, id, v, vd, &rep, now_us);
 	trk_emit(t);
 	count_verdict(c, v, vd);
 	if (t->verdict_hook)
-		call_verdict_hook(c, id, v, vd, now_us);
+		call_verdict_hook(c, id, v, vd, &rep, now_us);
 	trk_warn_done(c, v, vd);
 }
 

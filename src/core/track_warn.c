@@ -63,11 +63,13 @@ void trk_warn_once(struct tap_track_conn *c, struct trk_chan *ch, enum tap_track
  * A ring of the 64-bit hashes of the last `cap` distinct ids, oldest at `head`, and an open-addressing index
  * (linear probing, 2 * cap entries, so at most half full) from a hash to its ring position + 1 (0: empty). The
  * ring starts at 64 and doubles up to TAP_TRACK_RECENT_IDS: a connection costs what it has published, at most
- * 1,024 * (8 + 2 * 4) = 16 KiB, counted in the tracker's memory. Two ids are taken as equal when their hashes are.
+ * 1,024 * (8 + 8 + 2 * 4) = 24 KiB, counted in the tracker's memory. Two ids are taken as equal when their hashes are.
  * An id forgotten early (its publish may be retransmitted) stays in the ring as DEAD_ID, in no index entry. */
 struct trk_ids {
 	uint32_t cap, n, head;
 	uint64_t *ring;
+	uint64_t *where; /* beside each ring entry: the channel (top 16 bits) and confirm seq (0: none) of its first
+	                  * publish, which a duplicate_message_id warning names */
 	uint32_t *index;
 };
 
@@ -129,21 +131,28 @@ static void ids_index_drop(struct trk_ids *ids, uint32_t pos)
 static bool ids_resize(struct tap_track *t, struct trk_ids *ids, uint32_t cap)
 {
 	uint64_t *ring = trk_alloc(t, cap * sizeof *ring);
+	uint64_t *where = trk_alloc(t, cap * sizeof *where);
 	uint32_t *index = trk_alloc(t, cap * 2 * sizeof *index);
-	if (!ring || !index) {
+	if (!ring || !index || !where) {
 		if (ring)
 			trk_free(t, ring, cap * sizeof *ring);
+		if (where)
+			trk_free(t, where, cap * sizeof *where);
 		if (index)
 			trk_free(t, index, cap * 2 * sizeof *index);
 		return false;
 	}
-	for (uint32_t k = 0; k < ids->n; k++)
+	for (uint32_t k = 0; k < ids->n; k++) {
 		ring[k] = ids->ring[(ids->head + k) & (ids->cap - 1)];
+		where[k] = ids->where[(ids->head + k) & (ids->cap - 1)];
+	}
 	if (ids->cap) {
 		trk_free(t, ids->ring, ids->cap * sizeof *ids->ring);
+		trk_free(t, ids->where, ids->cap * sizeof *ids->where);
 		trk_free(t, ids->index, ids->cap * 2 * sizeof *ids->index);
 	}
 	ids->ring = ring;
+	ids->where = where;
 	ids->index = index;
 	ids->cap = cap;
 	ids->head = 0;
@@ -154,7 +163,7 @@ static bool ids_resize(struct tap_track *t, struct trk_ids *ids, uint32_t cap)
 	return true;
 }
 
-static void ids_add(struct tap_track *t, struct trk_ids *ids, uint64_t h)
+static void ids_add(struct tap_track *t, struct trk_ids *ids, uint64_t h, uint64_t where)
 {
 	if (ids->n == ids->cap && (ids->cap >= TAP_TRACK_RECENT_IDS || !ids_resize(t, ids, ids->cap * 2))) {
 		if (ids->ring[ids->head] != DEAD_ID)
@@ -164,6 +173,7 @@ static void ids_add(struct tap_track *t, struct trk_ids *ids, uint64_t h)
 	}
 	uint32_t pos = (ids->head + ids->n) & (ids->cap - 1);
 	ids->ring[pos] = h;
+	ids->where[pos] = where;
 	ids_index_put(ids, pos);
 	ids->n++;
 }
@@ -187,22 +197,30 @@ void trk_warn_conn_free(struct tap_track_conn *c)
 	if (!ids)
 		return;
 	trk_free(c->t, ids->ring, ids->cap * sizeof *ids->ring);
+	trk_free(c->t, ids->where, ids->cap * sizeof *ids->where);
 	trk_free(c->t, ids->index, ids->cap * 2 * sizeof *ids->index);
 	trk_free(c->t, ids, sizeof *ids);
 	c->ids = NULL;
 }
 
-/* Whether the id was among the connection's recent ones; it is one of them afterwards. */
-static bool seen_recently(struct tap_track_conn *c, struct tap_slice id)
+#define WHERE_SEQ_MASK ((UINT64_C(1) << 48) - 1)
+
+/* Whether the id was among the connection's recent ones (*first then says where it was published first, channel
+ * in the top 16 bits, seq below); it is one of them afterwards. */
+static bool seen_recently(struct tap_track_conn *c, struct tap_slice id, uint16_t channel, uint64_t seq,
+                          uint64_t *first)
 {
 	if (!c->ids)
 		c->ids = ids_new(c->t);
 	if (!c->ids)
 		return false; /* no memory: the rule is blind, nothing else changes */
 	uint64_t h = id_hash(id.ptr, id.len);
-	if (ids_find(c->ids, h) != UINT32_MAX)
+	uint32_t pos = ids_find(c->ids, h);
+	if (pos != UINT32_MAX) {
+		*first = c->ids->where[pos];
 		return true;
-	ids_add(c->t, c->ids, h);
+	}
+	ids_add(c->t, c->ids, h, (uint64_t)channel << 48 | (seq & WHERE_SEQ_MASK));
 	return false;
 }
 
@@ -242,6 +260,20 @@ void trk_warn_ambiguous_return(struct tap_track_conn *c, const struct trk_chan *
 	warning_written(t, rule);
 }
 
+/* duplicate_message_id, once per channel: it names the id and where the connection published it first. */
+static void warn_duplicate(struct tap_track_conn *c, struct trk_chan *ch, struct tap_slice id, uint64_t seq,
+                           uint64_t first, int64_t now_us)
+{
+	enum tap_track_rule rule = TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID;
+	uint16_t bit = trk_warn_bit(rule);
+	if (ch->warn.warned & bit)
+		return;
+	ch->warn.warned |= bit;
+	trk_record_duplicate_warning(&c->t->render, c, ch->id, rule_names[rule], seq, id, (uint16_t)(first >> 48),
+	                             first & WHERE_SEQ_MASK, now_us);
+	warning_written(c->t, rule);
+}
+
 void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struct tap_publish *p, int64_t now_us)
 {
 	if (!ch)
@@ -249,6 +281,7 @@ void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struc
 	struct trk_warn_chan *w = &ch->warn;
 	bool confirm_mode = ch->mode == TRK_MODE_CONFIRM;
 	uint64_t seq = confirm_mode ? ch->next - ch->sel_off : 0;
+	uint64_t first;
 	w->publishes++;
 
 	if (!p->header_lost) { /* its properties never came: absent is not known to be missing */
@@ -257,8 +290,8 @@ void trk_warn_publish(struct tap_track_conn *c, struct trk_chan *ch, const struc
 		bool has_id = p->has_message_id && p->message_id.len;
 		if (!has_id)
 			trk_warn_once(c, ch, TAP_TRACK_RULE_MISSING_MESSAGE_ID, seq, now_us);
-		else if (seen_recently(c, p->message_id))
-			trk_warn_once(c, ch, TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID, seq, now_us);
+		else if (seen_recently(c, p->message_id, ch->id, seq, &first))
+			warn_duplicate(c, ch, p->message_id, seq, first, now_us);
 	}
 
 	if (confirm_mode) {

@@ -3,7 +3,7 @@
 # the broker while `amqptap sniff -i lo --port BROKER` captures. The two record sets must be equal in every field
 # but timings and process identity. What must differ between two runs is normalised, and only that:
 #   - process identity (run, tap, started, schema): tapharness.without_identity;
-#   - timings: ts, *_us latencies, duration;
+#   - timings: ts, published, *_us latencies, duration;
 #   - the client's address and the connection id (another TCP connection, another id; the sniffer numbers streams);
 #   - `multiple` on a confirm: whether the broker batched an ack is its own timing, not the publish's verdict;
 #   - `publish_and_wait` warnings: whether a publish came after every earlier one was answered is a race between
@@ -22,8 +22,10 @@ from tapharness import BROKER_PORT, main, wait_for, without_identity
 from scenario_lib import ScenarioCase
 from scenario_table import CaseRun, SniffedRun, for_each_scenario
 
-TIMING = {"ts", "duration_us", "return_us", "confirm_us", "close_us", "latency_us", "age_us", "multiple"}
+TIMING = {"ts", "published", "duration_us", "return_us", "confirm_us", "close_us", "latency_us", "age_us", "multiple"}
 CONN_IDENTITY = {"conn", "client"}
+# members naming another record of the same process: a repeat's previous attempt, a duplicate id's first publish
+NESTED = {"previous": {"run", "conn", "ago_us"}, "first": {"conn"}}
 
 
 def normalise(testcase, recs):
@@ -31,6 +33,8 @@ def normalise(testcase, recs):
     for r in without_identity(testcase, recs):
         if r["type"] == "warning" and r.get("rule") == "publish_and_wait":
             continue
+        r = {k: ({kk: vv for kk, vv in v.items() if kk not in NESTED[k]} if k in NESTED else v)
+             for k, v in r.items()}
         out.append({k: v for k, v in r.items() if k not in TIMING and k not in CONN_IDENTITY
                     and not k.endswith("_us")})
     return out

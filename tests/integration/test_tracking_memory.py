@@ -134,7 +134,9 @@ class TrackingMemoryTest(ScenarioCase):
     def test_never_reading_confirm_client(self):
         """(a) confirm + mandatory, unroutable (each Return carries the 16 KB of keys back), the client never reads:
         the tap stops reading the broker and its publishes stay outstanding; past the budget the oldest go."""
-        tap = self.start_tap(["--max-tracking-memory", str(BUDGET)], frames=False)
+        # the identities of the publishes are kept --resend-window to tell duplicates (src/DESIGN.md §4b): a short one
+        # so that their memory too is given back before it is looked at
+        tap = self.start_tap(["--max-tracking-memory", str(BUDGET), "--resend-window", "200"], frames=False)
         cl = Client(tap.port)
         cl.open_channel(1)
         cl.method(1, 85, 10, b"\x00")
@@ -168,6 +170,7 @@ class TrackingMemoryTest(ScenarioCase):
         cl.close_connection()
         peak_kb = sampler.stop()
         hwm_kb = vm_hwm_kb(tap.pid)
+        time.sleep(0.5)  # the identities' --resend-window
         memory_after = summary_memory(tap)
         print(f"\n  never-reading confirm client: {sent} publishes sent, {len(stalled)} records while stalled, "
               f"peak VmRSS {peak_stalled} kB stalled / {peak_kb} kB overall, VmHWM {hwm_kb} kB, "
@@ -187,7 +190,9 @@ class TrackingMemoryTest(ScenarioCase):
         """(b) 6,000 mandatory publishes without confirms, as fast as the socket takes them: each waits 2 s for a
         Return that never comes (the queue takes them), so all are outstanding at once."""
         q = self.declare_queue("q", arguments={"x-max-length": 10})
-        tap = self.start_tap(["--max-tracking-memory", str(BUDGET)], frames=False)
+        # the identities of the publishes are kept --resend-window to tell duplicates (src/DESIGN.md §4b): a short one
+        # so that their memory too is given back before it is looked at
+        tap = self.start_tap(["--max-tracking-memory", str(BUDGET), "--resend-window", "200"], frames=False)
         cl = Client(tap.port)
         cl.open_channel(1)
         sampler = Sampler(tap.pid)
@@ -200,6 +205,7 @@ class TrackingMemoryTest(ScenarioCase):
         wait_for(lambda: len(tap.records("publish")) >= n, 60, 0.2)
         peak_kb = sampler.stop()
         hwm_kb = vm_hwm_kb(tap.pid)
+        time.sleep(0.5)  # the identities' --resend-window
         memory_after = summary_memory(tap)
         cl.close_connection()
         print(f"\n  fast mandatory client: {n} publishes in {took:.2f} s, peak VmRSS {peak_kb} kB, VmHWM {hwm_kb} kB, "

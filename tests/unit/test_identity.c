@@ -74,7 +74,8 @@ START_TEST(open_record_names_tap_run_schema)
 			 "{\"type\":\"connection\",\"ts\":\"2026-11-29T10:15:02.000000Z\",\"run\":\"0a1b2c3d4e5f\","
 			 "\"conn\":3,\"event\":\"open\",\"tap\":\"node-a\",\"started\":\"2026-11-29T10:10:00.123456Z\","
 			 "\"schema\":2,\"client\":\"127.0.0.1:51234\",\"upstream\":\"127.0.0.1:5672\",\"user\":\"guest\","
-			 "\"vhost\":\"/\",\"product\":null,\"version\":null,\"platform\":null,\"frame_max\":131072,"
+			 "\"vhost\":\"/\",\"product\":null,\"version\":null,\"platform\":null,\"connection_name\":null,"
+			 "\"capabilities\":null,\"frame_max\":131072,"
 			 "\"heartbeat\":60,\"channel_max\":2047}");
 }
 END_TEST

@@ -94,7 +94,7 @@ START_TEST(memory_budget_evicts_the_oldest)
 	ck_assert_uint_eq(n_seen, N);
 	ck_assert_uint_eq(s.routed, N - s.evicted_memory);
 	/* rings, arena and strings given back; the window of recent message ids (duplicate_message_id) stays */
-	ck_assert_uint_lt(s.memory, base + 8192 + TAP_TRACK_RECENT_IDS * 16 + 256);
+	ck_assert_uint_lt(s.memory, base + 8192 + TAP_TRACK_RECENT_IDS * 24 + 256);
 }
 END_TEST
 

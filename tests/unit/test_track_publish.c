@@ -50,6 +50,46 @@ START_TEST(connection_open_record)
 }
 END_TEST
 
+/* connection_name and capabilities come from the client's properties: bounded, escaped; null when not sent. */
+START_TEST(connection_name_and_capabilities)
+{
+	assert_field(recs[0], "connection_name", "null");
+	assert_field(recs[0], "capabilities", "null");
+	struct tap_track_conn *c2 = tap_track_conn_new(t, 4, "127.0.0.1:40001", "127.0.0.1:5672", T0);
+	char name[1000];
+	memset(name, 'n', sizeof name);
+	memcpy(name, "orders \"svc\"\n", 13);
+	tap_track_conn_client_caps(c2, (struct tap_slice){(const uint8_t *)name, sizeof name}, true,
+	                           TAP_TRACK_CAP_PUBLISHER_CONFIRMS | TAP_TRACK_CAP_BASIC_NACK |
+	                               TAP_TRACK_CAP_CONNECTION_BLOCKED,
+	                           TAP_TRACK_CAP_PUBLISHER_CONFIRMS | TAP_TRACK_CAP_CONSUMER_CANCEL_NOTIFY);
+	tap_track_conn_open(c2, S("/"), T0 + 1);
+	const char *r = nth("connection", 1);
+	ck_assert(valid_json_object(r));
+	const char *v = get(r, "connection_name");
+	ck_assert_ptr_nonnull(v);
+	ck_assert_int_eq(strncmp(v, "\"orders \\\"svc\\\"\\n", 17), 0);
+	/* 256 bytes kept: 13 escaped to 16, the rest plain, and the quotes */
+	ck_assert_uint_eq(strlen(v), 2 + 16 + TAP_TRACK_CONN_NAME_MAX - 13);
+	/* only what the client named; consumer_cancel_notify was not named, so it is not said true */
+	assert_field(r, "capabilities", "{\"connection.blocked\":false,\"publisher_confirms\":true,\"basic.nack\":false}");
+	tap_track_conn_end(c2, "client_eof", T0 + 2);
+}
+END_TEST
+
+/* Every publish record says when the tap saw it ("published"), whatever its verdict's ts. */
+START_TEST(published_is_when_the_publish_was_seen)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", false);
+	tap_track_publish(c, 1, &p, T0 + 1500);
+	tap_track_ack(c, 1, 1, false, T0 + 2000000);
+	const char *r = pub_seq(1);
+	assert_field(r, "published", "\"2026-11-29T10:15:02.001500Z\"");
+	assert_field(r, "ts", "\"2026-11-29T10:15:04.000000Z\"");
+}
+END_TEST
+
 /* The decoder had no memory to keep a publish's strings: its exchange, routing key and ids are null, never "" (the
  * default exchange), and the record says details_lost; its verdict is still the broker's. */
 START_TEST(publish_details_lost_are_null)
@@ -550,6 +590,8 @@ int main(void)
 	Suite *s = suite_create("track_publish");
 	TCase *tc = track_tcase("publish_records");
 	tcase_add_test(tc, connection_open_record);
+	tcase_add_test(tc, connection_name_and_capabilities);
+	tcase_add_test(tc, published_is_when_the_publish_was_seen);
 	tcase_add_test(tc, header_values_written_when_asked);
 	tcase_add_test(tc, header_values_never_by_default);
 	tcase_add_test(tc, header_values_bounded);

@@ -327,11 +327,31 @@ START_TEST(duplicate_message_id_within_the_window)
 	publish_id(2, "order-1", T0 + 2); /* another channel of the same connection */
 	ck_assert_uint_eq(warnings("duplicate_message_id"), 1);
 	ck_assert_ptr_nonnull(strstr(warning_of("duplicate_message_id"), "\"channel\":2,"));
+	/* it names the id and the connection's first publish of it */
+	ck_assert_msg(strstr(warning_of("duplicate_message_id"),
+	                             "\"message_id\":\"order-1\",\"first\":{\"conn\":7,\"channel\":1,\"seq\":null}}"), "%s", warning_of("duplicate_message_id"));
 	publish_id(2, "other-5", T0 + 3);
 	ck_assert_uint_eq(warnings("duplicate_message_id"), 1); /* once per channel */
 	publish_id(1, "other-7", T0 + 3);
 	ck_assert_uint_eq(warnings("duplicate_message_id"), 2);
 	ck_assert_uint_eq(counted(TAP_TRACK_RULE_DUPLICATE_MESSAGE_ID), 2);
+}
+END_TEST
+
+/* In confirm mode the first publish's seq is named; a huge id is cut to TAP_TRACK_DUP_ID_MAX bytes. */
+START_TEST(duplicate_message_id_names_first_seq)
+{
+	confirm_channel(1, T0);
+	char big[4000];
+	memset(big, 'z', sizeof big - 1);
+	big[sizeof big - 1] = '\0';
+	publish_id(1, "a", T0);
+	publish_id(1, big, T0);
+	publish_id(1, big, T0 + 1);
+	const char *w = warning_of("duplicate_message_id");
+	ck_assert_ptr_nonnull(strstr(w, "\"seq\":3,"));
+	ck_assert_msg(strstr(w, "\"first\":{\"conn\":7,\"channel\":1,\"seq\":2}"), "%s", w);
+	ck_assert_uint_lt(strlen(w), 600);
 }
 END_TEST
 
@@ -486,6 +506,7 @@ int main(void)
 	tcase_add_test(tc, window_survives_forgotten_ids);
 	tcase_add_test(tc, blocked_annotation);
 	tcase_add_test(tc, rule_names);
+	tcase_add_test(tc, duplicate_message_id_names_first_seq);
 	tcase_add_test(tc, no_property_rule_for_a_publish_cut_before_its_header);
 	suite_add_tcase(s, tc);
 	return tap_check_failures(s) ? EXIT_FAILURE : EXIT_SUCCESS;
