@@ -95,7 +95,7 @@ static void ident_finish(struct tap_conn *c, uint16_t channel, struct pending *p
 {
 	if (p->fp_on && complete) {
 		if (p->fp_stream) {
-			struct channel *ch = conn_channel_get(c, channel);
+			struct channel *ch = conn_channel_find(c, channel);
 			if (ch && ch->fp) {
 				p->ident = tap_identity_stream_digest(ch->fp);
 				p->ident_kind = TAP_IDENTITY_FINGERPRINT;
