@@ -23,7 +23,7 @@
 #include <string.h>
 
 /* Content being assembled on one channel in one direction. */
-enum pending_kind { PENDING_NONE, PENDING_PUBLISH, PENDING_RETURN };
+enum pending_kind { PENDING_NONE, PENDING_PUBLISH, PENDING_RETURN, PENDING_DELIVER };
 
 /* Strings of the pending method and its header, copied into `store`
  * because the decoder's buffers are only valid until the next feed. */
@@ -44,6 +44,10 @@ struct pending {
 	bool has_message_id, has_correlation_id, has_user_id, has_delivery_mode, has_timestamp;
 	uint8_t delivery_mode;
 	uint64_t timestamp;
+	/* PENDING_DELIVER: a basic.deliver or get-ok (its consumer tag in reply_text's span) */
+	bool get, redelivered, has_delivery_count;
+	int64_t delivery_count;
+	uint64_t delivery_tag;
 };
 
 struct channel {

@@ -9,6 +9,7 @@
 #include "track_verdict.h"
 #include "track_warn.h"
 
+#include "consume_int.h"
 #include "mem.h"
 
 #include <stddef.h>
@@ -75,6 +76,7 @@ static void conn_prefix_update(struct tap_track_conn *c)
 static void conn_free(struct tap_track_conn *c)
 {
 	struct tap_track *t = c->t;
+	csm_conn_free(c);
 	while (c->n_chans > 0 || c->retired) {
 		struct trk_chan *ch = c->retired ? c->retired : c->chans[c->n_chans - 1];
 		t->st.outstanding -= ch->live;
@@ -339,6 +341,7 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 	struct trk_reason r;
 	conn_reason(c, reason_by, &r);
 	r.settled = c->settled;
+	csm_conn_end(c, &r, now_us); /* the consumer tracker's deliveries and consumers, before the close record */
 	if (c->retired)
 		chan_end(c, c->retired, &r, now_us);
 	while (c->n_chans > 0) /* in channel order; chan_end frees each */

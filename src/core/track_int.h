@@ -21,6 +21,7 @@
 #ifndef AMQPTAP_TRACK_INT_H
 #define AMQPTAP_TRACK_INT_H
 
+#include "amqptap/consume.h"
 #include "amqptap/json.h"
 #include "amqptap/record.h"
 #include "amqptap/track.h"
@@ -243,6 +244,7 @@ struct tap_track_conn {
 	bool prefix_lost;      /* of which client, vhost or user: its publish records say details_lost too */
 	int64_t next_due;      /* no timer of its channels is due before this: tap_track_tick skips it until then */
 	uint32_t due_idx;      /* place in t->due + 1, 0: not in it (next_due is INT64_MAX) */
+	struct csm_conn *csm;  /* the consumer tracker's state (consume_int.h); NULL until a consumer method */
 };
 
 /* Where a publish's rendered properties hold "header_values" and "header_values_truncated" (--header-values): the
@@ -276,6 +278,8 @@ struct tap_track {
 	struct tap_buf extra; /* the optional members of the publish being stored */
 	struct trk_values extra_values; /* where extra holds the header values */
 	struct tap_track_stats st;
+	struct tap_consume_stats csm_st; /* the consumer tracker's (consume.c) */
+	struct tap_hist csm_hist;        /* its settle latency */
 	struct trk_counts closed_counts; /* of connections already ended */
 	struct tap_hist hist;
 	/* every channel with outstanding publishes, keyed by the t_pub of its base slot: the oldest outstanding publish

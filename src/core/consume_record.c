@@ -1,0 +1,139 @@
+/* The consumer tracker's records (src/DESIGN.md §4, `delivery` and `consumer`) as JSON into the tracker's render
+ * buffer: built from the consumer tracker's state, changing none of it; consume.c emits them. */
+#include "consume_int.h"
+
+#include "amqptap/json.h"
+
+#include <string.h>
+
+static const char *const outcome_names[TAP_CONSUME_N_OUTCOMES] = {
+	[TAP_CONSUME_OUT_ACK] = "ack",
+	[TAP_CONSUME_OUT_NACK] = "nack",
+	[TAP_CONSUME_OUT_REJECT] = "reject",
+	[TAP_CONSUME_OUT_AUTO_ACK] = "auto_ack",
+	[TAP_CONSUME_OUT_UNKNOWN] = "unknown",
+};
+
+const char *tap_consume_outcome_name(enum tap_consume_outcome o)
+{
+	return o < TAP_CONSUME_N_OUTCOMES ? outcome_names[o] : "?";
+}
+
+static void begin(struct trk_render *r, struct tap_json *j, const struct tap_track_conn *c, const char *type,
+                  int64_t now_us)
+{
+	tap_buf_reset(&r->rec);
+	tap_record_begin(j, &r->rec, &r->head, type, now_us);
+	if (c->prefix.len > 1 && !c->prefix.oom) { /* "conn", "client", "vhost", "user" as publish records have them */
+		tap_buf_putc(&r->rec, ',');
+		tap_buf_append(&r->rec, c->prefix.data + 1, c->prefix.len - 1);
+	} else {
+		tap_json_kv_uint(j, "conn", c->id);
+	}
+}
+
+static void strn_or_null(struct tap_json *j, const char *key, bool has, const uint8_t *s, size_t len)
+{
+	if (has)
+		tap_json_kv_strn(j, key, s, len);
+	else
+		tap_json_kv_null(j, key);
+}
+
+void csm_view_of(struct csm_view *v, const struct csm_dlv *d)
+{
+	const uint8_t *p = d->blob ? (const uint8_t *)d->blob : (const uint8_t *)"";
+	bool lost = d->flags & CSM_FLAG_LOST;
+	*v = (struct csm_view){
+		.tag = d->tag,
+		.body_size = d->body_size,
+		.delivery_count = d->delivery_count,
+		.t_dlv = d->t_dlv,
+		.redelivered = d->flags & CSM_FLAG_REDELIVERED,
+		.get = d->flags & CSM_FLAG_GET,
+		.has_message_id = (d->flags & CSM_FLAG_HAS_MESSAGE_ID) && !lost,
+		.has_count = d->flags & CSM_FLAG_HAS_COUNT,
+		.header_lost = d->flags & CSM_FLAG_NO_HEADER,
+		.details_lost = lost,
+	};
+	if (lost)
+		return;
+	v->ctag = p, v->ctag_len = d->ctag_len, p += d->ctag_len;
+	v->queue = p, v->queue_len = d->queue_len, p += d->queue_len;
+	v->has_queue = !(d->flags & CSM_FLAG_NO_QUEUE);
+	v->exchange = p, v->exchange_len = d->exchange_len, p += d->exchange_len;
+	v->rk = p, v->rk_len = d->rk_len, p += d->rk_len;
+	v->mid = p, v->mid_len = d->mid_len;
+}
+
+void csm_record_delivery(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
+                         const struct csm_view *v, const struct csm_outcome *o, int64_t now_us)
+{
+	struct tap_json j;
+	begin(r, &j, c, "delivery", now_us);
+	tap_json_kv_uint(&j, "channel", ch);
+	strn_or_null(&j, "consumer_tag", !v->get && !v->details_lost, v->ctag, v->ctag_len);
+	strn_or_null(&j, "queue", v->has_queue && !v->details_lost, v->queue, v->queue_len);
+	tap_json_kv_uint(&j, "delivery_tag", v->tag);
+	tap_json_kv_bool(&j, "redelivered", v->redelivered);
+	if (v->get)
+		tap_json_kv_bool(&j, "get", true);
+	strn_or_null(&j, "exchange", !v->details_lost, v->exchange, v->exchange_len);
+	strn_or_null(&j, "routing_key", !v->details_lost, v->rk, v->rk_len);
+	strn_or_null(&j, "message_id", v->has_message_id, v->mid, v->mid_len);
+	if (v->header_lost)
+		tap_json_kv_null(&j, "body_size");
+	else
+		tap_json_kv_uint(&j, "body_size", v->body_size);
+	if (v->has_count)
+		tap_json_kv_int(&j, "delivery_count", v->delivery_count);
+	else
+		tap_json_kv_null(&j, "delivery_count");
+	tap_json_kv_str(&j, "outcome", tap_consume_outcome_name(o->outcome));
+	if (o->outcome == TAP_CONSUME_OUT_NACK || o->outcome == TAP_CONSUME_OUT_REJECT)
+		tap_json_kv_bool(&j, "requeue", o->requeue);
+	if (o->outcome <= TAP_CONSUME_OUT_REJECT) {
+		tap_json_kv_int(&j, "settle_us", o->t_settle - v->t_dlv);
+		tap_json_kv_bool(&j, "multiple", o->multiple);
+	}
+	if (o->reason) {
+		const struct csm_reason *why = o->reason;
+		tap_json_key(&j, "reason");
+		tap_json_obj_begin(&j);
+		tap_json_kv_str(&j, "by", why->by);
+		if (why->peer)
+			tap_json_kv_str(&j, "peer", why->peer);
+		if (why->has_code)
+			tap_json_kv_uint(&j, "code", why->code);
+		if (why->text && why->text_len)
+			tap_json_kv_strn(&j, "text", why->text, why->text_len);
+		tap_json_obj_end(&j);
+	}
+	if (v->details_lost || c->prefix_lost)
+		tap_json_kv_bool(&j, "details_lost", true);
+	tap_json_obj_end(&j);
+}
+
+void csm_record_consumer(struct trk_render *r, const struct tap_track_conn *c, const struct csm_chan *ch,
+                         const struct csm_consumer *k, const char *event, const char *by, int64_t now_us)
+{
+	struct tap_json j;
+	begin(r, &j, c, "consumer", now_us);
+	tap_json_kv_uint(&j, "channel", ch->id);
+	tap_json_kv_str(&j, "event", event);
+	strn_or_null(&j, "consumer_tag", k->tag != NULL, (const uint8_t *)k->tag, k->tag_len);
+	strn_or_null(&j, "queue", k->queue != NULL, (const uint8_t *)k->queue, k->queue_len);
+	tap_json_kv_bool(&j, "no_ack", k->no_ack);
+	tap_json_kv_bool(&j, "exclusive", k->exclusive);
+	if (ch->qos_seen)
+		tap_json_kv_uint(&j, "prefetch", ch->prefetch);
+	else
+		tap_json_kv_null(&j, "prefetch");
+	tap_json_kv_bool(&j, "global_qos", ch->global);
+	if (by) {
+		tap_json_kv_str(&j, "by", by);
+		tap_json_kv_uint(&j, "deliveries", k->deliveries);
+		tap_json_kv_int(&j, "duration_us", now_us - k->t_start);
+	}
+	tap_json_obj_end(&j);
+}
