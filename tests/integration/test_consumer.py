@@ -1,0 +1,343 @@
+# The consumer side (src/DESIGN.md §4, `delivery` and `consumer` records) against the real broker: messages are
+# published straight to the broker, real consumers (pika, amqp091-go, node amqplib) take them through the tap, and
+# every delivery the client received has exactly one `delivery` record saying how the client settled it: acks
+# single and multiple, nack and reject with and without requeue, auto-ack, basic.get, a channel closed with
+# deliveries unacked (each unknown, and the next delivery of the message redelivered), a consumer the broker
+# cancels because its queue was deleted; and one case under `sniff -i lo`.
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+
+import pika
+
+from scenario_lib import params
+from tapharness import BROKER_PORT, CLIENTS_DIR, SOURCE_DIR, TapTestCase, main, require_broker, wait_for
+
+CONSUMER_SRC = os.path.join(SOURCE_DIR, "tests", "clients", "consumer")
+
+
+def settle_pattern(i, n, pending):
+    """How the clients of this test settle their i-th delivery of n (the Go and node clients do the same):
+    (outcome, multiple), or None to leave it for the next multiple ack."""
+    if i % 10 == 3:
+        return ("reject", False)
+    if i % 10 == 6:
+        return ("nack", False)
+    if i % 5 == 4 or i == n - 1:
+        return ("ack", i % 5 == 4 or pending > 0)
+    return None
+
+
+def publish_direct(queue, ids, **declare):
+    """Publishes one message per id straight to the broker (not through the tap) on a confirm channel."""
+    with pika.BlockingConnection(params(BROKER_PORT)) as c:
+        ch = c.channel()
+        ch.queue_declare(queue, **declare)
+        ch.confirm_delivery()
+        for mid in ids:
+            ch.basic_publish("", queue, b"body of " + mid.encode(), pika.BasicProperties(message_id=mid))
+
+
+def build_go_consumer():
+    out = os.path.join(CLIENTS_DIR, "consumer_go")
+    src = os.path.join(CONSUMER_SRC, "consumer.go")
+    if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(src):
+        return out
+    os.makedirs(CLIENTS_DIR, exist_ok=True)
+    env = dict(os.environ, GO111MODULE="off", GOPATH="/usr/share/gocode")
+    env.setdefault("GOCACHE", os.path.join(CLIENTS_DIR, ".gocache"))
+    subprocess.run(["go", "build", "-o", out, src], check=True, env=env, cwd=CONSUMER_SRC)
+    return out
+
+
+def install_node_consumer():
+    """consumer.js beside the client matrix's node client, whose amqplib (from its lock file) it uses."""
+    from test_client_matrix import install_node_client
+    dest = os.path.dirname(install_node_client())
+    shutil.copyfile(os.path.join(CONSUMER_SRC, "consumer.js"), os.path.join(dest, "consumer.js"))
+    return os.path.join(dest, "consumer.js")
+
+
+class ConsumerTest(TapTestCase):
+    def setUp(self):
+        super().setUp()
+        require_broker(self)
+        self.queue = f"amqptap-it-consume-{uuid.uuid4().hex[:8]}"
+
+    def tearDown(self):
+        try:
+            with pika.BlockingConnection(params(BROKER_PORT)) as c:
+                c.channel().queue_delete(self.queue)
+        finally:
+            super().tearDown()
+
+    def ids(self, n, prefix="m"):
+        return [f"{self.queue}-{prefix}{i}" for i in range(n)]
+
+    def finish(self, tap):
+        self.assertTrue(tap.alive())
+        self.assertEqual(tap.stop(), 0, tap.stderr())
+        return tap.records()
+
+    def deliveries(self, recs):
+        return [r for r in recs if r["type"] == "delivery"]
+
+    def by_tag(self, recs, channel=1):
+        """{delivery_tag: record} of a channel, failing on a tag written twice."""
+        out = {}
+        for r in self.deliveries(recs):
+            if r["channel"] != channel:
+                continue
+            self.assertNotIn(r["delivery_tag"], out, f"two records for tag {r['delivery_tag']}: {r}")
+            out[r["delivery_tag"]] = r
+        return out
+
+    def check_pattern(self, got, recs, n):
+        """got: the client's [(message_id, tag, outcome, multiple)]: one record per delivery, saying the same."""
+        self.assertEqual(len(got), n, "the client took every message")
+        records = self.by_tag(recs)
+        self.assertEqual(len(self.deliveries(recs)), n, "one delivery record per delivery")
+        for mid, tag, outcome, multiple in got:
+            r = records[tag]
+            self.assertEqual((r["message_id"], r["outcome"], r["multiple"]), (mid, outcome, multiple), r)
+            self.assertEqual(r["queue"], self.queue, r)
+            self.assertFalse(r["redelivered"], r)
+            self.assertGreaterEqual(r["settle_us"], 0, r)
+            if outcome in ("nack", "reject"):
+                self.assertIs(r["requeue"], False, r)
+        consumers = [r for r in recs if r["type"] == "consumer"]
+        self.assertEqual([k["event"] for k in consumers], ["consume", "cancel"], consumers)
+        self.assertEqual(consumers[0]["prefetch"], 10)
+        self.assertEqual(consumers[1]["deliveries"], n)
+
+    # ---- pika ----
+
+    def pika_pattern(self, port, n):
+        got = []
+        with pika.BlockingConnection(params(port)) as c:
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=10)
+            pending = []
+            for i, (method, props, _body) in enumerate(ch.consume(self.queue)):
+                tag = method.delivery_tag
+                how = settle_pattern(i, n, len(pending))
+                if how is None:
+                    pending.append((props.message_id, tag))
+                else:
+                    outcome, multiple = how
+                    if outcome == "reject":
+                        ch.basic_reject(tag, requeue=False)
+                    elif outcome == "nack":
+                        ch.basic_nack(tag, multiple=False, requeue=False)
+                    else:
+                        ch.basic_ack(tag, multiple=multiple)
+                        if multiple:
+                            got += [(m, t, "ack", True) for m, t in pending]
+                            pending = []
+                    got.append((props.message_id, tag, outcome, multiple))
+                if i == n - 1:
+                    break
+            ch.cancel()
+        return got
+
+    def test_pika_acks_single_multiple_nack_reject(self):
+        n = 50
+        publish_direct(self.queue, self.ids(n))
+        tap = self.start_tap()
+        got = self.pika_pattern(tap.port, n)
+        self.check_pattern(got, self.finish(tap), n)
+
+    def test_pika_single_acks_and_requeue(self):
+        n = 6
+        publish_direct(self.queue, self.ids(n))
+        tap = self.start_tap()
+        seen = []
+        with pika.BlockingConnection(params(tap.port)) as c:
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=1)
+            for method, props, _ in ch.consume(self.queue):
+                seen.append((props.message_id, method.delivery_tag, method.redelivered))
+                if props.message_id.endswith("m0") and not method.redelivered:
+                    ch.basic_reject(method.delivery_tag, requeue=True)
+                elif props.message_id.endswith("m1") and not method.redelivered:
+                    ch.basic_nack(method.delivery_tag, requeue=True)
+                else:
+                    ch.basic_ack(method.delivery_tag)
+                if len([s for s in seen if not (s[0].endswith(("m0", "m1")) and not s[2])]) == n:
+                    break
+            ch.cancel()
+        recs = self.finish(tap)
+        records = self.by_tag(recs)
+        self.assertEqual(len(self.deliveries(recs)), len(seen), "one record per delivery")
+        self.assertEqual(len(seen), n + 2)
+        for mid, tag, redelivered in seen:
+            r = records[tag]
+            self.assertEqual((r["message_id"], r["redelivered"]), (mid, redelivered), r)
+            if mid.endswith(("m0", "m1")) and not redelivered:
+                self.assertEqual((r["outcome"], r["requeue"]), ("reject" if mid.endswith("m0") else "nack", True))
+            else:
+                self.assertEqual((r["outcome"], r["multiple"]), ("ack", False), r)
+
+    def test_pika_auto_ack(self):
+        n = 20
+        publish_direct(self.queue, self.ids(n))
+        tap = self.start_tap()
+        got = []
+        with pika.BlockingConnection(params(tap.port)) as c:
+            ch = c.channel()
+            for method, props, _ in ch.consume(self.queue, auto_ack=True):
+                got.append((props.message_id, method.delivery_tag))
+                if len(got) == n:
+                    break
+            ch.cancel()
+        recs = self.finish(tap)
+        records = self.by_tag(recs)
+        self.assertEqual(len(self.deliveries(recs)), n)
+        for mid, tag in got:
+            self.assertEqual((records[tag]["message_id"], records[tag]["outcome"]), (mid, "auto_ack"))
+            self.assertNotIn("settle_us", records[tag])
+        consume = [r for r in recs if r["type"] == "consumer"][0]
+        self.assertTrue(consume["no_ack"])
+
+    def test_pika_basic_get(self):
+        publish_direct(self.queue, self.ids(3))
+        tap = self.start_tap()
+        with pika.BlockingConnection(params(tap.port)) as c:
+            ch = c.channel()
+            m1, p1, _ = ch.basic_get(self.queue)
+            m2, p2, _ = ch.basic_get(self.queue, auto_ack=True)
+            m3, p3, _ = ch.basic_get(self.queue)
+            ch.basic_ack(m3.delivery_tag, multiple=True)  # settles m1 too
+            empty = ch.basic_get(self.queue)
+            self.assertEqual(empty, (None, None, None))
+        recs = self.finish(tap)
+        records = self.by_tag(recs)
+        self.assertEqual(len(self.deliveries(recs)), 3)
+        for m, p, outcome, multiple in ((m1, p1, "ack", True), (m3, p3, "ack", True), (m2, p2, "auto_ack", None)):
+            r = records[m.delivery_tag]
+            self.assertEqual((r["message_id"], r["outcome"], r.get("multiple"), r["get"], r["queue"]),
+                             (p.message_id, outcome, multiple, True, self.queue), r)
+            self.assertIsNone(r["consumer_tag"])
+
+    def test_pika_channel_closed_with_unacked(self):
+        n = 5
+        publish_direct(self.queue, self.ids(n))
+        tap = self.start_tap()
+        first, second = [], []
+        with pika.BlockingConnection(params(tap.port)) as c:
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=n)
+            for method, props, _ in ch.consume(self.queue):
+                first.append((props.message_id, method.delivery_tag, method.redelivered))
+                if len(first) == n:
+                    break
+            ch.close()  # none acked: the broker requeues them
+            ch2 = c.channel()
+            for method, props, _ in ch2.consume(self.queue):
+                second.append((props.message_id, method.delivery_tag, method.redelivered))
+                ch2.basic_ack(method.delivery_tag)
+                if len(second) == n:
+                    break
+            ch2.cancel()
+        recs = self.finish(tap)
+        dels = self.deliveries(recs)
+        self.assertEqual(len(dels), 2 * n, "one record per delivery")
+        # pika opens the channel number again: the records of the closed channel are written at its close
+        closed = {r["delivery_tag"]: r for r in dels[:n]}
+        reopened = {r["delivery_tag"]: r for r in dels[n:]}
+        for mid, tag, redelivered in first:
+            r = closed[tag]
+            self.assertFalse(redelivered)
+            self.assertEqual((r["message_id"], r["outcome"]), (mid, "unknown"), r)
+            self.assertEqual(r["reason"]["by"], "channel_closed", r)
+            self.assertEqual(r["reason"]["peer"], "client", r)
+        self.assertEqual(sorted(m for m, _, _ in second), sorted(m for m, _, _ in first))
+        for mid, tag, redelivered in second:
+            r = reopened[tag]
+            self.assertTrue(redelivered)
+            self.assertEqual((r["message_id"], r["outcome"], r["redelivered"]), (mid, "ack", True), r)
+        cancels = [r for r in recs if r["type"] == "consumer" and r["event"] == "cancel"]
+        # pika cancels its consumers before it closes the channel
+        self.assertEqual([k["by"] for k in cancels], ["client", "client"], cancels)
+
+    def test_pika_broker_cancel_by_queue_deletion(self):
+        publish_direct(self.queue, self.ids(2))
+        tap = self.start_tap()
+        cancelled = []
+        with pika.BlockingConnection(params(tap.port)) as c:
+            ch = c.channel()
+            got = []
+            ch.basic_consume(self.queue, lambda ch_, m, p, b: got.append(m.delivery_tag))
+            ch.add_on_cancel_callback(lambda frame: cancelled.append(frame))
+            self.assertTrue(wait_for(lambda: (c.process_data_events(0.05), len(got) == 2)[1], 10))
+            with pika.BlockingConnection(params(BROKER_PORT)) as other:
+                other.channel().queue_delete(self.queue)
+            self.assertTrue(wait_for(lambda: (c.process_data_events(0.05), bool(cancelled))[1], 10))
+            ch.basic_ack(got[-1], multiple=True)  # after the cancel: the deliveries stay the channel's
+            c.process_data_events(0.1)
+        recs = self.finish(tap)
+        cancel = [r for r in recs if r["type"] == "consumer" and r["event"] == "cancel"]
+        self.assertEqual(len(cancel), 1, cancel)
+        self.assertEqual((cancel[0]["by"], cancel[0]["queue"], cancel[0]["deliveries"]), ("broker", self.queue, 2))
+        self.assertEqual([r["outcome"] for r in self.deliveries(recs)], ["ack", "ack"])
+
+    def test_connection_killed_with_unacked(self):
+        n = 4
+        publish_direct(self.queue, self.ids(n))
+        tap = self.start_tap()
+        c = pika.BlockingConnection(params(tap.port))
+        ch = c.channel()
+        got = []
+        for method, _props, _ in ch.consume(self.queue):
+            got.append(method.delivery_tag)
+            if len(got) == n:
+                break
+        c._impl._transport._sock.close()  # the client dies: no close methods
+        self.assertTrue(wait_for(lambda: len(tap.records("delivery")) == n, 10), tap.records())
+        recs = self.finish(tap)
+        for r in self.deliveries(recs):
+            self.assertEqual((r["outcome"], r["reason"]["by"]), ("unknown", "connection_closed"), r)
+        self.assertEqual([r["type"] for r in recs if r["type"] in ("delivery", "consumer", "connection")][-1],
+                         "connection", "the deliveries come before the connection's close record")
+
+    # ---- other libraries ----
+
+    def run_client(self, argv, n):
+        publish_direct(self.queue, self.ids(n))
+        tap = self.start_tap()
+        proc = subprocess.run(argv(f"amqp://guest:guest@127.0.0.1:{tap.port}/") + [self.queue, str(n)],
+                              capture_output=True, text=True, timeout=60)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        got = [json.loads(line) for line in proc.stdout.splitlines()]
+        got = [(g["message_id"], g["tag"], g["outcome"], g["multiple"]) for g in got]
+        self.check_pattern(got, self.finish(tap), n)
+
+    def test_go_amqp091(self):
+        go = build_go_consumer()
+        self.run_client(lambda url: [go, url], 50)
+
+    def test_node_amqplib(self):
+        js = install_node_consumer()
+        self.run_client(lambda url: ["node", js, url], 50)
+
+    # ---- sniff ----
+
+    def test_sniff_pika_consumer(self):
+        n = 30
+        publish_direct(self.queue, self.ids(n))
+        sniff = self.start_sniff()
+        time.sleep(0.3)
+        got = self.pika_pattern(BROKER_PORT, n)
+        ok = wait_for(lambda: len([r for r in sniff.records("delivery") if r["queue"] == self.queue]) == n, 10)
+        self.assertTrue(ok, sniff.records())
+        recs = [r for r in self.finish(sniff) if r.get("conn") in
+                {r["conn"] for r in sniff.records("delivery") if r["queue"] == self.queue}]
+        self.check_pattern(got, recs, n)
+
+
+if __name__ == "__main__":
+    main()
