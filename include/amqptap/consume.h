@@ -22,6 +22,10 @@
 /* Consumers one channel keeps; basic.get requests waiting for their answer. */
 #define TAP_CONSUME_CONSUMERS_MAX 4096u
 #define TAP_CONSUME_GETS_MAX 8u
+/* requeue_loop: one message (its message id, else its exchange, routing key and size) delivered redelivered this
+ * many times on a channel within this long. */
+#define TAP_CONSUME_LOOP_REDELIVERIES 20u
+#define TAP_CONSUME_LOOP_WINDOW_US 60000000
 
 /* A basic.deliver or basic.get-ok with its content header (the record is written from this). Slices are valid only
  * during the call. */

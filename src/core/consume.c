@@ -137,6 +137,140 @@ static void write_consumer(struct tap_track_conn *c, const struct csm_chan *ch, 
 	trk_emit(c->t);
 }
 
+/* ---- warnings (src/DESIGN.md §4): each consumer rule once per channel, counted with the publisher rules ---- */
+
+static uint8_t rule_bit(enum tap_track_rule rule)
+{
+	return (uint8_t)(1u << (rule - TAP_TRACK_RULE_CONSUMER_STALLED));
+}
+
+static void warn_once(struct tap_track_conn *c, struct csm_chan *ch, enum tap_track_rule rule,
+                      const struct csm_warn *w, int64_t now_us)
+{
+	struct tap_track *t = c->t;
+	if (ch->warned & rule_bit(rule))
+		return;
+	ch->warned |= rule_bit(rule);
+	csm_record_warning(&t->render, c, ch->id, tap_track_rule_name(rule), w, now_us);
+	trk_emit(t);
+	t->st.warnings++;
+	t->st.warnings_by_rule[rule]++;
+}
+
+/* The unacked deliveries at which the channel's consumers get nothing more from the broker (0: no prefetch). */
+static uint64_t stall_threshold(const struct csm_chan *ch)
+{
+	if (!ch->qos_seen || !ch->prefetch)
+		return 0;
+	uint64_t per = ch->global || ch->n_cons_started < 2 ? 1 : ch->n_cons_started;
+	return (uint64_t)ch->prefetch * per;
+}
+
+/* The first delivery of ch still unacked (ch->live > 0). */
+static const struct csm_dlv *oldest_unacked(const struct csm_chan *ch)
+{
+	for (uint32_t i = ch->head; i < ch->len; i++)
+		if (!(ch->dlv[i].flags & CSM_FLAG_DONE))
+			return &ch->dlv[i];
+	return NULL;
+}
+
+static int64_t chan_tick(struct tap_track_conn *c, struct csm_chan *ch, int64_t now_us)
+{
+	const struct tap_track_conf *conf = &c->t->conf;
+	int64_t next = INT64_MAX;
+	const struct csm_dlv *d = ch->live ? oldest_unacked(ch) : NULL;
+	if (!d)
+		return next;
+	struct csm_view v;
+	csm_view_of(&v, d);
+	if (!(ch->warned & rule_bit(TAP_TRACK_RULE_UNACKED_NEAR_TIMEOUT))) {
+		int64_t at = d->t_dlv + conf->consumer_timeout_us / 10 * 8;
+		if (now_us >= at) {
+			struct csm_warn w = {.v = &v, .k1 = "unacked_us", .v1 = now_us - d->t_dlv,
+			                     .k2 = "consumer_timeout_us", .v2 = conf->consumer_timeout_us};
+			warn_once(c, ch, TAP_TRACK_RULE_UNACKED_NEAR_TIMEOUT, &w, now_us);
+		} else if (at < next) {
+			next = at;
+		}
+	}
+	uint64_t full = stall_threshold(ch);
+	if (full && ch->live >= full && !(ch->warned & rule_bit(TAP_TRACK_RULE_CONSUMER_STALLED))) {
+		int64_t since = ch->t_full > ch->t_settle ? ch->t_full : ch->t_settle;
+		int64_t at = since + conf->stall_after_us;
+		if (now_us >= at) {
+			struct csm_warn w = {.v = &v, .k1 = "unacked", .v1 = (int64_t)ch->live, .k2 = "stalled_us",
+			                     .v2 = now_us - since};
+			warn_once(c, ch, TAP_TRACK_RULE_CONSUMER_STALLED, &w, now_us);
+		} else if (at < next) {
+			next = at;
+		}
+	}
+	return next;
+}
+
+int64_t csm_tick(struct tap_track *t, int64_t now_us)
+{
+	int64_t next = INT64_MAX;
+	for (struct tap_track_conn *c = t->conns; c; c = c->next) {
+		if (!c->csm)
+			continue;
+		for (uint32_t i = 0; i < c->csm->n_chans; i++) {
+			int64_t d = chan_tick(c, c->csm->chans[i], now_us);
+			if (d < next)
+				next = d;
+		}
+	}
+	return next;
+}
+
+/* A delivery was stored at now_us: the time rules may run out for it from then on. */
+static void due_from(struct tap_track *t, int64_t now_us)
+{
+	int64_t soonest = t->conf.stall_after_us < t->conf.consumer_timeout_us / 10 * 8 ? t->conf.stall_after_us
+	                                                                                  : t->conf.consumer_timeout_us / 10 * 8;
+	if (now_us + soonest < t->csm_due)
+		t->csm_due = now_us + soonest;
+}
+
+static uint64_t loop_key(const struct csm_view *v)
+{
+	uint64_t h = UINT64_C(0xcbf29ce484222325); /* FNV-1a */
+	const uint8_t *parts[] = {v->mid, v->exchange, v->rk};
+	size_t lens[] = {v->mid_len, v->exchange_len, v->rk_len};
+	for (size_t k = 0; k < (v->has_message_id ? 1u : 3u); k++) {
+		for (size_t i = 0; i < lens[k]; i++)
+			h = (h ^ parts[k][i]) * UINT64_C(0x100000001b3);
+		h = (h ^ 0xff) * UINT64_C(0x100000001b3);
+	}
+	if (!v->has_message_id)
+		h ^= v->body_size * UINT64_C(0x9e3779b97f4a7c15);
+	return h ? h : 1;
+}
+
+/* requeue_loop: a redelivered message seen TAP_CONSUME_LOOP_REDELIVERIES times within TAP_CONSUME_LOOP_WINDOW_US. */
+static void note_redelivery(struct tap_track_conn *c, struct csm_chan *ch, const struct csm_view *v, int64_t now_us)
+{
+	if (ch->warned & rule_bit(TAP_TRACK_RULE_REQUEUE_LOOP) || v->details_lost)
+		return;
+	uint64_t key = loop_key(v);
+	struct csm_redelivery *e = NULL, *victim = &ch->loop[0];
+	for (int i = 0; i < CSM_LOOP_SLOTS; i++) {
+		if (ch->loop[i].key == key)
+			e = &ch->loop[i];
+		else if (ch->loop[i].n < victim->n)
+			victim = &ch->loop[i];
+	}
+	if (!e || now_us - e->t_first > TAP_CONSUME_LOOP_WINDOW_US) {
+		e = e ? e : victim;
+		*e = (struct csm_redelivery){.key = key, .n = 0, .t_first = now_us};
+	}
+	if (++e->n >= TAP_CONSUME_LOOP_REDELIVERIES) {
+		struct csm_warn w = {.v = v, .k1 = "redeliveries", .v1 = e->n, .k2 = "within_us", .v2 = now_us - e->t_first};
+		warn_once(c, ch, TAP_TRACK_RULE_REQUEUE_LOOP, &w, now_us);
+	}
+}
+
 /* The delivery at i of ch gets its record and leaves the unacked ones (a hole until the head passes it). */
 static void dlv_end(struct tap_track_conn *c, struct csm_chan *ch, uint32_t i, const struct csm_outcome *o,
                     int64_t now_us)
@@ -245,6 +379,14 @@ static void consumer_start(struct tap_track_conn *c, struct csm_chan *ch, struct
 	c->t->csm_st.consumers_open++;
 	c->t->csm_st.consumers_total++;
 	write_consumer(c, ch, k, "consume", NULL, now_us);
+	if (!k->no_ack && (!ch->qos_seen || !ch->prefetch)) {
+		struct csm_warn w = {.has_consumer = true};
+		if (k->tag)
+			w.ctag = (struct tap_slice){(const uint8_t *)k->tag, k->tag_len};
+		if (k->queue)
+			w.queue = (struct tap_slice){(const uint8_t *)k->queue, k->queue_len};
+		warn_once(c, ch, TAP_TRACK_RULE_UNBOUNDED_PREFETCH, &w, now_us);
+	}
 }
 
 /* A copy of s (at most 255 bytes, a short string) into *dst; false when out of memory. */
@@ -337,6 +479,10 @@ void tap_consume_qos(struct tap_track_conn *c, uint16_t id, uint16_t prefetch, b
 	ch->qos_seen = true;
 	ch->prefetch = prefetch;
 	ch->global = ch->global || global;
+	if (global) {
+		struct csm_warn w = {.k1 = "prefetch", .v1 = prefetch};
+		warn_once(c, ch, TAP_TRACK_RULE_GLOBAL_QOS, &w, now_us);
+	}
 }
 
 /* ---- basic.get ---- */
@@ -535,7 +681,13 @@ void tap_consume_deliver(struct tap_track_conn *c, uint16_t id, const struct tap
 	c->csm->unacked++;
 	t->csm_st.unacked++;
 	trk_note_peak(t);
+	uint64_t full = stall_threshold(ch);
+	if (full && ch->live == full)
+		ch->t_full = now_us;
+	due_from(t, now_us);
 out:
+	if (d->redelivered && ch)
+		note_redelivery(c, ch, &v, now_us);
 	if (g.queue)
 		trk_free(t, g.queue, (size_t)g.queue_len + 1);
 }
@@ -576,6 +728,8 @@ void tap_consume_settle(struct tap_track_conn *c, uint16_t id, enum tap_consume_
 	}
 	if (!n)
 		t->csm_st.stray_settles++;
+	else
+		ch->t_settle = now_us;
 	chan_trim(t, ch);
 }
 
@@ -590,6 +744,52 @@ void tap_consume_recover(struct tap_track_conn *c, uint16_t id, bool requeue, in
 
 /* ---- ends ---- */
 
+static bool mentions(struct tap_slice text, const char *word)
+{
+	size_t n = strlen(word);
+	for (size_t i = 0; i + n <= text.len; i++)
+		if (!memcmp(text.ptr + i, word, n))
+			return true;
+	return false;
+}
+
+/* The broker closed the channel 406 because a delivery went unacked past its consumer_timeout ("delivery
+ * acknowledgement on channel 1 timed out"): RabbitMQ times out the oldest one, which the channel close record
+ * names. */
+static void name_timed_out(struct tap_track_conn *c, struct csm_chan *ch, int64_t now_us)
+{
+	struct trk_chan *tch = trk_chan_answering(c, ch->id);
+	const struct csm_dlv *d = oldest_unacked(ch);
+	if (!tch || !d || tch->timed_out)
+		return;
+	struct csm_view v;
+	csm_view_of(&v, d);
+	struct tap_buf b;
+	struct tap_json j;
+	tap_buf_init(&b);
+	tap_json_init(&j, &b);
+	tap_json_obj_begin(&j);
+	tap_json_kv_uint(&j, "delivery_tag", v.tag);
+	if (v.details_lost) {
+		tap_json_kv_null(&j, "consumer_tag");
+		tap_json_kv_null(&j, "queue");
+	} else {
+		tap_json_kv_strn(&j, "consumer_tag", v.ctag, v.ctag_len);
+		tap_json_kv_strn(&j, "queue", v.queue, v.queue_len);
+	}
+	if (v.has_message_id)
+		tap_json_kv_strn(&j, "message_id", v.mid, v.mid_len);
+	else
+		tap_json_kv_null(&j, "message_id");
+	tap_json_kv_int(&j, "unacked_us", now_us - v.t_dlv);
+	tap_json_obj_end(&j);
+	if (!b.oom) {
+		tch->timed_out = trk_dup(c->t, (const uint8_t *)b.data, b.len);
+		tch->timed_out_len = tch->timed_out ? b.len : 0;
+	}
+	tap_buf_deinit(&b);
+}
+
 void tap_consume_channel_close(struct tap_track_conn *c, uint16_t id, enum tap_peer by, uint16_t code,
                                struct tap_slice text, int64_t now_us)
 {
@@ -599,6 +799,9 @@ void tap_consume_channel_close(struct tap_track_conn *c, uint16_t id, enum tap_p
 	const char *peer = by == TAP_BY_BROKER ? "broker" : "client";
 	struct csm_reason r = {.by = "channel_closed", .peer = peer, .has_code = code != 0, .code = code,
 	                       .text = text.ptr, .text_len = text.len};
+	if (by == TAP_BY_BROKER && code == 406 && ch->live && mentions(text, "acknowledgement") &&
+	    mentions(text, "timed out"))
+		name_timed_out(c, ch, now_us);
 	chan_end(c, ch, &r, "channel_closed", now_us);
 }
 

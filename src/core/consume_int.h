@@ -80,8 +80,20 @@ struct csm_get {
 	bool no_ack;
 };
 
+/* requeue_loop: a message seen redelivered on the channel, and how often since first. */
+struct csm_redelivery {
+	uint64_t key; /* hash of its message id, else of its exchange, routing key and size; 0: free */
+	uint32_t n;
+	int64_t t_first;
+};
+#define CSM_LOOP_SLOTS 4
+
 struct csm_chan {
 	uint16_t id;
+	uint8_t warned; /* bit (1 << (rule - TAP_TRACK_RULE_CONSUMER_STALLED)) per consumer rule written for it */
+	int64_t t_full;   /* when its unacked deliveries last reached the prefetch */
+	int64_t t_settle; /* the client's last settle on it */
+	struct csm_redelivery loop[CSM_LOOP_SLOTS];
 	uint16_t prefetch;
 	bool qos_seen, global;
 	/* unacked deliveries, sorted by tag (the broker numbers them up from 1 on each channel): [head, len) of dlv */
@@ -108,7 +120,23 @@ void csm_conn_end(struct tap_track_conn *c, const struct trk_reason *r, int64_t 
 /* Frees what the connection keeps, writing nothing (tap_track_free). */
 void csm_conn_free(struct tap_track_conn *c);
 
+/* The consumer rules that run out with time (consumer_stalled, unacked_near_timeout) of every connection at now_us;
+ * returns when the next may (INT64_MAX: none). tap_track_tick calls it once t->csm_due has come. */
+int64_t csm_tick(struct tap_track *t, int64_t now_us);
+
 /* ---- consume_record.c ---- */
+
+/* What a consumer warning names besides its rule: a delivery (v), or a consumer (ctag, queue), and up to two
+ * numbers (key NULL: none). */
+struct csm_warn {
+	const struct csm_view *v;
+	bool has_consumer;
+	struct tap_slice ctag, queue;
+	const char *k1, *k2;
+	int64_t v1, v2;
+};
+void csm_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
+                        const struct csm_warn *w, int64_t now_us);
 
 void csm_record_delivery(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
                          const struct csm_view *v, const struct csm_outcome *o, int64_t now_us);

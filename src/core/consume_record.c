@@ -137,3 +137,30 @@ void csm_record_consumer(struct trk_render *r, const struct tap_track_conn *c, c
 	}
 	tap_json_obj_end(&j);
 }
+
+void csm_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
+                        const struct csm_warn *w, int64_t now_us)
+{
+	struct tap_json j;
+	tap_buf_reset(&r->rec);
+	tap_record_begin(&j, &r->rec, &r->head, "warning", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	tap_json_kv_uint(&j, "channel", ch);
+	tap_json_kv_str(&j, "rule", rule);
+	tap_json_kv_null(&j, "seq"); /* the members publish warnings have: consumer rules name no publish */
+	const struct csm_view *v = w->v;
+	if (v) {
+		strn_or_null(&j, "consumer_tag", !v->get && !v->details_lost, v->ctag, v->ctag_len);
+		strn_or_null(&j, "queue", v->has_queue && !v->details_lost, v->queue, v->queue_len);
+		tap_json_kv_uint(&j, "delivery_tag", v->tag);
+		strn_or_null(&j, "message_id", v->has_message_id, v->mid, v->mid_len);
+	} else if (w->has_consumer) {
+		strn_or_null(&j, "consumer_tag", w->ctag.ptr != NULL, w->ctag.ptr, w->ctag.len);
+		strn_or_null(&j, "queue", w->queue.ptr != NULL, w->queue.ptr, w->queue.len);
+	}
+	if (w->k1)
+		tap_json_kv_int(&j, w->k1, w->v1);
+	if (w->k2)
+		tap_json_kv_int(&j, w->k2, w->v2);
+	tap_json_obj_end(&j);
+}

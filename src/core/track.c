@@ -4,6 +4,8 @@
  * (track_verdict.c) decides and writes each one's record. */
 #include "track_event.h"
 
+#include "consume_int.h"
+
 #include "track_budget.h"
 #include "track_record.h"
 #include "track_store.h"
@@ -427,6 +429,9 @@ int64_t tap_track_tick(struct tap_track *t, int64_t now_us)
 			c->next_due = now_us + 1; /* walked in this tick: the next one looks again */
 		(void)tap_heap_set(&t->due, c, c->next_due);
 	}
-	return tap_heap_top_key(&t->due);
+	if (now_us >= t->csm_due)
+		t->csm_due = csm_tick(t, now_us);
+	int64_t next = tap_heap_top_key(&t->due);
+	return t->csm_due < next ? t->csm_due : next;
 }
 

@@ -33,6 +33,11 @@ struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emi
 		t->conf.max_outstanding = TAP_TRACK_MAX_OUTSTANDING_DEFAULT;
 	if (t->conf.max_memory == 0)
 		t->conf.max_memory = TAP_TRACK_MAX_MEMORY_DEFAULT;
+	if (t->conf.stall_after_us <= 0)
+		t->conf.stall_after_us = TAP_TRACK_STALL_AFTER_US_DEFAULT;
+	if (t->conf.consumer_timeout_us <= 0)
+		t->conf.consumer_timeout_us = TAP_TRACK_CONSUMER_TIMEOUT_US_DEFAULT;
+	t->csm_due = INT64_MAX;
 	t->emit = emit_fn;
 	t->ctx = ctx;
 	tap_heap_init(&t->oldest, offsetof(struct trk_chan, oldest_idx), &t->mem);
@@ -329,7 +334,8 @@ static void chan_end(struct tap_track_conn *c, struct trk_chan *ch, const struct
 			unconfirmed++;
 		trk_slot_step(c, ch, n, TRK_EVENT_END, &r, now_us);
 	}
-	trk_record_channel_close(&c->t->render, c, ch->id, &r, unconfirmed, ch->culprit, ch->culprit_len, now_us);
+	trk_record_channel_close(&c->t->render, c, ch->id, &r, unconfirmed, ch->culprit, ch->culprit_len, ch->timed_out,
+	                         ch->timed_out_len, now_us);
 	trk_emit(c->t);
 	trk_warn_chan_end(c, ch, now_us);
 	trk_chan_free(c, ch);

@@ -188,6 +188,8 @@ struct trk_chan {
 	uint8_t refusal;         /* enum trk_refusal */
 	char *culprit;           /* the JSON object naming the publish that made the broker close it, or NULL */
 	size_t culprit_len;
+	char *timed_out;         /* the JSON object naming the delivery a consumer timeout closed it for (consume.c) */
+	size_t timed_out_len;
 	int32_t active_idx;     /* index in conn->active or -1 */
 	uint32_t oldest_idx;    /* place in t->oldest + 1, 0: not in it */
 	struct tap_track_conn *conn;
@@ -280,6 +282,7 @@ struct tap_track {
 	struct tap_track_stats st;
 	struct tap_consume_stats csm_st; /* the consumer tracker's (consume.c) */
 	struct tap_hist csm_hist;        /* its settle latency */
+	int64_t csm_due;                 /* no consumer rule runs out before this (csm_tick) */
 	struct trk_counts closed_counts; /* of connections already ended */
 	struct tap_hist hist;
 	/* every channel with outstanding publishes, keyed by the t_pub of its base slot: the oldest outstanding publish

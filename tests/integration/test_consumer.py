@@ -3,7 +3,10 @@
 # every delivery the client received has exactly one `delivery` record saying how the client settled it: acks
 # single and multiple, nack and reject with and without requeue, auto-ack, basic.get, a channel closed with
 # deliveries unacked (each unknown, and the next delivery of the message redelivered), a consumer the broker
-# cancels because its queue was deleted; and one case under `sniff -i lo`.
+# cancels because its queue was deleted; and one case under `sniff -i lo`. The consumer warnings: a consumer that
+# never acks (consumer_stalled), a reject-requeue loop (requeue_loop), manual acks without basic.qos
+# (unbounded_prefetch), global QoS (global_qos), and a broker of its own with a 3 s consumer_timeout closing the
+# channel 406: unacked_near_timeout first, then the close record naming the delivery.
 
 import json
 import os
@@ -13,9 +16,11 @@ import time
 import uuid
 
 import pika
+import pika.exceptions
 
 from scenario_lib import params
-from tapharness import BROKER_PORT, CLIENTS_DIR, SOURCE_DIR, TapTestCase, main, require_broker, wait_for
+from tapharness import (BROKER_PORT, CLIENTS_DIR, SOURCE_DIR, TapTestCase, free_port, main, require_broker,
+                        wait_for)
 
 CONSUMER_SRC = os.path.join(SOURCE_DIR, "tests", "clients", "consumer")
 
@@ -304,6 +309,81 @@ class ConsumerTest(TapTestCase):
         self.assertEqual([r["type"] for r in recs if r["type"] in ("delivery", "consumer", "connection")][-1],
                          "connection", "the deliveries come before the connection's close record")
 
+    # ---- warnings ----
+
+    def warnings(self, recs, rule):
+        return [r for r in recs if r["type"] == "warning" and r["rule"] == rule]
+
+    def test_consumer_that_never_acks_is_stalled(self):
+        publish_direct(self.queue, self.ids(10))
+        tap = self.start_tap(["--stall-after", "1"])
+        with pika.BlockingConnection(params(tap.port)) as c:
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=5)
+            got = []
+            ch.basic_consume(self.queue, lambda ch_, m, p, b: got.append(m.delivery_tag))
+            self.assertTrue(wait_for(lambda: (c.process_data_events(0.05), len(got) == 5)[1], 10))
+            ok = wait_for(lambda: (c.process_data_events(0.05),
+                                   bool(self.warnings(tap.records(), "consumer_stalled")))[1], 5)
+            self.assertTrue(ok, tap.records())
+            self.assertEqual(len(got), 5, "the broker keeps to the prefetch")
+        recs = self.finish(tap)
+        w = self.warnings(recs, "consumer_stalled")
+        self.assertEqual(len(w), 1, w)
+        self.assertEqual((w[0]["channel"], w[0]["unacked"], w[0]["delivery_tag"], w[0]["queue"]),
+                         (1, 5, 1, self.queue), w[0])
+        self.assertGreaterEqual(w[0]["stalled_us"], 1000000)
+        self.assertEqual(self.warnings(recs, "unbounded_prefetch"), [])
+        dels = self.deliveries(recs)
+        self.assertEqual(len(dels), 5)
+        self.assertEqual({r["outcome"] for r in dels}, {"unknown"})
+
+    def test_reject_requeue_loop(self):
+        publish_direct(self.queue, [f"{self.queue}-poison"])
+        tap = self.start_tap()
+        n = 0
+        with pika.BlockingConnection(params(tap.port)) as c:
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=1)
+            for method, props, _ in ch.consume(self.queue):
+                n += 1
+                self.assertEqual(method.redelivered, n > 1)
+                if n < 30:
+                    ch.basic_reject(method.delivery_tag, requeue=True)
+                else:
+                    ch.basic_ack(method.delivery_tag)
+                    break
+            ch.cancel()
+        recs = self.finish(tap)
+        dels = self.deliveries(recs)
+        self.assertEqual(len(dels), n, "one record per delivery")
+        self.assertEqual([r["outcome"] for r in dels], ["reject"] * 29 + ["ack"])
+        self.assertTrue(all(r["requeue"] for r in dels[:29]))
+        self.assertEqual(sum(r["redelivered"] for r in dels), 29)
+        w = self.warnings(recs, "requeue_loop")
+        self.assertEqual(len(w), 1, w)
+        self.assertEqual((w[0]["message_id"], w[0]["redeliveries"]), (f"{self.queue}-poison", 20), w[0])
+        self.assertEqual(w[0]["delivery_tag"], 21)
+
+    def test_unbounded_prefetch_and_global_qos(self):
+        publish_direct(self.queue, self.ids(2))
+        tap = self.start_tap()
+        with pika.BlockingConnection(params(tap.port)) as c:
+            ch = c.channel()
+            for method, _p, _ in ch.consume(self.queue):  # manual acks, no basic.qos
+                ch.basic_ack(method.delivery_tag)
+                break
+            ch.cancel()
+            ch2 = c.channel()
+            ch2.basic_qos(prefetch_count=7, global_qos=True)
+        recs = self.finish(tap)
+        w = self.warnings(recs, "unbounded_prefetch")
+        self.assertEqual(len(w), 1, w)
+        self.assertEqual(w[0]["queue"], self.queue)
+        g = self.warnings(recs, "global_qos")
+        self.assertEqual(len(g), 1, g)
+        self.assertEqual((g[0]["channel"], g[0]["prefetch"]), (2, 7))
+
     # ---- other libraries ----
 
     def run_client(self, argv, n):
@@ -337,6 +417,66 @@ class ConsumerTest(TapTestCase):
         recs = [r for r in self.finish(sniff) if r.get("conn") in
                 {r["conn"] for r in sniff.records("delivery") if r["queue"] == self.queue}]
         self.check_pattern(got, recs, n)
+
+
+class ConsumerTimeoutTest(TapTestCase):
+    """A broker of its own with consumer_timeout 3 s (scripts/broker.sh, TAP_BROKER_CONSUMER_TIMEOUT_MS)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.port = free_port()
+        cls.env = dict(os.environ, TAP_BROKER_PORT=str(cls.port), TAP_BROKER_DIST_PORT=str(free_port()),
+                       TAP_BROKER_DIR=os.path.join(SOURCE_DIR, ".run", f"consumer-timeout-{cls.port}"),
+                       TAP_BROKER_CONSUMER_TIMEOUT_MS="3000")
+        cls.broker = os.path.join(SOURCE_DIR, "scripts", "broker.sh")
+        subprocess.run([cls.broker, "start"], check=True, env=cls.env, timeout=180, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL)
+
+    @classmethod
+    def tearDownClass(cls):
+        subprocess.run([cls.broker, "stop"], env=cls.env, timeout=120, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL)
+        shutil.rmtree(cls.env["TAP_BROKER_DIR"], ignore_errors=True)
+
+    def test_consumer_timeout_closes_the_channel_406(self):
+        queue = f"amqptap-it-timeout-{uuid.uuid4().hex[:8]}"
+        with pika.BlockingConnection(params(self.port)) as c:
+            ch = c.channel()
+            ch.queue_declare(queue, auto_delete=False)
+            ch.basic_publish("", queue, b"slow", pika.BasicProperties(message_id="held-too-long"))
+        tap = self.start_tap(["--consumer-timeout", "3000"], upstream_port=self.port)
+        closed = []
+        with pika.BlockingConnection(params(tap.port)) as c:
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=1)
+            got = []
+            ch.basic_consume(queue, lambda ch_, m, p, b: got.append(m.delivery_tag))
+
+            def pump():
+                try:
+                    c.process_data_events(0.1)
+                except pika.exceptions.ChannelClosedByBroker as e:
+                    closed.append(e.reply_code)
+                return bool(closed) or ch.is_closed
+            self.assertTrue(wait_for(pump, 90), "no 406 close")
+            self.assertEqual(got, [1])
+            c.channel().queue_delete(queue)
+        self.assertEqual(tap.stop(), 0, tap.stderr())
+        recs = tap.records()
+        w = [r for r in recs if r["type"] == "warning" and r["rule"] == "unacked_near_timeout"]
+        self.assertEqual(len(w), 1, recs)
+        self.assertEqual((w[0]["delivery_tag"], w[0]["message_id"]), (1, "held-too-long"))
+        self.assertGreaterEqual(w[0]["unacked_us"], 2400000)
+        close = [r for r in recs if r["type"] == "channel" and r["event"] == "close" and r["by"] == "broker"]
+        self.assertEqual(len(close), 1, recs)
+        self.assertEqual((close[0]["by"], close[0]["code"]), ("broker", 406), close[0])
+        named = close[0]["timed_out_delivery"]
+        self.assertEqual((named["delivery_tag"], named["message_id"], named["queue"]), (1, "held-too-long", queue))
+        self.assertGreater(close[0]["ts"], w[0]["ts"], "the warning came first")
+        dels = [r for r in recs if r["type"] == "delivery"]
+        self.assertEqual(len(dels), 1)
+        self.assertEqual((dels[0]["outcome"], dels[0]["reason"]["by"], dels[0]["reason"]["code"]),
+                         ("unknown", "channel_closed", 406))
 
 
 if __name__ == "__main__":

@@ -317,6 +317,103 @@ START_TEST(unacked_counted_in_tracking_memory)
 }
 END_TEST
 
+
+START_TEST(consumer_stalled_and_near_timeout)
+{
+	struct tap_track_conf conf = {.stall_after_us = 2000000, .consumer_timeout_us = 10000000};
+	teardown();
+	setup_conf(&conf);
+	tap_track_channel_open(c, 1, T0);
+	tap_consume_qos(c, 1, 3, false, T0);
+	consume(1, "slow", "q", false);
+	ck_assert_uint_eq(count_rule("unbounded_prefetch"), 0);
+	for (uint64_t tag = 1; tag <= 3; tag++) {
+		struct tap_delivery d = dlv("slow", tag, "m1");
+		tap_consume_deliver(c, 1, &d, T0 + (int64_t)tag * 1000);
+	}
+	int64_t next = tap_track_tick(t, T0 + 1000000);
+	ck_assert_uint_eq(count_rule("consumer_stalled"), 0);
+	ck_assert_int_le(next, T0 + 3000 + 2000000);
+	tap_consume_settle(c, 1, TAP_CONSUME_ACK, 1, false, false, T0 + 1500000); /* a settle: the clock starts over */
+	struct tap_delivery d = dlv("slow", 4, "m4");
+	tap_consume_deliver(c, 1, &d, T0 + 1600000); /* full again */
+	(void)tap_track_tick(t, T0 + 3000000);
+	ck_assert_uint_eq(count_rule("consumer_stalled"), 0);
+	(void)tap_track_tick(t, T0 + 3600000);
+	ck_assert_uint_eq(count_rule("consumer_stalled"), 1);
+	const char *w = nth_rule("consumer_stalled", 0);
+	assert_field(w, "unacked", "3");
+	assert_field(w, "delivery_tag", "2");
+	assert_field(w, "consumer_tag", "\"slow\"");
+	assert_field(w, "stalled_us", "2000000");
+	assert_field(w, "seq", "null");
+	(void)tap_track_tick(t, T0 + 7999999);
+	ck_assert_uint_eq(count_rule("unacked_near_timeout"), 0);
+	(void)tap_track_tick(t, T0 + 8002000); /* 80 % of 10 s after tag 2 */
+	ck_assert_uint_eq(count_rule("unacked_near_timeout"), 1);
+	assert_field(nth_rule("unacked_near_timeout", 0), "delivery_tag", "2");
+	assert_field(nth_rule("unacked_near_timeout", 0), "consumer_timeout_us", "10000000");
+	(void)tap_track_tick(t, T0 + 9000000);
+	ck_assert_uint_eq(count_rule("consumer_stalled") + count_rule("unacked_near_timeout"), 2); /* once each */
+	ck_assert_uint_eq(stats().warnings_by_rule[TAP_TRACK_RULE_CONSUMER_STALLED], 1);
+	/* the broker's consumer timeout: the channel close record names the delivery */
+	const char *text = "PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out. Timeout value used: "
+	                   "10000 ms. This timeout value can be configured, see consumers doc guide to learn more";
+	tap_consume_channel_close(c, 1, TAP_BY_BROKER, 406, S(text), T0 + 10002000);
+	tap_track_channel_close(c, 1, TAP_BY_BROKER, 406, S(text), T0 + 10002000);
+	tap_track_channel_close_ok(c, 1, T0 + 10002001);
+	const char *close = NULL;
+	for (size_t i = 0; i < n_recs; i++)
+		if (is_type(recs[i], "channel") && !strcmp(get(recs[i], "event"), "\"close\""))
+			close = recs[i];
+	ck_assert_ptr_nonnull(close);
+	assert_field(close, "timed_out_delivery", "{\"delivery_tag\":2,\"consumer_tag\":\"slow\",\"queue\":\"q\","
+	                                          "\"message_id\":\"m1\",\"unacked_us\":10000000}");
+	assert_field(dlv_rec(1, 2), "outcome", "\"unknown\"");
+}
+END_TEST
+
+START_TEST(requeue_loop_unbounded_prefetch_global_qos)
+{
+	tap_track_channel_open(c, 1, T0);
+	consume(1, "greedy", "q", false); /* manual acks, no basic.qos */
+	ck_assert_uint_eq(count_rule("unbounded_prefetch"), 1);
+	assert_field(nth_rule("unbounded_prefetch", 0), "consumer_tag", "\"greedy\"");
+	assert_field(nth_rule("unbounded_prefetch", 0), "queue", "\"q\"");
+	consume(1, "greedy2", "q", true); /* auto-ack: nothing to bound */
+	ck_assert_uint_eq(count_rule("unbounded_prefetch"), 1);
+	tap_consume_qos(c, 1, 50, true, T0);
+	ck_assert_uint_eq(count_rule("global_qos"), 1);
+	assert_field(nth_rule("global_qos", 0), "prefetch", "50");
+	uint64_t tag = 1;
+	for (unsigned i = 0; i < TAP_CONSUME_LOOP_REDELIVERIES + 5; i++) {
+		struct tap_delivery other = dlv("greedy", tag++, "fine"); /* other messages come between */
+		tap_consume_deliver(c, 1, &other, T0 + i);
+		tap_consume_settle(c, 1, TAP_CONSUME_ACK, other.delivery_tag, false, false, T0 + i);
+		struct tap_delivery d = dlv("greedy", tag++, "poison");
+		d.redelivered = i > 0;
+		tap_consume_deliver(c, 1, &d, T0 + i);
+		tap_consume_settle(c, 1, TAP_CONSUME_REJECT, d.delivery_tag, false, true, T0 + i);
+		if (i < TAP_CONSUME_LOOP_REDELIVERIES)
+			ck_assert_uint_eq(count_rule("requeue_loop"), 0);
+	}
+	ck_assert_uint_eq(count_rule("requeue_loop"), 1);
+	const char *w = nth_rule("requeue_loop", 0);
+	assert_field(w, "message_id", "\"poison\"");
+	assert_field(w, "redeliveries", "20");
+	/* redeliveries spread out more than the window are no loop */
+	tap_track_channel_open(c, 2, T0);
+	consume(2, "slow", "q", false);
+	for (unsigned i = 0; i < 40; i++) {
+		struct tap_delivery d = dlv("slow", i + 1, "retried");
+		d.redelivered = true;
+		tap_consume_deliver(c, 2, &d, T0 + (int64_t)i * (TAP_CONSUME_LOOP_WINDOW_US / 10));
+		tap_consume_settle(c, 2, TAP_CONSUME_NACK, d.delivery_tag, false, true, T0 + (int64_t)i * 6000000);
+	}
+	ck_assert_uint_eq(count_rule("requeue_loop"), 1);
+}
+END_TEST
+
 /* Random consumers, deliveries, settles, gets, recovers and closes on a few channels: every delivery gets exactly
  * one record, and none is left once the connection ends. */
 START_TEST(randomized_one_record_per_delivery)
@@ -397,6 +494,8 @@ int main(void)
 	tcase_add_test(tc, auto_ack_cut_recover_and_connection_end);
 	tcase_add_test(tc, unacked_bounded_by_prefetch);
 	tcase_add_test(tc, unacked_counted_in_tracking_memory);
+	tcase_add_test(tc, consumer_stalled_and_near_timeout);
+	tcase_add_test(tc, requeue_loop_unbounded_prefetch_global_qos);
 	tcase_add_loop_test(tc, randomized_one_record_per_delivery, 0, 4);
 	suite_add_tcase(s, tc);
 	return track_suite_run(s);
