@@ -19,8 +19,8 @@ import pika
 import pika.exceptions
 
 from scenario_lib import params
-from tapharness import (BROKER_PORT, CLIENTS_DIR, SOURCE_DIR, TapTestCase, free_port, main, require_broker,
-                        wait_for)
+from tapharness import (BROKER_PORT, CLIENTS_DIR, SOURCE_DIR, TapTestCase, free_port, http_get, main,
+                        require_broker, wait_for)
 
 CONSUMER_SRC = os.path.join(SOURCE_DIR, "tests", "clients", "consumer")
 
@@ -383,6 +383,51 @@ class ConsumerTest(TapTestCase):
         g = self.warnings(recs, "global_qos")
         self.assertEqual(len(g), 1, g)
         self.assertEqual((g[0]["channel"], g[0]["prefetch"]), (2, 7))
+
+    # ---- metrics ----
+
+    def test_metrics(self):
+        n = 10
+        publish_direct(self.queue, self.ids(n))
+        mport = free_port()
+        tap = self.start_tap(["--metrics", str(mport)])
+
+        def scrape():
+            status, _headers, body = http_get(mport, "/metrics")
+            self.assertEqual(status, 200)
+            out = {}
+            for line in body.decode().splitlines():
+                if line and not line.startswith("#"):
+                    name, value = line.rsplit(" ", 1)
+                    out[name] = float(value)
+            return out
+        with pika.BlockingConnection(params(tap.port)) as c:
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=n)
+            tags = []
+            for method, _p, _ in ch.consume(self.queue):
+                tags.append(method.delivery_tag)
+                if len(tags) == n:
+                    break
+            time.sleep(1.1)  # a page is rendered at most once a second
+            m = scrape()
+            self.assertEqual(m["amqptap_deliveries_total"], n)
+            self.assertEqual(m["amqptap_deliveries_unacked"], n)
+            self.assertEqual(m["amqptap_consumers_open"], 1)
+            ch.basic_ack(tags[3], multiple=True)
+            ch.basic_reject(tags[4], requeue=True)
+            c.process_data_events(0.2)
+            time.sleep(1.1)
+            m = scrape()
+            self.assertEqual(m["amqptap_deliveries_unacked"], n - 5 + 1)  # the rejected one came back
+            self.assertEqual(m['amqptap_delivery_outcomes_total{outcome="ack"}'], 4)
+            self.assertEqual(m['amqptap_delivery_outcomes_total{outcome="reject"}'], 1)
+            self.assertEqual(m["amqptap_requeues_total"], 1)
+            self.assertEqual(m["amqptap_redeliveries_total"], 1)
+            self.assertEqual(m["amqptap_settle_latency_seconds_count"], 5)
+            self.assertEqual(m['amqptap_warnings_total{rule="consumer_stalled"}'], 0)
+            ch.cancel()
+        self.finish(tap)
 
     # ---- other libraries ----
 
