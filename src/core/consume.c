@@ -575,7 +575,8 @@ static bool ring_reserve(struct tap_track_conn *c, struct csm_chan *ch, int64_t 
 	struct csm_dlv *v = trk_alloc_in_budget(t, cap * sizeof *v, now_us);
 	if (!v)
 		return false;
-	memcpy(v, ch->dlv + ch->head, (ch->len - ch->head) * sizeof *v);
+	if (ch->len > ch->head)
+		memcpy(v, ch->dlv + ch->head, (ch->len - ch->head) * sizeof *v);
 	trk_free(t, ch->dlv, ch->cap * sizeof *ch->dlv);
 	ch->len -= ch->head;
 	ch->head = 0;
