@@ -27,10 +27,42 @@ static struct csm_chan *chan_find(const struct csm_conn *k, uint16_t id)
 	return lo < k->n_chans && k->chans[lo]->id == id ? k->chans[lo] : NULL;
 }
 
+static uint64_t id_hash(const uint8_t *p, size_t len)
+{
+	uint64_t h = UINT64_C(0xcbf29ce484222325); /* FNV-1a, then a splitmix64 finish for the low bits */
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ p[i]) * UINT64_C(0x100000001b3);
+	h = (h ^ (h >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+	h = (h ^ (h >> 27)) * UINT64_C(0x94d049bb133111eb);
+	h ^= h >> 31;
+	return h ? h : 1;
+}
+
+void csm_link_publish(struct tap_track *t, struct tap_slice message_id, int64_t now_us)
+{
+	uint64_t key = id_hash(message_id.ptr, message_id.len);
+	t->csm_links[key & (CSM_LINKS - 1)] = (struct csm_link){key, now_us};
+}
+
+/* When the publish of this message id was seen, 0: not seen (or forgotten). */
+static int64_t link_find(const struct tap_track *t, const uint8_t *mid, size_t len)
+{
+	if (!t->csm_links)
+		return 0;
+	uint64_t key = id_hash(mid, len);
+	const struct csm_link *l = &t->csm_links[key & (CSM_LINKS - 1)];
+	return l->key == key ? l->t_pub : 0;
+}
+
 /* The channel, created when new; NULL when out of memory. */
 static struct csm_chan *chan_get(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct tap_track *t = c->t;
+	/* from the first consumer on, publishes are remembered for their deliveries (unless that would take more
+	 * than an eighth of the budget) */
+	size_t links = CSM_LINKS * sizeof *t->csm_links;
+	if (!t->csm_links && links <= t->conf.max_memory / 8 && trk_fits(t, links))
+		t->csm_links = trk_alloc_in_budget(t, links, now_us);
 	if (!c->csm && !(c->csm = trk_alloc_in_budget(t, sizeof *c->csm, now_us)))
 		return NULL;
 	struct csm_conn *k = c->csm;
@@ -625,6 +657,8 @@ void tap_consume_deliver(struct tap_track_conn *c, uint16_t id, const struct tap
 		.has_count = d->has_delivery_count, .details_lost = d->details_lost, .header_lost = d->header_lost,
 		.tag = d->delivery_tag, .body_size = d->body_size, .delivery_count = d->delivery_count, .t_dlv = now_us,
 	};
+	if (v.has_message_id && v.mid_len)
+		v.t_pub = link_find(t, v.mid, v.mid_len);
 	static const struct csm_reason cut = {.by = "content_cut"}, no_memory = {.by = "no_memory"};
 	struct csm_outcome o = {.outcome = TAP_CONSUME_OUT_UNKNOWN};
 	if (d->content_cut || no_ack || !ch) {
@@ -654,7 +688,7 @@ void tap_consume_deliver(struct tap_track_conn *c, uint16_t id, const struct tap
 		goto out;
 	}
 	struct csm_dlv *e = &ch->dlv[ch->len++];
-	*e = (struct csm_dlv){.tag = d->delivery_tag, .t_dlv = now_us, .body_size = d->body_size,
+	*e = (struct csm_dlv){.tag = d->delivery_tag, .t_dlv = now_us, .t_pub = v.t_pub, .body_size = d->body_size,
 	                      .delivery_count = d->delivery_count, .ctag_len = v.ctag_len, .queue_len = (uint8_t)v.queue_len,
 	                      .exchange_len = v.exchange_len, .rk_len = v.rk_len, .mid_len = v.mid_len};
 	e->flags = (uint8_t)((d->redelivered ? CSM_FLAG_REDELIVERED : 0) | (d->get ? CSM_FLAG_GET : 0) |

@@ -29,6 +29,7 @@ enum csm_flag {
 struct csm_dlv {
 	uint64_t tag;
 	int64_t t_dlv;
+	int64_t t_pub; /* its publish, linked by message id (csm_link_publish); 0: none */
 	uint64_t body_size;
 	int64_t delivery_count;
 	char *blob;
@@ -44,6 +45,7 @@ struct csm_view {
 	bool has_queue, redelivered, get, has_message_id, has_count, details_lost, header_lost;
 	uint64_t tag, body_size;
 	int64_t delivery_count, t_dlv;
+	int64_t t_pub; /* 0: no publish linked */
 };
 
 /* Why a delivery ended unknown: by is channel_closed, connection_closed, evicted, recover, capture_gap, no_memory;
@@ -112,7 +114,20 @@ struct csm_conn {
 	uint64_t unacked;
 };
 
+/* Publish -> delivery links: a direct-mapped table of the recent publishes' message ids (64-bit hashes) and when
+ * each was published, made at the process's first consumer method (a tap that sees no consumer keeps none and
+ * spends nothing per publish on it). A delivery whose message id is there is linked (queue_us, end_to_end_us);
+ * every queue a fan-out reaches finds the same entry. An id that collides with a newer one is forgotten. */
+#define CSM_LINKS 65536u
+struct csm_link {
+	uint64_t key;
+	int64_t t_pub;
+};
+
 /* ---- consume.c: the tracker's calls ---- */
+
+/* A publish with this message id was forwarded at now_us (t->csm_links is set). */
+void csm_link_publish(struct tap_track *t, struct tap_slice message_id, int64_t now_us);
 
 /* The connection ends: every unacked delivery is written unknown (connection_closed, r says how), every consumer
  * ends; then its state is freed. */

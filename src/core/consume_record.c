@@ -49,6 +49,7 @@ void csm_view_of(struct csm_view *v, const struct csm_dlv *d)
 		.body_size = d->body_size,
 		.delivery_count = d->delivery_count,
 		.t_dlv = d->t_dlv,
+		.t_pub = d->t_pub,
 		.redelivered = d->flags & CSM_FLAG_REDELIVERED,
 		.get = d->flags & CSM_FLAG_GET,
 		.has_message_id = (d->flags & CSM_FLAG_HAS_MESSAGE_ID) && !lost,
@@ -95,6 +96,11 @@ void csm_record_delivery(struct trk_render *r, const struct tap_track_conn *c, u
 	if (o->outcome <= TAP_CONSUME_OUT_REJECT) {
 		tap_json_kv_int(&j, "settle_us", o->t_settle - v->t_dlv);
 		tap_json_kv_bool(&j, "multiple", o->multiple);
+	}
+	if (v->t_pub) { /* its publish passed this tap too (linked by message id) */
+		tap_json_kv_int(&j, "queue_us", v->t_dlv - v->t_pub);
+		if (o->outcome <= TAP_CONSUME_OUT_REJECT)
+			tap_json_kv_int(&j, "end_to_end_us", o->t_settle - v->t_pub);
 	}
 	if (o->reason) {
 		const struct csm_reason *why = o->reason;

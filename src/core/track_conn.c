@@ -128,6 +128,7 @@ void tap_track_free(struct tap_track *t)
 		conn_free(t->conns);
 	tap_heap_deinit(&t->oldest);
 	tap_heap_deinit(&t->due);
+	trk_free(t, t->csm_links, CSM_LINKS * sizeof *t->csm_links);
 	trk_render_deinit(&t->render);
 	tap_buf_deinit(&t->extra);
 	free(t);

@@ -384,6 +384,57 @@ class ConsumerTest(TapTestCase):
         self.assertEqual(len(g), 1, g)
         self.assertEqual((g[0]["channel"], g[0]["prefetch"]), (2, 7))
 
+    # ---- publish -> delivery ----
+
+    def test_fan_out_to_three_queues_links_every_delivery(self):
+        x = f"{self.queue}-fan"
+        queues = [f"{self.queue}-{i}" for i in range(3)]
+        n = 5
+        tap = self.start_tap()
+        with pika.BlockingConnection(params(tap.port)) as c:
+            ch = c.channel()
+            ch.exchange_declare(x, "fanout", auto_delete=True)
+            for q in queues:
+                ch.queue_declare(q)
+                ch.queue_bind(q, x)
+            got = []
+            tags = [ch.basic_consume(q, lambda ch_, m, p, b: (got.append(p.message_id), ch_.basic_ack(m.delivery_tag)))
+                    for q in queues]
+            pub = c.channel()
+            pub.confirm_delivery()
+            for i in range(n):
+                pub.basic_publish(x, "", b"fan", pika.BasicProperties(message_id=f"{x}-{i}"))
+            self.assertTrue(wait_for(lambda: (c.process_data_events(0.05), len(got) == 3 * n)[1], 10))
+            # the first queue's first message once more: redelivered after a recover, linked again
+            ch.basic_cancel(tags[0])
+            ch2 = c.channel()
+            redo = []
+            ch2.basic_consume(queues[0], lambda ch_, m, p, b: redo.append((m.delivery_tag, m.redelivered)))
+            pub.basic_publish(x, "", b"again", pika.BasicProperties(message_id=f"{x}-again"))
+            self.assertTrue(wait_for(lambda: (c.process_data_events(0.05), len(redo) == 1 and len(got) == 3 * n + 2)[1],
+                                     10))
+            ch2.basic_recover(requeue=True)
+            self.assertTrue(wait_for(lambda: (c.process_data_events(0.05), len(redo) == 2)[1], 10))
+            ch2.basic_ack(redo[1][0])
+            c.process_data_events(0.1)
+            for q in queues:
+                pub.queue_delete(q)
+        recs = self.finish(tap)
+        dels = self.deliveries(recs)
+        self.assertEqual(len(dels), 3 * n + 3 + 1, "one record per delivery")
+        fan = [r for r in dels if r["message_id"].startswith(f"{x}-") and not r["message_id"].endswith("again")]
+        self.assertEqual(len(fan), 3 * n)
+        for i in range(n):
+            mine = [r for r in fan if r["message_id"] == f"{x}-{i}"]
+            self.assertEqual(sorted(r["queue"] for r in mine), queues)
+            for r in mine:
+                self.assertGreater(r["queue_us"], 0, r)
+                self.assertGreaterEqual(r["end_to_end_us"], r["queue_us"] + r["settle_us"] - 1, r)
+        again = [r for r in dels if r["message_id"] == f"{x}-again" and r["channel"] == 3]
+        self.assertEqual([r["redelivered"] for r in again], [False, True], again)
+        self.assertEqual([r["outcome"] for r in again], ["unknown", "ack"], again)
+        self.assertLess(again[0]["queue_us"], again[1]["queue_us"], "both linked to the one publish")
+
     # ---- metrics ----
 
     def test_metrics(self):

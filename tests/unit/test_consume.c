@@ -414,6 +414,34 @@ START_TEST(requeue_loop_unbounded_prefetch_global_qos)
 }
 END_TEST
 
+START_TEST(fan_out_links_each_delivery_to_its_publish)
+{
+	struct tap_publish early = pub_id("x", "k", false, "before-any-consumer");
+	tap_track_channel_open(c, 9, T0);
+	tap_track_publish(c, 9, &early, T0);
+	for (uint16_t ch = 1; ch <= 3; ch++) {
+		tap_track_channel_open(c, ch, T0);
+		consume(ch, "k", ch == 1 ? "q1" : ch == 2 ? "q2" : "q3", false);
+	}
+	struct tap_publish p = pub_id("fan", "", false, "fanned");
+	tap_track_publish(c, 9, &p, T0 + 1000);
+	for (uint16_t ch = 1; ch <= 3; ch++) {
+		struct tap_delivery d = dlv("k", 1, "fanned");
+		tap_consume_deliver(c, ch, &d, T0 + 1000 + 100 * ch);
+		d = dlv("k", 2, "before-any-consumer");
+		tap_consume_deliver(c, ch, &d, T0 + 1000 + 100 * ch);
+		tap_consume_settle(c, ch, TAP_CONSUME_ACK, 2, true, false, T0 + 5000);
+	}
+	for (uint16_t ch = 1; ch <= 3; ch++) {
+		char want[32];
+		snprintf(want, sizeof want, "%d", 100 * ch);
+		assert_field(dlv_rec(ch, 1), "queue_us", want);
+		assert_field(dlv_rec(ch, 1), "end_to_end_us", "4000");
+		ck_assert_ptr_null(get(dlv_rec(ch, 2), "queue_us")); /* published before the tap saw a consumer */
+	}
+}
+END_TEST
+
 /* Random consumers, deliveries, settles, gets, recovers and closes on a few channels: every delivery gets exactly
  * one record, and none is left once the connection ends. */
 START_TEST(randomized_one_record_per_delivery)
@@ -496,6 +524,7 @@ int main(void)
 	tcase_add_test(tc, unacked_counted_in_tracking_memory);
 	tcase_add_test(tc, consumer_stalled_and_near_timeout);
 	tcase_add_test(tc, requeue_loop_unbounded_prefetch_global_qos);
+	tcase_add_test(tc, fan_out_links_each_delivery_to_its_publish);
 	tcase_add_loop_test(tc, randomized_one_record_per_delivery, 0, 4);
 	suite_add_tcase(s, tc);
 	return track_suite_run(s);
