@@ -198,7 +198,8 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 					  (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
 					  arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
 		break;
-	case TAP_CHANNEL_CLOSE_OK:
+	case TAP_CHANNEL_CLOSE_OK: /* to the broker's close: the consumer side ended there unless it was not seen */
+		tap_consume_channel_close(tc, channel, TAP_BY_BROKER, 0, (struct tap_slice){NULL, 0}, now_us);
 		tap_track_channel_close_ok(tc, channel, now_us);
 		conn_channel_drop(c, channel);
 		break;
@@ -278,6 +279,7 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		tap_track_channel_open_ok(tc, channel, now_us);
 		break;
 	case TAP_CHANNEL_CLOSE_OK:
+		tap_consume_channel_close(tc, channel, TAP_BY_CLIENT, 0, (struct tap_slice){NULL, 0}, now_us);
 		tap_track_channel_close_ok(tc, channel, now_us);
 		conn_channel_drop(c, channel);
 		break;
