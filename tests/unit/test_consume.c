@@ -1,7 +1,9 @@
 /* The consumer tracker (src/core/consume.c): one `delivery` record per delivery whatever happens (settled, auto-ack,
  * channel or connection closed, recovered, evicted, cut), multiple acks over interleaved consumers of one channel,
  * delivery tags per channel, basic.get, consumer records, and a randomized run holding the one-record invariant. */
+#include "amqptap/conn.h"
 #include "amqptap/consume.h"
+#include "amqptap/spec.h"
 
 #include "track_fixture.h"
 
@@ -442,6 +444,91 @@ START_TEST(fan_out_links_each_delivery_to_its_publish)
 }
 END_TEST
 
+/* Through the observer (conn_method.c, conn_content.c): a deliver whose header carries a message id and
+ * x-delivery-count and whose body comes in two frames, the client's ack, and a second deliver cut by the end of the
+ * connection before its body: both get their record. */
+START_TEST(observer_decodes_the_consumer_side)
+{
+	struct tap_bytes cl = {0}, br = {0}, a = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	tap_build_tune_ok_open(&cl, "/");
+	tap_build_method(&cl, 1, TAP_CHANNEL_OPEN, "", 1);
+	tap_build_u32(&a, 0);
+	tap_build_u16(&a, 10);
+	tap_build_u8(&a, 0);
+	tap_build_method(&cl, 1, TAP_BASIC_QOS, a.d, a.n);
+	a.n = 0;
+	tap_build_u16(&a, 0);
+	tap_build_shortstr(&a, "q");
+	tap_build_shortstr(&a, "");
+	tap_build_u8(&a, 0);
+	tap_build_u32(&a, 0);
+	tap_build_method(&cl, 1, TAP_BASIC_CONSUME, a.d, a.n);
+	a.n = 0;
+	tap_build_shortstr(&a, "");
+	tap_build_method(&br, 0, TAP_CONNECTION_OPEN_OK, a.d, a.n);
+	a.n = 0;
+	tap_build_shortstr(&a, "ctag");
+	tap_build_method(&br, 1, TAP_BASIC_CONSUME_OK, a.d, a.n);
+	for (uint64_t tag = 1; tag <= 2; tag++) {
+		a.n = 0;
+		tap_build_shortstr(&a, "ctag");
+		tap_build_u64(&a, tag);
+		tap_build_u8(&a, tag == 1);
+		tap_build_shortstr(&a, "x");
+		tap_build_shortstr(&a, "rk");
+		tap_build_method(&br, 1, TAP_BASIC_DELIVER, a.d, a.n);
+		a.n = 0;
+		tap_build_u16(&a, 60);
+		tap_build_u16(&a, 0);
+		tap_build_u64(&a, 10);
+		tap_build_u16(&a, (1u << 13) | (1u << 7)); /* headers, message-id */
+		struct tap_bytes tbl = {0};
+		tap_build_key(&tbl, "x-delivery-count", 'l');
+		tap_build_u64(&tbl, 3);
+		tap_build_u32(&a, (uint32_t)tbl.n);
+		tap_build_raw(&a, tbl.d, tbl.n);
+		tap_build_free(&tbl);
+		tap_build_shortstr(&a, tag == 1 ? "m-1" : "m-2");
+		tap_build_frame(&br, 2, 1, a.d, a.n);
+		if (tag == 1) {
+			tap_build_frame(&br, 3, 1, "hello", 5);
+			tap_build_frame(&br, 3, 1, "world", 5);
+		}
+	}
+	a.n = 0;
+	tap_build_u64(&a, 1);
+	tap_build_u8(&a, 0);
+	size_t before_ack = cl.n;
+	tap_build_method(&cl, 1, TAP_BASIC_ACK, a.d, a.n);
+	struct tap_observer o;
+	tap_observer_init(&o, t, capture, NULL, NULL, 0);
+	struct tap_conn *k = tap_conn_new(&o, 9, "127.0.0.1:1", "127.0.0.1:2", T0);
+	tap_conn_feed(k, TAP_C2S, (const uint8_t *)cl.d, before_ack, T0 + 1); /* all but the ack */
+	tap_conn_feed(k, TAP_S2C, (const uint8_t *)br.d, br.n, T0 + 2);
+	tap_conn_feed(k, TAP_C2S, (const uint8_t *)cl.d + before_ack, cl.n - before_ack, T0 + 10);
+	ck_assert_uint_eq(count_type("delivery"), 1);
+	const char *r = nth("delivery", 0);
+	assert_field(r, "message_id", "\"m-1\"");
+	assert_field(r, "delivery_count", "3");
+	assert_field(r, "redelivered", "true");
+	assert_field(r, "body_size", "10");
+	assert_field(r, "exchange", "\"x\"");
+	assert_field(r, "queue", "\"q\"");
+	assert_field(r, "settle_us", "8");
+	assert_field(r, "conn", "9");
+	tap_conn_end(k, "broker_reset", T0 + 20);
+	ck_assert_uint_eq(count_type("delivery"), 2);
+	r = nth("delivery", 1);
+	assert_field(r, "message_id", "\"m-2\"");
+	assert_field(r, "reason", "{\"by\":\"content_cut\"}");
+	tap_observer_deinit(&o);
+	tap_build_free(&cl);
+	tap_build_free(&br);
+	tap_build_free(&a);
+}
+END_TEST
+
 /* Random consumers, deliveries, settles, gets, recovers and closes on a few channels: every delivery gets exactly
  * one record, and none is left once the connection ends. */
 START_TEST(randomized_one_record_per_delivery)
@@ -525,6 +612,7 @@ int main(void)
 	tcase_add_test(tc, consumer_stalled_and_near_timeout);
 	tcase_add_test(tc, requeue_loop_unbounded_prefetch_global_qos);
 	tcase_add_test(tc, fan_out_links_each_delivery_to_its_publish);
+	tcase_add_test(tc, observer_decodes_the_consumer_side);
 	tcase_add_loop_test(tc, randomized_one_record_per_delivery, 0, 4);
 	suite_add_tcase(s, tc);
 	return track_suite_run(s);
