@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 
@@ -20,7 +21,7 @@ import pika.exceptions
 
 from scenario_lib import params
 from tapharness import (BROKER_PORT, CLIENTS_DIR, SOURCE_DIR, TapTestCase, free_port, http_get, main,
-                        require_broker, wait_for)
+                        read_records, replay, require_broker, wait_for, without_identity)
 
 CONSUMER_SRC = os.path.join(SOURCE_DIR, "tests", "clients", "consumer")
 
@@ -499,6 +500,24 @@ class ConsumerTest(TapTestCase):
     def test_node_amqplib(self):
         js = install_node_consumer()
         self.run_client(lambda url: ["node", js, url], 50)
+
+    # ---- replay ----
+
+    def test_replay_of_the_pcap_gives_the_same_records(self):
+        n = 30
+        publish_direct(self.queue, self.ids(n))
+        d = tempfile.mkdtemp(prefix="amqptap-consume-")
+        self.addCleanup(shutil.rmtree, d)
+        cap = os.path.join(d, "live.pcapng")
+        tap = self.start_tap(["--pcap", cap], frames=False)
+        self.pika_pattern(tap.port, n)
+        live = [r for r in self.finish(tap) if r["type"] in ("delivery", "consumer", "warning")]
+        out = os.path.join(d, "replay.jsonl")
+        r = replay(cap, BROKER_PORT, verdicts=out)
+        self.assertEqual(r.returncode, 0, r.stderr())
+        rep = [x for x in read_records(out) if x["type"] in ("delivery", "consumer", "warning")]
+        self.assertEqual(len([x for x in rep if x["type"] == "delivery"]), n)
+        self.assertEqual(without_identity(self, live), rep, "live and replay records differ")
 
     # ---- sniff ----
 
