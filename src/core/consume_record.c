@@ -67,57 +67,99 @@ void csm_view_of(struct csm_view *v, const struct csm_dlv *d)
 	v->mid = p, v->mid_len = d->mid_len;
 }
 
+static inline char *put(char *p, const void *s, size_t n)
+{
+	memcpy(p, s, n);
+	return p + n;
+}
+#define PUT(p, lit) put(p, lit, sizeof lit - 1)
+
+static char *put_str_or_null(char *p, bool has, const uint8_t *s, size_t len)
+{
+	return has ? tap_json_escape_at(p, s, len) : PUT(p, "null");
+}
+
+static size_t cstr_max(const char *s)
+{
+	return s ? TAP_JSON_ESCAPED_MAX(strlen(s)) : 4;
+}
+
+/* The members a delivery record has at most, but for its strings and its reason's text. */
+#define DELIVERY_FIXED_MAX 1024
+
+/* One per delivery, so written straight into room reserved for its longest form, as the publish record is
+ * (track_record.c): the general writer's comma tracking and bounds checks per member were a quarter of the
+ * instructions of a delivery. */
 void csm_record_delivery(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
                          const struct csm_view *v, const struct csm_outcome *o, int64_t now_us)
 {
-	struct tap_json j;
-	begin(r, &j, c, "delivery", now_us);
-	tap_json_kv_uint(&j, "channel", ch);
-	strn_or_null(&j, "consumer_tag", !v->get && !v->details_lost, v->ctag, v->ctag_len);
-	strn_or_null(&j, "queue", v->has_queue && !v->details_lost, v->queue, v->queue_len);
-	tap_json_kv_uint(&j, "delivery_tag", v->tag);
-	tap_json_kv_bool(&j, "redelivered", v->redelivered);
+	struct tap_buf *b = &r->rec;
+	bool prefix = c->prefix.len > 1 && !c->prefix.oom;
+	const struct csm_reason *why = o->reason;
+	size_t most = DELIVERY_FIXED_MAX + r->head.run_json_len +
+	              (prefix ? c->prefix.len : 64 + cstr_max(c->client) + cstr_max(c->vhost) + cstr_max(c->user)) +
+	              TAP_JSON_ESCAPED_MAX(v->ctag_len) + TAP_JSON_ESCAPED_MAX(v->queue_len) +
+	              TAP_JSON_ESCAPED_MAX(v->exchange_len) + TAP_JSON_ESCAPED_MAX(v->rk_len) +
+	              TAP_JSON_ESCAPED_MAX(v->mid_len) +
+	              (why ? TAP_JSON_ESCAPED_MAX(why->text_len) + cstr_max(why->by) + cstr_max(why->peer) : 0);
+	tap_buf_reset(b);
+	if (!tap_buf_reserve(b, most))
+		return; /* b->oom: counted as a record that could not be written */
+	char *p = TAP_RECORD_HEAD_AT(&r->head, b->data, "delivery", now_us);
+	if (prefix) { /* "conn", "client", "vhost", "user" as publish records have them */
+		p = put(PUT(p, ","), c->prefix.data + 1, c->prefix.len - 1);
+	} else {
+		p = tap_json_uint_at(PUT(p, ",\"conn\":"), c->id);
+		p = put_str_or_null(PUT(p, ",\"client\":"), c->client, (const uint8_t *)c->client,
+		                    c->client ? strlen(c->client) : 0);
+		p = put_str_or_null(PUT(p, ",\"vhost\":"), c->vhost, (const uint8_t *)c->vhost,
+		                    c->vhost ? strlen(c->vhost) : 0);
+		p = put_str_or_null(PUT(p, ",\"user\":"), c->user, (const uint8_t *)c->user, c->user ? strlen(c->user) : 0);
+	}
+	bool lost = v->details_lost;
+	p = tap_json_uint_at(PUT(p, ",\"channel\":"), ch);
+	p = put_str_or_null(PUT(p, ",\"consumer_tag\":"), !v->get && !lost, v->ctag, v->ctag_len);
+	p = put_str_or_null(PUT(p, ",\"queue\":"), v->has_queue && !lost, v->queue, v->queue_len);
+	p = tap_json_uint_at(PUT(p, ",\"delivery_tag\":"), v->tag);
+	p = v->redelivered ? PUT(p, ",\"redelivered\":true") : PUT(p, ",\"redelivered\":false");
 	if (v->get)
-		tap_json_kv_bool(&j, "get", true);
-	strn_or_null(&j, "exchange", !v->details_lost, v->exchange, v->exchange_len);
-	strn_or_null(&j, "routing_key", !v->details_lost, v->rk, v->rk_len);
-	strn_or_null(&j, "message_id", v->has_message_id, v->mid, v->mid_len);
-	if (v->header_lost)
-		tap_json_kv_null(&j, "body_size");
-	else
-		tap_json_kv_uint(&j, "body_size", v->body_size);
-	if (v->has_count)
-		tap_json_kv_int(&j, "delivery_count", v->delivery_count);
-	else
-		tap_json_kv_null(&j, "delivery_count");
-	tap_json_kv_str(&j, "outcome", tap_consume_outcome_name(o->outcome));
+		p = PUT(p, ",\"get\":true");
+	p = put_str_or_null(PUT(p, ",\"exchange\":"), !lost, v->exchange, v->exchange_len);
+	p = put_str_or_null(PUT(p, ",\"routing_key\":"), !lost, v->rk, v->rk_len);
+	p = put_str_or_null(PUT(p, ",\"message_id\":"), v->has_message_id, v->mid, v->mid_len);
+	p = PUT(p, ",\"body_size\":");
+	p = v->header_lost ? PUT(p, "null") : tap_json_uint_at(p, v->body_size);
+	p = PUT(p, ",\"delivery_count\":");
+	p = v->has_count ? tap_json_int_at(p, v->delivery_count) : PUT(p, "null");
+	const char *outcome = tap_consume_outcome_name(o->outcome);
+	p = put(PUT(p, ",\"outcome\":\""), outcome, strlen(outcome));
+	p = PUT(p, "\"");
 	if (o->outcome == TAP_CONSUME_OUT_NACK || o->outcome == TAP_CONSUME_OUT_REJECT)
-		tap_json_kv_bool(&j, "requeue", o->requeue);
-	if (o->outcome <= TAP_CONSUME_OUT_REJECT) {
-		tap_json_kv_int(&j, "settle_us", o->t_settle - v->t_dlv);
-		tap_json_kv_bool(&j, "multiple", o->multiple);
+		p = o->requeue ? PUT(p, ",\"requeue\":true") : PUT(p, ",\"requeue\":false");
+	bool settled = o->outcome <= TAP_CONSUME_OUT_REJECT;
+	if (settled) {
+		p = tap_json_int_at(PUT(p, ",\"settle_us\":"), o->t_settle - v->t_dlv);
+		p = o->multiple ? PUT(p, ",\"multiple\":true") : PUT(p, ",\"multiple\":false");
 	}
 	if (v->t_pub) { /* its publish passed this tap too (linked by message id) */
-		tap_json_kv_int(&j, "queue_us", v->t_dlv - v->t_pub);
-		if (o->outcome <= TAP_CONSUME_OUT_REJECT)
-			tap_json_kv_int(&j, "end_to_end_us", o->t_settle - v->t_pub);
+		p = tap_json_int_at(PUT(p, ",\"queue_us\":"), v->t_dlv - v->t_pub);
+		if (settled)
+			p = tap_json_int_at(PUT(p, ",\"end_to_end_us\":"), o->t_settle - v->t_pub);
 	}
-	if (o->reason) {
-		const struct csm_reason *why = o->reason;
-		tap_json_key(&j, "reason");
-		tap_json_obj_begin(&j);
-		tap_json_kv_str(&j, "by", why->by);
+	if (why) {
+		p = tap_json_escape_at(PUT(p, ",\"reason\":{\"by\":"), why->by, strlen(why->by));
 		if (why->peer)
-			tap_json_kv_str(&j, "peer", why->peer);
+			p = tap_json_escape_at(PUT(p, ",\"peer\":"), why->peer, strlen(why->peer));
 		if (why->has_code)
-			tap_json_kv_uint(&j, "code", why->code);
+			p = tap_json_uint_at(PUT(p, ",\"code\":"), why->code);
 		if (why->text && why->text_len)
-			tap_json_kv_strn(&j, "text", why->text, why->text_len);
-		tap_json_obj_end(&j);
+			p = tap_json_escape_at(PUT(p, ",\"text\":"), why->text, why->text_len);
+		p = PUT(p, "}");
 	}
-	if (v->details_lost || c->prefix_lost)
-		tap_json_kv_bool(&j, "details_lost", true);
-	tap_json_obj_end(&j);
+	if (lost || c->prefix_lost)
+		p = PUT(p, ",\"details_lost\":true");
+	p = PUT(p, "}");
+	b->len = (size_t)(p - b->data);
 }
 
 void csm_record_consumer(struct trk_render *r, const struct tap_track_conn *c, const struct csm_chan *ch,
