@@ -259,8 +259,8 @@ int64_t csm_tick(struct tap_track *t, int64_t now_us)
 /* A delivery was stored at now_us: the time rules may run out for it from then on. */
 static void due_from(struct tap_track *t, int64_t now_us)
 {
-	int64_t soonest = t->conf.stall_after_us < t->conf.consumer_timeout_us / 10 * 8 ? t->conf.stall_after_us
-	                                                                                  : t->conf.consumer_timeout_us / 10 * 8;
+	int64_t near = t->conf.consumer_timeout_us / 10 * 8;
+	int64_t soonest = t->conf.stall_after_us < near ? t->conf.stall_after_us : near;
 	if (now_us + soonest < t->csm_due)
 		t->csm_due = now_us + soonest;
 }
@@ -298,7 +298,8 @@ static void note_redelivery(struct tap_track_conn *c, struct csm_chan *ch, const
 		*e = (struct csm_redelivery){.key = key, .n = 0, .t_first = now_us};
 	}
 	if (++e->n >= TAP_CONSUME_LOOP_REDELIVERIES) {
-		struct csm_warn w = {.v = v, .k1 = "redeliveries", .v1 = e->n, .k2 = "within_us", .v2 = now_us - e->t_first};
+		struct csm_warn w = {.v = v, .k1 = "redeliveries", .v1 = e->n, .k2 = "within_us",
+		                     .v2 = now_us - e->t_first};
 		warn_once(c, ch, TAP_TRACK_RULE_REQUEUE_LOOP, &w, now_us);
 	}
 }
@@ -689,17 +690,18 @@ void tap_consume_deliver(struct tap_track_conn *c, uint16_t id, const struct tap
 	}
 	struct csm_dlv *e = &ch->dlv[ch->len++];
 	*e = (struct csm_dlv){.tag = d->delivery_tag, .t_dlv = now_us, .t_pub = v.t_pub, .body_size = d->body_size,
-	                      .delivery_count = d->delivery_count, .ctag_len = v.ctag_len, .queue_len = (uint8_t)v.queue_len,
-	                      .exchange_len = v.exchange_len, .rk_len = v.rk_len, .mid_len = v.mid_len};
-	e->flags = (uint8_t)((d->redelivered ? CSM_FLAG_REDELIVERED : 0) | (d->get ? CSM_FLAG_GET : 0) |
-	                     (v.has_message_id ? CSM_FLAG_HAS_MESSAGE_ID : 0) |
-	                     (d->has_delivery_count ? CSM_FLAG_HAS_COUNT : 0) | (d->header_lost ? CSM_FLAG_NO_HEADER : 0) |
-	                     (has_queue ? 0 : CSM_FLAG_NO_QUEUE));
+	                      .delivery_count = d->delivery_count, .ctag_len = v.ctag_len,
+	                      .queue_len = (uint8_t)v.queue_len, .exchange_len = v.exchange_len, .rk_len = v.rk_len,
+	                      .mid_len = v.mid_len};
+	unsigned flags = (d->redelivered ? CSM_FLAG_REDELIVERED : 0) | (d->get ? CSM_FLAG_GET : 0);
+	flags |= (v.has_message_id ? CSM_FLAG_HAS_MESSAGE_ID : 0) | (d->has_delivery_count ? CSM_FLAG_HAS_COUNT : 0);
+	flags |= (d->header_lost ? CSM_FLAG_NO_HEADER : 0) | (has_queue ? 0 : CSM_FLAG_NO_QUEUE);
+	e->flags = (uint8_t)flags;
 	e->blob = d->details_lost || !blen ? NULL : trk_alloc(t, blen);
 	if (e->blob) {
 		char *p = e->blob;
-		const struct tap_slice parts[] = {{v.ctag, v.ctag_len}, {v.queue, v.queue_len}, {v.exchange, v.exchange_len},
-		                                  {v.rk, v.rk_len}, {v.mid, v.mid_len}};
+		const struct tap_slice parts[] = {{v.ctag, v.ctag_len}, {v.queue, v.queue_len},
+		                                  {v.exchange, v.exchange_len}, {v.rk, v.rk_len}, {v.mid, v.mid_len}};
 		for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
 			if (parts[i].len)
 				memcpy(p, parts[i].ptr, parts[i].len);

@@ -114,7 +114,8 @@ void csm_record_delivery(struct trk_render *r, const struct tap_track_conn *c, u
 		                    c->client ? strlen(c->client) : 0);
 		p = put_str_or_null(PUT(p, ",\"vhost\":"), c->vhost, (const uint8_t *)c->vhost,
 		                    c->vhost ? strlen(c->vhost) : 0);
-		p = put_str_or_null(PUT(p, ",\"user\":"), c->user, (const uint8_t *)c->user, c->user ? strlen(c->user) : 0);
+		p = put_str_or_null(PUT(p, ",\"user\":"), c->user, (const uint8_t *)c->user,
+		                    c->user ? strlen(c->user) : 0);
 	}
 	bool lost = v->details_lost;
 	p = tap_json_uint_at(PUT(p, ",\"channel\":"), ch);

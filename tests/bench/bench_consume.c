@@ -67,7 +67,8 @@ int main(int argc, char **argv)
 	int port = 5672, prefetch = 100;
 	long n = 100000, size = 64;
 	if (argc < 2)
-		die("usage: bench_consume fill|consume [-H host] [-p port] [-q queue] [-n msgs] [-s bytes] [-P prefetch]");
+		die("usage: bench_consume fill|consume [-H host] [-p port] [-q queue] [-n msgs] [-s bytes] "
+		    "[-P prefetch]");
 	const char *mode = argv[1];
 	int opt;
 	optind = 2;
