@@ -60,6 +60,12 @@ CONF
 	fi
 	[ -e "$TAP_BROKER_DIR/enabled_plugins" ] || echo '[].' >"$TAP_BROKER_DIR/enabled_plugins"
 	[ -e "$TAP_BROKER_DIR/advanced.config" ] || echo '[].' >"$TAP_BROKER_DIR/advanced.config"
+	# Optional short consumer timeout (tests/integration/test_consumer.py): the channel's tick that checks it
+	# runs every second instead of every minute, so a delivery left unacked is closed for about on time.
+	if [ -n "${TAP_BROKER_CONSUMER_TIMEOUT_MS:-}" ]; then
+		echo "consumer_timeout = $TAP_BROKER_CONSUMER_TIMEOUT_MS" >>"$TAP_BROKER_DIR/rabbitmq.conf"
+		echo '[{rabbit, [{channel_tick_interval, 1000}]}].' >"$TAP_BROKER_DIR/advanced.config"
+	fi
 	: >"$TAP_BROKER_DIR/rabbitmq-env.conf"
 }
 

@@ -252,6 +252,8 @@ int app_outputs_open(struct app *app)
 	struct tap_track_conf tconf = {
 		.return_window_us = (int64_t)conf->return_window_ms * 1000,
 		.late_return_us = (int64_t)conf->late_return_ms * 1000,
+		.stall_after_us = (int64_t)conf->stall_after_s * 1000000,
+		.consumer_timeout_us = (int64_t)conf->consumer_timeout_ms * 1000,
 		.max_outstanding = conf->max_outstanding,
 		.max_memory = conf->max_tracking_memory,
 		.header_values = conf->header_values,

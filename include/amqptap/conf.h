@@ -50,6 +50,8 @@ struct tap_conf {
 	uint32_t body_bytes;
 	uint32_t return_window_ms;
 	uint32_t late_return_ms;
+	uint32_t stall_after_s;       /* consumer_stalled */
+	uint32_t consumer_timeout_ms; /* unacked_near_timeout */
 	uint32_t max_outstanding;
 	uint64_t max_tracking_memory; /* bytes; 0: TAP_TRACK_MAX_MEMORY_DEFAULT */
 	uint32_t grace_ms;

@@ -7,6 +7,7 @@
 #ifndef AMQPTAP_METRICS_H
 #define AMQPTAP_METRICS_H
 
+#include "amqptap/consume.h"
 #include "amqptap/dir.h"
 #include "amqptap/jsonl.h"
 #include "amqptap/out_loss.h"
@@ -138,6 +139,8 @@ struct tap_metrics_snapshot {
 	/* the tracker (tap_metrics_collect_track) */
 	struct tap_track_stats track;
 	struct tap_metrics_hist confirm;
+	struct tap_consume_stats consume; /* the consumer side (amqptap/consume.h) */
+	struct tap_metrics_hist settle;   /* its deliver -> settle latency */
 	uint64_t confirm_p50_us, confirm_p90_us, confirm_p99_us, confirm_max_us;
 	uint64_t channels_open, connections_blocked;
 	uint64_t decode_errors; /* decode_error records (tap_observer) */

@@ -21,6 +21,8 @@
 #define TAP_TRACK_MAX_OUTSTANDING_DEFAULT 1000000u
 #define TAP_TRACK_MAX_MEMORY_DEFAULT (UINT64_C(256) << 20)
 #define TAP_TRACK_TOPOLOGY_INTERVAL_US_DEFAULT 60000000
+#define TAP_TRACK_STALL_AFTER_US_DEFAULT 30000000
+#define TAP_TRACK_CONSUMER_TIMEOUT_US_DEFAULT (INT64_C(30) * 60 * 1000000) /* RabbitMQ's consumer_timeout */
 
 /* The version of the record layout, in each connection open record; raised when a member changes meaning. */
 #define TAP_TRACK_SCHEMA 2 /* 2: body_size may be null (a publish cut before its content header) */
@@ -53,6 +55,10 @@ struct tap_track_conf {
 	const char *tap_id;  /* --tap-id */
 	const char *run;     /* this process's id: at most TAP_TRACK_RUN_MAX bytes of [0-9a-z] */
 	int64_t started_us;  /* when this process started */
+	/* The consumer warnings: consumer_stalled after this long with prefetch deliveries unacked and no settle;
+	 * unacked_near_timeout at 80 % of the broker's consumer_timeout. 0: the defaults. */
+	int64_t stall_after_us;
+	int64_t consumer_timeout_us;
 	/* Comma-separated header keys whose values publish records carry (--header-values); NULL: none. Not copied:
 	 * it must outlive the tracker. */
 	const char *header_values;
@@ -324,6 +330,12 @@ enum tap_track_rule {
 	TAP_TRACK_RULE_AMBIGUOUS_RETURN,
 	TAP_TRACK_RULE_DROPPED_BY_TOPOLOGY, /* --definitions: a publish not mandatory that the model routes nowhere */
 	TAP_TRACK_RULE_TOPOLOGY_MISMATCH,   /* --definitions: a Return or a routed mandatory ack the model disagrees with */
+	/* the consumer side (amqptap/consume.h) */
+	TAP_TRACK_RULE_CONSUMER_STALLED,
+	TAP_TRACK_RULE_REQUEUE_LOOP,
+	TAP_TRACK_RULE_UNBOUNDED_PREFETCH,
+	TAP_TRACK_RULE_GLOBAL_QOS,
+	TAP_TRACK_RULE_UNACKED_NEAR_TIMEOUT,
 	TAP_TRACK_N_RULES,
 };
 /* The rule's name as records write it. */

@@ -46,6 +46,13 @@ static const struct tap_conf_option options[] = {
 	 .arg = "MS", .def_u32 = TAP_TRACK_LATE_RETURN_US_DEFAULT / 1000,
 	 .help = "how long an acked mandatory publish waits for a late Return, and a plain-channel publish for a "
 	         "close that refuses it"},
+	/* the consumer warnings (amqptap/consume.h) */
+	{.name = "stall-after", .kind = TAP_OPT_U32, .offset = FIELD(stall_after_s), .min = 1, .max = 86400u,
+	 .arg = "S", .def_u32 = TAP_TRACK_STALL_AFTER_US_DEFAULT / 1000000,
+	 .help = "consumer_stalled: a channel with prefetch deliveries unacked and no ack for this long"},
+	{.name = "consumer-timeout", .kind = TAP_OPT_U32, .offset = FIELD(consumer_timeout_ms), .min = 1000,
+	 .max = UINT32_MAX, .arg = "MS", .def_u32 = (uint32_t)(TAP_TRACK_CONSUMER_TIMEOUT_US_DEFAULT / 1000),
+	 .help = "the broker's consumer_timeout: unacked_near_timeout fires at 80 % of it"},
 	{.name = "header-values", .kind = TAP_OPT_TEXT, .offset = FIELD(header_values), .arg = "KEY[,KEY...]",
 	 .def_shown = "off",
 	 .help = "write these headers' values in publish records (header_values; they may hold personal data)"},

@@ -3,6 +3,7 @@
  * conn_record.c, the capture copy to conn_capture.c (conn_int.h draws how the files call one way). */
 #include "conn_int.h"
 
+#include "amqptap/consume.h"
 #include "amqptap/status.h"
 
 #include <stdlib.h>
@@ -83,9 +84,12 @@ void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 {
 	if (!c)
 		return;
-	for (size_t i = 0; i < c->n_chans; i++)
+	for (size_t i = 0; i < c->n_chans; i++) {
 		if (c->chans[i].dir[TAP_C2S].kind == PENDING_PUBLISH)
 			conn_pending_cut(c, c->chans[i].number, &c->chans[i].dir[TAP_C2S], now_us);
+		if (c->chans[i].dir[TAP_S2C].kind == PENDING_DELIVER) /* each delivery has its record too */
+			conn_pending_cut(c, c->chans[i].number, &c->chans[i].dir[TAP_S2C], now_us);
+	}
 	tap_track_conn_uncharge(c->tc, c->chans_charged); /* the tracker's connection ends now */
 	tap_track_conn_end(c->tc, reason_by, now_us);
 	if (c->capture)
@@ -199,6 +203,7 @@ void tap_conn_gap(struct tap_conn *c, enum tap_dir dir, uint64_t offset, uint64_
 		conn_pending_cut(c, c->chans[i].number, &c->chans[i].dir[dir], now_us);
 	tap_track_conn_gap(c->tc, d->gapped && dir == TAP_C2S ? TAP_TRACK_GAP_SEQ_LOST : TAP_TRACK_GAP_SEQ_KNOWN,
 			   now_us);
+	tap_consume_conn_gap(c->tc, now_us); /* a settle or a delivery may have been lost */
 	if (dir == TAP_C2S)
 		tap_track_conn_unseen(c->tc, "capture_gap", now_us);
 	d->gapped = true;

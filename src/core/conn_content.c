@@ -2,6 +2,7 @@
  * wanted headers kept from its content header, its body counted to body-size, then handed to the tracker. */
 #include "conn_int.h"
 
+#include "amqptap/consume.h"
 #include "amqptap/props.h"
 #include "amqptap/status.h"
 #include "amqptap/table.h"
@@ -162,6 +163,24 @@ static void pending_finish(struct tap_conn *c, uint16_t channel, struct pending 
 			.details_lost = p->store.oom,
 		};
 		tap_track_return(c->tc, channel, &r, now_us);
+	} else if (p->kind == PENDING_DELIVER) {
+		struct tap_delivery d = {
+			.consumer_tag = conn_span_slice(p, p->reply_text),
+			.exchange = conn_span_slice(p, p->exchange),
+			.routing_key = conn_span_slice(p, p->routing_key),
+			.message_id = conn_span_slice(p, p->message_id),
+			.get = p->get,
+			.redelivered = p->redelivered,
+			.has_message_id = p->has_message_id,
+			.has_delivery_count = p->has_delivery_count,
+			.delivery_count = p->delivery_count,
+			.delivery_tag = p->delivery_tag,
+			.body_size = p->body_size,
+			.details_lost = p->store.oom,
+			.content_cut = cut,
+			.header_lost = cut && !p->have_header,
+		};
+		tap_consume_deliver(c->tc, channel, &d, now_us);
 	}
 	conn_pending_reset(c, p, PENDING_NONE);
 	p->ended = true;
@@ -175,13 +194,48 @@ static void pending_complete(struct tap_conn *c, uint16_t channel, struct pendin
 /* Content that will never be finished (another method on its channel, or
  * the connection ended). A publish still counts: the client sent its
  * basic.publish, so it gets its record (the broker cannot have taken it,
- * and the connection or channel end will say so). A return is dropped. */
+ * and the connection or channel end will say so); so does a delivery. A return is dropped. */
 void conn_pending_cut(struct tap_conn *c, uint16_t channel, struct pending *p, int64_t now_us)
 {
-	if (p->kind == PENDING_PUBLISH)
+	if (p->kind == PENDING_PUBLISH || p->kind == PENDING_DELIVER)
 		pending_finish(c, channel, p, PENDING_CUT, now_us);
 	else
 		conn_pending_reset(c, p, PENDING_NONE);
+}
+
+/* A delivery's content header: of its properties only the message id and the x-delivery-count header (quorum
+ * queues) are kept. */
+static void deliver_header(struct tap_conn *c, uint16_t channel, struct pending *p, const struct tap_frame_ev *ev,
+			   int64_t now_us)
+{
+	struct tap_props props;
+	int rc = tap_props_decode(ev->data, ev->len, &props);
+	p->have_header = true;
+	p->body_size = props.body_size;
+	if (rc == TAP_OK) {
+		if (props.flags & TAP_PROP_MESSAGE_ID) {
+			p->has_message_id = true;
+			p->message_id = conn_keep(c, p, props.message_id.ptr, props.message_id.len);
+		}
+		struct tap_field f;
+		if ((props.flags & TAP_PROP_HEADERS) &&
+		    tap_table_find(props.headers.ptr, props.headers.len, "x-delivery-count", &f)) {
+			switch (f.type) {
+			case 'b': case 's': case 'I': case 'l': case 'L':
+				p->has_delivery_count = true;
+				p->delivery_count = f.i;
+				break;
+			case 'B': case 'u': case 'i': case 'T':
+				p->has_delivery_count = true;
+				p->delivery_count = f.u > INT64_MAX ? INT64_MAX : (int64_t)f.u;
+				break;
+			default:
+				break;
+			}
+		}
+	}
+	if (p->body_size == 0)
+		pending_complete(c, channel, p, now_us);
 }
 
 void conn_on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_frame_ev *ev, int64_t now_us)
@@ -191,7 +245,11 @@ void conn_on_header(struct tap_conn *c, enum tap_dir dir, const struct tap_frame
 		return;
 	struct pending *p = &ch->dir[dir];
 	if (p->kind == PENDING_NONE || p->have_header)
-		return; /* content of a deliver/get-ok, or out of sequence: not ours to track */
+		return; /* out of sequence: not ours to track */
+	if (p->kind == PENDING_DELIVER) {
+		deliver_header(c, ev->channel, p, ev, now_us);
+		return;
+	}
 	struct tap_props props;
 	int rc = tap_props_decode(ev->data, ev->len, &props);
 	p->have_header = true;

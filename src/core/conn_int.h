@@ -24,7 +24,7 @@
 #include <string.h>
 
 /* Content being assembled on one channel in one direction. */
-enum pending_kind { PENDING_NONE, PENDING_PUBLISH, PENDING_RETURN };
+enum pending_kind { PENDING_NONE, PENDING_PUBLISH, PENDING_RETURN, PENDING_DELIVER };
 
 /* Strings of the pending method and its header, copied into `store`
  * because the decoder's buffers are only valid until the next feed. */
@@ -50,6 +50,10 @@ struct pending {
 	uint8_t ident_kind;
 	bool fp_on, fp_stream;
 	uint64_t ident;
+	/* PENDING_DELIVER: a basic.deliver or get-ok (its consumer tag in reply_text's span) */
+	bool get, redelivered, has_delivery_count;
+	int64_t delivery_count;
+	uint64_t delivery_tag;
 };
 
 struct channel {

@@ -2,6 +2,7 @@
  * connection's own state takes from them: login, vhost, frame_max. */
 #include "conn_int.h"
 
+#include "amqptap/consume.h"
 #include "amqptap/dialect.h"
 #include "amqptap/sasl.h"
 #include "amqptap/status.h"
@@ -81,6 +82,113 @@ static void on_start_ok(struct tap_conn *c, const struct tap_method *m)
 		tap_track_conn_user(c->tc, sasl.user);
 }
 
+/* The client's side of consuming (0-9-1 §1.8.3): onto the consumer tracker (amqptap/consume.h). Consumer acks are
+ * the client's basic.ack/nack, a tag space of their own (PROTOCOL §8). */
+static void on_client_consumer_method(struct tap_conn *c, uint16_t channel, const struct tap_method *m,
+				      int64_t now_us)
+{
+	struct tap_track_conn *tc = c->tc;
+	switch (m->def->id) {
+	case TAP_BASIC_QOS:
+		tap_consume_qos(tc, channel, (uint16_t)m->args[TAP_ARG_BASIC_QOS_PREFETCH_COUNT].u,
+				m->args[TAP_ARG_BASIC_QOS_GLOBAL].u != 0, now_us);
+		break;
+	case TAP_BASIC_CONSUME:
+		tap_consume_consume(tc, channel, arg_slice(m, TAP_ARG_BASIC_CONSUME_CONSUMER_TAG),
+				    arg_slice(m, TAP_ARG_BASIC_CONSUME_QUEUE), m->args[TAP_ARG_BASIC_CONSUME_NO_ACK].u != 0,
+				    m->args[TAP_ARG_BASIC_CONSUME_EXCLUSIVE].u != 0,
+				    m->args[TAP_ARG_BASIC_CONSUME_NO_WAIT].u != 0, now_us);
+		break;
+	case TAP_BASIC_CANCEL:
+		tap_consume_cancel(tc, channel, arg_slice(m, TAP_ARG_BASIC_CANCEL_CONSUMER_TAG), TAP_BY_CLIENT,
+				   m->args[TAP_ARG_BASIC_CANCEL_NO_WAIT].u != 0, now_us);
+		break;
+	case TAP_BASIC_GET:
+		tap_consume_get(tc, channel, arg_slice(m, TAP_ARG_BASIC_GET_QUEUE),
+				m->args[TAP_ARG_BASIC_GET_NO_ACK].u != 0, now_us);
+		break;
+	case TAP_BASIC_ACK:
+		tap_consume_settle(tc, channel, TAP_CONSUME_ACK, m->args[TAP_ARG_BASIC_ACK_DELIVERY_TAG].u,
+				   m->args[TAP_ARG_BASIC_ACK_MULTIPLE].u != 0, false, now_us);
+		break;
+	case TAP_BASIC_NACK:
+		tap_consume_settle(tc, channel, TAP_CONSUME_NACK, m->args[TAP_ARG_BASIC_NACK_DELIVERY_TAG].u,
+				   m->args[TAP_ARG_BASIC_NACK_MULTIPLE].u != 0,
+				   m->args[TAP_ARG_BASIC_NACK_REQUEUE].u != 0, now_us);
+		break;
+	case TAP_BASIC_REJECT:
+		tap_consume_settle(tc, channel, TAP_CONSUME_REJECT, m->args[TAP_ARG_BASIC_REJECT_DELIVERY_TAG].u, false,
+				   m->args[TAP_ARG_BASIC_REJECT_REQUEUE].u != 0, now_us);
+		break;
+	case TAP_BASIC_RECOVER:
+		tap_consume_recover(tc, channel, m->args[TAP_ARG_BASIC_RECOVER_REQUEUE].u != 0, now_us);
+		break;
+	case TAP_BASIC_RECOVER_ASYNC:
+		tap_consume_recover(tc, channel, m->args[TAP_ARG_BASIC_RECOVER_ASYNC_REQUEUE].u != 0, now_us);
+		break;
+	default:
+		break;
+	}
+}
+
+/* A basic.deliver or get-ok: its content is assembled like a publish's (conn_content.c), then handed on. */
+static void start_delivery(struct tap_conn *c, uint16_t channel, const struct tap_method *m, bool get,
+			   int64_t now_us)
+{
+	struct channel *ch = conn_channel_get(c, channel, now_us);
+	if (!ch)
+		return;
+	struct pending *p = &ch->dir[TAP_S2C];
+	conn_pending_reset(c, p, PENDING_DELIVER);
+	struct tap_slice x, rk;
+	p->get = get;
+	if (get) {
+		p->delivery_tag = m->args[TAP_ARG_BASIC_GET_OK_DELIVERY_TAG].u;
+		p->redelivered = m->args[TAP_ARG_BASIC_GET_OK_REDELIVERED].u != 0;
+		x = arg_slice(m, TAP_ARG_BASIC_GET_OK_EXCHANGE);
+		rk = arg_slice(m, TAP_ARG_BASIC_GET_OK_ROUTING_KEY);
+	} else {
+		struct tap_slice tag = arg_slice(m, TAP_ARG_BASIC_DELIVER_CONSUMER_TAG);
+		p->reply_text = conn_keep(c, p, tag.ptr, tag.len);
+		p->delivery_tag = m->args[TAP_ARG_BASIC_DELIVER_DELIVERY_TAG].u;
+		p->redelivered = m->args[TAP_ARG_BASIC_DELIVER_REDELIVERED].u != 0;
+		x = arg_slice(m, TAP_ARG_BASIC_DELIVER_EXCHANGE);
+		rk = arg_slice(m, TAP_ARG_BASIC_DELIVER_ROUTING_KEY);
+	}
+	p->exchange = conn_keep(c, p, x.ptr, x.len);
+	p->routing_key = conn_keep(c, p, rk.ptr, rk.len);
+}
+
+/* The broker's side of consuming. */
+static void on_broker_consumer_method(struct tap_conn *c, uint16_t channel, const struct tap_method *m,
+				      int64_t now_us)
+{
+	struct tap_track_conn *tc = c->tc;
+	switch (m->def->id) {
+	case TAP_BASIC_CONSUME_OK:
+		tap_consume_consume_ok(tc, channel, arg_slice(m, TAP_ARG_BASIC_CONSUME_OK_CONSUMER_TAG), now_us);
+		break;
+	case TAP_BASIC_CANCEL: /* the queue was deleted (consumer_cancel_notify) */
+		tap_consume_cancel(tc, channel, arg_slice(m, TAP_ARG_BASIC_CANCEL_CONSUMER_TAG), TAP_BY_BROKER, true,
+				   now_us);
+		break;
+	case TAP_BASIC_CANCEL_OK:
+		tap_consume_cancel_ok(tc, channel, arg_slice(m, TAP_ARG_BASIC_CANCEL_OK_CONSUMER_TAG), now_us);
+		break;
+	case TAP_BASIC_DELIVER:
+		start_delivery(c, channel, m, false, now_us);
+		break;
+	case TAP_BASIC_GET_OK:
+		start_delivery(c, channel, m, true, now_us);
+		break;
+	case TAP_BASIC_GET_EMPTY:
+		tap_consume_get_empty(tc, channel, now_us);
+		break;
+	default:
+		break;
+	}
+}
+
 /* Client -> broker methods (0-9-1 §4.2.4 and the class sections). */
 static void on_client_method(struct tap_conn *c, uint16_t channel, const struct tap_method *m, int64_t now_us)
 {
@@ -109,13 +217,19 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 				     arg_slice(m, TAP_ARG_CONNECTION_CLOSE_REPLY_TEXT), now_us);
 		break;
 	case TAP_CHANNEL_OPEN:
+		/* a number opened again: what the consumer tracker kept of it is over */
+		tap_consume_channel_close(tc, channel, TAP_BY_CLIENT, 0, (struct tap_slice){NULL, 0}, now_us);
 		tap_track_channel_open(tc, channel, now_us);
 		break;
 	case TAP_CHANNEL_CLOSE:
 		tap_track_channel_close(tc, channel, TAP_BY_CLIENT, (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
 					arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
+		tap_consume_channel_close(tc, channel, TAP_BY_CLIENT,
+					  (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
+					  arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
 		break;
-	case TAP_CHANNEL_CLOSE_OK:
+	case TAP_CHANNEL_CLOSE_OK: /* to the broker's close: the consumer side ended there unless it was not seen */
+		tap_consume_channel_close(tc, channel, TAP_BY_BROKER, 0, (struct tap_slice){NULL, 0}, now_us);
 		tap_track_channel_close_ok(tc, channel, now_us);
 		conn_channel_drop(c, channel);
 		break;
@@ -152,6 +266,7 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 		break;
 	}
 	default:
+		on_client_consumer_method(c, channel, m, now_us);
 		break;
 	}
 }
@@ -187,6 +302,9 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		tap_track_conn_unblocked(tc, now_us);
 		break;
 	case TAP_CHANNEL_CLOSE:
+		tap_consume_channel_close(tc, channel, TAP_BY_BROKER,
+					  (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
+					  arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
 		tap_track_channel_close(tc, channel, TAP_BY_BROKER, (uint16_t)m->args[TAP_ARG_CHANNEL_CLOSE_REPLY_CODE].u,
 					arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
 		if (m->args[TAP_ARG_CHANNEL_CLOSE_CLASS_ID].u == TAP_CLASS_BASIC &&
@@ -197,6 +315,7 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		tap_track_channel_open_ok(tc, channel, now_us);
 		break;
 	case TAP_CHANNEL_CLOSE_OK:
+		tap_consume_channel_close(tc, channel, TAP_BY_CLIENT, 0, (struct tap_slice){NULL, 0}, now_us);
 		tap_track_channel_close_ok(tc, channel, now_us);
 		conn_channel_drop(c, channel);
 		break;
@@ -236,6 +355,7 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		break;
 	}
 	default:
+		on_broker_consumer_method(c, channel, m, now_us);
 		break;
 	}
 }

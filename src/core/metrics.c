@@ -65,6 +65,9 @@ void tap_metrics_collect_track(struct tap_metrics_snapshot *s, const struct tap_
 	s->confirm_p90_us = tap_track_confirm_quantile(t, 0.9);
 	s->confirm_p99_us = tap_track_confirm_quantile(t, 0.99);
 	s->confirm_max_us = tap_track_confirm_quantile(t, 1.0);
+	tap_consume_get_stats(t, &s->consume);
+	memset(&s->settle, 0, sizeof s->settle);
+	tap_metrics_hist_fold(&s->settle, tap_consume_settle_hist(t));
 	s->channels_open = 0;
 	s->connections_blocked = 0;
 	tap_track_each_conn(t, add_conn, s);

@@ -57,6 +57,24 @@ enum metric_type { COUNTER, GAUGE, HISTOGRAM };
 	X("channels_unfollowed_total", COUNTER,                                                                   \
 	  "Channels not followed: past the memory budget (their publishes are written unknown).",                 \
 	  s->track.chans_unfollowed, "channels_unfollowed")                                                        \
+	X("deliveries_total", COUNTER, "basic.deliver and get-ok with their content, sent to consumers.",      \
+	  s->consume.deliveries, "deliveries")                                                                     \
+	X("delivery_records_total", COUNTER, "delivery records written: one per delivery once it is settled or ended.", \
+	  s->consume.delivery_records, "delivery_records")                                                         \
+	X("deliveries_unacked", GAUGE, "Deliveries waiting for the consumer's ack, nack or reject.",              \
+	  s->consume.unacked, "deliveries_unacked")                                                                \
+	X("redeliveries_total", COUNTER, "Deliveries the broker flagged redelivered.", s->consume.redelivered,    \
+	  "redeliveries")                                                                                          \
+	X("requeues_total", COUNTER, "Deliveries the consumer nacked or rejected with requeue.",                 \
+	  s->consume.requeued, "requeues")                                                                         \
+	X("deliveries_evicted_total", COUNTER,                                                                    \
+	  "Deliveries written as unknown (evicted) over the unacked bound or --max-tracking-memory.",              \
+	  s->consume.evicted, "deliveries_evicted")                                                                \
+	X("consumer_settles_stray_total", COUNTER, "Consumer acks, nacks and rejects for a tag not unacked.",     \
+	  s->consume.stray_settles, "consumer_settles_stray")                                                      \
+	X("consumers_open", GAUGE, "Consumers started (consume-ok) and not cancelled.", s->consume.consumers_open, \
+	  "consumers_open")                                                                                        \
+	X("consumers_total", COUNTER, "Consumers started.", s->consume.consumers_total, "consumers_total")       \
 	X("decode_errors_total", COUNTER, "Streams whose decoding stopped (decode_error records).",              \
 	  s->decode_errors, "decode_errors")                                                                       \
 	X("records_written_total", COUNTER, "Records handed to --verdicts (every type).",                       \

@@ -220,6 +220,12 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 	labelled(b, "publish_confirms_total", "confirm", "none", s->track.confirm_none);
 	labelled(b, "publish_confirms_total", "confirm", "unknown", s->track.confirm_unknown);
 
+	family(b, "delivery_outcomes_total", COUNTER,
+	       "delivery records by outcome: ack, nack, reject, auto_ack, unknown (the channel or connection ended).");
+	for (int o = 0; o < TAP_CONSUME_N_OUTCOMES; o++)
+		labelled(b, "delivery_outcomes_total", "outcome", tap_consume_outcome_name((enum tap_consume_outcome)o),
+		         s->consume.by_outcome[o]);
+
 	family(b, "returns_total", COUNTER, "Returned publish records by the Basic.Return reply code.");
 	for (size_t i = 0; i < t->n_codes; i++) {
 		char code[8];
@@ -229,7 +235,7 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 	if (t->returns_other_code)
 		labelled(b, "returns_total", "reply_code", "other", t->returns_other_code);
 
-	family(b, "warnings_total", COUNTER, "Publisher anti-pattern warnings by rule.");
+	family(b, "warnings_total", COUNTER, "Publisher and consumer anti-pattern warnings by rule.");
 	for (int r = 0; r < TAP_TRACK_N_RULES; r++) /* every rule, 0 until it fires */
 		labelled(b, "warnings_total", "rule", tap_track_rule_name((enum tap_track_rule)r),
 		         s->track.warnings_by_rule[r]);
@@ -272,6 +278,8 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 	tap_metrics_hist_fold(&ret, &t->resend_us);
 	render_hist(b, "resend_delay_seconds",
 	            "Time from a publish that ended unknown, nacked or returned to its resend (the same identity).", &ret);
+	render_hist(b, "settle_latency_seconds",
+	            "Time from a delivery's last frame forwarded to the consumer to its ack, nack or reject.", &s->settle);
 	render_exchanges(b, t);
 	render_capture(b, s);
 

@@ -4,6 +4,8 @@
  * (track_verdict.c) decides and writes each one's record. */
 #include "track_event.h"
 
+#include "consume_int.h"
+
 #include "track_budget.h"
 #include "track_ident.h"
 #include "track_record.h"
@@ -259,6 +261,8 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 		trk_chan_first_publish(c, ch, now_us);
 	c->counts.publishes++;
 	t->st.publishes++;
+	if (t->csm_links && p->has_message_id && p->message_id.len) /* a consumer seen: its deliveries may link */
+		csm_link_publish(t, p->message_id, now_us);
 	if (p->details_lost)
 		t->st.oom++;
 	trk_warn_publish(c, ch, p, now_us);
@@ -444,7 +448,11 @@ int64_t tap_track_tick(struct tap_track *t, int64_t now_us)
 			c->next_due = now_us + 1; /* walked in this tick: the next one looks again */
 		(void)tap_heap_set(&t->due, c, c->next_due);
 	}
+	if (now_us >= t->csm_due)
+		t->csm_due = csm_tick(t, now_us);
 	int64_t next = tap_heap_top_key(&t->due);
+	if (t->csm_due < next)
+		next = t->csm_due;
 	return ident_next < next ? ident_next : next;
 }
 

@@ -11,6 +11,7 @@
 #include "track_verdict.h"
 #include "track_warn.h"
 
+#include "consume_int.h"
 #include "mem.h"
 
 #include <stddef.h>
@@ -38,6 +39,11 @@ struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emi
 		t->conf.max_memory = TAP_TRACK_MAX_MEMORY_DEFAULT;
 	if (t->conf.resend_window_us <= 0)
 		t->conf.resend_window_us = TAP_TRACK_RESEND_WINDOW_US_DEFAULT;
+	if (t->conf.stall_after_us <= 0)
+		t->conf.stall_after_us = TAP_TRACK_STALL_AFTER_US_DEFAULT;
+	if (t->conf.consumer_timeout_us <= 0)
+		t->conf.consumer_timeout_us = TAP_TRACK_CONSUMER_TIMEOUT_US_DEFAULT;
+	t->csm_due = INT64_MAX;
 	t->emit = emit_fn;
 	t->ctx = ctx;
 	tap_heap_init(&t->oldest, offsetof(struct trk_chan, oldest_idx), &t->mem);
@@ -81,6 +87,7 @@ static void conn_prefix_update(struct tap_track_conn *c)
 static void conn_free(struct tap_track_conn *c)
 {
 	struct tap_track *t = c->t;
+	csm_conn_free(c);
 	while (c->n_chans > 0 || c->retired) {
 		struct trk_chan *ch = c->retired ? c->retired : c->chans[c->n_chans - 1];
 		t->st.outstanding -= ch->live;
@@ -130,6 +137,7 @@ void tap_track_free(struct tap_track *t)
 	tap_heap_deinit(&t->oldest);
 	tap_heap_deinit(&t->due);
 	trk_topo_free(t);
+	trk_free(t, t->csm_links, CSM_LINKS * sizeof *t->csm_links);
 	trk_render_deinit(&t->render);
 	tap_buf_deinit(&t->extra);
 	free(t);
@@ -350,7 +358,8 @@ static void chan_end(struct tap_track_conn *c, struct trk_chan *ch, const struct
 			unconfirmed++;
 		trk_slot_step(c, ch, n, TRK_EVENT_END, &r, now_us);
 	}
-	trk_record_channel_close(&c->t->render, c, ch->id, &r, unconfirmed, ch->culprit, ch->culprit_len, now_us);
+	trk_record_channel_close(&c->t->render, c, ch->id, &r, unconfirmed, ch->culprit, ch->culprit_len, ch->timed_out,
+	                         ch->timed_out_len, now_us);
 	trk_emit(c->t);
 	trk_warn_chan_end(c, ch, now_us);
 	trk_chan_free(c, ch);
@@ -362,6 +371,7 @@ void tap_track_conn_end(struct tap_track_conn *c, const char *reason_by, int64_t
 	struct trk_reason r;
 	conn_reason(c, reason_by, &r);
 	r.settled = c->settled;
+	csm_conn_end(c, &r, now_us); /* the consumer tracker's deliveries and consumers, before the close record */
 	if (c->retired)
 		chan_end(c, c->retired, &r, now_us);
 	while (c->n_chans > 0) /* in channel order; chan_end frees each */

@@ -23,6 +23,7 @@
 #ifndef AMQPTAP_TRACK_INT_H
 #define AMQPTAP_TRACK_INT_H
 
+#include "amqptap/consume.h"
 #include "amqptap/json.h"
 #include "amqptap/record.h"
 #include "amqptap/track.h"
@@ -194,6 +195,8 @@ struct trk_chan {
 	uint8_t refusal;         /* enum trk_refusal */
 	char *culprit;           /* the JSON object naming the publish that made the broker close it, or NULL */
 	size_t culprit_len;
+	char *timed_out;         /* the JSON object naming the delivery a consumer timeout closed it for (consume.c) */
+	size_t timed_out_len;
 	int32_t active_idx;     /* index in conn->active or -1 */
 	uint32_t oldest_idx;    /* place in t->oldest + 1, 0: not in it */
 	struct tap_track_conn *conn;
@@ -253,6 +256,7 @@ struct tap_track_conn {
 	bool prefix_lost;      /* of which client, vhost or user: its publish records say details_lost too */
 	int64_t next_due;      /* no timer of its channels is due before this: tap_track_tick skips it until then */
 	uint32_t due_idx;      /* place in t->due + 1, 0: not in it (next_due is INT64_MAX) */
+	struct csm_conn *csm;  /* the consumer tracker's state (consume_int.h); NULL until a consumer method */
 };
 
 /* Where a publish's rendered properties hold "header_values" and "header_values_truncated" (--header-values): the
@@ -335,6 +339,10 @@ struct tap_track {
 	struct tap_buf extra; /* the optional members of the publish being stored */
 	struct trk_values extra_values; /* where extra holds the header values */
 	struct tap_track_stats st;
+	struct tap_consume_stats csm_st; /* the consumer tracker's (consume.c) */
+	struct tap_hist csm_hist;        /* its settle latency */
+	int64_t csm_due;                 /* no consumer rule runs out before this (csm_tick) */
+	struct csm_link *csm_links;      /* publish -> delivery links (consume_int.h); NULL until a consumer */
 	struct trk_counts closed_counts; /* of connections already ended */
 	struct tap_hist hist;
 	struct tap_hist resend_hist; /* from an attempt's publish to its resend's (µs) */

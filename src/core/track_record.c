@@ -628,7 +628,7 @@ void trk_record_channel_open(struct trk_render *r, const struct tap_track_conn *
 
 void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
                               const struct trk_reason *why, uint64_t unconfirmed, const char *culprit,
-                              size_t culprit_len, int64_t now_us)
+                              size_t culprit_len, const char *extra, size_t extra_len, int64_t now_us)
 {
 	struct tap_json j;
 	rec_begin(r, &j, "channel", now_us);
@@ -640,6 +640,10 @@ void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn 
 	if (culprit) {
 		tap_json_key(&j, "culprit");
 		tap_json_raw(&j, culprit, culprit_len);
+	}
+	if (extra) { /* members the consumer tracker gave the channel (consume.c) */
+		tap_json_key(&j, "timed_out_delivery");
+		tap_json_raw(&j, extra, extra_len);
 	}
 	tap_json_obj_end(&j);
 }

@@ -49,10 +49,11 @@ void trk_record_channel(struct trk_render *r, const struct tap_track_conn *c, ui
  * publishes are written unknown at once). */
 void trk_record_channel_open(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, bool followed,
                              int64_t now_us);
-/* culprit (NULL: none) is the JSON object of trk_render_culprit. */
+/* culprit (NULL: none) is the JSON object of trk_render_culprit; timed_out (NULL: none) the delivery a consumer
+ * timeout closed the channel for (consume.c), written as "timed_out_delivery". */
 void trk_record_channel_close(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch,
                               const struct trk_reason *why, uint64_t unconfirmed, const char *culprit,
-                              size_t culprit_len, int64_t now_us);
+                              size_t culprit_len, const char *timed_out, size_t timed_out_len, int64_t now_us);
 /* {"conn":..,"channel":..,"seq":..,"message_id":..,"exchange":..,"routing_key":..} of a refused publish. */
 void trk_render_culprit(struct tap_buf *out, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v);
 void trk_record_conn_open(struct trk_render *r, const struct tap_track_conn *c, int64_t now_us);

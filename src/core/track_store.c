@@ -249,6 +249,8 @@ void trk_chan_free(struct tap_track_conn *c, struct trk_chan *ch)
 	trk_free(t, ch->tx_q.v, (size_t)ch->tx_q.cap * sizeof *ch->tx_q.v);
 	if (ch->culprit)
 		trk_free(t, ch->culprit, ch->culprit_len + 1);
+	if (ch->timed_out)
+		trk_free(t, ch->timed_out, ch->timed_out_len + 1);
 	trk_free(t, ch, sizeof *ch);
 }
 

@@ -21,6 +21,11 @@ static const char *const rule_names[TAP_TRACK_N_RULES] = {
     [TAP_TRACK_RULE_AMBIGUOUS_RETURN] = "ambiguous_return",
     [TAP_TRACK_RULE_DROPPED_BY_TOPOLOGY] = "dropped_by_topology",
     [TAP_TRACK_RULE_TOPOLOGY_MISMATCH] = "topology_mismatch",
+    [TAP_TRACK_RULE_CONSUMER_STALLED] = "consumer_stalled",
+    [TAP_TRACK_RULE_REQUEUE_LOOP] = "requeue_loop",
+    [TAP_TRACK_RULE_UNBOUNDED_PREFETCH] = "unbounded_prefetch",
+    [TAP_TRACK_RULE_GLOBAL_QOS] = "global_qos",
+    [TAP_TRACK_RULE_UNACKED_NEAR_TIMEOUT] = "unacked_near_timeout",
 };
 
 const char *tap_track_rule_name(enum tap_track_rule rule)

@@ -2,8 +2,10 @@
  * index in the low 2 bits, chunk size - 1 above), the client stream's length (u16), the client stream (after one of
  * the four accepted protocol headers), the broker stream; both are fed interleaved in chunks. The
  * capture copy must keep every byte count. Exercises 0-8 method mapping, content assembly, body checks, the hold
- * and overwrite logic of the capture copy, and decode errors at any point. */
+ * and overwrite logic of the capture copy, and decode errors at any point, and the consumer tracker: every
+ * delivery decoded has its one record once the connection ended. */
 #include "amqptap/conn.h"
+#include "amqptap/consume.h"
 #include "amqptap/track.h"
 
 #include <stdint.h>
@@ -87,6 +89,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 	}
 	tap_track_shutdown(t, 1000000);
+	struct tap_consume_stats cs; /* every delivery decoded got its one record, none is left unacked */
+	tap_consume_get_stats(t, &cs);
+	if (cs.deliveries != cs.delivery_records || cs.unacked || cs.consumers_open)
+		abort();
 	tap_track_free(t);
 	tap_observer_deinit(&o);
 	return 0;
