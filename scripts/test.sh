@@ -12,6 +12,8 @@ t0=$SECONDS
 build=${TAP_BUILD_DIR:-$TAP_REPO/build}
 asan=${TAP_ASAN_BUILD_DIR:-$TAP_REPO/build-asan}
 export TAP_BROKER_PORT
+# the management API on loopback: test_management_poll polls it (--management), the routing tests read it
+export TAP_BROKER_MGMT_PORT=${TAP_BROKER_MGMT_PORT:-15690}
 failed=()
 broker_started=
 
