@@ -208,7 +208,10 @@ void trk_publish_done(struct tap_track_conn *c, uint16_t id, const struct trk_vi
                       int64_t now_us)
 {
 	struct tap_track *t = c->t;
-	trk_record_publish(&t->render, c, id, v, vd, now_us);
+	struct trk_fault_mark fm, *fault = NULL;
+	if (c->n_fault_marks && v->confirm_mode && trk_fault_take(c, id, v->seq, &fm))
+		fault = &fm;
+	trk_record_publish(&t->render, c, id, v, vd, fault, now_us);
 	trk_emit(t);
 	count_verdict(c, v, vd);
 	if (t->verdict_hook)
