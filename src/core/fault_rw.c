@@ -460,6 +460,11 @@ static void broker_confirm(struct tap_fault_conn *fc, struct fchan *c, const uin
 {
 	uint64_t tag = get64(frame + 11);
 	bool multiple = frame[19] & 1, requeue = frame[19] & 2;
+	if (tag == 0 || tag >= c->next_seq) { /* no tag the client published: not the rewriter's to split (a range of */
+		if (!fc->killing)              /* singles is bounded by the client's publishes, never by this tag) */
+			out(fc, TAP_S2C, frame, 21);
+		return;
+	}
 	uint64_t lo = multiple ? c->last_tag + 1 : tag;
 	if (tag > c->last_tag)
 		c->last_tag = tag;
