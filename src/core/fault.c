@@ -26,7 +26,7 @@ static const struct {
 	[TAP_FAULT_BLOCK] = {"block", false, false},
 	[TAP_FAULT_RETURN] = {"return", false, true},
 	[TAP_FAULT_RETURN_AFTER_ACK] = {"return-after-ack", false, true},
-	[TAP_FAULT_STALL_HEARTBEATS] = {"stall-heartbeats", false, false},
+	[TAP_FAULT_STALL_HEARTBEATS] = {"stall-heartbeats", true, false},
 	[TAP_FAULT_LATENCY] = {"latency", false, false},
 	[TAP_FAULT_BANDWIDTH] = {"bandwidth", false, false},
 };
@@ -241,7 +241,7 @@ int tap_fault_parse(const char *spec, struct tap_fault_rule *out, char *err, siz
 			a = i;
 	if (a < 0)
 		return rule_error(err, cap, spec,
-				  "unknown action '%.40s' (nack, withhold-confirms, delay-confirms, kill)", buf);
+				  "unknown action '%.40s' (nack, withhold-confirms, delay-confirms, kill, stall-heartbeats)", buf);
 	if (!actions[a].done)
 		return rule_error(err, cap, spec, "action %s is not implemented in this build", actions[a].name);
 	out->action = (enum tap_fault_action)a;

@@ -31,6 +31,7 @@
 #define FRAME_METHOD 1
 #define FRAME_HEADER 2
 #define FRAME_BODY 3
+#define FRAME_HEARTBEAT 8
 #define FRAME_END 0xCE
 
 struct ftag {
@@ -331,6 +332,9 @@ static int select_rule(struct tap_fault_conn *fc, const struct fchan *c, const u
 	struct tap_fault_set *set = fc->set;
 	for (size_t i = 0; i < set->n; i++) {
 		const struct tap_fault_rule *r = &set->rules[i];
+		if (r->action != TAP_FAULT_NACK && r->action != TAP_FAULT_WITHHOLD && r->action != TAP_FAULT_DELAY &&
+		    r->action != TAP_FAULT_KILL)
+			continue; /* not selected by publish */
 		if (r->for_ms && fc->now - set->added_us[i] >= (int64_t)r->for_ms * 1000)
 			continue;
 		if (!conn_matches(fc, r) || (r->has_channel && r->channel != c->id) ||
@@ -375,6 +379,37 @@ static void mark(struct tap_fault_conn *fc, uint16_t ch, uint64_t seq, enum tap_
 {
 	if (fc->io->mark)
 		fc->io->mark(fc->io->ctx, ch, seq, saw, rule);
+}
+
+/* The stall-heartbeats rule in force for this connection, or NULL. It acts (one fault record) at the first heartbeat
+ * it keeps from the client. */
+static const struct tap_fault_rule *stall_rule(struct tap_fault_conn *fc)
+{
+	struct tap_fault_set *set = fc->set;
+	for (size_t i = 0; i < set->n; i++) {
+		const struct tap_fault_rule *r = &set->rules[i];
+		if (r->action != TAP_FAULT_STALL_HEARTBEATS || !conn_matches(fc, r))
+			continue;
+		if (r->for_ms && fc->now - set->added_us[i] >= (int64_t)r->for_ms * 1000)
+			continue;
+		return r;
+	}
+	return NULL;
+}
+
+static void act(struct tap_fault_conn *fc, uint32_t rule, enum tap_fault_action a, uint16_t ch, uint64_t seq,
+		uint64_t outstanding, uint32_t ms);
+
+/* A broker heartbeat (kept whole): true when a stall-heartbeats rule keeps it from the client. */
+static bool heartbeat_stalled(struct tap_fault_conn *fc)
+{
+	const struct tap_fault_rule *r = stall_rule(fc);
+	if (!r)
+		return false;
+	struct ctr *k = counter(fc, r->id);
+	if (k && k->acts++ == 0)
+		act(fc, r->id, TAP_FAULT_STALL_HEARTBEATS, 0, 0, 0, 0);
+	return true;
 }
 
 /* ---- output ---- */
@@ -659,6 +694,8 @@ static void frame_done(struct tap_fault_conn *fc, enum tap_dir dir, struct fpars
 	}
 	if (is_method && cls == 20 && (m == 40 || m == 41)) /* the broker closes the channel, or answers the close */
 		chan_drop(fc, p->ch);
+	if (p->type == FRAME_HEARTBEAT && heartbeat_stalled(fc))
+		return;
 	if (!fc->killing)
 		out(fc, dir, f, 7 + p->size + 1);
 }
@@ -734,6 +771,7 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 			p->size = get32(p->hdr + 3);
 			p->left = (uint64_t)p->size + 1;
 			p->collect = (p->type == FRAME_METHOD && p->size <= FAULT_SMALL) ||
+				     (dir == TAP_S2C && p->type == FRAME_HEARTBEAT && p->size == 0) ||
 				     (dir == TAP_C2S && p->type == FRAME_HEADER); /* its body size, at least */
 			if (p->collect) {
 				memcpy(p->small, p->hdr, 7);

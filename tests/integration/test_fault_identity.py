@@ -101,7 +101,7 @@ def normalized(path, kind):
     with open(path) as f:
         for line in f:
             r = json.loads(line)
-            if r.get("type") != kind:
+            if r.get("type", "frame") != kind:  # frame lines have no type
                 continue
             out.append({k: v for k, v in r.items() if k not in VOLATILE and not k.endswith("_us")})
     return out
@@ -141,6 +141,8 @@ class NoRuleIdentity(TapTestCase):
         idle_streams, idle_frames, idle_pubs = self.run_one(AMQPTAP_BIN, "idle-rule", ["--fault", "nack:channel=999"])
         self.assertGreater(len(frames), 60)
         self.assertEqual(len(pubs), 21)
+        self.assertEqual(sorted(streams_ref), [(0, "c2s"), (0, "s2c")], "one connection's two streams")
+        self.assertGreater(min(len(v) for v in streams_ref.values()), 1000)
         self.assertEqual(sorted(streams), sorted(streams_ref))
         for k in streams_ref:
             self.assertEqual(streams[k], streams_ref[k], f"stream {k}")

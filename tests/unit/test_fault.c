@@ -77,6 +77,7 @@ START_TEST(parse_refused)
 	refused("nack:p=1.5", "p: expected a probability");
 	refused("nack:seed=3", "seed: only with p=");
 	refused("nack:channel=0", "channel: expected");
+	refused("stall-heartbeats:every=2", "every: stall-heartbeats is not selected by publish");
 	refused("nack:conn=abc", "conn: expected");
 	refused("block:seconds=5", "not implemented");
 	refused("close-channel:code=406", "not implemented");
@@ -501,6 +502,38 @@ START_TEST(selectors)
 }
 END_TEST
 
+/* stall-heartbeats: the broker's heartbeats are kept from the client (one fault record), everything else passes. */
+START_TEST(heartbeats_stalled)
+{
+	const char *rules[] = {"stall-heartbeats:client=127.0.0.1", NULL};
+	struct fx f;
+	fx_init(&f, rules);
+	feed_client(&f, 1);
+	uint8_t s[64], hb[8];
+	size_t k = frame(hb, 8, 0, NULL, 0);
+	size_t n = 0;
+	memcpy(s + n, hb, k);
+	n += k;
+	n += confirm(s + n, false, 1, false);
+	memcpy(s + n, hb, k);
+	n += k;
+	for (size_t i = 0; i < n; i++) /* a byte at a time: the cut falls everywhere */
+		tap_fault_feed(f.fc, TAP_S2C, s + i, 1, 0, &f.io);
+	ck_assert_uint_eq(f.sink.n[TAP_S2C], 21);
+	ck_assert_mem_eq(f.sink.out[TAP_S2C], s + k, 21);
+	ck_assert_uint_eq(f.sink.n_acts, 1);
+	ck_assert_int_eq(f.sink.acts[0].action, TAP_FAULT_STALL_HEARTBEATS);
+	ck_assert_uint_eq(f.set.acted[TAP_FAULT_STALL_HEARTBEATS], 1);
+	tap_fault_conn_free(f.fc);
+	/* another client's heartbeats pass */
+	const char *other[] = {"stall-heartbeats:client=10.9.9.9", NULL};
+	fx_init(&f, other);
+	tap_fault_feed(f.fc, TAP_S2C, hb, k, 0, &f.io);
+	ck_assert_uint_eq(f.sink.n[TAP_S2C], k);
+	tap_fault_conn_free(f.fc);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("fault");
@@ -517,6 +550,7 @@ int main(void)
 	tcase_add_test(tc, kill_cuts_after_publish);
 	tcase_add_test(tc, confirm_faults_need_confirm_mode);
 	tcase_add_test(tc, selectors);
+	tcase_add_test(tc, heartbeats_stalled);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -36,7 +36,11 @@ func main() {
 	}
 	n, _ := strconv.Atoi(os.Args[3])
 	waitMs, _ := strconv.Atoi(os.Args[4])
-	conn, err := amqp.DialConfig(os.Args[1], amqp.Config{Properties: amqp.Table{"connection_name": "faults_go"}})
+	cfg := amqp.Config{Properties: amqp.Table{"connection_name": "faults_go"}}
+	if hb, err := strconv.Atoi(os.Getenv("FAULTS_HEARTBEAT")); err == nil { /* seconds */
+		cfg.Heartbeat = time.Duration(hb) * time.Second
+	}
+	conn, err := amqp.DialConfig(os.Args[1], cfg)
 	if err != nil {
 		die(err)
 	}
@@ -62,7 +66,7 @@ func main() {
 	seen := make(map[uint64]bool)
 	deadline := time.After(time.Duration(waitMs) * time.Millisecond)
 loop:
-	for len(seen) < res.Published {
+	for len(seen) < res.Published || (n == 0 && closed != nil) { /* N 0: idle until closed or WAIT_MS */
 		select {
 		case c, ok := <-confirms:
 			if !ok {
