@@ -71,11 +71,11 @@ class FaultTest(TapTestCase):
         ch.confirm_delivery()
         return c, ch
 
-    def go(self, tap, n, wait_ms):
+    def go(self, tap, n, wait_ms, env=None):
         if not self.go_client:
             self.skipTest("no go toolchain (golang-go)")
         out = subprocess.run([self.go_client, f"amqp://guest:guest@127.0.0.1:{tap.port}/", self.queue, str(n),
-                              str(wait_ms)], capture_output=True, text=True, timeout=60)
+                              str(wait_ms)], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
         self.assertEqual(out.returncode, 0, out.stderr)
         return json.loads(out.stdout)
 
@@ -261,6 +261,42 @@ class Kill(FaultTest):
         pubs, faults = self.settle(tap)
         self.assertEqual([(f["action"], f["seq"]) for f in faults], [("kill", 6)])
         self.assertGreaterEqual(self.depth(), 6)
+
+
+class StallHeartbeats(FaultTest):
+    RULE = "stall-heartbeats:client=127.0.0.1"
+
+    def test_pika_heartbeat_timeout(self):
+        tap = self.tap(self.RULE)
+        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", tap.port, heartbeat=2))
+        t0 = time.monotonic()
+        with self.assertRaises(pika.exceptions.AMQPConnectionError) as cm:
+            while time.monotonic() - t0 < 45:
+                c.process_data_events(time_limit=0.5)
+        self.assertIn("heartbeat", repr(cm.exception).lower())
+        self.assertLess(time.monotonic() - t0, 40)
+        pubs, faults = self.settle(tap)
+        self.assertEqual([(f["action"], f["channel"], f["seq"]) for f in faults], [("stall-heartbeats", 0, None)])
+
+    def test_go_missed_heartbeats(self):
+        tap = self.tap(self.RULE)
+        t0 = time.monotonic()
+        res = self.go(tap, 0, 20000, env={"FAULTS_HEARTBEAT": "2"})
+        self.assertNotEqual(res["closed"], "", "amqp091-go noticed the broker went silent")
+        self.assertLess(time.monotonic() - t0, 19)
+        pubs, faults = self.settle(tap)
+        self.assertEqual([f["action"] for f in faults], ["stall-heartbeats"])
+
+    def test_other_clients_unharmed(self):
+        tap = self.tap("stall-heartbeats:client=10.1.2.3")
+        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", tap.port, heartbeat=1))
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 4:
+            c.process_data_events(time_limit=0.5)
+        self.assertTrue(c.is_open)
+        c.close()
+        pubs, faults = self.settle(tap)
+        self.assertEqual(faults, [])
 
 
 if __name__ == "__main__":
