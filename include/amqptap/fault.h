@@ -70,6 +70,7 @@ struct tap_fault_rule {
 	uint32_t for_ms;    /* 0: for ever; else active this long from when the rule was added */
 	/* action parameters */
 	uint32_t ms;        /* delay-confirms */
+	uint32_t seconds;   /* block */
 	enum tap_fault_kill_mode kill_mode;
 	char text[256];     /* the rule as given, for logs and /api/faults */
 };
@@ -109,7 +110,7 @@ struct tap_fault_act {
 	uint16_t channel;
 	uint64_t seq;         /* the publish it acted on (its confirm sequence number; 0: not in confirm mode) */
 	uint64_t outstanding; /* kill: publishes the client had sent on the channel that it saw no confirm for */
-	uint32_t ms;          /* delay-confirms: how long its confirm is held */
+	uint32_t ms;          /* delay-confirms: how long its confirm is held; block: how long the client is not read */
 };
 
 /* Where the rewriter's output and news go. emit: bytes for the peer of the direction being fed (or released);
@@ -136,6 +137,8 @@ enum {
 	TAP_FAULT_KILL_NOW = 1 << 1,   /* the broker confirmed the publish the kill waited for: end the session */
 	TAP_FAULT_HOLDING = 1 << 2,    /* bytes are held: call tap_fault_release at tap_fault_due() */
 	TAP_FAULT_FULL = 1 << 3,       /* more than TAP_FAULT_HOLD_MAX held: stop reading the broker until released */
+	TAP_FAULT_BLOCKED = 1 << 4,    /* block: do not read the client; call tap_fault_unblock after
+	                                  tap_fault_block_ms() */
 };
 
 /* Feeds len bytes read in direction dir at now_us; what the peer is to get is emitted through io (in order,
@@ -146,6 +149,10 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 unsigned tap_fault_release(struct tap_fault_conn *fc, int64_t now_us, const struct tap_fault_io *io);
 /* When the next held bytes are due; INT64_MAX when none are held. */
 int64_t tap_fault_due(const struct tap_fault_conn *fc);
+/* block: how long the client is not read; then tap_fault_unblock (connection.unblocked, the client's bytes held
+ * since go on). Returns the bits above. */
+uint32_t tap_fault_block_ms(const struct tap_fault_conn *fc);
+unsigned tap_fault_unblock(struct tap_fault_conn *fc, int64_t now_us, const struct tap_fault_io *io);
 /* How a kill ends the client (the rule's mode=). */
 enum tap_fault_kill_mode tap_fault_kill_mode(const struct tap_fault_conn *fc);
 

@@ -23,7 +23,7 @@ static const struct {
 	[TAP_FAULT_DELAY] = {"delay-confirms", true, true},
 	[TAP_FAULT_KILL] = {"kill", true, true},
 	[TAP_FAULT_CLOSE_CHANNEL] = {"close-channel", false, true},
-	[TAP_FAULT_BLOCK] = {"block", false, false},
+	[TAP_FAULT_BLOCK] = {"block", true, true},
 	[TAP_FAULT_RETURN] = {"return", false, true},
 	[TAP_FAULT_RETURN_AFTER_ACK] = {"return-after-ack", false, true},
 	[TAP_FAULT_STALL_HEARTBEATS] = {"stall-heartbeats", true, false},
@@ -101,7 +101,7 @@ static bool printable(const char *v)
 
 enum key {
 	K_CONN, K_CLIENT, K_USER, K_VHOST, K_NAME, K_CHANNEL, K_EXCHANGE, K_ROUTING_KEY, K_EVERY, K_AFTER, K_TIMES,
-	K_P, K_SEED, K_FOR, K_MS, K_MODE, K_COUNT
+	K_P, K_SEED, K_FOR, K_MS, K_MODE, K_SECONDS, K_COUNT
 };
 
 static const struct {
@@ -113,7 +113,7 @@ static const struct {
 	[K_EXCHANGE] = {"exchange", true}, [K_ROUTING_KEY] = {"routing_key", true},
 	[K_EVERY] = {"every", true},       [K_AFTER] = {"after", true},      [K_TIMES] = {"times", true},
 	[K_P] = {"p", true},               [K_SEED] = {"seed", true},        [K_FOR] = {"for", false},
-	[K_MS] = {"ms", false},            [K_MODE] = {"mode", false},
+	[K_MS] = {"ms", false},            [K_MODE] = {"mode", false},       [K_SECONDS] = {"seconds", false},
 };
 
 static int find_key(const char *k, size_t len)
@@ -129,7 +129,7 @@ static int find_key(const char *k, size_t len)
 /* The key a bare first item stands for, or -1 when the action takes no parameter. */
 static int bare_key(enum tap_fault_action a)
 {
-	return a == TAP_FAULT_DELAY ? K_MS : a == TAP_FAULT_KILL ? K_MODE : -1;
+	return a == TAP_FAULT_DELAY ? K_MS : a == TAP_FAULT_KILL ? K_MODE : a == TAP_FAULT_BLOCK ? K_SECONDS : -1;
 }
 
 static bool copy_str(char *dst, size_t cap, const char *v)
@@ -207,6 +207,13 @@ static int apply_key(struct tap_fault_rule *r, int k, const char *v, const char 
 			return rule_error(err, cap, spec, "ms: expected milliseconds from 1 to 3600000, got '%s'", v);
 		r->ms = (uint32_t)n;
 		return TAP_OK;
+	case K_SECONDS:
+		if (r->action != TAP_FAULT_BLOCK)
+			break;
+		if (!parse_u64(v, 1, 3600, &n))
+			return rule_error(err, cap, spec, "seconds: expected seconds from 1 to 3600, got '%s'", v);
+		r->seconds = (uint32_t)n;
+		return TAP_OK;
 	case K_MODE:
 		if (r->action != TAP_FAULT_KILL)
 			break;
@@ -241,7 +248,7 @@ int tap_fault_parse(const char *spec, struct tap_fault_rule *out, char *err, siz
 			a = i;
 	if (a < 0)
 		return rule_error(err, cap, spec,
-				  "unknown action '%.40s' (nack, withhold-confirms, delay-confirms, kill, stall-heartbeats)", buf);
+				  "unknown action '%.40s' (nack, withhold-confirms, delay-confirms, kill, block, stall-heartbeats)", buf);
 	if (!actions[a].done)
 		return rule_error(err, cap, spec, "action %s is not implemented in this build", actions[a].name);
 	out->action = (enum tap_fault_action)a;
@@ -286,6 +293,8 @@ int tap_fault_parse(const char *spec, struct tap_fault_rule *out, char *err, siz
 	}
 	if (out->action == TAP_FAULT_DELAY && !given[K_MS])
 		return rule_error(err, cap, spec, "delay-confirms needs ms=MS");
+	if (out->action == TAP_FAULT_BLOCK && !given[K_SECONDS])
+		return rule_error(err, cap, spec, "block needs seconds=SECONDS");
 	if (given[K_SEED] && !given[K_P])
 		return rule_error(err, cap, spec, "seed: only with p=");
 	return TAP_OK;

@@ -48,9 +48,9 @@ struct fchan {
 	uint64_t last_tag; /* the highest tag the broker confirmed */
 	uint64_t withheld; /* tags withheld: confirms go one at a time */
 	/* the client's publish whose content is arriving */
-	bool pub_open, pub_header, pub_kill;
+	bool pub_open, pub_header, pub_kill, pub_block;
 	uint64_t body_left, pub_seq;
-	uint32_t kill_rule;
+	uint32_t kill_rule, block_rule, block_s;
 	struct ftag *tags; /* ascending */
 	uint32_t n_tags, cap_tags;
 };
@@ -97,6 +97,13 @@ struct tap_fault_conn {
 	uint64_t kill_tag;
 	enum tap_fault_kill_mode kill_mode;
 	uint32_t kill_rule;
+	/* block */
+	bool blocked_cap;  /* the client's capabilities say connection.blocked */
+	bool blocking;     /* the client is not read; what it sent after the publish waits in c2s_held */
+	bool inject_blocked, inject_unblocked; /* to the client at the broker stream's next frame boundary */
+	uint32_t block_ms;
+	uint8_t *c2s_held;
+	size_t c2s_held_len;
 	/* held broker bytes (delay-confirms) */
 	struct hold *head, *tail;
 	size_t held;
@@ -191,6 +198,7 @@ void tap_fault_conn_free(struct tap_fault_conn *fc)
 	for (uint32_t i = 0; i < fc->n_chans; i++)
 		free(fc->chans[i].tags);
 	free(fc->chans);
+	free(fc->c2s_held);
 	for (struct hold *h = fc->head, *next; h; h = next) {
 		next = h->next;
 		free(h);
@@ -333,7 +341,7 @@ static int select_rule(struct tap_fault_conn *fc, const struct fchan *c, const u
 	for (size_t i = 0; i < set->n; i++) {
 		const struct tap_fault_rule *r = &set->rules[i];
 		if (r->action != TAP_FAULT_NACK && r->action != TAP_FAULT_WITHHOLD && r->action != TAP_FAULT_DELAY &&
-		    r->action != TAP_FAULT_KILL)
+		    r->action != TAP_FAULT_KILL && r->action != TAP_FAULT_BLOCK)
 			continue; /* not selected by publish */
 		if (r->for_ms && fc->now - set->added_us[i] >= (int64_t)r->for_ms * 1000)
 			continue;
@@ -442,6 +450,8 @@ static void out(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *p, s
 static unsigned status(const struct tap_fault_conn *fc)
 {
 	unsigned st = 0;
+	if (fc->blocking)
+		st |= TAP_FAULT_BLOCKED;
 	if (fc->killing)
 		st |= TAP_FAULT_KILL_ARMED;
 	if (fc->kill_now)
@@ -590,6 +600,10 @@ static void start_ok(struct tap_fault_conn *fc, const uint8_t *a, const uint8_t 
 	struct tap_field f;
 	if (tap_table_find(a + 4, tl, "connection_name", &f) && f.type == 'S')
 		copy_ident(fc->name, sizeof fc->name, f.ptr, f.len);
+	struct tap_field caps, b;
+	if (tap_table_find(a + 4, tl, "capabilities", &caps) && caps.type == 'F' &&
+	    tap_table_find(caps.ptr, caps.len, "connection.blocked", &b) && b.type == 't')
+		fc->blocked_cap = b.i || b.u;
 	const uint8_t *p = a + 4 + tl, *mech, *resp;
 	size_t mech_len;
 	if (!shortstr(&p, end, &mech, &mech_len) || end - p < 4)
@@ -614,6 +628,7 @@ static void client_publish(struct tap_fault_conn *fc, struct fchan *c, const uin
 	c->pub_open = true;
 	c->pub_header = false;
 	c->pub_kill = false;
+	c->pub_block = false;
 	c->pub_seq = seq;
 	if (!ex || fc->killing)
 		return;
@@ -621,6 +636,12 @@ static void client_publish(struct tap_fault_conn *fc, struct fchan *c, const uin
 	if (i < 0)
 		return;
 	const struct tap_fault_rule *r = &fc->set->rules[i];
+	if (r->action == TAP_FAULT_BLOCK) {
+		c->pub_block = true;
+		c->block_rule = r->id;
+		c->block_s = r->seconds;
+		return;
+	}
 	if (r->action == TAP_FAULT_KILL) {
 		c->pub_kill = true;
 		c->kill_rule = r->id;
@@ -722,6 +743,13 @@ static bool content_done(struct tap_fault_conn *fc, struct fparse *p)
 		return false;
 	}
 	c->pub_open = false;
+	if (c->pub_block && !fc->blocking) { /* the client is not read from the end of this publish on */
+		fc->blocking = true;
+		fc->block_ms = c->block_s * 1000;
+		fc->inject_blocked = fc->blocked_cap;
+		act(fc, c->block_rule, TAP_FAULT_BLOCK, c->id, c->pub_seq, 0, fc->block_ms);
+		return true;
+	}
 	if (!c->pub_kill)
 		return false;
 	fc->killing = true;
@@ -733,6 +761,73 @@ static bool content_done(struct tap_fault_conn *fc, struct fparse *p)
 	return true;
 }
 
+/* connection.blocked (reason: "amqptap fault injection") or connection.unblocked, to the client. */
+static void inject(struct tap_fault_conn *fc)
+{
+	static const char reason[] = "amqptap fault injection";
+	uint8_t f[8 + 4 + 1 + sizeof reason];
+	if (fc->killing)
+		fc->inject_blocked = fc->inject_unblocked = false;
+	if (fc->inject_blocked) {
+		size_t rl = sizeof reason - 1;
+		f[0] = FRAME_METHOD;
+		put16(f + 1, 0);
+		put32(f + 3, (uint32_t)(4 + 1 + rl));
+		put16(f + 7, 10);
+		put16(f + 9, 60);
+		f[11] = (uint8_t)rl;
+		memcpy(f + 12, reason, rl);
+		f[12 + rl] = FRAME_END;
+		out(fc, TAP_S2C, f, 13 + rl);
+		fc->inject_blocked = false;
+	}
+	if (fc->inject_unblocked) {
+		f[0] = FRAME_METHOD;
+		put16(f + 1, 0);
+		put32(f + 3, 4);
+		put16(f + 7, 10);
+		put16(f + 9, 61);
+		f[11] = FRAME_END;
+		out(fc, TAP_S2C, f, 12);
+		fc->inject_unblocked = false;
+	}
+}
+
+uint32_t tap_fault_block_ms(const struct tap_fault_conn *fc)
+{
+	return fc->block_ms;
+}
+
+unsigned tap_fault_unblock(struct tap_fault_conn *fc, int64_t now_us, const struct tap_fault_io *io)
+{
+	fc->now = now_us;
+	fc->io = io;
+	if (!fc->blocking)
+		return status(fc);
+	fc->blocking = false;
+	fc->inject_unblocked = fc->blocked_cap;
+	if (fc->p[TAP_S2C].n_hdr == 0)
+		inject(fc);
+	uint8_t *held = fc->c2s_held;
+	size_t len = fc->c2s_held_len;
+	fc->c2s_held = NULL;
+	fc->c2s_held_len = 0;
+	unsigned st = len ? tap_fault_feed(fc, TAP_C2S, held, len, now_us, io) : status(fc);
+	free(held);
+	return st;
+}
+
+/* While blocked, what the client sent waits (a read or two: the relay does not read it meanwhile). */
+static void hold_client(struct tap_fault_conn *fc, const uint8_t *data, size_t len)
+{
+	uint8_t *n = realloc(fc->c2s_held, fc->c2s_held_len + len);
+	if (!n)
+		return; /* without memory they are lost to the broker, as a connection cut there would lose them */
+	memcpy(n + fc->c2s_held_len, data, len);
+	fc->c2s_held = n;
+	fc->c2s_held_len += len;
+}
+
 unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us,
 			const struct tap_fault_io *io)
 {
@@ -742,6 +837,10 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 	size_t i = 0;
 	if (dir == TAP_C2S && fc->killing)
 		return status(fc); /* what the client sends after the kill's publish never reaches the broker */
+	if (dir == TAP_C2S && fc->blocking) {
+		hold_client(fc, data, len);
+		return status(fc);
+	}
 	if (dir == TAP_C2S && !fc->header_seen) { /* "AMQP" 0 0 9 1 */
 		size_t take = 8u - fc->n_proto < len ? 8u - fc->n_proto : len;
 		fc->n_proto = (uint8_t)(fc->n_proto + take);
@@ -803,6 +902,12 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 		if (dir == TAP_S2C) {
 			if (p->collect)
 				frame_done(fc, dir, p);
+			if (fc->inject_blocked || fc->inject_unblocked) { /* a frame boundary: block or unblock now */
+				if (!p->collect && !fc->killing)
+					out(fc, dir, data + run, i - run);
+				run = i;
+				inject(fc);
+			}
 			continue;
 		}
 		if (p->type == FRAME_HEADER && p->size >= 12) {
@@ -814,6 +919,11 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 			frame_done(fc, dir, p);
 		if (content_done(fc, p)) {
 			io->emit(io->ctx, dir, data + run, i - run);
+			if (fc->blocking) {
+				hold_client(fc, data + i, len - i);
+				if (fc->p[TAP_S2C].n_hdr == 0)
+					inject(fc);
+			}
 			return status(fc);
 		}
 	}

@@ -245,7 +245,7 @@ void trk_record_fault(struct trk_render *r, const struct tap_track_conn *c, cons
 		kv_lit(&j, "seq", json_null);
 	if (a->action == TAP_FAULT_KILL)
 		tap_json_kv_uint(&j, "outstanding", a->outstanding);
-	if (a->action == TAP_FAULT_DELAY)
+	if (a->action == TAP_FAULT_DELAY || a->action == TAP_FAULT_BLOCK)
 		tap_json_kv_uint(&j, "ms", a->ms);
 	tap_json_obj_end(&j);
 }

@@ -52,6 +52,13 @@ static void follow(struct tap_session *s, unsigned st, int64_t now)
 		struct timeval wait = {TAP_FAULT_KILL_WAIT_MS / 1000, (TAP_FAULT_KILL_WAIT_MS % 1000) * 1000};
 		evtimer_add(s->fault_kill, &wait);
 	}
+	if ((st & TAP_FAULT_BLOCKED) && !s->fault_blocked && !s->fault_kill_armed) {
+		s->fault_blocked = true;
+		tap_relay_stop_reading(&s->leg[SIDE_CLIENT]);
+		uint32_t ms = tap_fault_block_ms(s->fault);
+		struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+		evtimer_add(s->fault_block, &tv);
+	}
 	if (st & TAP_FAULT_KILL_NOW)
 		event_active(s->fault_kill, EV_TIMEOUT, 1); /* after this read: the relay still uses the leg */
 	if (st & TAP_FAULT_HOLDING) {
@@ -92,6 +99,21 @@ static void on_hold(evutil_socket_t fd, short what, void *arg)
 	follow(s, st, now);
 }
 
+static void on_block(evutil_socket_t fd, short what, void *arg)
+{
+	struct tap_session *s = arg;
+	(void)fd;
+	(void)what;
+	struct tap_fault_io io;
+	io_of(s, &io);
+	int64_t now = tap_now_us();
+	unsigned st = tap_fault_unblock(s->fault, now, &io);
+	s->fault_blocked = false;
+	if (!(st & TAP_FAULT_BLOCKED) && !s->fault_kill_armed && !s->closing)
+		tap_relay_start_reading(&s->leg[SIDE_CLIENT]);
+	follow(s, st, now);
+}
+
 static void on_kill(evutil_socket_t fd, short what, void *arg)
 {
 	struct tap_session *s = arg;
@@ -108,7 +130,8 @@ bool tap_fault_session_open(struct tap_session *s, const char *client)
 	s->fault = tap_fault_conn_new(px->faults, s->id, client);
 	s->fault_hold = evtimer_new(px->base, on_hold, s);
 	s->fault_kill = evtimer_new(px->base, on_kill, s);
-	if (!s->fault || !s->fault_hold || !s->fault_kill) {
+	s->fault_block = evtimer_new(px->base, on_block, s);
+	if (!s->fault || !s->fault_hold || !s->fault_kill || !s->fault_block) {
 		tap_fault_session_free(s);
 		return false;
 	}
@@ -121,7 +144,9 @@ void tap_fault_session_free(struct tap_session *s)
 		event_free(s->fault_hold);
 	if (s->fault_kill)
 		event_free(s->fault_kill);
+	if (s->fault_block)
+		event_free(s->fault_block);
 	tap_fault_conn_free(s->fault);
 	s->fault = NULL;
-	s->fault_hold = s->fault_kill = NULL;
+	s->fault_hold = s->fault_kill = s->fault_block = NULL;
 }

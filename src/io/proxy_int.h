@@ -173,7 +173,9 @@ struct tap_session {
 	struct tap_fault_conn *fault;
 	struct event *fault_hold; /* the held broker bytes are due */
 	struct event *fault_kill; /* a kill waited long enough for the broker's confirm, or it came */
+	struct event *fault_block; /* a block's time is over */
 	bool fault_kill_armed;
+	bool fault_blocked; /* block: the client is not read (tap_relay_start_reading keeps it so) */
 };
 
 TAILQ_HEAD(session_list, tap_session);

@@ -263,6 +263,42 @@ class Kill(FaultTest):
         self.assertGreaterEqual(self.depth(), 6)
 
 
+class Block(FaultTest):
+    RULE = "block:seconds=2,after=2,times=1"
+
+    def test_pika_blocked_callbacks(self):
+        tap = self.tap(self.RULE)
+        c, ch = self.pika_channel(tap)
+        events = []
+        c.add_on_connection_blocked_callback(lambda _c, frame: events.append(("blocked", time.monotonic())))
+        c.add_on_connection_unblocked_callback(lambda _c, frame: events.append(("unblocked", time.monotonic())))
+        took = []
+        for i in range(1, 6):
+            t0 = time.monotonic()
+            ch.basic_publish("", self.queue, b"b%d" % i, mandatory=True)
+            took.append(time.monotonic() - t0)
+        c.process_data_events(time_limit=0.2)
+        c.close()
+        self.assertEqual([e for e, _ in events], ["blocked", "unblocked"])
+        # (BlockingConnection runs both callbacks when it next dispatches: their times say nothing)
+        self.assertGreaterEqual(took[3], 1.5, "the 4th publish was not read until the block was over")
+        self.assertLess(took[2], 1.0)
+        pubs, faults = self.settle(tap)
+        self.assertEqual(self.depth(), 5)
+        self.assertEqual([(f["action"], f["seq"], f["ms"]) for f in faults], [("block", 3, 2000)])
+
+    def test_go_notify_blocked(self):
+        tap = self.tap(self.RULE)
+        res = self.go(tap, 6, 8000)
+        self.assertEqual(res["blocked"], ["true amqptap fault injection", "false"])
+        self.assertEqual(res["acks"], [1, 2, 3, 4, 5, 6])
+        self.assertGreaterEqual(res["confirm_ms"]["4"], 1900)
+        self.assertLess(res["confirm_ms"]["3"], 1000)
+        pubs, faults = self.settle(tap)
+        self.assertEqual(self.depth(), 6)
+        self.assertEqual([f["action"] for f in faults], ["block"])
+
+
 class StallHeartbeats(FaultTest):
     RULE = "stall-heartbeats:client=127.0.0.1"
 

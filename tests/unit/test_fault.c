@@ -79,7 +79,8 @@ START_TEST(parse_refused)
 	refused("nack:channel=0", "channel: expected");
 	refused("stall-heartbeats:every=2", "every: stall-heartbeats is not selected by publish");
 	refused("nack:conn=abc", "conn: expected");
-	refused("block:seconds=5", "not implemented");
+	refused("block", "block needs seconds=SECONDS");
+	refused("block:seconds=0", "seconds: expected seconds from 1");
 	refused("close-channel:code=406", "not implemented");
 }
 END_TEST
@@ -534,6 +535,36 @@ START_TEST(heartbeats_stalled)
 }
 END_TEST
 
+/* block: the client's stream stops at the end of the selected publish (the rest waits), connection.blocked goes to
+ * the client at the broker stream's next frame boundary; unblock sends connection.unblocked and the rest on. */
+START_TEST(block_holds_client)
+{
+	const char *rules[] = {"block:seconds=3,after=1,times=1", NULL};
+	struct fx f;
+	fx_init(&f, rules);
+	static uint8_t c[1 << 15], two[1 << 15];
+	size_t cl = client_stream(c, 4, 3), tl = client_stream(two, 2, 3);
+	unsigned st = tap_fault_feed(f.fc, TAP_C2S, c, cl, 0, &f.io);
+	ck_assert(st & TAP_FAULT_BLOCKED);
+	ck_assert_uint_eq(tap_fault_block_ms(f.fc), 3000);
+	ck_assert_uint_eq(f.sink.n[TAP_C2S], tl);
+	ck_assert_uint_eq(f.sink.n_acts, 1);
+	ck_assert_uint_eq(f.sink.acts[0].seq, 2);
+	/* no client capability was seen (no start-ok): no blocked frame, but the broker's frames pass */
+	uint8_t a[21];
+	confirm(a, false, 1, false);
+	tap_fault_feed(f.fc, TAP_S2C, a, 10, 0, &f.io);
+	tap_fault_feed(f.fc, TAP_S2C, a + 10, 11, 0, &f.io);
+	ck_assert_uint_eq(f.sink.n[TAP_S2C], 21);
+	st = tap_fault_unblock(f.fc, 3000000, &f.io);
+	ck_assert(!(st & TAP_FAULT_BLOCKED));
+	ck_assert_uint_eq(f.sink.n[TAP_C2S], cl);
+	ck_assert_mem_eq(f.sink.out[TAP_C2S], c, cl);
+	ck_assert_uint_eq(f.sink.n[TAP_S2C], 21);
+	tap_fault_conn_free(f.fc);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("fault");
@@ -551,6 +582,7 @@ int main(void)
 	tcase_add_test(tc, confirm_faults_need_confirm_mode);
 	tcase_add_test(tc, selectors);
 	tcase_add_test(tc, heartbeats_stalled);
+	tcase_add_test(tc, block_holds_client);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;

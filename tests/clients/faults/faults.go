@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -23,6 +24,7 @@ type result struct {
 	ConfirmMs map[string]float64 `json:"confirm_ms"`
 	Published int                `json:"published"`
 	Closed    string             `json:"closed"`
+	Blocked   []string           `json:"blocked"` // NotifyBlocked: "true REASON", "false"
 }
 
 func die(err error) {
@@ -45,6 +47,7 @@ func main() {
 		die(err)
 	}
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	ch, err := conn.Channel()
 	if err != nil {
 		die(err)
@@ -53,7 +56,8 @@ func main() {
 		die(err)
 	}
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, n+1))
-	res := result{Acks: []uint64{}, Nacks: []uint64{}, Missing: []uint64{}, ConfirmMs: map[string]float64{}}
+	res := result{Acks: []uint64{}, Nacks: []uint64{}, Missing: []uint64{}, ConfirmMs: map[string]float64{},
+		Blocked: []string{}}
 	sent := make(map[uint64]time.Time)
 	for i := 1; i <= n; i++ {
 		sent[uint64(i)] = time.Now()
@@ -87,8 +91,26 @@ loop:
 				res.Closed = "closed"
 			}
 			closed = nil
+		case b, ok := <-blocked:
+			if !ok { /* closed with the connection */
+				blocked = nil
+				continue
+			}
+			res.Blocked = append(res.Blocked, strings.TrimSpace(fmt.Sprintf("%v %s", b.Active, b.Reason)))
 		case <-deadline:
 			break loop
+		}
+	}
+	for drained := false; !drained; { /* an unblocked that came with the last confirm */
+		select {
+		case b, ok := <-blocked:
+			if !ok {
+				blocked, drained = nil, true
+				continue
+			}
+			res.Blocked = append(res.Blocked, strings.TrimSpace(fmt.Sprintf("%v %s", b.Active, b.Reason)))
+		case <-time.After(100 * time.Millisecond):
+			drained = true
 		}
 	}
 	for i := 1; i <= res.Published; i++ {
