@@ -179,7 +179,8 @@ static size_t frame(uint8_t *out, uint8_t type, uint16_t ch, const uint8_t *payl
 	out[4] = (uint8_t)(len >> 16);
 	out[5] = (uint8_t)(len >> 8);
 	out[6] = (uint8_t)len;
-	memcpy(out + 7, payload, len);
+	if (len)
+		memcpy(out + 7, payload, len);
 	out[7 + len] = 0xCE;
 	return 8 + len;
 }
