@@ -19,6 +19,7 @@ struct proxy_app {
 	struct app app;
 	struct tap_proxy *proxy;
 	struct tap_tls *tls;
+	struct tap_fault_set faults; /* --fault; n 0: none */
 	struct event *grace_timer;
 	int64_t next_deadline;      /* the tracker's next timer */
 	unsigned closed_since_trim; /* sessions ended since the heap was last trimmed */
@@ -111,6 +112,21 @@ static void hook_held(void *ctx, void *sess, bool held, int64_t now_us)
 	tap_conn_held(sess, held ? TAP_TRACK_HELD : TAP_TRACK_UNHELD, now_us);
 	if (!held)
 		deadline_from(pa, now_us); /* the windows run again in full */
+}
+
+static void hook_fault_mark(void *ctx, void *sess, uint16_t ch, uint64_t seq, enum tap_fault_saw saw, uint32_t rule)
+{
+	(void)ctx;
+	tap_conn_fault_mark(sess, ch, seq, saw, rule);
+}
+
+static void hook_fault_act(void *ctx, void *sess, uint64_t conn_id, const struct tap_fault_act *a, int64_t now_us)
+{
+	struct proxy_app *pa = ctx;
+	settle_deadlines(pa, now_us);
+	tap_log_verbose("conn %llu: --fault rule %u acted: %s on channel %u, publish %llu", (unsigned long long)conn_id,
+			a->rule, tap_fault_action_name(a->action), a->channel, (unsigned long long)a->seq);
+	tap_conn_fault(sess, a, now_us);
 }
 
 static void hook_close(void *ctx, void *sess, uint64_t conn_id, enum tap_proxy_end why, const char *detail,
@@ -226,6 +242,28 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	}
 }
 
+/* --fault: the rules in force from the start, each said on stderr (they make the tap lie to its clients). */
+static int start_faults(struct proxy_app *pa)
+{
+	const struct tap_conf *conf = pa->app.conf;
+	tap_fault_set_init(&pa->faults);
+	for (size_t i = 0; i < conf->n_faults; i++) {
+		struct tap_fault_rule r;
+		char err[300];
+		uint32_t id;
+		if (tap_fault_parse(conf->faults[i], &r, err, sizeof err) ||
+		    tap_fault_set_add(&pa->faults, &r, tap_now_us(), &id)) { /* parsed once in conf.c already */
+			fprintf(stderr, "amqptap: %s\n", err);
+			return 2;
+		}
+		tap_log_error("WARNING: --fault rule %u active: %s (clients are shown failures the broker did not cause)",
+			      id, r.text);
+	}
+	if (pa->faults.n)
+		tap_proxy_set_faults(pa->proxy, &pa->faults);
+	return 0;
+}
+
 /* The proxy's parts that are on the event base, started: 0 or the exit code after saying why. */
 static int start_proxy(struct proxy_app *pa, const struct sockaddr_storage *up, const int *up_len, size_t n_up,
 		       const struct sockaddr_storage *lis, int lis_len, const char *upstream_name, char bound[80])
@@ -233,7 +271,8 @@ static int start_proxy(struct proxy_app *pa, const struct sockaddr_storage *up, 
 	const struct tap_conf *conf = pa->app.conf;
 	struct tap_proxy_hooks hooks = {
 	    .ctx = pa, .open = hook_open, .data = hook_data, .close = hook_close, .refused = hook_refused,
-	    .held = hook_held, .upstream_moved = hook_upstream_moved, .upstream_local = hook_upstream_local};
+	    .held = hook_held, .upstream_moved = hook_upstream_moved, .upstream_local = hook_upstream_local,
+	    .fault_mark = hook_fault_mark, .fault_act = hook_fault_act};
 	if (pa->app.base)
 		pa->proxy = tap_proxy_new(pa->app.base, (struct sockaddr *)&up[0], up_len[0], upstream_name, pa->tls,
 					  &hooks);
@@ -246,6 +285,9 @@ static int start_proxy(struct proxy_app *pa, const struct sockaddr_storage *up, 
 	for (size_t i = 1; i < n_up; i++) /* the name's other addresses, for when one is unreachable */
 		(void)tap_proxy_add_upstream(pa->proxy, (struct sockaddr *)&up[i], up_len[i]); /* fit: n_up <= max */
 	tap_proxy_on_idle(pa->proxy, on_idle, pa);
+	int code = start_faults(pa);
+	if (code)
+		return code;
 	tap_proxy_set_handshake_timeout(pa->proxy, conf->handshake_timeout_ms);
 	if (tap_proxy_listen(pa->proxy, (struct sockaddr *)lis, lis_len, bound, 80) < 0) {
 		char shown[300];
@@ -253,9 +295,9 @@ static int start_proxy(struct proxy_app *pa, const struct sockaddr_storage *up, 
 		fprintf(stderr, "amqptap: --listen %s: %s\n", shown, strerror(errno));
 		return 1;
 	}
-	int code = 0;
 	if (conf->metrics.host[0]) {
 		struct tap_admin_sources src = {
+			.faults = pa->faults.n ? &pa->faults : NULL,
 			.upstream_name = upstream_name, .track = pa->app.track, .proxy = pa->proxy,
 			.observer = &pa->app.observer,
 			.outputs = {pa->app.out[OUT_VERDICTS], pa->app.out[OUT_FRAMES], pa->app.out[OUT_PCAP]}};

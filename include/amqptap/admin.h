@@ -12,6 +12,7 @@
 #ifndef AMQPTAP_ADMIN_H
 #define AMQPTAP_ADMIN_H
 
+#include "amqptap/fault.h"
 #include "amqptap/conf.h"
 #include "amqptap/jsonl.h"
 #include "amqptap/metrics.h"
@@ -46,6 +47,7 @@ struct tap_admin_sources {
 	struct tap_sniff *sniff;                     /* `amqptap sniff`: packets and kernel drops */
 	const char *tap_id, *run;                    /* as in the records (start_metrics sets them) */
 	const char *hosts;                           /* --metrics-host: further names of the Host header */
+	const struct tap_fault_set *faults;          /* --fault: the rules in force; NULL: none */
 };
 
 /* Listens on addr (on the http thread it starts); the pages are rendered on base's loop. Returns NULL with a one-line reason in err. Writes the bound address

@@ -12,6 +12,7 @@
 #define TAP_CONF_HOST_MAX 256
 #define TAP_CONF_TAP_ID_MAX 256 /* bytes, with the NUL */
 #define TAP_CONF_PORTS_MAX 16   /* --port given this many times at most */
+#define TAP_CONF_FAULTS_MAX 16  /* --fault given this many times at most (TAP_FAULT_RULES_MAX) */
 
 struct tap_conf_addr {
 	char host[TAP_CONF_HOST_MAX]; /* without brackets for IPv6 */
@@ -77,6 +78,9 @@ struct tap_conf {
 	const char *management;             /* --management URL: the definitions polled from the management API */
 	const char *management_credentials; /* a file holding USER:PASSWORD */
 	const char *management_ca;          /* CA bundle for an https URL; NULL: the system store */
+	/* --fault ACTION[:KEY=VALUE,...] (include/amqptap/fault.h), every one in order; each parsed once here */
+	const char *faults[TAP_CONF_FAULTS_MAX];
+	size_t n_faults;
 };
 
 enum tap_conf_opt_kind {
@@ -90,6 +94,7 @@ enum tap_conf_opt_kind {
 	TAP_OPT_U32,         /* a whole number within [min, max] */
 	TAP_OPT_PORTS,       /* a whole number within [min, max] appended to ports[] each time (def_u32 when none) */
 	TAP_OPT_SIZE,        /* bytes (uint64_t) within [min, max]: a whole number, optionally with K, M or G (KiB, MiB, GiB) */
+	TAP_OPT_FAULT,       /* a fault rule (tap_fault_parse) appended to faults[] each time */
 	TAP_OPT_FLAG,        /* sets a bool */
 	TAP_OPT_LEVEL,       /* sets the verbosity to .level */
 	TAP_OPT_HELP,

@@ -83,6 +83,9 @@ void tap_conn_upstream(struct tap_conn *c, const char *addr);
 void tap_conn_upstream_local(struct tap_conn *c, const char *addr);
 /* The proxy stopped (held) or went on reading the broker's side (tap_track_conn_held). */
 void tap_conn_held(struct tap_conn *c, enum tap_track_hold hold, int64_t now_us);
+/* --fault: tap_track_fault_mark and tap_track_fault for the connection's tracker. */
+void tap_conn_fault_mark(struct tap_conn *c, uint16_t ch, uint64_t seq, enum tap_fault_saw saw, uint32_t rule);
+void tap_conn_fault(struct tap_conn *c, const struct tap_fault_act *a, int64_t now_us);
 /* The capture lost `missing` bytes of one direction (replay, sniff) from stream `offset` on (the bytes of the
  * direction seen before the hole, delivered or lost): writes a capture_gap record and ends every outstanding publish {"by":"capture_gap"} (a publish whose content the
  * gap cut still gets its record). The broker side stops decoding: an answer after the hole could belong to a

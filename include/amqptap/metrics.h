@@ -8,6 +8,7 @@
 #define AMQPTAP_METRICS_H
 
 #include "amqptap/consume.h"
+#include "amqptap/fault.h"
 #include "amqptap/dir.h"
 #include "amqptap/jsonl.h"
 #include "amqptap/out_loss.h"
@@ -161,6 +162,9 @@ struct tap_metrics_snapshot {
 	uint64_t http_renders; /* pages rendered (a copy served again is not one) */
 	uint64_t http_paced;   /* requests that waited for the endpoint's rate */
 	uint64_t log_lines_lost; /* lines stderr did not take (log.h, tap_log_lost) */
+	/* --fault: how often each action acted (by enum tap_fault_action); have_faults false: no rules */
+	bool have_faults;
+	uint64_t faults[TAP_FAULT_ACTIONS];
 };
 
 /* Fills the tracker's part of s: stats, the confirm histogram, quantiles, open channels and blocked connections. */

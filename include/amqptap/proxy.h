@@ -8,6 +8,7 @@
 
 
 #include "amqptap/dir.h"
+#include "amqptap/fault.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,6 +30,7 @@ enum tap_proxy_end {
 	TAP_END_BROKER_TLS,  /* TLS failure with the broker (verification, handshake) */
 	TAP_END_FD_LIMIT,    /* the tap had no file descriptor left for the upstream connection */
 	TAP_END_NO_MEMORY,   /* the tap had no memory for it (neither side ended it) */
+	TAP_END_FAULT,       /* a --fault kill rule ended it */
 };
 
 const char *tap_proxy_end_name(enum tap_proxy_end why);
@@ -51,6 +53,10 @@ struct tap_proxy_hooks {
 	void (*upstream_local)(void *ctx, void *sess, uint64_t conn_id, const char *local);
 	/* The session stopped (held) or went on reading the broker: its client reads slowly (backpressure). */
 	void (*held)(void *ctx, void *sess, bool held, int64_t now_us);
+	/* --fault (tap_proxy_set_faults): the client is shown `saw` for a publish, before its confirm is observed;
+	 * and a rule acted (struct tap_fault_act). */
+	void (*fault_mark)(void *ctx, void *sess, uint16_t ch, uint64_t seq, enum tap_fault_saw saw, uint32_t rule);
+	void (*fault_act)(void *ctx, void *sess, uint64_t conn_id, const struct tap_fault_act *a, int64_t now_us);
 };
 
 struct tap_proxy_stats {
@@ -87,6 +93,9 @@ struct tap_proxy_stats {
  * outlive the proxy). Returns NULL with errno set on failure. */
 struct tap_proxy *tap_proxy_new(struct event_base *base, const struct sockaddr *upstream, int upstream_len,
 				const char *upstream_name, struct tap_tls *tls, const struct tap_proxy_hooks *hooks);
+/* Fault rules (borrowed; NULL: none, the default): every session accepted from now on is forwarded through a
+ * rewriter under them (include/amqptap/fault.h); without, bytes go on as they arrive. */
+void tap_proxy_set_faults(struct tap_proxy *p, struct tap_fault_set *set);
 /* The most addresses an upstream name is tried at (tap_proxy_add_upstream). */
 #define TAP_PROXY_UPSTREAM_ADDRS 8
 /* Another address of the upstream name (a name with A and AAAA records), tried after the one given to

@@ -5,6 +5,7 @@
 #ifndef AMQPTAP_TRACK_H
 #define AMQPTAP_TRACK_H
 
+#include "amqptap/fault.h"
 #include "amqptap/dir.h"
 #include "amqptap/hist.h"
 #include "amqptap/jsonl.h"
@@ -207,6 +208,12 @@ enum tap_track_hold {
 	TAP_TRACK_HELD,   /* not reading the broker */
 };
 void tap_track_conn_held(struct tap_track_conn *c, enum tap_track_hold hold, int64_t now_us);
+/* --fault (include/amqptap/fault.h): the client is shown `saw` for publish seq of channel ch because of rule `rule`;
+ * the publish record says so ("client_saw", "fault") next to the broker's verdict. Call before the tracker sees the
+ * broker's confirm of it. */
+void tap_track_fault_mark(struct tap_track_conn *c, uint16_t ch, uint64_t seq, enum tap_fault_saw saw, uint32_t rule);
+/* A rule acted: the `fault` record. */
+void tap_track_fault(struct tap_track_conn *c, const struct tap_fault_act *a, int64_t now_us);
 /* connection.close from either side: remembered (the first one wins) as the reason given to every publish still
  * outstanding when the connection ends. */
 void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t code, struct tap_slice text,

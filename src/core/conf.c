@@ -3,6 +3,7 @@
  * (--help, man page, bash completion) are in conf_doc.c. */
 #include "amqptap/conf.h"
 
+#include "amqptap/fault.h"
 #include "amqptap/status.h"
 #include "amqptap/track.h"
 
@@ -18,6 +19,8 @@
 #include <unistd.h>
 
 #define FIELD(f) offsetof(struct tap_conf, f)
+
+_Static_assert(TAP_CONF_FAULTS_MAX == TAP_FAULT_RULES_MAX, "every --fault rule can be in force");
 
 static const struct tap_conf_option options[] = {
 	{.name = "listen", .short_name = 'l', .kind = TAP_OPT_ADDR_LISTEN, .offset = FIELD(listen), .arg = "ADDR:PORT",
@@ -126,6 +129,13 @@ static const struct tap_conf_option options[] = {
 	{.name = "management-ca", .kind = TAP_OPT_PATH, .offset = FIELD(management_ca), .arg = "FILE",
 	 .def_shown = "the system store", .help = "CA bundle that verifies an https --management URL",
 	 .modes = TAP_FOR_PROXY | TAP_FOR_SNIFF},
+	/* fault injection (src/core/fault.c): never on by default */
+	{.name = "fault", .kind = TAP_OPT_FAULT, .offset = FIELD(faults), .arg = "ACTION[:KEY=VALUE,...]",
+	 .def_shown = "none",
+	 .help = "make the client see a failure the broker did not cause (repeatable, at most 16): nack, "
+	         "withhold-confirms, delay-confirms:ms=MS, kill[:mode=reset|close], block:seconds=S, stall-heartbeats; select with conn=, client=, user=, "
+	         "vhost=, name=, channel=, exchange=, rk=, every=N, after=N, times=N, p=P[,seed=S], for=SECONDS",
+	 .modes = TAP_FOR_PROXY},
 	{.name = "quiet", .short_name = 'q', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
 	 .level = TAP_VERBOSITY_QUIET,
 	 .help = "only errors and warnings on stderr (no summary at exit; SIGUSR1 still prints it)"},
@@ -316,6 +326,16 @@ static int apply(struct tap_conf *c, const struct tap_conf_option *o, const char
 					   "--%s: expected bytes from %" PRIu64 " to %" PRIu64 " (suffix K, M or G allowed), got '%s'",
 					   o->name, o->min, o->max, value);
 		*(uint64_t *)(void *)field = v;
+		return TAP_OK;
+	}
+	case TAP_OPT_FAULT: {
+		struct tap_fault_rule r;
+		int rc = tap_fault_parse(value, &r, err, cap); /* its message names the rule */
+		if (rc)
+			return rc;
+		if (c->n_faults == TAP_CONF_FAULTS_MAX)
+			return usage_error(err, cap, "--%s: at most %d rules", o->name, TAP_CONF_FAULTS_MAX);
+		c->faults[c->n_faults++] = value;
 		return TAP_OK;
 	}
 	case TAP_OPT_FLAG:

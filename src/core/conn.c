@@ -4,6 +4,7 @@
 #include "conn_int.h"
 
 #include "amqptap/consume.h"
+#include "amqptap/fault.h"
 #include "amqptap/status.h"
 
 #include <stdlib.h>
@@ -78,6 +79,18 @@ void tap_conn_held(struct tap_conn *c, enum tap_track_hold hold, int64_t now_us)
 {
 	if (c)
 		tap_track_conn_held(c->tc, hold, now_us);
+}
+
+void tap_conn_fault_mark(struct tap_conn *c, uint16_t ch, uint64_t seq, enum tap_fault_saw saw, uint32_t rule)
+{
+	if (c)
+		tap_track_fault_mark(c->tc, ch, seq, saw, rule);
+}
+
+void tap_conn_fault(struct tap_conn *c, const struct tap_fault_act *a, int64_t now_us)
+{
+	if (c)
+		tap_track_fault(c->tc, a, now_us);
 }
 
 void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)

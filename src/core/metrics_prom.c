@@ -282,6 +282,13 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 	            "Time from a delivery's last frame forwarded to the consumer to its ack, nack or reject.", &s->settle);
 	render_exchanges(b, t);
 	render_capture(b, s);
+	if (s->have_faults) { /* --fault */
+		family(b, "faults_total", COUNTER, "Times a --fault rule acted, by action.");
+		for (int a = 0; a < TAP_FAULT_ACTIONS; a++)
+			if (a <= TAP_FAULT_KILL || s->faults[a])
+				labelled(b, "faults_total", "action", tap_fault_action_name((enum tap_fault_action)a),
+					 s->faults[a]);
+	}
 
 	family(b, "listening", GAUGE, "1 while the AMQP listener accepts clients, 0 while shutting down.");
 	tap_buf_printf(b, "amqptap_listening %d\n", s->listening ? 1 : 0);

@@ -96,6 +96,7 @@ static void conn_free(struct tap_track_conn *c)
 				t->st.held--;
 		trk_chan_free(c, ch);
 	}
+	trk_fault_free(c);
 	trk_free(t, c->chans, c->cap_chans * sizeof *c->chans);
 	trk_free(t, c->active, c->cap_active * sizeof *c->active);
 	tap_heap_remove(&t->due, c);
@@ -643,4 +644,18 @@ void tap_track_each_confirm_bucket(const struct tap_track *t, tap_track_bucket_f
 			fn(ctx, lo, hi, t->hist.bucket[i]);
 		lo = top + 1;
 	}
+}
+
+void tap_track_fault_mark(struct tap_track_conn *c, uint16_t ch, uint64_t seq, enum tap_fault_saw saw, uint32_t rule)
+{
+	if (c && seq)
+		(void)trk_fault_put(c, ch, seq, (uint8_t)saw, rule); /* without memory the record lacks client_saw */
+}
+
+void tap_track_fault(struct tap_track_conn *c, const struct tap_fault_act *a, int64_t now_us)
+{
+	if (!c)
+		return;
+	trk_record_fault(&c->t->render, c, a, now_us);
+	trk_emit(c->t);
 }

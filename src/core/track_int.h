@@ -24,6 +24,7 @@
 #define AMQPTAP_TRACK_INT_H
 
 #include "amqptap/consume.h"
+#include "amqptap/fault.h"
 #include "amqptap/json.h"
 #include "amqptap/record.h"
 #include "amqptap/track.h"
@@ -255,6 +256,10 @@ struct tap_track_conn {
 	bool details_lost;     /* a string of its records (client, user, product, close text...) not kept: null */
 	bool prefix_lost;      /* of which client, vhost or user: its publish records say details_lost too */
 	int64_t next_due;      /* no timer of its channels is due before this: tap_track_tick skips it until then */
+	/* fault injection (tap_track_fault_mark): publishes whose client was shown something else than the broker's
+	 * confirm, until their record is written; none without --fault */
+	struct trk_fault_mark *fault_marks;
+	uint32_t n_fault_marks, cap_fault_marks;
 	uint32_t due_idx;      /* place in t->due + 1, 0: not in it (next_due is INT64_MAX) */
 	struct csm_conn *csm;  /* the consumer tracker's state (consume_int.h); NULL until a consumer method */
 };
@@ -357,6 +362,14 @@ struct tap_track {
 	bool topo_on;          /* topo has a model */
 	uint32_t topo_flags;   /* TRK_FLAG_TOPO_* of the publish being stored */
 	struct trk_ident ident; /* the identities written (track_ident.c) */
+};
+
+/* A publish a fault rule acted on (tap_track_fault_mark): its record says what the client saw and which rule. */
+struct trk_fault_mark {
+	uint64_t seq;
+	uint32_t rule;
+	uint16_t ch;
+	uint8_t saw; /* enum tap_fault_saw */
 };
 
 /* What a publish record is written from: a stored slot or the caller's tap_publish. */

@@ -180,7 +180,8 @@ static char *put_repeat(const struct trk_render *r, char *p, const struct trk_re
 }
 
 void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
-                        const struct trk_verdict *vd, const struct trk_repeat *rep, int64_t now_us)
+                        const struct trk_verdict *vd, const struct trk_repeat *rep,
+                        const struct trk_fault_mark *fault, int64_t now_us)
 {
 	struct tap_buf *b = &r->rec;
 	bool prefix = c->prefix.len > 1 && !c->prefix.oom;
@@ -258,6 +259,31 @@ void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, ui
 		kv_lit(&j, "blocked", json_true);
 	if (v->details_lost || c->prefix_lost) /* a null above may stand for a value the tap had no memory to keep */
 		kv_lit(&j, "details_lost", json_true);
+	if (fault) { /* --fault: the client was shown something else than the verdict above */
+		tap_json_kv_str(&j, "client_saw", tap_fault_saw_name((enum tap_fault_saw)fault->saw));
+		tap_json_kv_uint(&j, "fault", fault->rule);
+	}
+	tap_json_obj_end(&j);
+}
+
+void trk_record_fault(struct trk_render *r, const struct tap_track_conn *c, const struct tap_fault_act *a,
+                      int64_t now_us)
+{
+	struct tap_json j;
+	rec_begin(r, &j, "fault", now_us);
+	tap_json_kv_uint(&j, "conn", c->id);
+	str_or_null(&j, "client", c->client);
+	tap_json_kv_uint(&j, "rule", a->rule);
+	tap_json_kv_str(&j, "action", tap_fault_action_name(a->action));
+	tap_json_kv_uint(&j, "channel", a->channel);
+	if (a->seq)
+		tap_json_kv_uint(&j, "seq", a->seq);
+	else
+		kv_lit(&j, "seq", json_null);
+	if (a->action == TAP_FAULT_KILL)
+		tap_json_kv_uint(&j, "outstanding", a->outstanding);
+	if (a->action == TAP_FAULT_DELAY || a->action == TAP_FAULT_BLOCK)
+		tap_json_kv_uint(&j, "ms", a->ms);
 	tap_json_obj_end(&j);
 }
 

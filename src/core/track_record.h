@@ -22,10 +22,14 @@ void trk_render_init(struct trk_render *r, const struct tap_track_conf *conf);
 void trk_render_deinit(struct trk_render *r);
 /* The `publish` record; rep (its identity seen before: attempt, repeat, previous) may be NULL. */
 void trk_record_publish(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const struct trk_view *v,
-                        const struct trk_verdict *vd, const struct trk_repeat *rep, int64_t now_us);
+                        const struct trk_verdict *vd, const struct trk_repeat *rep,
+                        const struct trk_fault_mark *fault, int64_t now_us);
 /* The `resend_missing` record of an unresolved identity: its window (µs) is over, or the process ends first. */
 void trk_record_resend_missing(struct trk_render *r, const struct trk_ident_entry *e, int64_t window_us,
                                bool window_over, int64_t now_us);
+/* A `fault` record: a rule acted on connection c. */
+void trk_record_fault(struct trk_render *r, const struct tap_track_conn *c, const struct tap_fault_act *a,
+                      int64_t now_us);
 /* A publisher anti-pattern seen on publish seq of channel ch. */
 void trk_record_warning(struct trk_render *r, const struct tap_track_conn *c, uint16_t ch, const char *rule,
                         uint64_t seq, int64_t now_us);

@@ -465,3 +465,49 @@ void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const 
 		v->identity_kind = (e->flags & TRK_FLAG_IDENT_ID) ? TAP_IDENTITY_ID : TAP_IDENTITY_FINGERPRINT;
 	}
 }
+
+bool trk_fault_put(struct tap_track_conn *c, uint16_t ch, uint64_t seq, uint8_t saw, uint32_t rule)
+{
+	for (uint32_t i = 0; i < c->n_fault_marks; i++) { /* a kill's marks may follow a nack's of one publish */
+		struct trk_fault_mark *m = &c->fault_marks[i];
+		if (m->ch == ch && m->seq == seq) {
+			m->saw = saw;
+			m->rule = rule;
+			return true;
+		}
+	}
+	if (c->n_fault_marks == c->cap_fault_marks) {
+		if (c->cap_fault_marks >= TAP_FAULT_TAGS_MAX)
+			return false;
+		uint32_t cap = c->cap_fault_marks ? c->cap_fault_marks * 2 : 16;
+		struct trk_fault_mark *n = trk_alloc(c->t, cap * sizeof *n);
+		if (!n)
+			return false;
+		if (c->n_fault_marks)
+			memcpy(n, c->fault_marks, c->n_fault_marks * sizeof *n);
+		trk_free(c->t, c->fault_marks, c->cap_fault_marks * sizeof *n);
+		c->fault_marks = n;
+		c->cap_fault_marks = cap;
+	}
+	c->fault_marks[c->n_fault_marks++] = (struct trk_fault_mark){.seq = seq, .rule = rule, .ch = ch, .saw = saw};
+	return true;
+}
+
+bool trk_fault_take(struct tap_track_conn *c, uint16_t ch, uint64_t seq, struct trk_fault_mark *out)
+{
+	for (uint32_t i = 0; i < c->n_fault_marks; i++) {
+		if (c->fault_marks[i].ch != ch || c->fault_marks[i].seq != seq)
+			continue;
+		*out = c->fault_marks[i];
+		c->fault_marks[i] = c->fault_marks[--c->n_fault_marks];
+		return true;
+	}
+	return false;
+}
+
+void trk_fault_free(struct tap_track_conn *c)
+{
+	trk_free(c->t, c->fault_marks, c->cap_fault_marks * sizeof *c->fault_marks);
+	c->fault_marks = NULL;
+	c->n_fault_marks = c->cap_fault_marks = 0;
+}

@@ -11,6 +11,11 @@
 /* Allocations counted in t->mem. */
 void *trk_alloc(struct tap_track *t, size_t n);
 void trk_free(struct tap_track *t, void *p, size_t n);
+/* --fault: stores that the client was shown `saw` for publish seq of channel ch by rule `rule` (false without
+ * memory, or past TAP_FAULT_TAGS_MAX marks waiting); takes it back (true, *out) when its record is written. */
+bool trk_fault_put(struct tap_track_conn *c, uint16_t ch, uint64_t seq, uint8_t saw, uint32_t rule);
+bool trk_fault_take(struct tap_track_conn *c, uint16_t ch, uint64_t seq, struct trk_fault_mark *out);
+void trk_fault_free(struct tap_track_conn *c);
 /* len bytes and a NUL (free with trk_free(t, p, len + 1)); NULL when out of memory. */
 char *trk_dup(struct tap_track *t, const uint8_t *s, size_t len);
 /* C strings (printed up to their first NUL: they are kept up to it). */

@@ -215,7 +215,10 @@ void trk_publish_done(struct tap_track_conn *c, uint16_t id, const struct trk_vi
 	struct tap_track *t = c->t;
 	struct trk_repeat rep;
 	trk_ident_publish(t, c, id, v, vd, now_us, &rep);
-	trk_record_publish(&t->render, c, id, v, vd, &rep, now_us);
+	struct trk_fault_mark fm, *fault = NULL;
+	if (c->n_fault_marks && v->confirm_mode && trk_fault_take(c, id, v->seq, &fm))
+		fault = &fm;
+	trk_record_publish(&t->render, c, id, v, vd, &rep, fault, now_us);
 	trk_emit(t);
 	count_verdict(c, v, vd);
 	if (t->verdict_hook)

@@ -21,6 +21,7 @@ static const char *const end_names[] = {
 	[TAP_END_UNREACHABLE] = "unreachable",   [TAP_END_SHUTDOWN] = "shutdown",
 	[TAP_END_CLIENT_TLS] = "client_tls_error", [TAP_END_BROKER_TLS] = "broker_tls_error",
 	[TAP_END_FD_LIMIT] = "tap_fd_limit",     [TAP_END_NO_MEMORY] = "tap_no_memory",
+	[TAP_END_FAULT] = "tap_fault",
 };
 
 const char *tap_proxy_end_name(enum tap_proxy_end why)
@@ -154,4 +155,9 @@ void tap_proxy_free(struct tap_proxy *px)
 	tap_tls_proxy_free(px);
 	free(px->scratch);
 	free(px);
+}
+
+void tap_proxy_set_faults(struct tap_proxy *p, struct tap_fault_set *set)
+{
+	p->faults = set;
 }

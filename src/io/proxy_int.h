@@ -169,6 +169,13 @@ struct tap_session {
 	void *obs;
 	size_t upstream_at; /* the proxy's upstream address this session goes to (chosen at accept) */
 	size_t upstream_tries; /* addresses found unreachable so far: it moves on to the next until it has tried all */
+	/* --fault: both directions go through this rewriter (faultio.c); NULL without rules: bytes go on as read */
+	struct tap_fault_conn *fault;
+	struct event *fault_hold; /* the held broker bytes are due */
+	struct event *fault_kill; /* a kill waited long enough for the broker's confirm, or it came */
+	struct event *fault_block; /* a block's time is over */
+	bool fault_kill_armed;
+	bool fault_blocked; /* block: the client is not read (tap_relay_start_reading keeps it so) */
 };
 
 TAILQ_HEAD(session_list, tap_session);
@@ -203,6 +210,7 @@ struct tap_proxy {
 	const struct leg_up *up; /* the session's (session.c) */
 	void (*readable)(evutil_socket_t fd, short what, void *leg); /* every leg's read event: the relay's */
 	void (*read)(struct leg *l); /* the relay's read loop, for a TLS read that waited for the socket writable */
+	struct tap_fault_set *faults; /* NULL: no fault rules */
 };
 
 /* leg.c: what every layer above a leg uses. */
@@ -253,6 +261,22 @@ void tap_relay_stop_reading(struct leg *l);
 void tap_relay_apply_reading(struct leg *l);
 /* Reads what a leg sent that still sits unread in its socket, observed and passed on as far as it goes. */
 void tap_relay_read_rest(struct leg *l);
+
+/* Passes bytes to `to` as they are: into its socket when nothing waits, else onto its output (relay.c). */
+void tap_relay_forward(struct leg *to, const void *data, size_t len);
+/* Counts and shows bytes read from `from` (relay.c). */
+void tap_relay_account_observe(struct leg *from, const void *data, size_t len, int64_t now);
+
+/* faultio.c: --fault, a session's rewriter between the relay and the legs. */
+
+/* Makes s->fault (and its timers) when the proxy has rules; false only without memory for the timers. */
+bool tap_fault_session_open(struct tap_session *s, const char *client);
+void tap_fault_session_free(struct tap_session *s);
+/* The relay's pass_on for a session with a rewriter: bytes read from `from` fed to it, then counted and shown. */
+void tap_fault_pass_on(struct leg *from, const void *data, size_t len, int64_t now);
+/* session.c: a kill rule ends the session: the client is reset, or sent connection.close 320 and closed; the
+ * broker's connection is closed. */
+void tap_session_fault_kill(struct tap_session *s, enum tap_fault_kill_mode mode, uint32_t rule);
 
 /* plainleg.c, tlsleg.c: the two struct leg_ops above. tlsleg.c also: */
 

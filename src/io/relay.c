@@ -52,6 +52,8 @@ static struct evbuffer *queue_for(const struct leg *to)
 static void set_reading(struct leg *l, bool on)
 {
 	struct tap_proxy *px = l->s->px;
+	if (on && l->side == SIDE_CLIENT && (l->s->fault_blocked || l->s->fault_kill_armed))
+		on = false; /* --fault: a block or a kill keeps the client unread (faultio.c) */
 	if (l->side == SIDE_UPSTREAM && on != l->reading && px->hooks.held)
 		px->hooks.held(px->hooks.ctx, l->s->obs, !on, tap_now_us());
 	l->reading = on;
@@ -108,9 +110,8 @@ static void observe(struct leg *from, const void *data, size_t len, int64_t now)
  * the socket does not take onto the peer's output. A failed plain send is
  * left for the bufferevent's own write to find and report, a failed TLS
  * one for the write event's flush. */
-static void pass_on(struct leg *from, const void *data, size_t len, int64_t now)
+static inline void forward(struct leg *to, const void *data, size_t len)
 {
-	struct leg *to = from->peer;
 	if (to->out) {
 		struct evbuffer *q = queue_for(to);
 		size_t sent = 0;
@@ -121,6 +122,26 @@ static void pass_on(struct leg *from, const void *data, size_t len, int64_t now)
 		if (sent < len)
 			evbuffer_add(q, (const char *)data + sent, len - sent);
 	}
+}
+
+void tap_relay_forward(struct leg *to, const void *data, size_t len)
+{
+	forward(to, data, len);
+}
+
+void tap_relay_account_observe(struct leg *from, const void *data, size_t len, int64_t now)
+{
+	account(from, len);
+	observe(from, data, len, now);
+}
+
+static void pass_on(struct leg *from, const void *data, size_t len, int64_t now)
+{
+	if (from->s->fault) { /* --fault: the rewriter decides what goes on (faultio.c) */
+		tap_fault_pass_on(from, data, len, now);
+		return;
+	}
+	forward(from->peer, data, len);
 	account(from, len);
 	observe(from, data, len, now);
 }
@@ -178,7 +199,8 @@ static void read_leg(struct leg *from)
 	rd.why[0] = '\0';
 	from->ios++;
 	for (size_t budget = TAP_PROXY_HIGH_WATER; budget > 0 && from->reading;) {
-		struct evbuffer *q = from->peer->out ? queue_for(from->peer) : NULL;
+		/* with a rewriter (--fault) the bytes are read into the scratch buffer: it chooses what is queued */
+		struct evbuffer *q = from->peer->out && !from->s->fault ? queue_for(from->peer) : NULL;
 		size_t got;
 		if (q) {
 			got = read_queued(from, q, &rd);

@@ -115,6 +115,7 @@ static void session_end(struct tap_session *s)
 	leg_free(&s->leg[SIDE_UPSTREAM]);
 	if (s->reset_later)
 		event_free(s->reset_later);
+	tap_fault_session_free(s);
 	free(s);
 	if (px->accept_paused)
 		resume_accepting(px); /* its descriptors are free now */
@@ -617,7 +618,7 @@ void tap_session_accept(struct tap_proxy *px, evutil_socket_t fd, const struct s
 	tap_format_sockaddr(sa, peer_name, sizeof peer_name);
 	if (px->hooks.open)
 		s->obs = px->hooks.open(px->hooks.ctx, s->id, peer_name, px->upstream_addr, tap_now_us());
-	if (client->ops->open(client, fd) || upstream->ops->open(upstream, -1)) {
+	if (!tap_fault_session_open(s, peer_name) || client->ops->open(client, fd) || upstream->ops->open(upstream, -1)) {
 		session_fail(s, TAP_END_NO_MEMORY, "out of memory");
 		return;
 	}
@@ -653,4 +654,31 @@ void tap_session_close(struct tap_session *s)
 		s->detail[0] = '\0';
 	}
 	session_end_reading_rest(s);
+}
+
+void tap_session_fault_kill(struct tap_session *s, enum tap_fault_kill_mode mode, uint32_t rule)
+{
+	(void)rule;
+	s->why = TAP_END_FAULT;
+	snprintf(s->detail, sizeof s->detail, "--fault kill (%s)", mode == TAP_FAULT_KILL_RESET ? "reset" : "close");
+	if (mode == TAP_FAULT_KILL_RESET) {
+		reset_client_on_close(s);
+		session_end_reading_rest(s);
+		return;
+	}
+	/* close: connection.close 320 as a broker going away sends it, then the client is drained and closed; the
+	 * broker's connection is closed now (it gets a FIN: what it had is processed, its answers are not read) */
+	struct leg *client = &s->leg[SIDE_CLIENT];
+	uint8_t frame[300];
+	size_t n = tap_fault_close_frame(frame, sizeof frame, "CONNECTION_FORCED - amqptap fault injection");
+	if (client->out)
+		tap_relay_forward(client, frame, n);
+	struct leg *upstream = &s->leg[SIDE_UPSTREAM];
+	if (upstream->out) {
+		read_rest_if_open(upstream);
+		leg_free(upstream);
+	}
+	if (!s->closing)
+		begin_closing(s);
+	settle(s);
 }

@@ -516,11 +516,30 @@ START_TEST(addr_format_round_trip)
 }
 END_TEST
 
+/* --fault: repeatable, each rule parsed at once (a bad one named in the message), off by default, proxy only. */
+START_TEST(fault_rules)
+{
+	struct tap_conf c;
+	char err[300];
+	ck_assert_int_eq(PARSE(&c, err, "--upstream", "127.0.0.1:5672"), 0);
+	ck_assert_uint_eq(c.n_faults, 0);
+	ck_assert_int_eq(PARSE(&c, err, "--fault", "nack:every=10", "--fault=kill:after=500"), 0);
+	ck_assert_uint_eq(c.n_faults, 2);
+	ck_assert_str_eq(c.faults[0], "nack:every=10");
+	ck_assert_str_eq(c.faults[1], "kill:after=500");
+	ck_assert_int_eq(PARSE(&c, err, "--fault", "nack:every=10", "--fault", "nack:evry=3"), TAP_E_USAGE);
+	ck_assert_str_eq(err, "--fault 'nack:evry=3': unknown key 'evry'");
+	ck_assert_int_eq(PARSE(&c, err, "replay", "x.pcap", "--fault", "nack"), TAP_E_USAGE);
+	ck_assert_ptr_nonnull(strstr(err, "--fault: only for the proxy"));
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("conf");
 	TCase *tc = tcase_create("parse");
 	tcase_add_test(tc, defaults);
+	tcase_add_test(tc, fault_rules);
 	tcase_add_test(tc, tracker_defaults_come_from_track_h);
 	tcase_add_test(tc, every_default_parses);
 	tcase_add_test(tc, accepted_forms);

@@ -1,0 +1,938 @@
+/* The per-connection fault rewriter (include/amqptap/fault.h). Each direction is cut into frames by a push
+ * parser that keeps only what it must: a frame's 7-byte header, and the payload of a method frame small enough to
+ * matter (FAULT_SMALL bytes); content and larger frames pass through as they arrive.
+ *
+ *   client -> broker   forwarded unchanged; publishes counted per channel (confirm sequence numbers from
+ *                      confirm.select), each matched against the rules; a selected one's tag is remembered
+ *                      (nack, withhold, delay) or, for kill, the stream is cut at the end of its content
+ *   broker -> client   a basic.ack/nack covering a remembered tag is rewritten:
+ *                        ack M multiple over [lo, M] with tag N selected for nack
+ *                          -> ack N-1 multiple (when lo < N), nack N, ack M multiple (when N < M)
+ *                        withheld N: N is left out; from then on the channel's confirms go one tag at a time,
+ *                          as a later `multiple` would confirm N in the client too
+ *                        delayed N: everything from N's confirm on is held until it is due (order kept, so
+ *                          Returns stay before their acks)
+ *
+ * Assumes what RabbitMQ does: confirms on a channel come in ascending tag order, so a `multiple` confirm covers
+ * the tags after the channel's previous confirm up to its own. */
+#include "amqptap/fault.h"
+
+#include "amqptap/props.h"
+#include "amqptap/sasl.h"
+#include "amqptap/table.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Method frames up to this payload are kept whole until decided (start-ok with its client properties fits; a
+ * larger one is not looked at). */
+#define FAULT_SMALL 4096
+#define FRAME_METHOD 1
+#define FRAME_HEADER 2
+#define FRAME_BODY 3
+#define FRAME_HEARTBEAT 8
+#define FRAME_END 0xCE
+
+struct ftag {
+	uint64_t tag;
+	uint32_t rule;
+	uint32_t ms;
+	uint8_t action;
+};
+
+struct fchan {
+	uint16_t id;
+	bool confirm;
+	uint64_t next_seq; /* the tag of the next publish in confirm mode */
+	uint64_t last_tag; /* the highest tag the broker confirmed */
+	uint64_t withheld; /* tags withheld: confirms go one at a time */
+	/* the client's publish whose content is arriving */
+	bool pub_open, pub_header, pub_kill, pub_block;
+	uint64_t body_left, pub_seq;
+	uint32_t kill_rule, block_rule, block_s;
+	struct ftag *tags; /* ascending */
+	uint32_t n_tags, cap_tags;
+};
+
+struct fparse {
+	uint8_t hdr[7];
+	uint8_t n_hdr;
+	uint8_t type;
+	uint16_t ch;
+	uint32_t size;
+	uint64_t left;   /* payload bytes and the end octet still to come */
+	bool collect;    /* the frame is kept in small */
+	uint32_t n_small;
+	uint8_t small[7 + FAULT_SMALL + 1];
+};
+
+struct hold {
+	struct hold *next;
+	int64_t due;
+	size_t len;
+	uint8_t data[];
+};
+
+struct ctr {
+	uint32_t id;
+	uint64_t seen, acts;
+};
+
+struct tap_fault_conn {
+	struct tap_fault_set *set;
+	uint64_t id;
+	char client[80];
+	char user[128], vhost[128], name[128];
+	struct fchan *chans;
+	uint32_t n_chans, cap_chans;
+	uint32_t n_tags; /* over all channels: at most TAP_FAULT_TAGS_MAX */
+	struct ctr ctr[TAP_FAULT_RULES_MAX];
+	struct fparse p[TAP_DIR_COUNT];
+	bool header_seen; /* the client's protocol header (8 bytes, not a frame) */
+	uint8_t n_proto;
+	/* kill */
+	bool killing, kill_now;
+	uint16_t kill_ch;
+	uint64_t kill_tag;
+	enum tap_fault_kill_mode kill_mode;
+	uint32_t kill_rule;
+	/* block */
+	bool blocked_cap;  /* the client's capabilities say connection.blocked */
+	bool blocking;     /* the client is not read; what it sent after the publish waits in c2s_held */
+	bool inject_blocked, inject_unblocked; /* to the client at the broker stream's next frame boundary */
+	uint32_t block_ms;
+	uint8_t *c2s_held;
+	size_t c2s_held_len;
+	/* held broker bytes (delay-confirms) */
+	struct hold *head, *tail;
+	size_t held;
+	int64_t floor; /* bytes emitted now are not due before this */
+	int64_t now;
+	const struct tap_fault_io *io;
+};
+
+static inline void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)(v >> 8);
+	p[1] = (uint8_t)v;
+}
+
+static inline void put32(uint8_t *p, uint32_t v)
+{
+	put16(p, (uint16_t)(v >> 16));
+	put16(p + 2, (uint16_t)v);
+}
+
+static inline void put64(uint8_t *p, uint64_t v)
+{
+	put32(p, (uint32_t)(v >> 32));
+	put32(p + 4, (uint32_t)v);
+}
+
+static inline uint16_t get16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static inline uint32_t get32(const uint8_t *p)
+{
+	return (uint32_t)get16(p) << 16 | get16(p + 2);
+}
+
+static inline uint64_t get64(const uint8_t *p)
+{
+	return (uint64_t)get32(p) << 32 | get32(p + 4);
+}
+
+size_t tap_fault_confirm_frame(uint8_t out[21], uint16_t ch, bool nack, uint64_t tag, bool multiple, bool requeue)
+{
+	out[0] = FRAME_METHOD;
+	put16(out + 1, ch);
+	put32(out + 3, 13);
+	put16(out + 7, 60);
+	put16(out + 9, nack ? 120 : 80);
+	put64(out + 11, tag);
+	out[19] = (uint8_t)((multiple ? 1 : 0) | (nack && requeue ? 2 : 0));
+	out[20] = FRAME_END;
+	return 21;
+}
+
+size_t tap_fault_close_frame(uint8_t *out, size_t cap, const char *text)
+{
+	size_t tl = strlen(text);
+	if (tl > 255)
+		tl = 255;
+	size_t payload = 4 + 2 + 1 + tl + 4;
+	if (cap < 7 + payload + 1)
+		return 0;
+	out[0] = FRAME_METHOD;
+	put16(out + 1, 0);
+	put32(out + 3, (uint32_t)payload);
+	put16(out + 7, 10);
+	put16(out + 9, 50);
+	put16(out + 11, 320);
+	out[13] = (uint8_t)tl;
+	memcpy(out + 14, text, tl);
+	put16(out + 14 + tl, 0); /* class, method: none */
+	put16(out + 16 + tl, 0);
+	out[7 + payload] = FRAME_END;
+	return 7 + payload + 1;
+}
+
+struct tap_fault_conn *tap_fault_conn_new(struct tap_fault_set *set, uint64_t conn_id, const char *client)
+{
+	struct tap_fault_conn *fc = calloc(1, sizeof *fc);
+	if (!fc)
+		return NULL;
+	fc->set = set;
+	fc->id = conn_id;
+	snprintf(fc->client, sizeof fc->client, "%s", client ? client : "");
+	return fc;
+}
+
+void tap_fault_conn_free(struct tap_fault_conn *fc)
+{
+	if (!fc)
+		return;
+	for (uint32_t i = 0; i < fc->n_chans; i++)
+		free(fc->chans[i].tags);
+	free(fc->chans);
+	free(fc->c2s_held);
+	for (struct hold *h = fc->head, *next; h; h = next) {
+		next = h->next;
+		free(h);
+	}
+	free(fc);
+}
+
+enum tap_fault_kill_mode tap_fault_kill_mode(const struct tap_fault_conn *fc)
+{
+	return fc->kill_mode;
+}
+
+int64_t tap_fault_due(const struct tap_fault_conn *fc)
+{
+	return fc->head ? fc->head->due : INT64_MAX;
+}
+
+/* ---- channels ---- */
+
+static struct fchan *chan_find(struct tap_fault_conn *fc, uint16_t id)
+{
+	for (uint32_t i = 0; i < fc->n_chans; i++)
+		if (fc->chans[i].id == id)
+			return &fc->chans[i];
+	return NULL;
+}
+
+/* The channel's state, made when missing (a client's channel_max bounds how many: RabbitMQ's default 2047). */
+static struct fchan *chan_get(struct tap_fault_conn *fc, uint16_t id)
+{
+	struct fchan *c = chan_find(fc, id);
+	if (c)
+		return c;
+	if (fc->n_chans == fc->cap_chans) {
+		if (fc->cap_chans >= 65536)
+			return NULL;
+		uint32_t cap = fc->cap_chans ? fc->cap_chans * 2 : 4;
+		struct fchan *n = realloc(fc->chans, cap * sizeof *n);
+		if (!n)
+			return NULL;
+		fc->chans = n;
+		fc->cap_chans = cap;
+	}
+	c = &fc->chans[fc->n_chans++];
+	memset(c, 0, sizeof *c);
+	c->id = id;
+	return c;
+}
+
+static void chan_drop(struct tap_fault_conn *fc, uint16_t id)
+{
+	struct fchan *c = chan_find(fc, id);
+	if (!c)
+		return;
+	fc->n_tags -= c->n_tags;
+	free(c->tags);
+	*c = fc->chans[--fc->n_chans];
+}
+
+static bool tag_add(struct tap_fault_conn *fc, struct fchan *c, const struct ftag *t)
+{
+	if (fc->n_tags >= TAP_FAULT_TAGS_MAX)
+		return false;
+	if (c->n_tags == c->cap_tags) {
+		uint32_t cap = c->cap_tags ? c->cap_tags * 2 : 8;
+		struct ftag *n = realloc(c->tags, cap * sizeof *n);
+		if (!n)
+			return false;
+		c->tags = n;
+		c->cap_tags = cap;
+	}
+	c->tags[c->n_tags++] = *t;
+	fc->n_tags++;
+	return true;
+}
+
+/* ---- the rules ---- */
+
+static struct ctr *counter(struct tap_fault_conn *fc, uint32_t id)
+{
+	struct ctr *free_slot = NULL;
+	for (size_t i = 0; i < TAP_FAULT_RULES_MAX; i++) {
+		if (fc->ctr[i].id == id)
+			return &fc->ctr[i];
+		bool live = false; /* a slot of a rule removed since is free again */
+		for (size_t k = 0; k < fc->set->n && !live; k++)
+			live = fc->set->rules[k].id == fc->ctr[i].id;
+		if (!free_slot && (fc->ctr[i].id == 0 || !live))
+			free_slot = &fc->ctr[i];
+	}
+	if (free_slot)
+		*free_slot = (struct ctr){.id = id};
+	return free_slot;
+}
+
+/* The client's address without its port ("1.2.3.4:5" -> "1.2.3.4", "[::1]:5" -> "::1"). */
+static bool client_matches(const char *client, const char *want)
+{
+	if (strcmp(client, want) == 0)
+		return true;
+	const char *colon = strrchr(client, ':');
+	if (!colon)
+		return false;
+	const char *ip = client;
+	size_t len = (size_t)(colon - client);
+	if (*ip == '[' && len >= 2 && ip[len - 1] == ']') {
+		ip++;
+		len -= 2;
+	}
+	return strlen(want) == len && memcmp(ip, want, len) == 0;
+}
+
+static bool str_is(const char *want, const uint8_t *s, size_t len)
+{
+	return strlen(want) == len && memcmp(want, s, len) == 0;
+}
+
+static uint64_t xorshift(uint64_t *x)
+{
+	*x ^= *x << 13;
+	*x ^= *x >> 7;
+	*x ^= *x << 17;
+	return *x;
+}
+
+/* Whether the connection-wide selectors of r match (they are known once the client logged in and opened). */
+static bool conn_matches(const struct tap_fault_conn *fc, const struct tap_fault_rule *r)
+{
+	return (!r->conn || r->conn == fc->id) && (!r->client[0] || client_matches(fc->client, r->client)) &&
+	       (!r->user[0] || strcmp(r->user, fc->user) == 0) && (!r->vhost[0] || strcmp(r->vhost, fc->vhost) == 0) &&
+	       (!r->name[0] || strcmp(r->name, fc->name) == 0);
+}
+
+/* The first rule in force that selects this publish, or -1. Each rule counts the publishes it matches on the
+ * connection (after, every); a publish another rule took first is not counted by the later ones. */
+static int select_rule(struct tap_fault_conn *fc, const struct fchan *c, const uint8_t *ex, size_t ex_len,
+		       const uint8_t *rk, size_t rk_len)
+{
+	struct tap_fault_set *set = fc->set;
+	for (size_t i = 0; i < set->n; i++) {
+		const struct tap_fault_rule *r = &set->rules[i];
+		if (r->action != TAP_FAULT_NACK && r->action != TAP_FAULT_WITHHOLD && r->action != TAP_FAULT_DELAY &&
+		    r->action != TAP_FAULT_KILL && r->action != TAP_FAULT_BLOCK)
+			continue; /* not selected by publish */
+		if (r->for_ms && fc->now - set->added_us[i] >= (int64_t)r->for_ms * 1000)
+			continue;
+		if (!conn_matches(fc, r) || (r->has_channel && r->channel != c->id) ||
+		    (r->has_exchange && !str_is(r->exchange, ex, ex_len)) ||
+		    (r->has_routing_key && !str_is(r->routing_key, rk, rk_len)))
+			continue;
+		bool needs_confirm = r->action == TAP_FAULT_NACK || r->action == TAP_FAULT_WITHHOLD ||
+				     r->action == TAP_FAULT_DELAY;
+		if (needs_confirm && !c->confirm)
+			continue; /* a confirm fault on a channel without confirms has nothing to act on */
+		struct ctr *k = counter(fc, r->id);
+		if (!k)
+			continue;
+		uint64_t n = ++k->seen;
+		if (n <= r->after)
+			continue;
+		if (r->every && (n - r->after) % r->every != 0)
+			continue;
+		uint64_t times = r->action == TAP_FAULT_KILL ? 1 : r->times;
+		if (times && k->acts >= times)
+			continue;
+		if (r->p > 0.0 && (double)(xorshift(&set->rng[i]) >> 11) * 0x1p-53 >= r->p)
+			continue;
+		k->acts++;
+		return (int)i;
+	}
+	return -1;
+}
+
+static void act(struct tap_fault_conn *fc, uint32_t rule, enum tap_fault_action a, uint16_t ch, uint64_t seq,
+		uint64_t outstanding, uint32_t ms)
+{
+	if ((unsigned)a < TAP_FAULT_ACTIONS)
+		fc->set->acted[a]++;
+	struct tap_fault_act x = {
+	    .rule = rule, .action = a, .channel = ch, .seq = seq, .outstanding = outstanding, .ms = ms};
+	if (fc->io->act)
+		fc->io->act(fc->io->ctx, &x);
+}
+
+static void mark(struct tap_fault_conn *fc, uint16_t ch, uint64_t seq, enum tap_fault_saw saw, uint32_t rule)
+{
+	if (fc->io->mark)
+		fc->io->mark(fc->io->ctx, ch, seq, saw, rule);
+}
+
+/* The stall-heartbeats rule in force for this connection, or NULL. It acts (one fault record) at the first heartbeat
+ * it keeps from the client. */
+static const struct tap_fault_rule *stall_rule(struct tap_fault_conn *fc)
+{
+	struct tap_fault_set *set = fc->set;
+	for (size_t i = 0; i < set->n; i++) {
+		const struct tap_fault_rule *r = &set->rules[i];
+		if (r->action != TAP_FAULT_STALL_HEARTBEATS || !conn_matches(fc, r))
+			continue;
+		if (r->for_ms && fc->now - set->added_us[i] >= (int64_t)r->for_ms * 1000)
+			continue;
+		return r;
+	}
+	return NULL;
+}
+
+static void act(struct tap_fault_conn *fc, uint32_t rule, enum tap_fault_action a, uint16_t ch, uint64_t seq,
+		uint64_t outstanding, uint32_t ms);
+
+/* A broker heartbeat (kept whole): true when a stall-heartbeats rule keeps it from the client. */
+static bool heartbeat_stalled(struct tap_fault_conn *fc)
+{
+	const struct tap_fault_rule *r = stall_rule(fc);
+	if (!r)
+		return false;
+	struct ctr *k = counter(fc, r->id);
+	if (k && k->acts++ == 0)
+		act(fc, r->id, TAP_FAULT_STALL_HEARTBEATS, 0, 0, 0, 0);
+	return true;
+}
+
+/* ---- output ---- */
+
+static void out(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *p, size_t len)
+{
+	if (len == 0)
+		return;
+	if (dir == TAP_S2C && (fc->head || fc->floor > fc->now)) {
+		struct hold *h = malloc(sizeof *h + len);
+		if (!h) { /* no memory to hold it: it goes now (late is better than lost or reordered... it is early) */
+			fc->io->emit(fc->io->ctx, dir, p, len);
+			return;
+		}
+		h->next = NULL;
+		h->due = fc->tail && fc->tail->due > fc->floor ? fc->tail->due : fc->floor;
+		h->len = len;
+		memcpy(h->data, p, len);
+		if (fc->tail)
+			fc->tail->next = h;
+		else
+			fc->head = h;
+		fc->tail = h;
+		fc->held += len;
+		return;
+	}
+	fc->io->emit(fc->io->ctx, dir, p, len);
+}
+
+static unsigned status(const struct tap_fault_conn *fc)
+{
+	unsigned st = 0;
+	if (fc->blocking)
+		st |= TAP_FAULT_BLOCKED;
+	if (fc->killing)
+		st |= TAP_FAULT_KILL_ARMED;
+	if (fc->kill_now)
+		st |= TAP_FAULT_KILL_NOW;
+	if (fc->head)
+		st |= TAP_FAULT_HOLDING;
+	if (fc->held > TAP_FAULT_HOLD_MAX)
+		st |= TAP_FAULT_FULL;
+	return st;
+}
+
+unsigned tap_fault_release(struct tap_fault_conn *fc, int64_t now_us, const struct tap_fault_io *io)
+{
+	fc->now = now_us;
+	fc->io = io;
+	while (fc->head && fc->head->due <= now_us) {
+		struct hold *h = fc->head;
+		fc->head = h->next;
+		if (!fc->head)
+			fc->tail = NULL;
+		fc->held -= h->len;
+		if (!fc->killing)
+			io->emit(io->ctx, TAP_S2C, h->data, h->len);
+		free(h);
+	}
+	return status(fc);
+}
+
+/* Emits confirms of tags [a, b] as the broker's frame said them (nack: with its requeue bit): one `multiple`
+ * frame, or one frame per tag once a tag of the channel was withheld. */
+static void emit_range(struct tap_fault_conn *fc, const struct fchan *c, bool nack, bool requeue, bool multiple,
+		       uint64_t a, uint64_t b)
+{
+	uint8_t f[21];
+	if (a > b)
+		return;
+	if (!c->withheld) {
+		tap_fault_confirm_frame(f, c->id, nack, b, multiple || a < b, requeue);
+		out(fc, TAP_S2C, f, sizeof f);
+		return;
+	}
+	for (uint64_t t = a; t <= b; t++) {
+		tap_fault_confirm_frame(f, c->id, nack, t, false, requeue);
+		out(fc, TAP_S2C, f, sizeof f);
+	}
+}
+
+/* The broker's basic.ack or basic.nack (frame: the whole frame, 21 bytes): passed on, or rewritten around the
+ * selected tags it covers. */
+static void broker_confirm(struct tap_fault_conn *fc, struct fchan *c, const uint8_t *frame, bool nack)
+{
+	uint64_t tag = get64(frame + 11);
+	bool multiple = frame[19] & 1, requeue = frame[19] & 2;
+	if (tag == 0 || tag >= c->next_seq) { /* no tag the client published: not the rewriter's to split (a range of */
+		if (!fc->killing)              /* singles is bounded by the client's publishes, never by this tag) */
+			out(fc, TAP_S2C, frame, 21);
+		return;
+	}
+	uint64_t lo = multiple ? c->last_tag + 1 : tag;
+	if (tag > c->last_tag)
+		c->last_tag = tag;
+	if (fc->killing) { /* the client sees nothing more; the kill waited for this confirm */
+		if (c->id == fc->kill_ch && fc->kill_tag && tag >= fc->kill_tag)
+			fc->kill_now = true;
+		for (uint64_t t = lo; t <= tag && t - lo < TAP_FAULT_TAGS_MAX; t++)
+			mark(fc, c->id, t, TAP_FAULT_SAW_NONE, fc->kill_rule);
+		return;
+	}
+	uint32_t first = 0;
+	while (first < c->n_tags && c->tags[first].tag < lo)
+		first++; /* confirmed earlier (out of order): nothing to do for them any more */
+	uint32_t last = first;
+	while (last < c->n_tags && c->tags[last].tag <= tag)
+		last++;
+	if (first == last && !c->withheld) {
+		out(fc, TAP_S2C, frame, 21);
+	} else {
+		uint64_t cur = lo;
+		for (uint32_t i = first; i < last; i++) {
+			const struct ftag *t = &c->tags[i];
+			emit_range(fc, c, nack, requeue, multiple, cur, t->tag - 1);
+			uint8_t f[21];
+			switch (t->action) {
+			case TAP_FAULT_NACK:
+				tap_fault_confirm_frame(f, c->id, true, t->tag, false, false);
+				out(fc, TAP_S2C, f, sizeof f);
+				mark(fc, c->id, t->tag, TAP_FAULT_SAW_NACK, t->rule);
+				act(fc, t->rule, TAP_FAULT_NACK, c->id, t->tag, 0, 0);
+				break;
+			case TAP_FAULT_WITHHOLD:
+				c->withheld++;
+				mark(fc, c->id, t->tag, TAP_FAULT_SAW_NONE, t->rule);
+				act(fc, t->rule, TAP_FAULT_WITHHOLD, c->id, t->tag, 0, 0);
+				break;
+			case TAP_FAULT_DELAY: {
+				int64_t due = fc->now + (int64_t)t->ms * 1000;
+				if (due > fc->floor)
+					fc->floor = due;
+				tap_fault_confirm_frame(f, c->id, nack, t->tag, false, requeue);
+				out(fc, TAP_S2C, f, sizeof f);
+				mark(fc, c->id, t->tag, nack ? TAP_FAULT_SAW_NACK : TAP_FAULT_SAW_ACK, t->rule);
+				act(fc, t->rule, TAP_FAULT_DELAY, c->id, t->tag, 0, t->ms);
+				break;
+			}
+			}
+			cur = t->tag + 1;
+		}
+		emit_range(fc, c, nack, requeue, multiple, cur, tag);
+	}
+	uint32_t gone = last; /* tags up to here are settled */
+	if (gone) {
+		memmove(c->tags, c->tags + gone, (c->n_tags - gone) * sizeof c->tags[0]);
+		c->n_tags -= gone;
+		fc->n_tags -= gone;
+	}
+}
+
+/* ---- the client's methods ---- */
+
+/* A short string at *p of [*p, end): false when it does not fit. */
+static bool shortstr(const uint8_t **p, const uint8_t *end, const uint8_t **s, size_t *len)
+{
+	if (*p >= end || (size_t)(end - *p) < 1u + **p)
+		return false;
+	*len = **p;
+	*s = *p + 1;
+	*p += 1 + *len;
+	return true;
+}
+
+static void copy_ident(char *dst, size_t cap, const uint8_t *s, size_t len)
+{
+	if (len >= cap)
+		len = cap - 1;
+	memcpy(dst, s, len);
+	dst[len] = '\0';
+}
+
+static void start_ok(struct tap_fault_conn *fc, const uint8_t *a, const uint8_t *end)
+{
+	if (end - a < 4)
+		return;
+	uint32_t tl = get32(a);
+	if ((size_t)(end - a - 4) < tl)
+		return;
+	struct tap_field f;
+	if (tap_table_find(a + 4, tl, "connection_name", &f) && f.type == 'S')
+		copy_ident(fc->name, sizeof fc->name, f.ptr, f.len);
+	struct tap_field caps, b;
+	if (tap_table_find(a + 4, tl, "capabilities", &caps) && caps.type == 'F' &&
+	    tap_table_find(caps.ptr, caps.len, "connection.blocked", &b) && b.type == 't')
+		fc->blocked_cap = b.i || b.u;
+	const uint8_t *p = a + 4 + tl, *mech, *resp;
+	size_t mech_len;
+	if (!shortstr(&p, end, &mech, &mech_len) || end - p < 4)
+		return;
+	uint32_t rl = get32(p);
+	if ((size_t)(end - p - 4) < rl)
+		return;
+	resp = p + 4;
+	struct tap_sasl s;
+	tap_sasl_parse((struct tap_slice){mech, mech_len}, (struct tap_slice){resp, rl}, &s);
+	if (s.user.len)
+		copy_ident(fc->user, sizeof fc->user, s.user.ptr, s.user.len);
+}
+
+static void client_publish(struct tap_fault_conn *fc, struct fchan *c, const uint8_t *a, const uint8_t *end)
+{
+	const uint8_t *p = a + 2, *ex = NULL, *rk = NULL; /* reserved short */
+	size_t ex_len = 0, rk_len = 0;
+	if (end - a < 2 || !shortstr(&p, end, &ex, &ex_len) || !shortstr(&p, end, &rk, &rk_len))
+		ex = rk = NULL; /* malformed: the broker will close; nothing is selected */
+	uint64_t seq = c->confirm ? c->next_seq++ : 0;
+	c->pub_open = true;
+	c->pub_header = false;
+	c->pub_kill = false;
+	c->pub_block = false;
+	c->pub_seq = seq;
+	if (!ex || fc->killing)
+		return;
+	int i = select_rule(fc, c, ex, ex_len, rk, rk_len);
+	if (i < 0)
+		return;
+	const struct tap_fault_rule *r = &fc->set->rules[i];
+	if (r->action == TAP_FAULT_BLOCK) {
+		c->pub_block = true;
+		c->block_rule = r->id;
+		c->block_s = r->seconds;
+		return;
+	}
+	if (r->action == TAP_FAULT_KILL) {
+		c->pub_kill = true;
+		c->kill_rule = r->id;
+		fc->kill_mode = r->kill_mode;
+		return;
+	}
+	struct ftag t = {.tag = seq, .rule = r->id, .ms = r->ms, .action = (uint8_t)r->action};
+	(void)tag_add(fc, c, &t); /* past TAP_FAULT_TAGS_MAX the publish goes unharmed */
+}
+
+/* A client method frame (payload [a, end), after class and method). */
+static void client_method(struct tap_fault_conn *fc, uint16_t ch, uint16_t cls, uint16_t m, const uint8_t *a,
+			  const uint8_t *end)
+{
+	uint32_t cm = (uint32_t)cls << 16 | m;
+	switch (cm) {
+	case 10u << 16 | 11: /* connection.start-ok */
+		start_ok(fc, a, end);
+		return;
+	case 10u << 16 | 40: { /* connection.open */
+		const uint8_t *p = a, *s;
+		size_t len;
+		if (shortstr(&p, end, &s, &len))
+			copy_ident(fc->vhost, sizeof fc->vhost, s, len);
+		return;
+	}
+	case 20u << 16 | 10: /* channel.open: a channel number used again starts afresh */
+		chan_drop(fc, ch);
+		(void)chan_get(fc, ch);
+		return;
+	case 20u << 16 | 41: /* channel.close-ok to the broker's close */
+		chan_drop(fc, ch);
+		return;
+	case 85u << 16 | 10: { /* confirm.select */
+		struct fchan *c = chan_get(fc, ch);
+		if (c && !c->confirm) {
+			c->confirm = true;
+			c->next_seq = 1;
+		}
+		return;
+	}
+	case 60u << 16 | 40: { /* basic.publish */
+		struct fchan *c = chan_get(fc, ch);
+		if (c)
+			client_publish(fc, c, a, end);
+		return;
+	}
+	}
+}
+
+/* ---- frames ---- */
+
+/* The complete frame kept in p->small (method frames up to FAULT_SMALL). Client frames were forwarded already;
+ * a broker frame is passed on here, or rewritten. */
+static void frame_done(struct tap_fault_conn *fc, enum tap_dir dir, struct fparse *p)
+{
+	const uint8_t *f = p->small;
+	const uint8_t *end = f + 7 + p->size;
+	bool is_method = p->type == FRAME_METHOD && p->size >= 4;
+	uint16_t cls = is_method ? get16(f + 7) : 0, m = is_method ? get16(f + 9) : 0;
+	if (dir == TAP_C2S) {
+		if (is_method)
+			client_method(fc, p->ch, cls, m, f + 11, end);
+		return;
+	}
+	bool confirm = is_method && cls == 60 && (m == 80 || m == 120) && p->size == 13;
+	struct fchan *c = confirm ? chan_find(fc, p->ch) : NULL;
+	if (c && c->confirm) {
+		broker_confirm(fc, c, f, m == 120);
+		return;
+	}
+	if (is_method && cls == 20 && (m == 40 || m == 41)) /* the broker closes the channel, or answers the close */
+		chan_drop(fc, p->ch);
+	if (p->type == FRAME_HEARTBEAT && heartbeat_stalled(fc))
+		return;
+	if (!fc->killing)
+		out(fc, dir, f, 7 + p->size + 1);
+}
+
+/* The client's content frame just ended (header or body): true when it finished the publish a kill selected. */
+static bool content_done(struct tap_fault_conn *fc, struct fparse *p)
+{
+	struct fchan *c = chan_find(fc, p->ch);
+	if (!c || !c->pub_open)
+		return false;
+	if (p->type == FRAME_HEADER) {
+		c->pub_header = true;
+		if (c->body_left > 0)
+			return false;
+	} else if (p->type == FRAME_BODY) {
+		if (!c->pub_header || p->size > c->body_left) {
+			c->pub_open = false;
+			return false;
+		}
+		c->body_left -= p->size;
+		if (c->body_left > 0)
+			return false;
+	} else {
+		return false;
+	}
+	c->pub_open = false;
+	if (c->pub_block && !fc->blocking) { /* the client is not read from the end of this publish on */
+		fc->blocking = true;
+		fc->block_ms = c->block_s * 1000;
+		fc->inject_blocked = fc->blocked_cap;
+		act(fc, c->block_rule, TAP_FAULT_BLOCK, c->id, c->pub_seq, 0, fc->block_ms);
+		return true;
+	}
+	if (!c->pub_kill)
+		return false;
+	fc->killing = true;
+	fc->kill_ch = c->id;
+	fc->kill_tag = c->pub_seq;
+	fc->kill_rule = c->kill_rule;
+	uint64_t outstanding = c->confirm ? c->next_seq - 1 - c->last_tag : 0;
+	act(fc, c->kill_rule, TAP_FAULT_KILL, c->id, c->pub_seq, outstanding, 0);
+	return true;
+}
+
+/* connection.blocked (reason: "amqptap fault injection") or connection.unblocked, to the client. */
+static void inject(struct tap_fault_conn *fc)
+{
+	static const char reason[] = "amqptap fault injection";
+	uint8_t f[8 + 4 + 1 + sizeof reason];
+	if (fc->killing)
+		fc->inject_blocked = fc->inject_unblocked = false;
+	if (fc->inject_blocked) {
+		size_t rl = sizeof reason - 1;
+		f[0] = FRAME_METHOD;
+		put16(f + 1, 0);
+		put32(f + 3, (uint32_t)(4 + 1 + rl));
+		put16(f + 7, 10);
+		put16(f + 9, 60);
+		f[11] = (uint8_t)rl;
+		memcpy(f + 12, reason, rl);
+		f[12 + rl] = FRAME_END;
+		out(fc, TAP_S2C, f, 13 + rl);
+		fc->inject_blocked = false;
+	}
+	if (fc->inject_unblocked) {
+		f[0] = FRAME_METHOD;
+		put16(f + 1, 0);
+		put32(f + 3, 4);
+		put16(f + 7, 10);
+		put16(f + 9, 61);
+		f[11] = FRAME_END;
+		out(fc, TAP_S2C, f, 12);
+		fc->inject_unblocked = false;
+	}
+}
+
+uint32_t tap_fault_block_ms(const struct tap_fault_conn *fc)
+{
+	return fc->block_ms;
+}
+
+unsigned tap_fault_unblock(struct tap_fault_conn *fc, int64_t now_us, const struct tap_fault_io *io)
+{
+	fc->now = now_us;
+	fc->io = io;
+	if (!fc->blocking)
+		return status(fc);
+	fc->blocking = false;
+	fc->inject_unblocked = fc->blocked_cap;
+	if (fc->p[TAP_S2C].n_hdr == 0)
+		inject(fc);
+	uint8_t *held = fc->c2s_held;
+	size_t len = fc->c2s_held_len;
+	fc->c2s_held = NULL;
+	fc->c2s_held_len = 0;
+	unsigned st = len ? tap_fault_feed(fc, TAP_C2S, held, len, now_us, io) : status(fc);
+	free(held);
+	return st;
+}
+
+/* While blocked, what the client sent waits (a read or two: the relay does not read it meanwhile). */
+static void hold_client(struct tap_fault_conn *fc, const uint8_t *data, size_t len)
+{
+	uint8_t *n = realloc(fc->c2s_held, fc->c2s_held_len + len);
+	if (!n)
+		return; /* without memory they are lost to the broker, as a connection cut there would lose them */
+	memcpy(n + fc->c2s_held_len, data, len);
+	fc->c2s_held = n;
+	fc->c2s_held_len += len;
+}
+
+unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us,
+			const struct tap_fault_io *io)
+{
+	struct fparse *p = &fc->p[dir];
+	fc->now = now_us;
+	fc->io = io;
+	size_t i = 0;
+	if (dir == TAP_C2S && fc->killing)
+		return status(fc); /* what the client sends after the kill's publish never reaches the broker */
+	if (dir == TAP_C2S && fc->blocking) {
+		hold_client(fc, data, len);
+		return status(fc);
+	}
+	if (dir == TAP_C2S && !fc->header_seen) { /* "AMQP" 0 0 9 1 */
+		size_t take = 8u - fc->n_proto < len ? 8u - fc->n_proto : len;
+		fc->n_proto = (uint8_t)(fc->n_proto + take);
+		i = take;
+		fc->header_seen = fc->n_proto == 8;
+	}
+	/* Client bytes all go on as they came (up to a kill's cut). Broker bytes go on in runs [run, i) of frames
+	 * not kept; a kept frame is passed on (or rewritten) by frame_done. A frame header that began in an earlier
+	 * chunk (prior bytes of it) was not passed on: whether its frame is kept was not known yet. */
+	size_t run = dir == TAP_C2S ? 0 : i;
+	size_t fstart = 0;
+	uint8_t prior = p->n_hdr;
+	while (i < len) {
+		if (p->n_hdr < 7) {
+			if (p->n_hdr == 0) {
+				fstart = i;
+				prior = 0;
+			}
+			size_t take = 7u - p->n_hdr < len - i ? 7u - p->n_hdr : len - i;
+			memcpy(p->hdr + p->n_hdr, data + i, take);
+			p->n_hdr = (uint8_t)(p->n_hdr + take);
+			i += take;
+			if (p->n_hdr < 7)
+				break;
+			p->type = p->hdr[0];
+			p->ch = get16(p->hdr + 1);
+			p->size = get32(p->hdr + 3);
+			p->left = (uint64_t)p->size + 1;
+			p->collect = (p->type == FRAME_METHOD && p->size <= FAULT_SMALL) ||
+				     (dir == TAP_S2C && p->type == FRAME_HEARTBEAT && p->size == 0) ||
+				     (dir == TAP_C2S && p->type == FRAME_HEADER); /* its body size, at least */
+			if (p->collect) {
+				memcpy(p->small, p->hdr, 7);
+				p->n_small = 7;
+			}
+			if (dir == TAP_S2C && p->collect) {
+				if (!fc->killing)
+					out(fc, dir, data + run, fstart - run);
+				run = i;
+			} else if (dir == TAP_S2C && prior) {
+				if (!fc->killing)
+					out(fc, dir, p->hdr, prior);
+			}
+			continue;
+		}
+		size_t take = p->left < len - i ? (size_t)p->left : len - i;
+		if (p->collect) { /* a client's large content header: its first FAULT_SMALL bytes */
+			size_t room = sizeof p->small - p->n_small, copy = take < room ? take : room;
+			memcpy(p->small + p->n_small, data + i, copy);
+			p->n_small += (uint32_t)copy;
+		}
+		i += take;
+		p->left -= take;
+		if (p->collect && dir == TAP_S2C)
+			run = i;
+		if (p->left > 0)
+			break;
+		p->n_hdr = 0; /* the frame is complete */
+		if (dir == TAP_S2C) {
+			if (p->collect)
+				frame_done(fc, dir, p);
+			if (fc->inject_blocked || fc->inject_unblocked) { /* a frame boundary: block or unblock now */
+				if (!p->collect && !fc->killing)
+					out(fc, dir, data + run, i - run);
+				run = i;
+				inject(fc);
+			}
+			continue;
+		}
+		if (p->type == FRAME_HEADER && p->size >= 12) {
+			struct fchan *c = chan_find(fc, p->ch);
+			if (c && c->pub_open)
+				c->body_left = get64(p->small + 7 + 4);
+		}
+		if (p->collect && p->type == FRAME_METHOD)
+			frame_done(fc, dir, p);
+		if (content_done(fc, p)) {
+			io->emit(io->ctx, dir, data + run, i - run);
+			if (fc->blocking) {
+				hold_client(fc, data + i, len - i);
+				if (fc->p[TAP_S2C].n_hdr == 0)
+					inject(fc);
+			}
+			return status(fc);
+		}
+	}
+	if (dir == TAP_C2S) {
+		io->emit(io->ctx, dir, data + run, i - run);
+	} else if (!fc->killing) {
+		size_t stop = p->n_hdr > 0 && p->n_hdr < 7 ? fstart : i; /* a header not complete waits */
+		if (stop > run)
+			out(fc, dir, data + run, stop - run);
+	}
+	return status(fc);
+}
