@@ -543,6 +543,7 @@ class ConsumerTimeoutTest(TapTestCase):
         cls.env = dict(os.environ, TAP_BROKER_PORT=str(cls.port), TAP_BROKER_DIST_PORT=str(free_port()),
                        TAP_BROKER_DIR=os.path.join(SOURCE_DIR, ".run", f"consumer-timeout-{cls.port}"),
                        TAP_BROKER_CONSUMER_TIMEOUT_MS="3000")
+        cls.env.pop("TAP_BROKER_MGMT_PORT", None)  # the shared broker's management port is taken
         cls.broker = os.path.join(SOURCE_DIR, "scripts", "broker.sh")
         subprocess.run([cls.broker, "start"], check=True, env=cls.env, timeout=180, stdin=subprocess.DEVNULL,
                        stdout=subprocess.DEVNULL)

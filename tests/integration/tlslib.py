@@ -47,6 +47,7 @@ def make_pki(d):
 
 def broker_sh(*args):
     env = dict(os.environ, **BROKER_ENV)
+    env.pop("TAP_BROKER_MGMT_PORT", None)  # the shared broker's management port is taken
     return subprocess.run(["bash", os.path.join(SOURCE_DIR, "scripts", "broker.sh"), *args], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
 
