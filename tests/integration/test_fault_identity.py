@@ -21,7 +21,7 @@ from tapharness import AMQPTAP_BIN, BROKER_HOST, BROKER_PORT, SOURCE_DIR, ProxyT
 
 QUEUE = "fault-identity"
 # members that differ between any two runs of one session
-VOLATILE = {"ts", "run", "tap", "client", "upstream_local", "started_us"}
+VOLATILE = {"ts", "published", "run", "tap", "client", "upstream_local", "started_us"}
 
 
 def reference_binary():
@@ -141,6 +141,7 @@ class NoRuleIdentity(TapTestCase):
         idle_streams, idle_frames, idle_pubs = self.run_one(AMQPTAP_BIN, "idle-rule", ["--fault", "nack:channel=999"])
         self.assertGreater(len(frames), 60)
         self.assertEqual(len(pubs), 21)
+        self.assertEqual(len(pubs_ref), 21)
         self.assertEqual(sorted(streams_ref), [(0, "c2s"), (0, "s2c")], "one connection's two streams")
         self.assertGreater(min(len(v) for v in streams_ref.values()), 1000)
         self.assertEqual(sorted(streams), sorted(streams_ref))
@@ -148,9 +149,10 @@ class NoRuleIdentity(TapTestCase):
             self.assertEqual(streams[k], streams_ref[k], f"stream {k}")
             self.assertEqual(idle_streams[k], streams_ref[k], f"stream {k} with a rule that selects nothing")
         self.assertEqual(frames, frames_ref)
-        self.assertEqual(pubs, pubs_ref)
         self.assertEqual(idle_frames, frames_ref)
-        self.assertEqual(idle_pubs, pubs_ref)
+        # a reference older than this tree may lack members added since: those it has must agree
+        self.assertEqual([{k: v for k, v in p.items() if k in r} for p, r in zip(pubs, pubs_ref)], pubs_ref)
+        self.assertEqual(idle_pubs, pubs)
 
 
 if __name__ == "__main__":
