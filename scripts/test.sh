@@ -85,8 +85,8 @@ bench_smoke() {
 	for name in bench bench-sniff bench-tls; do
 		local broker=(TAP_BROKER_DIR="$TAP_BROKER_DIR" TAP_BROKER_NODE="$TAP_BROKER_NODE"
 			TAP_BROKER_DIST_PORT="$TAP_BROKER_DIST_PORT")
-		[ "$name" = bench-tls ] && broker=(TAP_BROKER_PORT= TAP_BROKER_DIST_PORT= TAP_BROKER_DIR= TAP_BROKER_NODE=
-			TAP_BENCH_STORM=50 TAP_BENCH_STORM_ROUNDS=1)
+		[ "$name" = bench-tls ] && broker=(TAP_BROKER_PORT= TAP_BROKER_DIST_PORT= TAP_BROKER_MGMT_PORT=
+			TAP_BROKER_DIR= TAP_BROKER_NODE= TAP_BENCH_STORM=50 TAP_BENCH_STORM_ROUNDS=1)
 		env "${broker[@]}" TAP_BENCH_BUILD="$build" TAP_BENCH_BUILD_TYPE=RelWithDebInfo TAP_BENCH_ROUNDS=1 \
 			TAP_BENCH_SCALE=0.02 TAP_BENCH_OUT="$out/$name" "$TAP_REPO/scripts/$name.sh" >"$out/$name.log" 2>&1 || {
 			cat "$out/$name.log"

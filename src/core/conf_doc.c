@@ -58,6 +58,7 @@ static const struct {
 	{"replay", "CAPTURE", "the same records from a pcap/pcapng capture (- for standard input)"},
 	{"sniff", NULL, "the same records from packets captured live (libpcap, --interface)"},
 	{"route", NULL, "where a publish goes by the broker's definitions (amqptap route --help)"},
+	{"audit", "FILE...", "resends and duplicates across verdict files (amqptap audit --help)"},
 };
 
 #define N_FORMS (sizeof forms / sizeof forms[0])
@@ -350,7 +351,7 @@ size_t tap_conf_bash_completion(char *out, size_t cap)
 			doc_printf(&d, " -%c", o->short_name);
 	}
 	doc_puts(&d, "' -- \"$cur\"))\n\t\t[[ ${COMPREPLY-} == *= ]] && compopt -o nospace\n\t\treturn\n\tfi\n\n");
-	/* the first word that is not an option may be a subcommand; replay's next one is the capture */
+	/* the first word that is not an option may be a subcommand; replay's next one is the capture, audit's files */
 	doc_puts(&d, "\tlocal i first=\n\tfor ((i = 1; i < cword; i++)); do\n\t\tcase ${words[i - 1]} in\n\t\t");
 	bool any = false;
 	for (size_t i = 0; i < n; i++) {
@@ -372,7 +373,7 @@ size_t tap_conf_bash_completion(char *out, size_t cap)
 		doc_printf(&d, "%s%s", first_sub ? "" : " ", forms[i].subcommand);
 		first_sub = false;
 	}
-	doc_puts(&d, "' -- \"$cur\"))\n\telif [[ $first == replay ]]; then\n\t\t_filedir\n\tfi\n} &&\n"
+	doc_puts(&d, "' -- \"$cur\"))\n\telif [[ $first == replay || $first == audit ]]; then\n\t\t_filedir\n\tfi\n} &&\n"
 		     "\tcomplete -F _amqptap amqptap\n");
 	return doc_end(&d);
 }

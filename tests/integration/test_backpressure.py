@@ -404,13 +404,16 @@ class HeldPublishesMemoryTest(TapTestCase):
         peak = int(re.search(r"process peak_rss_kib=(\d+)", tap.stderr()).group(1))
         held = sum(delivered) // 1024
         print(f"{held} KiB held in the tap's sockets at the end; peak RSS {peak} KiB, {baseline} KiB at the start")
-        self.assertGreater(held, 32 * 1024, "too little was held to tell")
         # Queued, the growth was all of what was held; observed, it is the forwarding buffers (1 MiB per direction
         # per session) and the verdict backlog (8 MiB): 20-25 MiB here, whatever the kernels held (75-270 MiB).
-        # ASan's allocator (redzones, size classes, shadow) makes the same buffers 2-3 times as large, so there
-        # only the share of what was held is checked.
-        self.assertLess(peak - baseline, held // 2, "what the tap read at the end was queued")
-        if not is_asan_build():
+        # ASan's allocator (redzones, size classes, shadow) makes the same buffers 2-3 times as large (40-50 MiB
+        # on a loaded machine), so there only the share of what was held is checked, against more held.
+        if is_asan_build():
+            self.assertGreater(held, 64 * 1024, "too little was held to tell")
+            self.assertLess(peak - baseline, held * 3 // 4, "what the tap read at the end was queued")
+        else:
+            self.assertGreater(held, 32 * 1024, "too little was held to tell")
+            self.assertLess(peak - baseline, held // 2, "what the tap read at the end was queued")
             self.assertLess(peak - baseline, 64 * 1024, "more than the forwarding buffers and the backlog")
         whole = sum(max(0, d - len(AMQP_HEADER)) // len(PUBLISH) for d in delivered)
         self.assertGreaterEqual(len(publish_records(tap.verdicts)), whole)

@@ -250,7 +250,7 @@ class PackageTest(unittest.TestCase):
         self.assertEqual(parts[1].split(), ["capture.pcapng"])
         self.assertEqual(parts[2].split(), ["capture.pcapng"])
         self.assertEqual(parts[3].split(), [], "no file names for an address")
-        self.assertEqual(parts[4].split(), ["replay", "sniff"])  # the subcommands
+        self.assertEqual(parts[4].split(), ["replay", "sniff", "route", "audit"])  # the subcommands
         self.assertEqual(parts[5].split(), ["capture.pcapng"], "-vo FILE: a bundle ending in an option's letter")
         self.assertEqual(parts[6].split(), ["capture.pcapng"], "-vo FILE is skipped in finding the subcommand")
 
