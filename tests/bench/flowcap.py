@@ -4,7 +4,11 @@ channel 1, select confirms, publish one message and get its ack, and are then le
 are open flows at once, as in a replay of a busy broker's capture. What `amqptap replay` keeps per open connection
 is what this measures (tests/bench/README.md, test_captures.FlowMemory).
 
-Usage: flowcap.py OUT.pcapng [N (65536)] [PORT (5672)]. Python 3 stdlib only."""
+With --channels C: N connections (default 300) whose client logs in and, on each of C channels (at most 2,047),
+opens it, selects confirms and publishes once, all in one stream the broker never answers (issue 37's channel flood:
+what the tracking budget bounds, tests/bench/README.md).
+
+Usage: flowcap.py OUT.pcapng [N (65536)] [PORT (5672)] [--channels C]. Python 3 stdlib only."""
 
 import struct
 import sys
@@ -118,12 +122,50 @@ def flows(n, port=5672, ts_us=1764411302000000):
         yield b"".join(out)
 
 
+def channel_flood(n, channels, port=5672, ts_us=1764411302000000):
+    """The capture's bytes: n connections, each a login then an open, a confirm.select and a publish on each of
+    channels channels, sent in 60,000-byte segments; the broker only acknowledges the bytes (no AMQP answer)."""
+    yield SHB + IDB
+    server = bytes([127, 0, 0, 1])
+    stream = [C2S[0], C2S[1], method(0, 10, 31, struct.pack("!HIH", 2047, 131072, 0)) +
+              method(0, 10, 40, shortstr("/") + b"\0\0")]
+    for ch in range(1, channels + 1):
+        stream += [method(ch, 20, 10, b"\0"), method(ch, 85, 10, b"\0"),
+                   method(ch, 60, 40, struct.pack("!H", 0) + shortstr("") + shortstr("q") + b"\x01"),
+                   frame(2, ch, struct.pack("!HHQH", 60, 0, 10, 0)), frame(3, ch, b"p" * 10)]
+    data = b"".join(stream)
+    for i in range(n):
+        client = bytes([10, (i >> 16) & 255, (i >> 8) & 255, i & 255])
+        sport = 1024 + i % 60000
+        cs, ss = 1000 + i, 5000000 + i
+        out = [epb(ts_us, packet(client, sport, server, port, cs, 0, 0x02, b"", i)),
+               epb(ts_us + 1, packet(server, port, client, sport, ss, cs + 1, 0x12, b"", i)),
+               epb(ts_us + 2, packet(client, sport, server, port, cs + 1, ss + 1, 0x10, b"", i))]
+        cs += 1
+        ss += 1
+        t = ts_us + 3
+        for off in range(0, len(data), 60000):
+            seg = data[off:off + 60000]
+            out.append(epb(t, packet(client, sport, server, port, cs, ss, 0x18, seg, i)))
+            cs += len(seg)
+            out.append(epb(t + 1, packet(server, port, client, sport, ss, cs, 0x10, b"", i)))
+            t += 2
+        ts_us = t + 10
+        yield b"".join(out)
+
+
 def main():
-    path = sys.argv[1]
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 65536
-    port = int(sys.argv[3]) if len(sys.argv) > 3 else 5672
+    args = sys.argv[1:]
+    channels = None
+    if "--channels" in args:
+        k = args.index("--channels")
+        channels = int(args[k + 1])
+        del args[k:k + 2]
+    path = args[0]
+    n = int(args[1]) if len(args) > 1 else (300 if channels else 65536)
+    port = int(args[2]) if len(args) > 2 else 5672
     with open(path, "wb") as f:
-        for piece in flows(n, port):
+        for piece in (channel_flood(n, channels, port) if channels else flows(n, port)):
             f.write(piece)
 
 

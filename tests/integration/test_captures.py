@@ -392,8 +392,8 @@ class FlowMemory(unittest.TestCase):
     def test_65536_open_connections_that_published_fit_the_default_budget(self):
         """65,536 connections (the most the capture follows), each with one publish on a confirm channel and its
         ack, all open at the capture's end (tests/bench/flowcap.py): every one is followed within the default
-        --max-tracking-memory (before: the tracker's peak was 576 MB and 35,012 channels were not followed), and
-        the replay's peak RSS stays near the documented ~4 KB per open connection (263 MB measured; 692 MB before)."""
+        --max-tracking-memory (before: its peak was 364 MiB and 35,012 channels were not followed), and the
+        replay's peak RSS stays near the documented ~3.7 KiB per open connection (244 MiB measured; 676 before)."""
         sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "bench"))
         import flowcap
         n = 65536
@@ -413,7 +413,7 @@ class FlowMemory(unittest.TestCase):
         self.assertLess(peak, 256 << 20, "the tracking state of 65,536 connections outgrew the default budget")
         rss = int(re.search(r"peak_rss_kib=(\d+)", err).group(1))
         if not is_asan_build():  # the sanitizers' shadow memory and redzones are not the tap's
-            self.assertLess(rss, 400 * 1024, "65,536 open connections cost more than ~6 KB each")
+            self.assertLess(rss, 400 * 1024, "65,536 open connections cost more than ~6 KiB each")
 
 
 class CorruptCaptures(unittest.TestCase):
