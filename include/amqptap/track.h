@@ -195,7 +195,8 @@ enum tap_track_cap {
 void tap_track_conn_client_caps(struct tap_track_conn *c, struct tap_slice connection_name, bool has_caps,
                                 unsigned present, unsigned caps);
 void tap_track_conn_tune(struct tap_track_conn *c, uint16_t channel_max, uint32_t frame_max, uint16_t heartbeat);
-/* connection.open (or open-ok): writes the `connection` open record, once. */
+/* connection.open (or open-ok): writes the `connection` open record, once. vhost.ptr NULL: not known (its
+ * records say details_lost). */
 void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64_t now_us);
 /* connection.blocked with its reason, and connection.unblocked: a `blocked` or `unblocked` record each. */
 void tap_track_conn_blocked(struct tap_track_conn *c, struct tap_slice reason, int64_t now_us);

@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define TAP_ARENA_MIN_CAP 1024u
+#define TAP_ARENA_MIN_CAP 128u /* kept by an idle channel (track_store.h): small */
 #define TAP_ARENA_NONE UINT64_MAX
 
 struct tap_arena {

@@ -31,7 +31,8 @@ void tap_observer_deinit(struct tap_observer *o)
 struct tap_conn *tap_conn_new(struct tap_observer *o, uint64_t id, const char *client, const char *upstream,
 			      int64_t now_us)
 {
-	struct tap_conn *c = calloc(1, sizeof *c);
+	size_t copies = o->capture ? TAP_DIR_COUNT * sizeof(struct capture_copy) : 0;
+	struct tap_conn *c = calloc(1, sizeof *c + copies);
 	if (!c) {
 		tap_track_conn_unfollowed(o->track);
 		return NULL;
@@ -47,7 +48,7 @@ struct tap_conn *tap_conn_new(struct tap_observer *o, uint64_t id, const char *c
 	tap_frame_dec_init_client(&c->dir[TAP_C2S].dec);
 	for (int d = 0; d < TAP_DIR_COUNT; d++)
 		tap_buf_init(&c->dir[d].body_prefix);
-	for (int d = 0; d < TAP_DIR_COUNT; d++)
+	for (int d = 0; copies && d < TAP_DIR_COUNT; d++)
 		tap_buf_init(&c->copy[d].held);
 	if (o->capture && o->capture->open)
 		c->capture = o->capture->open(o->capture->ctx, id, client, upstream, now_us);
@@ -107,7 +108,7 @@ void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 	tap_track_conn_end(c->tc, reason_by, now_us);
 	if (c->capture)
 		conn_capture_close(c, reason_by, now_us);
-	for (int d = 0; d < TAP_DIR_COUNT; d++)
+	for (int d = 0; c->o->capture && d < TAP_DIR_COUNT; d++)
 		tap_buf_deinit(&c->copy[d].held);
 	for (int d = 0; d < TAP_DIR_COUNT; d++) {
 		tap_frame_dec_deinit(&c->dir[d].dec);
@@ -120,6 +121,7 @@ void tap_conn_end(struct tap_conn *c, const char *reason_by, int64_t now_us)
 	}
 	free(c->chans);
 	free(c->chan_index);
+	free(c->vhost);
 	free(c);
 }
 

@@ -115,7 +115,7 @@ struct channel *conn_channel_get(struct tap_conn *c, uint16_t number, int64_t no
 	if (!index_reserve(c, now_us))
 		return NULL;
 	if (c->n_chans == c->cap_chans) {
-		size_t cap = c->cap_chans ? c->cap_chans * 2 : 4;
+		size_t cap = c->cap_chans ? c->cap_chans * 2 : 1; /* most connections publish on one channel */
 		if (!table_charge(c, (cap - c->cap_chans) * sizeof *c->chans, now_us))
 			return NULL;
 		struct channel *p = realloc(c->chans, cap * sizeof *p);

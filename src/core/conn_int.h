@@ -88,8 +88,9 @@ struct tap_conn {
 	uint32_t *chan_index;
 	size_t index_cap;
 	uint64_t chans_charged; /* bytes of chans and chan_index counted in the tracker's memory budget */
-	char vhost[256];
+	char *vhost; /* of the client's connection.open, until the broker's open-ok */
 	size_t vhost_len;
+	bool vhost_lost; /* out of memory for it: the tracker is told it is not known */
 	bool login_done; /* the client's tune-ok or connection.open was decoded: no SASL exchange can follow */
 	bool midstream;  /* a capture that began mid-connection (tap_conn_start_unseen): no login to wait for */
 	enum tap_amqp_version version; /* of the client's protocol header, and the tune-ok's frame_max: a decoder */
@@ -100,13 +101,14 @@ struct tap_conn {
 	bool tuned;
 	void *capture;
 	/* the capture copy of each stream, by enum tap_dir: the broker's is held only while the client logs in (a peer
-	 * that echoes the client's bytes would otherwise put its password in the capture) */
+	 * that echoes the client's bytes would otherwise put its password in the capture). Allocated only with an
+	 * observer that captures (o->capture): a replay or a sniffer of 65,536 connections saves 350 bytes each. */
 	struct capture_copy {
 		struct tap_buf held; /* bytes held back, from held_offset on */
 		uint64_t held_offset;
 		struct tap_range redact[8]; /* stream offsets found while decoding the current chunk */
 		size_t n_redact;
-	} copy[TAP_DIR_COUNT];
+	} copy[];
 };
 
 /* Whether the client may still be logging in: its tune-ok or connection.open not decoded, in a stream followed from
@@ -157,7 +159,9 @@ static inline struct tap_slice conn_span_slice(const struct pending *p, struct s
 static inline void conn_pending_reset(const struct tap_conn *c, struct pending *p, enum pending_kind kind)
 {
 	struct tap_buf store = p->store;
-	if (store.cap > PENDING_STORE_KEEP)
+	/* and none once the observer's stores hold a sixteenth of its pending_max: 2,047 idle channels on each of 300
+	 * connections kept 256 bytes each, 67 MB, past pending_max, so that later contents kept no details */
+	if (store.cap > PENDING_STORE_KEEP || c->o->pending_mem > c->o->pending_max / 16)
 		conn_store_free(c, &store);
 	tap_buf_reset(&store);
 	memset(p, 0, sizeof *p);

@@ -8,6 +8,7 @@
 #include "amqptap/status.h"
 #include "amqptap/table.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static struct tap_slice arg_slice(const struct tap_method *m, int idx)
@@ -207,9 +208,13 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 		break;
 	case TAP_CONNECTION_OPEN: {
 		c->login_done = true;
-		struct tap_slice v = arg_slice(m, TAP_ARG_CONNECTION_OPEN_VIRTUAL_HOST);
-		c->vhost_len = v.len < sizeof c->vhost ? v.len : sizeof c->vhost;
-		memcpy(c->vhost, v.ptr, c->vhost_len);
+		struct tap_slice v = arg_slice(m, TAP_ARG_CONNECTION_OPEN_VIRTUAL_HOST); /* a shortstr: 255 bytes at most */
+		free(c->vhost);
+		c->vhost = malloc(v.len ? v.len : 1);
+		c->vhost_len = c->vhost ? v.len : 0;
+		c->vhost_lost = !c->vhost;
+		if (c->vhost_len)
+			memcpy(c->vhost, v.ptr, c->vhost_len);
 		break;
 	}
 	case TAP_CONNECTION_CLOSE:
@@ -282,9 +287,15 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		if (c->tuned) /* the client answered first */
 			set_frame_max(c);
 		break;
-	case TAP_CONNECTION_OPEN_OK:
-		tap_track_conn_open(tc, (struct tap_slice){(const uint8_t *)c->vhost, c->vhost_len}, now_us);
+	case TAP_CONNECTION_OPEN_OK: {
+		/* a NULL vhost: the decoder lost it; none seen (a capture begun after the open): empty, as before */
+		const uint8_t *vhost = c->vhost_lost ? NULL : c->vhost ? (const uint8_t *)c->vhost : (const uint8_t *)"";
+		tap_track_conn_open(tc, (struct tap_slice){vhost, c->vhost_len}, now_us);
+		free(c->vhost);
+		c->vhost = NULL;
+		c->vhost_len = 0;
 		break;
+	}
 	case TAP_CONNECTION_CLOSE_OK:
 		tap_track_conn_close_ok(tc, now_us);
 		break;

@@ -2,6 +2,8 @@
  * 2^e (e >= 3) is split into 8 equal sub-buckets of width 2^(e-3). */
 #include "amqptap/hist.h"
 
+#include <string.h>
+
 static unsigned bucket_of(uint64_t v)
 {
 	if (v < TAP_HIST_SUB)
@@ -40,28 +42,68 @@ void tap_hist_add(struct tap_hist *h, int64_t v)
 		h->max = u;
 }
 
-uint64_t tap_hist_quantile(const struct tap_hist *h, double q)
+/* The quantile over buckets [lo, lo + len) of a histogram (bucket[0] is bucket lo) of n values, max the largest. */
+static uint64_t quantile(const uint64_t *bucket, unsigned lo, unsigned len, uint64_t n, uint64_t max, double q)
 {
-	if (h->n == 0)
+	if (n == 0)
 		return 0;
 	if (q <= 0)
 		q = 0;
 	if (q >= 1)
-		return h->max;
-	uint64_t rank = (uint64_t)(q * (double)h->n);
-	if ((double)rank < q * (double)h->n)
+		return max;
+	uint64_t rank = (uint64_t)(q * (double)n);
+	if ((double)rank < q * (double)n)
 		rank++;
 	if (rank == 0)
 		rank = 1;
 	uint64_t seen = 0;
-	for (unsigned i = 0; i < TAP_HIST_BUCKETS; i++) {
-		seen += h->bucket[i];
+	for (unsigned k = 0; k < len; k++) {
+		seen += bucket[k];
 		if (seen >= rank) {
+			unsigned i = lo + k;
 			uint64_t mid = bucket_low(i) + bucket_width(i) / 2;
-			return mid > h->max || i == TAP_HIST_BUCKETS - 1 ? h->max : mid;
+			return mid > max || i == TAP_HIST_BUCKETS - 1 ? max : mid;
 		}
 	}
-	return h->max;
+	return max;
+}
+
+uint64_t tap_hist_quantile(const struct tap_hist *h, double q)
+{
+	return quantile(h->bucket, 0, TAP_HIST_BUCKETS, h->n, h->max, q);
+}
+
+unsigned tap_hist_bucket(int64_t v)
+{
+	return bucket_of(v < 0 ? 0 : (uint64_t)v);
+}
+
+void tap_hist_span_move(struct tap_hist_span *to, unsigned lo, unsigned len, const struct tap_hist_span *from)
+{
+	memset(to, 0, tap_hist_span_size(len));
+	to->lo = (uint16_t)lo;
+	to->len = (uint16_t)len;
+	if (!from)
+		return;
+	to->n = from->n;
+	to->max = from->max;
+	memcpy(&to->bucket[from->lo - lo], from->bucket, from->len * sizeof *from->bucket);
+}
+
+void tap_hist_span_add(struct tap_hist_span *h, int64_t v)
+{
+	uint64_t u = v < 0 ? 0 : (uint64_t)v;
+	unsigned i = bucket_of(u);
+	i = i < h->lo ? h->lo : i >= (unsigned)h->lo + h->len ? (unsigned)h->lo + h->len - 1u : i;
+	h->bucket[i - h->lo]++;
+	h->n++;
+	if (u > h->max)
+		h->max = u;
+}
+
+uint64_t tap_hist_span_quantile(const struct tap_hist_span *h, double q)
+{
+	return h ? quantile(h->bucket, h->lo, h->len, h->n, h->max, q) : 0;
 }
 
 uint64_t tap_hist_bucket_max(unsigned i)

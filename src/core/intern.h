@@ -73,8 +73,9 @@ void tap_intern_put(struct tap_intern *in, uint32_t id, enum tap_intern_keep kee
 /* Frees the bytes of every cached key. */
 void tap_intern_drop_cached(struct tap_intern *in);
 
-#define TAP_INTERN_MIN_KEYS 32u
-#define TAP_INTERN_MIN_INDEX 64u
+/* Small: every connection has a table, and most intern a few keys (an exchange and routing key or two). */
+#define TAP_INTERN_MIN_KEYS 4u
+#define TAP_INTERN_MIN_INDEX 8u
 
 /* At most how many bytes tap_intern_get of a new key of len bytes would allocate (no lookup). */
 static inline uint64_t tap_intern_cost_bound(const struct tap_intern *in, size_t len)

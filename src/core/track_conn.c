@@ -124,7 +124,8 @@ static void conn_free(struct tap_track_conn *c)
 	trk_free_str(t, &c->end_detail);
 	if (c->close_text)
 		trk_free(t, c->close_text, c->close_text_len + 1);
-	trk_free(t, c->hist, sizeof *c->hist);
+	if (c->hist)
+		trk_free(t, c->hist, tap_hist_span_size(c->hist->len));
 	trk_free(t, c, sizeof *c);
 }
 
@@ -225,7 +226,7 @@ void tap_track_conn_open(struct tap_track_conn *c, struct tap_slice vhost, int64
 	if (c->opened)
 		return;
 	c->opened = true;
-	if (!trk_set_str(c->t, &c->vhost, vhost))
+	if (!vhost.ptr || !trk_set_str(c->t, &c->vhost, vhost)) /* no ptr: the decoder could not keep it */
 		c->details_lost = c->prefix_lost = true;
 	conn_prefix_update(c);
 	trk_record_conn_open(&c->t->render, c, now_us);
@@ -482,8 +483,7 @@ void tap_track_confirm_select(struct tap_track_conn *c, uint16_t id, int64_t now
 		ch->mode = TRK_MODE_CONFIRM;
 		ch->sel_off = ch->next - 1;
 	}
-	if (!c->hist)
-		c->hist = trk_alloc_in_budget(c->t, sizeof *c->hist, now_us);
+	c->confirms = true;
 	chan_event(c, id, "confirm_select", now_us);
 }
 

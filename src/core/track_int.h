@@ -245,7 +245,10 @@ struct tap_track_conn {
 	uint64_t outstanding;
 	struct tap_intern keys;
 	struct trk_counts counts;
-	struct tap_hist *hist; /* allocated at confirm.select: most of a connection's memory otherwise */
+	/* its confirm latency (the summary line): made at the first ack or nack once it selected confirms, as the run
+	 * of buckets its values fell in (a whole tap_hist was most of a connection's memory) */
+	struct tap_hist_span *hist;
+	bool confirms; /* a channel of it selected confirms */
 	struct tap_buf prefix; /* "conn":..,"client":..,"vhost":..,"user":.. of its publish records */
 	size_t prefix_cost;    /* what prefix is counted as in the budget */
 	uint32_t one_publish_channels; /* closed after exactly one publish (channel_churn) */

@@ -817,16 +817,13 @@ void trk_record_blocked(struct trk_render *r, const struct tap_track_conn *c, en
 
 /* ---- the human summary (SIGUSR1) ---- */
 
-static const struct tap_hist no_confirms;
-
-static void summary_line(struct tap_buf *out, const struct trk_counts *k, const struct tap_hist *h)
+static void summary_line(struct tap_buf *out, const struct trk_counts *k, uint64_t p50, uint64_t p99, uint64_t max)
 {
 	tap_buf_printf(out,
 	               " publishes=%" PRIu64 " routed=%" PRIu64 " returned=%" PRIu64 " unproven=%" PRIu64
 	               " unknown=%" PRIu64 " acked=%" PRIu64 " nacked=%" PRIu64,
 	               k->publishes, k->routed, k->returned, k->unproven, k->unknown, k->acked, k->nacked);
-	tap_buf_printf(out, " confirm_us p50=%" PRIu64 " p99=%" PRIu64 " max=%" PRIu64 "\n", tap_hist_quantile(h, 0.5),
-	               tap_hist_quantile(h, 0.99), h->max);
+	tap_buf_printf(out, " confirm_us p50=%" PRIu64 " p99=%" PRIu64 " max=%" PRIu64 "\n", p50, p99, max);
 }
 
 /* Whether connection a goes before b in the summary: more publishes outstanding first, then the older. */
@@ -858,12 +855,13 @@ void trk_summary(const struct tap_track *t, struct tap_buf *out)
 		const struct tap_track_conn *c = top[i];
 		tap_buf_printf(out, "conn %" PRIu64 " %s", c->id, c->client ? c->client : "-");
 		tap_buf_printf(out, " outstanding=%" PRIu64, c->outstanding);
-		summary_line(out, &c->counts, c->hist ? c->hist : &no_confirms);
+		summary_line(out, &c->counts, tap_hist_span_quantile(c->hist, 0.5), tap_hist_span_quantile(c->hist, 0.99),
+		             c->hist ? c->hist->max : 0);
 	}
 	if (n_conns > n_top)
 		tap_buf_printf(out, "and %zu more connections (in the total below)\n", n_conns - n_top);
 	tap_buf_printf(out, "total outstanding=%" PRIu64, t->st.outstanding);
-	summary_line(out, &total, &t->hist);
+	summary_line(out, &total, tap_hist_quantile(&t->hist, 0.5), tap_hist_quantile(&t->hist, 0.99), t->hist.max);
 	tap_buf_printf(out,
 	               "tracking memory %" PRIu64 " bytes (peak %" PRIu64 ", budget %" PRIu64 "), evicted %" PRIu64
 	               " (%" PRIu64 " for memory), headers truncated %" PRIu64 ", header values truncated %" PRIu64

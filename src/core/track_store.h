@@ -34,8 +34,8 @@ void trk_chan_retire(struct tap_track_conn *c, struct trk_chan *ch);
 struct trk_chan *trk_chan_get(struct tap_track_conn *c, uint16_t id);
 void trk_chan_free(struct tap_track_conn *c, struct trk_chan *ch);
 /* Rings this small (and arenas of TAP_ARENA_MIN_CAP) stay when their channel empties: a publish-and-wait client
- * allocates nothing. */
-#define TRK_RING_MIN_CAP 16u
+ * allocates nothing. Small, as a replay may hold 65,536 connections with a channel each: 256 bytes. */
+#define TRK_RING_MIN_CAP 4u
 
 /* Bytes growing the ring by one slot would allocate: 0 when a slot is free. */
 static inline uint64_t trk_ring_growth(const struct trk_chan *ch)

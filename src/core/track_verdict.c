@@ -109,6 +109,37 @@ enum trk_state trk_verdict_of(const struct trk_slot *e, enum trk_event ev, const
 	return next;
 }
 
+/* Adds a confirm latency to the connection's run of buckets, made or widened to hold it: toward the new value by
+ * one more power of two, so that a spread of latencies widens it a few times, not at every new bucket. Counted in
+ * the budget but never evicting for it (the verdict is being written; the run is at most 2.2 KB, the connections
+ * are bounded in number); without memory the value goes to the nearest bucket it has, or nowhere. */
+static void conn_hist_add(struct tap_track_conn *c, int64_t us)
+{
+	struct tap_hist_span *h = c->hist;
+	unsigned b = tap_hist_bucket(us);
+	if (!h || b < h->lo || b >= (unsigned)h->lo + h->len) {
+		unsigned lo = b, hi = b + 1;
+		if (h && b < h->lo) {
+			lo = b > TAP_HIST_SUB ? b - TAP_HIST_SUB : 0;
+			hi = h->lo + h->len;
+		} else if (h) {
+			lo = h->lo;
+			hi = b + 1 + TAP_HIST_SUB < TAP_HIST_BUCKETS ? b + 1 + TAP_HIST_SUB : TAP_HIST_BUCKETS;
+		}
+		struct tap_hist_span *n = trk_alloc(c->t, tap_hist_span_size(hi - lo));
+		if (n) {
+			tap_hist_span_move(n, lo, hi - lo, h);
+			if (h)
+				trk_free(c->t, h, tap_hist_span_size(h->len));
+			c->hist = h = n;
+			trk_note_peak(c->t);
+		} else if (!h) {
+			return;
+		}
+	}
+	tap_hist_span_add(h, us);
+}
+
 static void count_verdict(struct tap_track_conn *c, const struct trk_view *v, const struct trk_verdict *vd)
 {
 	struct tap_track *t = c->t;
@@ -142,8 +173,8 @@ static void count_verdict(struct tap_track_conn *c, const struct trk_view *v, co
 			k->nacked++;
 			t->st.nacked++;
 		}
-		if (c->hist)
-			tap_hist_add(c->hist, vd->t_ack - v->t_pub);
+		if (c->confirms)
+			conn_hist_add(c, vd->t_ack - v->t_pub);
 		tap_hist_add(&t->hist, vd->t_ack - v->t_pub);
 		break;
 	case TAP_TRACK_CONFIRM_NONE:

@@ -23,7 +23,7 @@ import pika  # noqa: E402
 import pika.exceptions  # noqa: E402
 
 from tapharness import (AMQPTAP_BIN, BROKER_PORT, SOURCE_DIR, Tap, TapTestCase, capture_port,  # noqa: E402
-                        is_asan_build, main, read_records, replay, require_broker, wait_for)
+                        is_asan_build, main, read_records, replay, require_broker, rss_kb, wait_for)
 from scenario_lib import params, props, read_until_progress, stream_publisher  # noqa: E402
 
 PROXY_ONLY = ("upstream_local",)  # the proxy's own end towards the broker: a sniffer has no such leg
@@ -66,6 +66,16 @@ def normalise(recs, tag):
         r = {k: v for k, v in r.items() if k not in VOLATILE}
         out.append(json.loads(json.dumps(r).replace(tag, "TAG")))
     return out
+
+
+def syn_frame(i, port):
+    """An Ethernet frame (lo's zero addresses) holding a TCP SYN from 10.x.y.z to 10.255.255.254:port, an address
+    no host owns: on lo the kernel drops it (not local, no forwarding) and nothing answers."""
+    src = bytes([10, (i >> 16) & 255, (i >> 8) & 255, i & 255])
+    tcp = struct.pack("!HHIIBBHHH", 1024 + i % 60000, port, i, 0, 5 << 4, 0x02, 65535, 0, 0)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), i & 0xFFFF, 0, 64, 6, 0, src,
+                     bytes([10, 255, 255, 254]))
+    return b"\0" * 12 + b"\x08\x00" + ip + tcp
 
 
 class Sniff(TapTestCase):
@@ -272,6 +282,57 @@ class Sniff(TapTestCase):
         unmatched = [r for r in recs if r["type"] == "warning" and r.get("rule") == "unmatched_return"]
         self.assertEqual([(r["channel"], r.get("reply_code")) for r in unmatched], [(1, 312)], unmatched)
         self.assertFalse([r for r in recs if r["type"] in ("capture_gap", "capture_drops")])
+
+    def test_syn_flood_beside_an_idle_connection_keeps_its_verdicts(self):
+        """70,000 SYNs that are never answered (more than the 65,536 streams the capture follows) arrive on lo while
+        a pika connection sits idle between publishes: its later publishes keep their verdicts (routed and returned,
+        not unknown/capture_start as when the flood pushed it out), none of the SYNs is a connection, and the flood
+        costs the sniffer little memory. The SYNs go from 10.x.y.z to 10.255.255.254 (an address no host owns,
+        through an AF_PACKET socket on lo: the kernel drops them, no answer or reset is sent) on the broker's port."""
+        s = self.sniff("-v")
+        conn = pika.BlockingConnection(params(BROKER_PORT))
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            q = ch.queue_declare("", exclusive=True).method.queue
+            ch.basic_publish("", q, b"a", props("before"), mandatory=True)
+
+            def routes():
+                return {r["message_id"]: (r["route"], r["confirm"]) for r in s.records("publish")}
+            self.assertTrue(wait_for(lambda: "before" in routes(), 5), routes())
+            rss_before = rss_kb(s.proc.pid)
+            sent = 0
+            with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
+                raw.bind(("lo", 0))
+                for i in range(70000):
+                    raw.send(syn_frame(i, BROKER_PORT))
+                    sent += 1
+                    if i % 2000 == 1999:
+                        time.sleep(0.01)  # the sniffer's ring takes bursts, not all 70,000 at once
+            s.proc.send_signal(signal.SIGUSR1)
+            self.assertTrue(wait_for(lambda: "packets captured" in s.stderr(), 10))
+            line = [ln for ln in s.stderr().splitlines() if "packets captured" in ln][-1]
+            captured = int(line.split(" packets captured")[0].split()[-1])
+            self.assertGreater(captured, 70000, line)  # the flood was seen, every SYN of it
+            self.assertIn("0 dropped by the kernel", line)
+            rss_flood = rss_kb(s.proc.pid)
+            ch.basic_publish("", q, b"b", props("after-routed"), mandatory=True)
+            try:
+                ch.basic_publish("", "sniff.flood.none", b"c", props("after-returned"), mandatory=True)
+            except pika.exceptions.UnroutableError:
+                pass
+            ch.basic_publish("", q, b"d", props("after-routed-2"), mandatory=True)
+            self.assertTrue(wait_for(lambda: len(routes()) == 4, 5), routes())
+            self.assertEqual(routes(), {"before": ("routed", "ack"), "after-routed": ("routed", "ack"),
+                                        "after-returned": ("returned", "ack"), "after-routed-2": ("routed", "ack")})
+            conns = [r for r in s.records("connection") if r["event"] == "open"]
+            self.assertEqual(len(conns), 1, conns)  # no SYN of the flood made a connection
+            self.assertFalse([r for r in s.records("connection") if r["event"] == "close"])  # nor ended this one
+        finally:
+            conn.close()
+            self.assertEqual(s.stop(timeout=20), 0, s.stderr())
+        if not is_asan_build():  # the sanitizers' shadow memory and redzones are not the tap's
+            self.assertLess(rss_flood - rss_before, 48 * 1024, f"{sent} SYNs cost more than ~700 B each")
 
     def test_missing_interface_is_one_line_and_exit_2(self):
         """A misspelt interface exits 2 with and without privileges (without them libpcap said "permission denied"

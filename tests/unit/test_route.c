@@ -513,6 +513,18 @@ START_TEST(limits_and_bad_input)
 	m = model();
 	ck_assert_int_ne(tap_route_add_policy(m, VH, S("p"), S("(unclosed"), "exchanges", 0, S("ae")), 0);
 	tap_route_model_free(m);
+	/* stacked repetitions: regcomp copied the expression for each '+' (fuzz_route_defs: 1 GB); escaped and
+	 * bracketed ones are literal characters and stay allowed */
+	m = model();
+	ck_assert_int_ne(tap_route_add_policy(m, VH, S("p"), S("^orde+++++++++rs"), "exchanges", 0, S("ae")), 0);
+	ck_assert_ptr_nonnull(strstr(tap_route_error(m), "repeats a repetition"));
+	tap_route_model_free(m);
+	m = model();
+	ck_assert_int_ne(tap_route_add_policy(m, VH, S("p2"), S("a*{2}"), "exchanges", 0, S("ae")), 0);
+	tap_route_model_free(m);
+	m = model();
+	ck_assert_int_eq(tap_route_add_policy(m, VH, S("p3"), S("^a\\++[+*]+b{2}"), "exchanges", 0, S("ae")), 0);
+	tap_route_model_free(m);
 	m = model();
 	ck_assert_int_ne(tap_route_add_binding(m, VH, S("nope"), false, S("q"), S(""), NULL, 0), 0);
 	tap_route_model_free(m);

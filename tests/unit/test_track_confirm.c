@@ -547,6 +547,39 @@ START_TEST(latency_beyond_the_histogram_range)
 }
 END_TEST
 
+START_TEST(connection_latency_run_matches_the_whole_histogram)
+{
+	/* a connection keeps only the run of buckets its latencies fell in, widened both ways as they come: its summary
+	 * line says what the process's whole histogram says of the same acks */
+	confirm_channel(1);
+	struct tap_publish p = pub("x", "k", false);
+	const int64_t lat[] = {5000, 4800, 70, 3, 900000, 0, 12, 250000000, 1, 5000, 33, INT64_C(1) << 38, 777};
+	const size_t n = sizeof lat / sizeof lat[0];
+	int64_t max = 0;
+	for (size_t k = 0; k < 10 * n; k++) {
+		int64_t us = lat[(k * 7) % n] + (int64_t)k;
+		max = us > max ? us : max;
+		tap_track_publish(c, 1, &p, T0);
+		tap_track_ack(c, 1, k + 1, false, T0 + us);
+	}
+	struct tap_buf b;
+	tap_buf_init(&b);
+	tap_track_summary(t, &b);
+	tap_buf_putc(&b, '\0');
+	const char *conn_line = strstr(b.data, "confirm_us"), *total = strstr(b.data, "total outstanding");
+	ck_assert_ptr_nonnull(conn_line);
+	ck_assert_ptr_nonnull(total);
+	const char *total_line = strstr(total, "confirm_us");
+	ck_assert(conn_line < total);
+	size_t len = (size_t)(strchr(total_line, '\n') - total_line);
+	ck_assert_msg(strncmp(conn_line, total_line, len) == 0 && conn_line[len] == '\n', "%s", b.data);
+	char want[40];
+	snprintf(want, sizeof want, "max=%lld\n", (long long)max);
+	ck_assert_ptr_nonnull(strstr(total_line, want));
+	tap_buf_deinit(&b);
+}
+END_TEST
+
 /* ---- randomized property: one publish record per publish, whatever happens ---- */
 
 
@@ -725,6 +758,7 @@ int main(void)
 	tcase_add_test(tc, non_confirm_mandatory_window);
 	tcase_add_test(tc, clean_close_and_commit_settle_the_return_window);
 	tcase_add_test(tc, latency_beyond_the_histogram_range);
+	tcase_add_test(tc, connection_latency_run_matches_the_whole_histogram);
 	tcase_add_test(tc, random_interleavings);
 	suite_add_tcase(s, tc);
 	return track_suite_run(s);
