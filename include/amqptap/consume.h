@@ -107,5 +107,7 @@ struct tap_consume_stats {
 void tap_consume_get_stats(const struct tap_track *t, struct tap_consume_stats *s);
 /* Settle latency (deliver -> the client's ack/nack/reject) of the process, µs. */
 const struct tap_hist *tap_consume_settle_hist(const struct tap_track *t);
+/* Queue time (its publish forwarded -> the delivery forwarded: queue_us) of the linked deliveries, µs. */
+const struct tap_hist *tap_consume_queue_hist(const struct tap_track *t);
 
 #endif

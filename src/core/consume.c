@@ -672,6 +672,8 @@ void tap_consume_deliver(struct tap_track_conn *c, uint16_t id, const struct tap
 	};
 	if (v.has_message_id && v.mid_len)
 		v.t_pub = link_find(t, v.mid, v.mid_len);
+	if (v.t_pub) /* counted as it is delivered, not when its record is written */
+		tap_hist_add(&t->csm_queue_hist, now_us - v.t_pub);
 	static const struct csm_reason cut = {.by = "content_cut"}, no_memory = {.by = "no_memory"};
 	static const char not_followed[] = "channel not followed";
 	static const struct csm_reason unfollowed = {.by = "no_memory", .text = (const uint8_t *)not_followed,
@@ -890,4 +892,9 @@ void tap_consume_get_stats(const struct tap_track *t, struct tap_consume_stats *
 const struct tap_hist *tap_consume_settle_hist(const struct tap_track *t)
 {
 	return &t->csm_hist;
+}
+
+const struct tap_hist *tap_consume_queue_hist(const struct tap_track *t)
+{
+	return &t->csm_queue_hist;
 }
