@@ -40,6 +40,9 @@ struct tap_delivery {
 	bool details_lost; /* no memory kept its strings */
 	bool content_cut;  /* the connection ended before its content did: the client never had it */
 	bool header_lost;  /* content_cut before the content header: body_size and properties not known */
+	/* its channel had no decoder state (past --max-tracking-memory): handed over at its method, its content not
+	 * read (header_lost too); written at once, unknown/no_memory unless its consumer is known to be no_ack */
+	bool unfollowed;
 };
 
 /* How a client settles deliveries. */
@@ -99,9 +102,12 @@ struct tap_consume_stats {
 	uint64_t unacked;    /* deliveries waiting for the client's settle now */
 	uint64_t consumers_open, consumers_total;
 	uint64_t stray_settles; /* the client settled a tag the tap does not know as unacked */
+	uint64_t unfollowed; /* written at once: no memory for their channel's state (decoder's or tracker's) */
 };
 void tap_consume_get_stats(const struct tap_track *t, struct tap_consume_stats *s);
 /* Settle latency (deliver -> the client's ack/nack/reject) of the process, µs. */
 const struct tap_hist *tap_consume_settle_hist(const struct tap_track *t);
+/* Queue time (its publish forwarded -> the delivery forwarded: queue_us) of the linked deliveries, µs. */
+const struct tap_hist *tap_consume_queue_hist(const struct tap_track *t);
 
 #endif

@@ -142,6 +142,7 @@ struct tap_metrics_snapshot {
 	struct tap_metrics_hist confirm;
 	struct tap_consume_stats consume; /* the consumer side (amqptap/consume.h) */
 	struct tap_metrics_hist settle;   /* its deliver -> settle latency */
+	struct tap_metrics_hist queue;    /* publish -> delivery of the linked deliveries (queue_us) */
 	uint64_t confirm_p50_us, confirm_p90_us, confirm_p99_us, confirm_max_us;
 	uint64_t channels_open, connections_blocked;
 	uint64_t decode_errors; /* decode_error records (tap_observer) */

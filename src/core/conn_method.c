@@ -132,32 +132,40 @@ static void on_client_consumer_method(struct tap_conn *c, uint16_t channel, cons
 	}
 }
 
-/* A basic.deliver or get-ok: its content is assembled like a publish's (conn_content.c), then handed on. */
+/* A basic.deliver or get-ok: its content is assembled like a publish's (conn_content.c), then handed on; on a
+ * channel with no state (past the memory budget) it is handed on at its method, its content not read: every
+ * delivery still gets its record. */
 static void start_delivery(struct tap_conn *c, uint16_t channel, const struct tap_method *m, bool get,
 			   int64_t now_us)
 {
+	struct tap_delivery d = {.get = get};
+	if (get) {
+		d.delivery_tag = m->args[TAP_ARG_BASIC_GET_OK_DELIVERY_TAG].u;
+		d.redelivered = m->args[TAP_ARG_BASIC_GET_OK_REDELIVERED].u != 0;
+		d.exchange = arg_slice(m, TAP_ARG_BASIC_GET_OK_EXCHANGE);
+		d.routing_key = arg_slice(m, TAP_ARG_BASIC_GET_OK_ROUTING_KEY);
+	} else {
+		d.consumer_tag = arg_slice(m, TAP_ARG_BASIC_DELIVER_CONSUMER_TAG);
+		d.delivery_tag = m->args[TAP_ARG_BASIC_DELIVER_DELIVERY_TAG].u;
+		d.redelivered = m->args[TAP_ARG_BASIC_DELIVER_REDELIVERED].u != 0;
+		d.exchange = arg_slice(m, TAP_ARG_BASIC_DELIVER_EXCHANGE);
+		d.routing_key = arg_slice(m, TAP_ARG_BASIC_DELIVER_ROUTING_KEY);
+	}
 	struct channel *ch = conn_channel_get(c, channel, now_us);
-	if (!ch)
+	if (!ch) {
+		d.unfollowed = d.header_lost = true;
+		tap_consume_deliver(c->tc, channel, &d, now_us);
 		return;
+	}
 	struct pending *p = &ch->dir[TAP_S2C];
 	conn_pending_reset(c, p, PENDING_DELIVER);
-	struct tap_slice x, rk;
 	p->get = get;
-	if (get) {
-		p->delivery_tag = m->args[TAP_ARG_BASIC_GET_OK_DELIVERY_TAG].u;
-		p->redelivered = m->args[TAP_ARG_BASIC_GET_OK_REDELIVERED].u != 0;
-		x = arg_slice(m, TAP_ARG_BASIC_GET_OK_EXCHANGE);
-		rk = arg_slice(m, TAP_ARG_BASIC_GET_OK_ROUTING_KEY);
-	} else {
-		struct tap_slice tag = arg_slice(m, TAP_ARG_BASIC_DELIVER_CONSUMER_TAG);
-		p->reply_text = conn_keep(c, p, tag.ptr, tag.len);
-		p->delivery_tag = m->args[TAP_ARG_BASIC_DELIVER_DELIVERY_TAG].u;
-		p->redelivered = m->args[TAP_ARG_BASIC_DELIVER_REDELIVERED].u != 0;
-		x = arg_slice(m, TAP_ARG_BASIC_DELIVER_EXCHANGE);
-		rk = arg_slice(m, TAP_ARG_BASIC_DELIVER_ROUTING_KEY);
-	}
-	p->exchange = conn_keep(c, p, x.ptr, x.len);
-	p->routing_key = conn_keep(c, p, rk.ptr, rk.len);
+	p->delivery_tag = d.delivery_tag;
+	p->redelivered = d.redelivered;
+	if (!get)
+		p->reply_text = conn_keep(c, p, d.consumer_tag.ptr, d.consumer_tag.len);
+	p->exchange = conn_keep(c, p, d.exchange.ptr, d.exchange.len);
+	p->routing_key = conn_keep(c, p, d.routing_key.ptr, d.routing_key.len);
 }
 
 /* The broker's side of consuming. */

@@ -63,12 +63,21 @@ static struct csm_chan *chan_get(struct tap_track_conn *c, uint16_t id, int64_t 
 	size_t links = CSM_LINKS * sizeof *t->csm_links;
 	if (!t->csm_links && links <= t->conf.max_memory / 8 && trk_fits(t, links))
 		t->csm_links = trk_alloc_in_budget(t, links, now_us);
+	struct csm_chan *ch = chan_find(c->csm, id);
+	if (ch)
+		return ch;
+	/* a new channel only within the budget (trk_alloc_in_budget would go past it once nothing is left to evict):
+	 * thousands of channels with a delivery each must not grow the tap past it; its deliveries are then written at
+	 * once (tap_consume_deliver) */
+	uint64_t need = tap_mem_cost(sizeof *ch) + (c->csm ? 0 : tap_mem_cost(sizeof *c->csm)) +
+	                (c->csm && c->csm->n_chans == c->csm->cap_chans ? tap_mem_cost(c->csm->cap_chans * 2 * sizeof ch)
+	                                                                 : 0);
+	trk_make_room(t, need, now_us);
+	if (!trk_fits(t, need))
+		return NULL;
 	if (!c->csm && !(c->csm = trk_alloc_in_budget(t, sizeof *c->csm, now_us)))
 		return NULL;
 	struct csm_conn *k = c->csm;
-	struct csm_chan *ch = chan_find(k, id);
-	if (ch)
-		return ch;
 	if (k->n_chans == k->cap_chans) {
 		uint32_t cap = k->cap_chans ? k->cap_chans * 2 : 4;
 		struct csm_chan **v = trk_alloc_in_budget(t, cap * sizeof *v, now_us);
@@ -592,6 +601,8 @@ static void evict_oldest(struct tap_track_conn *c, struct csm_chan *ch, const ch
 	chan_trim(c->t, ch);
 }
 
+#define CSM_RING_MIN 8u /* a channel's first ring of unacked deliveries */
+
 /* Room in ch's ring for one more at its end; false when out of memory. */
 static bool ring_reserve(struct tap_track_conn *c, struct csm_chan *ch, int64_t now_us)
 {
@@ -604,7 +615,7 @@ static bool ring_reserve(struct tap_track_conn *c, struct csm_chan *ch, int64_t 
 		return true;
 	}
 	struct tap_track *t = c->t;
-	uint32_t cap = ch->cap ? ch->cap * 2 : 8;
+	uint32_t cap = ch->cap ? ch->cap * 2 : CSM_RING_MIN;
 	struct csm_dlv *v = trk_alloc_in_budget(t, cap * sizeof *v, now_us);
 	if (!v)
 		return false;
@@ -657,16 +668,26 @@ void tap_consume_deliver(struct tap_track_conn *c, uint16_t id, const struct tap
 		.redelivered = d->redelivered, .get = d->get, .has_message_id = d->has_message_id && !d->details_lost,
 		.has_count = d->has_delivery_count, .details_lost = d->details_lost, .header_lost = d->header_lost,
 		.tag = d->delivery_tag, .body_size = d->body_size, .delivery_count = d->delivery_count, .t_dlv = now_us,
+		.props_lost = d->unfollowed,
 	};
 	if (v.has_message_id && v.mid_len)
 		v.t_pub = link_find(t, v.mid, v.mid_len);
+	if (v.t_pub) /* counted as it is delivered, not when its record is written */
+		tap_hist_add(&t->csm_queue_hist, now_us - v.t_pub);
 	static const struct csm_reason cut = {.by = "content_cut"}, no_memory = {.by = "no_memory"};
+	static const char not_followed[] = "channel not followed";
+	static const struct csm_reason unfollowed = {.by = "no_memory", .text = (const uint8_t *)not_followed,
+	                                             .text_len = sizeof not_followed - 1};
 	struct csm_outcome o = {.outcome = TAP_CONSUME_OUT_UNKNOWN};
-	if (d->content_cut || no_ack || !ch) {
+	if (d->content_cut || no_ack || !ch || d->unfollowed) {
+		/* nothing to wait for, or no state to wait in: its one record now (the client's settle of it is then
+		 * a stray one) */
 		if (!d->content_cut && no_ack)
 			o.outcome = TAP_CONSUME_OUT_AUTO_ACK;
 		else
-			o.reason = d->content_cut ? &cut : &no_memory;
+			o.reason = d->content_cut ? &cut : d->unfollowed ? &unfollowed : &no_memory;
+		if (!ch || d->unfollowed)
+			t->csm_st.unfollowed++;
 		write_delivery(c, id, &v, &o, now_us);
 		goto out;
 	}
@@ -678,10 +699,20 @@ void tap_consume_deliver(struct tap_track_conn *c, uint16_t id, const struct tap
 	if (ch->live >= chan_bound(ch))
 		evict_oldest(c, ch, "unacked bound", now_us);
 	size_t blen = (size_t)v.ctag_len + v.queue_len + v.exchange_len + v.rk_len + v.mid_len;
-	uint64_t need = tap_mem_cost(blen) + (ch->len == ch->cap ? tap_mem_cost(ch->cap * 2 * sizeof *ch->dlv) : 0);
+	uint64_t grow = ch->cap ? ch->cap * 2 : CSM_RING_MIN;
+	uint64_t need = tap_mem_cost(blen) + (ch->len == ch->cap ? tap_mem_cost(grow * sizeof *ch->dlv) : 0);
 	while (!trk_fits(t, need) && ch->live)
 		evict_oldest(c, ch, "max-tracking-memory", now_us);
 	trk_make_room(t, need, now_us); /* the channel had none left: the oldest publishes go */
+	if (!trk_fits(t, need)) { /* other channels hold the budget: this one is not kept */
+		static const char spent[] = "max-tracking-memory";
+		static const struct csm_reason over = {.by = "no_memory", .text = (const uint8_t *)spent,
+		                                       .text_len = sizeof spent - 1};
+		o.reason = &over;
+		t->csm_st.unfollowed++;
+		write_delivery(c, id, &v, &o, now_us);
+		goto out;
+	}
 	if (!ring_reserve(c, ch, now_us)) {
 		o.reason = &no_memory;
 		t->st.oom++;
@@ -861,4 +892,9 @@ void tap_consume_get_stats(const struct tap_track *t, struct tap_consume_stats *
 const struct tap_hist *tap_consume_settle_hist(const struct tap_track *t)
 {
 	return &t->csm_hist;
+}
+
+const struct tap_hist *tap_consume_queue_hist(const struct tap_track *t)
+{
+	return &t->csm_queue_hist;
 }

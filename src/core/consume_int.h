@@ -43,6 +43,7 @@ struct csm_view {
 	const uint8_t *ctag, *queue, *exchange, *rk, *mid;
 	size_t ctag_len, queue_len, exchange_len, rk_len, mid_len;
 	bool has_queue, redelivered, get, has_message_id, has_count, details_lost, header_lost;
+	bool props_lost; /* its content header was never read (an unfollowed channel): details_lost, strings kept */
 	uint64_t tag, body_size;
 	int64_t delivery_count, t_dlv;
 	int64_t t_pub; /* 0: no publish linked */

@@ -157,7 +157,7 @@ void csm_record_delivery(struct trk_render *r, const struct tap_track_conn *c, u
 			p = tap_json_escape_at(PUT(p, ",\"text\":"), why->text, why->text_len);
 		p = PUT(p, "}");
 	}
-	if (lost || c->prefix_lost)
+	if (lost || v->props_lost || c->prefix_lost)
 		p = PUT(p, ",\"details_lost\":true");
 	p = PUT(p, "}");
 	b->len = (size_t)(p - b->data);

@@ -68,6 +68,8 @@ void tap_metrics_collect_track(struct tap_metrics_snapshot *s, const struct tap_
 	tap_consume_get_stats(t, &s->consume);
 	memset(&s->settle, 0, sizeof s->settle);
 	tap_metrics_hist_fold(&s->settle, tap_consume_settle_hist(t));
+	memset(&s->queue, 0, sizeof s->queue);
+	tap_metrics_hist_fold(&s->queue, tap_consume_queue_hist(t));
 	s->channels_open = 0;
 	s->connections_blocked = 0;
 	tap_track_each_conn(t, add_conn, s);

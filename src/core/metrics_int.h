@@ -70,6 +70,9 @@ enum metric_type { COUNTER, GAUGE, HISTOGRAM };
 	X("deliveries_evicted_total", COUNTER,                                                                    \
 	  "Deliveries written as unknown (evicted) over the unacked bound or --max-tracking-memory.",              \
 	  s->consume.evicted, "deliveries_evicted")                                                                \
+	X("deliveries_unfollowed_total", COUNTER,                                                                 \
+	  "Deliveries written unknown at once (no_memory): no room for their channel's state in the budget.",      \
+	  s->consume.unfollowed, "deliveries_unfollowed")                                                          \
 	X("consumer_settles_stray_total", COUNTER, "Consumer acks, nacks and rejects for a tag not unacked.",     \
 	  s->consume.stray_settles, "consumer_settles_stray")                                                      \
 	X("consumers_open", GAUGE, "Consumers started (consume-ok) and not cancelled.", s->consume.consumers_open, \

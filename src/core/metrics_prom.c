@@ -280,6 +280,9 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 	            "Time from a publish that ended unknown, nacked or returned to its resend (the same identity).", &ret);
 	render_hist(b, "settle_latency_seconds",
 	            "Time from a delivery's last frame forwarded to the consumer to its ack, nack or reject.", &s->settle);
+	render_hist(b, "queue_time_seconds",
+	            "Time from a publish forwarded to the broker to its delivery forwarded to a consumer (queue_us), for "
+	            "the deliveries linked to a publish this tap saw.", &s->queue);
 	render_exchanges(b, t);
 	render_capture(b, s);
 	if (s->have_faults) { /* --fault */

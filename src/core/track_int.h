@@ -349,6 +349,7 @@ struct tap_track {
 	struct tap_track_stats st;
 	struct tap_consume_stats csm_st; /* the consumer tracker's (consume.c) */
 	struct tap_hist csm_hist;        /* its settle latency */
+	struct tap_hist csm_queue_hist;  /* publish -> delivery of the linked deliveries (queue_us) */
 	int64_t csm_due;                 /* no consumer rule runs out before this (csm_tick) */
 	struct csm_link *csm_links;      /* publish -> delivery links (consume_int.h); NULL until a consumer */
 	struct trk_counts closed_counts; /* of connections already ended */

@@ -866,8 +866,9 @@ void trk_summary(const struct tap_track *t, struct tap_buf *out)
 	               "tracking memory %" PRIu64 " bytes (peak %" PRIu64 ", budget %" PRIu64 "), evicted %" PRIu64
 	               " (%" PRIu64 " for memory), headers truncated %" PRIu64 ", header values truncated %" PRIu64
 	               ", malformed traceparent %" PRIu64 ", short of memory %" PRIu64 " times (records lost %" PRIu64
-	               ", connections not followed %" PRIu64 ", channels not followed %" PRIu64 ")\n",
+	               ", connections not followed %" PRIu64 ", channels not followed %" PRIu64
+	               ", deliveries not followed %" PRIu64 ")\n",
 	               t->mem, trk_memory_peak(t), t->conf.max_memory, t->st.evicted, t->st.evicted_memory,
 	               t->st.headers_truncated, t->st.header_values_truncated, t->st.traceparent_malformed, t->st.oom,
-	               t->st.records_oom, t->st.conns_unfollowed, t->st.chans_unfollowed);
+	               t->st.records_oom, t->st.conns_unfollowed, t->st.chans_unfollowed, t->csm_st.unfollowed);
 }

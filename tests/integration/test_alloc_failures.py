@@ -50,7 +50,8 @@ def summary(stderr):
     else:
         total = re.search(r"^total outstanding=\d+ publishes=(\d+)", stderr, re.M)
         tracking = re.search(r"^tracking memory .* short of memory \d+ times \(records lost (\d+), "
-                             r"connections not followed (\d+)(?:, channels not followed \d+)?\)$", stderr, re.M)
+                             r"connections not followed (\d+)(?:, channels not followed \d+)?"
+                             r"(?:, deliveries not followed \d+)?\)$", stderr, re.M)
         outputs = {k: int(n) for k, n in re.findall(r"^output (\w+) records=\d+ lost=(\d+)", stderr, re.M)}
         if not total or not tracking or "verdicts" not in outputs:
             raise AssertionError(f"no summary in the tap's stderr: {stderr[-2000:]}")

@@ -478,8 +478,26 @@ class ConsumerTest(TapTestCase):
             self.assertEqual(m["amqptap_redeliveries_total"], 1)
             self.assertEqual(m["amqptap_settle_latency_seconds_count"], 5)
             self.assertEqual(m['amqptap_warnings_total{rule="consumer_stalled"}'], 0)
+            self.assertEqual(m["amqptap_queue_time_seconds_count"], 0)  # published around the tap: no link
+            ch.basic_publish("", self.queue, b"linked", pika.BasicProperties(message_id="via-the-tap"))
+            for _ in range(10):  # until the page rendered after the delivery
+                c.process_data_events(0.3)
+                time.sleep(0.5)
+                m = scrape()
+                if m["amqptap_queue_time_seconds_count"]:
+                    break
+            self.assertGreaterEqual(m["amqptap_queue_time_seconds_count"], 1)
+            self.assertGreater(m["amqptap_queue_time_seconds_sum"], 0)
+            _status, _headers, body = http_get(mport, "/metrics")
+            if os.path.exists("/usr/bin/promtool"):  # the families added here lint as the rest (test_metrics)
+                lint = subprocess.run(["/usr/bin/promtool", "check", "metrics"], input=body, capture_output=True,
+                                      timeout=30)
+                self.assertEqual(lint.returncode, 0, lint.stdout + lint.stderr)
             ch.cancel()
-        self.finish(tap)
+        recs = self.finish(tap)
+        linked = [r for r in self.deliveries(recs) if r["message_id"] == "via-the-tap"]
+        self.assertGreaterEqual(len(linked), 1)  # and pika's cancel may requeue it: a redelivery links too
+        self.assertTrue(all(r["queue_us"] > 0 for r in linked), linked)
 
     # ---- other libraries ----
 

@@ -311,6 +311,16 @@ LOGIN = (b"AMQP\x00\x00\x09\x01" +
 N_CHANNELS = 2047
 
 
+def deliveries_flood():
+    """What the broker sends back here: connection.open-ok, then on each channel one basic.deliver (consumer tag
+    "ct", delivery tag 1) with a 10-byte body."""
+    out = [raw_frame(1, 0, struct.pack(">HH", 10, 41) + b"\x00")]
+    for ch in range(1, N_CHANNELS + 1):
+        out += [raw_frame(1, ch, struct.pack(">HH", 60, 60) + b"\x02ct" + struct.pack(">QB", 1, 0) + b"\x00\x01q"),
+                raw_frame(2, ch, struct.pack(">HHQH", 60, 0, 10, 0)), raw_frame(3, ch, b"d" * 10)]
+    return b"".join(out)
+
+
 def channel_flood():
     out = [LOGIN]
     for ch in range(1, N_CHANNELS + 1):
@@ -326,7 +336,9 @@ class ChannelFloodTest(unittest.TestCase):
     nothing: the channels past --max-tracking-memory are not followed (their open records say "followed":false and
     their publishes are written at once, unknown), so the tap's memory stays at the budget plus a fixed overhead —
     in the proxy and replaying the proxy's own capture of it. Before, every channel stayed (about 2 KB each, the
-    budget not consulted): 60 such connections took the tap to ~230 MB whatever the budget."""
+    budget not consulted): 60 such connections took the tap to ~230 MB whatever the budget. The peer then sends a
+    delivery on every channel: each gets exactly one delivery record too, the ones past the budget at once, unknown,
+    no_memory (counted: "deliveries not followed")."""
 
     N_CONNS = 60
     BUDGET = "8M"
@@ -346,14 +358,34 @@ class ChannelFloodTest(unittest.TestCase):
         print(f"{len(pubs)} publishes, {len(unfollowed)} channels not followed, peak RSS {peak} KiB, "
               f"tracking peak {tracking_peak} B")
         self.assertLess(tracking_peak, 9 * MIB, "tracking went past its budget")
+        dlvs = [r for r in records if r.get("type") == "delivery"]
+        self.assertEqual(len(dlvs), self.N_CONNS * N_CHANNELS, "one record per delivery")
+        self.assertEqual(len({(r["conn"], r["channel"]) for r in dlvs}), len(dlvs))
+        at_once = [r for r in dlvs if (r.get("reason") or {}).get("by") == "no_memory"]
+        m = re.search(r"deliveries not followed (\d+)", tap.stderr())
+        self.assertIsNotNone(m, tap.stderr())
+        self.assertEqual(int(m.group(1)), len(at_once))
+        self.assertGreater(len(at_once), 0, "the budget did not bind on deliveries")
+        self.assertTrue(all(r["outcome"] == "unknown" for r in dlvs))
+        unread = [r for r in at_once if r["reason"].get("text") == "channel not followed"]
+        self.assertTrue(unread and all(r["body_size"] is None and r["details_lost"] for r in unread))
+        print(f"{len(dlvs)} deliveries, {len(at_once)} written at once ({len(unread)} on unfollowed channels)")
         if not is_asan_build():
             self.assertLess(peak, self.PEAK_LIMIT_KB)
 
     def test_proxy_then_replay(self):
         data = channel_flood()
+        back = deliveries_flood()
 
         def sink(conn, _idx):
             try:
+                got = 0
+                while got < len(data):
+                    n = len(conn.recv(MIB))
+                    if not n:
+                        return
+                    got += n
+                conn.sendall(back)
                 while conn.recv(MIB):
                     pass
             except OSError:
@@ -375,6 +407,13 @@ class ChannelFloodTest(unittest.TestCase):
         self.assertTrue(wait_for(lambda: tap.records("publish") and
                                  len(tap.records("publish")) == self.N_CONNS * N_CHANNELS, 60, interval=0.5),
                         "not every publish was recorded")
+        for s in socks:  # every delivery forwarded to the client: the tap has decoded it
+            s.settimeout(60)
+            got = 0
+            while got < len(back):
+                n = len(s.recv(MIB))
+                self.assertNotEqual(n, 0, "the tap closed a connection")
+                got += n
         for s in socks:
             s.close()
         self.assertEqual(tap.stop(), 0, tap.stderr())

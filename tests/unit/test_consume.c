@@ -529,6 +529,89 @@ START_TEST(observer_decodes_the_consumer_side)
 }
 END_TEST
 
+/* One broker delivery (deliver, header with a message id, a 4-byte body) on channel ch. */
+static void build_delivery(struct tap_bytes *br, uint16_t ch, uint64_t tag)
+{
+	struct tap_bytes a = {0};
+	tap_build_shortstr(&a, "ctag");
+	tap_build_u64(&a, tag);
+	tap_build_u8(&a, 0);
+	tap_build_shortstr(&a, "x");
+	tap_build_shortstr(&a, "rk");
+	tap_build_method(br, ch, TAP_BASIC_DELIVER, a.d, a.n);
+	a.n = 0;
+	tap_build_u16(&a, 60);
+	tap_build_u16(&a, 0);
+	tap_build_u64(&a, 4);
+	tap_build_u16(&a, 1u << 7); /* message-id */
+	tap_build_shortstr(&a, "m");
+	tap_build_frame(br, 2, ch, a.d, a.n);
+	tap_build_frame(br, 3, ch, "body", 4);
+	tap_build_free(&a);
+}
+
+/* Deliveries on 3,000 channels of one connection under a 64 KiB budget: past it the decoder has no state for a
+ * channel (conn_channel_get), or the tracker none to keep a delivery in; each is still written, at once, unknown,
+ * reason no_memory ("channel not followed" when its content was never read: body_size and message_id null,
+ * details_lost), and counted. Exactly one record per delivery; the tracker's memory never passes the budget. */
+START_TEST(deliveries_past_the_budget_are_written_at_once)
+{
+	enum { BUDGET = 64 * 1024, N = 3000 };
+	struct tap_track_conf conf = {.max_memory = BUDGET};
+	teardown();
+	setup_conf(&conf);
+	struct tap_bytes cl = {0}, br = {0}, a = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	tap_build_tune_ok_open(&cl, "/");
+	tap_build_shortstr(&a, "");
+	tap_build_method(&br, 0, TAP_CONNECTION_OPEN_OK, a.d, a.n);
+	for (uint16_t ch = 1; ch <= N; ch++)
+		build_delivery(&br, ch, 1);
+	struct tap_observer o;
+	tap_observer_init(&o, t, capture, NULL, NULL, 0);
+	struct tap_conn *k = tap_conn_new(&o, 9, "127.0.0.1:1", "127.0.0.1:2", T0);
+	tap_conn_feed(k, TAP_C2S, (const uint8_t *)cl.d, cl.n, T0 + 1);
+	tap_conn_feed(k, TAP_S2C, (const uint8_t *)br.d, br.n, T0 + 2);
+	ck_assert_uint_le(stats().memory_peak, BUDGET);
+	struct tap_consume_stats s = cstats();
+	ck_assert_uint_eq(s.deliveries, N);
+	ck_assert_uint_gt(s.unfollowed, N / 2);
+	ck_assert_uint_eq(s.delivery_records + s.unacked, N);
+	ck_assert_uint_eq(count_type("delivery"), s.unfollowed);
+	size_t unread = 0;
+	for (size_t i = 0; i < n_recs; i++) {
+		if (!is_type(recs[i], "delivery"))
+			continue;
+		assert_field(recs[i], "outcome", "\"unknown\"");
+		if (strcmp(get(recs[i], "reason"), "{\"by\":\"no_memory\",\"text\":\"channel not followed\"}"))
+			continue;
+		unread++;
+		assert_field(recs[i], "body_size", "null");
+		assert_field(recs[i], "message_id", "null");
+		assert_field(recs[i], "details_lost", "true");
+		assert_field(recs[i], "consumer_tag", "\"ctag\"");
+		assert_field(recs[i], "routing_key", "\"rk\"");
+	}
+	ck_assert_uint_gt(unread, 0);
+	/* the ones kept are acked (channel 1's) or end with the connection */
+	a.n = 0;
+	tap_build_u64(&a, 1);
+	tap_build_u8(&a, 0);
+	cl.n = 0;
+	tap_build_method(&cl, 1, TAP_BASIC_ACK, a.d, a.n);
+	tap_conn_feed(k, TAP_C2S, (const uint8_t *)cl.d, cl.n, T0 + 10);
+	assert_field(dlv_rec(1, 1), "outcome", "\"ack\"");
+	tap_conn_end(k, "broker_reset", T0 + 20);
+	ck_assert_uint_eq(count_type("delivery"), N);
+	ck_assert_uint_eq(cstats().delivery_records, N);
+	ck_assert_uint_eq(cstats().unacked, 0);
+	tap_observer_deinit(&o);
+	tap_build_free(&cl);
+	tap_build_free(&br);
+	tap_build_free(&a);
+}
+END_TEST
+
 /* Random consumers, deliveries, settles, gets, recovers and closes on a few channels: every delivery gets exactly
  * one record, and none is left once the connection ends. */
 START_TEST(randomized_one_record_per_delivery)
@@ -613,6 +696,7 @@ int main(void)
 	tcase_add_test(tc, requeue_loop_unbounded_prefetch_global_qos);
 	tcase_add_test(tc, fan_out_links_each_delivery_to_its_publish);
 	tcase_add_test(tc, observer_decodes_the_consumer_side);
+	tcase_add_test(tc, deliveries_past_the_budget_are_written_at_once);
 	tcase_add_loop_test(tc, randomized_one_record_per_delivery, 0, 4);
 	suite_add_tcase(s, tc);
 	return track_suite_run(s);
