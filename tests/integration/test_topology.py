@@ -182,7 +182,8 @@ class TopologyTest(TapTestCase):
         with open(cred, "w") as f:
             f.write("guest:guest\n")
         os.chmod(cred, 0o600)
-        tap = self.start_tap(["--management", f"http://127.0.0.1:{mgmt}", "--management-credentials", cred,
+        # a host name (resolved by evdns on the loop, /etc/hosts here), not an address
+        tap = self.start_tap(["--management", f"http://localhost:{mgmt}", "--management-credentials", cred,
                               "--topology-interval", "1"])
         self.assertTrue(wait_for(lambda: "definitions polled:" in tap.stderr(), 10), tap.stderr())
         conn, ch = self.publisher(tap)
