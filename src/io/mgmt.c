@@ -1,10 +1,13 @@
 /* --management (mgmt.h): GET {URL}/api/definitions every interval with libevent's HTTP client; https verifies the
  * broker's chain (--management-ca, else the system store) and host name, and sends SNI. One request at a time, a new
- * connection each, bounded in time (10 s) and size (max_body). The body goes to the caller, which parses it. */
+ * connection each, bounded in time (10 s) and size (max_body). The body goes to the caller, which parses it.
+ * The host name is resolved by evdns on the loop (a NULL dns base would make libevent call getaddrinfo on the relay
+ * thread, blocking every connection for as long as the resolver takes); /etc/hosts is read once at start. */
 #include "amqptap/mgmt.h"
 
 #include <event2/buffer.h>
 #include <event2/bufferevent_ssl.h>
+#include <event2/dns.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -18,6 +21,7 @@
 
 struct tap_mgmt {
 	struct event_base *base;
+	struct evdns_base *dns; /* NULL only if evdns cannot start: then libevent resolves blocking */
 	char host[256], path[1024], auth[700];
 	int port;
 	bool https;
@@ -109,8 +113,8 @@ static void poll_now(evutil_socket_t fd, short what, void *arg)
 			return;
 		}
 	}
-	m->conn = bev ? evhttp_connection_base_bufferevent_new(m->base, NULL, bev, m->host, (unsigned short)m->port)
-		      : evhttp_connection_base_new(m->base, NULL, m->host, (unsigned short)m->port);
+	m->conn = bev ? evhttp_connection_base_bufferevent_new(m->base, m->dns, bev, m->host, (unsigned short)m->port)
+		      : evhttp_connection_base_new(m->base, m->dns, m->host, (unsigned short)m->port);
 	if (!m->conn) {
 		if (bev)
 			bufferevent_free(bev);
@@ -192,6 +196,8 @@ struct tap_mgmt *tap_mgmt_new(struct event_base *base, const char *url, const ch
 		SSL_CTX_set_verify(m->ctx, SSL_VERIFY_PEER, NULL);
 	}
 	m->base = base;
+	/* DISABLE_WHEN_INACTIVE: an idle resolver keeps no event, so a one-shot loop still ends */
+	m->dns = evdns_base_new(base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE);
 	m->max_body = max_body;
 	m->fn = fn;
 	m->arg = arg;
@@ -224,6 +230,8 @@ void tap_mgmt_free(struct tap_mgmt *m)
 		evhttp_connection_free(m->conn);
 	if (m->dead)
 		evhttp_connection_free(m->dead);
+	if (m->dns)
+		evdns_base_free(m->dns, 0);
 	if (m->ctx)
 		SSL_CTX_free(m->ctx);
 	OPENSSL_cleanse(m->auth, sizeof m->auth);

@@ -182,7 +182,8 @@ class TopologyTest(TapTestCase):
         with open(cred, "w") as f:
             f.write("guest:guest\n")
         os.chmod(cred, 0o600)
-        tap = self.start_tap(["--management", f"http://127.0.0.1:{mgmt}", "--management-credentials", cred,
+        # a host name (resolved by evdns on the loop, /etc/hosts here), not an address
+        tap = self.start_tap(["--management", f"http://localhost:{mgmt}", "--management-credentials", cred,
                               "--topology-interval", "1"])
         self.assertTrue(wait_for(lambda: "definitions polled:" in tap.stderr(), 10), tap.stderr())
         conn, ch = self.publisher(tap)
@@ -208,6 +209,14 @@ class TopologyTest(TapTestCase):
                               "--topology-interval", "1"])
         self.assertTrue(wait_for(lambda: "HTTP 401" in bad.stderr(), 10), bad.stderr())
         self.assertTrue(wait_for(lambda: any(r.get("event") == "poll_failed" for r in bad.records("topology")), 5))
+        # a name no resolver answers: the poll fails (asynchronously, evdns) naming it, the relay is not held up
+        nx = self.start_tap(["--management", "http://no-such-host.invalid:1", "--management-credentials", cred])
+        conn, ch = self.publisher(nx)
+        ch.basic_publish("tt.orders", "eu", b"x", pika.BasicProperties(message_id="nx"))
+        conn.close()
+        self.wait_records(nx, 1)
+        self.assertTrue(wait_for(lambda: any(r.get("event") == "poll_failed" and "no-such-host.invalid" in r["error"]
+                                             for r in nx.records("topology")), 10), nx.stderr())
         for t in (tap, bad):
             self.assertNotIn("not-the-password", t.stderr())
             with open(t.verdicts) as f:

@@ -66,6 +66,9 @@ class WarningsTest(TapTestCase):
             w = self.warnings(recs, rule)
             self.assertEqual(len(w), 1, rule)
             self.assertEqual((w[0]["channel"], w[0]["seq"]), (1, seq), rule)
+        dup = self.warnings(recs, "duplicate_message_id")[0]  # it names the id and where it was published first
+        self.assertEqual((dup["message_id"], dup["first"]),
+                         (self.uid(3), {"conn": dup["conn"], "channel": 1, "seq": 4}))
         self.assertEqual(self.warnings(recs, "publish_and_wait"), [])
         self.assertEqual(self.warnings(recs, "channel_churn"), [])
 
