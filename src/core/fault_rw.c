@@ -15,7 +15,7 @@
  *
  * Assumes what RabbitMQ does: confirms on a channel come in ascending tag order, so a `multiple` confirm covers
  * the tags after the channel's previous confirm up to its own. */
-#include "amqptap/fault.h"
+#include "fault_int.h"
 
 #include "amqptap/props.h"
 #include "amqptap/sasl.h"
@@ -24,93 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Method frames up to this payload are kept whole until decided (start-ok with its client properties fits; a
- * larger one is not looked at). */
-#define FAULT_SMALL 4096
-#define FRAME_METHOD 1
-#define FRAME_HEADER 2
-#define FRAME_BODY 3
-#define FRAME_HEARTBEAT 8
-#define FRAME_END 0xCE
-
-struct ftag {
-	uint64_t tag;
-	uint32_t rule;
-	uint32_t ms;
-	uint8_t action;
-};
-
-struct fchan {
-	uint16_t id;
-	bool confirm;
-	uint64_t next_seq; /* the tag of the next publish in confirm mode */
-	uint64_t last_tag; /* the highest tag the broker confirmed */
-	uint64_t withheld; /* tags withheld: confirms go one at a time */
-	/* the client's publish whose content is arriving */
-	bool pub_open, pub_header, pub_kill, pub_block;
-	uint64_t body_left, pub_seq;
-	uint32_t kill_rule, block_rule, block_s;
-	struct ftag *tags; /* ascending */
-	uint32_t n_tags, cap_tags;
-};
-
-struct fparse {
-	uint8_t hdr[7];
-	uint8_t n_hdr;
-	uint8_t type;
-	uint16_t ch;
-	uint32_t size;
-	uint64_t left;   /* payload bytes and the end octet still to come */
-	bool collect;    /* the frame is kept in small */
-	uint32_t n_small;
-	uint8_t small[7 + FAULT_SMALL + 1];
-};
-
-struct hold {
-	struct hold *next;
-	int64_t due;
-	size_t len;
-	uint8_t data[];
-};
-
-struct ctr {
-	uint32_t id;
-	uint64_t seen, acts;
-};
-
-struct tap_fault_conn {
-	struct tap_fault_set *set;
-	uint64_t id;
-	char client[80];
-	char user[128], vhost[128], name[128];
-	struct fchan *chans;
-	uint32_t n_chans, cap_chans;
-	uint32_t n_tags; /* over all channels: at most TAP_FAULT_TAGS_MAX */
-	struct ctr ctr[TAP_FAULT_RULES_MAX];
-	struct fparse p[TAP_DIR_COUNT];
-	bool header_seen; /* the client's protocol header (8 bytes, not a frame) */
-	uint8_t n_proto;
-	/* kill */
-	bool killing, kill_now;
-	uint16_t kill_ch;
-	uint64_t kill_tag;
-	enum tap_fault_kill_mode kill_mode;
-	uint32_t kill_rule;
-	/* block */
-	bool blocked_cap;  /* the client's capabilities say connection.blocked */
-	bool blocking;     /* the client is not read; what it sent after the publish waits in c2s_held */
-	bool inject_blocked, inject_unblocked; /* to the client at the broker stream's next frame boundary */
-	uint32_t block_ms;
-	uint8_t *c2s_held;
-	size_t c2s_held_len;
-	/* held broker bytes (delay-confirms) */
-	struct hold *head, *tail;
-	size_t held;
-	int64_t floor; /* bytes emitted now are not due before this */
-	int64_t now;
-	const struct tap_fault_io *io;
-};
 
 static inline void put16(uint8_t *p, uint16_t v)
 {
@@ -275,102 +188,7 @@ static bool tag_add(struct tap_fault_conn *fc, struct fchan *c, const struct fta
 	return true;
 }
 
-/* ---- the rules ---- */
-
-static struct ctr *counter(struct tap_fault_conn *fc, uint32_t id)
-{
-	struct ctr *free_slot = NULL;
-	for (size_t i = 0; i < TAP_FAULT_RULES_MAX; i++) {
-		if (fc->ctr[i].id == id)
-			return &fc->ctr[i];
-		bool live = false; /* a slot of a rule removed since is free again */
-		for (size_t k = 0; k < fc->set->n && !live; k++)
-			live = fc->set->rules[k].id == fc->ctr[i].id;
-		if (!free_slot && (fc->ctr[i].id == 0 || !live))
-			free_slot = &fc->ctr[i];
-	}
-	if (free_slot)
-		*free_slot = (struct ctr){.id = id};
-	return free_slot;
-}
-
-/* The client's address without its port ("1.2.3.4:5" -> "1.2.3.4", "[::1]:5" -> "::1"). */
-static bool client_matches(const char *client, const char *want)
-{
-	if (strcmp(client, want) == 0)
-		return true;
-	const char *colon = strrchr(client, ':');
-	if (!colon)
-		return false;
-	const char *ip = client;
-	size_t len = (size_t)(colon - client);
-	if (*ip == '[' && len >= 2 && ip[len - 1] == ']') {
-		ip++;
-		len -= 2;
-	}
-	return strlen(want) == len && memcmp(ip, want, len) == 0;
-}
-
-static bool str_is(const char *want, const uint8_t *s, size_t len)
-{
-	return strlen(want) == len && memcmp(want, s, len) == 0;
-}
-
-static uint64_t xorshift(uint64_t *x)
-{
-	*x ^= *x << 13;
-	*x ^= *x >> 7;
-	*x ^= *x << 17;
-	return *x;
-}
-
-/* Whether the connection-wide selectors of r match (they are known once the client logged in and opened). */
-static bool conn_matches(const struct tap_fault_conn *fc, const struct tap_fault_rule *r)
-{
-	return (!r->conn || r->conn == fc->id) && (!r->client[0] || client_matches(fc->client, r->client)) &&
-	       (!r->user[0] || strcmp(r->user, fc->user) == 0) && (!r->vhost[0] || strcmp(r->vhost, fc->vhost) == 0) &&
-	       (!r->name[0] || strcmp(r->name, fc->name) == 0);
-}
-
-/* The first rule in force that selects this publish, or -1. Each rule counts the publishes it matches on the
- * connection (after, every); a publish another rule took first is not counted by the later ones. */
-static int select_rule(struct tap_fault_conn *fc, const struct fchan *c, const uint8_t *ex, size_t ex_len,
-		       const uint8_t *rk, size_t rk_len)
-{
-	struct tap_fault_set *set = fc->set;
-	for (size_t i = 0; i < set->n; i++) {
-		const struct tap_fault_rule *r = &set->rules[i];
-		if (r->action != TAP_FAULT_NACK && r->action != TAP_FAULT_WITHHOLD && r->action != TAP_FAULT_DELAY &&
-		    r->action != TAP_FAULT_KILL && r->action != TAP_FAULT_BLOCK)
-			continue; /* not selected by publish */
-		if (r->for_ms && fc->now - set->added_us[i] >= (int64_t)r->for_ms * 1000)
-			continue;
-		if (!conn_matches(fc, r) || (r->has_channel && r->channel != c->id) ||
-		    (r->has_exchange && !str_is(r->exchange, ex, ex_len)) ||
-		    (r->has_routing_key && !str_is(r->routing_key, rk, rk_len)))
-			continue;
-		bool needs_confirm = r->action == TAP_FAULT_NACK || r->action == TAP_FAULT_WITHHOLD ||
-				     r->action == TAP_FAULT_DELAY;
-		if (needs_confirm && !c->confirm)
-			continue; /* a confirm fault on a channel without confirms has nothing to act on */
-		struct ctr *k = counter(fc, r->id);
-		if (!k)
-			continue;
-		uint64_t n = ++k->seen;
-		if (n <= r->after)
-			continue;
-		if (r->every && (n - r->after) % r->every != 0)
-			continue;
-		uint64_t times = r->action == TAP_FAULT_KILL ? 1 : r->times;
-		if (times && k->acts >= times)
-			continue;
-		if (r->p > 0.0 && (double)(xorshift(&set->rng[i]) >> 11) * 0x1p-53 >= r->p)
-			continue;
-		k->acts++;
-		return (int)i;
-	}
-	return -1;
-}
+/* ---- the rules (which rule selects a publish: fault_select.c) ---- */
 
 static void act(struct tap_fault_conn *fc, uint32_t rule, enum tap_fault_action a, uint16_t ch, uint64_t seq,
 		uint64_t outstanding, uint32_t ms)
@@ -389,32 +207,13 @@ static void mark(struct tap_fault_conn *fc, uint16_t ch, uint64_t seq, enum tap_
 		fc->io->mark(fc->io->ctx, ch, seq, saw, rule);
 }
 
-/* The stall-heartbeats rule in force for this connection, or NULL. It acts (one fault record) at the first heartbeat
- * it keeps from the client. */
-static const struct tap_fault_rule *stall_rule(struct tap_fault_conn *fc)
-{
-	struct tap_fault_set *set = fc->set;
-	for (size_t i = 0; i < set->n; i++) {
-		const struct tap_fault_rule *r = &set->rules[i];
-		if (r->action != TAP_FAULT_STALL_HEARTBEATS || !conn_matches(fc, r))
-			continue;
-		if (r->for_ms && fc->now - set->added_us[i] >= (int64_t)r->for_ms * 1000)
-			continue;
-		return r;
-	}
-	return NULL;
-}
-
-static void act(struct tap_fault_conn *fc, uint32_t rule, enum tap_fault_action a, uint16_t ch, uint64_t seq,
-		uint64_t outstanding, uint32_t ms);
-
 /* A broker heartbeat (kept whole): true when a stall-heartbeats rule keeps it from the client. */
 static bool heartbeat_stalled(struct tap_fault_conn *fc)
 {
-	const struct tap_fault_rule *r = stall_rule(fc);
+	const struct tap_fault_rule *r = fault_stall_rule(fc);
 	if (!r)
 		return false;
-	struct ctr *k = counter(fc, r->id);
+	struct ctr *k = fault_counter(fc, r->id);
 	if (k && k->acts++ == 0)
 		act(fc, r->id, TAP_FAULT_STALL_HEARTBEATS, 0, 0, 0, 0);
 	return true;
@@ -632,7 +431,7 @@ static void client_publish(struct tap_fault_conn *fc, struct fchan *c, const uin
 	c->pub_seq = seq;
 	if (!ex || fc->killing)
 		return;
-	int i = select_rule(fc, c, ex, ex_len, rk, rk_len);
+	int i = fault_select_rule(fc, c, ex, ex_len, rk, rk_len);
 	if (i < 0)
 		return;
 	const struct tap_fault_rule *r = &fc->set->rules[i];
