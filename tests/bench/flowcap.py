@@ -95,19 +95,24 @@ SHB = struct.pack("<IIIHHq", 0x0A0D0D0A, 28, 0x1A2B3C4D, 1, 0, -1) + struct.pack
 IDB = struct.pack("<IIHHI", 1, 20, 1, 0, 0) + struct.pack("<I", 20)  # Ethernet, no snap length
 
 
+def handshake(i, server, port, ts_us):
+    """Connection i's client address and port, its sequence numbers after the TCP handshake, and the handshake's
+    three packets."""
+    client = bytes([10, (i >> 16) & 255, (i >> 8) & 255, i & 255])
+    sport = 1024 + i % 60000
+    cs, ss = 1000 + i, 5000000 + i  # initial sequence numbers
+    out = [epb(ts_us, packet(client, sport, server, port, cs, 0, 0x02, b"", i)),
+           epb(ts_us + 1, packet(server, port, client, sport, ss, cs + 1, 0x12, b"", i)),
+           epb(ts_us + 2, packet(client, sport, server, port, cs + 1, ss + 1, 0x10, b"", i))]
+    return client, sport, cs + 1, ss + 1, out
+
+
 def flows(n, port=5672, ts_us=1764411302000000):
     """The capture's bytes, yielded in pieces: the header blocks, then each connection's packets in turn."""
     yield SHB + IDB
     server = bytes([127, 0, 0, 1])
     for i in range(n):
-        client = bytes([10, (i >> 16) & 255, (i >> 8) & 255, i & 255])
-        sport = 1024 + i % 60000
-        cs, ss = 1000 + i, 5000000 + i  # initial sequence numbers
-        out = [epb(ts_us, packet(client, sport, server, port, cs, 0, 0x02, b"", i)),
-               epb(ts_us + 1, packet(server, port, client, sport, ss, cs + 1, 0x12, b"", i)),
-               epb(ts_us + 2, packet(client, sport, server, port, cs + 1, ss + 1, 0x10, b"", i))]
-        cs += 1
-        ss += 1
+        client, sport, cs, ss, out = handshake(i, server, port, ts_us)
         t = ts_us + 3
         for k, c in enumerate(C2S):
             out.append(epb(t, packet(client, sport, server, port, cs, ss, 0x18, c, i)))
@@ -135,14 +140,7 @@ def channel_flood(n, channels, port=5672, ts_us=1764411302000000):
                    frame(2, ch, struct.pack("!HHQH", 60, 0, 10, 0)), frame(3, ch, b"p" * 10)]
     data = b"".join(stream)
     for i in range(n):
-        client = bytes([10, (i >> 16) & 255, (i >> 8) & 255, i & 255])
-        sport = 1024 + i % 60000
-        cs, ss = 1000 + i, 5000000 + i
-        out = [epb(ts_us, packet(client, sport, server, port, cs, 0, 0x02, b"", i)),
-               epb(ts_us + 1, packet(server, port, client, sport, ss, cs + 1, 0x12, b"", i)),
-               epb(ts_us + 2, packet(client, sport, server, port, cs + 1, ss + 1, 0x10, b"", i))]
-        cs += 1
-        ss += 1
+        client, sport, cs, ss, out = handshake(i, server, port, ts_us)
         t = ts_us + 3
         for off in range(0, len(data), 60000):
             seg = data[off:off + 60000]
