@@ -69,9 +69,9 @@ static struct csm_chan *chan_get(struct tap_track_conn *c, uint16_t id, int64_t 
 	/* a new channel only within the budget (trk_alloc_in_budget would go past it once nothing is left to evict):
 	 * thousands of channels with a delivery each must not grow the tap past it; its deliveries are then written at
 	 * once (tap_consume_deliver) */
+	uint32_t cap = c->csm ? c->csm->cap_chans : 0, n = c->csm ? c->csm->n_chans : 0;
 	uint64_t need = tap_mem_cost(sizeof *ch) + (c->csm ? 0 : tap_mem_cost(sizeof *c->csm)) +
-	                (c->csm && c->csm->n_chans == c->csm->cap_chans ? tap_mem_cost(c->csm->cap_chans * 2 * sizeof ch)
-	                                                                 : 0);
+	                (n == cap ? tap_mem_cost((cap ? cap * 2 : CSM_CHANS_MIN) * sizeof ch) : 0);
 	trk_make_room(t, need, now_us);
 	if (!trk_fits(t, need))
 		return NULL;
@@ -79,7 +79,7 @@ static struct csm_chan *chan_get(struct tap_track_conn *c, uint16_t id, int64_t 
 		return NULL;
 	struct csm_conn *k = c->csm;
 	if (k->n_chans == k->cap_chans) {
-		uint32_t cap = k->cap_chans ? k->cap_chans * 2 : 4;
+		cap = k->cap_chans ? k->cap_chans * 2 : CSM_CHANS_MIN;
 		struct csm_chan **v = trk_alloc_in_budget(t, cap * sizeof *v, now_us);
 		if (!v)
 			return NULL;

@@ -114,6 +114,7 @@ struct csm_conn {
 	uint32_t n_chans, cap_chans;
 	uint64_t unacked;
 };
+#define CSM_CHANS_MIN 4u /* the first capacity of chans, doubled when full */
 
 /* Publish -> delivery links: a direct-mapped table of the recent publishes' message ids (64-bit hashes) and when
  * each was published, made at the process's first consumer method (a tap that sees no consumer keeps none and
