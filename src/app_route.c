@@ -1,8 +1,9 @@
 /* `amqptap route`: asks the routing model (src/core/route*.c) where a publish would go, from a definitions file or
- * the management API's /api/definitions fetched once (the proxy's poller, mgmt.h) (src/ROUTING.md). One query (--exchange, --key, --header) prints the queues reached, one per line, or
- * with --json one object; --explain says which binding matched and why each other did not; --test runs a file of
- * expected cases (JSON Lines) and exits 1 on any difference. Its options are its own (a query's key and header
- * values are any text, which the option table's kinds refuse), parsed here; bad ones exit 2 naming the option. */
+ * the management API's /api/definitions fetched once by the proxy's poller (mgmt.h) (src/ROUTING.md). One query
+ * (--exchange, --key, --header) prints the queues reached, one per line, or with --json one object; --explain says
+ * which binding matched and why each other did not; --test runs a file of expected cases (JSON Lines) and exits 1 on
+ * any difference. Its options are its own (a query's key and header values are any text, which the option table's
+ * kinds refuse), parsed here; bad ones exit 2 naming the option, an API that cannot be read 3. */
 #include "app.h"
 
 #include "amqptap/files.h"

@@ -59,15 +59,36 @@ static void done(struct tap_mgmt *m, const char *body, size_t len, const char *e
 	m->fn(m->arg, body, len, err);
 }
 
+/* Why a TLS connection failed, "" when it did not get that far: libevent moves OpenSSL's errors off the thread's queue
+ * onto the bufferevent, and the chain's verdict stays in the SSL ("certificate verify failed (self-signed
+ * certificate in certificate chain)" names the cause an operator fixes). */
+static void tls_reason(const struct tap_mgmt *m, char *out, size_t cap)
+{
+	out[0] = '\0';
+	struct bufferevent *bev = m->https && m->conn ? evhttp_connection_get_bufferevent(m->conn) : NULL;
+	unsigned long e = bev ? bufferevent_get_openssl_error(bev) : 0;
+	if (!e)
+		e = ERR_get_error();
+	ERR_clear_error();
+	SSL *ssl = bev ? bufferevent_openssl_get_ssl(bev) : NULL;
+	long v = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
+	const char *reason = e ? ERR_reason_error_string(e) : NULL;
+	if (v != X509_V_OK)
+		snprintf(out, cap, ": %s (%s)", reason ? reason : "certificate verify failed",
+			 X509_verify_cert_error_string(v));
+	else if (reason)
+		snprintf(out, cap, ": %s", reason);
+}
+
 static void on_response(struct evhttp_request *req, void *arg)
 {
 	struct tap_mgmt *m = arg;
 	char err[400];
 	if (!req || evhttp_request_get_response_code(req) == 0) {
-		unsigned long e = ERR_get_error();
-		snprintf(err, sizeof err, "no answer from %s:%d%s%s", m->host, m->port, e ? ": " : "",
-			 e ? ERR_reason_error_string(e) : "");
-		ERR_clear_error();
+		char why[200];
+		tls_reason(m, why, sizeof why);
+		snprintf(err, sizeof err, "%s %s:%d%s", why[0] ? "TLS failed with" : "no answer from", m->host, m->port,
+			 why);
 		done(m, NULL, 0, err);
 		return;
 	}
