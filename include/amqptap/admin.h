@@ -48,6 +48,7 @@ struct tap_admin_sources {
 	const char *tap_id, *run;                    /* as in the records (start_metrics sets them) */
 	const char *hosts;                           /* --metrics-host: further names of the Host header */
 	const struct tap_fault_set *faults;          /* --fault: the rules in force; NULL: none */
+	const struct tap_metrics_topology *topology; /* --definitions, --management; NULL: neither (read on the loop) */
 };
 
 /* Listens on addr (on the http thread it starts); the pages are rendered on base's loop. Returns NULL with a one-line reason in err. Writes the bound address
