@@ -284,6 +284,12 @@ void trk_record_fault(struct trk_render *r, const struct tap_track_conn *c, cons
 		tap_json_kv_uint(&j, "outstanding", a->outstanding);
 	if (a->action == TAP_FAULT_DELAY || a->action == TAP_FAULT_BLOCK)
 		tap_json_kv_uint(&j, "ms", a->ms);
+	if (a->action == TAP_FAULT_CLOSE_CHANNEL) {
+		tap_json_kv_uint(&j, "code", a->code);
+		str_or_null(&j, "text", a->text);
+	}
+	if (a->skipped) /* return: the client was shown nothing else after all */
+		tap_json_kv_str(&j, "skipped", a->skipped);
 	tap_json_obj_end(&j);
 }
 

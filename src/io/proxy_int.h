@@ -176,6 +176,7 @@ struct tap_session {
 	struct event *fault_block; /* a block's time is over */
 	bool fault_kill_armed;
 	bool fault_blocked; /* block: the client is not read (tap_relay_start_reading keeps it so) */
+	bool fault_waiting; /* close-channel: the client is not read until the broker answered a channel's close */
 };
 
 TAILQ_HEAD(session_list, tap_session);

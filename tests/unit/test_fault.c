@@ -81,7 +81,7 @@ START_TEST(parse_refused)
 	refused("nack:conn=abc", "conn: expected");
 	refused("block", "block needs seconds=SECONDS");
 	refused("block:seconds=0", "seconds: expected seconds from 1");
-	refused("close-channel:code=406", "not implemented");
+	refused("latency", "not implemented");
 }
 END_TEST
 
