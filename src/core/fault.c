@@ -22,7 +22,7 @@ static const struct {
 	[TAP_FAULT_WITHHOLD] = {"withhold-confirms", true, true},
 	[TAP_FAULT_DELAY] = {"delay-confirms", true, true},
 	[TAP_FAULT_KILL] = {"kill", true, true},
-	[TAP_FAULT_CLOSE_CHANNEL] = {"close-channel", true, true},
+	[TAP_FAULT_CLOSE_CHANNEL] = {"close-channel", false, true} /* see src/DESIGN.md: refused until fixed */,
 	[TAP_FAULT_BLOCK] = {"block", true, true},
 	[TAP_FAULT_RETURN] = {"return", true, true},
 	[TAP_FAULT_RETURN_AFTER_ACK] = {"return-after-ack", true, true},
@@ -282,8 +282,8 @@ int tap_fault_parse(const char *spec, struct tap_fault_rule *out, char *err, siz
 			a = i;
 	if (a < 0)
 		return rule_error(err, cap, spec,
-				  "unknown action '%.40s' (nack, withhold-confirms, delay-confirms, kill, close-channel, "
-				  "block, return, return-after-ack, stall-heartbeats)", buf);
+				  "unknown action '%.40s' (nack, withhold-confirms, delay-confirms, kill, block, return, "
+				  "return-after-ack, stall-heartbeats)", buf);
 	if (!actions[a].done)
 		return rule_error(err, cap, spec, "action %s is not implemented in this build", actions[a].name);
 	out->action = (enum tap_fault_action)a;
