@@ -158,7 +158,8 @@ static size_t frame(uint8_t *out, uint8_t type, uint16_t ch, const uint8_t *payl
 static size_t method(uint8_t *out, uint16_t ch, uint16_t cls, uint16_t m, const uint8_t *args, uint32_t len)
 {
 	uint8_t p[512] = {(uint8_t)(cls >> 8), (uint8_t)cls, (uint8_t)(m >> 8), (uint8_t)m};
-	memcpy(p + 4, args, len);
+	if (len)
+		memcpy(p + 4, args, len);
 	return frame(out, 1, ch, p, 4 + len);
 }
 
