@@ -30,6 +30,12 @@
 #define TAP_FAULT_SHAPE_MAX (1u << 20) /* latency, bandwidth: bytes held per direction before its sender is not read */
 #define TAP_FAULT_PACE_MS 10         /* bandwidth: at most this long's worth of bytes goes at once (the burst) */
 #define TAP_FAULT_KIB_MAX (16u << 20) /* bandwidth: the highest rate, KiB/s (16 GiB/s) */
+/* return, return-after-ack: the selected publish's content (header and body frames as the client sent them) is
+ * kept until its confirm; one larger than this is not kept (its fault record says "skipped":"too_large"), nor one
+ * past TAP_FAULT_RETURN_HELD_MAX kept on the connection at once */
+#define TAP_FAULT_RETURN_CONTENT_MAX (128u << 10)
+#define TAP_FAULT_RETURN_HELD_MAX (4u << 20)
+#define TAP_FAULT_CLOSE_TEXT_MAX 200 /* close-channel:text= */
 
 enum tap_fault_action {
 	TAP_FAULT_NACK,
@@ -91,12 +97,17 @@ struct tap_fault_rule {
 	enum tap_fault_way way; /* latency, bandwidth: dir= */
 	uint32_t seconds;   /* block */
 	enum tap_fault_kill_mode kill_mode;
+	uint16_t close_code; /* close-channel: the reply code the client is shown (default 406) */
+	char close_text[TAP_FAULT_CLOSE_TEXT_MAX + 1]; /* and its text ("" when not given: NAME - amqptap fault injection) */
 	char text[256];     /* the rule as given, for logs and /api/faults */
 };
 
 /* Parses one rule ("nack:every=10"). Returns 0, or TAP_E_USAGE with a one-line message in err that names the rule
  * ("--fault 'nack:every=x': every: expected a whole number >= 1, got 'x'"). out->id is left 0. */
 int tap_fault_parse(const char *spec, struct tap_fault_rule *out, char *err, size_t cap);
+
+/* "PRECONDITION_FAILED" for 406, ...: the channel exceptions close-channel takes; NULL for any other code. */
+const char *tap_fault_close_code_name(uint16_t code);
 
 /* The rules in force and their shared state (the random generators of p=). */
 struct tap_fault_set {
@@ -119,6 +130,9 @@ enum tap_fault_saw {
 	TAP_FAULT_SAW_ACK,
 	TAP_FAULT_SAW_NACK,
 	TAP_FAULT_SAW_NONE, /* withheld, or the connection was killed before it */
+	TAP_FAULT_SAW_RETURN,          /* return: a Basic.Return 312 NO_ROUTE, then the broker's confirm */
+	TAP_FAULT_SAW_ACK_THEN_RETURN, /* return-after-ack: the broker's ack, then a Basic.Return */
+	TAP_FAULT_SAW_CHANNEL_CLOSED,  /* close-channel: its channel closed before any confirm of it */
 };
 const char *tap_fault_saw_name(enum tap_fault_saw s);
 
@@ -134,6 +148,10 @@ struct tap_fault_act {
 	uint32_t jitter_ms;   /* latency */
 	uint32_t kib;         /* bandwidth */
 	enum tap_fault_way way; /* latency, bandwidth: the direction(s) it acts on */
+	uint16_t code;        /* close-channel: the reply code the client was shown */
+	const char *text;     /* and its text (borrowed for the call) */
+	const char *skipped;  /* return, return-after-ack: why the client was shown nothing else after all (NULL: it
+	                         was): "too_large", "no_memory", "broker_returned" */
 };
 
 /* Where the rewriter's output and news go. emit: bytes for the peer of the direction being fed (or released);
@@ -164,6 +182,8 @@ enum {
 	                                  tap_fault_block_ms() */
 	TAP_FAULT_CLIENT_FULL = 1 << 5, /* latency, bandwidth: more than TAP_FAULT_SHAPE_MAX client bytes held: stop
 	                                   reading the client until released (TAP_FAULT_FULL says it of the broker) */
+	TAP_FAULT_CLIENT_WAIT = 1 << 6, /* close-channel: the client reused a channel whose close the broker has not
+	                                   answered yet: do not read the client until a feed returns without this bit */
 };
 
 /* Feeds len bytes read in direction dir at now_us; what the peer is to get is emitted through io (in order,
@@ -203,5 +223,9 @@ int64_t tap_fault_pace_when(const struct tap_fault_pace *p, int64_t now_us, size
 size_t tap_fault_confirm_frame(uint8_t out[21], uint16_t ch, bool nack, uint64_t tag, bool multiple, bool requeue);
 /* connection.close 320 with text, for kill:mode=close; returns its length (at most 12 + 255 + 8). */
 size_t tap_fault_close_frame(uint8_t *out, size_t cap, const char *text);
+/* channel.close (class 20) or connection.close (class 10) on channel ch: code, text (at most 255 bytes), the
+ * class and method that caused it; returns its length, 0 when cap is too small (12 + 255 + 8 always fits). */
+size_t tap_fault_close_method(uint8_t *out, size_t cap, uint16_t cls, uint16_t ch, uint16_t code, const char *text,
+			      uint16_t cause_cls, uint16_t cause_m);
 
 #endif

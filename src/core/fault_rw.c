@@ -25,39 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)(v >> 8);
-	p[1] = (uint8_t)v;
-}
-
-static inline void put32(uint8_t *p, uint32_t v)
-{
-	put16(p, (uint16_t)(v >> 16));
-	put16(p + 2, (uint16_t)v);
-}
-
-static inline void put64(uint8_t *p, uint64_t v)
-{
-	put32(p, (uint32_t)(v >> 32));
-	put32(p + 4, (uint32_t)v);
-}
-
-static inline uint16_t get16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static inline uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)get16(p) << 16 | get16(p + 2);
-}
-
-static inline uint64_t get64(const uint8_t *p)
-{
-	return (uint64_t)get32(p) << 32 | get32(p + 4);
-}
-
 size_t tap_fault_confirm_frame(uint8_t out[21], uint16_t ch, bool nack, uint64_t tag, bool multiple, bool requeue)
 {
 	out[0] = FRAME_METHOD;
@@ -71,7 +38,8 @@ size_t tap_fault_confirm_frame(uint8_t out[21], uint16_t ch, bool nack, uint64_t
 	return 21;
 }
 
-size_t tap_fault_close_frame(uint8_t *out, size_t cap, const char *text)
+size_t tap_fault_close_method(uint8_t *out, size_t cap, uint16_t cls, uint16_t ch, uint16_t code, const char *text,
+			      uint16_t cause_cls, uint16_t cause_m)
 {
 	size_t tl = strlen(text);
 	if (tl > 255)
@@ -80,17 +48,22 @@ size_t tap_fault_close_frame(uint8_t *out, size_t cap, const char *text)
 	if (cap < 7 + payload + 1)
 		return 0;
 	out[0] = FRAME_METHOD;
-	put16(out + 1, 0);
+	put16(out + 1, ch);
 	put32(out + 3, (uint32_t)payload);
-	put16(out + 7, 10);
-	put16(out + 9, 50);
-	put16(out + 11, 320);
+	put16(out + 7, cls);
+	put16(out + 9, cls == 10 ? 50 : 40);
+	put16(out + 11, code);
 	out[13] = (uint8_t)tl;
 	memcpy(out + 14, text, tl);
-	put16(out + 14 + tl, 0); /* class, method: none */
-	put16(out + 16 + tl, 0);
+	put16(out + 14 + tl, cause_cls);
+	put16(out + 16 + tl, cause_m);
 	out[7 + payload] = FRAME_END;
 	return 7 + payload + 1;
+}
+
+size_t tap_fault_close_frame(uint8_t *out, size_t cap, const char *text)
+{
+	return tap_fault_close_method(out, cap, 10, 0, 320, text, 0, 0); /* class, method: none */
 }
 
 struct tap_fault_conn *tap_fault_conn_new(struct tap_fault_set *set, uint64_t conn_id, const char *client)
@@ -109,10 +82,11 @@ void tap_fault_conn_free(struct tap_fault_conn *fc)
 {
 	if (!fc)
 		return;
-	for (uint32_t i = 0; i < fc->n_chans; i++)
-		free(fc->chans[i].tags);
+	while (fc->n_chans)
+		fault_chan_drop(fc, fc->chans[0].id);
 	free(fc->chans);
 	free(fc->c2s_held);
+	free(fc->c2s_wait);
 	for (struct hold *h = fc->head, *next; h; h = next) {
 		next = h->next;
 		free(h);
@@ -141,12 +115,17 @@ size_t tap_fault_held(const struct tap_fault_conn *fc, enum tap_dir dir)
 
 /* ---- channels ---- */
 
-static struct fchan *chan_find(struct tap_fault_conn *fc, uint16_t id)
+struct fchan *fault_chan_find(struct tap_fault_conn *fc, uint16_t id)
 {
 	for (uint32_t i = 0; i < fc->n_chans; i++)
 		if (fc->chans[i].id == id)
 			return &fc->chans[i];
 	return NULL;
+}
+
+static struct fchan *chan_find(struct tap_fault_conn *fc, uint16_t id)
+{
+	return fault_chan_find(fc, id);
 }
 
 /* The channel's state, made when missing (a client's channel_max bounds how many: RabbitMQ's default 2047). */
@@ -171,14 +150,23 @@ static struct fchan *chan_get(struct tap_fault_conn *fc, uint16_t id)
 	return c;
 }
 
-static void chan_drop(struct tap_fault_conn *fc, uint16_t id)
+void fault_chan_drop(struct tap_fault_conn *fc, uint16_t id)
 {
 	struct fchan *c = chan_find(fc, id);
 	if (!c)
 		return;
+	fault_close_forget(fc, c);
+	fault_return_forget(fc, c);
+	for (uint32_t i = 0; i < c->n_tags; i++)
+		fault_tag_free(fc, &c->tags[i]);
 	fc->n_tags -= c->n_tags;
 	free(c->tags);
 	*c = fc->chans[--fc->n_chans];
+}
+
+static void chan_drop(struct tap_fault_conn *fc, uint16_t id)
+{
+	fault_chan_drop(fc, id);
 }
 
 static bool tag_add(struct tap_fault_conn *fc, struct fchan *c, const struct ftag *t)
@@ -200,21 +188,31 @@ static bool tag_add(struct tap_fault_conn *fc, struct fchan *c, const struct fta
 
 /* ---- the rules (which rule selects a publish: fault_select.c) ---- */
 
+void fault_act(struct tap_fault_conn *fc, const struct tap_fault_act *a)
+{
+	if ((unsigned)a->action < TAP_FAULT_ACTIONS)
+		fc->set->acted[a->action]++;
+	if (fc->io->act)
+		fc->io->act(fc->io->ctx, a);
+}
+
 static void act(struct tap_fault_conn *fc, uint32_t rule, enum tap_fault_action a, uint16_t ch, uint64_t seq,
 		uint64_t outstanding, uint32_t ms)
 {
-	if ((unsigned)a < TAP_FAULT_ACTIONS)
-		fc->set->acted[a]++;
 	struct tap_fault_act x = {
 	    .rule = rule, .action = a, .channel = ch, .seq = seq, .outstanding = outstanding, .ms = ms};
-	if (fc->io->act)
-		fc->io->act(fc->io->ctx, &x);
+	fault_act(fc, &x);
+}
+
+void fault_mark(struct tap_fault_conn *fc, uint16_t ch, uint64_t seq, enum tap_fault_saw saw, uint32_t rule)
+{
+	if (fc->io->mark)
+		fc->io->mark(fc->io->ctx, ch, seq, saw, rule);
 }
 
 static void mark(struct tap_fault_conn *fc, uint16_t ch, uint64_t seq, enum tap_fault_saw saw, uint32_t rule)
 {
-	if (fc->io->mark)
-		fc->io->mark(fc->io->ctx, ch, seq, saw, rule);
+	fault_mark(fc, ch, seq, saw, rule);
 }
 
 /* A broker heartbeat (kept whole): true when a stall-heartbeats rule keeps it from the client. */
@@ -231,7 +229,7 @@ static bool heartbeat_stalled(struct tap_fault_conn *fc)
 
 /* ---- output ---- */
 
-static void out(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *p, size_t len)
+void fault_out(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *p, size_t len)
 {
 	if (len == 0)
 		return;
@@ -256,6 +254,11 @@ static void out(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *p, s
 	fault_emit(fc, dir, p, len);
 }
 
+static void out(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *p, size_t len)
+{
+	fault_out(fc, dir, p, len);
+}
+
 static unsigned status(const struct tap_fault_conn *fc)
 {
 	unsigned st = 0;
@@ -271,6 +274,8 @@ static unsigned status(const struct tap_fault_conn *fc)
 		st |= TAP_FAULT_FULL;
 	if (fc->shape[TAP_C2S].held > TAP_FAULT_SHAPE_MAX)
 		st |= TAP_FAULT_CLIENT_FULL;
+	if (fc->waiting)
+		st |= TAP_FAULT_CLIENT_WAIT;
 	return st;
 }
 
@@ -339,12 +344,15 @@ static void broker_confirm(struct tap_fault_conn *fc, struct fchan *c, const uin
 	uint32_t last = first;
 	while (last < c->n_tags && c->tags[last].tag <= tag)
 		last++;
+	fault_return_emit(fc, c, first, last, nack, 0); /* a Return comes before its ack */
 	if (first == last && !c->withheld) {
 		out(fc, TAP_S2C, frame, 21);
 	} else {
 		uint64_t cur = lo;
 		for (uint32_t i = first; i < last; i++) {
 			const struct ftag *t = &c->tags[i];
+			if (t->action == TAP_FAULT_RETURN || t->action == TAP_FAULT_RETURN_AFTER_ACK)
+				continue; /* the broker's confirm of it goes as it came */
 			emit_range(fc, c, nack, requeue, multiple, cur, t->tag - 1);
 			uint8_t f[21];
 			switch (t->action) {
@@ -374,7 +382,10 @@ static void broker_confirm(struct tap_fault_conn *fc, struct fchan *c, const uin
 		}
 		emit_range(fc, c, nack, requeue, multiple, cur, tag);
 	}
+	fault_return_emit(fc, c, first, last, nack, 1); /* return-after-ack */
 	uint32_t gone = last; /* tags up to here are settled */
+	for (uint32_t i = 0; i < gone; i++)
+		fault_tag_free(fc, &c->tags[i]);
 	if (gone) {
 		memmove(c->tags, c->tags + gone, (c->n_tags - gone) * sizeof c->tags[0]);
 		c->n_tags -= gone;
@@ -437,18 +448,30 @@ static void client_publish(struct tap_fault_conn *fc, struct fchan *c, const uin
 	size_t ex_len = 0, rk_len = 0;
 	if (end - a < 2 || !shortstr(&p, end, &ex, &ex_len) || !shortstr(&p, end, &rk, &rk_len))
 		ex = rk = NULL; /* malformed: the broker will close; nothing is selected */
+	bool mandatory = ex && p < end && (*p & 1);
 	uint64_t seq = c->confirm ? c->next_seq++ : 0;
 	c->pub_open = true;
 	c->pub_header = false;
 	c->pub_kill = false;
 	c->pub_block = false;
+	c->pub_close = false;
 	c->pub_seq = seq;
-	if (!ex || fc->killing)
+	if (c->pub_return)
+		fault_return_done(fc, c, false); /* the last one's content never ended: the broker closes */
+	if (!ex || fc->killing || c->fclose)
 		return;
-	int i = fault_select_rule(fc, c, ex, ex_len, rk, rk_len);
+	int i = fault_select_rule(fc, c, ex, ex_len, rk, rk_len, mandatory);
 	if (i < 0)
 		return;
 	const struct tap_fault_rule *r = &fc->set->rules[i];
+	if (r->action == TAP_FAULT_CLOSE_CHANNEL) {
+		c->pub_close = true;
+		c->close_rule = r->id;
+		c->close_code = r->close_code;
+		free(c->close_text);
+		c->close_text = strdup(r->close_text); /* NULL: the code's own text */
+		return;
+	}
 	if (r->action == TAP_FAULT_BLOCK) {
 		c->pub_block = true;
 		c->block_rule = r->id;
@@ -461,15 +484,25 @@ static void client_publish(struct tap_fault_conn *fc, struct fchan *c, const uin
 		fc->kill_mode = r->kill_mode;
 		return;
 	}
-	struct ftag t = {.tag = seq, .rule = r->id, .ms = r->ms, .action = (uint8_t)r->action};
-	(void)tag_add(fc, c, &t); /* past TAP_FAULT_TAGS_MAX the publish goes unharmed */
+	struct ftag t = {.tag = seq, .rule = r->id, .ms = r->ms, .action = (uint8_t)r->action, .returns_at = c->returns};
+	if (!tag_add(fc, c, &t)) /* past TAP_FAULT_TAGS_MAX the publish goes unharmed */
+		return;
+	if (r->action == TAP_FAULT_RETURN || r->action == TAP_FAULT_RETURN_AFTER_ACK)
+		fault_return_select(fc, c, r, ex, ex_len, rk, rk_len);
 }
 
 /* A client method frame (payload [a, end), after class and method). */
 static void client_method(struct tap_fault_conn *fc, uint16_t ch, uint16_t cls, uint16_t m, const uint8_t *a,
-			  const uint8_t *end)
+			  const uint8_t *end, const uint8_t *frame)
 {
 	uint32_t cm = (uint32_t)cls << 16 | m;
+	struct fchan *fcl = fc->n_fclosed && ch ? chan_find(fc, ch) : NULL;
+	if (fcl && (fcl->fclose & FC_CLIENT)) { /* a channel a rule closed: the client has not answered yet */
+		if (cm == (60u << 16 | 40))
+			client_publish(fc, fcl, a, end); /* counted (its number), never selected */
+		fault_close_client_method(fc, fcl, cls, m, frame, (size_t)(end - frame) + 1);
+		return;
+	}
 	switch (cm) {
 	case 10u << 16 | 11: /* connection.start-ok */
 		start_ok(fc, a, end);
@@ -517,8 +550,20 @@ static void frame_done(struct tap_fault_conn *fc, enum tap_dir dir, struct fpars
 	uint16_t cls = is_method ? get16(f + 7) : 0, m = is_method ? get16(f + 9) : 0;
 	if (dir == TAP_C2S) {
 		if (is_method)
-			client_method(fc, p->ch, cls, m, f + 11, end);
+			client_method(fc, p->ch, cls, m, f + 11, end, f);
 		return;
+	}
+	if (fc->n_fclosed && p->ch) { /* close-channel: the broker's frames on a channel a rule closed */
+		struct fchan *fcl = chan_find(fc, p->ch);
+		if (fcl && (fcl->fclose & FC_BROKER) && is_method && fault_close_broker_method(fc, fcl, cls, m, f, p->size))
+			return; /* its close-ok, or its own close: answered by the tap */
+		if (p->drop)
+			return; /* the client saw the channel closed */
+	}
+	if (is_method && cls == 60 && m == 50) { /* the broker's own Return: a return rule must not add one */
+		struct fchan *rc = chan_find(fc, p->ch);
+		if (rc)
+			rc->returns++;
 	}
 	bool confirm = is_method && cls == 60 && (m == 80 || m == 120) && p->size == 13;
 	struct fchan *c = confirm ? chan_find(fc, p->ch) : NULL;
@@ -534,44 +579,57 @@ static void frame_done(struct tap_fault_conn *fc, enum tap_dir dir, struct fpars
 		out(fc, dir, f, 7 + p->size + 1);
 }
 
-/* The client's content frame just ended (header or body): true when it finished the publish a kill selected. */
-static bool content_done(struct tap_fault_conn *fc, struct fparse *p)
+/* What the end of a client's content frame asks of the feed. */
+enum content_end {
+	CE_ON,    /* nothing: go on */
+	CE_STOP,  /* a kill or a block: what follows is not passed on now */
+	CE_CLOSE, /* a close-channel's publish ended: channel.close to the broker right after it */
+};
+
+/* The client's content frame just ended (header or body). */
+static enum content_end content_done(struct tap_fault_conn *fc, struct fparse *p)
 {
 	struct fchan *c = chan_find(fc, p->ch);
 	if (!c || !c->pub_open)
-		return false;
+		return CE_ON;
 	if (p->type == FRAME_HEADER) {
 		c->pub_header = true;
 		if (c->body_left > 0)
-			return false;
+			return CE_ON;
 	} else if (p->type == FRAME_BODY) {
 		if (!c->pub_header || p->size > c->body_left) {
 			c->pub_open = false;
-			return false;
+			return CE_ON;
 		}
 		c->body_left -= p->size;
 		if (c->body_left > 0)
-			return false;
+			return CE_ON;
 	} else {
-		return false;
+		return CE_ON;
 	}
 	c->pub_open = false;
+	if (c->pub_return)
+		fault_return_done(fc, c, true);
+	if (c->pub_close && !c->fclose) { /* channel.close to the broker after this publish, to the client soon */
+		c->pub_close = false;
+		return CE_CLOSE;
+	}
 	if (c->pub_block && !fc->blocking) { /* the client is not read from the end of this publish on */
 		fc->blocking = true;
 		fc->block_ms = c->block_s * 1000;
 		fc->inject_blocked = fc->blocked_cap;
 		act(fc, c->block_rule, TAP_FAULT_BLOCK, c->id, c->pub_seq, 0, fc->block_ms);
-		return true;
+		return CE_STOP;
 	}
 	if (!c->pub_kill)
-		return false;
+		return CE_ON;
 	fc->killing = true;
 	fc->kill_ch = c->id;
 	fc->kill_tag = c->pub_seq;
 	fc->kill_rule = c->kill_rule;
 	uint64_t outstanding = c->confirm ? c->next_seq - 1 - c->last_tag : 0;
 	act(fc, c->kill_rule, TAP_FAULT_KILL, c->id, c->pub_seq, outstanding, 0);
-	return true;
+	return CE_STOP;
 }
 
 /* connection.blocked (reason: "amqptap fault injection") or connection.unblocked, to the client. */
@@ -581,6 +639,8 @@ static void inject(struct tap_fault_conn *fc)
 	uint8_t f[8 + 4 + 1 + sizeof reason];
 	if (fc->killing)
 		fc->inject_blocked = fc->inject_unblocked = false;
+	if (fc->n_show && !fc->killing)
+		fault_close_show(fc);
 	if (fc->inject_blocked) {
 		size_t rl = sizeof reason - 1;
 		f[0] = FRAME_METHOD;
@@ -630,15 +690,77 @@ unsigned tap_fault_unblock(struct tap_fault_conn *fc, int64_t now_us, const stru
 	return st;
 }
 
-/* While blocked, what the client sent waits (a read or two: the relay does not read it meanwhile). */
+bool fault_keep(uint8_t **buf, size_t *buf_len, const uint8_t *data, size_t len)
+{
+	if (len == 0)
+		return true;
+	uint8_t *n = realloc(*buf, *buf_len + len);
+	if (!n)
+		return false;
+	memcpy(n + *buf_len, data, len);
+	*buf = n;
+	*buf_len += len;
+	return true;
+}
+
+/* While blocked, what the client sent waits (a read or two: the relay does not read it meanwhile). Without memory
+ * it is lost to the broker, as a connection cut there would lose it. */
 static void hold_client(struct tap_fault_conn *fc, const uint8_t *data, size_t len)
 {
-	uint8_t *n = realloc(fc->c2s_held, fc->c2s_held_len + len);
-	if (!n)
-		return; /* without memory they are lost to the broker, as a connection cut there would lose them */
-	memcpy(n + fc->c2s_held_len, data, len);
-	fc->c2s_held = n;
-	fc->c2s_held_len += len;
+	(void)fault_keep(&fc->c2s_held, &fc->c2s_held_len, data, len);
+}
+
+/* While a channel's close waits for the broker's close-ok, what the client sent from its next frame on that
+ * channel waits (close-channel). */
+static void wait_client(struct tap_fault_conn *fc, const uint8_t *data, size_t len)
+{
+	(void)fault_keep(&fc->c2s_wait, &fc->c2s_wait_len, data, len);
+}
+
+/* The broker answered the close the client was waiting for: what it sent since goes on. */
+static unsigned release_wait(struct tap_fault_conn *fc, int64_t now_us, const struct tap_fault_io *io)
+{
+	fc->release_wait = false;
+	fc->waiting = false;
+	if (fc->n_answer) /* the wait began at a frame boundary: what the broker is owed goes before it */
+		fault_close_answer(fc);
+	uint8_t *held = fc->c2s_wait;
+	size_t len = fc->c2s_wait_len;
+	fc->c2s_wait = NULL;
+	fc->c2s_wait_len = 0;
+	unsigned st = len ? tap_fault_feed(fc, TAP_C2S, held, len, now_us, io) : status(fc);
+	free(held);
+	return st;
+}
+
+/* The frame whose 7-byte header just completed: whether it is kept whole (collect), not passed on (drop), kept for
+ * a Return (capture). False when the client is to wait from this frame on (fc->waiting). */
+static bool frame_begins(struct tap_fault_conn *fc, enum tap_dir dir, struct fparse *p)
+{
+	p->type = p->hdr[0];
+	p->ch = get16(p->hdr + 1);
+	p->size = get32(p->hdr + 3);
+	p->left = (uint64_t)p->size + 1;
+	p->collect = (p->type == FRAME_METHOD && p->size <= FAULT_SMALL) ||
+		     (dir == TAP_S2C && p->type == FRAME_HEARTBEAT && p->size == 0) ||
+		     (dir == TAP_C2S && p->type == FRAME_HEADER); /* its body size, at least */
+	p->drop = false;
+	p->capture = false;
+	if (p->collect) {
+		memcpy(p->small, p->hdr, 7);
+		p->n_small = 7;
+	}
+	if (fc->n_fclosed && p->ch) {
+		p->drop = fault_close_drops(fc, dir, p->ch);
+		if (dir == TAP_C2S && fc->waiting)
+			return false;
+	}
+	if (dir == TAP_C2S && fc->n_capturing && !p->drop && (p->type == FRAME_HEADER || p->type == FRAME_BODY)) {
+		struct fchan *c = chan_find(fc, p->ch);
+		if (c && c->pub_return)
+			fault_return_frame(fc, c, p);
+	}
+	return true;
 }
 
 unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us,
@@ -655,18 +777,24 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 		hold_client(fc, data, len);
 		return status(fc);
 	}
+	if (dir == TAP_C2S && fc->waiting) {
+		wait_client(fc, data, len);
+		return status(fc);
+	}
 	if (dir == TAP_C2S && !fc->header_seen) { /* "AMQP" 0 0 9 1 */
 		size_t take = 8u - fc->n_proto < len ? 8u - fc->n_proto : len;
 		fc->n_proto = (uint8_t)(fc->n_proto + take);
 		i = take;
 		fc->header_seen = fc->n_proto == 8;
 	}
-	/* Client bytes all go on as they came (up to a kill's cut). Broker bytes go on in runs [run, i) of frames
-	 * not kept; a kept frame is passed on (or rewritten) by frame_done. A frame header that began in an earlier
-	 * chunk (prior bytes of it) was not passed on: whether its frame is kept was not known yet. */
+	/* Bytes go on in runs [run, i) of frames passed as they stream. A broker frame kept whole is passed on (or
+	 * rewritten) by frame_done; a client frame kept whole was passed in its run already. A frame not passed on
+	 * (drop) ends the run before it. A frame header that began in an earlier chunk (prior bytes of it) was not
+	 * passed on: what becomes of its frame was not known yet. */
 	size_t run = dir == TAP_C2S ? 0 : i;
 	size_t fstart = 0;
 	uint8_t prior = p->n_hdr;
+	bool emit_now = dir == TAP_C2S || !fc->killing;
 	while (i < len) {
 		if (p->n_hdr < 7) {
 			if (p->n_hdr == 0) {
@@ -679,23 +807,20 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 			i += take;
 			if (p->n_hdr < 7)
 				break;
-			p->type = p->hdr[0];
-			p->ch = get16(p->hdr + 1);
-			p->size = get32(p->hdr + 3);
-			p->left = (uint64_t)p->size + 1;
-			p->collect = (p->type == FRAME_METHOD && p->size <= FAULT_SMALL) ||
-				     (dir == TAP_S2C && p->type == FRAME_HEARTBEAT && p->size == 0) ||
-				     (dir == TAP_C2S && p->type == FRAME_HEADER); /* its body size, at least */
-			if (p->collect) {
-				memcpy(p->small, p->hdr, 7);
-				p->n_small = 7;
+			if (!frame_begins(fc, dir, p)) { /* the client waits from this frame on, its header included */
+				out(fc, dir, data + run, fstart - run);
+				wait_client(fc, p->hdr, 7);
+				wait_client(fc, data + i, len - i);
+				p->n_hdr = 0;
+				return status(fc);
 			}
-			if (dir == TAP_S2C && p->collect) {
-				if (!fc->killing)
+			bool held = (dir == TAP_S2C && p->collect) || p->drop;
+			if (held) {
+				if (emit_now)
 					out(fc, dir, data + run, fstart - run);
 				run = i;
-			} else if (dir == TAP_S2C && prior) {
-				if (!fc->killing)
+			} else if (prior) {
+				if (emit_now)
 					out(fc, dir, p->hdr, prior);
 			}
 			continue;
@@ -706,9 +831,11 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 			memcpy(p->small + p->n_small, data + i, copy);
 			p->n_small += (uint32_t)copy;
 		}
+		if (p->capture)
+			fault_return_bytes(fc, p->ch, data + i, take);
 		i += take;
 		p->left -= take;
-		if (p->collect && dir == TAP_S2C)
+		if ((p->collect && dir == TAP_S2C) || p->drop)
 			run = i;
 		if (p->left > 0)
 			break;
@@ -716,22 +843,28 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 		if (dir == TAP_S2C) {
 			if (p->collect)
 				frame_done(fc, dir, p);
-			if (fc->inject_blocked || fc->inject_unblocked) { /* a frame boundary: block or unblock now */
-				if (!p->collect && !fc->killing)
+			if (fc->inject_blocked || fc->inject_unblocked || fc->n_show) { /* a frame boundary: inject now */
+				if (!p->collect && !p->drop && !fc->killing)
 					out(fc, dir, data + run, i - run);
 				run = i;
 				inject(fc);
 			}
 			continue;
 		}
-		if (p->type == FRAME_HEADER && p->size >= 12) {
+		if (p->type == FRAME_HEADER && p->size >= 12 && !p->drop) {
 			struct fchan *c = chan_find(fc, p->ch);
 			if (c && c->pub_open)
 				c->body_left = get64(p->small + 7 + 4);
 		}
 		if (p->collect && p->type == FRAME_METHOD)
 			frame_done(fc, dir, p);
-		if (content_done(fc, p)) {
+		if (fc->waiting) { /* a channel.open crossed the close: it (kept already) and what follows wait */
+			fault_emit(fc, dir, data + run, i - run);
+			wait_client(fc, data + i, len - i);
+			return status(fc);
+		}
+		enum content_end ce = p->drop ? CE_ON : content_done(fc, p);
+		if (ce == CE_STOP) {
 			fault_emit(fc, dir, data + run, i - run);
 			if (fc->blocking) {
 				hold_client(fc, data + i, len - i);
@@ -740,13 +873,25 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 			}
 			return status(fc);
 		}
+		if (ce == CE_CLOSE || fc->n_answer) { /* a frame boundary: the tap's own frames to the broker */
+			fault_emit(fc, dir, data + run, i - run);
+			run = i;
+			if (ce == CE_CLOSE)
+				fault_close_start(fc, chan_find(fc, p->ch));
+			if (fc->n_answer)
+				fault_close_answer(fc);
+		}
 	}
+	size_t stop = p->n_hdr > 0 && p->n_hdr < 7 ? fstart : i; /* a header not complete waits */
 	if (dir == TAP_C2S) {
-		fault_emit(fc, dir, data + run, i - run);
+		if (stop > run)
+			fault_emit(fc, dir, data + run, stop - run);
 	} else if (!fc->killing) {
-		size_t stop = p->n_hdr > 0 && p->n_hdr < 7 ? fstart : i; /* a header not complete waits */
 		if (stop > run)
 			out(fc, dir, data + run, stop - run);
 	}
-	return status(fc);
+	unsigned st = status(fc);
+	if (dir == TAP_S2C && fc->release_wait)
+		st = release_wait(fc, now_us, io);
+	return st;
 }

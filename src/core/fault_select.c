@@ -64,13 +64,15 @@ static bool conn_matches(const struct tap_fault_conn *fc, const struct tap_fault
 /* The first rule in force that selects this publish, or -1. Each rule counts the publishes it matches on the
  * connection (after, every); a publish another rule took first is not counted by the later ones. */
 int fault_select_rule(struct tap_fault_conn *fc, const struct fchan *c, const uint8_t *ex, size_t ex_len,
-		      const uint8_t *rk, size_t rk_len)
+		      const uint8_t *rk, size_t rk_len, bool mandatory)
 {
 	struct tap_fault_set *set = fc->set;
 	for (size_t i = 0; i < set->n; i++) {
 		const struct tap_fault_rule *r = &set->rules[i];
+		bool returns = r->action == TAP_FAULT_RETURN || r->action == TAP_FAULT_RETURN_AFTER_ACK;
 		if (r->action != TAP_FAULT_NACK && r->action != TAP_FAULT_WITHHOLD && r->action != TAP_FAULT_DELAY &&
-		    r->action != TAP_FAULT_KILL && r->action != TAP_FAULT_BLOCK)
+		    r->action != TAP_FAULT_KILL && r->action != TAP_FAULT_BLOCK && r->action != TAP_FAULT_CLOSE_CHANNEL &&
+		    !returns)
 			continue; /* not selected by publish */
 		if (r->for_ms && fc->now - set->added_us[i] >= (int64_t)r->for_ms * 1000)
 			continue;
@@ -79,9 +81,11 @@ int fault_select_rule(struct tap_fault_conn *fc, const struct fchan *c, const ui
 		    (r->has_routing_key && !str_is(r->routing_key, rk, rk_len)))
 			continue;
 		bool needs_confirm = r->action == TAP_FAULT_NACK || r->action == TAP_FAULT_WITHHOLD ||
-				     r->action == TAP_FAULT_DELAY;
+				     r->action == TAP_FAULT_DELAY || returns;
 		if (needs_confirm && !c->confirm)
 			continue; /* a confirm fault on a channel without confirms has nothing to act on */
+		if (returns && !mandatory)
+			continue; /* RabbitMQ returns mandatory publishes only: a Return of another would be no broker's */
 		struct ctr *k = fault_counter(fc, r->id);
 		if (!k)
 			continue;

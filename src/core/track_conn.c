@@ -319,7 +319,7 @@ void tap_track_conn_close_ok(struct tap_track_conn *c, int64_t now_us)
 
 static void chan_reason(const struct trk_chan *ch, struct trk_reason *r)
 {
-	*r = (struct trk_reason){.by = ch->close_by_broker ? "broker" : "client",
+	*r = (struct trk_reason){.by = ch->close_by_broker ? "broker" : ch->close_by_fault ? "fault" : "client",
 	                         .has_code = true,
 	                         .code = ch->close_code,
 	                         .text = (const uint8_t *)ch->close_text,
@@ -658,4 +658,20 @@ void tap_track_fault(struct tap_track_conn *c, const struct tap_fault_act *a, in
 		return;
 	trk_record_fault(&c->t->render, c, a, now_us);
 	trk_emit(c->t);
+	if (a->action != TAP_FAULT_CLOSE_CHANNEL)
+		return;
+	/* the tap's channel.close to the broker: a client's close as far as the broker's answers go (what it had
+	 * routed before it is still acked), with the code and text the client was shown */
+	const char *text = a->text ? a->text : "";
+	tap_track_channel_close(c, a->channel, TAP_BY_CLIENT, a->code,
+	                        (struct tap_slice){(const uint8_t *)text, strlen(text)}, now_us);
+	struct trk_chan *ch = trk_chan_find(c, a->channel);
+	if (ch && ch->closing && !ch->close_by_broker)
+		ch->close_by_fault = true;
+}
+
+bool tap_track_channel_fault_closing(const struct tap_track_conn *c, uint16_t id)
+{
+	const struct trk_chan *ch = c ? trk_chan_find(c, id) : NULL;
+	return ch && ch->closing && ch->close_by_fault;
 }

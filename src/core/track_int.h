@@ -177,6 +177,7 @@ struct trk_chan {
 	uint16_t id;
 	uint8_t mode; /* enum trk_mode */
 	bool closing, close_by_broker;
+	bool close_by_fault; /* --fault close-channel: the tap closed it on the broker's side */
 	bool pinned;         /* slots are being stored or released in a loop: the ring and arena keep their place */
 	bool shrink_pending; /* slots were released while pinned */
 	uint16_t close_code;

@@ -290,6 +290,12 @@ void trk_record_fault(struct trk_render *r, const struct tap_track_conn *c, cons
 		tap_json_kv_uint(&j, "kib", a->kib);
 	if (a->action == TAP_FAULT_LATENCY || a->action == TAP_FAULT_BANDWIDTH)
 		tap_json_kv_str(&j, "dir", tap_fault_way_name(a->way));
+	if (a->action == TAP_FAULT_CLOSE_CHANNEL) {
+		tap_json_kv_uint(&j, "code", a->code);
+		str_or_null(&j, "text", a->text);
+	}
+	if (a->skipped) /* return: the client was shown nothing else after all */
+		tap_json_kv_str(&j, "skipped", a->skipped);
 	tap_json_obj_end(&j);
 }
 

@@ -8,7 +8,12 @@
  * are held for the client, and the client not read while more than TAP_FAULT_SHAPE_MAX are held for the broker;
  * a FIN waits for the bytes held before it (session.c); a kill stops reading the client and ends the
  * session through s->fault_kill, once the broker confirmed the publish it selected or TAP_FAULT_KILL_WAIT_MS
- * passed. Ending a session is never done inside a read (the relay's loop still uses the leg): the timers do it. */
+ * passed; a close-channel whose channel the client reuses before the broker answered the close stops reading the
+ * client until a later feed (the broker's close-ok) says so. Ending a session is never done inside a read (the
+ * relay's loop still uses the leg): the timers do it.
+ *
+ * The client's bytes are shown to the observer before the rewriter has them (the broker's after): a rule acting on
+ * a publish tells the tracker so (close-channel: the channel is closing) after the tracker saw the publish. */
 #include "proxy_int.h"
 
 #include "amqptap/log.h"
@@ -76,6 +81,14 @@ static void follow(struct tap_session *s, unsigned st, int64_t now)
 		struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
 		evtimer_add(s->fault_block, &tv);
 	}
+	if ((st & TAP_FAULT_CLIENT_WAIT) && !s->fault_waiting) {
+		s->fault_waiting = true;
+		tap_relay_stop_reading(&s->leg[SIDE_CLIENT]);
+	} else if (!(st & TAP_FAULT_CLIENT_WAIT) && s->fault_waiting) {
+		s->fault_waiting = false;
+		if (!s->fault_blocked && !s->fault_kill_armed && !s->closing)
+			tap_relay_start_reading(&s->leg[SIDE_CLIENT]);
+	}
 	if (st & TAP_FAULT_KILL_NOW)
 		event_active(s->fault_kill, EV_TIMEOUT, 1); /* after this read: the relay still uses the leg */
 	if (st & TAP_FAULT_HOLDING) {
@@ -100,9 +113,13 @@ void tap_fault_pass_on(struct leg *from, const void *data, size_t len, int64_t n
 	struct tap_session *s = from->s;
 	struct tap_fault_io io;
 	io_of(s, &io);
+	bool client = from->from_here == TAP_C2S;
+	if (client)
+		tap_relay_account_observe(from, data, len, now);
 	unsigned st = tap_fault_feed(s->fault, from->from_here, data, len, now, &io);
-	tap_relay_account_observe(from, data, len, now);
-	if (st)
+	if (!client)
+		tap_relay_account_observe(from, data, len, now);
+	if (st || s->fault_waiting)
 		follow(s, st, now);
 }
 

@@ -178,6 +178,7 @@ struct tap_session {
 	bool fault_blocked; /* block: the client is not read (tap_relay_start_reading keeps it so) */
 	bool fault_full[2]; /* indexed by enum side: the rewriter holds too much of what that side sent: it is not read
 	                       (tap_relay_start_reading keeps it so) until released */
+	bool fault_waiting; /* close-channel: the client is not read until the broker answered a channel's close */
 };
 
 TAILQ_HEAD(session_list, tap_session);

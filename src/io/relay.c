@@ -52,8 +52,8 @@ static struct evbuffer *queue_for(const struct leg *to)
 static void set_reading(struct leg *l, bool on)
 {
 	struct tap_proxy *px = l->s->px;
-	if (on && l->side == SIDE_CLIENT && (l->s->fault_blocked || l->s->fault_kill_armed))
-		on = false; /* --fault: a block or a kill keeps the client unread (faultio.c) */
+	if (on && l->side == SIDE_CLIENT && (l->s->fault_blocked || l->s->fault_kill_armed || l->s->fault_waiting))
+		on = false; /* --fault: a block, a kill or a channel's close keeps the client unread (faultio.c) */
 	if (on && l->s->fault_full[l->side])
 		on = false; /* --fault: what it sent waits in the rewriter, past its bound (faultio.c) */
 	if (l->side == SIDE_UPSTREAM && on != l->reading && px->hooks.held)

@@ -2,8 +2,11 @@
 // exchange with routing key QUEUE on a confirm channel, as fast as the library takes them; then it waits up to
 // WAIT_MS for every confirm. One JSON line on stdout says what the library itself reported: the tags it acked and
 // nacked (NotifyPublish), the ones it never confirmed, each confirm's time since its publish, and how the
-// connection ended (NotifyClose), if it did. FAULTS_HEARTBEAT: the heartbeat in seconds; FAULTS_BODY_BYTES: each
-// body that many bytes (publish i: byte k is (i + k) mod 251) instead of "fault i".
+// connection ended (NotifyClose), if it did; how the channel was closed (the channel's NotifyClose) and the Returns
+// it got (NotifyReturn: "CODE BODY"). FAULTS_HEARTBEAT: the heartbeat in seconds; FAULTS_BODY_BYTES: each body that
+// many bytes (publish i: byte k is (i + k) mod 251) instead of "fault i"; FAULTS_REOPEN=K: a channel closed under it
+// is followed by a new channel on the same connection that publishes K more and waits for their confirms
+// (reopen_acks).
 // Usage: faults_go URL QUEUE N WAIT_MS
 package main
 
@@ -19,13 +22,16 @@ import (
 )
 
 type result struct {
-	Acks      []uint64           `json:"acks"`
-	Nacks     []uint64           `json:"nacks"`
-	Missing   []uint64           `json:"missing"`
-	ConfirmMs map[string]float64 `json:"confirm_ms"`
-	Published int                `json:"published"`
-	Closed    string             `json:"closed"`
-	Blocked   []string           `json:"blocked"` // NotifyBlocked: "true REASON", "false"
+	Acks       []uint64           `json:"acks"`
+	Nacks      []uint64           `json:"nacks"`
+	Missing    []uint64           `json:"missing"`
+	ConfirmMs  map[string]float64 `json:"confirm_ms"`
+	Published  int                `json:"published"`
+	Closed     string             `json:"closed"`
+	Blocked    []string           `json:"blocked"`     // NotifyBlocked: "true REASON", "false"
+	ChanClosed string             `json:"chan_closed"` // the channel's NotifyClose: "CODE REASON"
+	Returns    []string           `json:"returns"`     // NotifyReturn: "CODE BODY"
+	ReopenAcks int                `json:"reopen_acks"`
 }
 
 func die(err error) {
@@ -57,8 +63,10 @@ func main() {
 		die(err)
 	}
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, n+1))
+	chanClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	returns := ch.NotifyReturn(make(chan amqp.Return, n+1))
 	res := result{Acks: []uint64{}, Nacks: []uint64{}, Missing: []uint64{}, ConfirmMs: map[string]float64{},
-		Blocked: []string{}}
+		Blocked: []string{}, Returns: []string{}}
 	bodyBytes, _ := strconv.Atoi(os.Getenv("FAULTS_BODY_BYTES"))
 	sent := make(map[uint64]time.Time)
 	for i := 1; i <= n; i++ {
@@ -100,6 +108,17 @@ loop:
 				res.Closed = "closed"
 			}
 			closed = nil
+		case e, ok := <-chanClosed:
+			if ok && e != nil {
+				res.ChanClosed = fmt.Sprintf("%d %s", e.Code, e.Reason)
+			}
+			chanClosed = nil
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			res.Returns = append(res.Returns, fmt.Sprintf("%d %s", r.ReplyCode, r.Body))
 		case b, ok := <-blocked:
 			if !ok { /* closed with the connection */
 				blocked = nil
@@ -122,6 +141,30 @@ loop:
 			drained = true
 		}
 	}
+	for drained := false; !drained && returns != nil; { /* a Return that came after the last confirm */
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			res.Returns = append(res.Returns, fmt.Sprintf("%d %s", r.ReplyCode, r.Body))
+		case <-time.After(200 * time.Millisecond):
+			drained = true
+		}
+	}
+	if chanClosed != nil {
+		select {
+		case e, ok := <-chanClosed:
+			if ok && e != nil {
+				res.ChanClosed = fmt.Sprintf("%d %s", e.Code, e.Reason)
+			}
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if k, err := strconv.Atoi(os.Getenv("FAULTS_REOPEN")); err == nil && res.ChanClosed != "" {
+		res.ReopenAcks = reopen(conn, os.Args[2], k)
+	}
 	for i := 1; i <= res.Published; i++ {
 		if !seen[uint64(i)] {
 			res.Missing = append(res.Missing, uint64(i))
@@ -139,4 +182,35 @@ loop:
 	}
 	line, _ := json.Marshal(res)
 	fmt.Println(string(line))
+}
+
+// A new channel on the connection after the old one was closed: k confirmed publishes; how many were acked.
+func reopen(conn *amqp.Connection, queue string, k int) int {
+	ch, err := conn.Channel()
+	if err != nil {
+		die(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		die(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, k+1))
+	for i := 1; i <= k; i++ {
+		if err := ch.Publish("", queue, true, false, amqp.Publishing{Body: []byte(fmt.Sprintf("reopen %d", i))}); err != nil {
+			die(err)
+		}
+	}
+	acks := 0
+	deadline := time.After(5 * time.Second)
+	for i := 0; i < k; i++ {
+		select {
+		case c := <-confirms:
+			if c.Ack {
+				acks++
+			}
+		case <-deadline:
+			return acks
+		}
+	}
+	ch.Close()
+	return acks
 }
