@@ -87,6 +87,7 @@ struct tap_fault_set {
 	size_t n;
 	uint32_t next_id;
 	uint64_t acted[TAP_FAULT_ACTIONS]; /* how often each action acted, for /metrics */
+	uint64_t rule_acted[TAP_FAULT_RULES_MAX]; /* how often each rule in force acted (by index, as rules[]) */
 };
 
 void tap_fault_set_init(struct tap_fault_set *s);

@@ -195,6 +195,9 @@ static void act(struct tap_fault_conn *fc, uint32_t rule, enum tap_fault_action 
 {
 	if ((unsigned)a < TAP_FAULT_ACTIONS)
 		fc->set->acted[a]++;
+	for (size_t i = 0; i < fc->set->n; i++) /* a rule removed since it selected the publish is no longer counted */
+		if (fc->set->rules[i].id == rule)
+			fc->set->rule_acted[i]++;
 	struct tap_fault_act x = {
 	    .rule = rule, .action = a, .channel = ch, .seq = seq, .outstanding = outstanding, .ms = ms};
 	if (fc->io->act)
