@@ -48,7 +48,7 @@ class FaultApiTest(TapTestCase):
         return self.start_tap(["--metrics", f"127.0.0.1:{self.mport}", "--fault-api", *extra], frames=False)
 
     def api(self, method, path, body=None, token=None, ctype="application/json"):
-        """(status, headers, the JSON body or None) of one request to /api/faults..."""
+        """(status, headers, the JSON body or None: none, or evhttp's own error page) of one request"""
         data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.mport}{path}", method=method, data=data)
         if data is not None:
@@ -60,7 +60,8 @@ class FaultApiTest(TapTestCase):
                 status, headers, raw = r.status, dict(r.headers), r.read()
         except urllib.error.HTTPError as e:
             status, headers, raw = e.code, dict(e.headers), e.read()
-        return status, headers, json.loads(raw) if raw else None
+        is_json = headers.get("Content-Type") == "application/json"
+        return status, headers, json.loads(raw) if raw and is_json else None
 
     def publish(self, ch, n):
         """n mandatory publishes on a confirm channel; the 1-based indexes pika saw nacked."""
