@@ -44,11 +44,18 @@ per_publish() {
 declare -A now
 now[verdicts]=$(per_publish)
 now[verdicts+frames]=$(per_publish --frames "$work/frames.jsonl")
+# The capture's publishes share one body (each one a repeat of the one before); a copy in which every body is its
+# own gives the common case, with identity tracking (the default, auto) and without it.
+/usr/bin/python3 "$TAP_REPO/tests/bench/distinct_bodies.py" "$work/capture.pcapng" "$work/distinct.pcapng" "$port" \
+	2>/dev/null || tap_die "could not write the distinct-body copy of the capture"
+cp "$work/distinct.pcapng" "$work/capture.pcapng"
+now[distinct]=$(per_publish)
+now[distinct+identity-off]=$(per_publish --identity off)
 
 if [ -n "$update" ]; then
 	{
 		sed -n '/^#/p' "$budget"
-		for k in verdicts verdicts+frames; do echo "$k ${now[$k]}"; done
+		for k in verdicts verdicts+frames distinct distinct+identity-off; do echo "$k ${now[$k]}"; done
 	} >"$work/budget" && cp "$work/budget" "$budget"
 	tap_log "budget written: $(grep -v '^#' "$budget" | tr '\n' ' ')"
 	exit 0
@@ -69,4 +76,13 @@ while read -r k allowed; do
 		tap_log "$k: $got instructions per publish ($pct % of the budget of $allowed): ok"
 	fi
 done <"$budget"
+# The default identity tracking may cost at most 10 % over none, on the common case (src/DESIGN.md §4b).
+on=${now[distinct]} off=${now[distinct+identity-off]}
+pct=$(awk -v a="$on" -v b="$off" 'BEGIN { printf "%+.1f", (a - b) * 100 / b }')
+if [ "$on" -gt $((off + off / 10)) ]; then
+	tap_log "identity auto over off on distinct messages: $pct % (at most +10 %): FAILED"
+	rc=1
+else
+	tap_log "identity auto over off on distinct messages: $pct % (at most +10 %): ok"
+fi
 exit $rc

@@ -27,6 +27,28 @@ fd_limit() {
 	if [ "$hard" = unlimited ] || [ "$hard" -gt 65536 ]; then echo 65536; else echo "$hard"; fi
 }
 
+# The management HTTPS listener's certificates: the caller's, or a CA of the test node's own (kept across restarts,
+# so a test that read the CA's path before a restart still trusts the node).
+mgmt_tls_pki() {
+	local d=$TAP_BROKER_DIR/mgmt-tls
+	if [ -z "${TAP_BROKER_MGMT_TLS_CA:-}" ]; then
+		TAP_BROKER_MGMT_TLS_CA=$d/ca.pem TAP_BROKER_MGMT_TLS_CERT=$d/server.pem TAP_BROKER_MGMT_TLS_KEY=$d/server.key
+		if [ ! -s "$d/server.pem" ]; then
+			mkdir -p "$d"
+			chmod 700 "$d"
+			(
+				cd "$d"
+				openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 30 \
+					-subj "/CN=amqptap test management CA" 2>/dev/null
+				printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >server.ext
+				openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost 2>/dev/null
+				openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem \
+					-days 30 -extfile server.ext 2>/dev/null
+			) || tap_die "cannot make the management TLS certificates in $d"
+		fi
+	fi
+}
+
 prepare() {
 	mkdir -p "$TAP_BROKER_DIR/home" "$TAP_BROKER_DIR/mnesia" "$TAP_BROKER_DIR/log"
 	chmod 700 "$TAP_BROKER_DIR/home"
@@ -55,6 +77,19 @@ management.tcp.port = $TAP_BROKER_MGMT_PORT
 management.tcp.ip = 127.0.0.1
 CONF
 		echo '[rabbitmq_management].' >"$TAP_BROKER_DIR/enabled_plugins"
+		# Optional HTTPS listener of the same plugin (test_topology_metrics: --management https:// verified), with
+		# TAP_BROKER_MGMT_TLS_CA/_CERT/_KEY, or else a test CA and a certificate for localhost/127.0.0.1 made once
+		# under the broker's directory (mgmt_tls_pki).
+		if [ -n "${TAP_BROKER_MGMT_TLS_PORT:-}" ]; then
+			mgmt_tls_pki
+			cat >>"$TAP_BROKER_DIR/rabbitmq.conf" <<CONF
+management.ssl.port = $TAP_BROKER_MGMT_TLS_PORT
+management.ssl.ip = 127.0.0.1
+management.ssl.cacertfile = $TAP_BROKER_MGMT_TLS_CA
+management.ssl.certfile = $TAP_BROKER_MGMT_TLS_CERT
+management.ssl.keyfile = $TAP_BROKER_MGMT_TLS_KEY
+CONF
+		fi
 	elif grep -q rabbitmq_management "$TAP_BROKER_DIR/enabled_plugins" 2>/dev/null; then
 		echo '[].' >"$TAP_BROKER_DIR/enabled_plugins"
 	fi

@@ -14,6 +14,8 @@ asan=${TAP_ASAN_BUILD_DIR:-$TAP_REPO/build-asan}
 export TAP_BROKER_PORT
 # the management API on loopback: test_management_poll polls it (--management), the routing tests read it
 export TAP_BROKER_MGMT_PORT=${TAP_BROKER_MGMT_PORT:-15690}
+# and over HTTPS with a test CA of the node's own (test_topology_metrics polls it with verification on)
+export TAP_BROKER_MGMT_TLS_PORT=${TAP_BROKER_MGMT_TLS_PORT:-15691}
 failed=()
 broker_started=
 
@@ -88,7 +90,7 @@ bench_smoke() {
 		local broker=(TAP_BROKER_DIR="$TAP_BROKER_DIR" TAP_BROKER_NODE="$TAP_BROKER_NODE"
 			TAP_BROKER_DIST_PORT="$TAP_BROKER_DIST_PORT")
 		[ "$name" = bench-tls ] && broker=(TAP_BROKER_PORT= TAP_BROKER_DIST_PORT= TAP_BROKER_MGMT_PORT=
-			TAP_BROKER_DIR= TAP_BROKER_NODE= TAP_BENCH_STORM=50 TAP_BENCH_STORM_ROUNDS=1)
+			TAP_BROKER_MGMT_TLS_PORT= TAP_BROKER_DIR= TAP_BROKER_NODE= TAP_BENCH_STORM=50 TAP_BENCH_STORM_ROUNDS=1)
 		env "${broker[@]}" TAP_BENCH_BUILD="$build" TAP_BENCH_BUILD_TYPE=RelWithDebInfo TAP_BENCH_ROUNDS=1 \
 			TAP_BENCH_SCALE=0.02 TAP_BENCH_OUT="$out/$name" "$TAP_REPO/scripts/$name.sh" >"$out/$name.log" 2>&1 || {
 			cat "$out/$name.log"

@@ -55,7 +55,7 @@ struct app {
 	struct tap_mgmt *mgmt;            /* --management's poller */
 	bool mgmt_failing;                /* the last poll failed (said once until one succeeds) */
 	bool topology_at_first;           /* a poll has succeeded (the first is said) */
-	int64_t topology_at;              /* when the model in use was read */
+	struct tap_metrics_topology topology_stats; /* reads and the model in use (loaded_us: when), for --metrics */
 };
 
 /* What stderr gets at exit on top of the outputs' flush time, for the summary. */

@@ -89,6 +89,7 @@ int app_start_metrics(struct app *app, const struct tap_admin_sources *sources)
 	src.tap_id = app->conf->tap_id;
 	src.run = app->run;
 	src.hosts = app->conf->metrics_hosts;
+	src.topology = &app->topology_stats;
 	app->admin = tap_admin_new(app->base, &app->conf->metrics, &src, metrics_at, sizeof metrics_at, err, sizeof err);
 	if (!app->admin) {
 		tap_log_error("%s", err);

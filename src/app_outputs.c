@@ -360,6 +360,20 @@ static struct tap_route_model *topology_read(const char *path, char *err, size_t
 	return m;
 }
 
+/* The model in use is now m, loaded at now_us: what --metrics shows of it. */
+static void topology_in_use(struct app *app, struct tap_route_model *m, int64_t now_us)
+{
+	struct tap_route_counts n;
+	tap_route_counts(m, &n);
+	struct tap_metrics_topology *st = &app->topology_stats;
+	st->polls_ok++;
+	st->loaded_us = now_us;
+	st->exchanges = n.exchanges;
+	st->queues = n.queues;
+	st->bindings = n.bindings;
+	app->topology = m;
+}
+
 static void topology_log(const char *what, const struct tap_route_model *m)
 {
 	struct tap_route_counts n;
@@ -373,6 +387,7 @@ int app_topology_load(struct app *app)
 {
 	if (!app->conf->definitions)
 		return 0;
+	app->topology_stats.on = true;
 	char err[400];
 	struct tap_route_model *m = topology_read(app->conf->definitions, err, sizeof err);
 	if (!m) {
@@ -384,7 +399,7 @@ int app_topology_load(struct app *app)
 		fprintf(stderr, "amqptap: out of memory at start\n");
 		return 1;
 	}
-	app->topology = m;
+	topology_in_use(app, m, tap_now_us());
 	topology_log("loaded", m);
 	return 0;
 }
@@ -396,16 +411,18 @@ void app_topology_reload(struct app *app)
 	char err[400];
 	struct tap_route_model *m = topology_read(app->conf->definitions, err, sizeof err);
 	if (!m) {
+		app->topology_stats.polls_failed++;
 		tap_log_error("--definitions %s; the last good definitions stay", err);
 		return;
 	}
 	if (tap_track_set_topology(app->track, m)) {
 		tap_route_model_free(m);
+		app->topology_stats.polls_failed++;
 		tap_log_error("--definitions: no memory for the new definitions; the last good ones stay");
 		return;
 	}
 	tap_route_model_free(app->topology);
-	app->topology = m;
+	topology_in_use(app, m, tap_now_us());
 	topology_log("reloaded", m);
 }
 
@@ -469,8 +486,7 @@ static void on_polled(void *arg, const char *body, size_t len, const char *err)
 	int64_t now = tap_now_us();
 	if (m) {
 		tap_route_model_free(app->topology);
-		app->topology = m;
-		app->topology_at = now;
+		topology_in_use(app, m, now);
 		if (app->mgmt_failing || !app->topology_at_first || app->conf->verbosity >= TAP_VERBOSITY_VERBOSE) {
 			topology_log("polled", m);
 			topology_record(app, "loaded", NULL, -1);
@@ -479,7 +495,8 @@ static void on_polled(void *arg, const char *body, size_t len, const char *err)
 		app->topology_at_first = true;
 		return;
 	}
-	int64_t age = app->topology ? now - app->topology_at : -1;
+	app->topology_stats.polls_failed++; /* every one; the record and the log line say the first of a run */
+	int64_t age = app->topology ? now - app->topology_stats.loaded_us : -1;
 	if (!app->mgmt_failing) {
 		tap_log_error("--management: %s; %s", err,
 			      app->topology ? "the last good definitions stay" : "no definitions yet: nothing is judged");
@@ -493,24 +510,18 @@ int app_topology_poll(struct app *app)
 	const struct tap_conf *conf = app->conf;
 	if (!conf->management)
 		return 0;
+	app->topology_stats.on = true;
 	char *cred = NULL, err[400];
-	size_t len = 0;
-	if (conf->management_credentials) {
-		if (tap_files_read(conf->management_credentials, 4096, &cred, &len, err, sizeof err)) {
-			fprintf(stderr, "amqptap: --management-credentials %s\n", err);
-			return 2;
-		}
-		while (len && (cred[len - 1] == '\n' || cred[len - 1] == '\r'))
-			cred[--len] = '\0';
+	if (conf->management_credentials && tap_mgmt_credentials_read(conf->management_credentials, &cred, err,
+								      sizeof err)) {
+		fprintf(stderr, "amqptap: --management-credentials %s\n", err);
+		return 2;
 	}
 	struct tap_route_defs_limits lim;
 	tap_route_defs_limits_default(&lim);
 	app->mgmt = tap_mgmt_new(app->base, conf->management, cred, conf->management_ca,
 				 (int64_t)conf->topology_interval_s * 1000000, lim.max_input, on_polled, app, err, sizeof err);
-	if (cred) {
-		memset(cred, 0, len);
-		free(cred);
-	}
+	tap_mgmt_credentials_free(cred);
 	if (!app->mgmt) {
 		fprintf(stderr, "amqptap: --management %s\n", err);
 		return 2;

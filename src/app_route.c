@@ -1,12 +1,14 @@
-/* `amqptap route`: asks the routing model (src/core/route*.c) where a publish would go, from a definitions file
- * (README "Routing tests"). One query (--exchange, --key, --header) prints the queues reached, one per line, or
- * with --json one object; --explain says which binding matched and why each other did not; --test runs a file of
- * expected cases (JSON Lines) and exits 1 on any difference. Its options are its own (a query's key and header
- * values are any text, which the option table's kinds refuse), parsed here; bad ones exit 2 naming the option. */
+/* `amqptap route`: asks the routing model (src/core/route*.c) where a publish would go, from a definitions file or
+ * the management API's /api/definitions fetched once by the proxy's poller (mgmt.h) (src/ROUTING.md). One query
+ * (--exchange, --key, --header) prints the queues reached, one per line, or with --json one object; --explain says
+ * which binding matched and why each other did not; --test runs a file of expected cases (JSON Lines) and exits 1 on
+ * any difference. Its options are its own (a query's key and header values are any text, which the option table's
+ * kinds refuse), parsed here; bad ones exit 2 naming the option, an API that cannot be read 3. */
 #include "app.h"
 
 #include "amqptap/files.h"
 #include "amqptap/json.h"
+#include "amqptap/mgmt.h"
 #include "amqptap/route.h"
 #include "amqptap/route_defs.h"
 
@@ -17,9 +19,13 @@
 
 #define ROUTE_MAX_HEADERS 64
 #define ROUTE_MAX_CASES_BYTES (64u << 20)
+/* The exit code when --management could not be read (no answer, TLS, not 200 such as a 401): not a bad option (2)
+ * nor a case that failed (1), so a CI job can tell "the broker was not there" from "the routing is wrong". */
+#define ROUTE_EXIT_UNREACHABLE 3
 
 struct route_opts {
 	const char *definitions, *vhost, *exchange, *key, *test;
+	const char *management, *credentials, *ca; /* --management URL and its --management-credentials, -ca */
 	const char *headers[ROUTE_MAX_HEADERS];
 	size_t n_headers;
 	bool json, explain;
@@ -29,7 +35,11 @@ static const char route_usage[] =
     "usage: amqptap route --definitions FILE [--vhost V] --exchange X [--key K] [--header K=V|K:=JSON ...]\n"
     "                     [--json] [--explain]\n"
     "       amqptap route --definitions FILE [--vhost V] --test CASES [--json]\n"
+    "       amqptap route --management URL [--management-credentials F] [--management-ca F] ... (as above)\n"
     "  --definitions FILE  RabbitMQ's definitions JSON (rabbitmqctl export_definitions, GET /api/definitions)\n"
+    "  --management URL    instead: GET URL/api/definitions once (http[s]://HOST[:PORT]; https verified);\n"
+    "                      exit 3 when it cannot be read (no answer, TLS, HTTP 401...)\n"
+    "  --management-credentials F  a file holding USER:PASSWORD; --management-ca F  the CA for https\n"
     "  --vhost V           the vhost of the query, and of items without one (default /)\n"
     "  --exchange X        the exchange published to (\"\" is the default exchange)\n"
     "  --key K             the routing key (default \"\")\n"
@@ -51,8 +61,11 @@ static int usage_err(const char *fmt, const char *arg)
 
 static int parse_opts(int argc, char **argv, struct route_opts *o)
 {
-	enum { O_DEFS = 1, O_VHOST, O_EXCHANGE, O_KEY, O_HEADER, O_JSON, O_EXPLAIN, O_TEST, O_HELP };
+	enum { O_DEFS = 1, O_MGMT, O_CRED, O_CA, O_VHOST, O_EXCHANGE, O_KEY, O_HEADER, O_JSON, O_EXPLAIN, O_TEST, O_HELP };
 	static const struct option longs[] = {{"definitions", required_argument, NULL, O_DEFS},
+	                                      {"management", required_argument, NULL, O_MGMT},
+	                                      {"management-credentials", required_argument, NULL, O_CRED},
+	                                      {"management-ca", required_argument, NULL, O_CA},
 	                                      {"vhost", required_argument, NULL, O_VHOST},
 	                                      {"exchange", required_argument, NULL, O_EXCHANGE},
 	                                      {"key", required_argument, NULL, O_KEY},
@@ -70,6 +83,15 @@ static int parse_opts(int argc, char **argv, struct route_opts *o)
 		switch (c) {
 		case O_DEFS:
 			o->definitions = optarg;
+			break;
+		case O_MGMT:
+			o->management = optarg;
+			break;
+		case O_CRED:
+			o->credentials = optarg;
+			break;
+		case O_CA:
+			o->ca = optarg;
 			break;
 		case O_VHOST:
 			o->vhost = optarg;
@@ -108,8 +130,12 @@ static int parse_opts(int argc, char **argv, struct route_opts *o)
 	}
 	if (optind < argc)
 		return usage_err("unexpected argument '%s'", argv[optind]);
-	if (!o->definitions)
-		return usage_err("missing --definitions FILE%s", "");
+	if (!o->definitions == !o->management)
+		return usage_err(o->definitions ? "--definitions and --management: one or the other%s"
+						: "missing --definitions FILE (or --management URL)%s", "");
+	if (!o->management && (o->credentials || o->ca))
+		return usage_err("%s goes with --management URL", o->credentials ? "--management-credentials"
+									 : "--management-ca");
 	if (o->test && (o->exchange || o->key || o->n_headers || o->explain))
 		return usage_err("--test: runs its cases; --exchange, --key, --header and --explain go without it%s",
 		                 "");
@@ -484,6 +510,32 @@ static int run_tests(struct tap_route_model *m, const struct route_opts *o)
 	return failed ? 1 : 0;
 }
 
+/* The definitions' JSON, from the file or the management API (*data malloc'd). 0, or the exit code after its line. */
+static int read_definitions(const struct route_opts *o, size_t max, char **data, size_t *len)
+{
+	char err[400];
+	if (o->definitions) {
+		if (tap_files_read(o->definitions, max, data, len, err, sizeof err))
+			return usage_err("--definitions: %s", err);
+		return 0;
+	}
+	char *cred = NULL;
+	if (o->credentials && tap_mgmt_credentials_read(o->credentials, &cred, err, sizeof err))
+		return usage_err("--management-credentials %s", err);
+	enum tap_mgmt_fetch got = tap_mgmt_fetch_once(o->management, cred, o->ca, max, data, len, err, sizeof err);
+	tap_mgmt_credentials_free(cred);
+	switch (got) {
+	case TAP_MGMT_FETCHED:
+		return 0;
+	case TAP_MGMT_BAD_SETUP:
+		return usage_err("--management %s", err);
+	case TAP_MGMT_NOT_ANSWERED:
+		break;
+	}
+	fprintf(stderr, "amqptap: route: --management %s: %s\n", o->management, err);
+	return ROUTE_EXIT_UNREACHABLE;
+}
+
 int app_run_route(int argc, char **argv)
 {
 	struct route_opts o;
@@ -494,13 +546,14 @@ int app_run_route(int argc, char **argv)
 	tap_route_defs_limits_default(&lim);
 	char *data, err[400];
 	size_t len;
-	if (tap_files_read(o.definitions, lim.max_input, &data, &len, err, sizeof err))
-		return usage_err("--definitions: %s", err);
+	if ((rc = read_definitions(&o, lim.max_input, &data, &len)))
+		return rc;
 	struct tap_route_model *m = NULL;
 	rc = tap_route_defs_load(data, len, o.vhost, &lim, &m, err, sizeof err);
 	free(data);
 	if (rc) {
-		fprintf(stderr, "amqptap: route: --definitions %s: %s\n", o.definitions, err);
+		fprintf(stderr, "amqptap: route: %s %s: %s\n", o.definitions ? "--definitions" : "--management",
+			o.definitions ? o.definitions : o.management, err);
 		return 2;
 	}
 	rc = o.test ? run_tests(m, &o) : run_query(m, &o);

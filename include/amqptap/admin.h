@@ -50,6 +50,7 @@ struct tap_admin_sources {
 	const char *hosts;                           /* --metrics-host: further names of the Host header */
 	const struct tap_fault_set *faults;          /* --fault, --fault-api: the rules in force; NULL: neither */
 	struct tap_fault_http *fault_http;           /* --fault-api: /api/faults (fault_http.h); NULL: 404 there */
+	const struct tap_metrics_topology *topology; /* --definitions, --management; NULL: neither (read on the loop) */
 };
 
 /* Listens on addr (on the http thread it starts); the pages are rendered on base's loop. Returns NULL with a one-line reason in err. Writes the bound address

@@ -120,6 +120,18 @@ void tap_metrics_tally_conn(void *tally, const struct tap_track_conn_event *e);
 /* Gives the busiest exchanges their series (see TAP_METRICS_EXCHANGES); call before rendering. */
 void tap_metrics_tally_rank(struct tap_metrics_tally *t);
 
+/* ---- the routing model (--definitions, --management) ---- */
+
+/* What the app knows of the model it judges by and of reading it (app_outputs.c keeps it; the snapshot copies it on
+ * the loop, where it changes). */
+struct tap_metrics_topology {
+	bool on;                          /* --definitions or --management given: the family is rendered */
+	uint64_t polls_ok, polls_failed;  /* reads of the definitions: each --management poll; --definitions at start and
+					   * at each SIGHUP. A failed one keeps the model in use */
+	int64_t loaded_us;                /* when the model in use was loaded (tap_now_us); 0: none yet */
+	uint64_t exchanges, queues, bindings; /* in the model in use (tap_route_counts) */
+};
+
 /* ---- the snapshot a request renders ---- */
 
 /* One output file (--verdicts, --frames, --pcap). */
@@ -170,6 +182,7 @@ struct tap_metrics_snapshot {
 	 * --fault-api), and whether --fault-api may change them */
 	const struct tap_fault_set *fault_set;
 	bool fault_api;
+	struct tap_metrics_topology topology; /* topology.on false: no --definitions nor --management */
 };
 
 /* Fills the tracker's part of s: stats, the confirm histogram, quantiles, open channels and blocked connections. */

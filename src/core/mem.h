@@ -31,6 +31,16 @@ static inline void *tap_mem_calloc(uint64_t *mem, size_t n)
 	return p;
 }
 
+/* p of old bytes (NULL: none) made n bytes long, its contents kept (a large block is moved by remapping, not
+ * copying); NULL without memory, p then left as it was. */
+static inline void *tap_mem_realloc(uint64_t *mem, void *p, size_t old, size_t n)
+{
+	void *q = realloc(p, n);
+	if (q && mem)
+		*mem = *mem - (p ? tap_mem_cost(old) : 0) + tap_mem_cost(n);
+	return q;
+}
+
 /* p of n bytes (NULL: nothing). */
 static inline void tap_mem_free(uint64_t *mem, void *p, size_t n)
 {

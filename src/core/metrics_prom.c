@@ -178,6 +178,31 @@ static void render_capture(struct tap_buf *b, const struct tap_metrics_snapshot 
 	tap_buf_printf(b, "amqptap_capture_gap_bytes_total %" PRIu64 "\n", s->capture_gap_bytes);
 }
 
+/* --definitions or --management: how reading the model goes and how old the one in use is. Both results are there
+ * from the start (an alert on increase() sees the first failure); the model's gauges only while there is one. */
+static void render_topology(struct tap_buf *b, const struct tap_metrics_snapshot *s)
+{
+	const struct tap_metrics_topology *t = &s->topology;
+	if (!t->on)
+		return;
+	family(b, "topology_polls_total", COUNTER,
+	       "Reads of the broker's definitions by result: each --management poll, --definitions at start and on "
+	       "SIGHUP. A failed one keeps the model in use.");
+	labelled(b, "topology_polls_total", "result", "ok", t->polls_ok);
+	labelled(b, "topology_polls_total", "result", "failed", t->polls_failed);
+	if (!t->loaded_us)
+		return;
+	int64_t age = s->now_us - t->loaded_us;
+	family(b, "topology_age_seconds", GAUGE, "Seconds since the routing model in use was loaded.");
+	tap_buf_printf(b, "amqptap_topology_age_seconds %.3f\n", (double)(age > 0 ? age : 0) / 1e6);
+	family(b, "topology_exchanges", GAUGE, "Exchanges in the routing model in use (the predeclared ones included).");
+	tap_buf_printf(b, "amqptap_topology_exchanges %" PRIu64 "\n", t->exchanges);
+	family(b, "topology_queues", GAUGE, "Queues in the routing model in use.");
+	tap_buf_printf(b, "amqptap_topology_queues %" PRIu64 "\n", t->queues);
+	family(b, "topology_bindings", GAUGE, "Bindings in the routing model in use.");
+	tap_buf_printf(b, "amqptap_topology_bindings %" PRIu64 "\n", t->bindings);
+}
+
 static void render_process(struct tap_buf *b, const struct tap_metrics_snapshot *s)
 {
 	if (!s->have_process)
@@ -285,6 +310,7 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 	            "the deliveries linked to a publish this tap saw.", &s->queue);
 	render_exchanges(b, t);
 	render_capture(b, s);
+	render_topology(b, s);
 	if (s->have_faults) { /* --fault */
 		family(b, "faults_total", COUNTER, "Times a --fault rule acted, by action.");
 		for (int a = 0; a < TAP_FAULT_ACTIONS; a++)

@@ -136,36 +136,38 @@ static uint64_t pool_cost(uint32_t cap)
 	return tap_mem_cost((size_t)cap * sizeof(struct trk_ident_entry)) + tap_mem_cost((size_t)cap * 2 * sizeof(uint32_t));
 }
 
-/* The pool and index at cap (entries keep their places); false when out of memory or budget. */
+/* The pool and index at cap (entries keep their places); false when out of memory or budget. The pool grows in
+ * place where it can and only its new entries are set (as free ones); the index is made anew, zeroed by calloc. */
 static bool grow(struct tap_track *t, uint32_t cap)
 {
 	struct trk_ident *id = &t->ident;
 	uint64_t need = pool_cost(cap);
 	if (id->mem - (id->cap ? pool_cost(id->cap) : 0) + need > id->share || !trk_fits(t, need))
 		return false;
-	struct trk_ident_entry *pool = trk_alloc(t, (size_t)cap * sizeof *pool);
-	uint32_t *index = trk_alloc(t, (size_t)cap * 2 * sizeof *index);
-	if (!pool || !index) {
-		trk_free(t, pool, (size_t)cap * sizeof *pool);
+	uint32_t *index = trk_calloc(t, (size_t)cap * 2 * sizeof *index);
+	if (!index)
+		return false;
+	struct trk_ident_entry *pool =
+	    trk_realloc(t, id->pool, (size_t)id->cap * sizeof *pool, (size_t)cap * sizeof *pool);
+	if (!pool) {
 		trk_free(t, index, (size_t)cap * 2 * sizeof *index);
 		return false;
 	}
-	if (id->cap)
-		memcpy(pool, id->pool, (size_t)id->cap * sizeof *pool);
-	memset(pool + id->cap, 0, (size_t)(cap - id->cap) * sizeof *pool);
 	for (uint32_t k = cap; k > id->cap; k--) { /* the new entries onto the free list, lowest first */
-		pool[k - 1].next = id->free_head;
+		struct trk_ident_entry *e = &pool[k - 1];
+		e->list = TRK_IDENT_FREE;
+		e->message_id = NULL;
+		e->message_id_len = 0;
+		e->next = id->free_head;
 		id->free_head = k;
 	}
-	memset(index, 0, (size_t)cap * 2 * sizeof *index);
-	if (id->cap) {
-		trk_free(t, id->pool, (size_t)id->cap * sizeof *id->pool);
-		trk_free(t, id->index, (size_t)id->cap * 2 * sizeof *id->index);
-		id->mem -= pool_cost(id->cap);
+	uint32_t old = id->cap;
+	if (old) {
+		trk_free(t, id->index, (size_t)old * 2 * sizeof *id->index);
+		id->mem -= pool_cost(old);
 	}
 	id->pool = pool;
 	id->index = index;
-	uint32_t old = id->cap;
 	id->cap = cap;
 	id->mem += need;
 	for (uint32_t k = 1; k <= old; k++)

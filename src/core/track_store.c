@@ -20,6 +20,16 @@ void *trk_alloc(struct tap_track *t, size_t n)
 	return tap_mem_alloc(&t->mem, n);
 }
 
+void *trk_calloc(struct tap_track *t, size_t n)
+{
+	return tap_mem_calloc(&t->mem, n);
+}
+
+void *trk_realloc(struct tap_track *t, void *p, size_t old, size_t n)
+{
+	return tap_mem_realloc(&t->mem, p, old, n);
+}
+
 void trk_free(struct tap_track *t, void *p, size_t n)
 {
 	tap_mem_free(&t->mem, p, n);

@@ -10,6 +10,9 @@
 
 /* Allocations counted in t->mem. */
 void *trk_alloc(struct tap_track *t, size_t n);
+void *trk_calloc(struct tap_track *t, size_t n); /* zeroed */
+/* p of old bytes made n long, its contents kept; NULL without memory (p then untouched). */
+void *trk_realloc(struct tap_track *t, void *p, size_t old, size_t n);
 void trk_free(struct tap_track *t, void *p, size_t n);
 /* --fault: stores that the client was shown `saw` for publish seq of channel ch by rule `rule` (false without
  * memory, or past TAP_FAULT_TAGS_MAX marks waiting); takes it back (true, *out) when its record is written. */

@@ -135,6 +135,8 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 	s->now_us = tap_now_us();
 	s->start_us = a->start_us;
 	s->listening = !a->stopping;
+	if (a->src.topology)
+		s->topology = *a->src.topology;
 	if (a->src.faults) {
 		s->have_faults = true;
 		memcpy(s->faults, a->src.faults->acted, sizeof s->faults);

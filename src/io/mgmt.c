@@ -5,6 +5,8 @@
  * thread, blocking every connection for as long as the resolver takes); /etc/hosts is read once at start. */
 #include "amqptap/mgmt.h"
 
+#include "amqptap/files.h"
+
 #include <event2/buffer.h>
 #include <event2/bufferevent_ssl.h>
 #include <event2/dns.h>
@@ -57,15 +59,36 @@ static void done(struct tap_mgmt *m, const char *body, size_t len, const char *e
 	m->fn(m->arg, body, len, err);
 }
 
+/* Why a TLS connection failed, "" when it did not get that far: libevent moves OpenSSL's errors off the thread's queue
+ * onto the bufferevent, and the chain's verdict stays in the SSL ("certificate verify failed (self-signed
+ * certificate in certificate chain)" names the cause an operator fixes). */
+static void tls_reason(const struct tap_mgmt *m, char *out, size_t cap)
+{
+	out[0] = '\0';
+	struct bufferevent *bev = m->https && m->conn ? evhttp_connection_get_bufferevent(m->conn) : NULL;
+	unsigned long e = bev ? bufferevent_get_openssl_error(bev) : 0;
+	if (!e)
+		e = ERR_get_error();
+	ERR_clear_error();
+	SSL *ssl = bev ? bufferevent_openssl_get_ssl(bev) : NULL;
+	long v = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
+	const char *reason = e ? ERR_reason_error_string(e) : NULL;
+	if (v != X509_V_OK)
+		snprintf(out, cap, ": %s (%s)", reason ? reason : "certificate verify failed",
+			 X509_verify_cert_error_string(v));
+	else if (reason)
+		snprintf(out, cap, ": %s", reason);
+}
+
 static void on_response(struct evhttp_request *req, void *arg)
 {
 	struct tap_mgmt *m = arg;
 	char err[400];
 	if (!req || evhttp_request_get_response_code(req) == 0) {
-		unsigned long e = ERR_get_error();
-		snprintf(err, sizeof err, "no answer from %s:%d%s%s", m->host, m->port, e ? ": " : "",
-			 e ? ERR_reason_error_string(e) : "");
-		ERR_clear_error();
+		char why[200];
+		tls_reason(m, why, sizeof why);
+		snprintf(err, sizeof err, "%s %s:%d%s", why[0] ? "TLS failed with" : "no answer from", m->host, m->port,
+			 why);
 		done(m, NULL, 0, err);
 		return;
 	}
@@ -236,4 +259,80 @@ void tap_mgmt_free(struct tap_mgmt *m)
 		SSL_CTX_free(m->ctx);
 	OPENSSL_cleanse(m->auth, sizeof m->auth);
 	free(m);
+}
+
+int tap_mgmt_credentials_read(const char *path, char **out, char *err, size_t cap)
+{
+	size_t len;
+	if (tap_files_read(path, 4096, out, &len, err, cap))
+		return -1;
+	while (len && ((*out)[len - 1] == '\n' || (*out)[len - 1] == '\r'))
+		(*out)[--len] = '\0';
+	return 0;
+}
+
+void tap_mgmt_credentials_free(char *credentials)
+{
+	if (!credentials)
+		return;
+	OPENSSL_cleanse(credentials, strlen(credentials));
+	free(credentials);
+}
+
+/* --- one fetch, waited for ------------------------------------------------------------------------------------ */
+
+struct fetch {
+	struct event_base *base;
+	char *body;
+	size_t len;
+	char err[400];
+	bool done;
+};
+
+static void on_fetched(void *arg, const char *body, size_t len, const char *err)
+{
+	struct fetch *f = arg;
+	f->done = true;
+	event_base_loopbreak(f->base); /* the poller's timer would go on */
+	if (err) {
+		snprintf(f->err, sizeof f->err, "%s", err);
+		return;
+	}
+	f->body = malloc(len + 1);
+	if (!f->body) {
+		snprintf(f->err, sizeof f->err, "out of memory for the definitions");
+		return;
+	}
+	memcpy(f->body, body, len + 1); /* on_response's copy ends in a NUL */
+	f->len = len;
+}
+
+enum tap_mgmt_fetch tap_mgmt_fetch_once(const char *url, const char *credentials, const char *ca_file, size_t max_body,
+					char **body, size_t *len, char *err, size_t cap)
+{
+	*body = NULL;
+	*len = 0;
+	struct fetch f = {.base = event_base_new()};
+	if (!f.base) {
+		snprintf(err, cap, "out of memory");
+		return TAP_MGMT_NOT_ANSWERED;
+	}
+	/* the poller as the tap runs it; its next poll (an hour away) never comes: the first answer ends the loop */
+	struct tap_mgmt *m = tap_mgmt_new(f.base, url, credentials, ca_file, (int64_t)3600 * 1000000, max_body,
+					  on_fetched, &f, err, cap);
+	if (!m) {
+		event_base_free(f.base);
+		return TAP_MGMT_BAD_SETUP;
+	}
+	while (!f.done && event_base_dispatch(f.base) == 0)
+		;
+	tap_mgmt_free(m);
+	event_base_free(f.base);
+	if (!f.done || !f.body) {
+		snprintf(err, cap, "%s", f.done ? f.err : "the event loop failed");
+		return TAP_MGMT_NOT_ANSWERED;
+	}
+	*body = f.body;
+	*len = f.len;
+	return TAP_MGMT_FETCHED;
 }

@@ -3,6 +3,7 @@
 #include "amqptap/jsonl.h"
 
 #include <check.h>
+#include <inttypes.h>
 
 #include "tap_check.h"
 #include <fcntl.h>
@@ -101,6 +102,26 @@ START_TEST(writers_into_reserved_space_match)
 }
 END_TEST
 
+/* Every length of number, at both ends of it (9, 10, 99, 100, ...) and between, the same as printf's. */
+START_TEST(numbers_of_every_length_as_printf)
+{
+	char got[TAP_JSON_NUMBER_MAX + 1], want[32];
+	for (uint64_t p = 1, i = 0; i < 20; i++, p *= 10) {
+		uint64_t cases[] = {p - 1, p, p + 1, p * 5 + 7, p == 1 ? 3 : p / 2 * 3 - 1};
+		for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+			uint64_t v = cases[k];
+			*tap_json_uint_at(got, v) = '\0';
+			snprintf(want, sizeof want, "%" PRIu64, v);
+			ck_assert_str_eq(got, want);
+			int64_t sv = -(int64_t)(v >> 1);
+			*tap_json_int_at(got, sv) = '\0';
+			snprintf(want, sizeof want, "%" PRId64, sv);
+			ck_assert_str_eq(got, want);
+		}
+	}
+}
+END_TEST
+
 static void fill_numbers(struct tap_json *j)
 {
 	tap_json_arr_begin(j);
@@ -152,6 +173,7 @@ int main(void)
 	tcase_add_test(tc, escapes_control_and_invalid_utf8);
 	tcase_add_test(tc, writers_into_reserved_space_match);
 	tcase_add_test(tc, integers_at_the_limits);
+	tcase_add_test(tc, numbers_of_every_length_as_printf);
 	tcase_add_test(tc, plain_strings_in_one_copy);
 	tcase_add_test(tc, timestamps);
 	suite_add_tcase(s, tc);
