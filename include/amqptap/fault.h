@@ -8,7 +8,11 @@
  * content ends); a rule that selects a publish remembers its tag. Broker to client it holds a frame only as long
  * as it takes to decide on it: content and large frames stream through, a small method frame is kept until it is
  * complete; a basic.ack or basic.nack that covers a selected tag is rewritten (a `multiple` ack split around it),
- * every other frame passes as it came. */
+ * every other frame passes as it came.
+ *
+ * latency and bandwidth act on bytes, not frames: what the rewriter emits in a direction a rule selects is held
+ * (in order) until it is due (latency) or the direction's rate allows it (bandwidth), and released by
+ * tap_fault_release at tap_fault_due(). */
 #ifndef AMQPTAP_FAULT_H
 #define AMQPTAP_FAULT_H
 
@@ -23,6 +27,9 @@
 #define TAP_FAULT_TAGS_MAX 4096      /* selected publishes awaiting their confirm, per connection */
 #define TAP_FAULT_HOLD_MAX (4u << 20) /* broker bytes held back by delay-confirms before the broker is not read */
 #define TAP_FAULT_KILL_WAIT_MS 2000  /* kill: longest wait for the broker's confirm of the selected publish */
+#define TAP_FAULT_SHAPE_MAX (1u << 20) /* latency, bandwidth: bytes held per direction before its sender is not read */
+#define TAP_FAULT_PACE_MS 10         /* bandwidth: at most this long's worth of bytes goes at once (the burst) */
+#define TAP_FAULT_KIB_MAX (16u << 20) /* bandwidth: the highest rate, KiB/s (16 GiB/s) */
 
 enum tap_fault_action {
 	TAP_FAULT_NACK,
@@ -41,6 +48,15 @@ enum tap_fault_action {
 
 /* "nack", "withhold-confirms", ... as rules and records name them. */
 const char *tap_fault_action_name(enum tap_fault_action a);
+
+/* Which direction a latency or bandwidth rule acts on. */
+enum tap_fault_way {
+	TAP_FAULT_BOTH, /* default */
+	TAP_FAULT_UP,   /* client to broker */
+	TAP_FAULT_DOWN, /* broker to client */
+};
+/* "both", "up", "down" as rules and records name them. */
+const char *tap_fault_way_name(enum tap_fault_way w);
 
 enum tap_fault_kill_mode {
 	TAP_FAULT_KILL_RESET, /* the client's socket is reset */
@@ -69,7 +85,10 @@ struct tap_fault_rule {
 	uint64_t seed;
 	uint32_t for_ms;    /* 0: for ever; else active this long from when the rule was added */
 	/* action parameters */
-	uint32_t ms;        /* delay-confirms */
+	uint32_t ms;        /* delay-confirms; latency */
+	uint32_t jitter_ms; /* latency: each chunk's delay is ms +- up to this (uniform), never reordering */
+	uint32_t kib;       /* bandwidth: KiB (1024 bytes) a second */
+	enum tap_fault_way way; /* latency, bandwidth: dir= */
 	uint32_t seconds;   /* block */
 	enum tap_fault_kill_mode kill_mode;
 	char text[256];     /* the rule as given, for logs and /api/faults */
@@ -111,7 +130,11 @@ struct tap_fault_act {
 	uint16_t channel;
 	uint64_t seq;         /* the publish it acted on (its confirm sequence number; 0: not in confirm mode) */
 	uint64_t outstanding; /* kill: publishes the client had sent on the channel that it saw no confirm for */
-	uint32_t ms;          /* delay-confirms: how long its confirm is held; block: how long the client is not read */
+	uint32_t ms;          /* delay-confirms: how long its confirm is held; block: how long the client is not read;
+	                         latency: the rule's ms */
+	uint32_t jitter_ms;   /* latency */
+	uint32_t kib;         /* bandwidth */
+	enum tap_fault_way way; /* latency, bandwidth: the direction(s) it acts on */
 };
 
 /* Where the rewriter's output and news go. emit: bytes for the peer of the direction being fed (or released);
@@ -140,6 +163,8 @@ enum {
 	TAP_FAULT_FULL = 1 << 3,       /* more than TAP_FAULT_HOLD_MAX held: stop reading the broker until released */
 	TAP_FAULT_BLOCKED = 1 << 4,    /* block: do not read the client; call tap_fault_unblock after
 	                                  tap_fault_block_ms() */
+	TAP_FAULT_CLIENT_FULL = 1 << 5, /* latency, bandwidth: more than TAP_FAULT_SHAPE_MAX client bytes held: stop
+	                                   reading the client until released (TAP_FAULT_FULL says it of the broker) */
 };
 
 /* Feeds len bytes read in direction dir at now_us; what the peer is to get is emitted through io (in order,
@@ -150,12 +175,29 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 unsigned tap_fault_release(struct tap_fault_conn *fc, int64_t now_us, const struct tap_fault_io *io);
 /* When the next held bytes are due; INT64_MAX when none are held. */
 int64_t tap_fault_due(const struct tap_fault_conn *fc);
+/* Bytes held for direction dir's peer (a FIN is passed on only after them). */
+size_t tap_fault_held(const struct tap_fault_conn *fc, enum tap_dir dir);
 /* block: how long the client is not read; then tap_fault_unblock (connection.unblocked, the client's bytes held
  * since go on). Returns the bits above. */
 uint32_t tap_fault_block_ms(const struct tap_fault_conn *fc);
 unsigned tap_fault_unblock(struct tap_fault_conn *fc, int64_t now_us, const struct tap_fault_io *io);
 /* How a kill ends the client (the rule's mode=). */
 enum tap_fault_kill_mode tap_fault_kill_mode(const struct tap_fault_conn *fc);
+
+/* bandwidth's pacing (pure; fault_shape.c): a token bucket of `rate` bytes a second that saves up at most
+ * TAP_FAULT_PACE_MS worth (at least 1 byte), full at the start. Times in microseconds, never going back. */
+struct tap_fault_pace {
+	uint64_t rate;   /* bytes a second; 0: not paced */
+	uint64_t burst;  /* the bucket's size */
+	uint64_t tokens; /* bytes that may go now */
+	uint64_t frac;   /* the part of a token earned since: millionths */
+	int64_t last_us; /* when tokens were last counted */
+};
+void tap_fault_pace_init(struct tap_fault_pace *p, uint64_t rate, int64_t now_us);
+/* How many of `want` bytes may go at now_us (taken from the bucket). */
+size_t tap_fault_pace_take(struct tap_fault_pace *p, int64_t now_us, size_t want);
+/* The earliest time at or after now_us when min(want, burst) bytes may go. */
+int64_t tap_fault_pace_when(const struct tap_fault_pace *p, int64_t now_us, size_t want);
 
 /* The frames the rewriter makes, for tests: a basic.ack (nack: with requeue) on channel ch; returns the length
  * written into out (21 bytes). */

@@ -27,13 +27,19 @@ static const struct {
 	[TAP_FAULT_RETURN] = {"return", false, true},
 	[TAP_FAULT_RETURN_AFTER_ACK] = {"return-after-ack", false, true},
 	[TAP_FAULT_STALL_HEARTBEATS] = {"stall-heartbeats", true, false},
-	[TAP_FAULT_LATENCY] = {"latency", false, false},
-	[TAP_FAULT_BANDWIDTH] = {"bandwidth", false, false},
+	[TAP_FAULT_LATENCY] = {"latency", true, false},
+	[TAP_FAULT_BANDWIDTH] = {"bandwidth", true, false},
 };
 
 const char *tap_fault_action_name(enum tap_fault_action a)
 {
 	return (unsigned)a < TAP_FAULT_ACTIONS ? actions[a].name : "unknown";
+}
+
+const char *tap_fault_way_name(enum tap_fault_way w)
+{
+	static const char *const names[] = {"both", "up", "down"};
+	return (unsigned)w < sizeof names / sizeof names[0] ? names[w] : "unknown";
 }
 
 const char *tap_fault_saw_name(enum tap_fault_saw s)
@@ -101,7 +107,7 @@ static bool printable(const char *v)
 
 enum key {
 	K_CONN, K_CLIENT, K_USER, K_VHOST, K_NAME, K_CHANNEL, K_EXCHANGE, K_ROUTING_KEY, K_EVERY, K_AFTER, K_TIMES,
-	K_P, K_SEED, K_FOR, K_MS, K_MODE, K_SECONDS, K_COUNT
+	K_P, K_SEED, K_FOR, K_MS, K_MODE, K_SECONDS, K_JITTER, K_KIB, K_DIR, K_COUNT
 };
 
 static const struct {
@@ -109,11 +115,12 @@ static const struct {
 	bool publish_only; /* a publish selector */
 } keys[K_COUNT] = {
 	[K_CONN] = {"conn", false},        [K_CLIENT] = {"client", false},   [K_USER] = {"user", false},
-	[K_VHOST] = {"vhost", false},      [K_NAME] = {"name", false},       [K_CHANNEL] = {"channel", false},
+	[K_VHOST] = {"vhost", false},      [K_NAME] = {"name", false},       [K_CHANNEL] = {"channel", true},
 	[K_EXCHANGE] = {"exchange", true}, [K_ROUTING_KEY] = {"routing_key", true},
 	[K_EVERY] = {"every", true},       [K_AFTER] = {"after", true},      [K_TIMES] = {"times", true},
 	[K_P] = {"p", true},               [K_SEED] = {"seed", true},        [K_FOR] = {"for", false},
 	[K_MS] = {"ms", false},            [K_MODE] = {"mode", false},       [K_SECONDS] = {"seconds", false},
+	[K_JITTER] = {"jitter", false},    [K_KIB] = {"kib", false},         [K_DIR] = {"dir", false},
 };
 
 static int find_key(const char *k, size_t len)
@@ -129,7 +136,19 @@ static int find_key(const char *k, size_t len)
 /* The key a bare first item stands for, or -1 when the action takes no parameter. */
 static int bare_key(enum tap_fault_action a)
 {
-	return a == TAP_FAULT_DELAY ? K_MS : a == TAP_FAULT_KILL ? K_MODE : a == TAP_FAULT_BLOCK ? K_SECONDS : -1;
+	switch (a) {
+	case TAP_FAULT_DELAY:
+	case TAP_FAULT_LATENCY:
+		return K_MS;
+	case TAP_FAULT_KILL:
+		return K_MODE;
+	case TAP_FAULT_BLOCK:
+		return K_SECONDS;
+	case TAP_FAULT_BANDWIDTH:
+		return K_KIB;
+	default:
+		return -1;
+	}
 }
 
 static bool copy_str(char *dst, size_t cap, const char *v)
@@ -201,7 +220,7 @@ static int apply_key(struct tap_fault_rule *r, int k, const char *v, const char 
 		r->for_ms = (uint32_t)(n * 1000);
 		return TAP_OK;
 	case K_MS:
-		if (r->action != TAP_FAULT_DELAY)
+		if (r->action != TAP_FAULT_DELAY && r->action != TAP_FAULT_LATENCY)
 			break;
 		if (!parse_u64(v, 1, 3600u * 1000u, &n))
 			return rule_error(err, cap, spec, "ms: expected milliseconds from 1 to 3600000, got '%s'", v);
@@ -213,6 +232,33 @@ static int apply_key(struct tap_fault_rule *r, int k, const char *v, const char 
 		if (!parse_u64(v, 1, 3600, &n))
 			return rule_error(err, cap, spec, "seconds: expected seconds from 1 to 3600, got '%s'", v);
 		r->seconds = (uint32_t)n;
+		return TAP_OK;
+	case K_JITTER:
+		if (r->action != TAP_FAULT_LATENCY)
+			break;
+		if (!parse_u64(v, 0, 3600u * 1000u, &n))
+			return rule_error(err, cap, spec, "jitter: expected milliseconds from 0 to 3600000, got '%s'", v);
+		r->jitter_ms = (uint32_t)n;
+		return TAP_OK;
+	case K_KIB:
+		if (r->action != TAP_FAULT_BANDWIDTH)
+			break;
+		if (!parse_u64(v, 1, TAP_FAULT_KIB_MAX, &n))
+			return rule_error(err, cap, spec, "kib: expected KiB a second from 1 to %u, got '%s'",
+					  TAP_FAULT_KIB_MAX, v);
+		r->kib = (uint32_t)n;
+		return TAP_OK;
+	case K_DIR:
+		if (r->action != TAP_FAULT_LATENCY && r->action != TAP_FAULT_BANDWIDTH)
+			break;
+		if (strcmp(v, "both") == 0)
+			r->way = TAP_FAULT_BOTH;
+		else if (strcmp(v, "up") == 0)
+			r->way = TAP_FAULT_UP;
+		else if (strcmp(v, "down") == 0)
+			r->way = TAP_FAULT_DOWN;
+		else
+			return rule_error(err, cap, spec, "dir: expected up, down or both, got '%s'", v);
 		return TAP_OK;
 	case K_MODE:
 		if (r->action != TAP_FAULT_KILL)
@@ -248,7 +294,9 @@ int tap_fault_parse(const char *spec, struct tap_fault_rule *out, char *err, siz
 			a = i;
 	if (a < 0)
 		return rule_error(err, cap, spec,
-				  "unknown action '%.40s' (nack, withhold-confirms, delay-confirms, kill, block, stall-heartbeats)", buf);
+				  "unknown action '%.40s' (nack, withhold-confirms, delay-confirms, kill, block, stall-heartbeats, "
+				  "latency, bandwidth)",
+				  buf);
 	if (!actions[a].done)
 		return rule_error(err, cap, spec, "action %s is not implemented in this build", actions[a].name);
 	out->action = (enum tap_fault_action)a;
@@ -293,6 +341,10 @@ int tap_fault_parse(const char *spec, struct tap_fault_rule *out, char *err, siz
 	}
 	if (out->action == TAP_FAULT_DELAY && !given[K_MS])
 		return rule_error(err, cap, spec, "delay-confirms needs ms=MS");
+	if (out->action == TAP_FAULT_LATENCY && !given[K_MS])
+		return rule_error(err, cap, spec, "latency needs ms=MS");
+	if (out->action == TAP_FAULT_BANDWIDTH && !given[K_KIB])
+		return rule_error(err, cap, spec, "bandwidth needs kib=KIB");
 	if (out->action == TAP_FAULT_BLOCK && !given[K_SECONDS])
 		return rule_error(err, cap, spec, "block needs seconds=SECONDS");
 	if (given[K_SEED] && !given[K_P])

@@ -1,7 +1,8 @@
 /* The fault rewriter's own declarations, private to the core (include/amqptap/fault.h is its interface):
  *
  *   fault_rw.c      the per-connection rewriter: frames cut from each direction, confirms rewritten, bytes held
- *   fault_select.c  which rule selects a publish or a connection, and each rule's counters per connection */
+ *   fault_select.c  which rule selects a publish or a connection, and each rule's counters per connection
+ *   fault_shape.c   latency and bandwidth: what the rewriter emits held per direction until due, and paced */
 #ifndef AMQPTAP_FAULT_INT_H
 #define AMQPTAP_FAULT_INT_H
 
@@ -60,6 +61,26 @@ struct hold {
 	uint8_t data[];
 };
 
+/* Bytes emitted in one direction while latency or bandwidth held that direction: released in order from `off`. */
+struct chunk {
+	struct chunk *next;
+	int64_t due; /* not before (latency; bandwidth alone: when it came) */
+	size_t len, off;
+	uint8_t data[];
+};
+
+/* One direction's latency and bandwidth: the rules acting on it now, and what they hold. */
+struct fshape {
+	uint32_t lat_rule, bw_rule; /* their ids; 0: none */
+	uint32_t ms, jitter_ms;
+	uint32_t kib;
+	struct tap_fault_pace pace; /* rate 0: no bandwidth rule */
+	struct chunk *head, *tail;
+	size_t held;
+	int64_t last_due; /* the due time given last: never earlier for later bytes (order) */
+	int64_t next;     /* when release has something to do; INT64_MAX: nothing held */
+};
+
 struct ctr {
 	uint32_t id;
 	uint64_t seen, acts;
@@ -94,6 +115,9 @@ struct tap_fault_conn {
 	struct hold *head, *tail;
 	size_t held;
 	int64_t floor; /* bytes emitted now are not due before this */
+	/* latency, bandwidth (fault_shape.c), indexed by enum tap_dir */
+	struct fshape shape[TAP_DIR_COUNT];
+	uint64_t jitter_rng;
 	int64_t now;
 	const struct tap_fault_io *io;
 };
@@ -106,5 +130,18 @@ int fault_select_rule(struct tap_fault_conn *fc, const struct fchan *c, const ui
 		      const uint8_t *rk, size_t rk_len);
 /* The stall-heartbeats rule in force for this connection, or NULL. */
 const struct tap_fault_rule *fault_stall_rule(struct tap_fault_conn *fc);
+/* The first rule of action a (latency, bandwidth) in force for this connection acting on direction dir, or NULL. */
+const struct tap_fault_rule *fault_way_rule(struct tap_fault_conn *fc, enum tap_fault_action a, enum tap_dir dir);
+
+/* fault_shape.c. Takes the latency and bandwidth rules now in force for the connection (a `fault` record when one
+ * begins acting on it); at every feed and release. */
+void fault_shape_select(struct tap_fault_conn *fc);
+/* Passes bytes on to dir's peer (io->emit), or holds them behind what latency or bandwidth holds there. */
+void fault_emit(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *p, size_t len);
+/* Emits what is due by fc->now and the rate allows (broker bytes of a connection being killed are dropped). */
+void fault_shape_release(struct tap_fault_conn *fc);
+/* When fault_shape_release next has something to do; INT64_MAX when nothing is held. */
+int64_t fault_shape_due(const struct tap_fault_conn *fc);
+void fault_shape_free(struct tap_fault_conn *fc);
 
 #endif

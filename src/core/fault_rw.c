@@ -100,6 +100,7 @@ struct tap_fault_conn *tap_fault_conn_new(struct tap_fault_set *set, uint64_t co
 		return NULL;
 	fc->set = set;
 	fc->id = conn_id;
+	fc->jitter_rng = conn_id * 0x9E3779B97F4A7C15u | 1; /* xorshift64 never leaves 0 */
 	snprintf(fc->client, sizeof fc->client, "%s", client ? client : "");
 	return fc;
 }
@@ -116,6 +117,7 @@ void tap_fault_conn_free(struct tap_fault_conn *fc)
 		next = h->next;
 		free(h);
 	}
+	fault_shape_free(fc);
 	free(fc);
 }
 
@@ -126,7 +128,15 @@ enum tap_fault_kill_mode tap_fault_kill_mode(const struct tap_fault_conn *fc)
 
 int64_t tap_fault_due(const struct tap_fault_conn *fc)
 {
-	return fc->head ? fc->head->due : INT64_MAX;
+	int64_t held = fc->head ? fc->head->due : INT64_MAX, shaped = fault_shape_due(fc);
+	return held < shaped ? held : shaped;
+}
+
+size_t tap_fault_held(const struct tap_fault_conn *fc, enum tap_dir dir)
+{
+	if (dir == TAP_S2C)
+		return fc->killing ? 0 : fc->shape[dir].held + fc->held; /* a killed client gets none of them */
+	return fc->shape[dir].held;
 }
 
 /* ---- channels ---- */
@@ -231,7 +241,7 @@ static void out(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *p, s
 	if (dir == TAP_S2C && (fc->head || fc->floor > fc->now)) {
 		struct hold *h = malloc(sizeof *h + len);
 		if (!h) { /* no memory to hold it: it goes now (late is better than lost or reordered... it is early) */
-			fc->io->emit(fc->io->ctx, dir, p, len);
+			fault_emit(fc, dir, p, len);
 			return;
 		}
 		h->next = NULL;
@@ -246,7 +256,7 @@ static void out(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *p, s
 		fc->held += len;
 		return;
 	}
-	fc->io->emit(fc->io->ctx, dir, p, len);
+	fault_emit(fc, dir, p, len);
 }
 
 static unsigned status(const struct tap_fault_conn *fc)
@@ -258,10 +268,12 @@ static unsigned status(const struct tap_fault_conn *fc)
 		st |= TAP_FAULT_KILL_ARMED;
 	if (fc->kill_now)
 		st |= TAP_FAULT_KILL_NOW;
-	if (fc->head)
+	if (fc->head || fc->shape[TAP_C2S].head || fc->shape[TAP_S2C].head)
 		st |= TAP_FAULT_HOLDING;
-	if (fc->held > TAP_FAULT_HOLD_MAX)
+	if (fc->held > TAP_FAULT_HOLD_MAX || fc->shape[TAP_S2C].held > TAP_FAULT_SHAPE_MAX)
 		st |= TAP_FAULT_FULL;
+	if (fc->shape[TAP_C2S].held > TAP_FAULT_SHAPE_MAX)
+		st |= TAP_FAULT_CLIENT_FULL;
 	return st;
 }
 
@@ -269,6 +281,7 @@ unsigned tap_fault_release(struct tap_fault_conn *fc, int64_t now_us, const stru
 {
 	fc->now = now_us;
 	fc->io = io;
+	fault_shape_select(fc);
 	while (fc->head && fc->head->due <= now_us) {
 		struct hold *h = fc->head;
 		fc->head = h->next;
@@ -276,9 +289,10 @@ unsigned tap_fault_release(struct tap_fault_conn *fc, int64_t now_us, const stru
 			fc->tail = NULL;
 		fc->held -= h->len;
 		if (!fc->killing)
-			io->emit(io->ctx, TAP_S2C, h->data, h->len);
+			fault_emit(fc, TAP_S2C, h->data, h->len);
 		free(h);
 	}
+	fault_shape_release(fc);
 	return status(fc);
 }
 
@@ -636,6 +650,7 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 	struct fparse *p = &fc->p[dir];
 	fc->now = now_us;
 	fc->io = io;
+	fault_shape_select(fc);
 	size_t i = 0;
 	if (dir == TAP_C2S && fc->killing)
 		return status(fc); /* what the client sends after the kill's publish never reaches the broker */
@@ -720,7 +735,7 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 		if (p->collect && p->type == FRAME_METHOD)
 			frame_done(fc, dir, p);
 		if (content_done(fc, p)) {
-			io->emit(io->ctx, dir, data + run, i - run);
+			fault_emit(fc, dir, data + run, i - run);
 			if (fc->blocking) {
 				hold_client(fc, data + i, len - i);
 				if (fc->p[TAP_S2C].n_hdr == 0)
@@ -730,7 +745,7 @@ unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8
 		}
 	}
 	if (dir == TAP_C2S) {
-		io->emit(io->ctx, dir, data + run, i - run);
+		fault_emit(fc, dir, data + run, i - run);
 	} else if (!fc->killing) {
 		size_t stop = p->n_hdr > 0 && p->n_hdr < 7 ? fstart : i; /* a header not complete waits */
 		if (stop > run)

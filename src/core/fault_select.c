@@ -116,3 +116,21 @@ const struct tap_fault_rule *fault_stall_rule(struct tap_fault_conn *fc)
 	}
 	return NULL;
 }
+
+/* The first rule of action a (latency, bandwidth) in force for this connection whose dir= covers dir, or NULL.
+ * A user=, vhost= or name= selector matches once the client said it (start-ok, connection.open): the bytes before
+ * go unharmed. */
+const struct tap_fault_rule *fault_way_rule(struct tap_fault_conn *fc, enum tap_fault_action a, enum tap_dir dir)
+{
+	struct tap_fault_set *set = fc->set;
+	enum tap_fault_way own = dir == TAP_C2S ? TAP_FAULT_UP : TAP_FAULT_DOWN;
+	for (size_t i = 0; i < set->n; i++) {
+		const struct tap_fault_rule *r = &set->rules[i];
+		if (r->action != a || (r->way != TAP_FAULT_BOTH && r->way != own) || !conn_matches(fc, r))
+			continue;
+		if (r->for_ms && fc->now - set->added_us[i] >= (int64_t)r->for_ms * 1000)
+			continue;
+		return r;
+	}
+	return NULL;
+}

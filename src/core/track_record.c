@@ -282,8 +282,14 @@ void trk_record_fault(struct trk_render *r, const struct tap_track_conn *c, cons
 		kv_lit(&j, "seq", json_null);
 	if (a->action == TAP_FAULT_KILL)
 		tap_json_kv_uint(&j, "outstanding", a->outstanding);
-	if (a->action == TAP_FAULT_DELAY || a->action == TAP_FAULT_BLOCK)
+	if (a->action == TAP_FAULT_DELAY || a->action == TAP_FAULT_BLOCK || a->action == TAP_FAULT_LATENCY)
 		tap_json_kv_uint(&j, "ms", a->ms);
+	if (a->action == TAP_FAULT_LATENCY)
+		tap_json_kv_uint(&j, "jitter_ms", a->jitter_ms);
+	if (a->action == TAP_FAULT_BANDWIDTH)
+		tap_json_kv_uint(&j, "kib", a->kib);
+	if (a->action == TAP_FAULT_LATENCY || a->action == TAP_FAULT_BANDWIDTH)
+		tap_json_kv_str(&j, "dir", tap_fault_way_name(a->way));
 	tap_json_obj_end(&j);
 }
 

@@ -3,8 +3,10 @@
  * were read (the records keep what the broker said; the rewriter tells the tracker what the client was shown).
  * A session without rules never comes here (relay.c tests s->fault once per read).
  *
- * The rewriter's asks: bytes held (delay-confirms) are released by s->fault_hold at their due time, with the
- * broker not read while more than TAP_FAULT_HOLD_MAX are held; a kill stops reading the client and ends the
+ * The rewriter's asks: bytes held (delay-confirms, latency, bandwidth) are released by s->fault_hold at their due
+ * time, with the broker not read while more than TAP_FAULT_HOLD_MAX (latency, bandwidth: TAP_FAULT_SHAPE_MAX)
+ * are held for the client, and the client not read while more than TAP_FAULT_SHAPE_MAX are held for the broker;
+ * a FIN waits for the bytes held before it (session.c); a kill stops reading the client and ends the
  * session through s->fault_kill, once the broker confirmed the publish it selected or TAP_FAULT_KILL_WAIT_MS
  * passed. Ending a session is never done inside a read (the relay's loop still uses the leg): the timers do it. */
 #include "proxy_int.h"
@@ -42,6 +44,21 @@ static void io_of(struct tap_session *s, struct tap_fault_io *io)
 	*io = (struct tap_fault_io){.ctx = s, .emit = emit, .mark = mark, .act = act};
 }
 
+/* latency, bandwidth: past TAP_FAULT_SHAPE_MAX of the client's bytes held the client is not read (relay.c's
+ * set_reading keeps it so, whoever asks), and is read again once they went (unless something else stops it). */
+static void hold_back_client(struct tap_session *s, bool full)
+{
+	struct leg *client = &s->leg[SIDE_CLIENT], *upstream = &s->leg[SIDE_UPSTREAM];
+	bool was = s->fault_full[SIDE_CLIENT];
+	s->fault_full[SIDE_CLIENT] = full;
+	if (!client->out || full == was)
+		return;
+	if (full)
+		tap_relay_stop_reading(client);
+	else if (!client->eof && (!upstream->out || evbuffer_get_length(upstream->out) < TAP_PROXY_HIGH_WATER / 2))
+		tap_relay_start_reading(client);
+}
+
 /* Acts on what the rewriter asked (tap_fault_feed's and tap_fault_release's bits). */
 static void follow(struct tap_session *s, unsigned st, int64_t now)
 {
@@ -66,6 +83,8 @@ static void follow(struct tap_session *s, unsigned st, int64_t now)
 		struct timeval tv = {(time_t)(in / 1000000), (suseconds_t)(in % 1000000)};
 		evtimer_add(s->fault_hold, &tv);
 	}
+	s->fault_full[SIDE_UPSTREAM] = st & TAP_FAULT_FULL;
+	hold_back_client(s, st & TAP_FAULT_CLIENT_FULL);
 	if (upstream->out && !s->closing) {
 		if (st & TAP_FAULT_FULL)
 			tap_relay_stop_reading(upstream);
@@ -97,6 +116,10 @@ static void on_hold(evutil_socket_t fd, short what, void *arg)
 	int64_t now = tap_now_us();
 	unsigned st = tap_fault_release(s->fault, now, &io);
 	follow(s, st, now);
+	/* a FIN to pass on, or a closing session, waited for what was held (session.c's drained): it may go now */
+	struct leg *client = &s->leg[SIDE_CLIENT];
+	if (s->closing || client->eof || s->leg[SIDE_UPSTREAM].eof)
+		s->px->up->written(client->eof ? &s->leg[SIDE_UPSTREAM] : client); /* the session may be gone */
 }
 
 static void on_block(evutil_socket_t fd, short what, void *arg)

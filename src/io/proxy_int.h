@@ -176,6 +176,8 @@ struct tap_session {
 	struct event *fault_block; /* a block's time is over */
 	bool fault_kill_armed;
 	bool fault_blocked; /* block: the client is not read (tap_relay_start_reading keeps it so) */
+	bool fault_full[2]; /* indexed by enum side: the rewriter holds too much of what that side sent: it is not read
+	                       (tap_relay_start_reading keeps it so) until released */
 };
 
 TAILQ_HEAD(session_list, tap_session);

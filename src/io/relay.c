@@ -54,6 +54,8 @@ static void set_reading(struct leg *l, bool on)
 	struct tap_proxy *px = l->s->px;
 	if (on && l->side == SIDE_CLIENT && (l->s->fault_blocked || l->s->fault_kill_armed))
 		on = false; /* --fault: a block or a kill keeps the client unread (faultio.c) */
+	if (on && l->s->fault_full[l->side])
+		on = false; /* --fault: what it sent waits in the rewriter, past its bound (faultio.c) */
 	if (l->side == SIDE_UPSTREAM && on != l->reading && px->hooks.held)
 		px->hooks.held(px->hooks.ctx, l->s->obs, !on, tap_now_us());
 	l->reading = on;

@@ -333,9 +333,12 @@ static void session_end_reading_rest(struct tap_session *s)
 
 static bool settle(struct tap_session *s);
 
+/* Nothing waits for the leg: in its output, nor (--fault) held for it by the rewriter. */
 static bool drained(const struct leg *l)
 {
-	return !l->out || evbuffer_get_length(l->out) == 0;
+	if (!l->out)
+		return true;
+	return evbuffer_get_length(l->out) == 0 && !(l->s->fault && tap_fault_held(l->s->fault, l->peer->from_here));
 }
 
 /* One side is gone: what is queued for the other is written, then it is

@@ -1,4 +1,4 @@
-/* libFuzzer harness for the fault rules and their rewriter (src/core/fault.c, fault_rw.c). The first byte picks:
+/* libFuzzer harness for the fault rules and their rewriter (src/core/fault.c, fault_rw.c, fault_shape.c). The first byte picks:
  * even, the rest is one rule for tap_fault_parse (an accepted rule must be printable and name a known action; a
  * refused one gets a one-line message naming it); odd, the rest is cut at its first NUL into a rule and two streams
  * (client and broker, interleaved in chunks whose sizes the next bytes give) fed to a rewriter under that rule.
@@ -87,8 +87,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		tap_fault_feed(fc, cut & 1 ? TAP_C2S : TAP_S2C, rest + at, len, now, &io);
 		at += len;
 	}
-	unsigned st = tap_fault_release(fc, INT64_MAX - 1, &io);
-	if ((st & TAP_FAULT_HOLDING) || tap_fault_due(fc) != INT64_MAX)
+	/* everything held is released by its due times (bandwidth: a bucket's worth at a time, 1 KiB/s at the
+	 * slowest: 10 bytes a wakeup), each due time later than the last but for the first */
+	now += 3600000000LL + 1;
+	unsigned st = tap_fault_release(fc, now, &io);
+	for (long wakeups = 0; st & TAP_FAULT_HOLDING; wakeups++) {
+		int64_t due = tap_fault_due(fc);
+		if (due == INT64_MAX || due <= now || wakeups > 100000)
+			abort();
+		now = due;
+		st = tap_fault_release(fc, now, &io);
+	}
+	if (tap_fault_due(fc) != INT64_MAX)
 		abort();
 	if (!(st & TAP_FAULT_KILL_ARMED) && o.c2s_at != c2s_len)
 		abort(); /* a client stream not cut by a kill goes on whole */

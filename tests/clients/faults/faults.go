@@ -2,7 +2,8 @@
 // exchange with routing key QUEUE on a confirm channel, as fast as the library takes them; then it waits up to
 // WAIT_MS for every confirm. One JSON line on stdout says what the library itself reported: the tags it acked and
 // nacked (NotifyPublish), the ones it never confirmed, each confirm's time since its publish, and how the
-// connection ended (NotifyClose), if it did.
+// connection ended (NotifyClose), if it did. FAULTS_HEARTBEAT: the heartbeat in seconds; FAULTS_BODY_BYTES: each
+// body that many bytes (publish i: byte k is (i + k) mod 251) instead of "fault i".
 // Usage: faults_go URL QUEUE N WAIT_MS
 package main
 
@@ -58,10 +59,18 @@ func main() {
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, n+1))
 	res := result{Acks: []uint64{}, Nacks: []uint64{}, Missing: []uint64{}, ConfirmMs: map[string]float64{},
 		Blocked: []string{}}
+	bodyBytes, _ := strconv.Atoi(os.Getenv("FAULTS_BODY_BYTES"))
 	sent := make(map[uint64]time.Time)
 	for i := 1; i <= n; i++ {
+		body := []byte(fmt.Sprintf("fault %d", i))
+		if bodyBytes > 0 {
+			body = make([]byte, bodyBytes)
+			for k := range body {
+				body[k] = byte((i + k) % 251)
+			}
+		}
 		sent[uint64(i)] = time.Now()
-		err := ch.Publish("", os.Args[2], true, false, amqp.Publishing{Body: []byte(fmt.Sprintf("fault %d", i))})
+		err := ch.Publish("", os.Args[2], true, false, amqp.Publishing{Body: body})
 		if err != nil {
 			break
 		}
