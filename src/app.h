@@ -119,7 +119,8 @@ enum app_resolve {
  * configuration). */
 int app_resolve(const struct tap_conf_addr *a, enum app_resolve use, struct sockaddr_storage *out, int *out_len,
 		size_t max, size_t *n, char *err, size_t cap);
-/* --metrics names a host that resolves, said before anything starts. Returns 0 or the exit code. */
+/* --metrics names a host that resolves, said before anything starts, and one on loopback for --fault-api without
+ * --fault-api-token. Returns 0 or the exit code. */
 int app_check_metrics_addr(const struct tap_conf *conf);
 /* --metrics: the endpoint, and the tracker's hooks feeding its tally. Returns the exit code. */
 int app_start_metrics(struct app *app, const struct tap_admin_sources *sources);

@@ -6,7 +6,9 @@
 #include "amqptap/metrics.h"
 
 #include <errno.h>
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -43,18 +45,41 @@ int app_resolve(const struct tap_conf_addr *a, enum app_resolve use, struct sock
 }
 
 /* libevent would resolve it itself, later, with a warning of its own and no reason. */
+static bool is_loopback(const struct sockaddr_storage *ss)
+{
+	if (ss->ss_family == AF_INET)
+		return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+	if (ss->ss_family != AF_INET6)
+		return false;
+	const struct in6_addr *a6 = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+	return IN6_IS_ADDR_LOOPBACK(a6) || (IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
+}
+
 int app_check_metrics_addr(const struct tap_conf *conf)
 {
 	if (!conf->metrics.host[0])
 		return 0;
-	struct sockaddr_storage ss;
-	int len;
+	struct sockaddr_storage ss[8];
+	int len[8];
 	char err[400];
 	size_t n;
-	int bad = app_resolve(&conf->metrics, APP_RESOLVE_TO_LISTEN, &ss, &len, 1, &n, err, sizeof err);
-	if (bad)
+	int bad = app_resolve(&conf->metrics, APP_RESOLVE_TO_LISTEN, ss, len, 8, &n, err, sizeof err);
+	if (bad) {
 		fprintf(stderr, "amqptap: --metrics: %s\n", err);
-	return bad;
+		return bad;
+	}
+	/* --fault-api makes the tap lie to its clients: off loopback only for whoever holds the token (every address
+	 * the name has, as the one the endpoint binds is the resolver's first) */
+	for (size_t i = 0; i < n && conf->fault_api && !conf->fault_api_token; i++) {
+		if (is_loopback(&ss[i]))
+			continue;
+		char shown[300];
+		tap_conf_addr_format(&conf->metrics, shown, sizeof shown);
+		fprintf(stderr, "amqptap: --fault-api: --metrics %s is not on loopback: give --fault-api-token FILE (whoever "
+			"reaches the endpoint could make the tap fail its clients)\n", shown);
+		return 2;
+	}
+	return 0;
 }
 
 int app_start_metrics(struct app *app, const struct tap_admin_sources *sources)

@@ -3,6 +3,7 @@
  * or print the summary. */
 #include "app.h"
 
+#include "amqptap/fault_http.h"
 #include "amqptap/log.h"
 #include "amqptap/proxy.h"
 #include "amqptap/tls.h"
@@ -20,6 +21,7 @@ struct proxy_app {
 	struct tap_proxy *proxy;
 	struct tap_tls *tls;
 	struct tap_fault_set faults; /* --fault; n 0: none */
+	struct tap_fault_http *fault_http; /* --fault-api; NULL: off */
 	struct event *grace_timer;
 	int64_t next_deadline;      /* the tracker's next timer */
 	unsigned closed_since_trim; /* sessions ended since the heap was last trimmed */
@@ -242,7 +244,9 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	}
 }
 
-/* --fault: the rules in force from the start, each said on stderr (they make the tap lie to its clients). */
+/* --fault: the rules in force from the start, each said on stderr (they make the tap lie to its clients). With
+ * --fault-api every session has a rewriter from its start, rules or none, so that a rule added later acts on the
+ * connections already open (forwarding through a rewriter without rules changes no byte). */
 static int start_faults(struct proxy_app *pa)
 {
 	const struct tap_conf *conf = pa->app.conf;
@@ -259,8 +263,19 @@ static int start_faults(struct proxy_app *pa)
 		tap_log_error("WARNING: --fault rule %u active: %s (clients are shown failures the broker did not cause)",
 			      id, r.text);
 	}
-	if (pa->faults.n)
+	if (pa->faults.n || conf->fault_api)
 		tap_proxy_set_faults(pa->proxy, &pa->faults);
+	if (!conf->fault_api)
+		return 0;
+	char err[400];
+	int code = 0;
+	pa->fault_http = tap_fault_http_new(pa->app.base, &pa->faults, conf->fault_api_token, err, sizeof err, &code);
+	if (!pa->fault_http) {
+		fprintf(stderr, "amqptap: %s\n", err);
+		return code;
+	}
+	tap_log_error("WARNING: --fault-api: fault rules can be added at run time with POST /api/faults on --metrics "
+		      "(%s); each change is said here", conf->fault_api_token ? "with the --fault-api-token token" : "no token: loopback only");
 	return 0;
 }
 
@@ -297,7 +312,7 @@ static int start_proxy(struct proxy_app *pa, const struct sockaddr_storage *up, 
 	}
 	if (conf->metrics.host[0]) {
 		struct tap_admin_sources src = {
-			.faults = pa->faults.n ? &pa->faults : NULL,
+			.faults = pa->faults.n || conf->fault_api ? &pa->faults : NULL, .fault_http = pa->fault_http,
 			.upstream_name = upstream_name, .track = pa->app.track, .proxy = pa->proxy,
 			.observer = &pa->app.observer,
 			.outputs = {pa->app.out[OUT_VERDICTS], pa->app.out[OUT_FRAMES], pa->app.out[OUT_PCAP]}};
@@ -348,6 +363,8 @@ int app_run_proxy(const struct tap_conf *conf)
 	if (!code)
 		code = app_topology_poll(app);
 	if (code) {
+		tap_admin_free(app->admin); /* its http thread asks fault_http */
+		tap_fault_http_free(pa.fault_http);
 		tap_proxy_free(pa.proxy);
 		/* nothing was forwarded; the exit code says why */
 		(void)app_outputs_close(app, app_outputs_stop_deadline(), APP_END_START_FAILED);
@@ -366,6 +383,7 @@ int app_run_proxy(const struct tap_conf *conf)
 	if (!app_outputs_close(app, deadline, APP_END_RAN) && app->exit_code == 0)
 		app->exit_code = 1;
 	tap_admin_free(app->admin);
+	tap_fault_http_free(pa.fault_http); /* after the http thread that asks it */
 	if (pa.grace_timer)
 		event_free(pa.grace_timer);
 	app_loop_free(app);

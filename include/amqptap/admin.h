@@ -8,7 +8,7 @@
  * the order they came, one per connection (evhttp reads a connection's next request once its last is answered), so
  * a client that asks as fast as it can costs the machine that rate's CPU and a scrape waits behind one request of
  * each other client at most. No password: anyone who reaches the port reads it all, which tap_admin_new says on
- * stderr when it is not on loopback. */
+ * stderr when it is not on loopback (only --fault-api's /api/faults may ask for a token: fault_http.h). */
 #ifndef AMQPTAP_ADMIN_H
 #define AMQPTAP_ADMIN_H
 
@@ -21,7 +21,7 @@
 
 #define TAP_ADMIN_MAX_CONNS 32          /* live HTTP connections; at the cap the longest without a request is closed */
 #define TAP_ADMIN_MAX_HEADERS 8192      /* request line and headers, bytes */
-#define TAP_ADMIN_MAX_BODY 1024         /* request body, bytes (every page is a GET) */
+#define TAP_ADMIN_MAX_BODY 1024         /* request body, bytes (every page is a GET; POST /api/faults: fault_http.h) */
 #define TAP_ADMIN_MAX_INPUT 65536       /* bytes read ahead of the request being answered (pipelining) */
 #define TAP_ADMIN_IDLE_SECONDS 5        /* no byte read or written for this long: closed */
 #define TAP_ADMIN_REQUEST_SECONDS 10    /* a whole request must arrive within this of the connection or last reply */
@@ -32,6 +32,7 @@
 
 struct event_base;
 struct tap_admin;
+struct tap_fault_http;
 struct tap_observer;
 struct tap_proxy;
 struct tap_sniff;
@@ -47,7 +48,8 @@ struct tap_admin_sources {
 	struct tap_sniff *sniff;                     /* `amqptap sniff`: packets and kernel drops */
 	const char *tap_id, *run;                    /* as in the records (start_metrics sets them) */
 	const char *hosts;                           /* --metrics-host: further names of the Host header */
-	const struct tap_fault_set *faults;          /* --fault: the rules in force; NULL: none */
+	const struct tap_fault_set *faults;          /* --fault, --fault-api: the rules in force; NULL: neither */
+	struct tap_fault_http *fault_http;           /* --fault-api: /api/faults (fault_http.h); NULL: 404 there */
 	const struct tap_metrics_topology *topology; /* --definitions, --management; NULL: neither (read on the loop) */
 };
 

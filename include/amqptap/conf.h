@@ -81,6 +81,10 @@ struct tap_conf {
 	/* --fault ACTION[:KEY=VALUE,...] (include/amqptap/fault.h), every one in order; each parsed once here */
 	const char *faults[TAP_CONF_FAULTS_MAX];
 	size_t n_faults;
+	/* --fault-api: rules added and removed at run time on the --metrics endpoint (/api/faults, faultapi.h);
+	 * --fault-api-token: a file holding the bearer token every request there must carry (NULL: none, loopback only) */
+	bool fault_api;
+	const char *fault_api_token;
 };
 
 enum tap_conf_opt_kind {

@@ -117,6 +117,7 @@ struct tap_fault_set {
 	size_t n;
 	uint32_t next_id;
 	uint64_t acted[TAP_FAULT_ACTIONS]; /* how often each action acted, for /metrics */
+	uint64_t rule_acted[TAP_FAULT_RULES_MAX]; /* how often each rule in force acted (by index, as rules[]) */
 };
 
 void tap_fault_set_init(struct tap_fault_set *s);
@@ -187,7 +188,8 @@ enum {
 };
 
 /* Feeds len bytes read in direction dir at now_us; what the peer is to get is emitted through io (in order,
- * possibly in several pieces, possibly none now). Returns the bits above. */
+ * possibly in several pieces, possibly none now: the first bytes of a frame header, up to 6, wait for the rest of
+ * it, so a stream that ends inside a header never passes them: no peer could read them). Returns the bits above. */
 unsigned tap_fault_feed(struct tap_fault_conn *fc, enum tap_dir dir, const uint8_t *data, size_t len, int64_t now_us,
 			const struct tap_fault_io *io);
 /* Emits what was held until now_us (or before). Returns the bits above. */

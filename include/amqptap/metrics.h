@@ -178,6 +178,10 @@ struct tap_metrics_snapshot {
 	/* --fault: how often each action acted (by enum tap_fault_action); have_faults false: no rules */
 	bool have_faults;
 	uint64_t faults[TAP_FAULT_ACTIONS];
+	/* the rules in force for /api/status (borrowed from the loop, which renders at once; NULL: no --fault nor
+	 * --fault-api), and whether --fault-api may change them */
+	const struct tap_fault_set *fault_set;
+	bool fault_api;
 	struct tap_metrics_topology topology; /* topology.on false: no --definitions nor --management */
 };
 

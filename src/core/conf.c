@@ -138,6 +138,15 @@ static const struct tap_conf_option options[] = {
 	         "latency:ms=MS[,jitter=MS], bandwidth:kib=KIB_PER_S (these two: [dir=up|down|both]); select with conn=, client=, user=, "
 	         "vhost=, name=, channel=, exchange=, rk=, every=N, after=N, times=N, p=P[,seed=S], for=SECONDS",
 	 .modes = TAP_FOR_PROXY},
+	{.name = "fault-api", .kind = TAP_OPT_FLAG, .offset = FIELD(fault_api),
+	 .help = "add, list and remove --fault rules at run time on the --metrics endpoint (POST, GET /api/faults, "
+	         "DELETE /api/faults/ID); a --metrics address off loopback needs --fault-api-token",
+	 .modes = TAP_FOR_PROXY},
+	{.name = "fault-api-token", .kind = TAP_OPT_PATH, .offset = FIELD(fault_api_token), .arg = "FILE",
+	 .def_shown = "none",
+	 .help = "a file (no access for group or others) holding the token /api/faults requires as "
+	         "'Authorization: Bearer TOKEN'",
+	 .modes = TAP_FOR_PROXY},
 	{.name = "quiet", .short_name = 'q', .kind = TAP_OPT_LEVEL, .offset = FIELD(verbosity),
 	 .level = TAP_VERBOSITY_QUIET,
 	 .help = "only errors and warnings on stderr (no summary at exit; SIGUSR1 still prints it)"},
@@ -671,6 +680,10 @@ int tap_conf_parse(struct tap_conf *c, int argc, char **argv, tap_conf_same_inod
 		return usage_error(err, cap, "replay: missing the CAPTURE file (amqptap replay CAPTURE [--port N])");
 	if (c->management && c->definitions)
 		return usage_error(err, cap, "--management: the definitions come from --definitions or --management, not both");
+	if (c->fault_api && !c->metrics.host[0])
+		return usage_error(err, cap, "--fault-api: needs --metrics (the endpoint it is served on)");
+	if (c->fault_api_token && !c->fault_api)
+		return usage_error(err, cap, "--fault-api-token: only with --fault-api");
 	if ((c->management_credentials || c->management_ca) && !c->management)
 		return usage_error(err, cap, "--%s: only with --management",
 				   c->management_credentials ? "management-credentials" : "management-ca");

@@ -402,6 +402,7 @@ int tap_fault_set_add(struct tap_fault_set *s, const struct tap_fault_rule *r, i
 	s->rules[s->n].id = s->next_id++;
 	s->added_us[s->n] = now_us;
 	s->rng[s->n] = r->seed ? r->seed : 0x9E3779B97F4A7C15u; /* xorshift64 never leaves 0 */
+	s->rule_acted[s->n] = 0;
 	if (id)
 		*id = s->rules[s->n].id;
 	s->n++;
@@ -416,6 +417,7 @@ bool tap_fault_set_remove(struct tap_fault_set *s, uint32_t id)
 		memmove(&s->rules[i], &s->rules[i + 1], (s->n - i - 1) * sizeof s->rules[0]);
 		memmove(&s->added_us[i], &s->added_us[i + 1], (s->n - i - 1) * sizeof s->added_us[0]);
 		memmove(&s->rng[i], &s->rng[i + 1], (s->n - i - 1) * sizeof s->rng[0]);
+		memmove(&s->rule_acted[i], &s->rule_acted[i + 1], (s->n - i - 1) * sizeof s->rule_acted[0]);
 		s->n--;
 		return true;
 	}

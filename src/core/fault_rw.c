@@ -192,6 +192,9 @@ void fault_act(struct tap_fault_conn *fc, const struct tap_fault_act *a)
 {
 	if ((unsigned)a->action < TAP_FAULT_ACTIONS)
 		fc->set->acted[a->action]++;
+	for (size_t i = 0; i < fc->set->n; i++) /* a rule removed since it selected the publish is no longer counted */
+		if (fc->set->rules[i].id == a->rule)
+			fc->set->rule_acted[i]++;
 	if (fc->io->act)
 		fc->io->act(fc->io->ctx, a);
 }

@@ -87,11 +87,9 @@ static void began(struct tap_fault_conn *fc, const struct tap_fault_rule *r)
 	struct ctr *k = fault_counter(fc, r->id);
 	if (!k || k->acts++ > 0)
 		return;
-	fc->set->acted[r->action]++;
 	struct tap_fault_act x = {.rule = r->id, .action = r->action, .ms = r->ms, .jitter_ms = r->jitter_ms,
 				  .kib = r->kib, .way = r->way};
-	if (fc->io->act)
-		fc->io->act(fc->io->ctx, &x);
+	fault_act(fc, &x);
 }
 
 void fault_shape_select(struct tap_fault_conn *fc)

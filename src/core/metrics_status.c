@@ -1,6 +1,8 @@
 /* The JSON of /api/status behind the live status page, and the body of /healthz. */
 #include "metrics_int.h"
 
+#include "amqptap/fault_api.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -220,6 +222,22 @@ static void json_closed_by(struct tap_json *j, const struct tap_metrics_tally *t
 	tap_json_obj_end(j);
 }
 
+/* "faults": the rules in force (--fault, --fault-api), null when the tap has none and takes none */
+static void json_faults(struct tap_json *j, const struct tap_metrics_snapshot *s)
+{
+	tap_json_key(j, "faults");
+	if (!s->fault_set) {
+		tap_json_null(j);
+		return;
+	}
+	tap_json_obj_begin(j);
+	tap_json_kv_bool(j, "api", s->fault_api);
+	tap_json_kv_uint(j, "max", TAP_FAULT_RULES_MAX);
+	tap_json_key(j, "rules");
+	tap_fault_api_rules_json(j, s->fault_set);
+	tap_json_obj_end(j);
+}
+
 void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struct tap_metrics_tally *t,
                                const struct tap_track *track, struct tap_buf *out)
 {
@@ -268,6 +286,7 @@ void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struc
 	json_capture(&j, s);
 	json_outputs(&j, s);
 	json_closed_by(&j, t);
+	json_faults(&j, s);
 
 	tap_json_key(&j, "process");
 	tap_json_obj_begin(&j);

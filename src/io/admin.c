@@ -14,6 +14,7 @@
  * within TAP_ADMIN_RENDER_WAIT_MS gets its client a 503. The http thread answers at most TAP_ADMIN_RATE requests a
  * second (pace). */
 #include "amqptap/admin.h"
+#include "amqptap/fault_http.h"
 #include "amqptap/httphost.h"
 #include "procself.h"
 #include "amqptap/out.h"
@@ -139,6 +140,8 @@ static void snapshot(const struct tap_admin *a, struct tap_metrics_snapshot *s)
 	if (a->src.faults) {
 		s->have_faults = true;
 		memcpy(s->faults, a->src.faults->acted, sizeof s->faults);
+		s->fault_set = a->src.faults; /* rendered on this loop, which alone changes it, before it returns */
+		s->fault_api = a->src.fault_http != NULL;
 	}
 	/* first: reading the capture's counters decodes what libpcap still holds, which the tracker then counts */
 	if (a->src.sniff) {
@@ -644,11 +647,16 @@ static void on_request(struct evhttp_request *req, void *arg)
 static void answer(struct tap_admin *a, struct evhttp_request *req)
 {
 	const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-	enum adm_page page = page_of(uri ? evhttp_uri_get_path(uri) : NULL);
+	const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+	enum adm_page page = page_of(path);
 	const char *host = evhttp_find_header(evhttp_request_get_input_headers(req), "Host");
 	if (!tap_http_host_allowed(host, a->hostname[0] ? a->hostname : NULL, a->src.hosts)) {
 		static const char why[] = "amqptap: this Host is not a name of the endpoint; add it with --metrics-host\n";
 		reply(req, 403, "Forbidden", "text/plain; charset=utf-8", why, sizeof why - 1);
+		return;
+	}
+	if (a->src.fault_http && tap_fault_http_path(path)) { /* --fault-api: its methods, token and JSON */
+		tap_fault_http_answer(a->src.fault_http, req, path);
 		return;
 	}
 	if (page == PAGE_NONE) {
@@ -831,6 +839,7 @@ void tap_admin_free(struct tap_admin *a)
 		a->quit = true;
 		pthread_cond_broadcast(&a->rendered);
 		pthread_mutex_unlock(&a->mu);
+		tap_fault_http_quit(a->src.fault_http); /* a request waiting for the loop ends too */
 		uint64_t one = 1;
 		(void)!write(a->quit_fd, &one, sizeof one); /* a fresh eventfd takes it */
 		pthread_join(a->thread, NULL);

@@ -2,8 +2,9 @@
  * even, the rest is one rule for tap_fault_parse (an accepted rule must be printable and name a known action; a
  * refused one gets a one-line message naming it); odd, the rest is cut at its first NUL into a rule and two streams
  * (client and broker, interleaved in chunks whose sizes the next bytes give) fed to a rewriter under that rule.
- * The client's stream must come out as a prefix of itself (cut only by a kill; close-channel drops, holds and adds
- * frames of its own, so there only memory safety and the bounds are checked), and the held bytes released.
+ * The client's stream must come out as a prefix of itself (cut only by a kill, or inside a header it ends in;
+ * close-channel drops, holds and adds frames of its own, so there only memory safety and the bounds are checked),
+ * and the held bytes released.
  * Seeds: tests/fuzz/corpus/fault/. */
 #include "amqptap/fault.h"
 
@@ -105,8 +106,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (tap_fault_due(fc) != INT64_MAX)
 		abort();
 	bool held = st & (TAP_FAULT_KILL_ARMED | TAP_FAULT_BLOCKED | TAP_FAULT_CLIENT_WAIT);
-	if (!held && !o.rewrites_client && o.c2s_at != c2s_len)
-		abort(); /* a client stream not cut by a kill goes on whole */
+	if (!held && !o.rewrites_client && c2s_len - o.c2s_at > 6)
+		abort(); /* a client stream not cut by a kill goes on whole, but for a header it ends inside */
 	tap_fault_conn_free(fc);
 	return 0;
 }

@@ -306,6 +306,10 @@ static const struct bad_case bad_cases[] = {
 	{{"replay", "x.pcap", "--tap-id", "a"}, "--tap-id"},
 	{{"-i", "lo"}, "--interface: only for 'amqptap sniff'"},
 	{{"--buffer-size", "1024"}, "--buffer-size"},
+	/* --fault-api: served on --metrics; its token only with it; the proxy's alone */
+	{{"--fault-api"}, "--fault-api: needs --metrics"},
+	{{"--metrics", "9000", "--fault-api-token", "t"}, "--fault-api-token: only with --fault-api"},
+	{{"sniff", "-i", "lo", "--fault-api"}, "--fault-api: only for the proxy"},
 	/* two outputs in one file, or one into the capture being replayed */
 	{{"--pcap", "-"}, "--pcap: standard output is --verdicts's"},
 	{{"-ov.json", "-f", "-", "--pcap=-"}, "--pcap: standard output is --frames's"},
@@ -531,6 +535,10 @@ START_TEST(fault_rules)
 	ck_assert_str_eq(err, "--fault 'nack:evry=3': unknown key 'evry'");
 	ck_assert_int_eq(PARSE(&c, err, "replay", "x.pcap", "--fault", "nack"), TAP_E_USAGE);
 	ck_assert_ptr_nonnull(strstr(err, "--fault: only for the proxy"));
+	ck_assert(!c.fault_api);
+	ck_assert_int_eq(PARSE(&c, err, "--metrics", "9000", "--fault-api", "--fault-api-token", "tok"), 0);
+	ck_assert(c.fault_api);
+	ck_assert_str_eq(c.fault_api_token, "tok");
 }
 END_TEST
 

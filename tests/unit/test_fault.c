@@ -566,6 +566,51 @@ START_TEST(block_holds_client)
 }
 END_TEST
 
+/* --fault-api: a rule added while a connection is open acts on its next publishes, counted from its first look
+ * (the publishes before it are not counted), with its acts in rule_acted; once removed it selects nothing more. */
+START_TEST(rule_added_and_removed_at_run_time)
+{
+	const char *none[] = {NULL};
+	struct fx f;
+	fx_init(&f, none);
+	static uint8_t c[1 << 15];
+	size_t len2 = client_stream(c, 2, 3), len6 = client_stream(c, 6, 3), len8 = client_stream(c, 8, 3);
+	tap_fault_feed(f.fc, TAP_C2S, c, len2, 0, &f.io); /* publishes 1 and 2: no rule yet */
+	char err[300];
+	struct tap_fault_rule r;
+	ck_assert_int_eq(tap_fault_parse("nack:every=2", &r, err, sizeof err), 0);
+	uint32_t id;
+	ck_assert_int_eq(tap_fault_set_add(&f.set, &r, 0, &id), 0);
+	tap_fault_feed(f.fc, TAP_C2S, c + len2, len6 - len2, 0, &f.io); /* 3..6: the rule's 2nd and 4th, 4 and 6 */
+	uint8_t a[21];
+	confirm(a, false, 6, true);
+	tap_fault_feed(f.fc, TAP_S2C, a, sizeof a, 0, &f.io);
+	uint64_t tags[8];
+	char kinds[8];
+	bool mult[8];
+	size_t n = confirms_seen(&f.sink, tags, kinds, mult, 8);
+	size_t nacks = 0;
+	for (size_t i = 0; i < n; i++)
+		if (kinds[i] == 'n') {
+			ck_assert_msg(tags[i] == 4 || tags[i] == 6, "nacked %llu", (unsigned long long)tags[i]);
+			nacks++;
+		}
+	ck_assert_uint_eq(nacks, 2);
+	ck_assert_uint_eq(f.set.rule_acted[0], 2);
+	ck_assert_uint_eq(f.set.acted[TAP_FAULT_NACK], 2);
+	/* removed: 7 and 8 go unharmed, their ack as it came */
+	ck_assert(tap_fault_set_remove(&f.set, id));
+	tap_fault_feed(f.fc, TAP_C2S, c + len6, len8 - len6, 0, &f.io);
+	f.sink.n[TAP_S2C] = 0;
+	confirm(a, false, 8, true);
+	tap_fault_feed(f.fc, TAP_S2C, a, sizeof a, 0, &f.io);
+	ck_assert_uint_eq(f.sink.n[TAP_S2C], 21);
+	ck_assert_mem_eq(f.sink.out[TAP_S2C], a, 21);
+	ck_assert_uint_eq(f.sink.n_acts, 2);
+	tap_fault_conn_free(f.fc);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("fault");
@@ -584,6 +629,7 @@ int main(void)
 	tcase_add_test(tc, selectors);
 	tcase_add_test(tc, heartbeats_stalled);
 	tcase_add_test(tc, block_holds_client);
+	tcase_add_test(tc, rule_added_and_removed_at_run_time);
 	suite_add_tcase(s, tc);
 	int failed = tap_check_failures(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;

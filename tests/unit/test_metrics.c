@@ -353,6 +353,35 @@ START_TEST(connections_closed_by_their_records_by)
 }
 END_TEST
 
+/* /api/status: the fault rules in force (the status page lists them), null without --fault and --fault-api. */
+START_TEST(status_lists_fault_rules)
+{
+	struct tap_metrics_tally *t = new_tally();
+	struct tap_metrics_snapshot s = {.version = "1", .listening = true};
+	struct tap_buf b;
+	tap_buf_init(&b);
+	tap_metrics_render_status(&s, t, NULL, &b);
+	ck_assert_ptr_nonnull(strstr(text_of(&b), "\"faults\":null"));
+	struct tap_fault_set set;
+	tap_fault_set_init(&set);
+	struct tap_fault_rule r;
+	char err[300];
+	ck_assert_int_eq(tap_fault_parse("nack:every=3", &r, err, sizeof err), 0);
+	ck_assert_int_eq(tap_fault_set_add(&set, &r, 0, NULL), 0);
+	set.rule_acted[0] = 2;
+	s.fault_set = &set;
+	s.fault_api = true;
+	tap_buf_reset(&b);
+	tap_metrics_render_status(&s, t, NULL, &b);
+	char *json = text_of(&b);
+	ck_assert_msg(json_valid(json), "not JSON: %s", json);
+	ck_assert_ptr_nonnull(strstr(json, "\"faults\":{\"api\":true,\"max\":16,\"rules\":[{\"id\":1,\"action\":\"nack\","
+	                                   "\"text\":\"nack:every=3\",\"added\":\"1970-01-01T00:00:00.000000Z\",\"acted\":2}]}"));
+	tap_buf_deinit(&b);
+	free(t);
+}
+END_TEST
+
 START_TEST(warnings_by_rule_from_the_tracker_stats)
 {
 	struct tap_metrics_tally *t = new_tally();
@@ -922,6 +951,7 @@ int main(void)
 	tcase_add_test(tc, tally_keeps_the_newest_problems);
 	tcase_add_test(tc, status_says_each_outputs_losses);
 	tcase_add_test(tc, connections_closed_by_their_records_by);
+	tcase_add_test(tc, status_lists_fault_rules);
 	tcase_add_test(tc, warnings_by_rule_from_the_tracker_stats);
 	tcase_add_test(tc, tally_sees_the_upstream_and_the_observer_counts_decode_errors_and_gaps);
 	tcase_add_test(tc, prometheus_text_of_a_real_tracker);
