@@ -215,11 +215,13 @@ void tap_track_conn_held(struct tap_track_conn *c, enum tap_track_hold hold, int
 void tap_track_fault_mark(struct tap_track_conn *c, uint16_t ch, uint64_t seq, enum tap_fault_saw saw, uint32_t rule);
 /* A rule acted: the `fault` record. close-channel: the tap closed the channel on the broker's side (after the
  * publish it acted on, which the tracker saw before): its outstanding publishes keep what the broker says until
- * the broker's close-ok, then end with {"by":"fault"}; the client's close-ok (to the close the tap showed it) does
- * not end it. */
+ * both peers answered the close (tap_track_channel_fault_close_wait), then end with {"by":"fault"}. */
 void tap_track_fault(struct tap_track_conn *c, const struct tap_fault_act *a, int64_t now_us);
-/* Whether channel ch is being closed by a close-channel rule (the client's close-ok is then not the end of it). */
-bool tap_track_channel_fault_closing(const struct tap_track_conn *c, uint16_t ch);
+/* A channel.close-ok from peer `by` on channel ch: true when ch is being closed by a close-channel rule and the
+ * other peer has not answered yet, so this close-ok is not the channel's end. Both peers answer such a close (the
+ * client the close it was shown, the broker the tap's); the channel ends at the second, whichever it is: publishes the
+ * client sent after the broker's close-ok, before its own, still get their seq and end {"by":"fault"}. */
+bool tap_track_channel_fault_close_wait(struct tap_track_conn *c, uint16_t ch, enum tap_peer by);
 /* connection.close from either side: remembered (the first one wins) as the reason given to every publish still
  * outstanding when the connection ends. */
 void tap_track_conn_close(struct tap_track_conn *c, enum tap_peer by, uint16_t code, struct tap_slice text,

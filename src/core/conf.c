@@ -133,8 +133,8 @@ static const struct tap_conf_option options[] = {
 	{.name = "fault", .kind = TAP_OPT_FAULT, .offset = FIELD(faults), .arg = "ACTION[:KEY=VALUE,...]",
 	 .def_shown = "none",
 	 .help = "make the client see a failure the broker did not cause (repeatable, at most 16): nack, "
-	         "withhold-confirms, delay-confirms:ms=MS, kill[:mode=reset|close], return, return-after-ack, "
-	         "block:seconds=S, stall-heartbeats, "
+	         "withhold-confirms, delay-confirms:ms=MS, kill[:mode=reset|close], close-channel[:code=C,text=T], "
+	         "return, return-after-ack, block:seconds=S, stall-heartbeats, "
 	         "latency:ms=MS[,jitter=MS], bandwidth:kib=KIB_PER_S (these two: [dir=up|down|both]); select with conn=, client=, user=, "
 	         "vhost=, name=, channel=, exchange=, rk=, every=N, after=N, times=N, p=P[,seed=S], for=SECONDS",
 	 .modes = TAP_FOR_PROXY},

@@ -242,8 +242,8 @@ static void on_client_method(struct tap_conn *c, uint16_t channel, const struct 
 					  arg_slice(m, TAP_ARG_CHANNEL_CLOSE_REPLY_TEXT), now_us);
 		break;
 	case TAP_CHANNEL_CLOSE_OK: /* to the broker's close: the consumer side ended there unless it was not seen */
-		if (tap_track_channel_fault_closing(tc, channel))
-			break; /* --fault close-channel: to the tap's close; the broker's close-ok ends the channel */
+		if (tap_track_channel_fault_close_wait(tc, channel, TAP_BY_CLIENT))
+			break; /* --fault close-channel: to the close the tap showed it; the broker's close-ok is to come */
 		tap_consume_channel_close(tc, channel, TAP_BY_BROKER, 0, (struct tap_slice){NULL, 0}, now_us);
 		tap_track_channel_close_ok(tc, channel, now_us);
 		conn_channel_drop(c, channel);
@@ -336,6 +336,8 @@ static void on_broker_method(struct tap_conn *c, uint16_t channel, const struct 
 		tap_track_channel_open_ok(tc, channel, now_us);
 		break;
 	case TAP_CHANNEL_CLOSE_OK:
+		if (tap_track_channel_fault_close_wait(tc, channel, TAP_BY_BROKER))
+			break; /* --fault close-channel: to the tap's close; the client's close-ok is to come */
 		tap_consume_channel_close(tc, channel, TAP_BY_CLIENT, 0, (struct tap_slice){NULL, 0}, now_us);
 		tap_track_channel_close_ok(tc, channel, now_us);
 		conn_channel_drop(c, channel);

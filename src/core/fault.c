@@ -15,20 +15,19 @@
 
 static const struct {
 	const char *name;
-	bool done;      /* implemented in this build: a rule that would silently do nothing is refused */
 	bool publishes; /* selected by publish (every, after, p, exchange, routing key apply) */
 } actions[TAP_FAULT_ACTIONS] = {
-	[TAP_FAULT_NACK] = {"nack", true, true},
-	[TAP_FAULT_WITHHOLD] = {"withhold-confirms", true, true},
-	[TAP_FAULT_DELAY] = {"delay-confirms", true, true},
-	[TAP_FAULT_KILL] = {"kill", true, true},
-	[TAP_FAULT_CLOSE_CHANNEL] = {"close-channel", false, true} /* see src/DESIGN.md: refused until fixed */,
-	[TAP_FAULT_BLOCK] = {"block", true, true},
-	[TAP_FAULT_RETURN] = {"return", true, true},
-	[TAP_FAULT_RETURN_AFTER_ACK] = {"return-after-ack", true, true},
-	[TAP_FAULT_STALL_HEARTBEATS] = {"stall-heartbeats", true, false},
-	[TAP_FAULT_LATENCY] = {"latency", true, false},
-	[TAP_FAULT_BANDWIDTH] = {"bandwidth", true, false},
+	[TAP_FAULT_NACK] = {"nack", true},
+	[TAP_FAULT_WITHHOLD] = {"withhold-confirms", true},
+	[TAP_FAULT_DELAY] = {"delay-confirms", true},
+	[TAP_FAULT_KILL] = {"kill", true},
+	[TAP_FAULT_CLOSE_CHANNEL] = {"close-channel", true},
+	[TAP_FAULT_BLOCK] = {"block", true},
+	[TAP_FAULT_RETURN] = {"return", true},
+	[TAP_FAULT_RETURN_AFTER_ACK] = {"return-after-ack", true},
+	[TAP_FAULT_STALL_HEARTBEATS] = {"stall-heartbeats", false},
+	[TAP_FAULT_LATENCY] = {"latency", false},
+	[TAP_FAULT_BANDWIDTH] = {"bandwidth", false},
 };
 
 const char *tap_fault_action_name(enum tap_fault_action a)
@@ -329,11 +328,9 @@ int tap_fault_parse(const char *spec, struct tap_fault_rule *out, char *err, siz
 			a = i;
 	if (a < 0)
 		return rule_error(err, cap, spec,
-				  "unknown action '%.40s' (nack, withhold-confirms, delay-confirms, kill, block, return, "
-				  "return-after-ack, stall-heartbeats, latency, bandwidth)",
+				  "unknown action '%.40s' (nack, withhold-confirms, delay-confirms, kill, close-channel, block, "
+				  "return, return-after-ack, stall-heartbeats, latency, bandwidth)",
 				  buf);
-	if (!actions[a].done)
-		return rule_error(err, cap, spec, "action %s is not implemented in this build", actions[a].name);
 	out->action = (enum tap_fault_action)a;
 	out->seed = 1;
 	out->close_code = 406;

@@ -358,6 +358,11 @@ static void chan_end(struct tap_track_conn *c, struct trk_chan *ch, const struct
 			continue;
 		if (e->state == TRK_STATE_WAIT && (e->flags & TRK_FLAG_CONFIRM))
 			unconfirmed++;
+		/* close-channel: the client was shown the channel closed before any confirm of what is still waiting. The
+		 * rewriter marks what it sees after the tracker, so a publish the client sent with its close-ok may not
+		 * be marked yet when that close-ok ends the channel. */
+		if (ch->close_by_fault && (e->flags & TRK_FLAG_CONFIRM))
+			(void)trk_fault_put(c, ch->id, n - ch->sel_off, TAP_FAULT_SAW_CHANNEL_CLOSED, ch->fault_rule, false);
 		trk_slot_step(c, ch, n, TRK_EVENT_END, &r, now_us);
 	}
 	trk_record_channel_close(&c->t->render, c, ch->id, &r, unconfirmed, ch->culprit, ch->culprit_len, ch->timed_out,
@@ -420,8 +425,10 @@ static void chan_retire(struct tap_track_conn *c, struct trk_chan *ch, int64_t n
 void tap_track_channel_open(struct tap_track_conn *c, uint16_t id, int64_t now_us)
 {
 	struct trk_chan *ch = trk_chan_find(c, id);
-	if (ch)
+	if (ch) {
+		ch->fault_ok_by[TAP_BY_CLIENT] = true; /* a close-channel's close the client took as done without its close-ok */
 		chan_retire(c, ch, now_us);
+	}
 	bool followed = trk_chan_in_budget(c, id, now_us) || trk_chan_beyond_max(c);
 	if (!followed) {
 		chan_lost(c); /* it is created by its first publish, in an unknown mode, or never */
@@ -507,8 +514,11 @@ void tap_track_channel_close(struct tap_track_conn *c, uint16_t id, enum tap_pee
 		return;
 	/* Closes can cross: the client closes while the broker's 404 is on its way. The broker's close says why
 	 * the publishes went unanswered, so it wins over the client's; otherwise the first close stands. */
-	if (ch->closing && (ch->close_by_broker || by == TAP_BY_CLIENT))
+	if (ch->closing && (ch->close_by_broker || by == TAP_BY_CLIENT)) {
+		if (ch->close_by_fault && by == TAP_BY_CLIENT) /* its own close crossed the one it was shown: the tap */
+			ch->fault_ok_by[TAP_BY_CLIENT] = true; /* answers it, and the client is done with the channel */
 		return;
+	}
 	if (ch->close_text)
 		trk_free(c->t, ch->close_text, ch->close_text_len + 1);
 	ch->closing = true;
@@ -649,7 +659,7 @@ void tap_track_each_confirm_bucket(const struct tap_track *t, tap_track_bucket_f
 void tap_track_fault_mark(struct tap_track_conn *c, uint16_t ch, uint64_t seq, enum tap_fault_saw saw, uint32_t rule)
 {
 	if (c && seq)
-		(void)trk_fault_put(c, ch, seq, (uint8_t)saw, rule); /* without memory the record lacks client_saw */
+		(void)trk_fault_put(c, ch, seq, (uint8_t)saw, rule, true); /* without memory the record lacks client_saw */
 }
 
 void tap_track_fault(struct tap_track_conn *c, const struct tap_fault_act *a, int64_t now_us)
@@ -666,12 +676,18 @@ void tap_track_fault(struct tap_track_conn *c, const struct tap_fault_act *a, in
 	tap_track_channel_close(c, a->channel, TAP_BY_CLIENT, a->code,
 	                        (struct tap_slice){(const uint8_t *)text, strlen(text)}, now_us);
 	struct trk_chan *ch = trk_chan_find(c, a->channel);
-	if (ch && ch->closing && !ch->close_by_broker)
+	if (ch && ch->closing && !ch->close_by_broker) {
 		ch->close_by_fault = true;
+		ch->fault_rule = a->rule;
+		ch->fault_ok_by[TAP_BY_CLIENT] = ch->fault_ok_by[TAP_BY_BROKER] = false;
+	}
 }
 
-bool tap_track_channel_fault_closing(const struct tap_track_conn *c, uint16_t id)
+bool tap_track_channel_fault_close_wait(struct tap_track_conn *c, uint16_t id, enum tap_peer by)
 {
-	const struct trk_chan *ch = c ? trk_chan_find(c, id) : NULL;
-	return ch && ch->closing && ch->close_by_fault;
+	struct trk_chan *ch = by == TAP_BY_BROKER ? trk_chan_answering(c, id) : trk_chan_find(c, id);
+	if (!ch || !ch->closing || !ch->close_by_fault)
+		return false;
+	ch->fault_ok_by[by] = true;
+	return !(ch->fault_ok_by[TAP_BY_CLIENT] && ch->fault_ok_by[TAP_BY_BROKER]);
 }

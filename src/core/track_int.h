@@ -178,6 +178,8 @@ struct trk_chan {
 	uint8_t mode; /* enum trk_mode */
 	bool closing, close_by_broker;
 	bool close_by_fault; /* --fault close-channel: the tap closed it on the broker's side */
+	bool fault_ok_by[2]; /* close_by_fault: the close-ok of each peer (enum tap_peer) came */
+	uint32_t fault_rule; /* close_by_fault: the rule's id */
 	bool pinned;         /* slots are being stored or released in a loop: the ring and arena keep their place */
 	bool shrink_pending; /* slots were released while pinned */
 	uint16_t close_code;

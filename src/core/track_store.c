@@ -476,13 +476,15 @@ void trk_view_of_slot(struct trk_view *v, const struct tap_track_conn *c, const 
 	}
 }
 
-bool trk_fault_put(struct tap_track_conn *c, uint16_t ch, uint64_t seq, uint8_t saw, uint32_t rule)
+bool trk_fault_put(struct tap_track_conn *c, uint16_t ch, uint64_t seq, uint8_t saw, uint32_t rule, bool replace)
 {
 	for (uint32_t i = 0; i < c->n_fault_marks; i++) { /* a kill's marks may follow a nack's of one publish */
 		struct trk_fault_mark *m = &c->fault_marks[i];
 		if (m->ch == ch && m->seq == seq) {
-			m->saw = saw;
-			m->rule = rule;
+			if (replace) {
+				m->saw = saw;
+				m->rule = rule;
+			}
 			return true;
 		}
 	}

@@ -15,8 +15,9 @@ void *trk_calloc(struct tap_track *t, size_t n); /* zeroed */
 void *trk_realloc(struct tap_track *t, void *p, size_t old, size_t n);
 void trk_free(struct tap_track *t, void *p, size_t n);
 /* --fault: stores that the client was shown `saw` for publish seq of channel ch by rule `rule` (false without
- * memory, or past TAP_FAULT_TAGS_MAX marks waiting); takes it back (true, *out) when its record is written. */
-bool trk_fault_put(struct tap_track_conn *c, uint16_t ch, uint64_t seq, uint8_t saw, uint32_t rule);
+ * memory, or past TAP_FAULT_TAGS_MAX marks waiting; replace: over a mark the publish has, else that one stays); takes
+ * it back (true, *out) when its record is written. */
+bool trk_fault_put(struct tap_track_conn *c, uint16_t ch, uint64_t seq, uint8_t saw, uint32_t rule, bool replace);
 bool trk_fault_take(struct tap_track_conn *c, uint16_t ch, uint64_t seq, struct trk_fault_mark *out);
 void trk_fault_free(struct tap_track_conn *c);
 /* len bytes and a NUL (free with trk_free(t, p, len + 1)); NULL when out of memory. */

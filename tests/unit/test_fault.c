@@ -81,7 +81,8 @@ START_TEST(parse_refused)
 	refused("nack:conn=abc", "conn: expected");
 	refused("block", "block needs seconds=SECONDS");
 	refused("block:seconds=0", "seconds: expected seconds from 1");
-	refused("close-channel:code=406", "not implemented");
+	refused("close-channel:code=200", "code: expected a channel exception");
+	refused("close-channel:text=a,b", "'b': expected KEY=VALUE"); /* a comma ends the text */
 }
 END_TEST
 

@@ -55,7 +55,7 @@ START_TEST(body_refused)
 	    {"{\"rule\": \"nack\", \"rule\": \"kill\"}", "duplicate"},
 	    {"{\"rule\": \"nack\\u0000:every=1\"}", "NUL"},
 	    {"{\"rule\": \"nack:evry=3\"}", "--fault 'nack:evry=3': unknown key 'evry'"},
-	    {"{\"rule\": \"close-channel\"}", "not implemented"},
+	    {"{\"rule\": \"close-channel:code=320\"}", "code: expected a channel exception"},
 	    {"{\"rule\": \"nack:rk=\\u00e9\"}", "routing_key"},
 	    {"{\"rule\": \"\"}", "empty rule"},
 	    {"{\"rule\": \"nack\"} {}", "not JSON"},
