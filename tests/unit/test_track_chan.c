@@ -146,6 +146,48 @@ START_TEST(channel_close_by_client)
 }
 END_TEST
 
+/* --fault close-channel: the tap closed the channel on the broker's side after publish 2; the channel ends at the
+ * second close-ok, whichever peer's it is. A publish the client sent after the broker's close-ok, before its own,
+ * keeps its seq and is shown channel_closed; what the broker acked before its close-ok keeps the ack. */
+static void fault_close(enum tap_peer first)
+{
+	confirm_channel(1);
+	struct tap_publish p = pub("", "q", true);
+	tap_track_publish(c, 1, &p, T0);
+	tap_track_publish(c, 1, &p, T0);
+	struct tap_fault_act a = {.rule = 3, .action = TAP_FAULT_CLOSE_CHANNEL, .channel = 1, .seq = 2, .code = 406,
+	                          .text = "PRECONDITION_FAILED - amqptap fault injection"};
+	tap_track_fault(c, &a, T0 + 1);
+	tap_track_ack(c, 1, 1, false, T0 + 2);
+	enum tap_peer second = first == TAP_BY_BROKER ? TAP_BY_CLIENT : TAP_BY_BROKER;
+	ck_assert(tap_track_channel_fault_close_wait(c, 1, first));
+	tap_track_publish(c, 1, &p, T0 + 3); /* on its way before the client saw the close */
+	ck_assert_uint_eq(n_seen, 0); /* publish 1 acked, held for a late Return; 2 and 3 wait */
+	ck_assert(!tap_track_channel_fault_close_wait(c, 1, second));
+	tap_track_channel_close_ok(c, 1, T0 + 4);
+	ck_assert_uint_eq(n_seen, 3);
+	assert_verdict(verdict_seq(1, 1), ROUTED, ACK, NO_ORDER);
+	for (uint64_t seq = 2; seq <= 3; seq++) {
+		assert_verdict(verdict_seq(1, seq), UNKNOWN, CONFIRM_UNKNOWN, NO_ORDER);
+		assert_reason(verdict_seq(1, seq), "fault", 406, "PRECONDITION_FAILED - amqptap fault injection");
+		assert_field(pub_seq(seq), "client_saw", "\"channel_closed\"");
+		assert_field(pub_seq(seq), "fault", "3");
+	}
+	ck_assert(!tap_track_channel_fault_close_wait(c, 1, first)); /* over: a close-ok now is no fault's */
+}
+
+START_TEST(fault_closed_channel_ends_at_the_second_close_ok)
+{
+	fault_close(TAP_BY_BROKER);
+}
+END_TEST
+
+START_TEST(fault_closed_channel_client_answers_first)
+{
+	fault_close(TAP_BY_CLIENT);
+}
+END_TEST
+
 /* The client's channel.close crosses the broker's 404: the broker's reason is the one the records carry. */
 START_TEST(crossed_closes_keep_the_brokers_reason)
 {
@@ -582,6 +624,8 @@ int main(void)
 	tcase_add_test(tc, channels_anywhere_in_the_id_range);
 	tcase_add_test(tc, summary_and_latency);
 	tcase_add_test(tc, summary_names_the_busiest_connections);
+	tcase_add_test(tc, fault_closed_channel_ends_at_the_second_close_ok);
+	tcase_add_test(tc, fault_closed_channel_client_answers_first);
 	suite_add_tcase(s, tc);
 	return track_suite_run(s);
 }
