@@ -98,6 +98,7 @@ int app_start_metrics(struct app *app, const struct tap_admin_sources *sources)
 	tap_log_info("metrics on http://%s/", metrics_at);
 	tap_track_set_verdict_hook(app->track, tap_metrics_tally_verdict, tap_admin_tally(app->admin));
 	tap_track_set_conn_hook(app->track, tap_metrics_tally_conn, tap_admin_tally(app->admin));
+	tap_track_set_missing_hook(app->track, tap_metrics_tally_missing, tap_admin_tally(app->admin));
 	return 0;
 }
 

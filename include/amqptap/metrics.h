@@ -42,6 +42,7 @@ void tap_metrics_hist_fold(struct tap_metrics_hist *h, const struct tap_hist *fr
 #define TAP_METRICS_MAX_CODES 16      /* distinct reply codes with their own series; more go to "other" */
 #define TAP_METRICS_PROBLEMS 32       /* problem publishes kept for the status page */
 #define TAP_METRICS_PROBLEM_BYTES 2048 /* a longer record is kept as a stub with its verdict only */
+#define TAP_METRICS_MISSING 32        /* resend_missing records kept for the status page */
 /* Publishes by exchange: at most TAP_METRICS_EXCHANGES exchanges have their own series, the busiest ones (counted
  * with the Space-Saving algorithm over TAP_METRICS_EXCHANGE_CANDIDATES candidates); every other publish counts in
  * exchange="(other)" (the default exchange is "(AMQP default)"; a real exchange's label value is never one of these,
@@ -100,6 +101,9 @@ struct tap_metrics_tally {
 	uint64_t problems_seen;                 /* returned, nacked or unknown publishes, ack_before_return included */
 	size_t problem_next;                    /* ring position of the next one */
 	struct tap_metrics_problem problems[TAP_METRICS_PROBLEMS];
+	uint64_t missing_seen;                  /* resend_missing records */
+	size_t missing_next;                    /* ring position of the next one */
+	struct tap_metrics_problem missing[TAP_METRICS_MISSING];
 	struct tap_metrics_exchange exchanges[TAP_METRICS_EXCHANGE_CANDIDATES];
 	size_t n_exchanges, n_labelled;
 	size_t last_exchange; /* where the last publish's exchange was found: most publishers use one */
@@ -117,6 +121,9 @@ void tap_metrics_tally_init(struct tap_metrics_tally *t);
 void tap_metrics_tally_verdict(void *tally, const struct tap_track_verdict *v);
 /* A tap_track_conn_event_fn (ctx: the tally): the upstream's state, and how connections ended. */
 void tap_metrics_tally_conn(void *tally, const struct tap_track_conn_event *e);
+/* A tap_track_missing_fn (ctx: the tally): a resend_missing record, copied (a stub if it is longer than
+ * TAP_METRICS_PROBLEM_BYTES or was lost) for the status page's latest missing resends. */
+void tap_metrics_tally_missing(void *tally, struct tap_slice record);
 /* Gives the busiest exchanges their series (see TAP_METRICS_EXCHANGES); call before rendering. */
 void tap_metrics_tally_rank(struct tap_metrics_tally *t);
 

@@ -165,6 +165,10 @@ struct tap_track *tap_track_new(const struct tap_track_conf *conf, tap_track_emi
 void tap_track_set_verdict_hook(struct tap_track *t, tap_track_verdict_fn fn, void *ctx);
 /* fn (NULL: none) is called after each connection open, blocked and close record is emitted. */
 void tap_track_set_conn_hook(struct tap_track *t, tap_track_conn_event_fn fn, void *ctx);
+/* fn (NULL: none) is called once per `resend_missing` record, right after it is emitted, with the record (ptr NULL:
+ * it could not be rendered, for memory). */
+typedef void (*tap_track_missing_fn)(void *ctx, struct tap_slice record);
+void tap_track_set_missing_hook(struct tap_track *t, tap_track_missing_fn fn, void *ctx);
 /* Frees every connection still open without writing anything (call tap_track_shutdown first to write them). */
 void tap_track_free(struct tap_track *t);
 

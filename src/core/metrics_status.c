@@ -238,6 +238,25 @@ static void json_faults(struct tap_json *j, const struct tap_metrics_snapshot *s
 	tap_json_obj_end(j);
 }
 
+/* A ring of records kept for the page: {"seen": how many there were, "rows": the kept ones, newest first}. */
+static void json_kept(struct tap_json *j, const char *key, const struct tap_metrics_problem *ring, size_t cap,
+                      uint64_t seen, size_t next)
+{
+	tap_json_key(j, key);
+	tap_json_obj_begin(j);
+	tap_json_kv_uint(j, "seen", seen);
+	tap_json_key(j, "rows");
+	tap_json_arr_begin(j);
+	size_t kept = seen < cap ? (size_t)seen : cap;
+	for (size_t i = 0; i < kept; i++) {
+		const struct tap_metrics_problem *p = &ring[(next + cap - 1 - i) % cap];
+		if (p->len)
+			tap_json_raw(j, p->json, p->len);
+	}
+	tap_json_arr_end(j);
+	tap_json_obj_end(j);
+}
+
 void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struct tap_metrics_tally *t,
                                const struct tap_track *track, struct tap_buf *out)
 {
@@ -308,19 +327,7 @@ void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struc
 	tap_json_kv_uint(&j, "total", rows.total);
 	tap_json_obj_end(&j);
 
-	tap_json_key(&j, "problems");
-	tap_json_obj_begin(&j);
-	tap_json_kv_uint(&j, "seen", t->problems_seen);
-	tap_json_key(&j, "rows"); /* newest first */
-	tap_json_arr_begin(&j);
-	size_t kept = t->problems_seen < TAP_METRICS_PROBLEMS ? (size_t)t->problems_seen : TAP_METRICS_PROBLEMS;
-	for (size_t i = 0; i < kept; i++) {
-		const struct tap_metrics_problem *p =
-			&t->problems[(t->problem_next + TAP_METRICS_PROBLEMS - 1 - i) % TAP_METRICS_PROBLEMS];
-		if (p->len)
-			tap_json_raw(&j, p->json, p->len);
-	}
-	tap_json_arr_end(&j);
-	tap_json_obj_end(&j);
+	json_kept(&j, "problems", t->problems, TAP_METRICS_PROBLEMS, t->problems_seen, t->problem_next);
+	json_kept(&j, "resend_missing", t->missing, TAP_METRICS_MISSING, t->missing_seen, t->missing_next);
 	tap_json_obj_end(&j);
 }

@@ -115,6 +115,22 @@ static void count_exchange(struct tap_metrics_tally *t, const struct tap_track_v
 	}
 }
 
+void tap_metrics_tally_missing(void *tally, struct tap_slice record)
+{
+	struct tap_metrics_tally *t = tally;
+	struct tap_metrics_problem *p = &t->missing[t->missing_next];
+	t->missing_next = (t->missing_next + 1) % TAP_METRICS_MISSING;
+	t->missing_seen++;
+	if (record.ptr && record.len <= sizeof p->json) {
+		memcpy(p->json, record.ptr, record.len);
+		p->len = (uint16_t)record.len;
+		return;
+	}
+	int n = snprintf(p->json, sizeof p->json, "{\"type\":\"resend_missing\",\"truncated\":true,\"bytes\":%zu}",
+	                 record.len);
+	p->len = n > 0 && (size_t)n < sizeof p->json ? (uint16_t)n : 0;
+}
+
 void tap_metrics_tally_verdict(void *tally, const struct tap_track_verdict *v)
 {
 	struct tap_metrics_tally *t = tally;

@@ -70,6 +70,12 @@ void tap_track_set_conn_hook(struct tap_track *t, tap_track_conn_event_fn fn, vo
 	t->conn_ctx = ctx;
 }
 
+void tap_track_set_missing_hook(struct tap_track *t, tap_track_missing_fn fn, void *ctx)
+{
+	t->missing_hook = fn;
+	t->missing_ctx = ctx;
+}
+
 static void conn_event(struct tap_track *t, const struct tap_track_conn_event *e)
 {
 	if (t->conn_hook)

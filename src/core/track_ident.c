@@ -300,6 +300,11 @@ static void missing(struct tap_track *t, uint32_t i1, bool window_over, int64_t 
 	trk_record_resend_missing(&t->render, e, t->conf.resend_window_us, window_over, window_over ? now_us : e->t_end);
 	trk_emit(t);
 	t->st.resend_missing++;
+	if (t->missing_hook) {
+		bool ok = !t->render.rec.oom;
+		t->missing_hook(t->missing_ctx, (struct tap_slice){ok ? (const uint8_t *)t->render.rec.data : NULL,
+		                                                   ok ? t->render.rec.len : 0});
+	}
 	forget(t, i1);
 }
 

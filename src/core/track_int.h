@@ -345,6 +345,8 @@ struct tap_track {
 	void *verdict_ctx;
 	tap_track_conn_event_fn conn_hook;
 	void *conn_ctx;
+	tap_track_missing_fn missing_hook;
+	void *missing_ctx;
 	struct tap_track_conn *conns;
 	struct trk_render render;
 	struct tap_buf extra; /* the optional members of the publish being stored */

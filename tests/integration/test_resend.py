@@ -6,6 +6,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -17,7 +18,8 @@ import pika.exceptions
 import pika.spec
 
 from scenario_lib import ScenarioCase, broker_sh, params
-from tapharness import AMQPTAP_BIN, CLIENTS_DIR, SOURCE_DIR, free_port, http_get, main, read_records, wait_for
+from tapharness import (AMQPTAP_BIN, CLIENTS_DIR, SOURCE_DIR, chromium, free_port, http_get, main, page_findings,
+                        read_records, wait_for)
 
 N = 20  # publishes left unconfirmed when the connection dies
 
@@ -163,7 +165,7 @@ class ResendBase(ScenarioCase):
     def queue_depth(self, q):
         return self.admin().queue_declare(q, passive=True).method.message_count
 
-    def run_case(self, how="close", resend=True, extra_acked=0, message_ids=True, second_tap=False):
+    def run_case(self, how="close", resend=True, extra_acked=0, message_ids=True, second_tap=False, live=None):
         q = self.declare_queue("q", durable=True)
         name = f"resend-{uuid.uuid4().hex[:6]}"
         window = 60000 if resend else 3000  # a settled identity is kept that long too (duplicates)
@@ -190,6 +192,8 @@ class ResendBase(ScenarioCase):
                                                           "resend_delay_seconds_count")}
         if not resend:
             self.metrics["resend_missing_total"] = self.metric(tap_a, "resend_missing_total")
+        if live:
+            live(tap_a, lost)
         for t in {id(tap_a): tap_a, id(tap_b): tap_b}.values():
             self.assertEqual(t.stop(), 0, t.stderr()[-2000:])
         return q, name, lost, tap_a, tap_b
@@ -248,7 +252,7 @@ class ResendTest(ResendBase):
     def test_close_connection_not_resent(self):
         """The same publisher with resending switched off: resend_missing for every unconfirmed one, audit exits 1
         and names them (stdin too)."""
-        q, name, lost, tap, _ = self.run_case(resend=False)
+        q, name, lost, tap, _ = self.run_case(resend=False, live=self.check_page)
         recs = read_records(tap.path)
         self.check_records(recs, lost, False)
         self.assertEqual(self.metrics["resend_missing_total"], N)
@@ -259,6 +263,26 @@ class ResendTest(ResendBase):
         with open(tap.path) as f:
             rc, s2, _ = audit("-", stdin=f.read())
         self.assertEqual((rc, s2["missing"]), (1, N))
+
+    def check_page(self, tap, lost):
+        """While the tap runs: /api/status lists the latest resend_missing records, and the status page, rendered by
+        Chromium, shows them with a finding on top."""
+        _, _, body = http_get(tap.mport, "/api/status")
+        status = json.loads(body)
+        ids = sorted(mid for mid, _ in lost)
+        self.assertEqual(status["resend_missing"]["seen"], N)
+        self.assertEqual(sorted(r["message_id"] for r in status["resend_missing"]["rows"]), ids)
+        run = chromium(self, f"http://127.0.0.1:{tap.mport}/", "--dump-dom")
+        self.assertEqual(run.returncode, 0, run.stderr.decode()[-2000:])
+        dom = run.stdout.decode("utf-8", "replace")
+        table = re.search(r'<table id="missing">(.*?)</table>', dom, re.S)
+        self.assertIsNotNone(table, dom[:3000])
+        rows = [[re.sub(r"<[^>]+>", "", td) for td in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+                for tr in re.findall(r'<tr class="missing"[^>]*>(.*?)</tr>', table.group(1), re.S)]
+        self.assertEqual(sorted(r[2] for r in rows), ids, rows)
+        self.assertTrue(all(r[1].startswith("conn ") and "attempt 1" in r[3] for r in rows), rows)
+        self.assertIn(f"{N} unknown publish(es) not published again within --resend-window: lost, unless the "
+                      "publisher resent them through another tap (see Missing resends).", page_findings(self, tap.mport))
 
     def test_resending_acked_ones_are_duplicates(self):
         """A publisher that also resends 5 messages it had acked: each is a duplicate, and the count is the queue

@@ -271,6 +271,34 @@ START_TEST(tally_keeps_the_newest_problems)
 }
 END_TEST
 
+/* The status page's latest missing resends: the last TAP_METRICS_MISSING resend_missing records, newest first; one
+ * too long to keep, or not rendered for memory, leaves a stub. */
+START_TEST(tally_keeps_the_newest_missing_resends)
+{
+	struct tap_metrics_tally *t = new_tally();
+	char rec[256];
+	for (int i = 0; i < TAP_METRICS_MISSING + 3; i++) {
+		int n = snprintf(rec, sizeof rec, "{\"type\":\"resend_missing\",\"message_id\":\"m-%d\"}", i);
+		tap_metrics_tally_missing(t, (struct tap_slice){(const uint8_t *)rec, (size_t)n});
+	}
+	tap_metrics_tally_missing(t, (struct tap_slice){NULL, 0});
+	struct tap_metrics_snapshot s = {.version = "1", .listening = true};
+	struct tap_buf b;
+	tap_buf_init(&b);
+	tap_metrics_render_status(&s, t, NULL, &b);
+	char *json = text_of(&b);
+	ck_assert_msg(json_valid(json), "not JSON: %s", json);
+	char *rows = strstr(json, "\"resend_missing\":{\"seen\":36,\"rows\":[{\"type\":\"resend_missing\",\"truncated\":true,"
+	                          "\"bytes\":0},{\"type\":\"resend_missing\",\"message_id\":\"m-34\"}");
+	ck_assert_msg(rows != NULL, "%s", json);
+	ck_assert_ptr_nonnull(strstr(rows, "\"m-4\""));
+	ck_assert_ptr_null(strstr(rows, "\"m-3\"")); /* the oldest 4 are gone */
+	ck_assert_ptr_nonnull(strstr(json, "\"problems\":{\"seen\":0,\"rows\":[]}"));
+	tap_buf_deinit(&b);
+	free(t);
+}
+END_TEST
+
 START_TEST(status_says_each_outputs_losses)
 {
 	struct tap_metrics_tally *t = new_tally();
@@ -949,6 +977,7 @@ int main(void)
 	tcase_add_test(tc, hist_folds_buckets_by_their_midpoint);
 	tcase_add_test(tc, tally_counts_problem_publishes_and_returns);
 	tcase_add_test(tc, tally_keeps_the_newest_problems);
+	tcase_add_test(tc, tally_keeps_the_newest_missing_resends);
 	tcase_add_test(tc, status_says_each_outputs_losses);
 	tcase_add_test(tc, connections_closed_by_their_records_by);
 	tcase_add_test(tc, status_lists_fault_rules);
