@@ -60,27 +60,40 @@ fi
 # ctest sets AMQPTAP_BIN / TAP_CLIENTS_DIR per build tree, so the ASan run exercises the ASan binary.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-# Unit tests in parallel; integration tests one at a time (some kill, restart or alarm the shared broker).
-# test_metrics runs in the normal tree only: its Prometheus and Chromium waits are a minute of wall time, and its
-# one memory-safety case (shutdown at the HTTP connection cap) runs the tap under valgrind there. So do
-# test_captures and test_capture_gaps (replays of every golden capture, cut at every segment: 100 s under ASan,
-# 30 s without): the same replay path runs under the sanitizers in test_golden (every capture fed at every split)
-# and in fuzz_capture and fuzz_replay, and the CI run stays under 20 minutes. test_resend too (two minutes, most of
-# it broker restarts and client reconnect back-offs): the identity table it drives takes every publish of every
-# other ASan test (--identity auto is the default), and its classification and window run in the unit test_resend.
+# Unit tests in parallel, in both trees. Integration tests one at a time (some kill, restart or alarm the shared
+# broker), each once per run, so that the run stays under 20 minutes: in the sanitizer tree, unless it is one of
+# NORMAL_ONLY below, which run in the normal tree (the build the package ships). Those need the normal build or
+# spend their time waiting, where the sanitizers add nothing the unit tests and fuzzers (both under ASan+UBSan) do
+# not already cover:
+#   needs the normal build  test_alloc_failures (LD_PRELOAD replaces the allocator), test_metrics (a valgrind case, RSS
+#                           bounds), test_sniff, test_tracking_memory, test_backpressure (RSS bounds the sanitizers'
+#                           shadow memory would swamp)
+#   waits                   test_resend (broker restarts, client back-offs), test_streaming (broker kill and stop_app),
+#                           test_faults and test_fault_bytes (confirms delayed and withheld, latency, bandwidth; the
+#                           rewriter is fuzzed and unit-tested under the sanitizers, and test_faults_channel and
+#                           test_fault_api run there), test_outputs (stalled readers), test_consumer (unacked deliveries
+#                           timing out), test_secrets (broker users)
+#   replays                 test_captures, test_capture_gaps (every golden capture cut at every segment: 100 s under
+#                           ASan; the same replay path runs under the sanitizers in the unit test_golden and in
+#                           fuzz_capture and fuzz_replay)
+# TAP_ALL_INTEGRATION=1 runs every integration test in both trees instead.
+NORMAL_ONLY='integration/(test_alloc_failures|test_metrics|test_sniff|test_tracking_memory|test_backpressure|test_resend|'
+NORMAL_ONLY+='test_streaming|test_faults|test_fault_bytes|test_outputs|test_consumer|test_secrets|test_captures|test_capture_gaps)$'
 for dir in "$build" "$asan"; do
 	name=ctest-$(basename "$dir")
-	skip=()
-	[ "$dir" = "$asan" ] && skip=(-E 'integration/(test_metrics|test_captures|test_capture_gaps|test_resend)$')
+	select=()
+	if [ -z "${TAP_ALL_INTEGRATION:-}" ]; then
+		if [ "$dir" = "$asan" ]; then select=(-E "$NORMAL_ONLY"); else select=(-R "$NORMAL_ONLY"); fi
+	fi
 	step "$name-unit" ctest --test-dir "$dir" --output-on-failure -L unit -j"$(nproc)"
-	step "$name-integration" ctest --test-dir "$dir" --output-on-failure -L integration "${skip[@]}"
+	step "$name-integration" ctest --test-dir "$dir" --output-on-failure -L integration "${select[@]}"
 done
 
 # The Debian package, built, installed with dpkg -i, run against the broker and removed (normal build only).
 step package ctest --test-dir "$build" --output-on-failure -L package
 
-# The benchmark scripts, briefly (one round, 2 % of the messages, the normal build): they keep working, and every
-# publish through the tap still gets its record under load. Figures from this run mean nothing. bench.sh and
+# The benchmark scripts, briefly (one round, 2 % of the messages, two loads each, the normal build): they keep
+# working, and every publish through the tap still gets its record under load. Figures from this run mean nothing. bench.sh and
 # bench-sniff.sh use the test broker; bench-tls.sh starts its own (a TLS listener, its ports 5760-5766), with a
 # storm of 50 clients and its bystander.
 bench_smoke() {
@@ -92,6 +105,7 @@ bench_smoke() {
 		[ "$name" = bench-tls ] && broker=(TAP_BROKER_PORT= TAP_BROKER_DIST_PORT= TAP_BROKER_MGMT_PORT=
 			TAP_BROKER_MGMT_TLS_PORT= TAP_BROKER_DIR= TAP_BROKER_NODE= TAP_BENCH_STORM=50 TAP_BENCH_STORM_ROUNDS=1)
 		env "${broker[@]}" TAP_BENCH_BUILD="$build" TAP_BENCH_BUILD_TYPE=RelWithDebInfo TAP_BENCH_ROUNDS=1 \
+			TAP_BENCH_LOADS="w1 c100_w100" \
 			TAP_BENCH_SCALE=0.02 TAP_BENCH_OUT="$out/$name" "$TAP_REPO/scripts/$name.sh" >"$out/$name.log" 2>&1 || {
 			cat "$out/$name.log"
 			return 1
