@@ -105,6 +105,24 @@ struct tap_consume_stats {
 	uint64_t unfollowed; /* written at once: no memory for their channel's state (decoder's or tracker's) */
 };
 void tap_consume_get_stats(const struct tap_track *t, struct tap_consume_stats *s);
+/* One consumer (its consume-ok seen) of a live connection, for the status page. unacked counts the deliveries it
+ * got that the client has not settled; oldest_us is when the oldest of them was delivered (0: none). The strings
+ * are borrowed for the call. */
+struct tap_consume_consumer_info {
+	uint64_t conn;
+	uint16_t channel;
+	struct tap_slice tag, queue; /* queue ptr NULL: no memory kept it */
+	bool no_ack;
+	uint16_t prefetch; /* the channel's basic.qos (0: none seen, or no limit) */
+	bool global_qos;
+	uint64_t deliveries, unacked;
+	int64_t oldest_us, since_us;
+};
+typedef void (*tap_consume_consumer_fn)(void *ctx, const struct tap_consume_consumer_info *info);
+/* Calls fn for at most max consumers, connections newest first, and returns how many consumers there are. Costs a
+ * pass over its channel's unacked deliveries (at most the channel's prefetch, or its share of the budget) per
+ * listed consumer. */
+uint64_t tap_consume_each_consumer(const struct tap_track *t, size_t max, tap_consume_consumer_fn fn, void *ctx);
 /* Settle latency (deliver -> the client's ack/nack/reject) of the process, µs. */
 const struct tap_hist *tap_consume_settle_hist(const struct tap_track *t);
 /* Queue time (its publish forwarded -> the delivery forwarded: queue_us) of the linked deliveries, µs. */

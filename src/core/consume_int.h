@@ -128,6 +128,9 @@ struct csm_link {
 
 /* ---- consume.c: the tracker's calls ---- */
 
+/* The first delivery of ch still unacked (NULL: none). */
+const struct csm_dlv *csm_oldest_unacked(const struct csm_chan *ch);
+
 /* A publish with this message id was forwarded at now_us (t->csm_links is set). */
 void csm_link_publish(struct tap_track *t, struct tap_slice message_id, int64_t now_us);
 

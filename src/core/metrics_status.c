@@ -1,6 +1,7 @@
 /* The JSON of /api/status behind the live status page, and the body of /healthz. */
 #include "metrics_int.h"
 
+#include "amqptap/consume.h"
 #include "amqptap/fault_api.h"
 
 #include <inttypes.h>
@@ -86,6 +87,50 @@ static void add_row(void *ctx, const struct tap_track_conn_info *c)
 	tap_json_kv_uint(j, "channels", c->channels);
 	tap_json_kv_bool(j, "blocked", c->blocked);
 	tap_json_kv_ts(j, "since", c->since_us);
+	tap_json_obj_end(j);
+}
+
+struct consumers_ctx {
+	struct tap_json *j;
+	int64_t now_us;
+};
+
+static void add_consumer(void *ctx, const struct tap_consume_consumer_info *k)
+{
+	struct consumers_ctx *r = ctx;
+	struct tap_json *j = r->j;
+	tap_json_obj_begin(j);
+	tap_json_kv_uint(j, "conn", k->conn);
+	tap_json_kv_uint(j, "channel", k->channel);
+	tap_json_kv_strn(j, "tag", k->tag.ptr, k->tag.len);
+	if (k->queue.ptr)
+		tap_json_kv_strn(j, "queue", k->queue.ptr, k->queue.len);
+	else
+		tap_json_kv_null(j, "queue");
+	tap_json_kv_bool(j, "no_ack", k->no_ack);
+	tap_json_kv_uint(j, "prefetch", k->prefetch);
+	tap_json_kv_bool(j, "global_qos", k->global_qos);
+	tap_json_kv_uint(j, "deliveries", k->deliveries);
+	tap_json_kv_uint(j, "unacked", k->unacked);
+	if (k->unacked) {
+		tap_json_kv_ts(j, "oldest_unacked", k->oldest_us);
+		json_seconds(j, "oldest_unacked_age_seconds", r->now_us > k->oldest_us ? r->now_us - k->oldest_us : 0);
+	}
+	tap_json_kv_ts(j, "since", k->since_us);
+	tap_json_obj_end(j);
+}
+
+/* The consumers of the live connections: {"total", "rows"} (at most TAP_METRICS_MAX_ROWS). */
+static void json_consumers(struct tap_json *j, const struct tap_track *track, int64_t now_us)
+{
+	tap_json_key(j, "consumers");
+	tap_json_obj_begin(j);
+	tap_json_key(j, "rows");
+	tap_json_arr_begin(j);
+	struct consumers_ctx r = {.j = j, .now_us = now_us};
+	uint64_t total = track ? tap_consume_each_consumer(track, TAP_METRICS_MAX_ROWS, add_consumer, &r) : 0;
+	tap_json_arr_end(j);
+	tap_json_kv_uint(j, "total", total);
 	tap_json_obj_end(j);
 }
 
@@ -327,6 +372,7 @@ void tap_metrics_render_status(const struct tap_metrics_snapshot *s, const struc
 	tap_json_kv_uint(&j, "total", rows.total);
 	tap_json_obj_end(&j);
 
+	json_consumers(&j, track, s->now_us);
 	json_kept(&j, "problems", t->problems, TAP_METRICS_PROBLEMS, t->problems_seen, t->problem_next);
 	json_kept(&j, "resend_missing", t->missing, TAP_METRICS_MISSING, t->missing_seen, t->missing_next);
 	tap_json_obj_end(&j);

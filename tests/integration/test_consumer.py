@@ -10,6 +10,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -20,7 +21,7 @@ import pika
 import pika.exceptions
 
 from scenario_lib import params
-from tapharness import (BROKER_PORT, CLIENTS_DIR, SOURCE_DIR, TapTestCase, free_port, http_get, main,
+from tapharness import (BROKER_PORT, CLIENTS_DIR, SOURCE_DIR, TapTestCase, chromium, free_port, http_get, main,
                         read_records, replay, require_broker, wait_for, without_identity)
 
 CONSUMER_SRC = os.path.join(SOURCE_DIR, "tests", "clients", "consumer")
@@ -498,6 +499,48 @@ class ConsumerTest(TapTestCase):
         linked = [r for r in self.deliveries(recs) if r["message_id"] == "via-the-tap"]
         self.assertGreaterEqual(len(linked), 1)  # and pika's cancel may requeue it: a redelivery links too
         self.assertTrue(all(r["queue_us"] > 0 for r in linked), linked)
+
+    def test_status_page_lists_consumers(self):
+        # a consumer that never acks (prefetch 5) and one that acks everything, on two channels: /api/status and the
+        # status page, rendered by Chromium, list both with their unacked deliveries, the stuck one first
+        stuck_q, busy_q = self.queue, self.queue + "-busy"
+        publish_direct(stuck_q, self.ids(8))
+        publish_direct(busy_q, self.ids(4, "b"))
+        self.addCleanup(lambda: pika.BlockingConnection(params(BROKER_PORT)).channel().queue_delete(busy_q))
+        mport = free_port()
+        tap = self.start_tap(["--metrics", str(mport)])
+        with pika.BlockingConnection(params(tap.port)) as c:
+            stuck, busy = c.channel(), c.channel()
+            stuck.basic_qos(prefetch_count=5)
+            busy.basic_qos(prefetch_count=3)
+            got = []
+            stuck.basic_consume(stuck_q, lambda ch_, m, p, b: got.append(m.delivery_tag), consumer_tag="stuck-one")
+            busy.basic_consume(busy_q, lambda ch_, m, p, b: (got.append(m.delivery_tag), ch_.basic_ack(m.delivery_tag)),
+                               consumer_tag="busy-one")
+            self.assertTrue(wait_for(lambda: (c.process_data_events(0.05), len(got) == 9)[1], 10), got)
+            c.process_data_events(0.3)
+            time.sleep(1.1)  # a page is rendered at most once a second
+            _status, _headers, body = http_get(mport, "/api/status")
+            cons = json.loads(body)["consumers"]
+            rows = {r["tag"]: r for r in cons["rows"]}
+            self.assertEqual(cons["total"], 2, cons)
+            self.assertEqual((rows["stuck-one"]["queue"], rows["stuck-one"]["prefetch"], rows["stuck-one"]["deliveries"],
+                              rows["stuck-one"]["unacked"], rows["stuck-one"]["no_ack"]), (stuck_q, 5, 5, 5, False))
+            self.assertGreater(rows["stuck-one"]["oldest_unacked_age_seconds"], 1.0)
+            self.assertEqual((rows["busy-one"]["deliveries"], rows["busy-one"]["unacked"]), (4, 0))
+            self.assertNotIn("oldest_unacked", rows["busy-one"])
+            run = chromium(self, f"http://127.0.0.1:{mport}/", "--dump-dom")
+            self.assertEqual(run.returncode, 0, run.stderr.decode()[-2000:])
+            dom = run.stdout.decode("utf-8", "replace")
+            table = re.search(r'<table id="consumers">(.*?)</table>', dom, re.S)
+            self.assertIsNotNone(table, dom[:3000])
+            cells = [[re.sub(r"<[^>]+>", "", td) for td in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+                     for tr in re.findall(r'<tr class="consumer[^"]*"[^>]*>(.*?)</tr>', table.group(1), re.S)]
+            self.assertEqual([r[:7] for r in cells],
+                             [["conn 1 · ch 1", "stuck-one", stuck_q, "manual", "5", "5", "5"],
+                              ["conn 1 · ch 2", "busy-one", busy_q, "manual", "3", "4", "0"]], cells)
+            self.assertRegex(cells[0][7], r"^0m [0-9]+s$")
+        self.finish(tap)
 
     # ---- other libraries ----
 

@@ -93,6 +93,59 @@ START_TEST(multiple_ack_over_interleaved_consumers)
 }
 END_TEST
 
+struct listed {
+	size_t n;
+	struct tap_consume_consumer_info info[4];
+	char tag[4][32];
+};
+
+static void list_one(void *ctx, const struct tap_consume_consumer_info *k)
+{
+	struct listed *l = ctx;
+	ck_assert_uint_lt(l->n, 4);
+	l->info[l->n] = *k;
+	snprintf(l->tag[l->n], sizeof l->tag[0], "%.*s", (int)k->tag.len, (const char *)k->tag.ptr);
+	l->n++;
+}
+
+/* The status page's consumer list: each started consumer with its own unacked deliveries (two consumers on one
+ * channel are told apart by their tags; a basic.get's delivery is no consumer's) and its oldest unacked delivery;
+ * past max they are counted, not listed. */
+START_TEST(consumers_listed_with_their_unacked)
+{
+	tap_track_channel_open(c, 1, T0);
+	tap_consume_qos(c, 1, 10, false, T0);
+	consume(1, "ctag-a", "qa", false);
+	consume(1, "ctag-b", "qb", true);
+	tap_consume_consume(c, 1, S(""), S("qc"), false, false, false, T0); /* no consume-ok yet: not listed */
+	for (uint64_t tag = 1; tag <= 5; tag++) {
+		struct tap_delivery d = dlv(tag <= 3 ? "ctag-a" : "ctag-b", tag, NULL);
+		tap_consume_deliver(c, 1, &d, T0 + (int64_t)tag * 10);
+	}
+	tap_consume_get(c, 1, S("qa"), false, T0 + 60);
+	struct tap_delivery g = dlv("", 6, NULL);
+	tap_consume_deliver(c, 1, &g, T0 + 60);
+	tap_consume_settle(c, 1, TAP_CONSUME_ACK, 1, false, false, T0 + 70);
+	struct listed l = {0};
+	ck_assert_uint_eq(tap_consume_each_consumer(t, 4, list_one, &l), 2);
+	ck_assert_uint_eq(l.n, 2);
+	ck_assert_str_eq(l.tag[0], "ctag-a");
+	ck_assert_uint_eq(l.info[0].channel, 1);
+	ck_assert_uint_eq(l.info[0].prefetch, 10);
+	ck_assert(!l.info[0].no_ack);
+	ck_assert_uint_eq(l.info[0].deliveries, 3);
+	ck_assert_uint_eq(l.info[0].unacked, 2); /* 2 and 3 */
+	ck_assert_int_eq(l.info[0].oldest_us, T0 + 20);
+	ck_assert_str_eq(l.tag[1], "ctag-b"); /* auto-ack: nothing waits for its settle */
+	ck_assert(l.info[1].no_ack);
+	ck_assert_uint_eq(l.info[1].unacked, 0);
+	ck_assert_int_eq(l.info[1].oldest_us, 0);
+	l.n = 0;
+	ck_assert_uint_eq(tap_consume_each_consumer(t, 1, list_one, &l), 2);
+	ck_assert_uint_eq(l.n, 1);
+}
+END_TEST
+
 START_TEST(tags_are_per_channel)
 {
 	tap_track_channel_open(c, 1, T0);
@@ -685,6 +738,7 @@ int main(void)
 	TCase *tc = tcase_create("core");
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, multiple_ack_over_interleaved_consumers);
+	tcase_add_test(tc, consumers_listed_with_their_unacked);
 	tcase_add_test(tc, tags_are_per_channel);
 	tcase_add_test(tc, get_ok_and_get_empty);
 	tcase_add_test(tc, channel_close_ends_unacked_and_consumers);

@@ -1,0 +1,57 @@
+/* The consumers of the live connections, for the status page (tap_consume_each_consumer): reads the consumer
+ * tracker's state (consume_int.h), changes none. */
+#include "consume_int.h"
+
+#include <string.h>
+
+/* The deliveries of consumer k that ch still has unacked, and when the oldest of them was delivered. A delivery
+ * whose strings no memory kept (CSM_FLAG_LOST) names no consumer and is counted for none. */
+static void unacked_of(const struct csm_chan *ch, const struct csm_consumer *k, uint64_t *n, int64_t *oldest)
+{
+	*n = 0;
+	*oldest = 0;
+	if (!k->tag)
+		return; /* no memory kept its tag: its deliveries cannot be told apart */
+	for (uint32_t i = ch->head; i < ch->len; i++) {
+		const struct csm_dlv *d = &ch->dlv[i];
+		if (d->flags & (CSM_FLAG_DONE | CSM_FLAG_GET | CSM_FLAG_LOST) || !d->blob)
+			continue;
+		if (d->ctag_len != k->tag_len || memcmp(d->blob, k->tag, k->tag_len) != 0)
+			continue;
+		if (!*n)
+			*oldest = d->t_dlv; /* the ring is in delivery order */
+		(*n)++;
+	}
+}
+
+uint64_t tap_consume_each_consumer(const struct tap_track *t, size_t max, tap_consume_consumer_fn fn, void *ctx)
+{
+	uint64_t total = 0;
+	for (const struct tap_track_conn *c = t->conns; c; c = c->next) {
+		const struct csm_conn *cc = c->csm;
+		for (uint32_t i = 0; cc && i < cc->n_chans; i++) {
+			const struct csm_chan *ch = cc->chans[i];
+			for (uint32_t j = 0; j < ch->n_cons; j++) {
+				const struct csm_consumer *k = &ch->cons[j];
+				if (!k->started)
+					continue;
+				if (total++ >= max)
+					continue; /* counted, not listed */
+				struct tap_consume_consumer_info info = {
+				    .conn = c->id,
+				    .channel = ch->id,
+				    .tag = {(const uint8_t *)k->tag, k->tag ? k->tag_len : 0},
+				    .queue = {(const uint8_t *)k->queue, k->queue ? k->queue_len : 0},
+				    .no_ack = k->no_ack,
+				    .prefetch = ch->qos_seen ? ch->prefetch : 0,
+				    .global_qos = ch->global,
+				    .deliveries = k->deliveries,
+				    .since_us = k->t_start,
+				};
+				unacked_of(ch, k, &info.unacked, &info.oldest_us);
+				fn(ctx, &info);
+			}
+		}
+	}
+	return total;
+}
