@@ -99,6 +99,7 @@ int app_start_metrics(struct app *app, const struct tap_admin_sources *sources)
 	tap_track_set_verdict_hook(app->track, tap_metrics_tally_verdict, tap_admin_tally(app->admin));
 	tap_track_set_conn_hook(app->track, tap_metrics_tally_conn, tap_admin_tally(app->admin));
 	tap_track_set_missing_hook(app->track, tap_metrics_tally_missing, tap_admin_tally(app->admin));
+	tap_consume_set_delivery_hook(app->track, tap_metrics_tally_delivery, tap_admin_tally(app->admin));
 	return 0;
 }
 

@@ -123,6 +123,10 @@ typedef void (*tap_consume_consumer_fn)(void *ctx, const struct tap_consume_cons
  * pass over its channel's unacked deliveries (at most the channel's prefetch, or its share of the budget) per
  * listed consumer. */
 uint64_t tap_consume_each_consumer(const struct tap_track *t, size_t max, tap_consume_consumer_fn fn, void *ctx);
+/* fn (NULL: none) is called once per `delivery` record, right after it is emitted, with its queue (ptr NULL: not
+ * known) and outcome. */
+typedef void (*tap_consume_delivery_fn)(void *ctx, struct tap_slice queue, enum tap_consume_outcome outcome);
+void tap_consume_set_delivery_hook(struct tap_track *t, tap_consume_delivery_fn fn, void *ctx);
 /* Settle latency (deliver -> the client's ack/nack/reject) of the process, µs. */
 const struct tap_hist *tap_consume_settle_hist(const struct tap_track *t);
 /* Queue time (its publish forwarded -> the delivery forwarded: queue_us) of the linked deliveries, µs. */

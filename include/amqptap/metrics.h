@@ -43,13 +43,14 @@ void tap_metrics_hist_fold(struct tap_metrics_hist *h, const struct tap_hist *fr
 #define TAP_METRICS_PROBLEMS 32       /* problem publishes kept for the status page */
 #define TAP_METRICS_PROBLEM_BYTES 2048 /* a longer record is kept as a stub with its verdict only */
 #define TAP_METRICS_MISSING 32        /* resend_missing records kept for the status page */
-/* Publishes by exchange: at most TAP_METRICS_EXCHANGES exchanges have their own series, the busiest ones (counted
- * with the Space-Saving algorithm over TAP_METRICS_EXCHANGE_CANDIDATES candidates); every other publish counts in
- * exchange="(other)" (the default exchange is "(AMQP default)"; a real exchange's label value is never one of these,
- * nor that of another exchange: see tap_metrics_render_prometheus). The first TAP_METRICS_EXCHANGES exchanges seen get a series at once, so a tap that sees no
- * more exchanges than that counts each exactly. Past that, tap_metrics_tally_rank gives a series to a candidate
- * whose certain count is an eighth above that of the least busy exchange with one, which loses its series. A series counts from when it
- * was given, so every series, "(other)" included, only grows. */
+/* The busiest names of a kind (struct tap_metrics_top): publishes by exchange, deliveries by queue. At most
+ * TAP_METRICS_EXCHANGES names have their own series, the busiest ones (counted with the Space-Saving algorithm over
+ * TAP_METRICS_EXCHANGE_CANDIDATES candidates); every other one counts in "(other)" (the default exchange is
+ * "(AMQP default)"; a real name's label value is never one of these, nor that of another name: see
+ * tap_metrics_render_prometheus). The first TAP_METRICS_EXCHANGES names seen get a series at once, so a tap that sees
+ * no more names than that counts each exactly. Past that, tap_metrics_tally_rank gives a series to a candidate whose
+ * certain count is an eighth above that of the least busy name with one, which loses its series. A series counts
+ * from when it was given, so every series, "(other)" included, only grows. */
 #define TAP_METRICS_EXCHANGES 10
 #define TAP_METRICS_EXCHANGE_CANDIDATES 64
 #define TAP_METRICS_N_ROUTES 4 /* by enum tap_track_route */
@@ -78,14 +79,25 @@ struct tap_metrics_problem {
 	char json[TAP_METRICS_PROBLEM_BYTES]; /* the publish record as written, or a stub object */
 };
 
-struct tap_metrics_exchange {
+/* A name's counters: exchanges by enum tap_track_route, then TAP_METRICS_DROPPED (--definitions: dropped_by_topology
+ * publishes); queues by enum tap_consume_outcome. */
+#define TAP_METRICS_DROPPED TAP_METRICS_N_ROUTES
+#define TAP_METRICS_TOP_COUNTS 5
+
+struct tap_metrics_top_name {
 	uint8_t len;
-	char name[255]; /* an AMQP exchange name is a shortstr */
+	char name[255]; /* an AMQP exchange or queue name is a shortstr */
 	bool labelled;  /* has its own series */
 	uint64_t seen;      /* Space-Saving count: over-counts by at most inherited */
 	uint64_t inherited; /* the count of the candidate it replaced; seen - inherited is certain (the ranking's) */
-	uint64_t by_route[TAP_METRICS_N_ROUTES]; /* since it got its series; 0 while it has none */
-	uint64_t dropped;   /* --definitions: dropped_by_topology publishes, since it got its series */
+	uint64_t by[TAP_METRICS_TOP_COUNTS]; /* since it got its series; 0 while it has none */
+};
+
+struct tap_metrics_top {
+	struct tap_metrics_top_name names[TAP_METRICS_EXCHANGE_CANDIDATES];
+	size_t n, n_labelled;
+	size_t last; /* where the last one was found: most publishers use one exchange, most consumers one queue */
+	uint64_t other[TAP_METRICS_TOP_COUNTS]; /* the names without a series */
 };
 
 struct tap_metrics_tally {
@@ -104,11 +116,8 @@ struct tap_metrics_tally {
 	uint64_t missing_seen;                  /* resend_missing records */
 	size_t missing_next;                    /* ring position of the next one */
 	struct tap_metrics_problem missing[TAP_METRICS_MISSING];
-	struct tap_metrics_exchange exchanges[TAP_METRICS_EXCHANGE_CANDIDATES];
-	size_t n_exchanges, n_labelled;
-	size_t last_exchange; /* where the last publish's exchange was found: most publishers use one */
-	uint64_t other_by_route[TAP_METRICS_N_ROUTES];
-	uint64_t other_dropped; /* --definitions: dropped_by_topology publishes of the other exchanges */
+	struct tap_metrics_top exchanges; /* publish records by route */
+	struct tap_metrics_top queues;    /* delivery records by outcome */
 	bool topology;          /* a verdict said dropped_by_topology: the family is rendered */
 };
 
@@ -124,7 +133,9 @@ void tap_metrics_tally_conn(void *tally, const struct tap_track_conn_event *e);
 /* A tap_track_missing_fn (ctx: the tally): a resend_missing record, copied (a stub if it is longer than
  * TAP_METRICS_PROBLEM_BYTES or was lost) for the status page's latest missing resends. */
 void tap_metrics_tally_missing(void *tally, struct tap_slice record);
-/* Gives the busiest exchanges their series (see TAP_METRICS_EXCHANGES); call before rendering. */
+/* A tap_consume_delivery_fn (ctx: the tally): one delivery record, counted by its queue. */
+void tap_metrics_tally_delivery(void *tally, struct tap_slice queue, enum tap_consume_outcome outcome);
+/* Gives the busiest exchanges and queues their series (see TAP_METRICS_EXCHANGES); call before rendering. */
 void tap_metrics_tally_rank(struct tap_metrics_tally *t);
 
 /* ---- the routing model (--definitions, --management) ---- */

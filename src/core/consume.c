@@ -165,6 +165,11 @@ static void write_delivery(struct tap_track_conn *c, uint16_t ch, const struct c
 	trk_emit(t);
 	t->csm_st.delivery_records++;
 	t->csm_st.by_outcome[o->outcome]++;
+	if (t->csm_hook) { /* a get-ok whose get the tap did not see names no queue */
+		bool named = v->has_queue && !v->details_lost;
+		struct tap_slice q = {named ? v->queue : NULL, named ? v->queue_len : 0};
+		t->csm_hook(t->csm_hook_ctx, q, o->outcome);
+	}
 	if (o->outcome <= TAP_CONSUME_OUT_REJECT)
 		tap_hist_add(&t->csm_hist, o->t_settle - v->t_dlv);
 	if (o->requeue)
@@ -879,21 +884,4 @@ void tap_consume_conn_gap(struct tap_track_conn *c, int64_t now_us)
 		return;
 	for (uint32_t i = 0; i < c->csm->n_chans; i++)
 		chan_end_unacked(c, c->csm->chans[i], &r, now_us);
-}
-
-/* ---- stats ---- */
-
-void tap_consume_get_stats(const struct tap_track *t, struct tap_consume_stats *s)
-{
-	*s = t->csm_st;
-}
-
-const struct tap_hist *tap_consume_settle_hist(const struct tap_track *t)
-{
-	return &t->csm_hist;
-}
-
-const struct tap_hist *tap_consume_queue_hist(const struct tap_track *t)
-{
-	return &t->csm_queue_hist;
 }

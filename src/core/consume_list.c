@@ -1,5 +1,5 @@
-/* The consumers of the live connections, for the status page (tap_consume_each_consumer): reads the consumer
- * tracker's state (consume_int.h), changes none. */
+/* What the consumer tracker's state (consume_int.h) shows the metrics and the status page: the counters, the
+ * histograms, the consumers of the live connections; and the delivery hook they are fed by. Changes no state. */
 #include "consume_int.h"
 
 #include <string.h>
@@ -54,4 +54,27 @@ uint64_t tap_consume_each_consumer(const struct tap_track *t, size_t max, tap_co
 		}
 	}
 	return total;
+}
+
+/* ---- stats and the delivery hook ---- */
+
+void tap_consume_get_stats(const struct tap_track *t, struct tap_consume_stats *s)
+{
+	*s = t->csm_st;
+}
+
+const struct tap_hist *tap_consume_settle_hist(const struct tap_track *t)
+{
+	return &t->csm_hist;
+}
+
+const struct tap_hist *tap_consume_queue_hist(const struct tap_track *t)
+{
+	return &t->csm_queue_hist;
+}
+
+void tap_consume_set_delivery_hook(struct tap_track *t, tap_consume_delivery_fn fn, void *ctx)
+{
+	t->csm_hook = fn;
+	t->csm_hook_ctx = ctx;
 }

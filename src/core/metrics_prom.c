@@ -82,10 +82,11 @@ static void render_hist(struct tap_buf *b, const char *name, const char *help, c
 	tap_buf_printf(b, "amqptap_%s_count %" PRIu64 "\n", name, h->count);
 }
 
-/* The label values of the pseudo exchanges (an empty label value would mean no label at all to Prometheus).
- * RabbitMQ takes any shortstr as an exchange name, these too: exchange_label keeps real names off them. */
+/* The label values of the pseudo exchanges and queues (an empty label value would mean no label at all to
+ * Prometheus). RabbitMQ takes any shortstr as a name, these too: exchange_label keeps real names off them. */
 #define EXCHANGE_DEFAULT "(AMQP default)"
-#define EXCHANGE_OTHER "(other)"
+#define NAME_OTHER "(other)"
+#define QUEUE_UNKNOWN "(unknown)"
 
 /* The label value of a real exchange, before the text format's escaping: the name, with a byte that is not UTF-8
  * as \xHH, a backslash as \\ and a backslash before a leading "(". Each name has its own value (two names that
@@ -118,12 +119,35 @@ static size_t exchange_label(char *out, const char *name, size_t len)
 	return n;
 }
 
-static void exchange_routes(struct tap_buf *b, const char *label, size_t len, const uint64_t *by_route)
+/* The label value of name (QUEUE_UNKNOWN or EXCHANGE_DEFAULT for ""), escaped for the text format. */
+static void name_label(struct tap_buf *b, const struct tap_metrics_top_name *e, const char *empty)
 {
-	for (size_t r = 0; r < TAP_METRICS_N_ROUTES; r++) {
-		tap_buf_puts(b, "amqptap_exchange_publishes_total{exchange=\"");
-		label_valuen(b, label, len);
-		tap_buf_printf(b, "\",route=\"%s\"} %" PRIu64 "\n", metrics_route_names[r], by_route[r]);
+	char label[4 * sizeof e->name + 1];
+	if (e->len)
+		label_valuen(b, label, exchange_label(label, e->name, e->len));
+	else
+		label_valuen(b, empty, strlen(empty));
+}
+
+/* One sample per counter k < n of every name with a series, then of "(other)": NAME{KIND="...",BY="..."} v. */
+static void top_samples(struct tap_buf *b, const struct tap_metrics_top *top, const char *family_name, const char *kind,
+                        const char *empty, const char *by, const char *const *values, size_t first, size_t n)
+{
+	for (size_t i = 0; i <= top->n; i++) {
+		const struct tap_metrics_top_name *e = i < top->n ? &top->names[i] : NULL;
+		if (e && !e->labelled)
+			continue;
+		for (size_t k = first; k < first + n; k++) {
+			tap_buf_printf(b, "amqptap_%s{%s=\"", family_name, kind);
+			if (e)
+				name_label(b, e, empty);
+			else
+				tap_buf_puts(b, NAME_OTHER);
+			tap_buf_puts(b, "\"");
+			if (by)
+				tap_buf_printf(b, ",%s=\"%s\"", by, values[k - first]);
+			tap_buf_printf(b, "} %" PRIu64 "\n", e ? e->by[k] : top->other[k]);
+		}
 	}
 }
 
@@ -132,36 +156,32 @@ static void render_exchanges(struct tap_buf *b, const struct tap_metrics_tally *
 	family(b, "exchange_publishes_total", COUNTER,
 	       "Publish records by exchange and route for the " TAP_METRICS_STR(TAP_METRICS_EXCHANGES)
 	       " busiest exchanges, each counted since it got its series; every other publish in exchange=\""
-	       EXCHANGE_OTHER "\". The default exchange is \"" EXCHANGE_DEFAULT "\". In a name a byte that is not "
+	       NAME_OTHER "\". The default exchange is \"" EXCHANGE_DEFAULT "\". In a name a byte that is not "
 	       "UTF-8 shows as \\\\xHH, a backslash doubled, and a leading ( gets a backslash before it.");
-	char label[4 * sizeof t->exchanges[0].name + 1];
-	for (size_t i = 0; i < t->n_exchanges; i++) {
-		const struct tap_metrics_exchange *e = &t->exchanges[i];
-		if (!e->labelled)
-			continue;
-		if (e->len == 0)
-			exchange_routes(b, EXCHANGE_DEFAULT, strlen(EXCHANGE_DEFAULT), e->by_route);
-		else
-			exchange_routes(b, label, exchange_label(label, e->name, e->len), e->by_route);
-	}
-	exchange_routes(b, EXCHANGE_OTHER, strlen(EXCHANGE_OTHER), t->other_by_route);
+	top_samples(b, &t->exchanges, "exchange_publishes_total", "exchange", EXCHANGE_DEFAULT, "route",
+	            metrics_route_names, 0, TAP_METRICS_N_ROUTES);
 	if (!t->topology)
 		return;
 	/* --definitions: the alert on publishes the broker's topology drops, by the same exchanges' series */
 	family(b, "exchange_dropped_by_topology_total", COUNTER,
 	       "Publishes not mandatory that the --definitions model routes to no queue (dropped_by_topology), by "
 	       "exchange, for the exchanges of exchange_publishes_total.");
-	for (size_t i = 0; i < t->n_exchanges; i++) {
-		const struct tap_metrics_exchange *e = &t->exchanges[i];
-		if (!e->labelled)
-			continue;
-		size_t len = e->len ? exchange_label(label, e->name, e->len) : strlen(EXCHANGE_DEFAULT);
-		tap_buf_printf(b, "amqptap_exchange_dropped_by_topology_total{exchange=\"");
-		label_valuen(b, e->len ? label : EXCHANGE_DEFAULT, len);
-		tap_buf_printf(b, "\"} %" PRIu64 "\n", e->dropped);
-	}
-	tap_buf_printf(b, "amqptap_exchange_dropped_by_topology_total{exchange=\"" EXCHANGE_OTHER "\"} %" PRIu64 "\n",
-	               t->other_dropped);
+	top_samples(b, &t->exchanges, "exchange_dropped_by_topology_total", "exchange", EXCHANGE_DEFAULT, NULL, NULL,
+	            TAP_METRICS_DROPPED, 1);
+}
+
+static void render_queues(struct tap_buf *b, const struct tap_metrics_tally *t)
+{
+	static const char *outcomes[TAP_CONSUME_N_OUTCOMES];
+	for (int o = 0; o < TAP_CONSUME_N_OUTCOMES; o++)
+		outcomes[o] = tap_consume_outcome_name((enum tap_consume_outcome)o);
+	family(b, "queue_deliveries_total", COUNTER,
+	       "delivery records by queue and outcome for the " TAP_METRICS_STR(TAP_METRICS_EXCHANGES)
+	       " busiest queues, each counted since it got its series; every other delivery in queue=\"" NAME_OTHER
+	       "\"; a get-ok whose basic.get the tap did not see in queue=\"" QUEUE_UNKNOWN "\". Names are written as "
+	       "exchange_publishes_total's.");
+	top_samples(b, &t->queues, "queue_deliveries_total", "queue", QUEUE_UNKNOWN, "outcome", outcomes, 0,
+	            TAP_CONSUME_N_OUTCOMES);
 }
 
 static void render_capture(struct tap_buf *b, const struct tap_metrics_snapshot *s)
@@ -309,6 +329,7 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 	            "Time from a publish forwarded to the broker to its delivery forwarded to a consumer (queue_us), for "
 	            "the deliveries linked to a publish this tap saw.", &s->queue);
 	render_exchanges(b, t);
+	render_queues(b, t);
 	render_capture(b, s);
 	render_topology(b, s);
 	if (s->have_faults) { /* --fault */

@@ -182,20 +182,20 @@ static void json_exchanges(struct tap_json *j, const struct tap_metrics_tally *t
 	tap_json_obj_begin(j);
 	tap_json_key(j, "rows");
 	tap_json_arr_begin(j);
-	for (size_t i = 0; i < t->n_exchanges; i++) {
-		const struct tap_metrics_exchange *e = &t->exchanges[i];
+	for (size_t i = 0; i < t->exchanges.n; i++) {
+		const struct tap_metrics_top_name *e = &t->exchanges.names[i];
 		if (!e->labelled)
 			continue;
 		tap_json_obj_begin(j);
 		tap_json_key(j, "exchange");
 		tap_json_strn(j, e->name, e->len);
-		json_routes(j, e->by_route);
+		json_routes(j, e->by);
 		tap_json_obj_end(j);
 	}
 	tap_json_arr_end(j);
 	tap_json_key(j, "other");
 	tap_json_obj_begin(j);
-	json_routes(j, t->other_by_route);
+	json_routes(j, t->exchanges.other);
 	tap_json_obj_end(j);
 	tap_json_obj_end(j);
 }

@@ -1,5 +1,6 @@
 /* The tally the tracker's verdict and connection hooks feed (tap_metrics_tally_*): returns by reply code, return
- * latency, publishes by exchange (Space-Saving), the last problem publishes, the upstream's state. */
+ * latency, publishes by exchange and deliveries by queue (Space-Saving), the last problem publishes and missing
+ * resends, the upstream's state. */
 #include "metrics_int.h"
 
 #include "amqptap/identity.h"
@@ -53,66 +54,81 @@ static void keep_problem(struct tap_metrics_tally *t, const struct tap_track_ver
 	p->len = n > 0 && (size_t)n < sizeof p->json ? (uint16_t)n : 0;
 }
 
-static bool same_exchange(const struct tap_metrics_exchange *e, struct tap_slice x)
+_Static_assert(TAP_METRICS_N_ROUTES + 1 <= TAP_METRICS_TOP_COUNTS && TAP_CONSUME_N_OUTCOMES <= TAP_METRICS_TOP_COUNTS,
+               "a name's counters hold every route and dropped, and every delivery outcome");
+
+static bool same_name(const struct tap_metrics_top_name *e, struct tap_slice x)
 {
 	return e->len == x.len && memcmp(e->name, x.ptr, x.len) == 0;
 }
 
-/* The candidate slot of exchange x: found, new, or (Space-Saving) the least counted one without a series, which
- * x inherits with its count. */
-static struct tap_metrics_exchange *exchange_slot(struct tap_metrics_tally *t, struct tap_slice x)
+/* The candidate slot of name x: found, new, or (Space-Saving) the least counted one without a series, which x
+ * inherits with its count. */
+static struct tap_metrics_top_name *top_slot(struct tap_metrics_top *top, struct tap_slice x)
 {
-	if (t->n_exchanges && same_exchange(&t->exchanges[t->last_exchange], x))
-		return &t->exchanges[t->last_exchange];
-	size_t at = t->n_exchanges;
-	for (size_t i = 0; i < t->n_exchanges; i++) {
-		if (same_exchange(&t->exchanges[i], x)) {
-			t->last_exchange = i;
-			return &t->exchanges[i];
+	if (top->n && same_name(&top->names[top->last], x))
+		return &top->names[top->last];
+	size_t at = top->n;
+	for (size_t i = 0; i < top->n; i++) {
+		if (same_name(&top->names[i], x)) {
+			top->last = i;
+			return &top->names[i];
 		}
 	}
 	uint64_t inherited = 0;
 	if (at == TAP_METRICS_EXCHANGE_CANDIDATES) {
 		for (size_t i = 0; i < TAP_METRICS_EXCHANGE_CANDIDATES; i++)
-			if (!t->exchanges[i].labelled && (at == TAP_METRICS_EXCHANGE_CANDIDATES ||
-			                                  t->exchanges[i].seen < t->exchanges[at].seen))
+			if (!top->names[i].labelled && (at == TAP_METRICS_EXCHANGE_CANDIDATES ||
+			                                top->names[i].seen < top->names[at].seen))
 				at = i;
-		inherited = t->exchanges[at].seen;
+		inherited = top->names[at].seen;
 	} else {
-		t->n_exchanges++;
+		top->n++;
 	}
-	struct tap_metrics_exchange *e = &t->exchanges[at];
+	struct tap_metrics_top_name *e = &top->names[at];
 	memset(e, 0, sizeof *e);
 	e->len = (uint8_t)(x.len < sizeof e->name ? x.len : sizeof e->name);
 	memcpy(e->name, x.ptr, e->len);
 	e->seen = inherited;
 	e->inherited = inherited;
-	if (t->n_labelled < TAP_METRICS_EXCHANGES) { /* a free series: counted exactly from its first publish */
+	if (top->n_labelled < TAP_METRICS_EXCHANGES) { /* a free series: counted exactly from its first one */
 		e->labelled = true;
-		t->n_labelled++;
+		top->n_labelled++;
 	}
-	t->last_exchange = at;
+	top->last = at;
 	return e;
+}
+
+/* One more of name x, counted k: in its series, or in "(other)". */
+static void top_count(struct tap_metrics_top *top, struct tap_slice x, unsigned k)
+{
+	if (!x.ptr)
+		x = (struct tap_slice){(const uint8_t *)"", 0};
+	struct tap_metrics_top_name *e = top_slot(top, x);
+	e->seen++;
+	if (e->labelled)
+		e->by[k]++;
+	else
+		top->other[k]++;
 }
 
 static void count_exchange(struct tap_metrics_tally *t, const struct tap_track_verdict *v)
 {
-	struct tap_slice x = v->exchange;
-	if (!x.ptr)
-		x = (struct tap_slice){(const uint8_t *)"", 0};
-	struct tap_metrics_exchange *e = exchange_slot(t, x);
-	e->seen++;
-	if (e->labelled)
-		e->by_route[v->route]++;
-	else
-		t->other_by_route[v->route]++;
-	if (v->dropped_by_topology) { /* --definitions */
+	top_count(&t->exchanges, v->exchange, v->route);
+	if (v->dropped_by_topology) { /* --definitions: counted beside its route (top_count found it last) */
 		t->topology = true;
+		struct tap_metrics_top_name *e = &t->exchanges.names[t->exchanges.last];
 		if (e->labelled)
-			e->dropped++;
+			e->by[TAP_METRICS_DROPPED]++;
 		else
-			t->other_dropped++;
+			t->exchanges.other[TAP_METRICS_DROPPED]++;
 	}
+}
+
+void tap_metrics_tally_delivery(void *tally, struct tap_slice queue, enum tap_consume_outcome outcome)
+{
+	struct tap_metrics_tally *t = tally;
+	top_count(&t->queues, queue, outcome);
 }
 
 void tap_metrics_tally_missing(void *tally, struct tap_slice record)
@@ -173,17 +189,17 @@ void tap_metrics_tally_conn(void *tally, const struct tap_track_conn_event *e)
 	}
 }
 
-static uint64_t certain(const struct tap_metrics_exchange *e)
+static uint64_t certain(const struct tap_metrics_top_name *e)
 {
 	return e->seen - e->inherited;
 }
 
 /* The candidate without a series that has the highest certain count, or the one with a series with the lowest. */
-static struct tap_metrics_exchange *extreme(struct tap_metrics_tally *t, bool labelled)
+static struct tap_metrics_top_name *extreme(struct tap_metrics_top *top, bool labelled)
 {
-	struct tap_metrics_exchange *best = NULL;
-	for (size_t i = 0; i < t->n_exchanges; i++) {
-		struct tap_metrics_exchange *e = &t->exchanges[i];
+	struct tap_metrics_top_name *best = NULL;
+	for (size_t i = 0; i < top->n; i++) {
+		struct tap_metrics_top_name *e = &top->names[i];
 		if (e->labelled != labelled)
 			continue;
 		if (!best || (labelled ? certain(e) < certain(best) : certain(e) > certain(best)))
@@ -192,19 +208,25 @@ static struct tap_metrics_exchange *extreme(struct tap_metrics_tally *t, bool la
 	return best;
 }
 
-void tap_metrics_tally_rank(struct tap_metrics_tally *t)
+static void top_rank(struct tap_metrics_top *top)
 {
 	for (size_t swaps = 0; swaps < TAP_METRICS_EXCHANGES; swaps++) {
-		struct tap_metrics_exchange *in = extreme(t, false);
-		struct tap_metrics_exchange *out = extreme(t, true);
+		struct tap_metrics_top_name *in = extreme(top, false);
+		struct tap_metrics_top_name *out = extreme(top, true);
 		if (!in || (out && certain(in) <= certain(out) + certain(out) / 8))
 			return;
-		if (out) { /* its series ends; its publishes count in "(other)" from now on */
+		if (out) { /* its series ends; what it counts goes to "(other)" from now on */
 			out->labelled = false;
-			memset(out->by_route, 0, sizeof out->by_route);
+			memset(out->by, 0, sizeof out->by);
 		} else {
-			t->n_labelled++;
+			top->n_labelled++;
 		}
 		in->labelled = true;
 	}
+}
+
+void tap_metrics_tally_rank(struct tap_metrics_tally *t)
+{
+	top_rank(&t->exchanges);
+	top_rank(&t->queues);
 }

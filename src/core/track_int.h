@@ -357,6 +357,8 @@ struct tap_track {
 	struct tap_hist csm_queue_hist;  /* publish -> delivery of the linked deliveries (queue_us) */
 	int64_t csm_due;                 /* no consumer rule runs out before this (csm_tick) */
 	struct csm_link *csm_links;      /* publish -> delivery links (consume_int.h); NULL until a consumer */
+	tap_consume_delivery_fn csm_hook; /* tap_consume_set_delivery_hook */
+	void *csm_hook_ctx;
 	struct trk_counts closed_counts; /* of connections already ended */
 	struct tap_hist hist;
 	struct tap_hist resend_hist; /* from an attempt's publish to its resend's (µs) */

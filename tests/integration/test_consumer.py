@@ -475,6 +475,9 @@ class ConsumerTest(TapTestCase):
             self.assertEqual(m["amqptap_deliveries_unacked"], n - 5 + 1)  # the rejected one came back
             self.assertEqual(m['amqptap_delivery_outcomes_total{outcome="ack"}'], 4)
             self.assertEqual(m['amqptap_delivery_outcomes_total{outcome="reject"}'], 1)
+            self.assertEqual(m[f'amqptap_queue_deliveries_total{{queue="{self.queue}",outcome="ack"}}'], 4)
+            self.assertEqual(m[f'amqptap_queue_deliveries_total{{queue="{self.queue}",outcome="reject"}}'], 1)
+            self.assertEqual(m['amqptap_queue_deliveries_total{queue="(other)",outcome="ack"}'], 0)
             self.assertEqual(m["amqptap_requeues_total"], 1)
             self.assertEqual(m["amqptap_redeliveries_total"], 1)
             self.assertEqual(m["amqptap_settle_latency_seconds_count"], 5)

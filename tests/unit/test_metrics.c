@@ -787,11 +787,62 @@ START_TEST(exchanges_are_bounded_ranked_and_escaped)
 		publish_to(t, "heavy", 5, TAP_TRACK_ROUTE_ROUTED, 1);
 	}
 	tap_metrics_tally_rank(t);
-	ck_assert_uint_le(t->n_exchanges, TAP_METRICS_EXCHANGE_CANDIDATES);
+	ck_assert_uint_le(t->exchanges.n, TAP_METRICS_EXCHANGE_CANDIDATES);
 	text = render(t, &b);
 	ck_assert_int_ge(exchange_sample(text, "heavy", "routed"), 0);
 	ck_assert_uint_eq(count_of(text, "amqptap_exchange_publishes_total{"), (TAP_METRICS_EXCHANGES + 1) * 4);
 	ck_assert_ptr_null(strstr(text, "burst"));
+	tap_buf_deinit(&b);
+	free(t);
+}
+END_TEST
+
+static long long queue_sample(const char *text, const char *queue, const char *outcome)
+{
+	char want[600];
+	snprintf(want, sizeof want, "\namqptap_queue_deliveries_total{queue=\"%s\",outcome=\"%s\"} ", queue, outcome);
+	const char *p = strstr(text, want);
+	return p ? strtoll(p + strlen(want), NULL, 10) : -1;
+}
+
+/* Deliveries by queue: the busiest queues have series (the same Space-Saving as the exchanges), the rest count in
+ * "(other)", a delivery whose queue is not known in "(unknown)"; a name is written as an exchange's. */
+START_TEST(deliveries_by_queue)
+{
+	struct tap_metrics_tally *t = new_tally();
+	struct tap_buf b;
+	tap_buf_init(&b);
+	char *text = render(t, &b);
+	ck_assert_int_eq(queue_sample(text, "(other)", "ack"), 0); /* the family is there from the start */
+	ck_assert_uint_eq(count_of(text, "amqptap_queue_deliveries_total{"), TAP_CONSUME_N_OUTCOMES);
+	char name[16];
+	for (int i = 0; i < 14; i++) {
+		snprintf(name, sizeof name, "q%02d", i);
+		for (int k = 0; k <= i; k++)
+			tap_metrics_tally_delivery(t, (struct tap_slice){(const uint8_t *)name, strlen(name)},
+			                           k % 3 ? TAP_CONSUME_OUT_ACK : TAP_CONSUME_OUT_REJECT);
+	}
+	tap_metrics_tally_delivery(t, (struct tap_slice){NULL, 0}, TAP_CONSUME_OUT_UNKNOWN);
+	tap_metrics_tally_delivery(t, (struct tap_slice){(const uint8_t *)"(other)", 7}, TAP_CONSUME_OUT_AUTO_ACK);
+	text = render(t, &b);
+	ck_assert_int_eq(queue_sample(text, "q00", "reject"), 1);
+	ck_assert_int_eq(queue_sample(text, "q02", "ack"), 2);
+	ck_assert_int_eq(queue_sample(text, "q02", "reject"), 1);
+	ck_assert_int_eq(queue_sample(text, "q09", "nack"), 0);
+	ck_assert_int_eq(queue_sample(text, "q10", "ack"), -1); /* past the first 10: in "(other)" */
+	ck_assert_int_eq(queue_sample(text, "(other)", "ack"), 7 + 8 + 8 + 9); /* q10..q13: 11..14 deliveries */
+	ck_assert_int_eq(queue_sample(text, "(other)", "reject"), 4 + 4 + 5 + 5);
+	ck_assert_int_eq(queue_sample(text, "(other)", "unknown"), 1); /* "(unknown)" has no series yet either */
+	ck_assert_int_eq(queue_sample(text, "(other)", "auto_ack"), 1); /* a queue named "(other)": not a series */
+	/* the busier queues get their series at the next ranking, the least busy lose theirs */
+	tap_metrics_tally_rank(t);
+	for (int k = 0; k < 3; k++)
+		tap_metrics_tally_delivery(t, (struct tap_slice){(const uint8_t *)"q13", 3}, TAP_CONSUME_OUT_ACK);
+	text = render(t, &b);
+	ck_assert_int_eq(queue_sample(text, "q13", "ack"), 3);
+	ck_assert_int_eq(queue_sample(text, "q00", "reject"), -1);
+	ck_assert_uint_eq(count_of(text, "amqptap_queue_deliveries_total{"),
+	                  (TAP_METRICS_EXCHANGES + 1) * TAP_CONSUME_N_OUTCOMES);
 	tap_buf_deinit(&b);
 	free(t);
 }
@@ -978,6 +1029,7 @@ int main(void)
 	tcase_add_test(tc, tally_counts_problem_publishes_and_returns);
 	tcase_add_test(tc, tally_keeps_the_newest_problems);
 	tcase_add_test(tc, tally_keeps_the_newest_missing_resends);
+	tcase_add_test(tc, deliveries_by_queue);
 	tcase_add_test(tc, status_says_each_outputs_losses);
 	tcase_add_test(tc, connections_closed_by_their_records_by);
 	tcase_add_test(tc, status_lists_fault_rules);
