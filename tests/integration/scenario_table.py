@@ -741,6 +741,111 @@ def expect_client_killed(case, out, _facts):
     case.assertEqual({p[f"k-{i}"]["confirm"] for i in range(2, 51)}, {"unknown"})
 
 
+def pump(c, until, timeout=10):
+    """Runs pika's I/O until until() holds (a drive that finds it never does raises)."""
+    end = time.monotonic() + timeout
+    while not until():
+        if time.monotonic() > end:
+            raise RuntimeError("the broker did not deliver in time")
+        c.process_data_events(0.05)
+
+
+def drive_consumer_acks(run):
+    """The consumer side: 8 confirmed publishes through the tap, then one consumer (prefetch 10) settling them
+    every way: ack, a multiple ack, nack with requeue (redelivered, then acked), reject without requeue; its cancel;
+    basic.get on the empty queue (get-empty), and of a 9th message (get-ok, acked)."""
+    q = run.queue("q")
+    c = run.connect()
+    ch = c.channel()
+    ch.basic_qos(prefetch_count=10)  # the tap's first consumer method: from now on it links publishes to deliveries
+    pub = c.channel()
+    pub.confirm_delivery()
+    for i in range(1, 9):
+        pub.basic_publish("", q, f"consume {i}".encode(), text_props(f"cons-{i}"), mandatory=True)
+    got = []
+    ch.basic_consume(q, lambda _ch, m, _p, _b: got.append(m), consumer_tag="cap-consumer")
+    pump(c, lambda: len(got) == 8)
+    tag = {m.delivery_tag: m for m in got}
+    ch.basic_ack(1)
+    ch.basic_ack(3, multiple=True)  # 2 and 3
+    ch.basic_nack(4, requeue=True)  # comes back redelivered
+    ch.basic_reject(5, requeue=False)
+    ch.basic_ack(8, multiple=True)  # 6, 7, 8
+    pump(c, lambda: len(got) == 9)
+    if not got[8].redelivered or len(tag) != 8:
+        raise RuntimeError("the nacked message did not come back redelivered")
+    ch.basic_ack(got[8].delivery_tag)
+    ch.basic_cancel("cap-consumer")
+    if ch.basic_get(q)[0] is not None:
+        raise RuntimeError("the queue is not empty")
+    pub.basic_publish("", q, b"consume 9", text_props("cons-9"), mandatory=True)
+    method, _props, _body = ch.basic_get(q)
+    ch.basic_ack(method.delivery_tag)
+    c.close()
+
+
+def expect_consumer_acks(case, out, _facts):
+    dels = out.records("delivery")
+    seen = [(d["message_id"], d["outcome"], d["multiple"], d.get("requeue"), d["redelivered"]) for d in dels]
+    case.assertEqual(sorted(seen, key=str), sorted([
+        ("cons-1", "ack", False, None, False), ("cons-2", "ack", True, None, False),
+        ("cons-3", "ack", True, None, False), ("cons-4", "nack", False, True, False),
+        ("cons-4", "ack", False, None, True), ("cons-5", "reject", False, False, False),
+        ("cons-6", "ack", True, None, False), ("cons-7", "ack", True, None, False),
+        ("cons-8", "ack", True, None, False), ("cons-9", "ack", False, None, False)], key=str), seen)
+    case.assertTrue(all(d["queue_us"] > 0 for d in dels), "each linked to its publish through the tap")
+    case.assertEqual([d["consumer_tag"] for d in dels if d["message_id"] == "cons-9"], [None], "basic.get")
+    cons = out.records("consumer")
+    case.assertEqual([(r["event"], r["consumer_tag"]) for r in cons],
+                     [("consume", "cap-consumer"), ("cancel", "cap-consumer")])
+    case.assertEqual(len(out.records("publish")), 9)
+
+
+def drive_consumer_channel_closed(run):
+    """A consumer (prefetch 5) takes 5 messages and closes its channel without settling any: each is unknown
+    (channel_closed); a second channel's consumer gets them again redelivered and acks them at once (multiple);
+    a third takes 2 messages of another queue with automatic acks."""
+    q = run.queue("q")
+    q2 = run.queue("auto")
+    c = run.connect()
+    first = c.channel()
+    first.basic_qos(prefetch_count=5)  # the tap's first consumer method: from now on it links publishes to deliveries
+    pub = c.channel()
+    pub.confirm_delivery()
+    for i in range(1, 6):
+        pub.basic_publish("", q, f"closed {i}".encode(), text_props(f"cc-{i}"), mandatory=True)
+    for i in range(1, 3):
+        pub.basic_publish("", q2, f"auto {i}".encode(), text_props(f"auto-{i}"), mandatory=True)
+    got = []
+    first.basic_consume(q, lambda _ch, m, _p, _b: got.append(m), consumer_tag="cap-first")
+    pump(c, lambda: len(got) == 5)
+    first.close()
+    second = c.channel()
+    again = []
+    second.basic_consume(q, lambda _ch, m, _p, _b: again.append(m), consumer_tag="cap-second")
+    pump(c, lambda: len(again) == 5)
+    second.basic_ack(again[-1].delivery_tag, multiple=True)
+    third = c.channel()
+    auto = []
+    third.basic_consume(q2, lambda _ch, m, _p, _b: auto.append(m), auto_ack=True, consumer_tag="cap-auto")
+    pump(c, lambda: len(auto) == 2)
+    c.close()
+
+
+def expect_consumer_channel_closed(case, out, _facts):
+    dels = out.records("delivery")
+    first = [d for d in dels if d["consumer_tag"] == "cap-first"]
+    case.assertEqual([(d["message_id"], d["outcome"], d["reason"]["by"]) for d in first],
+                     [(f"cc-{i}", "unknown", "channel_closed") for i in range(1, 6)])
+    second = [d for d in dels if d["consumer_tag"] == "cap-second"]
+    case.assertEqual([(d["message_id"], d["outcome"], d["redelivered"]) for d in second],
+                     [(f"cc-{i}", "ack", True) for i in range(1, 6)])
+    auto = [d for d in dels if d["consumer_tag"] == "cap-auto"]
+    case.assertEqual([(d["message_id"], d["outcome"]) for d in auto], [("auto-1", "auto_ack"), ("auto-2", "auto_ack")])
+    case.assertEqual(len(dels), 12)
+    case.assertTrue(all(d["queue_us"] > 0 for d in dels))
+
+
 # why a driver leaves an entry out
 NO_CAPTURE = "no golden capture: captures/ holds one small recording of each §7 scenario (the entries below)"
 TAP_ITSELF = "the event under test is the proxy's own stop (SIGTERM with verdicts pending), not traffic"
@@ -801,6 +906,10 @@ SCENARIOS = [
     Scenario("tx_channel", "§7.10", drive_tx_channel, expect_tx_channel,
              skip={"proxy": GOLDEN_ONLY, "sniff": GOLDEN_ONLY}),
     Scenario("client_killed", "§7.9", drive_client_killed, expect_client_killed,
+             skip={"proxy": GOLDEN_ONLY, "sniff": GOLDEN_ONLY}),
+    Scenario("consumer_acks", "§3 consumers", drive_consumer_acks, expect_consumer_acks,
+             skip={"proxy": GOLDEN_ONLY, "sniff": GOLDEN_ONLY}),
+    Scenario("consumer_channel_closed", "§3 consumers", drive_consumer_channel_closed, expect_consumer_channel_closed,
              skip={"proxy": GOLDEN_ONLY, "sniff": GOLDEN_ONLY}),
 ]
 

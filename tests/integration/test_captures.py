@@ -156,6 +156,9 @@ class GoldenCaptures(unittest.TestCase):
                 recs = sum(1 for r in read_records(out) if r["type"] == "publish")
                 self.assertEqual(recs, pubs)
                 self.assertGreater(recs, 0)
+                # and one delivery record per basic.deliver or basic.get-ok
+                dlvs = sum(1 for f in read_records(frames) if f.get("method") in ("basic.deliver", "basic.get-ok"))
+                self.assertEqual(sum(1 for r in read_records(out) if r["type"] == "delivery"), dlvs)
 
     def test_scenario_shapes(self):
         """The recorded verdicts show what each capture is for (a re-recording must keep them): the expectations
