@@ -43,6 +43,10 @@ struct tap_delivery {
 	/* its channel had no decoder state (past --max-tracking-memory): handed over at its method, its content not
 	 * read (header_lost too); written at once, unknown/no_memory unless its consumer is known to be no_ack */
 	bool unfollowed;
+	/* its identity as a publish's is made (amqptap/identity.h, --identity): the same as its publish's, by which the
+	 * tracker links the two; 0: none */
+	uint8_t identity_kind;
+	uint64_t identity;
 };
 
 /* How a client settles deliveries. */

@@ -161,10 +161,12 @@ void conn_store_free(const struct tap_conn *c, struct tap_buf *store)
 
 void conn_fp_free(const struct tap_conn *c, struct channel *ch)
 {
-	if (!ch->fp)
-		return;
-	tap_identity_stream_free(ch->fp);
-	ch->fp = NULL;
-	c->o->pending_mem -= tap_identity_stream_size();
+	for (int d = 0; d < TAP_DIR_COUNT; d++) {
+		if (!ch->fp[d])
+			continue;
+		tap_identity_stream_free(ch->fp[d]);
+		ch->fp[d] = NULL;
+		c->o->pending_mem -= tap_identity_stream_size();
+	}
 }
 

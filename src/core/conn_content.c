@@ -46,13 +46,21 @@ static void keep_wanted_headers(const struct tap_conn *c, struct pending *p, str
 enum pending_end { PENDING_COMPLETE, PENDING_CUT };
 
 /* ---- identity (amqptap/identity.h): the message_id, else a fingerprint of what precedes the body and of the body,
- * hashed as its frames pass (the body is never kept) ---- */
+ * hashed as its frames pass (the body is never kept). A publish's, and a delivery's: the broker delivers the
+ * exchange, routing key, properties and body it was published with, so a delivery's identity is its publish's (the
+ * consumer tracker links the two by it) ---- */
+
+/* The fingerprint stream of p's direction of ch. */
+static struct tap_identity_stream **fp_of(struct channel *ch, const struct pending *p)
+{
+	return &ch->fp[p == &ch->dir[TAP_S2C] ? TAP_S2C : TAP_C2S];
+}
 
 static void ident_begin(const struct tap_conn *c, struct pending *p, const struct tap_frame_ev *ev,
 			const struct tap_props *props)
 {
 	enum tap_identity_mode mode = (enum tap_identity_mode)tap_track_identity_mode(c->o->track);
-	if (p->kind != PENDING_PUBLISH || mode == TAP_IDENTITY_OFF)
+	if ((p->kind != PENDING_PUBLISH && p->kind != PENDING_DELIVER) || mode == TAP_IDENTITY_OFF)
 		return;
 	if (mode != TAP_IDENTITY_BODY && (props->flags & TAP_PROP_MESSAGE_ID) && props->message_id.len) {
 		p->ident_kind = TAP_IDENTITY_ID;
@@ -77,28 +85,30 @@ static void ident_body(struct tap_conn *c, struct channel *ch, struct pending *p
 			return;
 		}
 		struct tap_observer *o = c->o;
-		if (!ch->fp) {
+		struct tap_identity_stream **fp = fp_of(ch, p);
+		if (!*fp) {
 			size_t size = tap_identity_stream_size();
-			if (o->pending_mem + size > o->pending_max || !(ch->fp = tap_identity_stream_new())) {
+			if (o->pending_mem + size > o->pending_max || !(*fp = tap_identity_stream_new())) {
 				p->fp_on = false; /* no room: no identity */
 				return;
 			}
 			o->pending_mem += size;
 		}
-		tap_identity_stream_reset(ch->fp, p->ident);
+		tap_identity_stream_reset(*fp, p->ident);
 		p->fp_stream = true;
 	}
-	tap_identity_stream_update(ch->fp, ev->data, ev->len);
+	tap_identity_stream_update(*fp_of(ch, p), ev->data, ev->len);
 }
 
-static void ident_finish(struct tap_conn *c, uint16_t channel, struct pending *p, bool complete,
-			 struct tap_publish *pub)
+/* The content's identity into *kind and *ident (kind 0: none). A cut content keeps only one made of its message_id. */
+static void ident_finish(struct tap_conn *c, uint16_t channel, struct pending *p, bool complete, uint8_t *kind,
+			 uint64_t *ident)
 {
 	if (p->fp_on && complete) {
 		if (p->fp_stream) {
 			struct channel *ch = conn_channel_find(c, channel);
-			if (ch && ch->fp) {
-				p->ident = tap_identity_stream_digest(ch->fp);
+			if (ch && *fp_of(ch, p)) {
+				p->ident = tap_identity_stream_digest(*fp_of(ch, p));
 				p->ident_kind = TAP_IDENTITY_FINGERPRINT;
 			}
 		} else if (p->body_size == 0) {
@@ -106,8 +116,8 @@ static void ident_finish(struct tap_conn *c, uint16_t channel, struct pending *p
 			p->ident_kind = TAP_IDENTITY_FINGERPRINT;
 		}
 	}
-	pub->identity_kind = p->ident_kind; /* a cut content keeps only an identity made of its message_id */
-	pub->identity = p->ident_kind ? p->ident : 0;
+	*kind = p->ident_kind;
+	*ident = p->ident_kind ? p->ident : 0;
 }
 
 static void pending_finish(struct tap_conn *c, uint16_t channel, struct pending *p, enum pending_end how,
@@ -149,7 +159,7 @@ static void pending_finish(struct tap_conn *c, uint16_t channel, struct pending 
 			.content_cut = cut,
 			.header_lost = cut && !p->have_header,
 		};
-		ident_finish(c, channel, p, how == PENDING_COMPLETE, &pub);
+		ident_finish(c, channel, p, how == PENDING_COMPLETE, &pub.identity_kind, &pub.identity);
 		tap_track_publish(c->tc, channel, &pub, now_us);
 	} else if (p->kind == PENDING_RETURN) {
 		struct tap_return r = {
@@ -180,6 +190,7 @@ static void pending_finish(struct tap_conn *c, uint16_t channel, struct pending 
 			.content_cut = cut,
 			.header_lost = cut && !p->have_header,
 		};
+		ident_finish(c, channel, p, how == PENDING_COMPLETE, &d.identity_kind, &d.identity);
 		tap_consume_deliver(c->tc, channel, &d, now_us);
 	}
 	conn_pending_reset(c, p, PENDING_NONE);
@@ -217,6 +228,7 @@ static void deliver_header(struct tap_conn *c, uint16_t channel, struct pending 
 			p->has_message_id = true;
 			p->message_id = conn_keep(c, p, props.message_id.ptr, props.message_id.len);
 		}
+		ident_begin(c, p, ev, &props); /* a header the broker adds (x-death, x-delivery-count) makes another */
 		struct tap_field f;
 		if ((props.flags & TAP_PROP_HEADERS) &&
 		    tap_table_find(props.headers.ptr, props.headers.len, "x-delivery-count", &f)) {

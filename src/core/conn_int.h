@@ -59,9 +59,9 @@ struct pending {
 struct channel {
 	uint16_t number;
 	struct pending dir[TAP_DIR_COUNT];
-	/* a fingerprint of a body that comes in more than one piece; made at the first such body and kept with the
-	 * channel, counted in the observer's pending_mem */
-	struct tap_identity_stream *fp;
+	/* a fingerprint of a body that comes in more than one piece, per direction (a publish's and a delivery's may
+	 * cross); made at the first such body and kept with the channel, counted in the observer's pending_mem */
+	struct tap_identity_stream *fp[TAP_DIR_COUNT];
 };
 
 struct direction {

@@ -4,6 +4,8 @@
  * client asks for a recover, or it is evicted. Memory is counted in the tracker's budget (--max-tracking-memory). */
 #include "consume_int.h"
 
+#include "amqptap/identity.h"
+
 #include "track_budget.h"
 #include "track_record.h"
 #include "track_store.h"
@@ -27,29 +29,28 @@ static struct csm_chan *chan_find(const struct csm_conn *k, uint16_t id)
 	return lo < k->n_chans && k->chans[lo]->id == id ? k->chans[lo] : NULL;
 }
 
-static uint64_t id_hash(const uint8_t *p, size_t len)
+uint64_t csm_link_key(uint8_t identity_kind, uint64_t identity, bool has_message_id, struct tap_slice message_id)
 {
-	uint64_t h = UINT64_C(0xcbf29ce484222325); /* FNV-1a, then a splitmix64 finish for the low bits */
-	for (size_t i = 0; i < len; i++)
-		h = (h ^ p[i]) * UINT64_C(0x100000001b3);
-	h = (h ^ (h >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-	h = (h ^ (h >> 27)) * UINT64_C(0x94d049bb133111eb);
-	h ^= h >> 31;
-	return h ? h : 1;
+	uint64_t key;
+	if (identity_kind)
+		key = identity;
+	else if (has_message_id && message_id.len)
+		key = tap_identity_of_id(message_id.ptr, message_id.len);
+	else
+		return 0;
+	return key ? key : 1; /* 0 marks a free slot */
 }
 
-void csm_link_publish(struct tap_track *t, struct tap_slice message_id, int64_t now_us)
+void csm_link_publish(struct tap_track *t, uint64_t key, int64_t now_us)
 {
-	uint64_t key = id_hash(message_id.ptr, message_id.len);
 	t->csm_links[key & (CSM_LINKS - 1)] = (struct csm_link){key, now_us};
 }
 
-/* When the publish of this message id was seen, 0: not seen (or forgotten). */
-static int64_t link_find(const struct tap_track *t, const uint8_t *mid, size_t len)
+/* When the publish of this key was seen, 0: not seen (or forgotten). */
+static int64_t link_find(const struct tap_track *t, uint64_t key)
 {
-	if (!t->csm_links)
+	if (!t->csm_links || !key)
 		return 0;
-	uint64_t key = id_hash(mid, len);
 	const struct csm_link *l = &t->csm_links[key & (CSM_LINKS - 1)];
 	return l->key == key ? l->t_pub : 0;
 }
@@ -674,8 +675,8 @@ void tap_consume_deliver(struct tap_track_conn *c, uint16_t id, const struct tap
 		.tag = d->delivery_tag, .body_size = d->body_size, .delivery_count = d->delivery_count, .t_dlv = now_us,
 		.props_lost = d->unfollowed,
 	};
-	if (v.has_message_id && v.mid_len)
-		v.t_pub = link_find(t, v.mid, v.mid_len);
+	if (!d->details_lost)
+		v.t_pub = link_find(t, csm_link_key(d->identity_kind, d->identity, d->has_message_id, d->message_id));
 	if (v.t_pub) /* counted as it is delivered, not when its record is written */
 		tap_hist_add(&t->csm_queue_hist, now_us - v.t_pub);
 	static const struct csm_reason cut = {.by = "content_cut"}, no_memory = {.by = "no_memory"};

@@ -116,10 +116,12 @@ struct csm_conn {
 };
 #define CSM_CHANS_MIN 4u /* the first capacity of chans, doubled when full */
 
-/* Publish -> delivery links: a direct-mapped table of the recent publishes' message ids (64-bit hashes) and when
- * each was published, made at the process's first consumer method (a tap that sees no consumer keeps none and
- * spends nothing per publish on it). A delivery whose message id is there is linked (queue_us, end_to_end_us);
- * every queue a fan-out reaches finds the same entry. An id that collides with a newer one is forgotten. */
+/* Publish -> delivery links: a direct-mapped table of the recent publishes' identities (csm_link_key: the message
+ * id's, else a fingerprint of exchange, routing key, properties and body) and when each was published, made at the
+ * process's first consumer method (a tap that sees no consumer keeps none and spends nothing per publish on it). A
+ * delivery with the same identity is linked (queue_us, end_to_end_us); every queue a fan-out reaches finds the same
+ * entry. An identity that collides with a newer one is forgotten; two identical messages are one identity (the
+ * later publish wins). */
 #define CSM_LINKS 65536u
 struct csm_link {
 	uint64_t key;
@@ -131,8 +133,11 @@ struct csm_link {
 /* The first delivery of ch still unacked (NULL: none). */
 const struct csm_dlv *csm_oldest_unacked(const struct csm_chan *ch);
 
-/* A publish with this message id was forwarded at now_us (t->csm_links is set). */
-void csm_link_publish(struct tap_track *t, struct tap_slice message_id, int64_t now_us);
+/* The key a publish and its deliveries are linked by: their identity (amqptap/identity.h: its message_id's, or a
+ * fingerprint), else (--identity off) the identity of its message_id; 0: none. */
+uint64_t csm_link_key(uint8_t identity_kind, uint64_t identity, bool has_message_id, struct tap_slice message_id);
+/* A publish with this key (not 0) was forwarded at now_us (t->csm_links is set). */
+void csm_link_publish(struct tap_track *t, uint64_t key, int64_t now_us);
 
 /* The connection ends: every unacked delivery is written unknown (connection_closed, r says how), every consumer
  * ends; then its state is freed. */

@@ -261,8 +261,11 @@ void tap_track_publish(struct tap_track_conn *c, uint16_t id, const struct tap_p
 		trk_chan_first_publish(c, ch, now_us);
 	c->counts.publishes++;
 	t->st.publishes++;
-	if (t->csm_links && p->has_message_id && p->message_id.len) /* a consumer seen: its deliveries may link */
-		csm_link_publish(t, p->message_id, now_us);
+	if (t->csm_links) { /* a consumer seen: its deliveries may link */
+		uint64_t key = csm_link_key(p->identity_kind, p->identity, p->has_message_id, p->message_id);
+		if (key)
+			csm_link_publish(t, key, now_us);
+	}
 	if (p->details_lost)
 		t->st.oom++;
 	trk_warn_publish(c, ch, p, now_us);

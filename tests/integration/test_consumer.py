@@ -545,6 +545,33 @@ class ConsumerTest(TapTestCase):
             self.assertRegex(cells[0][7], r"^0m [0-9]+s$")
         self.finish(tap)
 
+    def test_fingerprint_links_without_message_ids(self):
+        # publishes without message ids through the tap, each body in several frames (frame_max 4096), to a queue
+        # a consumer on the same connection takes them from: each delivery is linked to its publish by their
+        # fingerprint (queue_us); with --identity off nothing links them
+        for identity, linked in (("auto", True), ("off", False)):
+            with self.subTest(identity=identity):
+                publish_direct(self.queue, [])
+                tap = self.start_tap(["--identity", identity])
+                with pika.BlockingConnection(params(tap.port, frame_max=4096)) as c:
+                    cons, pub = c.channel(), c.channel()
+                    cons.basic_qos(prefetch_count=10)
+                    got = []
+                    cons.basic_consume(self.queue, lambda ch_, m, p, b: (got.append(b), ch_.basic_ack(m.delivery_tag)))
+                    pub.confirm_delivery()
+                    bodies = [bytes([65 + i]) * (10000 + i) for i in range(5)]
+                    for b in bodies:
+                        pub.basic_publish("", self.queue, b, pika.BasicProperties(content_type="application/octet-stream"))
+                    self.assertTrue(wait_for(lambda: (c.process_data_events(0.05), len(got) == 5)[1], 10))
+                    c.process_data_events(0.2)
+                self.assertEqual(sorted(got), sorted(bodies))
+                dels = self.deliveries(self.finish(tap))
+                self.assertEqual([(d["message_id"], d["outcome"]) for d in dels], [(None, "ack")] * 5)
+                if linked:
+                    self.assertTrue(all(d["queue_us"] > 0 for d in dels), dels)
+                else:
+                    self.assertEqual([d for d in dels if "queue_us" in d], [])
+
     # ---- other libraries ----
 
     def run_client(self, argv, n):

@@ -3,6 +3,7 @@
  * delivery tags per channel, basic.get, consumer records, and a randomized run holding the one-record invariant. */
 #include "amqptap/conn.h"
 #include "amqptap/consume.h"
+#include "amqptap/identity.h"
 #include "amqptap/spec.h"
 
 #include "track_fixture.h"
@@ -582,6 +583,91 @@ START_TEST(observer_decodes_the_consumer_side)
 }
 END_TEST
 
+/* A content header (class 60, content-type "text/plain", no message id) and the body "hello" "world" in two frames,
+ * the second left for the caller: what a publish and its delivery carry alike. */
+static void build_content(struct tap_bytes *b, uint16_t ch)
+{
+	struct tap_bytes a = {0};
+	tap_build_u16(&a, 60);
+	tap_build_u16(&a, 0);
+	tap_build_u64(&a, 10);
+	tap_build_u16(&a, 1u << 15); /* content-type */
+	tap_build_shortstr(&a, "text/plain");
+	tap_build_frame(b, 2, ch, a.d, a.n);
+	tap_build_frame(b, 3, ch, "hello", 5);
+	tap_build_free(&a);
+}
+
+/* Without a message id a delivery is linked to its publish by their fingerprint (exchange, routing key, properties,
+ * body), made as the frames pass: here the publish's and the delivery's bodies cross on one channel, each direction
+ * hashed apart. With --identity off, nothing links them. */
+static void link_by_fingerprint(unsigned identity_mode, bool linked)
+{
+	struct tap_track_conf conf = {.identity_mode = identity_mode};
+	struct tap_track *tr = tap_track_new(&conf, capture, NULL);
+	struct tap_bytes cl = {0}, br = {0}, cl2 = {0}, br2 = {0}, a = {0};
+	tap_build_raw(&cl, "AMQP\0\0\x09\x01", 8);
+	tap_build_tune_ok_open(&cl, "/");
+	tap_build_method(&cl, 1, TAP_CHANNEL_OPEN, "", 1);
+	tap_build_u16(&a, 0);
+	tap_build_shortstr(&a, "q");
+	tap_build_shortstr(&a, "");
+	tap_build_u8(&a, 0);
+	tap_build_u32(&a, 0);
+	tap_build_method(&cl, 1, TAP_BASIC_CONSUME, a.d, a.n);
+	a.n = 0;
+	tap_build_u16(&a, 0);
+	tap_build_shortstr(&a, "x");
+	tap_build_shortstr(&a, "rk");
+	tap_build_u8(&a, 0);
+	tap_build_method(&cl, 1, TAP_BASIC_PUBLISH, a.d, a.n);
+	build_content(&cl, 1);
+	tap_build_frame(&cl2, 3, 1, "world", 5);
+	a.n = 0;
+	tap_build_shortstr(&a, "");
+	tap_build_method(&br, 0, TAP_CONNECTION_OPEN_OK, a.d, a.n);
+	a.n = 0;
+	tap_build_shortstr(&a, "ctag");
+	tap_build_method(&br, 1, TAP_BASIC_CONSUME_OK, a.d, a.n);
+	a.n = 0;
+	tap_build_shortstr(&a, "ctag");
+	tap_build_u64(&a, 1);
+	tap_build_u8(&a, 0);
+	tap_build_shortstr(&a, "x");
+	tap_build_shortstr(&a, "rk");
+	tap_build_method(&br, 1, TAP_BASIC_DELIVER, a.d, a.n);
+	build_content(&br, 1);
+	tap_build_frame(&br2, 3, 1, "world", 5);
+	struct tap_observer o;
+	tap_observer_init(&o, tr, capture, NULL, NULL, 0);
+	struct tap_conn *k = tap_conn_new(&o, 4, "127.0.0.1:1", "127.0.0.1:2", T0);
+	tap_conn_feed(k, TAP_C2S, (const uint8_t *)cl.d, cl.n, T0 + 1);
+	tap_conn_feed(k, TAP_S2C, (const uint8_t *)br.d, br.n, T0 + 2);
+	tap_conn_feed(k, TAP_C2S, (const uint8_t *)cl2.d, cl2.n, T0 + 3); /* the publish ends */
+	tap_conn_feed(k, TAP_S2C, (const uint8_t *)br2.d, br2.n, T0 + 5); /* and its delivery */
+	tap_conn_end(k, "client_eof", T0 + 9);
+	ck_assert_uint_eq(count_type("delivery"), 1);
+	if (linked)
+		assert_field(nth("delivery", 0), "queue_us", "2");
+	else
+		ck_assert_ptr_null(get(nth("delivery", 0), "queue_us"));
+	tap_observer_deinit(&o);
+	tap_track_free(tr);
+	tap_build_free(&cl);
+	tap_build_free(&cl2);
+	tap_build_free(&br);
+	tap_build_free(&br2);
+	tap_build_free(&a);
+}
+
+START_TEST(delivery_linked_by_fingerprint)
+{
+	link_by_fingerprint(TAP_IDENTITY_AUTO, true);
+	reset_recs();
+	link_by_fingerprint(TAP_IDENTITY_OFF, false);
+}
+END_TEST
+
 /* One broker delivery (deliver, header with a message id, a 4-byte body) on channel ch. */
 static void build_delivery(struct tap_bytes *br, uint16_t ch, uint64_t tag)
 {
@@ -739,6 +825,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, multiple_ack_over_interleaved_consumers);
 	tcase_add_test(tc, consumers_listed_with_their_unacked);
+	tcase_add_test(tc, delivery_linked_by_fingerprint);
 	tcase_add_test(tc, tags_are_per_channel);
 	tcase_add_test(tc, get_ok_and_get_empty);
 	tcase_add_test(tc, channel_close_ends_unacked_and_consumers);
