@@ -489,13 +489,17 @@ static void on_publish(struct tap_audit *a, json_t *o)
 		/* the earlier of the two is the previous attempt, the later the repeat */
 		enum outcome prev_out = later ? (enum outcome)e->outcome : out;
 		uint16_t rapp = later ? gapp : e->app, rexch = later ? gexch : e->exch;
-		int64_t delay = later ? pub_us - e->published : e->published - pub_us;
+		/* a record with no time of its own, before any record that had one, has the clock's INT64_MIN: no delay */
+		bool timed = pub_us != INT64_MIN && e->published != INT64_MIN;
+		int64_t delay = !timed ? 0 : later ? pub_us - e->published : e->published - pub_us;
 		uint16_t papp = later ? e->app : gapp, pexch = later ? e->exch : gexch;
 		if (prev_out == OUT_UNRESOLVED) {
 			COUNT(a, papp, pexch, resent);
-			tap_hist_add(&a->total.delay, delay);
-			tap_hist_add(&group_counts(&a->apps, papp)->delay, delay);
-			tap_hist_add(&group_counts(&a->exchs, pexch)->delay, delay);
+			if (timed) {
+				tap_hist_add(&a->total.delay, delay);
+				tap_hist_add(&group_counts(&a->apps, papp)->delay, delay);
+				tap_hist_add(&group_counts(&a->exchs, pexch)->delay, delay);
+			}
 		} else if (prev_out == OUT_ANSWERED) {
 			COUNT(a, rapp, rexch, duplicates);
 		} else {

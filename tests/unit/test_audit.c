@@ -76,6 +76,23 @@ START_TEST(unknown_then_resent_within_the_window)
 }
 END_TEST
 
+/* A publish record with no time of its own before any record that had one (the clock not set yet), resent by one
+ * with a time: it counts as resent, with no delay (the fuzzer's case: the delay once overflowed). */
+START_TEST(untimed_attempt_has_no_delay)
+{
+	struct tap_audit *a = tap_audit_new(10 * 1000000LL);
+	line(a, "{\"type\":\"publish\",\"conn\":1,\"message_id\":\"m-1\",\"route\":\"unknown\",\"confirm\":\"unknown\","
+	        "\"reason\":{\"by\":\"client_reset\"}}");
+	publish(a, 3, 2, "m-1", "ack");
+	json_t *o = report(a);
+	ck_assert_int_eq(num(o, "resent"), 1);
+	ck_assert_int_eq(num(o, "missing"), 0);
+	ck_assert(json_is_null(json_object_get(json_object_get(o, "resend_delay_us"), "p50")));
+	json_decref(o);
+	tap_audit_free(a);
+}
+END_TEST
+
 START_TEST(unknown_never_resent_is_missing_and_named)
 {
 	struct tap_audit *a = tap_audit_new(1000000LL);
@@ -230,6 +247,7 @@ int main(void)
 	Suite *s = suite_create("audit");
 	TCase *tc = tcase_create("audit");
 	tcase_add_test(tc, unknown_then_resent_within_the_window);
+	tcase_add_test(tc, untimed_attempt_has_no_delay);
 	tcase_add_test(tc, unknown_never_resent_is_missing_and_named);
 	tcase_add_test(tc, repeat_of_an_acked_one_is_a_duplicate);
 	tcase_add_test(tc, attempts_ordered_by_published_not_by_arrival);
