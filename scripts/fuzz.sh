@@ -2,8 +2,14 @@
 # Builds the libFuzzer harnesses (tests/fuzz/fuzz_*.c) with clang in build-fuzz and runs each for N seconds
 # (default 30), one per core at a time, on a scratch copy of its seed corpus. Exits non-zero if any harness finds a
 # crash.
-# Usage: scripts/fuzz.sh [seconds] [build-dir]
+# Usage: scripts/fuzz.sh [seconds] [build-dir]; scripts/fuzz.sh --build [build-dir] builds them and stops.
 set -eu
+build_only=
+if [ "${1:-}" = --build ]; then
+	build_only=1
+	shift
+	set -- 0 "$@"
+fi
 secs=${1:-30}
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${2:-$root/build-fuzz}
@@ -12,6 +18,7 @@ CC=clang cmake -B "$build" -S "$root" -DTAP_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDe
 targets=$(for f in "$root"/tests/fuzz/fuzz_*.c; do printf ' --target %s' "$(basename "$f" .c)"; done)
 # shellcheck disable=SC2086
 cmake --build "$build" -j2 $targets >/dev/null
+[ -z "$build_only" ] || exit 0
 # Runs one harness; its verdict line (and on failure the end of its log) goes to $build/$name.result.
 fuzz_one() {
 	h=$1

@@ -534,7 +534,7 @@ def main():
     line = f"{passed} passed, {failed} failed"
     if skipped:
         line += f", {skipped} skipped"
-    slowest = sorted(getattr(result, "times", []), reverse=True)[:3]
+    slowest = sorted(getattr(result, "times", []), reverse=True)[:int(os.environ.get("TAP_SLOWEST", "3"))]
     if slowest:
         line += "; slowest: " + ", ".join(f"{name} {took:.1f} s" for took, name in slowest)
     print(line)
