@@ -242,8 +242,8 @@ class PrometheusScrape(ScenarioCase):
             self.assertTrue(n.startswith("amqptap_") or n.startswith("process_"), n)
         labels = {m for k in metric_samples(body.decode()) for m in re.findall(r'[{,](\w+)="', k)}
         self.assertLessEqual(labels, {"route", "confirm", "reply_code", "rule", "reason", "output", "dir", "le", "by",
-                                      "version", "exchange", "tap", "run", "outcome"},
-                             "a label per routing key or message would be unbounded (exchanges are: top N)")
+                                      "version", "exchange", "queue", "tap", "run", "outcome"},
+                             "a label per routing key or message would be unbounded (exchanges, queues: top N)")
 
     # What each example alert of the README gives after the scenario (keyed by a piece of its expression): True
     # fires, False stays quiet, None either (it depends on the machine's speed).
