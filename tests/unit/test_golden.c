@@ -244,10 +244,6 @@ START_TEST(captures_present)
 }
 END_TEST
 
-/* TAP_GOLDEN_SHARD=K/N: this process checks every Nth split feed of each capture, from the Kth on (shard 0 also the
- * byte-at-a-time feed), so that ctest runs the shards side by side; unset: all of them. */
-static unsigned shard, shards = 1;
-
 /* One capture per test index: whole feed == the committed records; every split and byte-at-a-time feed == whole. */
 START_TEST(golden_capture)
 {
@@ -271,17 +267,12 @@ START_TEST(golden_capture)
 	ck_assert_ptr_nonnull(strstr(want, "\"type\":\"publish\""));
 	free(want);
 
-	if (shard == 0) {
-		run(&g, SPLIT_BYTES, 0, &other);
-		ck_assert_msg(other.len == whole.len && memcmp(other.data, whole.data, whole.len) == 0,
-			      "%s: byte-at-a-time feed differs at line %zu", path,
-			      first_diff_line(&other, whole.data, whole.len));
-	}
+	run(&g, SPLIT_BYTES, 0, &other);
+	ck_assert_msg(other.len == whole.len && memcmp(other.data, whole.data, whole.len) == 0,
+		      "%s: byte-at-a-time feed differs at line %zu", path, first_diff_line(&other, whole.data, whole.len));
 
-	size_t splits = 0, nth = 0;
+	size_t splits = 0;
 	for (size_t at = 1; at < g.bytes.len; at += at < SPLIT_ALL_BELOW ? 1 : SPLIT_STRIDE) {
-		if (nth++ % shards != shard)
-			continue; /* another shard's */
 		tap_buf_reset(&other);
 		run(&g, SPLIT_AT, at, &other);
 		ck_assert_msg(other.len == whole.len && memcmp(other.data, whole.data, whole.len) == 0,
@@ -298,11 +289,6 @@ END_TEST
 
 int main(void)
 {
-	const char *sh = getenv("TAP_GOLDEN_SHARD");
-	if (sh && (sscanf(sh, "%u/%u", &shard, &shards) != 2 || shards == 0 || shard >= shards)) {
-		fprintf(stderr, "test_golden: TAP_GOLDEN_SHARD=%s: expected K/N with K < N\n", sh);
-		return EXIT_FAILURE;
-	}
 	find_captures();
 	Suite *s = suite_create("golden");
 	TCase *tc = tcase_create("captures");
