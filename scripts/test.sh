@@ -50,30 +50,49 @@ step packages tap_need_pkgs "${TAP_BUILD_PKGS[@]}" check librabbitmq-dev \
 
 step build tap_build "$build" || exit 1
 
-# The sanitizer tree, then the fuzz harnesses, build in the background at nice 19 while the normal tree is checked
-# (its integration tests mostly wait on the broker): they take the CPU those tests leave idle, and the run is shorter
-# by their build time. build-asan waits for the first (its output is shown if it fails), fuzz for the second.
+# What needs the CPU and no broker runs in the background at nice 19 while the normal tree is checked (its
+# integration tests mostly wait on the broker), so it takes the CPU those leave idle and the run is shorter by it:
+# the sanitizer tree's build and then its unit tests, the fuzz harnesses' build and then the fuzzers. Each has its
+# step below, which waits for it and shows its output.
+# ctest sets AMQPTAP_BIN / TAP_CLIENTS_DIR per build tree, so the ASan run exercises the ASan binary.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 fuzz_build=${TAP_FUZZ_BUILD_DIR:-$TAP_REPO/build-fuzz}
 bg_dir=$TAP_RUN_DIR/background
 mkdir -p "$bg_dir"
 rm -f "$bg_dir"/*.rc
+# bg NAME CMD...: runs CMD at nice 19 into NAME.log, its exit status into NAME.rc.
+bg() {
+	local name=$1
+	shift
+	nice -n 19 "$@" >"$bg_dir/$name.log" 2>&1
+	echo $? >"$bg_dir/$name.rc"
+}
 (
 	# shellcheck disable=SC2016 # expanded by the inner shell
-	nice -n 19 bash -c '. "$1/scripts/lib.sh"; tap_build "$2" -DTAP_SANITIZE=ON' _ "$TAP_REPO" "$asan" \
-		>"$bg_dir/asan.log" 2>&1
-	echo $? >"$bg_dir/asan.rc"
-	if [ -f "$TAP_REPO/scripts/fuzz.sh" ]; then
-		nice -n 19 sh "$TAP_REPO/scripts/fuzz.sh" --build "$fuzz_build" >"$bg_dir/fuzz.log" 2>&1
-		echo $? >"$bg_dir/fuzz.rc"
+	bg asan bash -c '. "$1/scripts/lib.sh"; tap_build "$2" -DTAP_SANITIZE=ON' _ "$TAP_REPO" "$asan"
+	have_fuzz=
+	[ -f "$TAP_REPO/scripts/fuzz.sh" ] && have_fuzz=1
+	[ -z "$have_fuzz" ] || bg fuzz-build sh "$TAP_REPO/scripts/fuzz.sh" --build "$fuzz_build"
+	if [ "$(cat "$bg_dir/asan.rc")" = 0 ]; then
+		bg asan-unit ctest --test-dir "$asan" --output-on-failure -L unit -j"$(nproc)"
+	fi
+	if [ -n "$have_fuzz" ] && [ "$(cat "$bg_dir/fuzz-build.rc")" = 0 ]; then
+		bg fuzz sh "$TAP_REPO/scripts/fuzz.sh" "${TAP_FUZZ_SECONDS:-10}" "$fuzz_build"
 	fi
 ) &
 bg_pid=$!
-# Waits until the background build NAME has ended; its exit status, its log shown if it failed.
+# bg_wait NAME [all]: waits until the background job NAME has ended and returns its exit status; shows its log
+# (all of it with "all", else its end if it failed). A job that never ran (what it needs failed) is a failure.
 bg_wait() {
 	while [ ! -f "$bg_dir/$1.rc" ] && kill -0 "$bg_pid" 2>/dev/null; do sleep 1; done
 	local rc
 	rc=$(cat "$bg_dir/$1.rc" 2>/dev/null || echo 1)
-	[ "$rc" = 0 ] || tail -n 60 "$bg_dir/$1.log"
+	if [ "${2:-}" = all ]; then
+		cat "$bg_dir/$1.log" 2>/dev/null || echo "$1 did not run"
+	elif [ "$rc" != 0 ]; then
+		tail -n 60 "$bg_dir/$1.log" 2>/dev/null || echo "$1 did not run"
+	fi
 	return "$rc"
 }
 
@@ -84,10 +103,7 @@ if step broker "$TAP_REPO/scripts/broker.sh" start; then
 	broker_started=1
 fi
 
-# ctest sets AMQPTAP_BIN / TAP_CLIENTS_DIR per build tree, so the ASan run exercises the ASan binary.
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
-export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-# Unit tests in parallel, in both trees. Integration tests one at a time (some kill, restart or alarm the shared
+# Unit tests in parallel, in both trees (the sanitizer tree's in the background, above). Integration tests one at a time (some kill, restart or alarm the shared
 # broker), each once per run, so that the run stays under 20 minutes: in the sanitizer tree, unless it is one of
 # NORMAL_ONLY below, which run in the normal tree (the build the package ships). Those need the normal build or
 # spend their time waiting, where the sanitizers add nothing the unit tests and fuzzers (both under ASan+UBSan) do
@@ -114,8 +130,10 @@ for dir in "$build" "$asan"; do
 	fi
 	if [ "$dir" = "$asan" ]; then
 		step build-asan bg_wait asan || continue
+		step "$name-unit" bg_wait asan-unit all
+	else
+		step "$name-unit" ctest --test-dir "$dir" --output-on-failure -L unit -j"$(nproc)"
 	fi
-	step "$name-unit" ctest --test-dir "$dir" --output-on-failure -L unit -j"$(nproc)"
 	step "$name-integration" ctest --test-dir "$dir" --output-on-failure -L integration "${select[@]}"
 done
 
@@ -142,11 +160,11 @@ bench_smoke() {
 		}
 	done
 }
+# The fuzzers' results (run in the background, above), before the benchmarks take the CPU.
+if [ -f "$TAP_REPO/scripts/fuzz.sh" ]; then
+	step fuzz-build bg_wait fuzz-build && step fuzz bg_wait fuzz all
+fi
 step bench-smoke bench_smoke
 
-if [ -f "$TAP_REPO/scripts/fuzz.sh" ]; then
-	bg_wait fuzz # a failed build shows here; fuzz.sh builds again and says what failed
-	step fuzz bash "$TAP_REPO/scripts/fuzz.sh" "${TAP_FUZZ_SECONDS:-10}" "$fuzz_build"
-fi
 
 [ ${#failed[@]} -eq 0 ]
