@@ -213,7 +213,8 @@ static uint64_t stall_threshold(const struct csm_chan *ch)
 	return (uint64_t)ch->prefetch * per;
 }
 
-const struct csm_dlv *csm_oldest_unacked(const struct csm_chan *ch)
+/* The first delivery of ch still unacked (ch->live > 0). */
+static const struct csm_dlv *oldest_unacked(const struct csm_chan *ch)
 {
 	for (uint32_t i = ch->head; i < ch->len; i++)
 		if (!(ch->dlv[i].flags & CSM_FLAG_DONE))
@@ -225,7 +226,7 @@ static int64_t chan_tick(struct tap_track_conn *c, struct csm_chan *ch, int64_t 
 {
 	const struct tap_track_conf *conf = &c->t->conf;
 	int64_t next = INT64_MAX;
-	const struct csm_dlv *d = ch->live ? csm_oldest_unacked(ch) : NULL;
+	const struct csm_dlv *d = ch->live ? oldest_unacked(ch) : NULL;
 	if (!d)
 		return next;
 	struct csm_view v;
@@ -832,7 +833,7 @@ static bool mentions(struct tap_slice text, const char *word)
 static void name_timed_out(struct tap_track_conn *c, struct csm_chan *ch, int64_t now_us)
 {
 	struct trk_chan *tch = trk_chan_answering(c, ch->id);
-	const struct csm_dlv *d = csm_oldest_unacked(ch);
+	const struct csm_dlv *d = oldest_unacked(ch);
 	if (!tch || !d || tch->timed_out)
 		return;
 	struct csm_view v;

@@ -130,9 +130,6 @@ struct csm_link {
 
 /* ---- consume.c: the tracker's calls ---- */
 
-/* The first delivery of ch still unacked (NULL: none). */
-const struct csm_dlv *csm_oldest_unacked(const struct csm_chan *ch);
-
 /* The key a publish and its deliveries are linked by: their identity (amqptap/identity.h: its message_id's, or a
  * fingerprint), else (--identity off) the identity of its message_id; 0: none. */
 uint64_t csm_link_key(uint8_t identity_kind, uint64_t identity, bool has_message_id, struct tap_slice message_id);

@@ -432,7 +432,8 @@ void tap_track_channel_open(struct tap_track_conn *c, uint16_t id, int64_t now_u
 {
 	struct trk_chan *ch = trk_chan_find(c, id);
 	if (ch) {
-		ch->fault_ok_by[TAP_BY_CLIENT] = true; /* a close-channel's close the client took as done without its close-ok */
+		if (ch->close_by_fault) /* a close-channel's close the client took as done without its close-ok */
+			ch->fault_ok_by[TAP_BY_CLIENT] = true;
 		chan_retire(c, ch, now_us);
 	}
 	bool followed = trk_chan_in_budget(c, id, now_us) || trk_chan_beyond_max(c);
