@@ -110,8 +110,8 @@ struct tap_consume_stats {
 };
 void tap_consume_get_stats(const struct tap_track *t, struct tap_consume_stats *s);
 /* One consumer (its consume-ok seen) of a live connection, for the status page. unacked counts the deliveries it
- * got that the client has not settled; oldest_us is when the oldest of them was delivered (0: none). The strings
- * are borrowed for the call. */
+ * got that the client has not settled; oldest_us is when the oldest of them was delivered (0: none); both only when
+ * unacked_known (see tap_consume_each_consumer). The strings are borrowed for the call. */
 struct tap_consume_consumer_info {
 	uint64_t conn;
 	uint16_t channel;
@@ -120,13 +120,16 @@ struct tap_consume_consumer_info {
 	uint16_t prefetch; /* the channel's basic.qos (0: none seen, or no limit) */
 	bool global_qos;
 	uint64_t deliveries, unacked;
+	bool unacked_known;
 	int64_t oldest_us, since_us;
 };
 typedef void (*tap_consume_consumer_fn)(void *ctx, const struct tap_consume_consumer_info *info);
-/* Calls fn for at most max consumers, connections newest first, and returns how many consumers there are. Costs a
- * pass over its channel's unacked deliveries (at most the channel's prefetch, or its share of the budget) per
- * listed consumer. */
-uint64_t tap_consume_each_consumer(const struct tap_track *t, size_t max, tap_consume_consumer_fn fn, void *ctx);
+/* Calls fn for at most max consumers, connections newest first, and returns how many consumers there are. A
+ * consumer's unacked deliveries are counted in a pass over its channel's unacked ones; the passes of one call look
+ * at most scan_max deliveries in all (the loop renders the status page: many consumers on a channel holding many
+ * unacked must not hold forwarding up), and a consumer past that has unacked_known false. */
+uint64_t tap_consume_each_consumer(const struct tap_track *t, size_t max, uint64_t scan_max, tap_consume_consumer_fn fn,
+                                   void *ctx);
 /* fn (NULL: none) is called once per `delivery` record, right after it is emitted, with its queue (ptr NULL: not
  * known) and outcome. */
 typedef void (*tap_consume_delivery_fn)(void *ctx, struct tap_slice queue, enum tap_consume_outcome outcome);

@@ -214,6 +214,8 @@ void tap_metrics_render_prometheus(const struct tap_metrics_snapshot *s, const s
 
 /* Connection rows /api/status lists at most (the newest); the total is always given. */
 #define TAP_METRICS_MAX_ROWS 100
+/* unacked deliveries the consumer list looks at per render, in all (a few ms): past them a consumer's unacked is null */
+#define TAP_METRICS_CONSUMER_SCAN (1u << 20)
 
 /* The JSON of /api/status: counters, histogram, connections (track may be NULL: none), problem publishes newest
  * first. */

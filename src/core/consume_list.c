@@ -4,14 +4,19 @@
 
 #include <string.h>
 
-/* The deliveries of consumer k that ch still has unacked, and when the oldest of them was delivered. A delivery
- * whose strings no memory kept (CSM_FLAG_LOST) names no consumer and is counted for none. */
-static void unacked_of(const struct csm_chan *ch, const struct csm_consumer *k, uint64_t *n, int64_t *oldest)
+/* The deliveries of consumer k that ch still has unacked, and when the oldest of them was delivered; false when
+ * that would look at more than *scan deliveries (which it takes from *scan otherwise). A delivery whose strings no
+ * memory kept (CSM_FLAG_LOST) names no consumer and is counted for none. */
+static bool unacked_of(const struct csm_chan *ch, const struct csm_consumer *k, uint64_t *scan, uint64_t *n,
+                       int64_t *oldest)
 {
 	*n = 0;
 	*oldest = 0;
 	if (!k->tag)
-		return; /* no memory kept its tag: its deliveries cannot be told apart */
+		return false; /* no memory kept its tag: its deliveries cannot be told apart */
+	if (ch->len - ch->head > *scan)
+		return false;
+	*scan -= ch->len - ch->head;
 	for (uint32_t i = ch->head; i < ch->len; i++) {
 		const struct csm_dlv *d = &ch->dlv[i];
 		if (d->flags & (CSM_FLAG_DONE | CSM_FLAG_GET | CSM_FLAG_LOST) || !d->blob)
@@ -22,9 +27,11 @@ static void unacked_of(const struct csm_chan *ch, const struct csm_consumer *k, 
 			*oldest = d->t_dlv; /* the ring is in delivery order */
 		(*n)++;
 	}
+	return true;
 }
 
-uint64_t tap_consume_each_consumer(const struct tap_track *t, size_t max, tap_consume_consumer_fn fn, void *ctx)
+uint64_t tap_consume_each_consumer(const struct tap_track *t, size_t max, uint64_t scan_max, tap_consume_consumer_fn fn,
+                                   void *ctx)
 {
 	uint64_t total = 0;
 	for (const struct tap_track_conn *c = t->conns; c; c = c->next) {
@@ -48,7 +55,7 @@ uint64_t tap_consume_each_consumer(const struct tap_track *t, size_t max, tap_co
 				    .deliveries = k->deliveries,
 				    .since_us = k->t_start,
 				};
-				unacked_of(ch, k, &info.unacked, &info.oldest_us);
+				info.unacked_known = unacked_of(ch, k, &scan_max, &info.unacked, &info.oldest_us);
 				fn(ctx, &info);
 			}
 		}

@@ -111,8 +111,11 @@ static void add_consumer(void *ctx, const struct tap_consume_consumer_info *k)
 	tap_json_kv_uint(j, "prefetch", k->prefetch);
 	tap_json_kv_bool(j, "global_qos", k->global_qos);
 	tap_json_kv_uint(j, "deliveries", k->deliveries);
-	tap_json_kv_uint(j, "unacked", k->unacked);
-	if (k->unacked) {
+	if (!k->unacked_known)
+		tap_json_kv_null(j, "unacked"); /* past the scan's bound, or no memory kept its tag */
+	else
+		tap_json_kv_uint(j, "unacked", k->unacked);
+	if (k->unacked_known && k->unacked) {
 		tap_json_kv_ts(j, "oldest_unacked", k->oldest_us);
 		json_seconds(j, "oldest_unacked_age_seconds", r->now_us > k->oldest_us ? r->now_us - k->oldest_us : 0);
 	}
@@ -128,7 +131,9 @@ static void json_consumers(struct tap_json *j, const struct tap_track *track, in
 	tap_json_key(j, "rows");
 	tap_json_arr_begin(j);
 	struct consumers_ctx r = {.j = j, .now_us = now_us};
-	uint64_t total = track ? tap_consume_each_consumer(track, TAP_METRICS_MAX_ROWS, add_consumer, &r) : 0;
+	uint64_t total =
+		track ? tap_consume_each_consumer(track, TAP_METRICS_MAX_ROWS, TAP_METRICS_CONSUMER_SCAN, add_consumer, &r)
+		      : 0;
 	tap_json_arr_end(j);
 	tap_json_kv_uint(j, "total", total);
 	tap_json_obj_end(j);

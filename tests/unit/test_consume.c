@@ -111,7 +111,7 @@ static void list_one(void *ctx, const struct tap_consume_consumer_info *k)
 
 /* The status page's consumer list: each started consumer with its own unacked deliveries (two consumers on one
  * channel are told apart by their tags; a basic.get's delivery is no consumer's) and its oldest unacked delivery;
- * past max they are counted, not listed. */
+ * past max they are counted, not listed; past the scan bound their unacked are not counted. */
 START_TEST(consumers_listed_with_their_unacked)
 {
 	tap_track_channel_open(c, 1, T0);
@@ -128,7 +128,7 @@ START_TEST(consumers_listed_with_their_unacked)
 	tap_consume_deliver(c, 1, &g, T0 + 60);
 	tap_consume_settle(c, 1, TAP_CONSUME_ACK, 1, false, false, T0 + 70);
 	struct listed l = {0};
-	ck_assert_uint_eq(tap_consume_each_consumer(t, 4, list_one, &l), 2);
+	ck_assert_uint_eq(tap_consume_each_consumer(t, 4, UINT64_MAX, list_one, &l), 2);
 	ck_assert_uint_eq(l.n, 2);
 	ck_assert_str_eq(l.tag[0], "ctag-a");
 	ck_assert_uint_eq(l.info[0].channel, 1);
@@ -137,13 +137,26 @@ START_TEST(consumers_listed_with_their_unacked)
 	ck_assert_uint_eq(l.info[0].deliveries, 3);
 	ck_assert_uint_eq(l.info[0].unacked, 2); /* 2 and 3 */
 	ck_assert_int_eq(l.info[0].oldest_us, T0 + 20);
+	ck_assert(l.info[0].unacked_known);
 	ck_assert_str_eq(l.tag[1], "ctag-b"); /* auto-ack: nothing waits for its settle */
 	ck_assert(l.info[1].no_ack);
+	ck_assert(l.info[1].unacked_known);
 	ck_assert_uint_eq(l.info[1].unacked, 0);
 	ck_assert_int_eq(l.info[1].oldest_us, 0);
 	l.n = 0;
-	ck_assert_uint_eq(tap_consume_each_consumer(t, 1, list_one, &l), 2);
+	ck_assert_uint_eq(tap_consume_each_consumer(t, 1, UINT64_MAX, list_one, &l), 2);
 	ck_assert_uint_eq(l.n, 1);
+	/* the passes look at the channel's 3 unacked deliveries each (tags 2, 3 and the get's 6; the auto-acked ones were
+	 * written at once): a bound of 3 counts the first consumer's and not the second's, 2 neither */
+	l.n = 0;
+	tap_consume_each_consumer(t, 4, 3, list_one, &l);
+	ck_assert(l.info[0].unacked_known);
+	ck_assert_uint_eq(l.info[0].unacked, 2);
+	ck_assert(!l.info[1].unacked_known);
+	l.n = 0;
+	tap_consume_each_consumer(t, 4, 2, list_one, &l);
+	ck_assert(!l.info[0].unacked_known);
+	ck_assert(!l.info[1].unacked_known);
 }
 END_TEST
 
